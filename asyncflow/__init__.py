@@ -1,0 +1,38 @@
+"""asyncflow: a data-flow profiler for asyncio.
+
+Track coroutines with ``@asyncflow.future`` (or every task with ``asyncflow.instrument_tasks()``),
+run the program under ``asyncflow.profile(...)``, and read the report at exit or the snapshot
+at any time.
+"""
+
+from asyncflow._version import __version__ as __version__
+from asyncflow.config import Options as Options
+from asyncflow.config import Reporter as Reporter
+from asyncflow.errors import AsyncflowError as AsyncflowError
+from asyncflow.instrument.futures import TaskInstrumentation as TaskInstrumentation
+from asyncflow.instrument.futures import future as future
+from asyncflow.instrument.futures import instrument as instrument
+from asyncflow.instrument.futures import instrument_tasks as instrument_tasks
+from asyncflow.profiler import Profiler as Profiler
+from asyncflow.profiler import active_profiler as active_profiler
+from asyncflow.profiler import profile as profile
+from asyncflow.profiler import start as start
+from asyncflow.profiler import stop as stop
+from asyncflow.schema import Snapshot as Snapshot
+
+__all__ = [
+    "AsyncflowError",
+    "Options",
+    "Profiler",
+    "Reporter",
+    "Snapshot",
+    "TaskInstrumentation",
+    "__version__",
+    "active_profiler",
+    "future",
+    "instrument",
+    "instrument_tasks",
+    "profile",
+    "start",
+    "stop",
+]

@@ -1,0 +1,78 @@
+"""The cold path: drains finished calls from the recorders' buffer and folds them into aggregates.
+
+Runs as a task on the profiler's own event loop, in the profiler's thread, every
+``DRAIN_INTERVAL`` seconds and before every snapshot. Per-poll figures need no folding: the
+recorders aggregate them in place, so the collector's share per poll is nil.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+
+from asyncflow import stats
+from asyncflow.config import Options
+from asyncflow.instrument import _session
+from asyncflow.instrument.futures import CallRecord, FutureRecord, registry
+
+__all__ = ["DRAIN_INTERVAL", "Collector", "live_calls"]
+
+DRAIN_INTERVAL = 0.05
+
+
+class Collector:
+    """Owns the session's folded state; everything here runs on the profiler's thread."""
+
+    def __init__(self, session: _session.Session, options: Options) -> None:
+        self.session = session
+        self.options = options
+        #: records taken out of the buffer so far (folded or, from an older session, skipped)
+        self.taken = 0
+
+    def drain(self) -> int:
+        """Fold every finished call waiting in the buffer; returns how many were folded."""
+        take = self.session.finished.popleft
+        keep = self.options.recent_logs
+        folded = 0
+        while True:
+            try:
+                r: CallRecord = take()
+            except IndexError:
+                break
+            self.taken += 1
+            st = r.stats
+            if st is not r.future.stats:
+                continue  # a call from an earlier session finished late: not ours to count
+            stats.record(st.call_hist, r.finished - r.created)
+            if st.recent is None:
+                st.recent = deque(maxlen=keep)
+            st.recent.append(r)
+            folded += 1
+        return folded
+
+    @property
+    def dropped(self) -> int:
+        """Finished-call records the buffer lost because it was full (exact once drained)."""
+        s = self.session
+        return max(0, s.appended - self.taken - len(s.finished))
+
+    def futures(self) -> list[FutureRecord]:
+        """The futures known now."""
+        return registry()
+
+    async def run(self) -> None:
+        """Drain forever; cancelled when the profiler stops."""
+        while True:
+            self.drain()
+            await asyncio.sleep(DRAIN_INTERVAL)
+
+
+def live_calls(record: FutureRecord) -> list[CallRecord]:
+    """A consistent copy of a future's unfinished calls, taken while other threads add to it."""
+    live = record.stats.live
+    for _ in range(100):
+        try:
+            return list(live.values())
+        except RuntimeError:  # resized by another thread mid-copy: take it again
+            continue
+    return []

@@ -1,0 +1,209 @@
+"""Every ``ASYNCFLOW_*`` environment variable is read here, and every option is validated here.
+
+Precedence: an explicit argument, then the environment variable, then the default below.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+__all__ = [
+    "DEFAULT_FORMAT",
+    "DEFAULT_LIMIT",
+    "DEFAULT_PERCENTILES",
+    "DEFAULT_RECENT_LOGS",
+    "FORMATS",
+    "Options",
+    "Reporter",
+    "disabled",
+    "resolve_options",
+]
+
+DEFAULT_PERCENTILES: tuple[float, ...] = (50.0, 95.0, 99.0)
+DEFAULT_LIMIT = 15
+DEFAULT_FORMAT = "table"
+DEFAULT_RECENT_LOGS = 50
+FORMATS = ("table", "json", "json-pretty", "none")
+MAX_RECENT_LOGS = 100_000
+
+_ENV = {
+    "percentiles": "ASYNCFLOW_PERCENTILES",
+    "limit": "ASYNCFLOW_LIMIT",
+    "format": "ASYNCFLOW_FORMAT",
+    "output": "ASYNCFLOW_OUTPUT",
+    "recent_logs": "ASYNCFLOW_RECENT_LOGS",
+    "duration": "ASYNCFLOW_DURATION",
+}
+_DISABLE = "ASYNCFLOW_DISABLE"
+
+
+class Reporter(Protocol):
+    """Replaces the built-in report formats: receives the final snapshot when the profiler stops."""
+
+    def report(self, snapshot: Any, /) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    """A profiler's resolved options."""
+
+    #: the profiler's name, shown in every report and status document
+    name: str
+    #: percentiles reported for poll and call durations, each in (0, 100]
+    percentiles: tuple[float, ...] = DEFAULT_PERCENTILES
+    #: futures in the table report; 0 means all
+    limit: int = DEFAULT_LIMIT
+    #: exit report format: one of ``FORMATS``
+    format: str = DEFAULT_FORMAT
+    #: where the exit report goes; None means standard error
+    output: str | None = None
+    #: finished calls kept per future for its log
+    recent_logs: int = DEFAULT_RECENT_LOGS
+    #: replaces the built-in formats when set
+    reporter: Reporter | None = None
+    #: stop and report after this many seconds; None means run until stopped
+    duration: float | None = None
+
+
+def disabled(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether ``ASYNCFLOW_DISABLE`` asks for instrumentation to be left out entirely."""
+    value = (os.environ if environ is None else environ).get(_DISABLE, "").strip().lower()
+    return value not in ("", "0", "false", "no", "off")
+
+
+def _percentiles(value: object, source: str) -> tuple[float, ...]:
+    if isinstance(value, str):
+        parts = [p.strip() for p in value.split(",") if p.strip()]
+        try:
+            items: list[float] = [float(p) for p in parts]
+        except ValueError:
+            raise ValueError(
+                f"{source}={value!r}: percentiles are numbers in (0, 100], e.g. '50,95,99'"
+            ) from None
+    elif isinstance(value, Iterable):
+        items = []
+        for p in value:
+            if isinstance(p, bool) or not isinstance(p, int | float):
+                raise ValueError(f"{source}: percentiles are numbers in (0, 100], got {p!r}")
+            items.append(float(p))
+    else:
+        raise ValueError(f"{source}: percentiles are a list of numbers in (0, 100], got {value!r}")
+    if not items:
+        raise ValueError(f"{source}: give at least one percentile in (0, 100]")
+    for p in items:
+        if not (0 < p <= 100) or math.isnan(p):
+            raise ValueError(f"{source}: percentile {p:g} is outside (0, 100]")
+    return tuple(sorted(set(items)))
+
+
+def _int(value: object, source: str, low: int, high: int, meaning: str) -> int:
+    if isinstance(value, str):
+        try:
+            value = int(value.strip())
+        except ValueError:
+            raise ValueError(f"{source}={value!r}: expected {meaning}") from None
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ValueError(f"{source}={value!r}: expected {meaning}")
+    return value
+
+
+def _duration(value: object, source: str) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            value = float(value.strip())
+        except ValueError:
+            raise ValueError(f"{source}={value!r}: expected seconds, a number > 0") from None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{source}={value!r}: expected seconds, a number > 0")
+    if not (value > 0) or math.isinf(value):
+        raise ValueError(f"{source}={value!r}: expected seconds, a finite number > 0")
+    return float(value)
+
+
+def _format(value: object, source: str) -> str:
+    if value not in FORMATS:
+        raise ValueError(f"{source}={value!r}: expected one of {', '.join(FORMATS)}")
+    return str(value)
+
+
+def _output(value: object, source: str) -> str | None:
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str | os.PathLike):
+        raise ValueError(f"{source}={value!r}: expected a file path (or None for standard error)")
+    path = os.fspath(value)
+    if not isinstance(path, str):
+        raise ValueError(f"{source}={value!r}: expected a text file path")
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise ValueError(f"{source}={path!r}: the directory {parent!r} does not exist")
+    if os.path.isdir(path):
+        raise ValueError(f"{source}={path!r}: is a directory; give a file path")
+    return path
+
+
+def _reporter(value: object, source: str) -> Reporter | None:
+    if value is None:
+        return None
+    if not callable(getattr(value, "report", None)):
+        raise ValueError(f"{source}={value!r}: expected an object with a report(snapshot) method")
+    return value  # type: ignore[return-value]
+
+
+def resolve_options(
+    name: str, given: Mapping[str, Any], environ: Mapping[str, str] | None = None
+) -> Options:
+    """Options from explicit arguments, then ``ASYNCFLOW_*`` variables, then defaults.
+
+    Args:
+        name: the profiler's name.
+        given: the keyword arguments passed to ``profile()``/``start()``.
+        environ: the environment to read (``os.environ`` by default).
+
+    Raises:
+        ValueError: an option or variable has a bad value; the message names it and says what
+            is accepted.
+        TypeError: an unknown option was passed.
+    """
+    env = os.environ if environ is None else environ
+    known = {"percentiles", "limit", "format", "output", "recent_logs", "reporter", "duration"}
+    unknown = sorted(set(given) - known)
+    if unknown:
+        raise TypeError(
+            f"unknown asyncflow option(s): {', '.join(unknown)}; known: {', '.join(sorted(known))}"
+        )
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError(f"name={name!r}: expected a non-empty string naming the profiled program")
+
+    def pick(option: str) -> tuple[object, str] | None:
+        if given.get(option) is not None:
+            return given[option], option
+        var = _ENV.get(option)
+        if var is not None and env.get(var, "").strip():
+            return env[var], var
+        return None
+
+    fields: dict[str, Any] = {}
+    if (p := pick("percentiles")) is not None:
+        fields["percentiles"] = _percentiles(*p)
+    if (p := pick("limit")) is not None:
+        fields["limit"] = _int(*p, 0, 1_000_000, "a whole number >= 0 (0 shows every future)")
+    if (p := pick("format")) is not None:
+        fields["format"] = _format(*p)
+    if (p := pick("output")) is not None:
+        fields["output"] = _output(*p)
+    if (p := pick("recent_logs")) is not None:
+        fields["recent_logs"] = _int(
+            *p, 0, MAX_RECENT_LOGS, f"a whole number from 0 to {MAX_RECENT_LOGS}"
+        )
+    if (p := pick("duration")) is not None:
+        fields["duration"] = _duration(*p)
+    if given.get("reporter") is not None:
+        fields["reporter"] = _reporter(given["reporter"], "reporter")
+    return Options(name=name, **fields)

@@ -1,0 +1,1 @@
+"""The recorders: the hot path that wraps coroutines and tasks and counts what they do."""

@@ -1,0 +1,635 @@
+"""Recording coroutine calls: ``@future``, ``instrument(coro)`` and whole-program task tracking.
+
+Every tracked call is an :class:`InstrumentedCoroutine` wrapping the user's coroutine. Each poll
+(one ``send``/``throw``) reads the clock twice and updates integer counters on the call's record
+and one bucket of its future's poll histogram, in place: no event per poll, no allocation on
+the common path. A finished call appends its record to the session's bounded buffer, which the
+collector folds into logs and call-duration histograms.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import itertools
+import threading
+import types
+import weakref
+from collections.abc import Callable, Coroutine, Generator
+from typing import Any, Generic, ParamSpec, TypeVar, overload
+
+from asyncflow import clock as _clock
+from asyncflow import config as _config
+from asyncflow.instrument import _session
+from asyncflow.stats import SMALL_BUCKET, SMALL_LIMIT, bucket_of, new_histogram
+
+__all__ = [
+    "CallRecord",
+    "FutureFunction",
+    "FutureRecord",
+    "FutureStats",
+    "InstrumentedCoroutine",
+    "TaskInstrumentation",
+    "future",
+    "instrument",
+    "instrument_tasks",
+    "registry",
+]
+
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+
+# Call states (DESIGN §1). ``running`` is not stored: a call is running while ``start`` is set.
+PENDING = "pending"
+RUNNING = "running"
+SUSPENDED = "suspended"
+READY = "ready"
+CANCELLED = "cancelled"
+
+# Outcomes of finished calls.
+RETURNED = "returned"
+RAISED = "raised"
+OUTCOME_CANCELLED = "cancelled"
+CLOSED = "closed"
+NEVER_AWAITED = "never_awaited"
+
+_RESULT_REPR_LIMIT = 200
+
+
+class FutureStats:
+    """One session's aggregates for one future. Replaced (not cleared) when a profiler starts,
+    so calls left over from an earlier session write into their own, unread, object."""
+
+    __slots__ = (
+        "busy_done",
+        "call_hist",
+        "cancelled",
+        "closed",
+        "created",
+        "idle_done",
+        "live",
+        "max_poll_done",
+        "never_awaited",
+        "poll_hist",
+        "polls_done",
+        "raised",
+        "recent",
+        "returned",
+    )
+
+    def __init__(self) -> None:
+        self.live: dict[int, CallRecord] = {}  # unfinished calls, by call id
+        self.created = 0
+        self.returned = 0
+        self.raised = 0
+        self.cancelled = 0
+        self.closed = 0
+        self.never_awaited = 0
+        self.polls_done = 0  # sums over finished calls; live calls are added at snapshot time
+        self.busy_done = 0
+        self.idle_done = 0
+        self.max_poll_done = 0
+        self.poll_hist = new_histogram()  # bumped in place by every poll
+        self.call_hist = new_histogram()  # folded by the collector from finished calls
+        self.recent: Any = None  # deque of recent finished calls, owned by the collector
+
+
+class FutureRecord:
+    """A tracked coroutine definition: identity and labels, plus the current session's stats."""
+
+    __slots__ = ("file", "id", "label", "line", "log_result", "source", "stats", "tracked_by")
+
+    def __init__(
+        self, label: str, source: str, file: str, line: int, log_result: bool, tracked_by: str
+    ) -> None:
+        self.id = next(_future_ids)
+        self.label = label
+        self.source = source
+        self.file = file
+        self.line = line
+        self.log_result = log_result
+        self.tracked_by = tracked_by
+        self.stats = FutureStats()
+
+
+_future_ids = itertools.count(1)
+_call_ids = itertools.count(1)
+_registry_lock = threading.Lock()
+_registry: list[FutureRecord] = []
+_by_code: dict[tuple[types.CodeType, str | None, str], FutureRecord] = {}
+
+
+def registry() -> list[FutureRecord]:
+    """Every future defined so far, oldest first (a copy)."""
+    with _registry_lock:
+        return list(_registry)
+
+
+def _register(record: FutureRecord) -> FutureRecord:
+    with _registry_lock:
+        _registry.append(record)
+    return record
+
+
+def _future_for_code(
+    code: types.CodeType, module: str, label: str | None, tracked_by: str
+) -> FutureRecord:
+    key = (code, label, tracked_by)
+    record = _by_code.get(key)
+    if record is None:
+        with _registry_lock:
+            record = _by_code.get(key)
+            if record is None:
+                record = FutureRecord(
+                    label or code.co_qualname,
+                    f"{module}:{code.co_qualname}",
+                    code.co_filename,
+                    code.co_firstlineno,
+                    False,
+                    tracked_by,
+                )
+                _registry.append(record)
+                _by_code[key] = record
+    return record
+
+
+class CallRecord:
+    """One call's figures. Holds no reference to the coroutine, its arguments or its result."""
+
+    __slots__ = (
+        "busy",
+        "call_id",
+        "created",
+        "exc_message",
+        "exc_type",
+        "finished",
+        "first",
+        "future",
+        "hist",
+        "last",
+        "max",
+        "outcome",
+        "polls",
+        "result",
+        "start",
+        "state",
+        "stats",
+        "task",
+    )
+
+    def __init__(self, future: FutureRecord, stats: FutureStats, now: int) -> None:
+        self.future = future
+        self.stats = stats
+        self.hist = stats.poll_hist
+        self.call_id = call_id = next(_call_ids)
+        self.state = PENDING  # PENDING until the first poll, then SUSPENDED, READY or CANCELLED
+        self.start = 0  # clock reading at the start of the poll in progress; 0 when not running
+        self.polls = 0
+        self.busy = 0
+        self.max = 0
+        self.last = 0
+        self.created = now
+        self.first = 0
+        self.finished = 0
+        self.task: str | None = None
+        self.outcome: str | None = None
+        self.exc_type: str | None = None
+        self.exc_message: str | None = None
+        self.result: str | None = None
+        stats.live[call_id] = self
+        stats.created += 1
+
+
+def _first_poll(r: CallRecord, t0: int) -> None:
+    r.first = t0
+    r.state = SUSPENDED
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:  # driven by hand, outside any event loop
+        return
+    if task is not None:
+        r.task = task.get_name()
+
+
+def _end_poll(r: CallRecord, t0: int) -> None:
+    dt = _clock.now_ns() - t0
+    r.start = 0
+    r.polls += 1
+    r.busy += dt
+    r.last = dt
+    if dt > r.max:
+        r.max = dt
+    r.hist[SMALL_BUCKET[dt] if 0 <= dt < SMALL_LIMIT else bucket_of(dt)] += 1
+
+
+def _truncate(text: str) -> str:
+    return text if len(text) <= _RESULT_REPR_LIMIT else text[: _RESULT_REPR_LIMIT - 1] + "…"
+
+
+def _short_repr(value: object) -> str:
+    try:
+        return _truncate(repr(value))
+    except Exception as exc:
+        return f"<repr() failed: {type(exc).__name__}>"
+
+
+def _short_str(exc: BaseException) -> str:
+    try:
+        return _truncate(str(exc))
+    except Exception as err:
+        return f"<str() failed: {type(err).__name__}>"
+
+
+def _finish_poll(r: CallRecord, t0: int, exc: BaseException) -> None:
+    """The last poll of a call ended with ``exc`` leaving the coroutine (StopIteration included)."""
+    if r.finished:  # e.g. "cannot reuse already awaited coroutine": the call ended before
+        return
+    try:
+        _end_poll(r, t0)
+        if isinstance(exc, StopIteration):
+            r.state = READY
+            r.outcome = RETURNED
+            r.stats.returned += 1
+            if r.future.log_result:
+                r.result = _short_repr(exc.value)
+        elif isinstance(exc, asyncio.CancelledError):
+            r.state = CANCELLED
+            r.outcome = OUTCOME_CANCELLED
+            r.stats.cancelled += 1
+        else:
+            r.state = READY
+            r.outcome = RAISED
+            r.stats.raised += 1
+            r.exc_type = type(exc).__qualname__
+            r.exc_message = _short_str(exc)
+        _retire(r, _clock.now_ns())
+    except Exception as err:  # observing never breaks the program
+        _session.internal_error("recording a finished call", err)
+
+
+def _close_record(r: CallRecord, outcome: str) -> None:
+    """A call that ends without its coroutine finishing: closed, or garbage-collected."""
+    if r.finished:
+        return
+    r.state = CANCELLED
+    r.outcome = outcome
+    r.start = 0
+    if outcome == NEVER_AWAITED:
+        r.stats.never_awaited += 1
+    else:
+        r.stats.closed += 1
+    _retire(r, _clock.now_ns())
+
+
+def _retire(r: CallRecord, now: int) -> None:
+    r.finished = now
+    st = r.stats
+    st.live.pop(r.call_id, None)
+    st.polls_done += r.polls
+    st.busy_done += r.busy
+    if r.first:
+        st.idle_done += now - r.first - r.busy
+    if r.max > st.max_poll_done:
+        st.max_poll_done = r.max
+    session = _session.active
+    if session is not None:
+        session.finished.append(r)
+        session.appended += 1
+
+
+def _normalize_throw(typ: Any, val: Any, tb: Any) -> BaseException:
+    """The exception a generator would build from the legacy ``throw(type, value, tb)`` form."""
+    if isinstance(typ, BaseException):
+        exc = typ
+    elif isinstance(val, typ):
+        exc = val
+    elif val is None:
+        exc = typ()
+    elif isinstance(val, tuple):
+        exc = typ(*val)
+    else:
+        exc = typ(val)
+    if tb is not None:
+        exc = exc.with_traceback(tb)
+    return exc
+
+
+class InstrumentedCoroutine(Coroutine[Any, Any, _T]):
+    """A tracked call: behaves as the coroutine it wraps, and records each poll.
+
+    ``asyncio.Task`` and ``await`` accept it (it is registered as a ``Coroutine``); attributes it
+    does not define (``cr_frame``, ``cr_code``, ``__name__``...) are the wrapped coroutine's.
+    """
+
+    __slots__ = ("_coro", "_r")
+
+    def __init__(self, coro: Coroutine[Any, Any, _T], future: FutureRecord) -> None:
+        self._coro = coro
+        self._r = CallRecord(future, future.stats, _clock.now_ns())
+
+    def send(self, value: Any = None) -> Any:
+        r = self._r
+        t0 = _clock.now_ns()
+        if not r.first:
+            _first_poll(r, t0)
+        r.start = t0
+        try:
+            out = self._coro.send(value)
+        except BaseException as exc:
+            _finish_poll(r, t0, exc)
+            raise
+        # _end_poll(r, t0), inlined: this is the hottest line of asyncflow (one call saved ~60 ns)
+        dt = _clock.now_ns() - t0
+        r.start = 0
+        r.polls += 1
+        r.busy += dt
+        r.last = dt
+        if dt > r.max:
+            r.max = dt
+        r.hist[SMALL_BUCKET[dt] if 0 <= dt < SMALL_LIMIT else bucket_of(dt)] += 1
+        return out
+
+    # ``await`` drives the iterator with __next__ when it sends None.
+    __next__ = send
+
+    def throw(self, typ: Any, val: Any = None, tb: Any = None) -> Any:  # type: ignore[override]
+        r = self._r
+        t0 = _clock.now_ns()
+        if not r.first:
+            _first_poll(r, t0)
+        r.start = t0
+        try:
+            if val is None and tb is None:
+                out = self._coro.throw(typ)
+            else:
+                out = self._coro.throw(_normalize_throw(typ, val, tb))
+        except BaseException as exc:
+            _finish_poll(r, t0, exc)
+            raise
+        finally:
+            # The thrown exception's traceback holds this frame: drop our references to it so
+            # no cycle keeps the coroutine's locals alive until the cyclic GC runs.
+            typ = val = tb = None
+        _end_poll(r, t0)
+        return out
+
+    def close(self) -> None:
+        try:
+            self._coro.close()
+        finally:
+            r = self._r
+            if not r.finished:
+                _close_record(r, CLOSED)
+
+    def __await__(self) -> Generator[Any, None, _T]:
+        return self  # type: ignore[return-value]
+
+    def __getattr__(self, name: str) -> Any:
+        # cr_frame, cr_code, cr_await, cr_running, __name__, __qualname__... of the real coroutine
+        return getattr(self._coro, name)
+
+    def __repr__(self) -> str:
+        return repr(self._coro)
+
+    def __del__(self) -> None:
+        try:
+            r = self._r
+            if not r.finished:
+                _close_record(r, NEVER_AWAITED if not r.first else CLOSED)
+        except Exception as err:  # never raise from a finalizer; at shutdown globals may be gone
+            if _session is not None:
+                _session.internal_error("finalizing a call", err)
+
+
+class FutureFunction(Generic[_P, _T]):
+    """What ``@asyncflow.future`` returns: calls the function and tracks the coroutine it returns.
+
+    It looks like a coroutine function to ``inspect.iscoroutinefunction`` (also on 3.11, where
+    there is no marker), binds as a method, pickles by name and keeps the function's metadata.
+    """
+
+    __wrapped__: Callable[_P, Coroutine[Any, Any, _T]]
+
+    def __init__(self, fn: Callable[_P, Coroutine[Any, Any, _T]], record: FutureRecord) -> None:
+        functools.update_wrapper(self, fn)
+        inner = fn.func if isinstance(fn, functools.partial) else fn
+        # Attributes inspect looks for to treat us as function-like (and read CO_COROUTINE from).
+        self.__code__ = inner.__code__
+        self.__defaults__ = getattr(inner, "__defaults__", None)
+        self.__kwdefaults__ = getattr(inner, "__kwdefaults__", None)
+        self.future_record = record
+
+    def __call__(self, *args: _P.args, **kwargs: _P.kwargs) -> Coroutine[Any, Any, _T]:
+        coro = self.__wrapped__(*args, **kwargs)
+        if _session.active is None:
+            return coro  # nobody listens: the call costs one extra function call, no more
+        return InstrumentedCoroutine(coro, self.future_record)
+
+    def __get__(self, obj: object, objtype: type | None = None) -> Any:
+        if obj is None:
+            return self
+        return types.MethodType(self, obj)
+
+    def __reduce__(self) -> str:
+        return str(self.__qualname__)
+
+    def __repr__(self) -> str:
+        return f"<asyncflow.future {self.__module__}.{self.__qualname__}>"
+
+
+@overload
+def future(
+    fn: Callable[_P, Coroutine[Any, Any, _T]], /
+) -> Callable[_P, Coroutine[Any, Any, _T]]: ...
+@overload
+def future(
+    *, name: str | None = None, log_result: bool = False
+) -> Callable[[Callable[_P, Coroutine[Any, Any, _T]]], Callable[_P, Coroutine[Any, Any, _T]]]: ...
+def future(
+    fn: Callable[_P, Coroutine[Any, Any, _T]] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    log_result: bool = False,
+) -> Any:
+    """Track every call of an ``async def`` function. Use bare or as ``@future(name=...)``.
+
+    Args:
+        fn: the coroutine function (when used bare).
+        name: the future's label; defaults to the function's qualified name.
+        log_result: keep a truncated ``repr()`` of each call's return value in its log entry.
+
+    Returns:
+        A callable that behaves like ``fn``; with ``ASYNCFLOW_DISABLE=1``, ``fn`` itself.
+
+    Raises:
+        TypeError: ``fn`` is not a coroutine function, or an option has the wrong type.
+    """
+    if name is not None and not isinstance(name, str):
+        raise TypeError(f"asyncflow.future(name=...) must be a str, got {name!r}")
+    if not isinstance(log_result, bool):
+        raise TypeError(f"asyncflow.future(log_result=...) must be a bool, got {log_result!r}")
+
+    def decorate(f: Callable[_P, Coroutine[Any, Any, _T]]) -> Callable[_P, Coroutine[Any, Any, _T]]:
+        if isinstance(f, FutureFunction):
+            return f  # already tracked: decorating twice must not count every call twice
+        if not inspect.iscoroutinefunction(f):
+            raise TypeError(
+                f"@asyncflow.future needs an 'async def' function, got {f!r}; "
+                "for a coroutine object use asyncflow.instrument(coro)"
+            )
+        if _config.disabled():
+            return f
+        inner = inspect.unwrap(f.func if isinstance(f, functools.partial) else f)
+        code: types.CodeType = inner.__code__
+        qualname = getattr(f, "__qualname__", code.co_qualname)
+        record = FutureRecord(
+            name or qualname,
+            f"{getattr(f, '__module__', '?')}:{qualname}",
+            code.co_filename,
+            code.co_firstlineno,
+            log_result,
+            "decorator",
+        )
+        return FutureFunction(f, _register(record))
+
+    if fn is None:
+        return decorate
+    return decorate(fn)
+
+
+def instrument(coro: Coroutine[Any, Any, _T], *, name: str | None = None) -> Coroutine[Any, Any, _T]:
+    """Track one coroutine object; the result can be awaited or given to ``create_task``.
+
+    Args:
+        coro: a coroutine object (what calling an ``async def`` function returns).
+        name: the future's label; calls of the same code and name are grouped together.
+
+    Returns:
+        The tracked coroutine, or ``coro`` itself when no profiler runs or asyncflow is disabled.
+
+    Raises:
+        TypeError: ``coro`` is not a coroutine object.
+    """
+    if isinstance(coro, InstrumentedCoroutine):
+        return coro
+    if not isinstance(coro, types.CoroutineType):
+        raise TypeError(
+            f"asyncflow.instrument() needs a coroutine object, got {type(coro).__qualname__}: "
+            f"{coro!r}; decorate coroutine functions with @asyncflow.future instead"
+        )
+    if name is not None and not isinstance(name, str):
+        raise TypeError(f"asyncflow.instrument(name=...) must be a str, got {name!r}")
+    if _session.active is None or _config.disabled():
+        return coro
+    module = coro.cr_frame.f_globals.get("__name__", "?") if coro.cr_frame else "?"
+    record = _future_for_code(coro.cr_code, str(module), name, "instrument")
+    return InstrumentedCoroutine(coro, record)
+
+
+class _TaskFactory:
+    """The task factory ``instrument_tasks`` installs; chains to the one it found."""
+
+    __slots__ = ("__weakref__", "enabled", "previous")
+
+    def __init__(self, previous: Any) -> None:
+        self.previous = previous
+        self.enabled = True
+
+    def __call__(
+        self, loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any
+    ) -> asyncio.Future[Any]:
+        if self.enabled and _session.active is not None and type(coro) is types.CoroutineType:
+            try:
+                record = _by_code.get((coro.cr_code, None, "task"))
+                if record is None:
+                    frame = coro.cr_frame
+                    module = frame.f_globals.get("__name__", "?") if frame is not None else "?"
+                    record = _future_for_code(coro.cr_code, str(module), None, "task")
+                coro = InstrumentedCoroutine(coro, record)
+            except Exception as err:  # observing never breaks the program
+                _session.internal_error("instrumenting a task", err)
+        previous = self.previous
+        if previous is None:
+            return asyncio.Task(coro, loop=loop, **kwargs)
+        task: asyncio.Future[Any] = previous(loop, coro, **kwargs)
+        return task
+
+
+class TaskInstrumentation:
+    """Handle returned by :func:`instrument_tasks`; ``undo()`` (or leaving ``with``) restores."""
+
+    __slots__ = ("_factory", "_loop")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop | None, factory: _TaskFactory | None):
+        # Weak: the handle must not keep a closed loop alive (per-loop state dies with the loop).
+        self._loop = weakref.ref(loop) if loop is not None else None
+        self._factory = factory
+
+    @property
+    def active(self) -> bool:
+        """Whether tasks created now on the loop are tracked through this handle."""
+        return self._factory is not None and self._factory.enabled
+
+    def undo(self) -> None:
+        """Stop tracking new tasks and put back the task factory that was there before.
+
+        Idempotent. If another factory was installed on top of ours since, ours stays in the
+        chain but passes every task through untouched.
+        """
+        factory, self._factory = self._factory, None
+        if factory is None or not factory.enabled:
+            return
+        factory.enabled = False
+        loop = self._loop() if self._loop is not None else None
+        if loop is not None and loop.get_task_factory() is factory:
+            loop.set_task_factory(factory.previous)
+
+    def __enter__(self) -> TaskInstrumentation:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.undo()
+
+
+def instrument_tasks(loop: asyncio.AbstractEventLoop | None = None) -> TaskInstrumentation:
+    """Whole-program mode: track every task created on ``loop`` from now on.
+
+    Calls are grouped into futures by the task's coroutine (its qualified name and location).
+    The loop's existing task factory (a user's, or ``asyncio.eager_task_factory``) keeps working:
+    asyncflow's factory wraps the coroutine and hands it on.
+
+    Args:
+        loop: the event loop; defaults to the running loop.
+
+    Returns:
+        A handle whose ``undo()`` restores the previous task factory.
+
+    Raises:
+        RuntimeError: no loop was given and none is running.
+    """
+    if loop is None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            raise RuntimeError(
+                "asyncflow.instrument_tasks() was called with no running event loop; call it "
+                "from inside a coroutine, or pass loop="
+            ) from None
+    if _config.disabled():
+        return TaskInstrumentation(loop, None)
+    current = loop.get_task_factory()
+    if isinstance(current, _TaskFactory) and current.enabled:
+        # Already tracked: a second handle would count nothing twice; its undo is a no-op.
+        return TaskInstrumentation(loop, None)
+    factory = _TaskFactory(current)
+    loop.set_task_factory(factory)  # type: ignore[arg-type]
+    return TaskInstrumentation(loop, factory)
+
+
+def reset_for_session() -> None:
+    """Give every known future fresh stats: a new profiler starts from zero."""
+    with _registry_lock:
+        for record in _registry:
+            record.stats = FutureStats()

@@ -1,0 +1,261 @@
+"""The profiler's lifecycle: ``profile()``, ``start()``, ``stop()``, its thread and event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import itertools
+import sys
+import threading
+from concurrent.futures import Future
+from types import TracebackType
+from typing import Any
+
+from asyncflow import clock, views
+from asyncflow.collector import Collector
+from asyncflow.config import Options, resolve_options
+from asyncflow.errors import AsyncflowError
+from asyncflow.instrument import _session
+from asyncflow.instrument.futures import reset_for_session
+from asyncflow.report import render
+from asyncflow.schema import Snapshot
+
+__all__ = ["Profiler", "active_profiler", "profile", "start", "stop"]
+
+_STARTUP_TIMEOUT = 10.0
+_lock = threading.Lock()
+_active: Profiler | None = None
+_epochs = itertools.count(1)
+
+
+class Profiler:
+    """One profiling session. Create it with :func:`profile` or :func:`start`."""
+
+    def __init__(self, options: Options) -> None:
+        self.options = options
+        #: the endpoint's address once it serves; None while no server runs
+        self.url: str | None = None
+        self._state = "new"  # new -> running -> stopped
+        self._state_lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._collector: Collector | None = None
+        self._final: Snapshot | None = None
+
+    @property
+    def name(self) -> str:
+        """The profiled program's name, as given."""
+        return self.options.name
+
+    @property
+    def running(self) -> bool:
+        """Whether the profiler is recording now."""
+        return self._state == "running"
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> Profiler:
+        """Start recording; see :func:`start`."""
+        global _active
+        with _lock:
+            if _active is not None:
+                raise AsyncflowError(
+                    f"a profiler ({_active.name!r}) is already running in this process; call "
+                    "asyncflow.stop() or leave its 'with asyncflow.profile(...)' block first"
+                )
+            if self._state != "new":
+                raise AsyncflowError(
+                    f"profiler {self.name!r} has already run; create a new one to profile again"
+                )
+            reset_for_session()
+            session = _session.Session(next(_epochs), clock.now_ns())
+            self._collector = Collector(session, self.options)
+            ready = threading.Event()
+            failure: list[BaseException] = []
+            self._thread = threading.Thread(
+                target=self._run,
+                args=(ready, failure),
+                name=f"asyncflow-profiler[{self.name}]",
+                daemon=True,  # a profiler must never keep a finished program alive
+            )
+            self._thread.start()
+            if not ready.wait(_STARTUP_TIMEOUT) or failure:
+                reason = f": {failure[0]!r}" if failure else " in time"
+                raise AsyncflowError(f"the profiler thread could not start{reason}")
+            self._state = "running"
+            _session.active = session
+            _active = self
+        atexit.register(self.stop)
+        return self
+
+    def _run(self, ready: threading.Event, failure: list[BaseException]) -> None:
+        try:
+            loop = asyncio.new_event_loop()
+            self._loop = loop
+            assert self._collector is not None
+            collector_task = loop.create_task(self._collector.run())
+            if self.options.duration is not None:
+                loop.call_later(self.options.duration, self._expire)
+        except BaseException as exc:
+            failure.append(exc)
+            ready.set()
+            return
+        ready.set()
+        try:
+            loop.run_forever()
+        finally:
+            collector_task.cancel()
+            loop.run_until_complete(asyncio.gather(collector_task, return_exceptions=True))
+            loop.close()
+
+    def _expire(self) -> None:
+        # ``duration`` ran out: stop from another thread, since stop() joins this one.
+        threading.Thread(target=self.stop, name="asyncflow-stop", daemon=True).start()
+
+    def stop(self) -> Snapshot | None:
+        """Stop recording, write the exit report, and return the final snapshot.
+
+        Idempotent: stopping a stopped profiler does nothing and returns its final snapshot.
+        Instrumented coroutines and tasks keep working afterwards; they just stop recording.
+        """
+        global _active
+        with self._state_lock:
+            if self._state != "running":
+                return self._final
+            self._state = "stopping"
+        with _lock:
+            if _active is self:
+                _active = None
+        try:
+            self._final = self._call(self._final_snapshot)
+        finally:
+            loop, thread = self._loop, self._thread
+            if loop is not None and not loop.is_closed():
+                loop.call_soon_threadsafe(loop.stop)
+            if thread is not None and thread is not threading.current_thread():
+                thread.join(_STARTUP_TIMEOUT)
+            self._state = "stopped"
+            atexit.unregister(self.stop)
+        self._report(self._final)
+        return self._final
+
+    def _final_snapshot(self) -> Snapshot:
+        collector = self._collector
+        assert collector is not None
+        if _session.active is collector.session:
+            _session.active = None  # calls created from now on are not recorded
+        collector.drain()
+        return views.snapshot(collector, running=False)
+
+    def _report(self, snapshot: Snapshot) -> None:
+        options = self.options
+        try:
+            if options.reporter is not None:
+                options.reporter.report(snapshot)
+                return
+            if options.format == "none":
+                return
+            text = render(snapshot, options.format, options.percentiles, options.limit)
+            if options.output is None:
+                sys.stderr.write(text)
+                sys.stderr.flush()
+            else:
+                with open(options.output, "w", encoding="utf-8") as out:
+                    out.write(text)
+        except Exception as exc:  # a report that cannot be written must not break the program
+            _session.internal_error("writing the exit report", exc)
+
+    # -- queries -----------------------------------------------------------------------------
+
+    def _call(self, fn: Any) -> Any:
+        """Run ``fn()`` on the profiler's thread (where the collector's state lives)."""
+        loop, thread = self._loop, self._thread
+        if thread is threading.current_thread() or loop is None or loop.is_closed():
+            return fn()
+        done: Future[Any] = Future()
+
+        def call() -> None:
+            try:
+                done.set_result(fn())
+            except BaseException as exc:
+                done.set_exception(exc)
+
+        loop.call_soon_threadsafe(call)
+        return done.result(timeout=_STARTUP_TIMEOUT)
+
+    def snapshot(self) -> Snapshot:
+        """Every document as of now: the same data the endpoint serves and reports contain.
+
+        Raises:
+            AsyncflowError: the profiler was never started.
+        """
+        if self._state == "new":
+            raise AsyncflowError(f"profiler {self.name!r} has not been started")
+        if self._final is not None:
+            return self._final
+        collector = self._collector
+        assert collector is not None
+
+        def take() -> Snapshot:
+            collector.drain()
+            return views.snapshot(collector, running=self.running)
+
+        result: Snapshot = self._call(take)
+        return result
+
+    # -- context managers --------------------------------------------------------------------
+
+    def __enter__(self) -> Profiler:
+        return self.start()
+
+    def __exit__(
+        self, typ: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    async def __aenter__(self) -> Profiler:
+        return self.start()
+
+    async def __aexit__(
+        self, typ: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        return f"<asyncflow.Profiler {self.name!r} {self._state}>"
+
+
+def profile(name: str, **options: Any) -> Profiler:
+    """A profiler to use as ``with``/``async with``; it starts on entry and reports on exit.
+
+    Args:
+        name: names the profiled program in reports and status documents.
+        **options: keyword-only options (``percentiles``, ``limit``, ``format``, ``output``,
+            ``recent_logs``, ``reporter``, ``duration``), each also settable by an
+            ``ASYNCFLOW_*`` environment variable; see the README.
+
+    Raises:
+        ValueError: an option has a bad value (checked here, before anything starts).
+        TypeError: an unknown option was passed.
+    """
+    return Profiler(resolve_options(name, options))
+
+
+def start(name: str, **options: Any) -> Profiler:
+    """Start a profiler now; :func:`stop` ends it. Same options as :func:`profile`.
+
+    Raises:
+        AsyncflowError: a profiler is already running in this process.
+    """
+    return profile(name, **options).start()
+
+
+def stop() -> Snapshot | None:
+    """Stop the running profiler, if any, and return its final snapshot (None if none ran)."""
+    profiler = _active
+    return profiler.stop() if profiler is not None else None
+
+
+def active_profiler() -> Profiler | None:
+    """The profiler running in this process, if any."""
+    return _active

@@ -1,0 +1,82 @@
+"""The exit report: a snapshot rendered as a table for people, or as JSON for tools."""
+
+from __future__ import annotations
+
+from asyncflow.schema import FutureEntry, Snapshot, dumps
+from asyncflow.stats import percentile_key
+
+__all__ = ["format_duration", "render", "render_table"]
+
+
+def format_duration(ns: int | None) -> str:
+    """Nanoseconds in a human unit: ``850 ns``, ``12.3 µs``, ``4.56 ms``, ``1.23 s``."""
+    if ns is None:
+        return "-"
+    for scale, unit in ((1_000_000_000, "s"), (1_000_000, "ms"), (1_000, "µs")):
+        if ns >= scale:
+            value = ns / scale
+            return f"{value:.3g} {unit}" if value < 1000 else f"{value:,.0f} {unit}"
+    return f"{ns} ns"
+
+
+def _row(entry: FutureEntry, percentiles: tuple[float, ...]) -> list[str]:
+    o = entry.outcomes
+    cancelled = o.cancelled + o.closed + o.never_awaited
+    return [
+        entry.label,
+        f"{entry.call_count:,}",
+        f"{o.returned}/{o.raised}/{cancelled}",
+        f"{entry.total_polls:,}",
+        format_duration(entry.busy_ns),
+        format_duration(entry.idle_ns),
+        *(
+            format_duration(entry.poll_duration_ns.get(percentile_key(q)))
+            for q in percentiles
+        ),
+        format_duration(entry.max_poll_duration_ns),
+    ]
+
+
+def render_table(snapshot: Snapshot, percentiles: tuple[float, ...], limit: int) -> str:
+    """The top ``limit`` futures by busy time (0 = all), with a header line."""
+    status = snapshot.status
+    futures = snapshot.futures.futures
+    shown = futures if limit == 0 else futures[:limit]
+    calls = sum(f.call_count for f in futures)
+    header = (
+        f"asyncflow · {status.name} · elapsed {format_duration(status.uptime_ns)} · "
+        f"{len(futures)} futures · {calls:,} calls · {status.events_dropped:,} events dropped"
+    )
+    if status.internal_errors:
+        header += f" · {status.internal_errors} internal errors"
+    columns = [
+        "future",
+        "calls",
+        "ok/err/cxl",
+        "polls",
+        "busy",
+        "idle",
+        *(f"{percentile_key(q)} poll" for q in percentiles),
+        "max poll",
+    ]
+    rows = [columns, *(_row(f, percentiles) for f in shown)]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(columns))]
+    lines = [header, ""]
+    for r in rows:
+        cells = [r[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(r[1:], widths[1:], strict=True)]
+        lines.append("  ".join(cells).rstrip())
+    if len(shown) < len(futures):
+        lines.append(f"… {len(futures) - len(shown)} more futures (limit={limit}; 0 shows all)")
+    if not futures:
+        lines.append("(no futures were tracked: decorate coroutines with @asyncflow.future or "
+                     "call asyncflow.instrument_tasks())")
+    return "\n".join(lines) + "\n"
+
+
+def render(snapshot: Snapshot, format: str, percentiles: tuple[float, ...], limit: int) -> str:
+    """A snapshot in one of the report formats (``table``, ``json``, ``json-pretty``)."""
+    if format == "table":
+        return render_table(snapshot, percentiles, limit)
+    if format in ("json", "json-pretty"):
+        return dumps(snapshot, pretty=format == "json-pretty").decode() + "\n"
+    raise ValueError(f"format={format!r}: expected table, json or json-pretty")
