@@ -1,4 +1,4 @@
-"""Monotonic nanoseconds for every timestamp asyncflow records; replaceable so tests use fake time."""
+"""Monotonic nanoseconds for every timestamp asyncflow records; replaceable for fake time."""
 
 from __future__ import annotations
 

@@ -29,10 +29,7 @@ def _row(entry: FutureEntry, percentiles: tuple[float, ...]) -> list[str]:
         f"{entry.total_polls:,}",
         format_duration(entry.busy_ns),
         format_duration(entry.idle_ns),
-        *(
-            format_duration(entry.poll_duration_ns.get(percentile_key(q)))
-            for q in percentiles
-        ),
+        *(format_duration(entry.poll_duration_ns.get(percentile_key(q))) for q in percentiles),
         format_duration(entry.max_poll_duration_ns),
     ]
 
@@ -63,13 +60,17 @@ def render_table(snapshot: Snapshot, percentiles: tuple[float, ...], limit: int)
     widths = [max(len(r[i]) for r in rows) for i in range(len(columns))]
     lines = [header, ""]
     for r in rows:
-        cells = [r[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(r[1:], widths[1:], strict=True)]
+        cells = [r[0].ljust(widths[0])] + [
+            c.rjust(w) for c, w in zip(r[1:], widths[1:], strict=True)
+        ]
         lines.append("  ".join(cells).rstrip())
     if len(shown) < len(futures):
         lines.append(f"… {len(futures) - len(shown)} more futures (limit={limit}; 0 shows all)")
     if not futures:
-        lines.append("(no futures were tracked: decorate coroutines with @asyncflow.future or "
-                     "call asyncflow.instrument_tasks())")
+        lines.append(
+            "(no futures were tracked: decorate coroutines with @asyncflow.future or "
+            "call asyncflow.instrument_tasks())"
+        )
     return "\n".join(lines) + "\n"
 
 

@@ -35,6 +35,8 @@ def bucket_of(ns: int) -> int:
     if ns < _LINEAR:
         return max(ns, 0)
     bits = ns.bit_length()
+    if bits > 64:  # beyond 584 years: count it in the last bucket rather than overflow
+        return BUCKETS - 1
     return (bits << _SUB_BITS) | ((ns >> (bits - _SUB_BITS - 1)) & ((1 << _SUB_BITS) - 1))
 
 

@@ -142,9 +142,7 @@ def futures_document(
     collector: Collector, now: int, offset: int = 0, limit: int | None = None
 ) -> FuturesDocument:
     """Every future, most busy first, paged by ``offset``/``limit``."""
-    entries = [
-        future_entry(f, now, collector.options.percentiles) for f in collector.futures()
-    ]
+    entries = [future_entry(f, now, collector.options.percentiles) for f in collector.futures()]
     entries.sort(key=lambda e: (-e.busy_ns, -e.call_count, e.id))
     page = entries[offset : None if limit is None else offset + limit]
     return FuturesDocument(
@@ -196,4 +194,3 @@ def snapshot(collector: Collector, running: bool = True) -> Snapshot:
         futures=futures,
         future_logs=[future_logs(by_id[e.id], now, origin) for e in futures.futures],
     )
-

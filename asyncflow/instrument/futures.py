@@ -353,7 +353,7 @@ class InstrumentedCoroutine(Coroutine[Any, Any, _T]):
     # ``await`` drives the iterator with __next__ when it sends None.
     __next__ = send
 
-    def throw(self, typ: Any, val: Any = None, tb: Any = None) -> Any:  # type: ignore[override]
+    def throw(self, typ: Any, val: Any = None, tb: Any = None) -> Any:
         r = self._r
         t0 = _clock.now_ns()
         if not r.first:
@@ -383,7 +383,7 @@ class InstrumentedCoroutine(Coroutine[Any, Any, _T]):
                 _close_record(r, CLOSED)
 
     def __await__(self) -> Generator[Any, None, _T]:
-        return self  # type: ignore[return-value]
+        return self
 
     def __getattr__(self, name: str) -> Any:
         # cr_frame, cr_code, cr_await, cr_running, __name__, __qualname__... of the real coroutine
@@ -432,10 +432,10 @@ class FutureFunction(Generic[_P, _T]):
         return types.MethodType(self, obj)
 
     def __reduce__(self) -> str:
-        return str(self.__qualname__)
+        return str(self.__dict__["__qualname__"])
 
     def __repr__(self) -> str:
-        return f"<asyncflow.future {self.__module__}.{self.__qualname__}>"
+        return f"<asyncflow.future {self.__module__}.{self.__dict__['__qualname__']}>"
 
 
 @overload
@@ -499,7 +499,9 @@ def future(
     return decorate(fn)
 
 
-def instrument(coro: Coroutine[Any, Any, _T], *, name: str | None = None) -> Coroutine[Any, Any, _T]:
+def instrument(
+    coro: Coroutine[Any, Any, _T], *, name: str | None = None
+) -> Coroutine[Any, Any, _T]:
     """Track one coroutine object; the result can be awaited or given to ``create_task``.
 
     Args:
@@ -570,7 +572,8 @@ class TaskInstrumentation:
     @property
     def active(self) -> bool:
         """Whether tasks created now on the loop are tracked through this handle."""
-        return self._factory is not None and self._factory.enabled
+        factory = self._factory
+        return factory is not None and factory.enabled
 
     def undo(self) -> None:
         """Stop tracking new tasks and put back the task factory that was there before.
@@ -582,9 +585,10 @@ class TaskInstrumentation:
         if factory is None or not factory.enabled:
             return
         factory.enabled = False
+        previous = factory.previous
         loop = self._loop() if self._loop is not None else None
         if loop is not None and loop.get_task_factory() is factory:
-            loop.set_task_factory(factory.previous)
+            loop.set_task_factory(previous)
 
     def __enter__(self) -> TaskInstrumentation:
         return self
@@ -624,7 +628,7 @@ def instrument_tasks(loop: asyncio.AbstractEventLoop | None = None) -> TaskInstr
         # Already tracked: a second handle would count nothing twice; its undo is a no-op.
         return TaskInstrumentation(loop, None)
     factory = _TaskFactory(current)
-    loop.set_task_factory(factory)  # type: ignore[arg-type]
+    loop.set_task_factory(factory)
     return TaskInstrumentation(loop, factory)
 
 

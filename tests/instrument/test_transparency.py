@@ -1,0 +1,387 @@
+"""Transparency: every scenario observes the same things with and without instrumentation.
+
+Each scenario takes ``track`` (identity, or ``asyncflow.future``) and returns what it observed:
+results, exceptions with the user frames of their tracebacks, cancellation counts, context
+variables, task identity and names, ordering. It runs three ways: plain, with every coroutine
+decorated, and in whole-program mode (``instrument_tasks``), and the observations must be equal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import gc
+import sys
+import traceback
+import warnings
+import weakref
+from collections.abc import Awaitable, Callable, Coroutine, Generator
+from pathlib import Path
+from typing import Any, Protocol, TypeVar, cast
+
+import pytest
+
+import asyncflow
+
+_F = TypeVar("_F", bound=Callable[..., Coroutine[Any, Any, Any]])
+
+
+class Track(Protocol):
+    """Identity, or asyncflow.future: applied to every coroutine function of a scenario."""
+
+    def __call__(self, fn: _F, /) -> _F: ...
+
+
+Scenario = Callable[[Track], Awaitable[list[Any]]]
+
+_PACKAGE = str(Path(asyncflow.__file__).parent)
+SCENARIOS: list[Scenario] = []
+
+
+def scenario(fn: Scenario) -> Scenario:
+    SCENARIOS.append(fn)
+    return fn
+
+
+def user_frames(exc: BaseException) -> list[str]:
+    """The traceback's frames outside asyncflow (its wrappers add frames of their own)."""
+    return [f.name for f in traceback.extract_tb(exc.__traceback__) if _PACKAGE not in f.filename]
+
+
+def described(exc: BaseException) -> tuple[str, str, list[str]]:
+    return (type(exc).__name__, str(exc), user_frames(exc))
+
+
+@scenario
+async def returns_and_raises(track: Track) -> list[Any]:
+    @track
+    async def inner(x: int) -> int:
+        await asyncio.sleep(0)
+        if x:
+            raise KeyError(x)
+        return x + 40
+
+    @track
+    async def outer(x: int) -> int:
+        return await inner(x) + 2
+
+    seen: list[Any] = [await outer(0)]
+    try:
+        await outer(5)
+    except KeyError as exc:
+        seen.append(described(exc))
+    return seen
+
+
+@scenario
+async def cancel_before_first_poll(track: Track) -> list[Any]:
+    started: list[bool] = []
+
+    @track
+    async def never() -> None:
+        started.append(True)
+
+    task = asyncio.create_task(never())
+    task.cancel("early")
+    try:
+        await task
+    except asyncio.CancelledError as exc:
+        return [started, task.cancelled(), exc.args]
+    return ["not cancelled"]
+
+
+@scenario
+async def cancel_while_suspended_twice_with_message(track: Track) -> list[Any]:
+    cleanup: list[str] = []
+
+    @track
+    async def sleeper() -> None:
+        try:
+            await asyncio.sleep(3600)
+        finally:
+            cleanup.append("finally ran")
+
+    task = asyncio.create_task(sleeper())
+    await asyncio.sleep(0)
+    first = task.cancel("first")
+    second = task.cancel("second")
+    cancelling = task.cancelling()
+    try:
+        await task
+    except asyncio.CancelledError as exc:
+        return [first, second, cancelling, exc.args, cleanup, task.cancelled()]
+    return ["not cancelled"]
+
+
+@scenario
+async def catches_cancellation_and_continues(track: Track) -> list[Any]:
+    @track
+    async def stubborn() -> str:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            me = asyncio.current_task()
+            assert me is not None
+            left = me.uncancel()
+            await asyncio.sleep(0)
+            return f"survived, {left} left"
+        return "slept"
+
+    task = asyncio.create_task(stubborn())
+    await asyncio.sleep(0)
+    task.cancel()
+    result = await task
+    return [result, task.cancelled(), task.cancelling()]
+
+
+@scenario
+async def timeout_and_wait_for(track: Track) -> list[Any]:
+    @track
+    async def slow() -> str:
+        await asyncio.sleep(3600)
+        return "done"
+
+    @track
+    async def quick() -> str:
+        await asyncio.sleep(0)
+        return "quick"
+
+    seen: list[Any] = []
+    try:
+        async with asyncio.timeout(0):
+            await slow()
+    except TimeoutError as exc:
+        seen.append(("timeout", type(exc).__name__))
+    me = asyncio.current_task()
+    assert me is not None
+    seen.append(me.cancelling())
+    try:
+        await asyncio.wait_for(slow(), timeout=0)
+    except TimeoutError:
+        seen.append("wait_for timed out")
+    seen.append(await asyncio.wait_for(quick(), timeout=10))
+    seen.append(me.cancelling())
+    return seen
+
+
+@scenario
+async def task_group_with_failing_children(track: Track) -> list[Any]:
+    order: list[str] = []
+
+    @track
+    async def child(i: int) -> None:
+        order.append(f"start {i}")
+        await asyncio.sleep(0)
+        if i == 1:
+            raise ValueError("child 1 failed")
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            order.append(f"cancelled {i}")
+            raise
+
+    try:
+        async with asyncio.TaskGroup() as tg:
+            for i in range(3):
+                tg.create_task(child(i), name=f"child-{i}")
+    except* ValueError as group:
+        order.append(repr(group.exceptions))
+    # TaskGroup cancels its children in the order of a set of tasks: by address, not by creation
+    cancelled = sorted(o for o in order if o.startswith("cancelled"))
+    return [[o for o in order if not o.startswith("cancelled")], cancelled]
+
+
+@scenario
+async def context_variables_and_current_task(track: Track) -> list[Any]:
+    var: contextvars.ContextVar[str] = contextvars.ContextVar("var", default="unset")
+
+    @track
+    async def reader() -> tuple[str, str | None]:
+        seen = var.get()
+        var.set("set by reader")
+        me = asyncio.current_task()
+        return seen, me.get_name() if me else None
+
+    var.set("outer")
+    direct = await reader()
+    after_direct = var.get()  # same task: the reader's set is visible
+    var.set("outer again")
+    task = asyncio.create_task(reader(), name="reader-task")
+    in_task = await task
+    return [direct, after_direct, in_task, var.get(), asyncio.current_task() is not task]
+
+
+@scenario
+async def generator_awaitables_and_plain_futures(track: Track) -> list[Any]:
+    class Legacy:
+        def __await__(self) -> Generator[Any, None, str]:
+            yield from asyncio.sleep(0).__await__()
+            return "legacy"
+
+    @track
+    async def waits() -> list[Any]:
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[int] = loop.create_future()
+        loop.call_soon(fut.set_result, 42)
+        failing: asyncio.Future[int] = loop.create_future()
+        loop.call_soon(failing.set_exception, OSError("io"))
+        out: list[Any] = [await fut, await Legacy()]
+        try:
+            await failing
+        except OSError as exc:
+            out.append(str(exc))
+        return out
+
+    return [await waits()]
+
+
+@scenario
+async def ordering_across_tasks(track: Track) -> list[Any]:
+    order: list[tuple[int, int]] = []
+
+    @track
+    async def worker(i: int) -> None:
+        for step in range(3):
+            order.append((i, step))
+            await asyncio.sleep(0)
+
+    await asyncio.gather(*(worker(i) for i in range(4)))
+    return order
+
+
+@scenario
+async def awaiting_twice_is_an_error(track: Track) -> list[Any]:
+    @track
+    async def once() -> int:
+        return 1
+
+    coro = once()
+    seen: list[Any] = [await coro]
+    try:
+        await coro
+    except RuntimeError as exc:
+        seen.append(str(exc))
+    return seen
+
+
+@scenario
+async def no_reference_cycles_on_the_error_path(track: Track) -> list[Any]:
+    class Marker:
+        pass
+
+    refs: list[weakref.ref[Marker]] = []
+
+    @track
+    async def victim() -> None:
+        marker = Marker()
+        refs.append(weakref.ref(marker))
+        await asyncio.sleep(3600)
+
+    gc.collect()
+    gc.disable()
+    try:
+        task = asyncio.create_task(victim())
+        await asyncio.sleep(0)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        del task
+        return [refs[0]() is None]  # freed by reference counting alone
+    finally:
+        gc.enable()
+
+
+def _identity(fn: _F, /) -> _F:
+    return fn
+
+
+async def _run(scenario: Scenario, mode: str) -> list[Any]:
+    if mode == "plain":
+        return await scenario(_identity)
+    if mode == "decorated":
+        return await scenario(cast(Track, asyncflow.future))
+    with asyncflow.instrument_tasks():
+        return await scenario(_identity)
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda s: s.__name__)
+async def test_same_observations_with_and_without_instrumentation(scenario: Scenario) -> None:
+    plain = await _run(scenario, "plain")
+    with asyncflow.profile("transparency", format="none") as prof:
+        decorated = await _run(scenario, "decorated")
+        tasks = await _run(scenario, "tasks")
+        snap = prof.snapshot()
+    assert decorated == plain
+    assert tasks == plain
+    assert sum(f.call_count for f in snap.futures.futures) > 0  # it really was instrumented
+
+
+async def test_never_awaited_warning_is_the_same() -> None:
+    async def forgotten() -> None:
+        pass
+
+    def messages(track: Any) -> list[str]:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            track(forgotten)()
+            gc.collect()
+        return [str(w.message).split("'")[0] for w in caught]
+
+    plain = messages(_identity)
+    with asyncflow.profile("warn", format="none"):
+        tracked = messages(asyncflow.future)
+    assert plain == tracked == ["coroutine "]
+
+
+def test_task_introspection_still_works() -> None:
+    async def main() -> list[Any]:
+        with asyncflow.instrument_tasks():
+
+            async def sleeper() -> None:
+                await asyncio.sleep(3600)
+
+            task = asyncio.create_task(sleeper(), name="introspected")
+            await asyncio.sleep(0)
+            stack = task.get_stack()
+            text = repr(task)
+            coro = task.get_coro()
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            return [
+                [f.f_code.co_name for f in stack],
+                "sleeper" in text,
+                asyncio.iscoroutine(coro),
+                getattr(coro, "__qualname__", None),
+            ]
+
+    with asyncflow.profile("introspect", format="none"):
+        seen = asyncio.run(main())
+    assert seen == [
+        ["sleeper"],
+        True,
+        True,
+        "test_task_introspection_still_works.<locals>.main.<locals>.sleeper",
+    ]
+
+
+@pytest.mark.skipif(sys.version_info < (3, 12), reason="eager tasks arrived in Python 3.12")
+def test_instrument_tasks_chains_to_eager_task_factory() -> None:
+    async def main() -> list[Any]:
+        loop = asyncio.get_running_loop()
+        loop.set_task_factory(asyncio.eager_task_factory)  # type: ignore[attr-defined]
+        order: list[str] = []
+
+        async def eager() -> str:
+            order.append("ran eagerly")
+            return "eager"
+
+        with asyncflow.instrument_tasks():
+            task = asyncio.create_task(eager())
+            order.append("after create_task")
+            result = await task
+        assert loop.get_task_factory() is asyncio.eager_task_factory  # type: ignore[attr-defined]
+        return [order, result]
+
+    with asyncflow.profile("eager", format="none"):
+        assert asyncio.run(main()) == [["ran eagerly", "after create_task"], "eager"]

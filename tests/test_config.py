@@ -1,0 +1,85 @@
+"""Options: explicit argument, then ASYNCFLOW_* variable, then default; bad values are refused."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from asyncflow.config import Options, disabled, resolve_options
+
+
+def test_defaults() -> None:
+    o = resolve_options("svc", {}, environ={})
+    assert o == Options(name="svc")
+    assert o.percentiles == (50.0, 95.0, 99.0)
+    assert (o.limit, o.format, o.output, o.recent_logs, o.duration) == (15, "table", None, 50, None)
+
+
+def test_environment_then_argument_precedence(tmp_path: Path) -> None:
+    env = {
+        "ASYNCFLOW_PERCENTILES": "90, 50",
+        "ASYNCFLOW_LIMIT": "3",
+        "ASYNCFLOW_FORMAT": "json",
+        "ASYNCFLOW_OUTPUT": str(tmp_path / "r.json"),
+        "ASYNCFLOW_RECENT_LOGS": "7",
+        "ASYNCFLOW_DURATION": "2.5",
+    }
+    o = resolve_options("svc", {}, environ=env)
+    assert o.percentiles == (50.0, 90.0)
+    assert (o.limit, o.format, o.recent_logs, o.duration) == (3, "json", 7, 2.5)
+    assert o.output == str(tmp_path / "r.json")
+    o = resolve_options("svc", {"limit": 0, "format": "table"}, environ=env)
+    assert (o.limit, o.format) == (0, "table")
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "words"),
+    [
+        ("percentiles", [0], "outside (0, 100]"),
+        ("percentiles", [101], "outside (0, 100]"),
+        ("percentiles", "fifty", "numbers in (0, 100]"),
+        ("percentiles", [], "at least one"),
+        ("percentiles", ["50"], "numbers in (0, 100]"),
+        ("limit", -1, "whole number >= 0"),
+        ("limit", 2.5, "whole number >= 0"),
+        ("limit", True, "whole number >= 0"),
+        ("format", "xml", "table, json, json-pretty, none"),
+        ("recent_logs", -5, "whole number from 0"),
+        ("duration", 0, "number > 0"),
+        ("duration", "soon", "number > 0"),
+        ("duration", float("inf"), "finite"),
+        ("output", "/no/such/dir/report.txt", "does not exist"),
+        ("output", 42, "file path"),
+        ("reporter", object(), "report(snapshot)"),
+    ],
+)
+def test_bad_values_name_the_option_and_what_is_accepted(
+    option: str, value: Any, words: str
+) -> None:
+    with pytest.raises(ValueError, match=option) as info:
+        resolve_options("svc", {option: value}, environ={})
+    assert words in str(info.value)
+
+
+def test_bad_environment_value_names_the_variable() -> None:
+    with pytest.raises(ValueError, match="ASYNCFLOW_LIMIT='many'"):
+        resolve_options("svc", {}, environ={"ASYNCFLOW_LIMIT": "many"})
+
+
+def test_output_that_is_a_directory(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="is a directory"):
+        resolve_options("svc", {"output": tmp_path}, environ={})
+
+
+def test_unknown_option_and_bad_name() -> None:
+    with pytest.raises(TypeError, match=r"unknown asyncflow option.*colour"):
+        resolve_options("svc", {"colour": "red"}, environ={})
+    with pytest.raises(ValueError, match="name"):
+        resolve_options("", {}, environ={})
+
+
+@pytest.mark.parametrize(("value", "expected"), [("", False), ("0", False), ("1", True)])
+def test_disable_variable(value: str, expected: bool) -> None:
+    assert disabled({"ASYNCFLOW_DISABLE": value}) is expected

@@ -1,0 +1,104 @@
+"""The table report: human units, ordering by busy time, the limit."""
+
+from __future__ import annotations
+
+import pytest
+
+from asyncflow.report import format_duration, render, render_table
+from asyncflow.schema import (
+    CallStates,
+    FutureEntry,
+    FuturesDocument,
+    Location,
+    Outcomes,
+    ProfilerStatus,
+    Snapshot,
+)
+
+
+@pytest.mark.parametrize(
+    ("ns", "text"),
+    [
+        (None, "-"),
+        (0, "0 ns"),
+        (850, "850 ns"),
+        (12_300, "12.3 µs"),
+        (4_560_000, "4.56 ms"),
+        (1_230_000_000, "1.23 s"),
+        (7_200_000_000_000, "7,200 s"),
+    ],
+)
+def test_human_units(ns: int | None, text: str) -> None:
+    assert format_duration(ns) == text
+
+
+def _entry(i: int, label: str, busy: int) -> FutureEntry:
+    return FutureEntry(
+        id=i,
+        label=label,
+        source=f"m:{label}",
+        location=Location("m.py", i),
+        tracked_by="decorator",
+        call_count=10 * i,
+        calls=CallStates(0, 0, 1, 8, 1),
+        outcomes=Outcomes(7, 1, 1, 0, 0),
+        total_polls=40 * i,
+        busy_ns=busy,
+        idle_ns=2 * busy,
+        max_poll_duration_ns=busy // 10,
+        poll_duration_ns={"p50": 1_000, "p99": 9_000},
+        call_duration_ns={"p50": 50_000, "p99": 90_000},
+    )
+
+
+def _snapshot(entries: list[FutureEntry]) -> Snapshot:
+    status = ProfilerStatus(1, "svc", "0", 1, "3.11", 2_000_000_000, False, 5, 3, 0, None, 2, 0)
+    return Snapshot(1, status, FuturesDocument(1, len(entries), 0, len(entries), entries))
+
+
+def test_table_header_columns_rows_and_limit() -> None:
+    snap = _snapshot([_entry(1, "fetch", 5_000_000), _entry(2, "parse", 1_000)])
+    text = render_table(snap, (50.0, 99.0), limit=1)
+    lines = text.splitlines()
+    assert lines[0] == "asyncflow · svc · elapsed 2 s · 2 futures · 30 calls · 3 events dropped"
+    assert lines[2].split() == [
+        "future",
+        "calls",
+        "ok/err/cxl",
+        "polls",
+        "busy",
+        "idle",
+        "p50",
+        "poll",
+        "p99",
+        "poll",
+        "max",
+        "poll",
+    ]
+    assert lines[3].split() == [
+        "fetch",
+        "10",
+        "7/1/1",
+        "40",
+        "5",
+        "ms",
+        "10",
+        "ms",
+        "1",
+        "µs",
+        "9",
+        "µs",
+        "500",
+        "µs",
+    ]
+    assert lines[4] == "… 1 more futures (limit=1; 0 shows all)"
+    assert "parse" in render_table(snap, (50.0,), limit=0)
+
+
+def test_empty_table_says_how_to_track_something() -> None:
+    assert "@asyncflow.future" in render(_snapshot([]), "table", (50.0,), 15)
+
+
+def test_unknown_format() -> None:
+    with pytest.raises(ValueError, match="format"):
+        render(_snapshot([]), "xml", (50.0,), 15)
