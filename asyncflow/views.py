@@ -9,7 +9,7 @@ from asyncflow import clock, stats
 from asyncflow._version import __version__
 from asyncflow.collector import Collector, live_calls
 from asyncflow.instrument import _session
-from asyncflow.instrument.futures import RUNNING, CallRecord, FutureRecord
+from asyncflow.instrument.futures import RUNNING, CallRecord, FutureRecord, call_field, call_state
 from asyncflow.schema import (
     SCHEMA,
     CallEntry,
@@ -95,10 +95,11 @@ def future_entry(record: FutureRecord, now: int, percentiles: tuple[float, ...])
 def call_entry(r: CallRecord, now: int, origin: int) -> CallEntry:
     """One call as its log lists it; timestamps relative to ``origin``."""
     elapsed = 0 if r.finished else _running_for(r, now)
-    state = RUNNING if elapsed else r.state
+    state = RUNNING if elapsed else call_state(r)
     exception = None
-    if r.exc_type is not None:
-        exception = ExceptionInfo(r.exc_type, r.exc_message or "")
+    exc_type = call_field(r, "exc_type")
+    if exc_type is not None:
+        exception = ExceptionInfo(exc_type, call_field(r, "exc_message") or "")
     return CallEntry(
         call_id=r.call_id,
         future_id=r.future.id,
@@ -113,10 +114,10 @@ def call_entry(r: CallRecord, now: int, origin: int) -> CallEntry:
         first_poll_ns=r.first - origin if r.first else None,
         finished_ns=r.finished - origin if r.finished else None,
         current_elapsed_ns=elapsed if state == RUNNING else None,
-        task=r.task,
-        outcome=r.outcome,
+        task=call_field(r, "task"),
+        outcome=call_field(r, "outcome"),
         exception=exception,
-        result=r.result,
+        result=call_field(r, "result"),
     )
 
 

@@ -13,6 +13,7 @@ import asyncio
 import functools
 import inspect
 import itertools
+import sys
 import threading
 import types
 import weakref
@@ -183,7 +184,6 @@ class CallRecord:
         self.stats = stats
         self.hist = stats.poll_hist
         self.call_id = call_id = next(_call_ids)
-        self.state = PENDING  # PENDING until the first poll, then SUSPENDED, READY or CANCELLED
         self.start = 0  # clock reading at the start of the poll in progress; 0 when not running
         self.polls = 0
         self.busy = 0
@@ -192,28 +192,48 @@ class CallRecord:
         self.created = now
         self.first = 0
         self.finished = 0
-        self.task: str | None = None
-        self.outcome: str | None = None
-        self.exc_type: str | None = None
-        self.exc_message: str | None = None
-        self.result: str | None = None
+        # Set only when they happen (read with call_field()): state (once finished), task,
+        # outcome, exc_type, exc_message, result. Leaving them unset saves ~100 ns per call.
         stats.live[call_id] = self
         stats.created += 1
 
 
+def call_field(r: CallRecord, name: str) -> Any:
+    """A field that is set only when it happens (``task``, ``outcome``...), or None."""
+    return getattr(r, name, None)
+
+
+def call_state(r: CallRecord) -> str:
+    """The call's state now; live states are derived, so polls need not store them."""
+    if r.finished:
+        state: str = r.state
+        return state
+    if r.start:
+        return RUNNING
+    return SUSPENDED if r.first else PENDING
+
+
+if sys.version_info < (3, 12):
+    # 3.11's asyncio.current_task() is a Python function; its C-level dict is 3x cheaper.
+    _current_tasks: dict[Any, asyncio.Task[Any]] | None = getattr(asyncio.tasks, "_current_tasks", None)
+else:
+    _current_tasks = None
+_get_running_loop = asyncio.events._get_running_loop
+
+
 def _first_poll(r: CallRecord, t0: int) -> None:
     r.first = t0
-    r.state = SUSPENDED
-    try:
-        task = asyncio.current_task()
-    except RuntimeError:  # driven by hand, outside any event loop
+    loop = _get_running_loop()
+    if loop is None:  # driven by hand, outside any event loop
         return
+    task = _current_tasks.get(loop) if _current_tasks is not None else asyncio.current_task(loop)
     if task is not None:
         r.task = task.get_name()
 
 
-def _end_poll(r: CallRecord, t0: int) -> None:
-    dt = _clock.now_ns() - t0
+def _end_poll(r: CallRecord, t0: int) -> int:
+    now = _clock.now_ns()
+    dt = now - t0
     r.start = 0
     r.polls += 1
     r.busy += dt
@@ -221,6 +241,7 @@ def _end_poll(r: CallRecord, t0: int) -> None:
     if dt > r.max:
         r.max = dt
     r.hist[SMALL_BUCKET[dt] if 0 <= dt < SMALL_LIMIT else bucket_of(dt)] += 1
+    return now
 
 
 def _truncate(text: str) -> str:
@@ -246,7 +267,7 @@ def _finish_poll(r: CallRecord, t0: int, exc: BaseException) -> None:
     if r.finished:  # e.g. "cannot reuse already awaited coroutine": the call ended before
         return
     try:
-        _end_poll(r, t0)
+        now = _end_poll(r, t0)
         if isinstance(exc, StopIteration):
             r.state = READY
             r.outcome = RETURNED
@@ -263,7 +284,7 @@ def _finish_poll(r: CallRecord, t0: int, exc: BaseException) -> None:
             r.stats.raised += 1
             r.exc_type = type(exc).__qualname__
             r.exc_message = _short_str(exc)
-        _retire(r, _clock.now_ns())
+        _retire(r, now)
     except Exception as err:  # observing never breaks the program
         _session.internal_error("recording a finished call", err)
 
