@@ -67,7 +67,7 @@ def make_fanout(deco: Deco, roots: int) -> tuple[Workload, int]:
     async def main() -> object:
         return await asyncio.gather(*(asyncio.create_task(top(i)) for i in range(roots)))
 
-    return main, roots * 10  # nine leaves and one root task poll per suspension (approx.)
+    return main, roots * 13  # calls: one top, three middles, nine leaves per root
 
 
 # -- running ---------------------------------------------------------------------------------
@@ -96,7 +96,7 @@ def _with_profiler(kind: str, main: Workload) -> float:
         finally:
             prof.disable()
     if kind == "yappi":
-        import yappi  # type: ignore[import-not-found, unused-ignore]
+        import yappi  # type: ignore[import-untyped, import-not-found, unused-ignore]
 
         yappi.clear_stats()
         yappi.start()
@@ -105,7 +105,7 @@ def _with_profiler(kind: str, main: Workload) -> float:
         finally:
             yappi.stop()
     if kind == "pyinstrument":
-        import pyinstrument  # type: ignore[import-not-found, unused-ignore]
+        import pyinstrument  # type: ignore[import-untyped, import-not-found, unused-ignore]
 
         sampler = pyinstrument.Profiler(async_mode="disabled")
         sampler.start()
@@ -125,10 +125,14 @@ def _available(kind: str) -> bool:
 
 
 def measure(
-    name: str, build: Callable[[Deco], tuple[Workload, int]], modes: list[str], pairs: int
+    name: str,
+    build: Callable[[Deco], tuple[Workload, int]],
+    modes: list[str],
+    pairs: int,
+    unit: str,
 ) -> dict[str, float]:
     """Median ratio to the plain run, per mode, over ``pairs`` alternating pairs."""
-    plain, polls = build(_identity)
+    plain, events = build(_identity)
     decorated, _ = build(asyncflow.future)
     ratios: dict[str, list[float]] = {m: [] for m in modes}
     _time(plain, False)  # warm up
@@ -143,27 +147,20 @@ def measure(
             ratios[mode].append(spent / base)
     medians = {m: statistics.median(r) for m, r in ratios.items()}
     base = statistics.median(_time(plain, False) for _ in range(3))
-    print(f"\n{name}  (uninstrumented: {base * 1e3:.1f} ms, ~{polls:,} polls)")
+    print(f"\n{name}  (uninstrumented: {base * 1e3:.1f} ms, {events:,} {unit}s)")
     for mode, ratio in medians.items():
-        per_poll = (ratio - 1) * base / polls * 1e9
-        print(f"  {mode:<13} {ratio:5.2f}x   (+{per_poll:,.0f} ns per poll)")
+        extra = (ratio - 1) * base / events * 1e9
+        print(f"  {mode:<13} {ratio:5.2f}x   (+{extra:,.0f} ns per {unit})")
     return medians
 
 
 def floor_ns() -> tuple[float, float]:
     """Two clock reads plus one append to a bounded deque, and one clock read, in ns."""
-    clock = time.perf_counter_ns
-    buf: deque[tuple[int, int]] = deque(maxlen=4096)
-    append = buf.append
-
-    def two_reads_and_append() -> None:
-        t0 = clock()
-        append((t0, clock()))
-
+    names = {"clock": time.perf_counter_ns, "append": deque(maxlen=4096).append}
     n = 200_000
-    floor = min(timeit.repeat(two_reads_and_append, number=n, repeat=5)) / n * 1e9
-    read = min(timeit.repeat(clock, number=n, repeat=5)) / n * 1e9
-    return floor, read
+    floor = timeit.repeat("t0 = clock(); append((t0, clock()))", globals=names, number=n, repeat=7)
+    read = timeit.repeat("clock()", globals=names, number=n, repeat=7)
+    return min(floor) / n * 1e9, min(read) / n * 1e9
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -180,19 +177,23 @@ def main(argv: list[str] | None = None) -> int:
     others = [o for o in others if o == "cProfile" or _available(o)]
 
     floor, read = floor_ns()
-    print(f"floor: two clock reads + one bounded-deque append = {floor:.0f} ns "
-          f"(one clock read {read:.0f} ns)")
+    print(
+        f"floor: two clock reads + one bounded-deque append = {floor:.0f} ns "
+        f"(one clock read {read:.0f} ns)"
+    )
     measure(
         "steps: 1000 tasks x 50 x await asyncio.sleep(0)",
         lambda deco: make_steps(deco, 1000 // scale, 50),
         ["decorator", "tasks", *others],
         pairs,
+        "poll",
     )
     measure(
         "fan-out: 300 root tasks, 3-deep nested calls (3x3 leaves)",
         lambda deco: make_fanout(deco, 300 // scale),
         ["tasks", "decorator", *others],
         pairs,
+        "call",
     )
     return 0
 

@@ -115,8 +115,11 @@ def run(argv: list[str] | None = None) -> int:
     with asyncflow.profile("crawler") as prof:
         print(f"asyncflow: profiling 'crawler'; endpoint: {prof.url or 'not served'}", flush=True)
         stats = asyncio.run(main(args.pages, args.workers))
-        print(f"crawled {stats['crawled']} pages, {stats['timed out']} timed out, "
-              f"{stats['malformed']} malformed", flush=True)
+        print(
+            f"crawled {stats['crawled']} pages, {stats['timed out']} timed out, "
+            f"{stats['malformed']} malformed",
+            flush=True,
+        )
     return 0
 
 

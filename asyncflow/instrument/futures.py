@@ -179,6 +179,14 @@ class CallRecord:
         "task",
     )
 
+    # Declared, not initialised: set only when they happen (see __init__).
+    state: str
+    task: str | None
+    outcome: str | None
+    exc_type: str | None
+    exc_message: str | None
+    result: str | None
+
     def __init__(self, future: FutureRecord, stats: FutureStats, now: int) -> None:
         self.future = future
         self.stats = stats
@@ -215,7 +223,9 @@ def call_state(r: CallRecord) -> str:
 
 if sys.version_info < (3, 12):
     # 3.11's asyncio.current_task() is a Python function; its C-level dict is 3x cheaper.
-    _current_tasks: dict[Any, asyncio.Task[Any]] | None = getattr(asyncio.tasks, "_current_tasks", None)
+    _current_tasks: dict[Any, asyncio.Task[Any]] | None = getattr(
+        asyncio.tasks, "_current_tasks", None
+    )
 else:
     _current_tasks = None
 _get_running_loop = asyncio.events._get_running_loop
