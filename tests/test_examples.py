@@ -12,17 +12,25 @@ import orjson
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
-def test_crawler_example_reports_every_stage(tmp_path: Path) -> None:
-    report = tmp_path / "crawler.json"
-    env = {**os.environ, "ASYNCFLOW_FORMAT": "json", "ASYNCFLOW_OUTPUT": str(report)}
+def run_example(name: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """Run an example as a user would, with only the given ASYNCFLOW_* variables set."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("ASYNCFLOW_")}
     done = subprocess.run(
-        [sys.executable, str(EXAMPLES / "crawler.py"), "--workers", "4"],
+        [sys.executable, str(EXAMPLES / name), *args],
         capture_output=True,
         text=True,
         timeout=60,
-        env=env,
+        env={**clean, **env},
     )
     assert done.returncode == 0, done.stderr
+    return done
+
+
+def test_crawler_example_reports_every_stage(tmp_path: Path) -> None:
+    report = tmp_path / "crawler.json"
+    done = run_example(
+        "crawler.py", "--workers", "4", ASYNCFLOW_FORMAT="json", ASYNCFLOW_OUTPUT=str(report)
+    )
     assert "asyncflow: profiling 'crawler'" in done.stdout
     assert "crawled" in done.stdout
     document = orjson.loads(report.read_bytes())
@@ -34,14 +42,6 @@ def test_crawler_example_reports_every_stage(tmp_path: Path) -> None:
 
 
 def test_crawler_example_table_report_goes_to_stderr() -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ASYNCFLOW_")}
-    done = subprocess.run(
-        [sys.executable, str(EXAMPLES / "crawler.py"), "--pages", "20"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env,
-    )
-    assert done.returncode == 0, done.stderr
+    done = run_example("crawler.py", "--pages", "20")
     assert done.stderr.startswith("asyncflow · crawler · elapsed")
     assert "\nfetch " in done.stderr
