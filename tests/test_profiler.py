@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -11,6 +14,8 @@ import orjson
 import pytest
 
 import asyncflow
+from asyncflow import collector
+from asyncflow.instrument import _session
 from asyncflow.schema import Snapshot
 
 
@@ -138,3 +143,42 @@ def test_reporter_replaces_the_formats_and_duration_stops_by_itself(
     assert len(reporter.snapshots) == 1  # reported once, though stop() was called again
     assert reporter.snapshots[0].status.name == "timed"
     assert capsys.readouterr().err == ""
+
+
+def test_dropped_log_entries_are_counted_and_counts_stay_exact(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(_session, "FINISHED_BUFFER_SIZE", 10)
+    monkeypatch.setattr(collector, "DRAIN_INTERVAL", 3600)  # the collector falls far behind
+
+    async def many() -> None:
+        for _ in range(100):
+            await unit(0)
+
+    with asyncflow.profile("drops", format="none") as prof:
+        asyncio.run(many())
+        snap = prof.snapshot()
+    entry = next(f for f in snap.futures.futures if f.label == "unit")
+    assert (entry.call_count, entry.total_polls, entry.outcomes.returned) == (100, 100, 100)
+    assert snap.status.events_dropped == 90
+    logs = next(log for log in snap.future_logs if log.future_id == entry.id)
+    assert len(logs.calls) == 10  # only what the buffer kept reached the log
+
+
+def test_a_profiler_left_running_reports_at_interpreter_exit(tmp_path: Path) -> None:
+    script = tmp_path / "forgot.py"
+    script.write_text(
+        "import asyncio, asyncflow\n"
+        "@asyncflow.future\n"
+        "async def job():\n"
+        "    await asyncio.sleep(0)\n"
+        "asyncflow.start('forgetful')\n"
+        "asyncio.run(job())\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ASYNCFLOW_")}
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.startswith("asyncflow · forgetful · elapsed")
+    assert "\njob " in done.stderr
