@@ -13,6 +13,9 @@ from asyncflow.instrument.futures import TaskInstrumentation as TaskInstrumentat
 from asyncflow.instrument.futures import future as future
 from asyncflow.instrument.futures import instrument as instrument
 from asyncflow.instrument.futures import instrument_tasks as instrument_tasks
+from asyncflow.instrument.queues import QueueInstrumentation as QueueInstrumentation
+from asyncflow.instrument.queues import instrument_queue as instrument_queue
+from asyncflow.instrument.queues import instrument_queues as instrument_queues
 from asyncflow.profiler import Profiler as Profiler
 from asyncflow.profiler import active_profiler as active_profiler
 from asyncflow.profiler import profile as profile
@@ -24,6 +27,7 @@ __all__ = [
     "AsyncflowError",
     "Options",
     "Profiler",
+    "QueueInstrumentation",
     "Reporter",
     "Snapshot",
     "TaskInstrumentation",
@@ -31,6 +35,8 @@ __all__ = [
     "active_profiler",
     "future",
     "instrument",
+    "instrument_queue",
+    "instrument_queues",
     "instrument_tasks",
     "profile",
     "start",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from asyncflow.schema import FutureEntry, Snapshot, dumps
+from asyncflow.schema import ChannelEntry, FutureEntry, Snapshot, dumps
 from asyncflow.stats import percentile_key
 
 __all__ = ["format_duration", "render", "render_table"]
@@ -56,14 +56,7 @@ def render_table(snapshot: Snapshot, percentiles: tuple[float, ...], limit: int)
         *(f"{percentile_key(q)} poll" for q in percentiles),
         "max poll",
     ]
-    rows = [columns, *(_row(f, percentiles) for f in shown)]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(columns))]
-    lines = [header, ""]
-    for r in rows:
-        cells = [r[0].ljust(widths[0])] + [
-            c.rjust(w) for c, w in zip(r[1:], widths[1:], strict=True)
-        ]
-        lines.append("  ".join(cells).rstrip())
+    lines = [header, "", *_table([columns, *(_row(f, percentiles) for f in shown)])]
     if len(shown) < len(futures):
         lines.append(f"… {len(futures) - len(shown)} more futures (limit={limit}; 0 shows all)")
     if not futures:
@@ -71,7 +64,49 @@ def render_table(snapshot: Snapshot, percentiles: tuple[float, ...], limit: int)
             "(no futures were tracked: decorate coroutines with @asyncflow.future or "
             "call asyncflow.instrument_tasks())"
         )
+    channels = snapshot.channels.channels if snapshot.channels is not None else []
+    if channels:
+        shown_channels = channels if limit == 0 else channels[:limit]
+        lines += ["", *_table([_CHANNEL_COLUMNS, *(_channel_row(c) for c in shown_channels)])]
     return "\n".join(lines) + "\n"
+
+
+_CHANNEL_COLUMNS = [
+    "channel",
+    "type",
+    "sent",
+    "received",
+    "depth/max",
+    "p50 in queue",
+    "max in queue",
+    "producers blocked",
+    "consumers starved",
+]
+
+
+def _channel_row(c: ChannelEntry) -> list[str]:
+    return [
+        c.label,
+        c.channel_type,
+        f"{c.sent_count:,}",
+        f"{c.received_count:,}",
+        f"{c.queue_size}/{c.max_queue_size}",
+        format_duration(c.delay_ns.get("p50")),
+        format_duration(c.max_delay_ns),
+        format_duration(c.producers_blocked_ns),
+        format_duration(c.consumers_starved_ns),
+    ]
+
+
+def _table(rows: list[list[str]]) -> list[str]:
+    """Rows as aligned text: the first column left-aligned, the others right-aligned."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return [
+        "  ".join(
+            [r[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(r[1:], widths[1:], strict=True)]
+        ).rstrip()
+        for r in rows
+    ]
 
 
 def render(snapshot: Snapshot, format: str, percentiles: tuple[float, ...], limit: int) -> str:

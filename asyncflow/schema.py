@@ -16,7 +16,15 @@ __all__ = [
     "SCHEMA",
     "CallEntry",
     "CallStates",
+    "ChannelEntry",
+    "ChannelLogEntry",
+    "ChannelLogs",
+    "ChannelsDocument",
+    "EdgeEntry",
     "ExceptionInfo",
+    "FlowDocument",
+    "FlowEdge",
+    "FlowNode",
     "FutureEntry",
     "FutureLogs",
     "FuturesDocument",
@@ -163,6 +171,117 @@ class ProfilerStatus:
     last_internal_error: str | None
     futures: int
     calls_live: int
+    channels: int
+
+
+@dataclass(frozen=True, slots=True)
+class EdgeEntry:
+    """Messages one future sent into, or received from, a channel."""
+
+    future_id: int | None
+    #: the future's label; ``(untracked)`` for code outside any tracked call
+    label: str
+    messages: int
+    #: time in channel of those messages (for sends: of the ones received so far)
+    delay_ns: dict[str, int]
+    max_delay_ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelEntry:
+    """One instrumented channel (asyncio queue or anyio memory stream)."""
+
+    id: int
+    label: str
+    #: ``asyncio.Queue``, ``asyncio.PriorityQueue``, ``anyio.MemoryObjectStream``...
+    kind: str
+    #: ``bounded[N]`` or ``unbounded``
+    channel_type: str
+    #: ``active`` or ``closed``
+    state: str
+    sent_count: int
+    received_count: int
+    #: receives that could not be paired with a send (storage changed behind the queue's back)
+    unpaired_count: int
+    queue_size: int
+    max_queue_size: int
+    #: messages per second over the time the channel carried messages
+    send_rate: float
+    receive_rate: float
+    #: time in channel, send to receive
+    delay_ns: dict[str, int]
+    max_delay_ns: int
+    #: total time producers waited on a full channel
+    producers_blocked_ns: int
+    #: total time consumers waited on an empty channel
+    consumers_starved_ns: int
+    senders: list[EdgeEntry]
+    receivers: list[EdgeEntry]
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelsDocument:
+    """``GET /channels``: channels, busiest first."""
+
+    schema: int
+    total: int
+    offset: int
+    limit: int
+    channels: list[ChannelEntry]
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelLogEntry:
+    """One send or receive; ``delay_ns`` is set on receives paired with their send."""
+
+    index: int
+    msg_id: int | None
+    timestamp_ns: int
+    call_id: int | None
+    future_id: int | None
+    delay_ns: int | None
+    #: truncated ``repr()`` of the message, only with ``log_messages=True``
+    message: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelLogs:
+    """``GET /channels/{id}/logs``: recent sends and receives, newest first."""
+
+    schema: int
+    channel_id: int
+    label: str
+    sent_logs: list[ChannelLogEntry]
+    received_logs: list[ChannelLogEntry]
+
+
+@dataclass(frozen=True, slots=True)
+class FlowNode:
+    """A future, channel or stream in the flow graph; ``id`` is ``"future:3"``, ``"channel:1"``."""
+
+    id: str
+    kind: str
+    label: str
+
+
+@dataclass(frozen=True, slots=True)
+class FlowEdge:
+    """Messages from a future into a channel, or from a channel to a future."""
+
+    source: str
+    target: str
+    messages: int
+    delay_ns: dict[str, int]
+    max_delay_ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class FlowDocument:
+    """``GET /flow``: the data-flow graph."""
+
+    schema: int
+    nodes: list[FlowNode]
+    edges: list[FlowEdge]
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,6 +292,9 @@ class Snapshot:
     status: ProfilerStatus
     futures: FuturesDocument
     future_logs: list[FutureLogs] = field(default_factory=list)
+    channels: ChannelsDocument | None = None
+    channel_logs: list[ChannelLogs] = field(default_factory=list)
+    flow: FlowDocument | None = None
 
 
 def dumps(document: Any, *, pretty: bool = False) -> bytes:

@@ -9,12 +9,21 @@ from asyncflow import clock, stats
 from asyncflow._version import __version__
 from asyncflow.collector import Collector, live_calls
 from asyncflow.instrument import _session
+from asyncflow.instrument.channels import ChannelRecord, Edge, channel_registry
 from asyncflow.instrument.futures import RUNNING, CallRecord, FutureRecord, call_field, call_state
 from asyncflow.schema import (
     SCHEMA,
     CallEntry,
     CallStates,
+    ChannelEntry,
+    ChannelLogEntry,
+    ChannelLogs,
+    ChannelsDocument,
+    EdgeEntry,
     ExceptionInfo,
+    FlowDocument,
+    FlowEdge,
+    FlowNode,
     FutureEntry,
     FutureLogs,
     FuturesDocument,
@@ -24,7 +33,17 @@ from asyncflow.schema import (
     Snapshot,
 )
 
-__all__ = ["future_entry", "future_logs", "futures_document", "snapshot", "status"]
+__all__ = [
+    "channel_entry",
+    "channel_logs",
+    "channels_document",
+    "flow",
+    "future_entry",
+    "future_logs",
+    "futures_document",
+    "snapshot",
+    "status",
+]
 
 
 def _running_for(r: CallRecord, now: int) -> int:
@@ -180,6 +199,137 @@ def status(collector: Collector, now: int, running: bool) -> ProfilerStatus:
         last_internal_error=_session.errors.last,
         futures=len(futures),
         calls_live=live,
+        channels=len(channel_registry()),
+    )
+
+
+def _labels(collector: Collector) -> dict[int | None, str]:
+    labels: dict[int | None, str] = {f.id: f.label for f in collector.futures()}
+    labels[None] = "(untracked)"
+    return labels
+
+
+def _edges(
+    edges: dict[int | None, Edge], labels: dict[int | None, str], qs: tuple[float, ...]
+) -> list[EdgeEntry]:
+    out = [
+        EdgeEntry(
+            future_id=fid,
+            label=labels.get(fid, "?"),
+            messages=e.count,
+            delay_ns=_at_most(stats.percentiles(e.delay_hist, qs), e.delay_max),
+            max_delay_ns=e.delay_max,
+        )
+        for fid, e in list(edges.items())
+    ]
+    out.sort(key=lambda e: -e.messages)
+    return out
+
+
+def _rate(count: int, first: int, last: int) -> float:
+    span = last - first
+    return round(count * 1e9 / span, 3) if span > 0 and count > 1 else 0.0
+
+
+def channel_entry(
+    record: ChannelRecord, labels: dict[int | None, str], qs: tuple[float, ...]
+) -> ChannelEntry:
+    """One channel's figures over the session."""
+    st = record.stats
+    try:
+        size = int(record.size())
+    except Exception:  # a closed or broken channel may refuse to say
+        size = 0
+    return ChannelEntry(
+        id=record.id,
+        label=record.label,
+        kind=record.kind,
+        channel_type=record.channel_type,
+        state="closed" if record.closed or not record.alive else "active",
+        sent_count=st.sent,
+        received_count=st.received,
+        unpaired_count=st.unpaired,
+        queue_size=size,
+        max_queue_size=st.max_size,
+        send_rate=_rate(st.sent, st.first_ns, st.last_sent_ns),
+        receive_rate=_rate(st.received, st.first_ns, st.last_received_ns),
+        delay_ns=_at_most(stats.percentiles(st.delay_hist, qs), st.delay_max),
+        max_delay_ns=st.delay_max,
+        producers_blocked_ns=st.blocked_ns,
+        consumers_starved_ns=st.starved_ns,
+        senders=_edges(st.senders, labels, qs),
+        receivers=_edges(st.receivers, labels, qs),
+    )
+
+
+def channels_document(
+    collector: Collector, offset: int = 0, limit: int | None = None
+) -> ChannelsDocument:
+    """Every channel, most messages first, paged by ``offset``/``limit``."""
+    labels = _labels(collector)
+    qs = collector.options.percentiles
+    entries = [channel_entry(c, labels, qs) for c in channel_registry()]
+    entries.sort(key=lambda e: (-e.sent_count, e.id))
+    page = entries[offset : None if limit is None else offset + limit]
+    return ChannelsDocument(
+        schema=SCHEMA,
+        total=len(entries),
+        offset=offset,
+        limit=len(page) if limit is None else limit,
+        channels=page,
+    )
+
+
+def channel_logs(record: ChannelRecord, origin: int, limit: int | None = None) -> ChannelLogs:
+    """A channel's recent sends and receives, newest first."""
+    st = record.stats
+    sent = list(st.sent_log)[::-1][:limit]
+    received = list(st.received_log)[::-1][:limit]
+    return ChannelLogs(
+        schema=SCHEMA,
+        channel_id=record.id,
+        label=record.label,
+        sent_logs=[
+            ChannelLogEntry(index, mid, ts - origin, cid, fid, None, text)
+            for index, mid, ts, cid, fid, text in sent
+        ],
+        received_logs=[
+            ChannelLogEntry(index, mid, ts - origin, cid, fid, delay, text)
+            for index, mid, ts, cid, fid, delay, text in received
+        ],
+    )
+
+
+def flow(collector: Collector) -> FlowDocument:
+    """The data-flow graph: futures and channels as nodes, sends and receives as edges."""
+    labels = _labels(collector)
+    qs = collector.options.percentiles
+    nodes: dict[str, FlowNode] = {}
+    edges: list[FlowEdge] = []
+
+    def future_node(fid: int | None) -> str:
+        key = f"future:{fid}" if fid is not None else "future:untracked"
+        nodes.setdefault(key, FlowNode(key, "future", labels.get(fid, "?")))
+        return key
+
+    for c in channel_registry():
+        key = f"channel:{c.id}"
+        nodes[key] = FlowNode(key, "channel", c.label)
+        st = c.stats
+        for fid, e in list(st.senders.items()):
+            edges.append(_flow_edge(future_node(fid), key, e, qs))
+        for fid, e in list(st.receivers.items()):
+            edges.append(_flow_edge(key, future_node(fid), e, qs))
+    return FlowDocument(schema=SCHEMA, nodes=list(nodes.values()), edges=edges)
+
+
+def _flow_edge(source: str, target: str, e: Edge, qs: tuple[float, ...]) -> FlowEdge:
+    return FlowEdge(
+        source=source,
+        target=target,
+        messages=e.count,
+        delay_ns=_at_most(stats.percentiles(e.delay_hist, qs), e.delay_max),
+        max_delay_ns=e.delay_max,
     )
 
 
@@ -194,4 +344,7 @@ def snapshot(collector: Collector, running: bool = True) -> Snapshot:
         status=status(collector, now, running),
         futures=futures,
         future_logs=[future_logs(by_id[e.id], now, origin) for e in futures.futures],
+        channels=channels_document(collector),
+        channel_logs=[channel_logs(c, origin) for c in channel_registry()],
+        flow=flow(collector),
     )

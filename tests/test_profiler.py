@@ -182,3 +182,19 @@ def test_a_profiler_left_running_reports_at_interpreter_exit(tmp_path: Path) -> 
     assert done.returncode == 0, done.stderr
     assert done.stderr.startswith("asyncflow · forgetful · elapsed")
     assert "\njob " in done.stderr
+
+
+def test_table_report_lists_channels(capsys: pytest.CaptureFixture[str]) -> None:
+    async def pipe() -> None:
+        q: asyncio.Queue[int] = asyncflow.instrument_queue(asyncio.Queue(8), name="pipe-queue")
+        for i in range(5):
+            await q.put(i)
+        for _ in range(5):
+            await q.get()
+
+    with asyncflow.profile("channels"):
+        asyncio.run(pipe())
+    err = capsys.readouterr().err
+    assert "producers blocked" in err
+    (row,) = [line for line in err.splitlines() if line.startswith("pipe-queue")]
+    assert row.split()[:5] == ["pipe-queue", "bounded[8]", "5", "5", "0/5"]

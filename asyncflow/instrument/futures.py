@@ -32,6 +32,7 @@ __all__ = [
     "FutureStats",
     "InstrumentedCoroutine",
     "TaskInstrumentation",
+    "current_task",
     "future",
     "instrument",
     "instrument_tasks",
@@ -231,12 +232,17 @@ else:
 _get_running_loop = asyncio.events._get_running_loop
 
 
-def _first_poll(r: CallRecord, t0: int) -> None:
-    r.first = t0
+def current_task() -> asyncio.Task[Any] | None:
+    """The task running on this thread's loop now; None outside a loop or a task."""
     loop = _get_running_loop()
     if loop is None:  # driven by hand, outside any event loop
-        return
-    task = _current_tasks.get(loop) if _current_tasks is not None else asyncio.current_task(loop)
+        return None
+    return _current_tasks.get(loop) if _current_tasks is not None else asyncio.current_task(loop)
+
+
+def _first_poll(r: CallRecord, t0: int) -> None:
+    r.first = t0
+    task = current_task()
     if task is not None:
         r.task = task.get_name()
 

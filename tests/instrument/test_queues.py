@@ -1,0 +1,266 @@
+"""Instrumented asyncio queues: transparency, exact msg_id pairing, waits, the flow graph."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+import asyncflow
+from asyncflow.clock import FakeClock
+from asyncflow.schema import ChannelEntry, ChannelLogs, Snapshot
+
+QueueFactory = Callable[[int], "asyncio.Queue[Any]"]
+KINDS: list[QueueFactory] = [asyncio.Queue, asyncio.LifoQueue, asyncio.PriorityQueue]
+
+
+def _channel(snap: Snapshot, label: str) -> tuple[ChannelEntry, ChannelLogs]:
+    assert snap.channels is not None
+    (entry,) = [c for c in snap.channels.channels if c.label == label]
+    (logs,) = [log for log in snap.channel_logs if log.channel_id == entry.id]
+    return entry, logs
+
+
+async def _scenario(make: QueueFactory) -> list[Any]:
+    """Producers, consumers, a cancelled put and get, QueueFull/QueueEmpty, join/task_done."""
+    q = make(3)
+    seen: list[Any] = [q.maxsize, q.empty(), q.full(), q.qsize()]
+    try:
+        q.get_nowait()
+    except asyncio.QueueEmpty:
+        seen.append("empty")
+    waiting_get = asyncio.create_task(q.get())
+    await asyncio.sleep(0)
+    waiting_get.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await waiting_get
+    for item in [(5, "e"), (1, "a"), (3, "c")]:
+        q.put_nowait(item)
+    seen.append(q.full())
+    try:
+        q.put_nowait((9, "z"))
+    except asyncio.QueueFull:
+        seen.append("full")
+    waiting_put = asyncio.create_task(q.put((0, "cancelled put")))
+    await asyncio.sleep(0)
+    waiting_put.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await waiting_put
+    out: list[Any] = []
+
+    async def consumer() -> None:
+        while True:
+            item = await q.get()
+            out.append(item)
+            q.task_done()
+
+    consumers = [asyncio.create_task(consumer()) for _ in range(2)]
+
+    async def producer(base: int) -> None:
+        for i in range(5):
+            await q.put((base + i, f"p{base}"))
+
+    await asyncio.gather(producer(10), producer(20))
+    await q.join()
+    for c in consumers:
+        c.cancel()
+    await asyncio.gather(*consumers, return_exceptions=True)
+    seen.append(out)
+    seen.append(q.qsize())
+    return seen
+
+
+@pytest.mark.parametrize("make", KINDS, ids=lambda k: k.__name__)
+async def test_instrumented_queue_behaves_exactly_as_before(make: QueueFactory) -> None:
+    plain = await _scenario(make)
+    with asyncflow.profile("queues", format="none") as prof:
+
+        def instrumented(n: int) -> asyncio.Queue[Any]:
+            q = make(n)
+            assert asyncflow.instrument_queue(q, name=f"q-{make.__name__}") is q
+            assert type(q) is make
+            return q
+
+        tracked = await _scenario(instrumented)
+        snap = prof.snapshot()
+    assert tracked == plain
+    entry, _ = _channel(snap, f"q-{make.__name__}")
+    assert (entry.sent_count, entry.received_count, entry.unpaired_count) == (13, 13, 0)
+    assert entry.channel_type == "bounded[3]" and entry.max_queue_size == 3
+
+
+@pytest.mark.parametrize("make", KINDS, ids=lambda k: k.__name__)
+async def test_every_receive_is_paired_with_the_put_of_its_item(make: QueueFactory) -> None:
+    rng = random.Random(3)
+    with asyncflow.profile("pairing", format="none", recent_logs=10) as prof:
+        q = asyncflow.instrument_queue(make(0), name=f"pairs-{make.__name__}", log_messages=True)
+        items = [(rng.randrange(100), i) for i in range(60)]
+        for item in items[:30]:
+            q.put_nowait(item)
+        got = [q.get_nowait() for _ in range(20)]
+        for item in items[30:]:
+            q.put_nowait(item)
+        got += [q.get_nowait() for _ in range(40)]
+        snap = prof.snapshot()
+    assert sorted(got) == sorted(items)
+    entry, logs = _channel(snap, f"pairs-{make.__name__}")
+    assert (entry.sent_count, entry.received_count, entry.queue_size) == (60, 60, 0)
+    sent = {e.msg_id: e.message for e in logs.sent_logs}
+    received = [(e.msg_id, e.message) for e in logs.received_logs]
+    assert len({mid for mid, _ in received}) == len(received)  # each msg_id received once
+    for msg_id, message in received:
+        if msg_id in sent:  # the logs keep the last 100 of each
+            assert sent[msg_id] == message  # the receive carries its own put's msg_id
+
+
+async def test_delays_and_waits_are_exact_on_a_fake_clock(fake_clock: FakeClock) -> None:
+    with asyncflow.profile("delays", format="none") as prof:
+        q: asyncio.Queue[str] = asyncflow.instrument_queue(asyncio.Queue(1), name="d")
+        q.put_nowait("first")
+        fake_clock.advance(250)
+        assert q.get_nowait() == "first"
+        starved = asyncio.create_task(q.get())
+        await asyncio.sleep(0)
+        fake_clock.advance(1_000)  # the consumer waits on an empty queue
+        q.put_nowait("second")
+        assert await starved == "second"
+        q.put_nowait("third")
+        blocked = asyncio.create_task(q.put("fourth"))
+        await asyncio.sleep(0)
+        fake_clock.advance(400)  # the producer waits on a full queue
+        assert q.get_nowait() == "third"
+        await blocked
+        assert q.get_nowait() == "fourth"
+        snap = prof.snapshot()
+    entry, logs = _channel(snap, "d")
+    assert [e.delay_ns for e in reversed(logs.received_logs)] == [250, 0, 400, 0]
+    assert entry.max_delay_ns == 400
+    assert (entry.consumers_starved_ns, entry.producers_blocked_ns) == (1_000, 400)
+
+
+async def test_storage_changed_behind_the_queue_is_noticed_not_mispaired() -> None:
+    with asyncflow.profile("cleared", format="none") as prof:
+        q: asyncio.Queue[int] = asyncflow.instrument_queue(asyncio.Queue(), name="c")
+        for i in range(5):
+            q.put_nowait(i)
+        q._queue.clear()  # type: ignore[attr-defined]
+        q.put_nowait(99)
+        assert q.get_nowait() == 99
+        q.put_nowait(100)
+        assert q.get_nowait() == 100
+        snap = prof.snapshot()
+    entry, logs = _channel(snap, "c")
+    assert (entry.sent_count, entry.received_count, entry.unpaired_count) == (7, 2, 1)
+    assert logs.received_logs[0].msg_id == logs.sent_logs[0].msg_id  # paired again after
+
+
+async def test_many_producers_and_consumers_with_cancellations_lose_nothing() -> None:
+    with asyncflow.profile("busy", format="none") as prof:
+        q: asyncio.Queue[int] = asyncflow.instrument_queue(asyncio.Queue(4), name="busy")
+        got: list[int] = []
+        put_done = 0
+
+        async def producer(base: int) -> None:
+            nonlocal put_done
+            for i in range(50):
+                await q.put(base + i)
+                put_done += 1
+
+        async def consumer() -> None:
+            while True:
+                got.append(await q.get())
+                await asyncio.sleep(0)
+
+        consumers = [asyncio.create_task(consumer()) for _ in range(3)]
+        producers = [asyncio.create_task(producer(p * 1000)) for p in range(4)]
+        for _ in range(30):
+            await asyncio.sleep(0)
+        producers[0].cancel()  # cancelled while possibly waiting on a full queue
+        consumers[0].cancel()  # cancelled while possibly waiting on an empty queue
+        await asyncio.gather(*producers, return_exceptions=True)
+        while not q.empty():
+            await asyncio.sleep(0)
+        for c in consumers:
+            c.cancel()
+        await asyncio.gather(*consumers, return_exceptions=True)
+        snap = prof.snapshot()
+    entry, _ = _channel(snap, "busy")
+    assert entry.sent_count == put_done
+    assert entry.received_count == len(got) == put_done
+    assert entry.unpaired_count == 0
+
+
+async def test_flow_graph_reads_as_the_pipeline() -> None:
+    with asyncflow.profile("flow", format="none") as prof:
+        jobs: asyncio.Queue[int] = asyncflow.instrument_queue(asyncio.Queue(2), name="jobs")
+        done: asyncio.Queue[int] = asyncflow.instrument_queue(asyncio.Queue(), name="done")
+
+        @asyncflow.future(name="produce")
+        async def produce() -> None:
+            for i in range(12):
+                await jobs.put(i)
+
+        @asyncflow.future(name="work")
+        async def work() -> None:
+            while True:
+                done.put_nowait(await jobs.get() * 2)
+
+        # Messages are attributed to the call that runs the current task: pipeline stages run
+        # as tasks of their own.
+        workers = [asyncio.create_task(work()) for _ in range(3)]
+        await asyncio.create_task(produce())
+        while done.qsize() < 12:
+            await asyncio.sleep(0)
+        for w in workers:
+            w.cancel()
+        await asyncio.gather(*workers, return_exceptions=True)
+        snap = prof.snapshot()
+    assert snap.flow is not None
+    labels = {n.id: n.label for n in snap.flow.nodes}
+    edges = {(labels[e.source], labels[e.target]): e.messages for e in snap.flow.edges}
+    assert edges == {("produce", "jobs"): 12, ("jobs", "work"): 12, ("work", "done"): 12}
+    jobs_entry, _ = _channel(snap, "jobs")
+    assert [(e.label, e.messages) for e in jobs_entry.senders] == [("produce", 12)]
+
+
+def test_misuse_and_double_instrumentation() -> None:
+    with pytest.raises(TypeError, match=r"needs an asyncio.Queue.*list"):
+        asyncflow.instrument_queue([])  # type: ignore[type-var]
+    q: asyncio.Queue[int] = asyncio.Queue()
+    with pytest.raises(TypeError, match="name"):
+        asyncflow.instrument_queue(q, name=5)  # type: ignore[arg-type]
+    with asyncflow.profile("twice", format="none") as prof:
+        asyncflow.instrument_queue(q, name="once")
+        asyncflow.instrument_queue(q, name="twice")
+        q.put_nowait(1)
+        q.get_nowait()
+        snap = prof.snapshot()
+    assert snap.channels is not None
+    entry, _ = _channel(snap, "once")
+    assert (entry.sent_count, entry.received_count) == (1, 1)
+    assert [c for c in snap.channels.channels if c.label == "twice"] == []
+
+
+async def test_instrument_queues_labels_new_queues_by_where_they_were_made() -> None:
+    with asyncflow.profile("whole", format="none") as prof:
+        with asyncflow.instrument_queues():
+            made: asyncio.Queue[int] = asyncio.Queue()
+            lifo: asyncio.LifoQueue[int] = asyncio.LifoQueue()
+            with pytest.raises(RuntimeError, match="already active"):
+                asyncflow.instrument_queues()
+        after: asyncio.Queue[int] = asyncio.Queue()
+        for q in (made, lifo, after):
+            q.put_nowait(1)
+            q.get_nowait()
+        snap = prof.snapshot()
+    assert snap.channels is not None
+    labels = {c.label: c for c in snap.channels.channels}
+    mine = [label for label in labels if label.startswith("test_queues.py:")]
+    assert len(mine) == 2
+    assert {labels[label].kind for label in mine} == {"asyncio.Queue", "asyncio.LifoQueue"}
+    assert all(labels[label].sent_count == 1 for label in mine)
+    assert asyncio.Queue.__init__ is not None and "_asyncflow_channel" not in vars(after)
