@@ -13,6 +13,7 @@ from asyncflow.instrument.futures import TaskInstrumentation as TaskInstrumentat
 from asyncflow.instrument.futures import future as future
 from asyncflow.instrument.futures import instrument as instrument
 from asyncflow.instrument.futures import instrument_tasks as instrument_tasks
+from asyncflow.instrument.memory import instrument_memory_stream as instrument_memory_stream
 from asyncflow.instrument.queues import QueueInstrumentation as QueueInstrumentation
 from asyncflow.instrument.queues import instrument_queue as instrument_queue
 from asyncflow.instrument.queues import instrument_queues as instrument_queues
@@ -35,6 +36,7 @@ __all__ = [
     "active_profiler",
     "future",
     "instrument",
+    "instrument_memory_stream",
     "instrument_queue",
     "instrument_queues",
     "instrument_tasks",

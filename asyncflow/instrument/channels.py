@@ -151,11 +151,20 @@ class ChannelRecord:
             return "unbounded"
         return f"bounded[{int(self.capacity)}]"
 
-    def sent(self, msg_id: int, item: Any) -> Message:
-        """Record one message entering the channel; returns what its receive is paired with."""
+    def sent(
+        self,
+        msg_id: int,
+        item: Any,
+        at: int | None = None,
+        by: tuple[int | None, int | None] | None = None,
+    ) -> Message:
+        """Record one message entering the channel; returns what its receive is paired with.
+
+        ``at`` and ``by`` say when and by whom, for a send that waited before it was taken.
+        """
         st = self.stats
-        now = _clock.now_ns()
-        call_id, future_id = caller()
+        now = _clock.now_ns() if at is None else at
+        call_id, future_id = caller() if by is None else by
         st.sent += 1
         if not st.first_ns:
             st.first_ns = now
@@ -168,10 +177,10 @@ class ChannelRecord:
         st.sent_log.append((st.sent - 1, msg_id, now, call_id, future_id, text))
         return (msg_id, now, call_id, future_id)
 
-    def received(self, msg: Message | None, item: Any) -> None:
+    def received(self, msg: Message | None, item: Any, at: int | None = None) -> None:
         """Record one message leaving the channel, paired with its send (None: unpaired)."""
         st = self.stats
-        now = _clock.now_ns()
+        now = _clock.now_ns() if at is None else at
         call_id, future_id = caller()
         st.received += 1
         st.last_received_ns = now
