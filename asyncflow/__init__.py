@@ -17,6 +17,7 @@ from asyncflow.instrument.memory import instrument_memory_stream as instrument_m
 from asyncflow.instrument.queues import QueueInstrumentation as QueueInstrumentation
 from asyncflow.instrument.queues import instrument_queue as instrument_queue
 from asyncflow.instrument.queues import instrument_queues as instrument_queues
+from asyncflow.instrument.streams import stream as stream
 from asyncflow.profiler import Profiler as Profiler
 from asyncflow.profiler import active_profiler as active_profiler
 from asyncflow.profiler import profile as profile
@@ -43,4 +44,5 @@ __all__ = [
     "profile",
     "start",
     "stop",
+    "stream",
 ]

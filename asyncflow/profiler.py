@@ -15,7 +15,7 @@ from asyncflow import clock, views
 from asyncflow.collector import Collector
 from asyncflow.config import Options, resolve_options
 from asyncflow.errors import AsyncflowError
-from asyncflow.instrument import _session, channels
+from asyncflow.instrument import _session, channels, streams
 from asyncflow.instrument.futures import reset_for_session
 from asyncflow.report import render
 from asyncflow.schema import Snapshot
@@ -69,6 +69,7 @@ class Profiler:
                 )
             reset_for_session()
             channels.reset_for_session()
+            streams.reset_for_session()
             session = _session.Session(next(_epochs), clock.now_ns())
             self._collector = Collector(session, self.options)
             ready = threading.Event()

@@ -32,6 +32,10 @@ __all__ = [
     "Outcomes",
     "ProfilerStatus",
     "Snapshot",
+    "StreamEntry",
+    "StreamItemEntry",
+    "StreamLogs",
+    "StreamsDocument",
     "dumps",
 ]
 
@@ -172,6 +176,7 @@ class ProfilerStatus:
     futures: int
     calls_live: int
     channels: int
+    streams: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,6 +261,60 @@ class ChannelLogs:
 
 
 @dataclass(frozen=True, slots=True)
+class StreamEntry:
+    """One tracked async iterator or async generator definition."""
+
+    id: int
+    label: str
+    source: str
+    location: Location
+    #: ``active`` while any iteration is; else how the last one ended: ``exhausted``,
+    #: ``closed``, ``cancelled`` or ``failed``
+    state: str
+    #: iterations by state
+    instances: dict[str, int]
+    items_yielded: int
+    #: how long the consumer waited for each item (time inside ``__anext__``)
+    wait_ns: dict[str, int]
+    max_wait_ns: int
+    total_wait_ns: int
+    #: time the consumer spent between receiving an item and asking for the next
+    consumer_ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class StreamsDocument:
+    """``GET /streams``: streams, most items first."""
+
+    schema: int
+    total: int
+    offset: int
+    limit: int
+    streams: list[StreamEntry]
+
+
+@dataclass(frozen=True, slots=True)
+class StreamItemEntry:
+    """One item a stream yielded."""
+
+    index: int
+    timestamp_ns: int
+    wait_ns: int
+    #: truncated ``repr()``, only with ``log_items=True``
+    item: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class StreamLogs:
+    """``GET /streams/{id}/logs``: recent items, newest first."""
+
+    schema: int
+    stream_id: int
+    label: str
+    items: list[StreamItemEntry]
+
+
+@dataclass(frozen=True, slots=True)
 class FlowNode:
     """A future, channel or stream in the flow graph; ``id`` is ``"future:3"``, ``"channel:1"``."""
 
@@ -295,6 +354,8 @@ class Snapshot:
     channels: ChannelsDocument | None = None
     channel_logs: list[ChannelLogs] = field(default_factory=list)
     flow: FlowDocument | None = None
+    streams: StreamsDocument | None = None
+    stream_logs: list[StreamLogs] = field(default_factory=list)
 
 
 def dumps(document: Any, *, pretty: bool = False) -> bytes:

@@ -11,6 +11,7 @@ from asyncflow.collector import Collector, live_calls
 from asyncflow.instrument import _session
 from asyncflow.instrument.channels import ChannelRecord, Edge, channel_registry
 from asyncflow.instrument.futures import RUNNING, CallRecord, FutureRecord, call_field, call_state
+from asyncflow.instrument.streams import ACTIVE, StreamRecord, stream_registry
 from asyncflow.schema import (
     SCHEMA,
     CallEntry,
@@ -31,6 +32,10 @@ from asyncflow.schema import (
     Outcomes,
     ProfilerStatus,
     Snapshot,
+    StreamEntry,
+    StreamItemEntry,
+    StreamLogs,
+    StreamsDocument,
 )
 
 __all__ = [
@@ -43,6 +48,9 @@ __all__ = [
     "futures_document",
     "snapshot",
     "status",
+    "stream_entry",
+    "stream_logs",
+    "streams_document",
 ]
 
 
@@ -200,6 +208,7 @@ def status(collector: Collector, now: int, running: bool) -> ProfilerStatus:
         futures=len(futures),
         calls_live=live,
         channels=len(channel_registry()),
+        streams=len(stream_registry()),
     )
 
 
@@ -312,6 +321,9 @@ def flow(collector: Collector) -> FlowDocument:
         nodes.setdefault(key, FlowNode(key, "future", labels.get(fid, "?")))
         return key
 
+    for r in stream_registry():
+        key = f"stream:{r.id}"
+        nodes[key] = FlowNode(key, "stream", r.label)
     for c in channel_registry():
         key = f"channel:{c.id}"
         nodes[key] = FlowNode(key, "channel", c.label)
@@ -333,6 +345,57 @@ def _flow_edge(source: str, target: str, e: Edge, qs: tuple[float, ...]) -> Flow
     )
 
 
+def stream_entry(record: StreamRecord, qs: tuple[float, ...]) -> StreamEntry:
+    """One stream definition's figures over the session."""
+    st = record.stats
+    instances = dict(st.instances)
+    state = ACTIVE
+    if not instances[ACTIVE]:
+        ended = [s for s, n in instances.items() if n]
+        state = ended[-1] if len(ended) == 1 else (ended[0] if ended else ACTIVE)
+    return StreamEntry(
+        id=record.id,
+        label=record.label,
+        source=record.source,
+        location=Location(record.file, record.line),
+        state=state,
+        instances=instances,
+        items_yielded=st.items,
+        wait_ns=_at_most(stats.percentiles(st.wait_hist, qs), st.wait_max),
+        max_wait_ns=st.wait_max,
+        total_wait_ns=st.wait_ns,
+        consumer_ns=st.between_ns,
+    )
+
+
+def streams_document(
+    collector: Collector, offset: int = 0, limit: int | None = None
+) -> StreamsDocument:
+    """Every stream, most items first, paged by ``offset``/``limit``."""
+    qs = collector.options.percentiles
+    entries = [stream_entry(r, qs) for r in stream_registry()]
+    entries.sort(key=lambda e: (-e.items_yielded, e.id))
+    page = entries[offset : None if limit is None else offset + limit]
+    return StreamsDocument(
+        schema=SCHEMA,
+        total=len(entries),
+        offset=offset,
+        limit=len(page) if limit is None else limit,
+        streams=page,
+    )
+
+
+def stream_logs(record: StreamRecord, origin: int, limit: int | None = None) -> StreamLogs:
+    """A stream's recent items, newest first."""
+    items = list(record.stats.log)[::-1][:limit]
+    return StreamLogs(
+        schema=SCHEMA,
+        stream_id=record.id,
+        label=record.label,
+        items=[StreamItemEntry(i, ts - origin, wait, text) for i, ts, wait, text in items],
+    )
+
+
 def snapshot(collector: Collector, running: bool = True) -> Snapshot:
     """Every document at once, as of now (drain first for an up-to-date picture)."""
     now = clock.now_ns()
@@ -347,4 +410,6 @@ def snapshot(collector: Collector, running: bool = True) -> Snapshot:
         channels=channels_document(collector),
         channel_logs=[channel_logs(c, origin) for c in channel_registry()],
         flow=flow(collector),
+        streams=streams_document(collector),
+        stream_logs=[stream_logs(r, origin) for r in stream_registry()],
     )

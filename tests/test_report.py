@@ -52,7 +52,9 @@ def _entry(i: int, label: str, busy: int) -> FutureEntry:
 
 
 def _snapshot(entries: list[FutureEntry]) -> Snapshot:
-    status = ProfilerStatus(1, "svc", "0", 1, "3.11", 2_000_000_000, False, 5, 3, 0, None, 2, 0, 0)
+    status = ProfilerStatus(
+        1, "svc", "0", 1, "3.11", 2_000_000_000, False, 5, 3, 0, None, 2, 0, 0, 0
+    )
     return Snapshot(1, status, FuturesDocument(1, len(entries), 0, len(entries), entries))
 
 
