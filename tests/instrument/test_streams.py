@@ -131,6 +131,6 @@ def test_misuse() -> None:
         pass
 
     with pytest.raises(TypeError, match="async generator function"):
-        asyncflow.stream(not_a_generator)  # type: ignore[call-overload]
+        asyncflow.stream(not_a_generator)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="needs an async iterable"):
         asyncflow.stream(42)  # type: ignore[call-overload]
