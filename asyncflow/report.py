@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from asyncflow.schema import ChannelEntry, FutureEntry, Snapshot, dumps
+from asyncflow.schema import ChannelEntry, FutureEntry, Snapshot, StreamEntry, dumps
 from asyncflow.stats import percentile_key
 
 __all__ = ["format_duration", "render", "render_table"]
@@ -68,6 +68,10 @@ def render_table(snapshot: Snapshot, percentiles: tuple[float, ...], limit: int)
     if channels:
         shown_channels = channels if limit == 0 else channels[:limit]
         lines += ["", *_table([_CHANNEL_COLUMNS, *(_channel_row(c) for c in shown_channels)])]
+    streams = snapshot.streams.streams if snapshot.streams is not None else []
+    if streams:
+        shown_streams = streams if limit == 0 else streams[:limit]
+        lines += ["", *_table([_STREAM_COLUMNS, *(_stream_row(s) for s in shown_streams)])]
     return "\n".join(lines) + "\n"
 
 
@@ -95,6 +99,21 @@ def _channel_row(c: ChannelEntry) -> list[str]:
         format_duration(c.max_delay_ns),
         format_duration(c.producers_blocked_ns),
         format_duration(c.consumers_starved_ns),
+    ]
+
+
+_STREAM_COLUMNS = ["stream", "state", "items", "p50 wait", "max wait", "total wait", "consumer"]
+
+
+def _stream_row(s: StreamEntry) -> list[str]:
+    return [
+        s.label,
+        s.state,
+        f"{s.items_yielded:,}",
+        format_duration(s.wait_ns.get("p50")),
+        format_duration(s.max_wait_ns),
+        format_duration(s.total_wait_ns),
+        format_duration(s.consumer_ns),
     ]
 
 

@@ -45,3 +45,31 @@ def test_crawler_example_table_report_goes_to_stderr() -> None:
     done = run_example("crawler.py", "--pages", "20")
     assert done.stderr.startswith("asyncflow · crawler · elapsed")
     assert "\nfetch " in done.stderr
+
+
+def test_pipeline_example_shows_the_slow_stage(tmp_path: Path) -> None:
+    report = tmp_path / "pipeline.json"
+    done = run_example(
+        "pipeline.py", "--pages", "60", ASYNCFLOW_FORMAT="json", ASYNCFLOW_OUTPUT=str(report)
+    )
+    assert "stored 60 records" in done.stdout
+    document = orjson.loads(report.read_bytes())
+    channels = {c["label"]: c for c in document["channels"]["channels"]}
+    assert channels["raw pages"]["sent_count"] == channels["raw pages"]["received_count"] == 60
+    assert channels["records"]["max_queue_size"] == 8  # the queue before the slow stage fills
+    assert channels["records"]["producers_blocked_ns"] > 0
+    labels = {n["id"]: n["label"] for n in document["flow"]["nodes"]}
+    edges = {(labels[e["source"]], labels[e["target"]]) for e in document["flow"]["edges"]}
+    assert edges == {
+        ("fetch", "raw pages"),
+        ("raw pages", "parse"),
+        ("parse", "records"),
+        ("records", "store"),
+    }
+
+
+def test_memory_stream_example_reports_channel_and_stream() -> None:
+    done = run_example("memory_stream.py")
+    assert "received 300 readings" in done.stdout
+    assert "\nreadings  bounded[4]   300       300" in done.stderr
+    assert "\nsmoothed readings  exhausted    300" in done.stderr

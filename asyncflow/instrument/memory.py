@@ -42,10 +42,10 @@ class _Buffer(deque[Any]):
             self.msgs.append(None)
             return
         try:
-            if msg is None:
-                msg = self.record.sent(next(msg_ids), item)
+            if msg is None:  # a fresh send (a blocked one moved in by a receive is not:
+                msg = self.record.sent(next(msg_ids), item)  # it leaves again at once)
+                self.record.depth(len(self))
             self.msgs.append(msg)
-            self.record.depth(len(self))
         except Exception as err:  # observing never breaks the program
             _session.internal_error("recording a memory stream send", err)
 
