@@ -70,6 +70,70 @@ def make_fanout(deco: Deco, roots: int) -> tuple[Workload, int]:
     return main, roots * 13  # calls: one top, three middles, nine leaves per root
 
 
+def make_pipeline(deco: Deco, items: int) -> tuple[Workload, int]:
+    """producer -> bounded queue -> 4 workers -> queue -> sink; queues instrumented when
+    ``deco`` is ``asyncflow.future`` (tasks come from the mode): the per-message cost."""
+    instrumented = deco is not _identity
+
+    async def main() -> object:
+        jobs: asyncio.Queue[int] = asyncio.Queue(64)
+        results: asyncio.Queue[int] = asyncio.Queue()
+        if instrumented:
+            asyncflow.instrument_queue(jobs, name="jobs")
+            asyncflow.instrument_queue(results, name="results")
+
+        async def producer() -> None:
+            for i in range(items):
+                await jobs.put(i)
+
+        async def worker() -> None:
+            while True:
+                item = await jobs.get()
+                await results.put(item * 2)
+                jobs.task_done()
+
+        async def sink() -> int:
+            total = 0
+            for _ in range(items):
+                total += await results.get()
+            return total
+
+        workers = [asyncio.create_task(worker()) for _ in range(4)]
+        total = await asyncio.gather(asyncio.create_task(producer()), asyncio.create_task(sink()))
+        for w in workers:
+            w.cancel()
+        await asyncio.gather(*workers, return_exceptions=True)
+        return total
+
+    return main, items * 2  # put/get pairs: two queues
+
+
+def make_agen_chain(deco: Deco, items: int) -> tuple[Workload, int]:
+    """Three chained async generators passing tiny items: the per-item cost."""
+    track: Deco = asyncflow.stream if deco is not _identity else _identity
+
+    @track
+    async def source() -> Any:
+        for i in range(items):
+            yield i
+
+    @track
+    async def double(upstream: Any) -> Any:
+        async for i in upstream:
+            yield i * 2
+
+    @track
+    async def keep_even(upstream: Any) -> Any:
+        async for i in upstream:
+            if i % 4 == 0:
+                yield i
+
+    async def main() -> object:
+        return sum([i async for i in keep_even(double(source()))])
+
+    return main, items * 2 + items // 2  # items through source, double and keep_even
+
+
 # -- running ---------------------------------------------------------------------------------
 
 
@@ -139,9 +203,10 @@ def measure(
     for _ in range(pairs):
         for mode in modes:
             base = _time(plain, False)
-            if mode in ("decorator", "tasks"):
+            if mode in ("decorator", "tasks", "tasks+queues", "streams"):
+                workload = plain if mode == "tasks" else decorated
                 with asyncflow.profile("bench", format="none"):
-                    spent = _time(decorated if mode == "decorator" else plain, mode == "tasks")
+                    spent = _time(workload, mode in ("tasks", "tasks+queues"))
             else:
                 spent = _with_profiler(mode, plain)
             ratios[mode].append(spent / base)
@@ -194,6 +259,20 @@ def main(argv: list[str] | None = None) -> int:
         ["tasks", "decorator", *others],
         pairs,
         "call",
+    )
+    measure(
+        "pipeline: producer -> queue(64) -> 4 workers -> queue -> sink, 20000 items",
+        lambda deco: make_pipeline(deco, 20_000 // scale),
+        ["tasks+queues", *others],
+        pairs,
+        "put/get pair",
+    )
+    measure(
+        "chained async generators: 3 stages, 50000 tiny items",
+        lambda deco: make_agen_chain(deco, 50_000 // scale),
+        ["streams", *others],
+        pairs,
+        "item",
     )
     return 0
 

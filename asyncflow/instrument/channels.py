@@ -48,11 +48,11 @@ class Edge:
         self.delay_max = 0
         self.delay_hist = new_histogram()
 
-    def delayed(self, delay: int) -> None:
+    def delayed(self, delay: int, bucket: int) -> None:
         self.delay_sum += delay
         if delay > self.delay_max:
             self.delay_max = delay
-        self.delay_hist[SMALL_BUCKET[delay] if 0 <= delay < SMALL_LIMIT else bucket_of(delay)] += 1
+        self.delay_hist[bucket] += 1
 
 
 class ChannelStats:
@@ -186,24 +186,23 @@ class ChannelRecord:
         st.last_received_ns = now
         if msg is None:
             st.unpaired += 1
-            msg_id, delay = None, None
+            msg_id, delay, bucket = None, None, 0
         else:
             msg_id, sent_at, _, sender = msg
             delay = now - sent_at
-            st.delay_hist[
-                SMALL_BUCKET[delay] if 0 <= delay < SMALL_LIMIT else bucket_of(delay)
-            ] += 1
+            bucket = SMALL_BUCKET[delay] if 0 <= delay < SMALL_LIMIT else bucket_of(delay)
+            st.delay_hist[bucket] += 1  # one bucket for the channel and both its edges
             if delay > st.delay_max:
                 st.delay_max = delay
             edge = st.senders.get(sender)
             if edge is not None:
-                edge.delayed(delay)
+                edge.delayed(delay, bucket)
         edge = st.receivers.get(future_id)
         if edge is None:
             edge = st.receivers[future_id] = Edge()
         edge.count += 1
         if delay is not None:
-            edge.delayed(delay)
+            edge.delayed(delay, bucket)
         text = _message_repr(item) if self.log_messages else None
         st.received_log.append((st.received - 1, msg_id, now, call_id, future_id, delay, text))
 
@@ -223,7 +222,7 @@ def caller() -> tuple[int | None, int | None]:
     if task is None:
         return None, None
     coro = task.get_coro()
-    if isinstance(coro, InstrumentedCoroutine):
+    if type(coro) is InstrumentedCoroutine:  # not isinstance: an ABC check costs ~0.5 µs
         r = coro._r
         return r.call_id, r.future.id
     return None, None
