@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
+from typing import TypeVar
 
 from asyncflow import clock, stats
 from asyncflow._version import __version__
@@ -52,6 +53,15 @@ __all__ = [
     "stream_logs",
     "streams_document",
 ]
+
+
+_E = TypeVar("_E")
+
+
+def _page(entries: list[_E], offset: int, limit: int | None) -> tuple[list[_E], int]:
+    """One page of a sorted list, and the limit to report (the page's size when unlimited)."""
+    page = entries[offset : None if limit is None else offset + limit]
+    return page, len(page) if limit is None else limit
 
 
 def _running_for(r: CallRecord, now: int) -> int:
@@ -172,13 +182,9 @@ def futures_document(
     """Every future, most busy first, paged by ``offset``/``limit``."""
     entries = [future_entry(f, now, collector.options.percentiles) for f in collector.futures()]
     entries.sort(key=lambda e: (-e.busy_ns, -e.call_count, e.id))
-    page = entries[offset : None if limit is None else offset + limit]
+    page, shown = _page(entries, offset, limit)
     return FuturesDocument(
-        schema=SCHEMA,
-        total=len(entries),
-        offset=offset,
-        limit=len(page) if limit is None else limit,
-        futures=page,
+        schema=SCHEMA, total=len(entries), offset=offset, limit=shown, futures=page
     )
 
 
@@ -279,13 +285,9 @@ def channels_document(
     qs = collector.options.percentiles
     entries = [channel_entry(c, labels, qs) for c in channel_registry()]
     entries.sort(key=lambda e: (-e.sent_count, e.id))
-    page = entries[offset : None if limit is None else offset + limit]
+    page, shown = _page(entries, offset, limit)
     return ChannelsDocument(
-        schema=SCHEMA,
-        total=len(entries),
-        offset=offset,
-        limit=len(page) if limit is None else limit,
-        channels=page,
+        schema=SCHEMA, total=len(entries), offset=offset, limit=shown, channels=page
     )
 
 
@@ -375,13 +377,9 @@ def streams_document(
     qs = collector.options.percentiles
     entries = [stream_entry(r, qs) for r in stream_registry()]
     entries.sort(key=lambda e: (-e.items_yielded, e.id))
-    page = entries[offset : None if limit is None else offset + limit]
+    page, shown = _page(entries, offset, limit)
     return StreamsDocument(
-        schema=SCHEMA,
-        total=len(entries),
-        offset=offset,
-        limit=len(page) if limit is None else limit,
-        streams=page,
+        schema=SCHEMA, total=len(entries), offset=offset, limit=shown, streams=page
     )
 
 

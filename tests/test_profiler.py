@@ -198,3 +198,32 @@ def test_table_report_lists_channels(capsys: pytest.CaptureFixture[str]) -> None
     assert "producers blocked" in err
     (row,) = [line for line in err.splitlines() if line.startswith("pipe-queue")]
     assert row.split()[:5] == ["pipe-queue", "bounded[8]", "5", "5", "0/5"]
+
+
+def test_documents_page_by_offset_and_limit() -> None:
+    from asyncflow import views
+
+    @asyncflow.future(name="paged-a")
+    async def a() -> None:
+        pass
+
+    @asyncflow.future(name="paged-b")
+    async def b() -> None:
+        pass
+
+    with asyncflow.profile("paging", format="none") as prof:
+        asyncio.run(a())
+        asyncio.run(b())
+        collector = prof._collector
+        assert collector is not None
+        everything = views.futures_document(collector, 0)
+        first = views.futures_document(collector, 0, offset=0, limit=1)
+        rest = views.futures_document(collector, 0, offset=1, limit=1000)
+    assert (first.total, first.offset, first.limit, len(first.futures)) == (
+        everything.total,
+        0,
+        1,
+        1,
+    )
+    assert [f.id for f in first.futures + rest.futures] == [f.id for f in everything.futures]
+    assert rest.limit == 1000 and len(rest.futures) == everything.total - 1
