@@ -649,6 +649,7 @@ def instrument_tasks(loop: asyncio.AbstractEventLoop | None = None) -> TaskInstr
 
     Raises:
         RuntimeError: no loop was given and none is running.
+        TypeError: ``loop`` is not an event loop.
     """
     if loop is None:
         try:
@@ -658,6 +659,8 @@ def instrument_tasks(loop: asyncio.AbstractEventLoop | None = None) -> TaskInstr
                 "asyncflow.instrument_tasks() was called with no running event loop; call it "
                 "from inside a coroutine, or pass loop="
             ) from None
+    elif not isinstance(loop, asyncio.AbstractEventLoop):
+        raise TypeError(f"asyncflow.instrument_tasks(loop=...) needs an event loop, got {loop!r}")
     if _config.disabled():
         return TaskInstrumentation(loop, None)
     current = loop.get_task_factory()

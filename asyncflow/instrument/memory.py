@@ -193,6 +193,10 @@ def instrument_memory_stream(
         raise TypeError("instrument_memory_stream(): send and receive belong to different streams")
     if name is not None and not isinstance(name, str):
         raise TypeError(f"asyncflow.instrument_memory_stream(name=...) must be a str, got {name!r}")
+    if not isinstance(log_messages, bool):
+        raise TypeError(
+            f"instrument_memory_stream(log_messages=...) must be a bool, got {log_messages!r}"
+        )
     if _config.disabled() or isinstance(state.buffer, _Buffer):
         return send, receive
     record = register(

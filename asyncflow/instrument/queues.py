@@ -197,9 +197,12 @@ class QueueInstrumentation:
 
     def undo(self) -> None:
         """Stop instrumenting new queues; queues already instrumented keep recording."""
+        global _patched
         originals, self._originals = self._originals, {}
         for cls, init in originals.items():
             cls.__init__ = init
+        if originals:
+            _patched = False
 
     def __enter__(self) -> QueueInstrumentation:
         return self
@@ -222,6 +225,8 @@ def instrument_queues(*, log_messages: bool = False) -> QueueInstrumentation:
         RuntimeError: whole-program queue mode is already on.
     """
     global _patched
+    if not isinstance(log_messages, bool):
+        raise TypeError(f"instrument_queues(log_messages=...) must be a bool, got {log_messages!r}")
     if _config.disabled():
         return QueueInstrumentation({})
     if _patched:
@@ -244,14 +249,4 @@ def instrument_queues(*, log_messages: bool = False) -> QueueInstrumentation:
 
     asyncio.Queue.__init__ = __init__  # type: ignore[method-assign]
     _patched = True
-
-    class _Handle(QueueInstrumentation):
-        __slots__ = ()
-
-        def undo(self) -> None:
-            global _patched
-            if self._originals:
-                _patched = False
-            super().undo()
-
-    return _Handle({asyncio.Queue: original})
+    return QueueInstrumentation({asyncio.Queue: original})

@@ -237,6 +237,8 @@ def test_misuse_raises_type_errors_that_name_the_culprit() -> None:
         asyncflow.future(name=3)  # type: ignore[call-overload]
     with pytest.raises(RuntimeError, match="no running event loop"):
         asyncflow.instrument_tasks()
+    with pytest.raises(TypeError, match="needs an event loop"):
+        asyncflow.instrument_tasks(loop="main")  # type: ignore[arg-type]
 
 
 def test_disable_returns_the_original_function(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -258,9 +260,10 @@ async def test_instrument_one_coroutine_groups_by_code_and_name(prof: asyncflow.
     assert results == [0, 1, 2, 3]
     entry = _future(prof.snapshot(), "jobs")
     assert (entry.call_count, entry.total_polls, entry.tracked_by) == (4, 8, "instrument")
-    plain = job(0)
-    assert asyncflow.instrument(asyncflow.instrument(plain)) is not plain  # idempotent on wrappers
-    await asyncflow.instrument(plain)
+    wrapped = asyncflow.instrument(job(0), name="jobs")
+    assert asyncflow.instrument(wrapped) is wrapped  # a tracked call is not wrapped twice
+    assert await wrapped == 0
+    assert _future(prof.snapshot(), "jobs").call_count == 5
 
 
 async def test_instrument_tasks_tracks_every_task_and_undo_restores(

@@ -146,5 +146,7 @@ def test_misuse() -> None:
         asyncflow.instrument_memory_stream(receive, send)  # type: ignore[type-var]
     with pytest.raises(TypeError, match="different streams"):
         asyncflow.instrument_memory_stream(send, other_receive)
+    with pytest.raises(TypeError, match="log_messages"):
+        asyncflow.instrument_memory_stream(send, receive, log_messages=None)  # type: ignore[arg-type]
     for stream in (send, receive, other_send, other_receive):
         stream.close()

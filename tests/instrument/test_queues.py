@@ -233,6 +233,10 @@ def test_misuse_and_double_instrumentation() -> None:
     q: asyncio.Queue[int] = asyncio.Queue()
     with pytest.raises(TypeError, match="name"):
         asyncflow.instrument_queue(q, name=5)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="log_messages"):
+        asyncflow.instrument_queue(q, log_messages="yes")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="log_messages"):
+        asyncflow.instrument_queues(log_messages=1)  # type: ignore[arg-type]
     with asyncflow.profile("twice", format="none") as prof:
         asyncflow.instrument_queue(q, name="once")
         asyncflow.instrument_queue(q, name="twice")
