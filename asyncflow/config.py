@@ -12,9 +12,12 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 __all__ = [
+    "DEFAULT_BLOCK_THRESHOLD",
     "DEFAULT_FORMAT",
+    "DEFAULT_HOST",
     "DEFAULT_LIMIT",
     "DEFAULT_PERCENTILES",
+    "DEFAULT_PORT",
     "DEFAULT_RECENT_LOGS",
     "FORMATS",
     "Options",
@@ -29,6 +32,9 @@ DEFAULT_FORMAT = "table"
 DEFAULT_RECENT_LOGS = 50
 FORMATS = ("table", "json", "json-pretty", "none")
 MAX_RECENT_LOGS = 100_000
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 6780
+DEFAULT_BLOCK_THRESHOLD = 0.1
 
 _ENV = {
     "percentiles": "ASYNCFLOW_PERCENTILES",
@@ -37,6 +43,10 @@ _ENV = {
     "output": "ASYNCFLOW_OUTPUT",
     "recent_logs": "ASYNCFLOW_RECENT_LOGS",
     "duration": "ASYNCFLOW_DURATION",
+    "host": "ASYNCFLOW_HOST",
+    "port": "ASYNCFLOW_PORT",
+    "token": "ASYNCFLOW_TOKEN",
+    "block_threshold": "ASYNCFLOW_BLOCK_THRESHOLD",
 }
 _DISABLE = "ASYNCFLOW_DISABLE"
 
@@ -67,6 +77,14 @@ class Options:
     reporter: Reporter | None = None
     #: stop and report after this many seconds; None means run until stopped
     duration: float | None = None
+    #: the address the endpoint binds to; anything but loopback needs a ``token``
+    host: str = DEFAULT_HOST
+    #: the endpoint's port; 0 picks a free one, None serves no endpoint at all
+    port: int | None = DEFAULT_PORT
+    #: when set, every request must carry ``Authorization: Bearer <token>``
+    token: str | None = None
+    #: a poll (one step of a task) running longer than this many seconds is a blocked loop
+    block_threshold: float = DEFAULT_BLOCK_THRESHOLD
 
 
 def disabled(environ: Mapping[str, str] | None = None) -> bool:
@@ -114,6 +132,10 @@ def _int(value: object, source: str, low: int, high: int, meaning: str) -> int:
 def _duration(value: object, source: str) -> float | None:
     if value is None:
         return None
+    return _seconds(value, source)
+
+
+def _seconds(value: object, source: str) -> float:
     if isinstance(value, str):
         try:
             value = float(value.strip())
@@ -148,6 +170,26 @@ def _output(value: object, source: str) -> str | None:
     return path
 
 
+def _host(value: object, source: str) -> str:
+    if not isinstance(value, str) or not value.strip() or any(c.isspace() for c in value):
+        raise ValueError(f"{source}={value!r}: expected a host name or IP address to bind to")
+    return value.strip()
+
+
+def _port(value: object, source: str) -> int | None:
+    if isinstance(value, str) and value.strip().lower() in ("off", "none"):
+        return None
+    return _int(value, source, 0, 65535, "a port from 0 to 65535 (0 picks a free one), or 'off'")
+
+
+def _token(value: object, source: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip() or any(c.isspace() for c in value):
+        raise ValueError(f"{source}: expected a non-empty token without spaces")
+    return value
+
+
 def _reporter(value: object, source: str) -> Reporter | None:
     if value is None:
         return None
@@ -172,7 +214,19 @@ def resolve_options(
         TypeError: an unknown option was passed.
     """
     env = os.environ if environ is None else environ
-    known = {"percentiles", "limit", "format", "output", "recent_logs", "reporter", "duration"}
+    known = {
+        "percentiles",
+        "limit",
+        "format",
+        "output",
+        "recent_logs",
+        "reporter",
+        "duration",
+        "host",
+        "port",
+        "token",
+        "block_threshold",
+    }
     unknown = sorted(set(given) - known)
     if unknown:
         raise TypeError(
@@ -204,6 +258,16 @@ def resolve_options(
         )
     if (p := pick("duration")) is not None:
         fields["duration"] = _duration(*p)
+    if (p := pick("host")) is not None:
+        fields["host"] = _host(*p)
+    if given.get("port", 0) is None:
+        fields["port"] = None  # port=None: serve no endpoint
+    elif (p := pick("port")) is not None:
+        fields["port"] = _port(*p)
+    if (p := pick("token")) is not None:
+        fields["token"] = _token(*p)
+    if (p := pick("block_threshold")) is not None:
+        fields["block_threshold"] = _seconds(*p)
     if given.get("reporter") is not None:
         fields["reporter"] = _reporter(given["reporter"], "reporter")
     return Options(name=name, **fields)
