@@ -14,6 +14,7 @@ from asyncflow import stats
 from asyncflow.config import Options
 from asyncflow.instrument import _session
 from asyncflow.instrument.futures import CallRecord, FutureRecord, registry
+from asyncflow.monitor import LoopMonitor
 
 __all__ = ["DRAIN_INTERVAL", "Collector", "live_calls"]
 
@@ -28,6 +29,8 @@ class Collector:
         self.options = options
         #: records taken out of the buffer so far (folded or, from an older session, skipped)
         self.taken = 0
+        #: the instrumented loops' health; ticks as its own task beside the collector's
+        self.monitor = LoopMonitor(round(options.block_threshold * 1e9))
 
     def drain(self) -> int:
         """Fold every finished call waiting in the buffer; returns how many were folded."""

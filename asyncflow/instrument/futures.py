@@ -22,7 +22,7 @@ from typing import Any, Generic, ParamSpec, TypeVar, overload
 
 from asyncflow import clock as _clock
 from asyncflow import config as _config
-from asyncflow.instrument import _session
+from asyncflow.instrument import _session, loops
 from asyncflow.stats import SMALL_BUCKET, SMALL_LIMIT, bucket_of, new_histogram
 
 __all__ = [
@@ -242,7 +242,12 @@ def current_task() -> asyncio.Task[Any] | None:
 
 def _first_poll(r: CallRecord, t0: int) -> None:
     r.first = t0
-    task = current_task()
+    loop = _get_running_loop()
+    if loop is None:  # driven by hand, outside any event loop
+        return
+    if id(loop) != loops.last_key:
+        loops.see(loop)
+    task = _current_tasks.get(loop) if _current_tasks is not None else asyncio.current_task(loop)
     if task is not None:
         r.task = task.get_name()
 
@@ -669,6 +674,7 @@ def instrument_tasks(loop: asyncio.AbstractEventLoop | None = None) -> TaskInstr
         return TaskInstrumentation(loop, None)
     factory = _TaskFactory(current)
     loop.set_task_factory(factory)
+    loops.see(loop, on_its_thread=loop is _get_running_loop())
     return TaskInstrumentation(loop, factory)
 
 

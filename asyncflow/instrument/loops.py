@@ -1,0 +1,73 @@
+"""The event loops asyncflow instruments: loops that tracked calls ran on, or that track tasks.
+
+Recorders call :func:`see` at most once per call (on its first poll), and only pay a comparison
+when the loop is the one seen last. Records hold their loop weakly: a loop that is garbage
+collected drops out of the registry, so asyncflow never keeps a closed loop alive.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+import weakref
+
+__all__ = ["LoopRecord", "loop_registry", "see"]
+
+_ids = itertools.count(1)
+_lock = threading.RLock()  # a loop may die (and be forgotten) inside see()
+_by_key: dict[int, LoopRecord] = {}
+
+#: ``id()`` of the loop seen last, so that seeing it again costs one comparison; 0 for none.
+#: Cleared when that loop dies, before its id can be reused by another object.
+last_key = 0
+
+
+class LoopRecord:
+    """One instrumented event loop: a weak reference to it, and the thread that runs it."""
+
+    __slots__ = ("id", "label", "loop", "thread", "thread_name")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, key: int) -> None:
+        self.id = next(_ids)
+        self.loop = weakref.ref(loop, lambda _: _forget(key))
+        self.label = f"{type(loop).__module__}.{type(loop).__qualname__}"
+        self.thread = 0
+        self.thread_name = ""
+        self.on_thread()
+
+    def on_thread(self) -> None:
+        """Note the calling thread as the loop's (call it from code running on the loop)."""
+        thread = threading.current_thread()
+        self.thread = thread.ident or 0
+        self.thread_name = thread.name
+
+
+def see(loop: asyncio.AbstractEventLoop, on_its_thread: bool = True) -> LoopRecord:
+    """Register ``loop`` (idempotent); ``on_its_thread`` says the caller runs on the loop."""
+    global last_key
+    key = id(loop)
+    with _lock:
+        record = _by_key.get(key)
+        if record is None or record.loop() is not loop:
+            record = _by_key[key] = LoopRecord(loop, key)
+            if not on_its_thread:
+                record.thread, record.thread_name = 0, ""
+        last_key = key
+    return record
+
+
+def _forget(key: int) -> None:
+    global last_key
+    with _lock:
+        record = _by_key.get(key)
+        if record is not None and record.loop() is None:
+            del _by_key[key]
+        if last_key == key:
+            last_key = 0
+
+
+def loop_registry() -> list[LoopRecord]:
+    """The instrumented loops still alive, oldest first (a copy)."""
+    with _lock:
+        return sorted(_by_key.values(), key=lambda r: r.id)
