@@ -19,6 +19,7 @@ from asyncflow.instrument import _session, channels, streams
 from asyncflow.instrument.futures import reset_for_session
 from asyncflow.report import render
 from asyncflow.schema import Snapshot
+from asyncflow.server import Server, is_loopback
 
 __all__ = ["Profiler", "active_profiler", "profile", "start", "stop"]
 
@@ -33,13 +34,14 @@ class Profiler:
 
     def __init__(self, options: Options) -> None:
         self.options = options
-        #: the endpoint's address once it serves; None while no server runs
+        #: the endpoint's address while it serves ("http://127.0.0.1:6780"); None otherwise
         self.url: str | None = None
         self._state = "new"  # new -> running -> stopped
         self._state_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._collector: Collector | None = None
+        self._server: Server | None = None
         self._final: Snapshot | None = None
 
     @property
@@ -67,6 +69,13 @@ class Profiler:
                 raise AsyncflowError(
                     f"profiler {self.name!r} has already run; create a new one to profile again"
                 )
+            options = self.options
+            if options.port is not None and options.token is None and not is_loopback(options.host):
+                raise AsyncflowError(
+                    f"refusing to serve on {options.host!r} without a token: anyone who can "
+                    "reach it could read this program's profile; pass token= (or set "
+                    "ASYNCFLOW_TOKEN), or bind to 127.0.0.1"
+                )
             reset_for_session()
             channels.reset_for_session()
             streams.reset_for_session()
@@ -82,6 +91,10 @@ class Profiler:
             )
             self._thread.start()
             if not ready.wait(_STARTUP_TIMEOUT) or failure:
+                self._thread.join(_STARTUP_TIMEOUT)
+                self._thread = self._loop = self._collector = self._server = None
+                if failure and isinstance(failure[0], AsyncflowError):
+                    raise failure[0]
                 reason = f": {failure[0]!r}" if failure else " in time"
                 raise AsyncflowError(f"the profiler thread could not start{reason}")
             self._state = "running"
@@ -91,23 +104,45 @@ class Profiler:
         return self
 
     def _run(self, ready: threading.Event, failure: list[BaseException]) -> None:
+        loop = asyncio.new_event_loop()
+        tasks: list[asyncio.Task[None]] = []
         try:
-            loop = asyncio.new_event_loop()
             self._loop = loop
-            assert self._collector is not None
-            collector_task = loop.create_task(self._collector.run())
-            if self.options.duration is not None:
-                loop.call_later(self.options.duration, self._expire)
+            collector = self._collector
+            assert collector is not None
+            options = self.options
+            if options.port is not None:
+                self._server = Server(
+                    collector, options.host, options.port, options.token, lambda: self.running
+                )
+                self.url = loop.run_until_complete(self._server.start())
+            tasks.append(loop.create_task(collector.run()))
+            tasks.append(loop.create_task(collector.monitor.run()))
+            if options.duration is not None:
+                loop.call_later(options.duration, self._expire)
         except BaseException as exc:
             failure.append(exc)
+            self.url = None
+            self._shut(loop, tasks)
             ready.set()
             return
         ready.set()
         try:
             loop.run_forever()
         finally:
-            collector_task.cancel()
-            loop.run_until_complete(asyncio.gather(collector_task, return_exceptions=True))
+            self._shut(loop, tasks)
+
+    def _shut(self, loop: asyncio.AbstractEventLoop, tasks: list[asyncio.Task[None]]) -> None:
+        async def shut() -> None:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            if self._server is not None:
+                await self._server.stop()
+
+        try:
+            loop.run_until_complete(shut())
+        finally:
             loop.close()
 
     def _expire(self) -> None:
@@ -137,6 +172,7 @@ class Profiler:
             if thread is not None and thread is not threading.current_thread():
                 thread.join(_STARTUP_TIMEOUT)
             self._state = "stopped"
+            self.url = None
             atexit.unregister(self.stop)
         self._report(self._final)
         return self._final
@@ -146,6 +182,7 @@ class Profiler:
         assert collector is not None
         if _session.active is collector.session:
             _session.active = None  # calls created from now on are not recorded
+        collector.monitor.stop()
         collector.drain()
         return views.snapshot(collector, running=False)
 
@@ -233,8 +270,9 @@ def profile(name: str, **options: Any) -> Profiler:
     Args:
         name: names the profiled program in reports and status documents.
         **options: keyword-only options (``percentiles``, ``limit``, ``format``, ``output``,
-            ``recent_logs``, ``reporter``, ``duration``), each also settable by an
-            ``ASYNCFLOW_*`` environment variable; see the README.
+            ``recent_logs``, ``reporter``, ``duration``, ``host``, ``port``, ``token``,
+            ``block_threshold``), each also settable by an ``ASYNCFLOW_*`` environment
+            variable; see the README.
 
     Raises:
         ValueError: an option has a bad value (checked here, before anything starts).
@@ -247,7 +285,8 @@ def start(name: str, **options: Any) -> Profiler:
     """Start a profiler now; :func:`stop` ends it. Same options as :func:`profile`.
 
     Raises:
-        AsyncflowError: a profiler is already running in this process.
+        AsyncflowError: a profiler is already running in this process, the port is taken, or
+            a non-loopback host was given without a token.
     """
     return profile(name, **options).start()
 

@@ -14,6 +14,7 @@ import orjson
 
 __all__ = [
     "SCHEMA",
+    "BlockedEpisode",
     "CallEntry",
     "CallStates",
     "ChannelEntry",
@@ -21,6 +22,8 @@ __all__ = [
     "ChannelLogs",
     "ChannelsDocument",
     "EdgeEntry",
+    "ErrorDocument",
+    "ErrorInfo",
     "ExceptionInfo",
     "FlowDocument",
     "FlowEdge",
@@ -29,9 +32,13 @@ __all__ = [
     "FutureLogs",
     "FuturesDocument",
     "Location",
+    "LoopDocument",
+    "LoopEntry",
     "Outcomes",
     "ProfilerStatus",
+    "RunningCall",
     "Snapshot",
+    "StackFrame",
     "StreamEntry",
     "StreamItemEntry",
     "StreamLogs",
@@ -344,6 +351,76 @@ class FlowDocument:
 
 
 @dataclass(frozen=True, slots=True)
+class RunningCall:
+    """A tracked call whose poll is running on a loop, and since when."""
+
+    future_id: int
+    label: str
+    call_id: int
+    #: when its current poll started
+    since_ns: int
+    #: how long that poll had run when this was read
+    elapsed_ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class StackFrame:
+    """One frame of a stack; ``code`` is the source line when it could be read."""
+
+    file: str
+    line: int
+    function: str
+    code: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class BlockedEpisode:
+    """A time the loop did not run its callbacks for longer than the block threshold."""
+
+    id: int
+    started_ns: int
+    blocked_ns: int
+    #: still blocked when this was read (``blocked_ns`` is then a lower bound)
+    ongoing: bool
+    #: the task that was running, and the innermost tracked call on the stack, if any
+    task: str | None
+    call: RunningCall | None
+    #: the loop thread's stack taken while it was blocked, innermost frame first
+    stack: list[StackFrame]
+
+
+@dataclass(frozen=True, slots=True)
+class LoopEntry:
+    """One instrumented event loop's health."""
+
+    id: int
+    label: str
+    thread: str
+    #: ``running``, ``stopped`` (not running now) or ``closed``
+    state: str
+    #: the current lag: the late heartbeat's wait so far, or the last one measured
+    lag_now_ns: int
+    lag_ns: dict[str, int]
+    max_lag_ns: int
+    heartbeats: int
+    tasks_alive: int
+    running: RunningCall | None
+    blocked: bool
+    blocked_count: int
+    #: the most recent episodes, newest first
+    episodes: list[BlockedEpisode]
+
+
+@dataclass(frozen=True, slots=True)
+class LoopDocument:
+    """``GET /loop``: every event loop asyncflow instruments."""
+
+    schema: int
+    block_threshold_ns: int
+    loops: list[LoopEntry]
+
+
+@dataclass(frozen=True, slots=True)
 class Snapshot:
     """Everything at once: what ``prof.snapshot()`` returns and the ``json`` report contains."""
 
@@ -356,6 +433,22 @@ class Snapshot:
     flow: FlowDocument | None = None
     streams: StreamsDocument | None = None
     stream_logs: list[StreamLogs] = field(default_factory=list)
+    loop: LoopDocument | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorInfo:
+    """What went wrong with a request."""
+
+    status: int
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorDocument:
+    """Every error the endpoint answers: ``{"error": {"status": ..., "message": ...}}``."""
+
+    error: ErrorInfo
 
 
 def dumps(document: Any, *, pretty: bool = False) -> bytes:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import platform
 from typing import TypeVar
@@ -13,8 +14,10 @@ from asyncflow.instrument import _session
 from asyncflow.instrument.channels import ChannelRecord, Edge, channel_registry
 from asyncflow.instrument.futures import RUNNING, CallRecord, FutureRecord, call_field, call_state
 from asyncflow.instrument.streams import ACTIVE, StreamRecord, stream_registry
+from asyncflow.monitor import Episode, LoopState, running_calls
 from asyncflow.schema import (
     SCHEMA,
+    BlockedEpisode,
     CallEntry,
     CallStates,
     ChannelEntry,
@@ -30,9 +33,13 @@ from asyncflow.schema import (
     FutureLogs,
     FuturesDocument,
     Location,
+    LoopDocument,
+    LoopEntry,
     Outcomes,
     ProfilerStatus,
+    RunningCall,
     Snapshot,
+    StackFrame,
     StreamEntry,
     StreamItemEntry,
     StreamLogs,
@@ -47,6 +54,7 @@ __all__ = [
     "future_entry",
     "future_logs",
     "futures_document",
+    "loop_document",
     "snapshot",
     "status",
     "stream_entry",
@@ -394,6 +402,82 @@ def stream_logs(record: StreamRecord, origin: int, limit: int | None = None) -> 
     )
 
 
+def _running_call(r: CallRecord | None, now: int, origin: int) -> RunningCall | None:
+    start = r.start if r is not None else 0
+    if r is None or not start:
+        return None
+    return RunningCall(r.future.id, r.future.label, r.call_id, start - origin, max(0, now - start))
+
+
+def _episode(e: Episode, now: int, origin: int) -> BlockedEpisode:
+    call = e.call
+    blocked = max(e.blocked_ns, now - e.since) if e.ongoing else e.blocked_ns
+    return BlockedEpisode(
+        id=e.id,
+        started_ns=e.since - origin,
+        blocked_ns=blocked,
+        ongoing=e.ongoing,
+        task=e.task,
+        call=None
+        if call is None
+        else RunningCall(
+            call.future.id, call.future.label, call.call_id, e.since - origin, blocked
+        ),
+        stack=[StackFrame(*frame) for frame in e.stack],
+    )
+
+
+def _tasks_alive(loop: object) -> int:
+    try:
+        return len(asyncio.all_tasks(loop))  # type: ignore[arg-type]
+    except Exception:  # a loop closing under us
+        return 0
+
+
+def loop_entry(state: LoopState, now: int, origin: int, qs: tuple[float, ...]) -> LoopEntry:
+    """One loop's health now."""
+    loop = state.loop()
+    if loop is None or state.closed or loop.is_closed():
+        condition, alive, running = "closed", 0, None
+    elif not loop.is_running():
+        condition, alive, running = "stopped", _tasks_alive(loop), None
+    else:
+        _, inner, _ = running_calls(state.record.thread)
+        condition, alive, running = "running", _tasks_alive(loop), _running_call(inner, now, origin)
+    with state.lock:
+        episodes = [_episode(e, now, origin) for e in state.episodes]
+        lag_now = state.lag_now(now) if condition == "running" else state.lag_last
+        ongoing = state.ongoing is not None
+    return LoopEntry(
+        id=state.record.id,
+        label=state.record.label,
+        thread=state.record.thread_name,
+        state=condition,
+        lag_now_ns=lag_now,
+        lag_ns=_at_most(stats.percentiles(state.lag_hist, qs), state.lag_max),
+        max_lag_ns=state.lag_max,
+        heartbeats=state.heartbeats,
+        tasks_alive=alive,
+        running=running,
+        blocked=ongoing,
+        blocked_count=state.episode_count,
+        episodes=episodes,
+    )
+
+
+def loop_document(collector: Collector, now: int) -> LoopDocument:
+    """Every instrumented loop's health, oldest loop first."""
+    monitor = collector.monitor
+    origin = collector.session.start_ns
+    qs = collector.options.percentiles
+    states = sorted(monitor.states.values(), key=lambda s: s.record.id)
+    return LoopDocument(
+        schema=SCHEMA,
+        block_threshold_ns=monitor.threshold_ns,
+        loops=[loop_entry(s, now, origin, qs) for s in states],
+    )
+
+
 def snapshot(collector: Collector, running: bool = True) -> Snapshot:
     """Every document at once, as of now (drain first for an up-to-date picture)."""
     now = clock.now_ns()
@@ -410,4 +494,5 @@ def snapshot(collector: Collector, running: bool = True) -> Snapshot:
         flow=flow(collector),
         streams=streams_document(collector),
         stream_logs=[stream_logs(r, origin) for r in stream_registry()],
+        loop=loop_document(collector, now),
     )

@@ -19,6 +19,14 @@ def anyio_backend() -> tuple[str, dict[str, Any]]:
 
 
 @pytest.fixture(autouse=True)
+def _any_free_port(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Profilers in tests (and the examples they run) serve on a free port, never a fixed one."""
+    monkeypatch.setenv("ASYNCFLOW_PORT", "0")
+    monkeypatch.delenv("ASYNCFLOW_HOST", raising=False)
+    monkeypatch.delenv("ASYNCFLOW_TOKEN", raising=False)
+
+
+@pytest.fixture(autouse=True)
 def _no_leaks() -> Iterator[None]:
     """Every test leaves no profiler running and no asyncflow task factory installed."""
     assert asyncflow.active_profiler() is None, "a previous test left a profiler running"
