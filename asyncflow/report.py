@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from asyncflow.schema import ChannelEntry, FutureEntry, Snapshot, StreamEntry, dumps
+from asyncflow.schema import ChannelEntry, FutureEntry, LoopEntry, Snapshot, StreamEntry, dumps
 from asyncflow.stats import percentile_key
 
 __all__ = ["format_duration", "render", "render_table"]
@@ -72,6 +72,11 @@ def render_table(snapshot: Snapshot, percentiles: tuple[float, ...], limit: int)
     if streams:
         shown_streams = streams if limit == 0 else streams[:limit]
         lines += ["", *_table([_STREAM_COLUMNS, *(_stream_row(s) for s in shown_streams)])]
+    loops = snapshot.loop.loops if snapshot.loop is not None else []
+    if loops:
+        lines += ["", *_table([_LOOP_COLUMNS, *(_loop_row(entry) for entry in loops)])]
+        for entry in loops:
+            lines += _episodes(entry)
     return "\n".join(lines) + "\n"
 
 
@@ -115,6 +120,35 @@ def _stream_row(s: StreamEntry) -> list[str]:
         format_duration(s.total_wait_ns),
         format_duration(s.consumer_ns),
     ]
+
+
+_LOOP_COLUMNS = ["loop", "thread", "lag p50", "lag p99", "max lag", "blocked"]
+
+
+def _loop_row(entry: LoopEntry) -> list[str]:
+    return [
+        f"loop {entry.id} ({entry.state})",
+        entry.thread or "?",
+        format_duration(entry.lag_ns.get("p50")),
+        format_duration(entry.lag_ns.get("p99")),
+        format_duration(entry.max_lag_ns),
+        f"{entry.blocked_count}x",
+    ]
+
+
+def _episodes(entry: LoopEntry, shown: int = 3) -> list[str]:
+    """The longest blocked-loop episodes, each with the line that blocked."""
+    lines = []
+    for e in sorted(entry.episodes, key=lambda e: -e.blocked_ns)[:shown]:
+        who = e.call.label if e.call is not None else (e.task or "untracked code")
+        where = ""
+        if e.stack:
+            top = e.stack[0]
+            where = f" at {top.file}:{top.line} ({top.function})"
+            if top.code:
+                where += f": {top.code}"
+        lines.append(f"  loop {entry.id} blocked {format_duration(e.blocked_ns)} by {who}{where}")
+    return lines
 
 
 def _table(rows: list[list[str]]) -> list[str]:

@@ -96,16 +96,23 @@ def future_entry(record: FutureRecord, now: int, percentiles: tuple[float, ...])
     live = live_calls(record)
     pending = running = 0
     polls, busy, idle, max_poll = st.polls_done, st.busy_done, st.idle_done, st.max_poll_done
-    for r in live:
-        elapsed = _running_for(r, now)
+    for r in live:  # inlined _running_for and _idle: with 10,000 live calls this loop is hot
+        start, first, r_busy = r.start, r.first, r.busy
+        elapsed = now - start if start and now > start else 0
         if elapsed:
             running += 1
-        elif not r.first:
+        elif not first:
             pending += 1
         polls += r.polls
-        busy += r.busy + elapsed
-        idle += _idle(r, now)
-        max_poll = max(max_poll, r.max, elapsed)
+        busy += r_busy + elapsed
+        if first:
+            finished = r.finished
+            idle += max(
+                0, finished - first - r_busy if finished else now - first - r_busy - elapsed
+            )
+        longest = r.max if r.max > elapsed else elapsed
+        if longest > max_poll:
+            max_poll = longest
     ready, cancelled = st.returned + st.raised, st.cancelled + st.closed + st.never_awaited
     return FutureEntry(
         id=record.id,

@@ -4,7 +4,10 @@ Workers take URLs from a frontier, fetch them (simulated network latency; slow p
 and are cancelled), parse them (a little CPU work; one page is malformed and raises) and follow
 their links. Run it and read the report asyncflow prints at exit:
 
-    python examples/crawler.py [--pages N] [--workers N]
+    python examples/crawler.py [--pages N] [--workers N] [--linger SECONDS]
+
+While it runs, the endpoint serves the live profile (``--linger`` keeps it up after the crawl so
+there is time to ``curl`` it).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import asyncio
 import hashlib
 import random
 import re
+import time
 
 import asyncflow
 
@@ -111,6 +115,12 @@ def run(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pages", type=int, default=120, help="pages on the site (default 120)")
     parser.add_argument("--workers", type=int, default=8, help="crawler workers (default 8)")
+    parser.add_argument(
+        "--linger",
+        type=float,
+        default=0.0,
+        help="seconds to keep the endpoint up after the crawl (default 0)",
+    )
     args = parser.parse_args(argv)
     with asyncflow.profile("crawler") as prof:
         print(f"asyncflow: profiling 'crawler'; endpoint: {prof.url or 'not served'}", flush=True)
@@ -120,6 +130,9 @@ def run(argv: list[str] | None = None) -> int:
             f"{stats['malformed']} malformed",
             flush=True,
         )
+        if args.linger > 0:
+            print(f"endpoint stays up for {args.linger:g} s: curl {prof.url}/futures", flush=True)
+            time.sleep(args.linger)
     return 0
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -83,3 +84,39 @@ def test_unknown_option_and_bad_name() -> None:
 @pytest.mark.parametrize(("value", "expected"), [("", False), ("0", False), ("1", True)])
 def test_disable_variable(value: str, expected: bool) -> None:
     assert disabled({"ASYNCFLOW_DISABLE": value}) is expected
+
+
+def test_endpoint_options_from_arguments_and_environment() -> None:
+    options = resolve_options("svc", {}, {})
+    assert (options.host, options.port, options.token) == ("127.0.0.1", 6780, None)
+    assert options.block_threshold == 0.1
+    env = {
+        "ASYNCFLOW_HOST": "::1",
+        "ASYNCFLOW_PORT": "0",
+        "ASYNCFLOW_TOKEN": "t0ken",
+        "ASYNCFLOW_BLOCK_THRESHOLD": "0.25",
+    }
+    options = resolve_options("svc", {}, env)
+    assert (options.host, options.port, options.token) == ("::1", 0, "t0ken")
+    assert options.block_threshold == 0.25
+    options = resolve_options("svc", {"port": 7000, "block_threshold": 1}, env)
+    assert options.port == 7000 and options.block_threshold == 1.0
+    assert resolve_options("svc", {"port": None}, env).port is None  # no endpoint at all
+    assert resolve_options("svc", {}, {"ASYNCFLOW_PORT": "off"}).port is None
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        ("port", 70000, "port=70000: expected a port from 0 to 65535"),
+        ("port", "http", "port='http': expected a port"),
+        ("host", "", "host='': expected a host name"),
+        ("host", "a b", "host='a b'"),
+        ("token", "has space", "token: expected a non-empty token without spaces"),
+        ("block_threshold", 0, "block_threshold=0: expected seconds"),
+        ("block_threshold", "soon", "block_threshold='soon': expected seconds"),
+    ],
+)
+def test_bad_endpoint_options(option: str, value: object, message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        resolve_options("svc", {option: value}, {})

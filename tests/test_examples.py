@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import orjson
@@ -20,7 +21,7 @@ def run_example(name: str, *args: str, **env: str) -> subprocess.CompletedProces
         capture_output=True,
         text=True,
         timeout=60,
-        env={**clean, **env},
+        env={**clean, "ASYNCFLOW_PORT": "0", **env},  # any free port, never a fixed one
     )
     assert done.returncode == 0, done.stderr
     return done
@@ -39,6 +40,36 @@ def test_crawler_example_reports_every_stage(tmp_path: Path) -> None:
     assert futures["parse"]["outcomes"]["raised"] == 1  # the malformed page
     assert futures["worker"]["outcomes"]["cancelled"] == 4  # idle workers cancelled at the end
     assert futures["fetch"]["call_count"] == futures["crawl_one"]["call_count"]
+
+
+def test_crawler_example_serves_the_endpoint_while_it_lingers() -> None:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("ASYNCFLOW_")}
+    process = subprocess.Popen(
+        [sys.executable, str(EXAMPLES / "crawler.py"), "--pages", "30", "--linger", "60"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env={**clean, "ASYNCFLOW_PORT": "0", "ASYNCFLOW_FORMAT": "none"},
+    )
+    try:
+        assert process.stdout is not None
+        first = process.stdout.readline()
+        url = first.rsplit("endpoint: ", 1)[1].strip()
+        assert url.startswith("http://127.0.0.1:")
+        for line in process.stdout:
+            if line.startswith("endpoint stays up"):
+                break
+        with urllib.request.urlopen(url + "/futures", timeout=10) as response:
+            futures = orjson.loads(response.read())
+        crawled = {f["label"]: f for f in futures["futures"]}
+        assert crawled["fetch"]["call_count"] == crawled["crawl_one"]["call_count"] > 0
+        with urllib.request.urlopen(url + "/loop", timeout=10) as response:
+            assert orjson.loads(response.read())["loops"][0]["state"] in ("closed", "stopped")
+    finally:
+        process.kill()
+        process.wait(10)
+        if process.stdout is not None:
+            process.stdout.close()
 
 
 def test_crawler_example_table_report_goes_to_stderr() -> None:
@@ -73,3 +104,11 @@ def test_memory_stream_example_reports_channel_and_stream() -> None:
     assert "received 300 readings" in done.stdout
     assert "\nreadings  bounded[4]   300       300" in done.stderr
     assert "\nsmoothed readings  exhausted    300" in done.stderr
+
+
+def test_blocked_loop_example_names_the_blocking_line() -> None:
+    done = run_example("blocked_loop.py", "--requests", "12")
+    assert "served 12 requests" in done.stdout
+    lines = [line for line in done.stderr.splitlines() if " blocked " in line]
+    assert len(lines) == 1  # only request 7 takes the synchronous path
+    assert "by lookup at" in lines[0] and "(legacy_lookup): time.sleep(0.15)" in lines[0]

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import socket
 import threading
 import time
 import urllib.error
 import urllib.request
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,6 +20,8 @@ import pytest
 
 import asyncflow
 from asyncflow import server, views
+from asyncflow.instrument import loops
+from asyncflow.report import format_duration, render_table
 
 Reply = tuple[int, Any, dict[str, str]]
 
@@ -287,7 +291,8 @@ def test_loop_answers_while_the_loop_is_blocked_and_names_the_blocker() -> None:
         thread.start()
         asyncio.run(blocker(started, answered))
         thread.join()
-        final = prof.snapshot().loop
+        snap = prof.snapshot()
+        final = snap.loop
     status, document, _ = replies[-1]
     assert status == 200 and document["block_threshold_ns"] == 100_000_000
     (loop,) = document["loops"]
@@ -305,6 +310,26 @@ def test_loop_answers_while_the_loop_is_blocked_and_names_the_blocker() -> None:
     (after,) = [entry for entry in final.loops if entry.id == loop["id"]]
     assert not after.blocked and after.blocked_count == 1
     assert not after.episodes[0].ongoing and after.episodes[0].blocked_ns >= 900_000_000
+    # The exit report names the blocker and its line too.
+    table = render_table(snap, (50.0,), 0)
+    assert f"blocked {format_duration(after.episodes[0].blocked_ns)} by blocker" in table
+    assert f"test_server.py:{top['line']} (blocker): {BLOCK_LINE}" in table
+
+
+def test_loops_are_held_weakly(prof: asyncflow.Profiler) -> None:
+    @asyncflow.future
+    async def tracked() -> int:
+        return 1
+
+    loop = asyncio.new_event_loop()
+    assert loop.run_until_complete(tracked()) == 1
+    assert any(r.loop() is loop for r in loops.loop_registry())
+    loop.close()
+    ref = weakref.ref(loop)
+    del loop
+    gc.collect()
+    assert ref() is None
+    assert all(r.loop() is not None for r in loops.loop_registry())
 
 
 def test_loop_reports_lag_and_tasks_alive() -> None:
