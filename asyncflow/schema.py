@@ -7,8 +7,11 @@ maps are keyed ``"p50"``, ``"p99.9"``... and are empty when nothing was measured
 
 from __future__ import annotations
 
+import dataclasses
+import types
+import typing
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 
@@ -21,6 +24,7 @@ __all__ = [
     "ChannelLogEntry",
     "ChannelLogs",
     "ChannelsDocument",
+    "DocumentError",
     "EdgeEntry",
     "ErrorDocument",
     "ErrorInfo",
@@ -44,6 +48,7 @@ __all__ = [
     "StreamLogs",
     "StreamsDocument",
     "dumps",
+    "load",
 ]
 
 #: Bumped by any change that breaks a field of a document.
@@ -455,3 +460,82 @@ def dumps(document: Any, *, pretty: bool = False) -> bytes:
     """Serialise a document (or a list/dict of them) to JSON bytes."""
     option = orjson.OPT_INDENT_2 if pretty else 0
     return orjson.dumps(document, option=option | orjson.OPT_NON_STR_KEYS)
+
+
+_D = TypeVar("_D")
+
+
+class DocumentError(ValueError):
+    """A JSON document does not have the shape of the schema's class; the message says where."""
+
+
+def load(cls: type[_D], data: Any) -> _D:
+    """Rebuild a document (e.g. a :class:`Snapshot` read back from a file) from decoded JSON.
+
+    Raises:
+        DocumentError: a field is missing, unknown or of the wrong type; the message gives its
+            path, e.g. ``futures.futures[3].busy_ns``.
+    """
+    result: _D = _load(cls, data, cls.__name__)
+    return result
+
+
+def _load(tp: Any, data: Any, where: str) -> Any:
+    origin = typing.get_origin(tp)
+    if origin in (types.UnionType, typing.Union):
+        errors = []
+        for option in typing.get_args(tp):
+            try:
+                return _load(option, data, where)
+            except DocumentError as exc:
+                errors.append(exc)
+        raise errors[-1]
+    if tp is type(None):
+        if data is not None:
+            raise DocumentError(f"{where}: expected null, got {type(data).__name__}")
+        return None
+    if tp in (int, str, bool, float):
+        ok = isinstance(data, tp) and (tp is bool or not isinstance(data, bool))
+        if tp is float and isinstance(data, int) and not isinstance(data, bool):
+            return float(data)
+        if not ok:
+            raise DocumentError(f"{where}: expected {tp.__name__}, got {type(data).__name__}")
+        return data
+    if tp is Any:
+        return data
+    if origin is list:
+        if not isinstance(data, list):
+            raise DocumentError(f"{where}: expected a list, got {type(data).__name__}")
+        (item,) = typing.get_args(tp)
+        return [_load(item, x, f"{where}[{i}]") for i, x in enumerate(data)]
+    if origin is dict:
+        if not isinstance(data, dict):
+            raise DocumentError(f"{where}: expected an object, got {type(data).__name__}")
+        _, value = typing.get_args(tp)
+        return {str(k): _load(value, v, f"{where}.{k}") for k, v in data.items()}
+    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+        if not isinstance(data, dict):
+            raise DocumentError(f"{where}: expected an object, got {type(data).__name__}")
+        hints = _hints(tp)
+        fields = {f.name: f for f in dataclasses.fields(tp)}
+        unknown = sorted(set(data) - set(fields))
+        if unknown:
+            raise DocumentError(f"{where}: unknown field(s) {', '.join(unknown)}")
+        values = {}
+        for name, f in fields.items():
+            if name in data:
+                values[name] = _load(hints[name], data[name], f"{where}.{name}")
+            elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise DocumentError(f"{where}: missing field {name!r}")
+        return tp(**values)
+    raise DocumentError(f"{where}: cannot load {tp!r}")
+
+
+_hint_cache: dict[type, dict[str, Any]] = {}
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    hints = _hint_cache.get(cls)
+    if hints is None:
+        hints = _hint_cache[cls] = typing.get_type_hints(cls)
+    return hints
