@@ -43,6 +43,9 @@ class Profiler:
         self._collector: Collector | None = None
         self._server: Server | None = None
         self._final: Snapshot | None = None
+        #: set by ``asyncflow run``: profilers the program starts itself join this one
+        self.hosting = False
+        self._joined: Profiler | None = None
 
     @property
     def name(self) -> str:
@@ -52,6 +55,8 @@ class Profiler:
     @property
     def running(self) -> bool:
         """Whether the profiler is recording now."""
+        if self._joined is not None:
+            return self._state == "joined" and self._joined.running
         return self._state == "running"
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -60,6 +65,11 @@ class Profiler:
         """Start recording; see :func:`start`."""
         global _active
         with _lock:
+            if _active is not None and _active.hosting and self._state == "new":
+                # The program runs under `asyncflow run`: its own profiler joins that one, so
+                # it neither fails nor reports twice; snapshots and url are the host's.
+                self._joined, self._state, self.url = _active, "joined", _active.url
+                return self
             if _active is not None:
                 raise AsyncflowError(
                     f"a profiler ({_active.name!r}) is already running in this process; call "
@@ -157,6 +167,12 @@ class Profiler:
         """
         global _active
         with self._state_lock:
+            if self._joined is not None:
+                if self._state == "joined":
+                    self._state = "stopped"
+                    self.url = None
+                    self._final = self._joined.snapshot()
+                return self._final
             if self._state != "running":
                 return self._final
             self._state = "stopping"
@@ -232,6 +248,8 @@ class Profiler:
             raise AsyncflowError(f"profiler {self.name!r} has not been started")
         if self._final is not None:
             return self._final
+        if self._joined is not None:
+            return self._joined.snapshot()
         collector = self._collector
         assert collector is not None
 
