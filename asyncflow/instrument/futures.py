@@ -13,6 +13,7 @@ import asyncio
 import functools
 import inspect
 import itertools
+import os
 import sys
 import threading
 import types
@@ -115,6 +116,8 @@ class FutureRecord:
         self.stats = FutureStats()
 
 
+#: asyncio's own coroutines (asyncio.run's shutdown steps...): never tracked as user tasks
+_ASYNCIO_DIR = os.path.dirname(asyncio.__file__) + os.sep
 _future_ids = itertools.count(1)
 _call_ids = itertools.count(1)
 _registry_lock = threading.Lock()
@@ -587,11 +590,12 @@ class _TaskFactory:
         if self.enabled and _session.active is not None and type(coro) is types.CoroutineType:
             try:
                 record = _by_code.get((coro.cr_code, None, "task"))
-                if record is None:
+                if record is None and not coro.cr_code.co_filename.startswith(_ASYNCIO_DIR):
                     frame = coro.cr_frame
                     module = frame.f_globals.get("__name__", "?") if frame is not None else "?"
                     record = _future_for_code(coro.cr_code, str(module), None, "task")
-                coro = InstrumentedCoroutine(coro, record)
+                if record is not None:
+                    coro = InstrumentedCoroutine(coro, record)
             except Exception as err:  # observing never breaks the program
                 _session.internal_error("instrumenting a task", err)
         previous = self.previous

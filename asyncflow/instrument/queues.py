@@ -114,7 +114,15 @@ def instrument_queue(queue: _Q, *, name: str | None = None, log_messages: bool =
         raise TypeError(f"asyncflow.instrument_queue(name=...) must be a str, got {name!r}")
     if not isinstance(log_messages, bool):
         raise TypeError(f"instrument_queue(log_messages=...) must be a bool, got {log_messages!r}")
-    if _config.disabled() or _MARK in vars(queue):
+    if _config.disabled():
+        return queue
+    existing: ChannelRecord | None = vars(queue).get(_MARK)
+    if existing is not None:
+        # Instrumented already (e.g. by instrument_queues() under `asyncflow run`): the
+        # program's own name and logging choice win over the file:line label.
+        if name is not None:
+            existing.label = name
+        existing.log_messages = existing.log_messages or log_messages
         return queue
     _instrument(queue, name or f"{type(queue).__name__}@{id(queue):x}", log_messages)
     return queue
