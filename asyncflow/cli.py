@@ -1,0 +1,377 @@
+"""The ``asyncflow`` command: ``run`` a program profiled; ``top``; ``snapshot``; ``report``.
+
+Every mistake a user can make here (a missing program, a bad option, an unreachable endpoint,
+a file that is not a snapshot) ends in one line on standard error and a non-zero exit code,
+never in a traceback from asyncflow itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+import os
+import runpy
+import sys
+import traceback
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+import orjson
+
+from asyncflow import config, schema
+from asyncflow._version import __version__
+from asyncflow.errors import AsyncflowError
+
+__all__ = ["DEFAULT_URL", "main"]
+
+DEFAULT_URL = f"http://{config.DEFAULT_HOST}:{config.DEFAULT_PORT}"
+#: Exit codes: the program's own when it runs; these when asyncflow cannot get that far.
+USAGE = 2
+FAILED = 1
+INTERRUPTED = 130
+
+
+class _Usage(Exception):
+    """A mistake on the command line or in its inputs: one line, exit code 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise _Usage(f"{message} (see '{self.prog} --help')")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="asyncflow",
+        description="A data-flow profiler for asyncio programs.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"asyncflow {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    run = commands.add_parser(
+        "run",
+        help="run a Python program with every task and queue profiled",
+        description=(
+            "Run a program as 'python script.py' (or 'python -m module') would, with the "
+            "profiler started, every task on every event loop tracked and every asyncio queue "
+            "instrumented. Options go before the program; everything after it is the "
+            "program's own arguments."
+        ),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    run.add_argument("-m", dest="module", metavar="MODULE", help="run a module, as python -m")
+    run.add_argument("--name", help="the profile's name (default: the script or module name)")
+    run.add_argument("--host", default=None, help=f"endpoint address [{config.DEFAULT_HOST}]")
+    run.add_argument(
+        "--port",
+        default=None,
+        help=f"endpoint port; 0 picks a free one, 'off' serves none [{config.DEFAULT_PORT}]",
+    )
+    run.add_argument(
+        "--format", default=None, choices=config.FORMATS, help="exit report format [table]"
+    )
+    run.add_argument("--output", default=None, help="file for the exit report [standard error]")
+    run.add_argument(
+        "--limit",
+        default=None,
+        help=f"futures in the table report; 0 for all [{config.DEFAULT_LIMIT}]",
+    )
+    run.add_argument("--percentiles", default=None, help="percentiles reported [50,95,99]")
+    run.add_argument("--duration", default=None, help="stop profiling after SECONDS [never]")
+    run.add_argument(
+        "--no-queues", action="store_true", help="do not instrument the program's asyncio queues"
+    )
+    run.add_argument("program", nargs=argparse.REMAINDER, help="script.py [args...], or args of -m")
+    run.set_defaults(handler=_run)
+
+    top = commands.add_parser(
+        "top",
+        help="live view of a running profiler",
+        description="A live terminal view of a running profiler's endpoint. Keys: f futures, "
+        "c channels, s streams, l loops, o sort, enter logs of the selected row, p pause, "
+        "q quit.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    top.add_argument("url", nargs="?", default=DEFAULT_URL, help="the endpoint")
+    top.add_argument("--token", default=None, help="bearer token [$ASYNCFLOW_TOKEN]")
+    top.add_argument("--interval", type=float, default=0.5, help="seconds between refreshes")
+    top.set_defaults(handler=_top)
+
+    snap = commands.add_parser(
+        "snapshot",
+        help="save every document of a running profiler to a JSON file",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    snap.add_argument("url", nargs="?", default=DEFAULT_URL, help="the endpoint")
+    snap.add_argument("-o", "--output", required=True, help="the file to write")
+    snap.add_argument("--token", default=None, help="bearer token [$ASYNCFLOW_TOKEN]")
+    snap.set_defaults(handler=_snapshot)
+
+    report = commands.add_parser(
+        "report",
+        help="render a saved snapshot (or a json exit report) as the table report",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    report.add_argument("file", help="a file written by 'asyncflow snapshot' or format=json")
+    report.add_argument(
+        "--format", default="table", choices=("table", "json", "json-pretty"), help="output"
+    )
+    report.add_argument("--limit", default=None, help="futures shown; 0 for all [15]")
+    report.add_argument("--percentiles", default=None, help="percentiles shown [50,95,99]")
+    report.set_defaults(handler=_report)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``asyncflow`` command; returns the exit code."""
+    parser = _parser()
+    try:
+        args = parser.parse_args(argv)
+        if args.command is None:
+            parser.print_help(sys.stderr)
+            return USAGE
+        handler: Callable[[argparse.Namespace], int] = args.handler
+        return handler(args)
+    except _Usage as exc:
+        command = f" {args.command}" if "args" in locals() and args.command else ""
+        print(f"asyncflow{command}: error: {exc}", file=sys.stderr)
+        return USAGE
+    except AsyncflowError as exc:
+        print(f"asyncflow: error: {exc}", file=sys.stderr)
+        return FAILED
+
+
+# -- asyncflow run -----------------------------------------------------------------------------
+
+
+def _run(args: argparse.Namespace) -> int:
+    import asyncflow
+    from asyncflow.instrument.futures import instrument_tasks
+
+    program: list[str] = list(args.program)
+    if args.module is None and program[:1] == [
+        "-m"
+    ]:  # "run [options] -m module ..." after REMAINDER
+        if len(program) < 2:
+            raise _Usage("-m needs a module name")
+        args.module, program = program[1], program[2:]
+    if args.module is not None:
+        target, argv0 = args.module, args.module
+        try:
+            spec = importlib.util.find_spec(args.module)
+        except (ImportError, ValueError) as exc:
+            raise _Usage(f"cannot import module {args.module!r}: {exc}") from None
+        if spec is None:
+            raise _Usage(f"no module named {args.module!r}")
+        name = args.name or args.module
+    else:
+        if not program:
+            raise _Usage("give a script to run (asyncflow run script.py [args...]) or -m module")
+        target, program = program[0], program[1:]
+        path = Path(target)
+        if not path.is_file():
+            raise _Usage(f"no such file: {target!r}")
+        argv0 = target
+        name = args.name or path.stem
+    options = {
+        key: value
+        for key, value in {
+            "host": args.host,
+            "port": args.port,
+            "format": args.format,
+            "output": args.output,
+            "limit": args.limit,
+            "percentiles": args.percentiles,
+            "duration": args.duration,
+        }.items()
+        if value is not None
+    }
+    try:
+        profiler = asyncflow.profile(name, **options)
+    except (ValueError, TypeError) as exc:
+        raise _Usage(str(exc)) from None
+    profiler.hosting = True  # the program's own asyncflow.profile() joins this one
+    profiler.start()
+    print(
+        f"asyncflow: profiling {name!r}; endpoint: {profiler.url or 'not served'}",
+        file=sys.stderr,
+        flush=True,
+    )
+    undo_loops = _track_every_loop(instrument_tasks)
+    queues = None if args.no_queues else asyncflow.instrument_queues()
+    sys.argv = [argv0, *program]
+    code = 0
+    try:
+        if args.module is not None:
+            sys.path.insert(0, os.getcwd())
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
+        else:
+            sys.path.insert(0, str(Path(target).resolve().parent))
+            runpy.run_path(target, run_name="__main__")
+    except SystemExit as exc:
+        code = _exit_code(exc.code)
+    except KeyboardInterrupt:
+        traceback.print_exc()
+        code = INTERRUPTED
+    except BaseException as exc:
+        _print_program_error(exc)
+        code = FAILED
+    finally:
+        undo_loops()
+        if queues is not None:
+            queues.undo()
+        profiler.stop()
+    return code
+
+
+def _exit_code(code: object) -> int:
+    """What the interpreter makes of ``sys.exit(code)``."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)
+    return 1
+
+
+def _print_program_error(exc: BaseException) -> None:
+    """The program's traceback as Python prints it, without asyncflow's and runpy's frames."""
+    tb = exc.__traceback__
+    here = {__file__, runpy.__file__, "<frozen runpy>"}
+    while tb is not None and tb.tb_frame.f_code.co_filename in here:
+        tb = tb.tb_next
+    traceback.print_exception(type(exc), exc, tb)
+
+
+def _track_every_loop(instrument_tasks: Callable[..., Any]) -> Callable[[], None]:
+    """Make every event loop created from now on track its tasks (asyncio.run, Runner...).
+
+    Returns the undo. Loops are caught where every asyncio loop is born, in
+    ``BaseEventLoop.__init__``; loops of other implementations (uvloop) are not.
+    """
+    original = asyncio.BaseEventLoop.__init__
+
+    def init(self: asyncio.BaseEventLoop, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        try:
+            instrument_tasks(loop=self)
+        except Exception as exc:  # observing never breaks the program
+            from asyncflow.instrument import _session
+
+            _session.internal_error("tracking a new event loop", exc)
+
+    asyncio.BaseEventLoop.__init__ = init  # type: ignore[method-assign,assignment]
+
+    def undo() -> None:
+        if asyncio.BaseEventLoop.__init__ is init:
+            asyncio.BaseEventLoop.__init__ = original  # type: ignore[method-assign]
+
+    return undo
+
+
+# -- asyncflow snapshot / report ---------------------------------------------------------------
+
+
+def fetch(url: str, path: str, token: str | None, timeout: float = 10.0) -> Any:
+    """GET a document from an endpoint; raises AsyncflowError with a one-line reason."""
+    request = urllib.request.Request(url.rstrip("/") + path)
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return orjson.loads(response.read())
+    except urllib.error.HTTPError as error:
+        with error:
+            try:
+                message = orjson.loads(error.read())["error"]["message"]
+            except Exception:
+                message = error.reason
+        raise AsyncflowError(f"{url}{path} answered {error.code}: {message}") from None
+    except (urllib.error.URLError, OSError) as error:
+        reason = getattr(error, "reason", error)
+        raise AsyncflowError(f"cannot reach {url}: {reason}") from None
+    except orjson.JSONDecodeError:
+        raise AsyncflowError(
+            f"{url}{path} did not answer JSON: is it an asyncflow endpoint?"
+        ) from None
+
+
+def _token(args: argparse.Namespace) -> str | None:
+    token: str | None = args.token or os.environ.get("ASYNCFLOW_TOKEN") or None
+    return token
+
+
+def _snapshot(args: argparse.Namespace) -> int:
+    document = fetch(args.url, "/snapshot", _token(args))
+    try:
+        schema.load(schema.Snapshot, document)
+    except schema.DocumentError as exc:
+        raise AsyncflowError(
+            f"{args.url} answered something that is not a snapshot: {exc}"
+        ) from None
+    try:
+        Path(args.output).write_bytes(orjson.dumps(document))
+    except OSError as exc:
+        raise _Usage(f"cannot write {args.output!r}: {exc.strerror or exc}") from None
+    futures = document["futures"]["total"]
+    print(f"asyncflow: saved {futures} futures from {args.url} to {args.output}", file=sys.stderr)
+    return 0
+
+
+def read_snapshot(path: str) -> schema.Snapshot:
+    """A snapshot file (or a ``json`` exit report) as a :class:`~asyncflow.schema.Snapshot`."""
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as exc:
+        raise _Usage(f"cannot read {path!r}: {exc.strerror or exc}") from None
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise _Usage(f"{path!r} is not JSON: {exc}") from None
+    if isinstance(data, dict) and data.get("schema") not in (None, schema.SCHEMA):
+        raise _Usage(
+            f"{path!r} has schema {data.get('schema')!r}; this asyncflow reads schema "
+            f"{schema.SCHEMA}"
+        )
+    try:
+        return schema.load(schema.Snapshot, data)
+    except schema.DocumentError as exc:
+        raise _Usage(f"{path!r} is not an asyncflow snapshot: {exc}") from None
+
+
+def _report(args: argparse.Namespace) -> int:
+    from asyncflow.report import render
+
+    snapshot = read_snapshot(args.file)
+    given = {k: v for k, v in {"limit": args.limit, "percentiles": args.percentiles}.items() if v}
+    try:
+        options = config.resolve_options("report", given, {})
+    except ValueError as exc:
+        raise _Usage(str(exc)) from None
+    sys.stdout.write(render(snapshot, args.format, options.percentiles, options.limit))
+    return 0
+
+
+# -- asyncflow top -----------------------------------------------------------------------------
+
+
+def _top(args: argparse.Namespace) -> int:
+    try:
+        from asyncflow.top import TopApp
+    except ImportError as exc:
+        raise AsyncflowError(
+            f"'asyncflow top' needs textual ({exc.name or exc}): pip install 'asyncflow[top]'"
+        ) from None
+    if not args.interval > 0:
+        raise _Usage(f"--interval {args.interval}: expected seconds, a number > 0")
+    TopApp(args.url, _token(args), args.interval).run()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
