@@ -60,12 +60,12 @@ def _parser() -> argparse.ArgumentParser:
             "Run a program as 'python script.py' (or 'python -m module') would, with the "
             "profiler started, every task on every event loop tracked and every asyncio queue "
             "instrumented. Options go before the program; everything after it is the "
-            "program's own arguments."
+            "program's own arguments. Defaults are in brackets; each option can also be set by "
+            "its ASYNCFLOW_* environment variable (ASYNCFLOW_TOKEN sets the endpoint's token)."
         ),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     run.add_argument("-m", dest="module", metavar="MODULE", help="run a module, as python -m")
-    run.add_argument("--name", help="the profile's name (default: the script or module name)")
+    run.add_argument("--name", help="the profile's name [the script or module name]")
     run.add_argument("--host", default=None, help=f"endpoint address [{config.DEFAULT_HOST}]")
     run.add_argument(
         "--port",
@@ -84,7 +84,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--percentiles", default=None, help="percentiles reported [50,95,99]")
     run.add_argument("--duration", default=None, help="stop profiling after SECONDS [never]")
     run.add_argument(
-        "--no-queues", action="store_true", help="do not instrument the program's asyncio queues"
+        "--no-queues", action="store_true", help="leave the program's asyncio queues alone"
     )
     run.add_argument("program", nargs=argparse.REMAINDER, help="script.py [args...], or args of -m")
     run.set_defaults(handler=_run)
