@@ -10,7 +10,7 @@ from __future__ import annotations
 import hmac
 import ipaddress
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from aiohttp import web
 
@@ -18,9 +18,9 @@ from asyncflow import clock, openapi, schema, views
 from asyncflow.collector import Collector
 from asyncflow.errors import AsyncflowError
 from asyncflow.instrument import _session
-from asyncflow.instrument.channels import channel_registry
-from asyncflow.instrument.futures import registry
-from asyncflow.instrument.streams import stream_registry
+from asyncflow.instrument.channels import ChannelRecord, channel_registry
+from asyncflow.instrument.futures import FutureRecord, registry
+from asyncflow.instrument.streams import StreamRecord, stream_registry
 from asyncflow.openapi import Param, Route
 
 __all__ = ["DEFAULT_LOGS", "DEFAULT_PAGE", "MAX_PAGE", "ROUTES", "Server", "is_loopback"]
@@ -254,37 +254,25 @@ class Server:
         return views.futures_document(self.collector, clock.now_ns(), offset, limit)
 
     def _future_logs(self, request: web.Request) -> Any:
-        wanted = _path_id(request, "future")
-        limit = _query_int(request, _LOG_LIMIT)
-        for record in registry():
-            if record.id == wanted:
-                origin = self.collector.session.start_ns
-                return views.future_logs(record, clock.now_ns(), origin, limit)
-        raise _Refused(404, f"no future with id {wanted}; GET /futures lists them")
+        record, limit = _logs_of(request, "future", registry())
+        origin = self.collector.session.start_ns
+        return views.future_logs(record, clock.now_ns(), origin, limit)
 
     def _channels(self, request: web.Request) -> Any:
         offset, limit = self._paging(request)
         return views.channels_document(self.collector, offset, limit)
 
     def _channel_logs(self, request: web.Request) -> Any:
-        wanted = _path_id(request, "channel")
-        limit = _query_int(request, _LOG_LIMIT)
-        for record in channel_registry():
-            if record.id == wanted:
-                return views.channel_logs(record, self.collector.session.start_ns, limit)
-        raise _Refused(404, f"no channel with id {wanted}; GET /channels lists them")
+        record, limit = _logs_of(request, "channel", channel_registry())
+        return views.channel_logs(record, self.collector.session.start_ns, limit)
 
     def _streams(self, request: web.Request) -> Any:
         offset, limit = self._paging(request)
         return views.streams_document(self.collector, offset, limit)
 
     def _stream_logs(self, request: web.Request) -> Any:
-        wanted = _path_id(request, "stream")
-        limit = _query_int(request, _LOG_LIMIT)
-        for record in stream_registry():
-            if record.id == wanted:
-                return views.stream_logs(record, self.collector.session.start_ns, limit)
-        raise _Refused(404, f"no stream with id {wanted}; GET /streams lists them")
+        record, limit = _logs_of(request, "stream", stream_registry())
+        return views.stream_logs(record, self.collector.session.start_ns, limit)
 
     def _flow(self, request: web.Request) -> Any:
         return views.flow(self.collector)
@@ -299,12 +287,20 @@ class Server:
         return web.Response(body=self._openapi, content_type="application/json")
 
 
-def _path_id(request: web.Request, kind: str) -> int:
+_R = TypeVar("_R", FutureRecord, ChannelRecord, StreamRecord)
+
+
+def _logs_of(request: web.Request, kind: str, records: list[_R]) -> tuple[_R, int]:
+    """The record a ``/{kind}s/{id}/logs`` request names, and the log ``?limit=``."""
     raw = request.match_info["id"]
     try:
-        value = int(raw)
+        wanted = int(raw)
     except ValueError:
         raise _Refused(400, f"{kind} id {raw!r}: expected a whole number") from None
-    if value < 1:
-        raise _Refused(404, f"no {kind} with id {value}; ids start at 1")
-    return value
+    if wanted < 1:
+        raise _Refused(404, f"no {kind} with id {wanted}; ids start at 1")
+    limit = _query_int(request, _LOG_LIMIT)
+    for record in records:
+        if record.id == wanted:
+            return record, limit
+    raise _Refused(404, f"no {kind} with id {wanted}; GET /{kind}s lists them")

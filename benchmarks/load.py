@@ -20,40 +20,17 @@ from typing import Any
 
 import aiohttp
 import orjson
+from run import make_pipeline  # benchmarks/run.py: the same pipeline as the overhead figures
 
 import asyncflow
 
 
 async def pipeline(items: int) -> float:
-    """producer -> bounded queue -> 4 workers -> queue -> sink; returns seconds taken."""
-    jobs = asyncflow.instrument_queue(asyncio.Queue[int](64), name="jobs")
-    results = asyncflow.instrument_queue(asyncio.Queue[int](), name="results")
-
-    async def producer() -> None:
-        for i in range(items):
-            await jobs.put(i)
-
-    async def worker() -> None:
-        while True:
-            item = await jobs.get()
-            await asyncio.sleep(0)  # a little work between the queues
-            await results.put(item * 2)
-            jobs.task_done()
-
-    async def sink() -> int:
-        total = 0
-        for _ in range(items):
-            total += await results.get()
-        return total
-
+    """The overhead benchmark's pipeline, tasks and queues instrumented; returns seconds taken."""
+    main, _ = make_pipeline(asyncflow.future, items)
     start = time.perf_counter()
-    crew = [asyncio.create_task(worker()) for _ in range(4)]
-    await asyncio.gather(asyncio.create_task(producer()), asyncio.create_task(sink()))
-    elapsed = time.perf_counter() - start
-    for task in crew:
-        task.cancel()
-    await asyncio.gather(*crew, return_exceptions=True)
-    return elapsed
+    await main()
+    return time.perf_counter() - start
 
 
 async def parked(gate: asyncio.Event) -> None:
