@@ -53,6 +53,16 @@ def test_run_a_script_with_its_arguments_and_every_task_tracked(tmp_path: Path) 
     assert not any(label.startswith("BaseEventLoop.") for label in futures)  # asyncio's own
 
 
+@pytest.mark.parametrize("example", ["memory_stream.py", "blocked_loop.py", "pipeline.py"])
+def test_run_every_other_example(example: str) -> None:
+    done = asyncflow_cmd("run", str(EXAMPLES / example))
+    assert done.returncode == 0, done.stderr
+    name = Path(example).stem
+    assert done.stderr.startswith(f"asyncflow: profiling {name!r}; endpoint: http://")
+    assert done.stderr.count(" · elapsed ") == 1  # one report, the host's
+    assert "Traceback" not in done.stderr and "internal error" not in done.stderr
+
+
 PROGRAM = """
 import asyncio, sys
 
