@@ -30,6 +30,8 @@ DEFAULT_PAGE = 1000
 #: Log entries returned without ``?limit=``.
 DEFAULT_LOGS = 100
 MAX_PAGE = 10_000
+_CACHE_NS = 100_000_000
+_CACHE_ENTRIES = 256
 
 _LIMIT = Param("limit", "query", "Most entries to return.", MAX_PAGE, DEFAULT_PAGE)
 _LOG_LIMIT = Param("limit", "query", "Most log entries to return.", MAX_PAGE, DEFAULT_LOGS)
@@ -139,6 +141,9 @@ class Server:
         self._openapi = schema.dumps(openapi.document(ROUTES, token is not None))
         #: the address served, once started
         self.url: str | None = None
+        #: documents built in the last ``_CACHE_NS``, by path and query: however many clients
+        #: ask, each document is built at most every 0.1 s (the GIL is shared with the program)
+        self._cache: dict[str, tuple[int, bytes]] = {}
 
     def app(self) -> web.Application:
         """The aiohttp application (also what tests drive with aiohttp's test client)."""
@@ -165,10 +170,19 @@ class Server:
     ) -> Callable[[web.Request], Awaitable[web.Response]]:
         async def endpoint(request: web.Request) -> web.Response:
             _check_query(request, route.params)
-            if route.path != "/openapi.json":
-                self.collector.drain()  # before answering any query
-            result = handler(request)
-            return result if isinstance(result, web.Response) else _json(result)
+            if route.path == "/openapi.json":
+                return self._spec(request)
+            now = clock.now_ns()
+            key = request.path_qs
+            cached = self._cache.get(key)
+            if cached is not None and now < cached[0]:
+                return web.Response(body=cached[1], content_type="application/json")
+            self.collector.drain()  # before building any document
+            body = schema.dumps(handler(request))
+            if len(self._cache) >= _CACHE_ENTRIES:
+                self._cache.clear()
+            self._cache[key] = (now + _CACHE_NS, body)
+            return web.Response(body=body, content_type="application/json")
 
         return endpoint
 

@@ -357,3 +357,15 @@ def test_loop_reports_lag_and_tasks_alive() -> None:
     assert loop["tasks_alive"] >= 6  # main and the five waiting tasks
     assert loop["thread"] == "MainThread" and not loop["blocked"]
     assert loop["running"] is None or loop["running"]["label"] == "main"
+
+
+def test_each_document_is_built_at_most_every_tenth_of_a_second(fake_clock: Any) -> None:
+    with asyncflow.profile("cached", format="none", port=0) as prof:
+        assert prof.url is not None
+        first = get(prof.url, "/profiler_status")[1]
+        fake_clock.advance(50_000_000)
+        assert get(prof.url, "/profiler_status")[1] == first  # served again, not rebuilt
+        assert get(prof.url, "/profiler_status?")[1] == first
+        fake_clock.advance(50_000_001)
+        later = get(prof.url, "/profiler_status")[1]
+        assert later["uptime_ns"] == first["uptime_ns"] + 100_000_001
