@@ -116,16 +116,19 @@ class InstrumentedAsyncIterator(Generic[_T]):
     def __aiter__(self) -> InstrumentedAsyncIterator[_T]:
         return self
 
+    # Each step asks the wrapped iterator for its awaitable only once the step runs: a step
+    # cancelled before it starts then leaves no never-awaited ``asend`` behind (3.13 warns).
     def __anext__(self) -> Awaitable[_T]:
-        return self._step(self._it.__anext__())
+        return self._step(self._it.__anext__)
 
     def asend(self, value: Any) -> Awaitable[_T]:
-        return self._step(self._it.asend(value))  # type: ignore[attr-defined]
+        return self._step(lambda: self._it.asend(value))  # type: ignore[attr-defined]
 
     def athrow(self, typ: Any, val: Any = None, tb: Any = None) -> Awaitable[_T]:
         if val is None and tb is None:
-            return self._step(self._it.athrow(typ))  # type: ignore[attr-defined]
-        return self._step(self._it.athrow(_normalize_throw(typ, val, tb)))  # type: ignore[attr-defined]
+            return self._step(lambda: self._it.athrow(typ))  # type: ignore[attr-defined]
+        exc = _normalize_throw(typ, val, tb)
+        return self._step(lambda: self._it.athrow(exc))  # type: ignore[attr-defined]
 
     async def aclose(self) -> None:
         try:
@@ -133,13 +136,13 @@ class InstrumentedAsyncIterator(Generic[_T]):
         finally:
             self._end(CLOSED)
 
-    async def _step(self, awaitable: Awaitable[_T]) -> _T:
+    async def _step(self, next_awaitable: Callable[[], Awaitable[_T]]) -> _T:
         start = _clock.now_ns()
         st = self._stats
         if self._last:
             st.between_ns += start - self._last
         try:
-            item = await awaitable
+            item = await next_awaitable()
         except StopAsyncIteration:
             self._end(EXHAUSTED)
             raise
