@@ -8,6 +8,7 @@ a user item; only its ``repr()`` when message logging was asked for.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import threading
 import weakref
@@ -17,7 +18,7 @@ from typing import Any
 
 from asyncflow import clock as _clock
 from asyncflow.instrument import _session
-from asyncflow.instrument.futures import InstrumentedCoroutine, current_task
+from asyncflow.instrument.futures import InstrumentedCoroutine, _current_tasks, _get_running_loop
 from asyncflow.stats import SMALL_BUCKET, SMALL_LIMIT, bucket_of, new_histogram
 
 __all__ = [
@@ -47,12 +48,6 @@ class Edge:
         self.delay_sum = 0
         self.delay_max = 0
         self.delay_hist = new_histogram()
-
-    def delayed(self, delay: int, bucket: int) -> None:
-        self.delay_sum += delay
-        if delay > self.delay_max:
-            self.delay_max = delay
-        self.delay_hist[bucket] += 1
 
 
 class ChannelStats:
@@ -165,7 +160,7 @@ class ChannelRecord:
         st = self.stats
         now = _clock.now_ns() if at is None else at
         call_id, future_id = caller() if by is None else by
-        st.sent += 1
+        st.sent = sent = st.sent + 1
         if not st.first_ns:
             st.first_ns = now
         st.last_sent_ns = now
@@ -174,7 +169,7 @@ class ChannelRecord:
             edge = st.senders[future_id] = Edge()
         edge.count += 1
         text = _message_repr(item) if self.log_messages else None
-        st.sent_log.append((st.sent - 1, msg_id, now, call_id, future_id, text))
+        st.sent_log.append((sent - 1, msg_id, now, call_id, future_id, text))
         return (msg_id, now, call_id, future_id)
 
     def received(self, msg: Message | None, item: Any, at: int | None = None) -> None:
@@ -182,29 +177,35 @@ class ChannelRecord:
         st = self.stats
         now = _clock.now_ns() if at is None else at
         call_id, future_id = caller()
-        st.received += 1
+        st.received = received = st.received + 1
         st.last_received_ns = now
+        receiver = st.receivers.get(future_id)
+        if receiver is None:
+            receiver = st.receivers[future_id] = Edge()
+        receiver.count += 1
         if msg is None:
             st.unpaired += 1
-            msg_id, delay, bucket = None, None, 0
+            msg_id = delay = None
         else:
-            msg_id, sent_at, _, sender = msg
+            # Edge.delayed(), inlined for the channel and both its edges (one bucket for all)
+            msg_id, sent_at, _, sender_id = msg
             delay = now - sent_at
             bucket = SMALL_BUCKET[delay] if 0 <= delay < SMALL_LIMIT else bucket_of(delay)
-            st.delay_hist[bucket] += 1  # one bucket for the channel and both its edges
+            st.delay_hist[bucket] += 1
             if delay > st.delay_max:
                 st.delay_max = delay
-            edge = st.senders.get(sender)
-            if edge is not None:
-                edge.delayed(delay, bucket)
-        edge = st.receivers.get(future_id)
-        if edge is None:
-            edge = st.receivers[future_id] = Edge()
-        edge.count += 1
-        if delay is not None:
-            edge.delayed(delay, bucket)
+            receiver.delay_sum += delay
+            if delay > receiver.delay_max:
+                receiver.delay_max = delay
+            receiver.delay_hist[bucket] += 1
+            sender = st.senders.get(sender_id)
+            if sender is not None:
+                sender.delay_sum += delay
+                if delay > sender.delay_max:
+                    sender.delay_max = delay
+                sender.delay_hist[bucket] += 1
         text = _message_repr(item) if self.log_messages else None
-        st.received_log.append((st.received - 1, msg_id, now, call_id, future_id, delay, text))
+        st.received_log.append((received - 1, msg_id, now, call_id, future_id, delay, text))
 
     def depth(self, size: int) -> None:
         """Note the number of messages in the channel after a send."""
@@ -218,14 +219,21 @@ def caller() -> tuple[int | None, int | None]:
     Messages are attributed to the task's own call: the coroutine the task drives, when it is
     tracked (decorated, or whole-program mode).
     """
-    task = current_task()
+    loop = _get_running_loop()  # current_task(), inlined: this runs twice per message
+    if loop is None:
+        return _NOBODY
+    task = _current_tasks.get(loop) if _current_tasks is not None else _current_task(loop)
     if task is None:
-        return None, None
+        return _NOBODY
     coro = task.get_coro()
     if type(coro) is InstrumentedCoroutine:  # not isinstance: an ABC check costs ~0.5 µs
         r = coro._r
         return r.call_id, r.future.id
-    return None, None
+    return _NOBODY
+
+
+_NOBODY: tuple[int | None, int | None] = (None, None)
+_current_task = asyncio.current_task
 
 
 def _message_repr(item: Any) -> str:
