@@ -22,6 +22,7 @@ __all__ = [
     "FORMATS",
     "Options",
     "Reporter",
+    "check_type",
     "disabled",
     "resolve_options",
 ]
@@ -85,6 +86,26 @@ class Options:
     token: str | None = None
     #: a poll (one step of a task) running longer than this many seconds is a blocked loop
     block_threshold: float = DEFAULT_BLOCK_THRESHOLD
+
+
+def check_type(
+    api: str, option: str, value: object, expected: type, optional: bool = False
+) -> None:
+    """Refuse an instrumentation option of the wrong type, naming the call and the option.
+
+    Raises:
+        TypeError: e.g. ``asyncflow.stream(log_items=...) must be a bool, got 'yes'``.
+    """
+    if value is None and optional:
+        return
+    if expected is bool:
+        ok = isinstance(value, bool)
+    else:  # True is an int, but never a name or a size
+        ok = isinstance(value, expected) and not isinstance(value, bool)
+    if not ok:
+        raise TypeError(
+            f"asyncflow.{api}({option}=...) must be a {expected.__name__}, got {value!r}"
+        )
 
 
 def disabled(environ: Mapping[str, str] | None = None) -> bool:

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from asyncflow.config import Options, disabled, resolve_options
+from asyncflow.config import Options, check_type, disabled, resolve_options
 
 
 def test_defaults() -> None:
@@ -120,3 +120,16 @@ def test_endpoint_options_from_arguments_and_environment() -> None:
 def test_bad_endpoint_options(option: str, value: object, message: str) -> None:
     with pytest.raises(ValueError, match=re.escape(message)):
         resolve_options("svc", {option: value}, {})
+
+
+def test_instrumentation_options_are_type_checked_with_the_call_named() -> None:
+    check_type("stream", "log_items", False, bool)
+    check_type("stream", "name", None, str, optional=True)
+    with pytest.raises(
+        TypeError, match=re.escape("asyncflow.stream(log_items=...) must be a bool, got 1")
+    ):
+        check_type("stream", "log_items", 1, bool)
+    with pytest.raises(
+        TypeError, match=re.escape("asyncflow.future(name=...) must be a str, got None")
+    ):
+        check_type("future", "name", None, str)

@@ -511,10 +511,8 @@ def future(
     Raises:
         TypeError: ``fn`` is not a coroutine function, or an option has the wrong type.
     """
-    if name is not None and not isinstance(name, str):
-        raise TypeError(f"asyncflow.future(name=...) must be a str, got {name!r}")
-    if not isinstance(log_result, bool):
-        raise TypeError(f"asyncflow.future(log_result=...) must be a bool, got {log_result!r}")
+    _config.check_type("future", "name", name, str, optional=True)
+    _config.check_type("future", "log_result", log_result, bool)
 
     def decorate(f: Callable[_P, Coroutine[Any, Any, _T]]) -> Callable[_P, Coroutine[Any, Any, _T]]:
         if isinstance(f, FutureFunction):
@@ -566,8 +564,7 @@ def instrument(
             f"asyncflow.instrument() needs a coroutine object, got {type(coro).__qualname__}: "
             f"{coro!r}; decorate coroutine functions with @asyncflow.future instead"
         )
-    if name is not None and not isinstance(name, str):
-        raise TypeError(f"asyncflow.instrument(name=...) must be a str, got {name!r}")
+    _config.check_type("instrument", "name", name, str, optional=True)
     if _session.active is None or _config.disabled():
         return coro
     module = coro.cr_frame.f_globals.get("__name__", "?") if coro.cr_frame else "?"

@@ -191,12 +191,8 @@ def instrument_memory_stream(
     state = send._state
     if receive._state is not state:
         raise TypeError("instrument_memory_stream(): send and receive belong to different streams")
-    if name is not None and not isinstance(name, str):
-        raise TypeError(f"asyncflow.instrument_memory_stream(name=...) must be a str, got {name!r}")
-    if not isinstance(log_messages, bool):
-        raise TypeError(
-            f"instrument_memory_stream(log_messages=...) must be a bool, got {log_messages!r}"
-        )
+    _config.check_type("instrument_memory_stream", "name", name, str, optional=True)
+    _config.check_type("instrument_memory_stream", "log_messages", log_messages, bool)
     if _config.disabled() or isinstance(state.buffer, _Buffer):
         return send, receive
     record = register(

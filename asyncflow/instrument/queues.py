@@ -110,10 +110,8 @@ def instrument_queue(queue: _Q, *, name: str | None = None, log_messages: bool =
             f"asyncflow.instrument_queue() needs an asyncio.Queue (or PriorityQueue, "
             f"LifoQueue, subclass), got {type(queue).__qualname__}: {queue!r}"
         )
-    if name is not None and not isinstance(name, str):
-        raise TypeError(f"asyncflow.instrument_queue(name=...) must be a str, got {name!r}")
-    if not isinstance(log_messages, bool):
-        raise TypeError(f"instrument_queue(log_messages=...) must be a bool, got {log_messages!r}")
+    _config.check_type("instrument_queue", "name", name, str, optional=True)
+    _config.check_type("instrument_queue", "log_messages", log_messages, bool)
     if _config.disabled():
         return queue
     existing: ChannelRecord | None = vars(queue).get(_MARK)
@@ -253,8 +251,7 @@ def instrument_queues(*, log_messages: bool = False) -> QueueInstrumentation:
         RuntimeError: whole-program queue mode is already on.
     """
     global _patched
-    if not isinstance(log_messages, bool):
-        raise TypeError(f"instrument_queues(log_messages=...) must be a bool, got {log_messages!r}")
+    _config.check_type("instrument_queues", "log_messages", log_messages, bool)
     if _config.disabled():
         return QueueInstrumentation({})
     if _patched:

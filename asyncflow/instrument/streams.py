@@ -238,10 +238,8 @@ def stream(fn: Any = None, /, *, name: str | None = None, log_items: bool = Fals
     Raises:
         TypeError: ``fn`` is neither an async generator function nor an async iterable.
     """
-    if name is not None and not isinstance(name, str):
-        raise TypeError(f"asyncflow.stream(name=...) must be a str, got {name!r}")
-    if not isinstance(log_items, bool):
-        raise TypeError(f"asyncflow.stream(log_items=...) must be a bool, got {log_items!r}")
+    _config.check_type("stream", "name", name, str, optional=True)
+    _config.check_type("stream", "log_items", log_items, bool)
 
     def decorate(f: Any) -> Any:
         if isinstance(f, StreamFunction):
