@@ -3,9 +3,9 @@
 Every ``tick`` the monitor posts a heartbeat callback to each instrumented loop that is running
 (``call_soon_threadsafe``: one callback per tick, the only work it adds to a loop). The delay
 between posting and running is the loop's lag. While a heartbeat is overdue by more than the
-block threshold, or a tracked poll has run longer than it, the loop is blocked: the monitor takes
-the loop thread's stack *while it is still blocked* (``sys._current_frames()``) and names the
-tracked call found on it. The episode ends when the heartbeat finally runs.
+block threshold (a poll running longer than that keeps it waiting), the loop is blocked: the
+monitor takes the loop thread's stack *while it is still blocked* (``sys._current_frames()``)
+and names the tracked call found on it. The episode ends when the heartbeat finally runs.
 
 Nothing here runs on the hot path; the heartbeat is the only code that runs on the user's loop.
 """
@@ -190,11 +190,12 @@ class LoopMonitor:
                 if episode is not None:
                     episode.blocked_ns = max(episode.blocked_ns, now - episode.since)
             return
+        if late < self.threshold_ns:
+            return  # a poll longer than the threshold keeps the heartbeat waiting: that is late
+        # Blocked: read the loop thread's stack now, while it is still blocked. The block began
+        # when the running tracked poll did, if there is one; else no later than the heartbeat.
         top, inner, outer = running_calls(state.record.thread)
-        poll = now - outer.start if outer is not None and outer.start else 0
-        if late < self.threshold_ns and poll < self.threshold_ns:
-            return
-        since = outer.start if poll >= self.threshold_ns and outer is not None else pending
+        since = min(outer.start, pending) if outer is not None and outer.start else pending
         task = _task_name(loop)
         stack = extract_stack(top)
         with state.lock:
