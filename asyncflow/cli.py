@@ -277,8 +277,14 @@ def _track_every_loop(instrument_tasks: Callable[..., Any]) -> Callable[[], None
 # -- asyncflow snapshot / report ---------------------------------------------------------------
 
 
+def _check_url(url: str) -> None:
+    if not url.startswith(("http://", "https://")):
+        raise _Usage(f"{url!r} is not an endpoint URL; give one like {DEFAULT_URL}")
+
+
 def fetch(url: str, path: str, token: str | None, timeout: float = 10.0) -> Any:
     """GET a document from an endpoint; raises AsyncflowError with a one-line reason."""
+    _check_url(url)
     request = urllib.request.Request(url.rstrip("/") + path)
     if token:
         request.add_header("Authorization", f"Bearer {token}")
@@ -367,6 +373,7 @@ def _top(args: argparse.Namespace) -> int:
         raise AsyncflowError(
             f"'asyncflow top' needs textual ({exc.name or exc}): pip install 'asyncflow[top]'"
         ) from None
+    _check_url(args.url)
     if not args.interval > 0:
         raise _Usage(f"--interval {args.interval}: expected seconds, a number > 0")
     TopApp(args.url, _token(args), args.interval).run()

@@ -310,8 +310,14 @@ def start(name: str, **options: Any) -> Profiler:
 
 
 def stop() -> Snapshot | None:
-    """Stop the running profiler, if any, and return its final snapshot (None if none ran)."""
+    """Stop the running profiler, if any, and return its final snapshot (None if none ran).
+
+    Under ``asyncflow run`` the profiler belongs to the command, not to the program: stopping
+    it here would end the profile early, so this returns a snapshot and leaves it running.
+    """
     profiler = _active
+    if profiler is not None and profiler.hosting:
+        return profiler.snapshot()
     return profiler.stop() if profiler is not None else None
 
 

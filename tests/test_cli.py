@@ -150,6 +150,23 @@ def test_a_program_that_profiles_itself_joins_the_run(tmp_path: Path) -> None:
     assert "\nraw pages " in done.stderr  # the program's own queue names win
 
 
+def test_a_program_that_stops_the_profiler_does_not_end_the_run(tmp_path: Path) -> None:
+    script = write(
+        tmp_path / "stopper.py",
+        "import asyncio, asyncflow\n\n"
+        "async def before():\n    await asyncio.sleep(0)\n\n"
+        "async def after():\n    await asyncio.sleep(0)\n\n"
+        "asyncflow.start('mine')\nasyncio.run(before())\n"
+        "print(asyncflow.stop() is not None)\nasyncio.run(after())\n",
+    )
+    report = tmp_path / "report.json"
+    done = asyncflow_cmd("run", "--format", "json", "--output", str(report), str(script))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "True\n"
+    labels = {f["label"] for f in orjson.loads(report.read_bytes())["futures"]["futures"]}
+    assert {"before", "after"} <= labels  # still profiling after the program's stop()
+
+
 def test_ctrl_c_still_reports(tmp_path: Path) -> None:
     script = write(
         tmp_path / "forever.py",
@@ -181,6 +198,9 @@ def test_ctrl_c_still_reports(tmp_path: Path) -> None:
         (["run", "--format", "xml", "x.py"], "invalid choice: 'xml'"),
         (["frobnicate"], "invalid choice: 'frobnicate'"),
         (["report", "nothing.json"], "cannot read 'nothing.json'"),
+        (["snapshot", "localhost:6780", "-o", "s.json"], "'localhost:6780' is not an endpoint URL"),
+        (["top", "127.0.0.1:6780"], "'127.0.0.1:6780' is not an endpoint URL"),
+        (["snapshot"], "the following arguments are required: -o/--output"),
     ],
 )
 def test_mistakes_get_one_line_and_exit_2(tmp_path: Path, args: list[str], says: str) -> None:
