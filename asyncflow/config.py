@@ -20,6 +20,7 @@ __all__ = [
     "DEFAULT_PORT",
     "DEFAULT_RECENT_LOGS",
     "FORMATS",
+    "MAX_SAMPLING",
     "Options",
     "Reporter",
     "check_type",
@@ -36,6 +37,7 @@ MAX_RECENT_LOGS = 100_000
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 6780
 DEFAULT_BLOCK_THRESHOLD = 0.1
+MAX_SAMPLING = 65_536
 
 _ENV = {
     "percentiles": "ASYNCFLOW_PERCENTILES",
@@ -48,6 +50,7 @@ _ENV = {
     "port": "ASYNCFLOW_PORT",
     "token": "ASYNCFLOW_TOKEN",
     "block_threshold": "ASYNCFLOW_BLOCK_THRESHOLD",
+    "sampling": "ASYNCFLOW_SAMPLING",
 }
 _DISABLE = "ASYNCFLOW_DISABLE"
 
@@ -86,6 +89,9 @@ class Options:
     token: str | None = None
     #: a poll (one step of a task) running longer than this many seconds is a blocked loop
     block_threshold: float = DEFAULT_BLOCK_THRESHOLD
+    #: time one message (or stream item) in this many; 0 ("auto") adapts to each one's rate.
+    #: Counts are exact either way.
+    sampling: int = 0
 
 
 def check_type(
@@ -203,6 +209,14 @@ def _port(value: object, source: str) -> int | None:
     return _int(value, source, 0, 65535, "a port from 0 to 65535 (0 picks a free one), or 'off'")
 
 
+def _sampling(value: object, source: str) -> int:
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return 0
+    return _int(
+        value, source, 1, MAX_SAMPLING, f"'auto', or a whole number from 1 to {MAX_SAMPLING}"
+    )
+
+
 def _token(value: object, source: str) -> str | None:
     if value is None:
         return None
@@ -247,6 +261,7 @@ def resolve_options(
         "port",
         "token",
         "block_threshold",
+        "sampling",
     }
     unknown = sorted(set(given) - known)
     if unknown:
@@ -289,6 +304,8 @@ def resolve_options(
         fields["token"] = _token(*p)
     if (p := pick("block_threshold")) is not None:
         fields["block_threshold"] = _seconds(*p)
+    if (p := pick("sampling")) is not None:
+        fields["sampling"] = _sampling(*p)
     if given.get("reporter") is not None:
         fields["reporter"] = _reporter(given["reporter"], "reporter")
     return Options(name=name, **fields)

@@ -89,7 +89,7 @@ class Profiler:
             reset_for_session()
             channels.reset_for_session()
             streams.reset_for_session()
-            session = _session.Session(next(_epochs), clock.now_ns())
+            session = _session.Session(next(_epochs), clock.now_ns(), options.sampling)
             self._collector = Collector(session, self.options)
             ready = threading.Event()
             failure: list[BaseException] = []

@@ -222,18 +222,27 @@ class ChannelEntry:
     unpaired_count: int
     queue_size: int
     max_queue_size: int
-    #: messages per second over the time the channel carried messages
+    #: messages per second, between the first and the last timed message
     send_rate: float
     receive_rate: float
-    #: time in channel, send to receive
+    #: time in channel, send to receive, of the timed messages (each weighted by the messages
+    #: it stands for)
     delay_ns: dict[str, int]
+    #: the longest time in channel among the timed messages
     max_delay_ns: int
-    #: total time producers waited on a full channel
+    #: total time producers waited on a full channel (every wait is timed)
     producers_blocked_ns: int
-    #: total time consumers waited on an empty channel
+    #: total time consumers waited on an empty channel (every wait is timed)
     consumers_starved_ns: int
+    #: who sent and who received; counts add up to ``sent_count`` and ``received_count``, and
+    #: are exact while ``sampling_interval`` is 1 (else each timed message stands for the ones
+    #: since the previous timed message)
     senders: list[EdgeEntry]
     receivers: list[EdgeEntry]
+    #: messages whose time in channel was measured (every message paired while sampling is 1)
+    timed_count: int = 0
+    #: one message in this many is timed now (1: all of them)
+    sampling_interval: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -286,12 +295,18 @@ class StreamEntry:
     #: iterations by state
     instances: dict[str, int]
     items_yielded: int
-    #: how long the consumer waited for each item (time inside ``__anext__``)
+    #: how long the consumer waited for each timed item (time inside ``__anext__``)
     wait_ns: dict[str, int]
     max_wait_ns: int
+    #: the timed waits, each weighted by the items it stands for (exact while sampling is 1)
     total_wait_ns: int
-    #: time the consumer spent between receiving an item and asking for the next
+    #: time the consumer spent between receiving an item and asking for the next, weighted
+    #: likewise
     consumer_ns: int
+    #: items whose wait was measured
+    timed_count: int = 0
+    #: one item in this many is timed now (1: all of them)
+    sampling_interval: int = 1
 
 
 @dataclass(frozen=True, slots=True)

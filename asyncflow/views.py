@@ -239,14 +239,27 @@ def _labels(collector: Collector) -> dict[int | None, str]:
     return labels
 
 
+def _counts(edges: dict[int | None, Edge], total: int, last: int | None) -> dict[int | None, int]:
+    """Messages per edge, the untimed tail since the last timed message given to its edge: the
+    edges then add up to the channel's exact count."""
+    counts = {fid: e.count for fid, e in list(edges.items())}
+    tail = total - sum(counts.values())
+    if tail > 0 and last in counts:
+        counts[last] += tail
+    return counts
+
+
 def _edges(
-    edges: dict[int | None, Edge], labels: dict[int | None, str], qs: tuple[float, ...]
+    edges: dict[int | None, Edge],
+    counts: dict[int | None, int],
+    labels: dict[int | None, str],
+    qs: tuple[float, ...],
 ) -> list[EdgeEntry]:
     out = [
         EdgeEntry(
             future_id=fid,
             label=labels.get(fid, "?"),
-            messages=e.count,
+            messages=counts.get(fid, e.count),
             delay_ns=_at_most(stats.percentiles(e.delay_hist, qs), e.delay_max),
             max_delay_ns=e.delay_max,
         )
@@ -256,9 +269,10 @@ def _edges(
     return out
 
 
-def _rate(count: int, first: int, last: int) -> float:
-    span = last - first
-    return round(count * 1e9 / span, 3) if span > 0 and count > 1 else 0.0
+def _rate(first: tuple[int, int], last: tuple[int, int]) -> float:
+    """Messages per second between two (message number, timestamp) points."""
+    count, span = last[0] - first[0], last[1] - first[1]
+    return round(count * 1e9 / span, 3) if span > 0 and count > 0 else 0.0
 
 
 def channel_entry(
@@ -266,6 +280,7 @@ def channel_entry(
 ) -> ChannelEntry:
     """One channel's figures over the session."""
     st = record.stats
+    sent, received = st.sent, st.received
     try:
         size = int(record.size())
     except Exception:  # a closed or broken channel may refuse to say
@@ -276,19 +291,23 @@ def channel_entry(
         kind=record.kind,
         channel_type=record.channel_type,
         state="closed" if record.closed or not record.alive else "active",
-        sent_count=st.sent,
-        received_count=st.received,
+        sent_count=sent,
+        received_count=received,
         unpaired_count=st.unpaired,
         queue_size=size,
         max_queue_size=st.max_size,
-        send_rate=_rate(st.sent, st.first_ns, st.last_sent_ns),
-        receive_rate=_rate(st.received, st.first_ns, st.last_received_ns),
+        send_rate=_rate((1, st.first_sent_ns), st.last_sent),
+        receive_rate=_rate(st.first_received, st.last_received),
         delay_ns=_at_most(stats.percentiles(st.delay_hist, qs), st.delay_max),
         max_delay_ns=st.delay_max,
         producers_blocked_ns=st.blocked_ns,
         consumers_starved_ns=st.starved_ns,
-        senders=_edges(st.senders, labels, qs),
-        receivers=_edges(st.receivers, labels, qs),
+        senders=_edges(st.senders, _counts(st.senders, sent, st.last_sender), labels, qs),
+        receivers=_edges(
+            st.receivers, _counts(st.receivers, received, st.last_receiver), labels, qs
+        ),
+        timed_count=st.timed,
+        sampling_interval=st.interval,
     )
 
 
@@ -345,18 +364,20 @@ def flow(collector: Collector) -> FlowDocument:
         key = f"channel:{c.id}"
         nodes[key] = FlowNode(key, "channel", c.label)
         st = c.stats
+        counts = _counts(st.senders, st.sent, st.last_sender)
         for fid, e in list(st.senders.items()):
-            edges.append(_flow_edge(future_node(fid), key, e, qs))
+            edges.append(_flow_edge(future_node(fid), key, e, counts.get(fid, e.count), qs))
+        counts = _counts(st.receivers, st.received, st.last_receiver)
         for fid, e in list(st.receivers.items()):
-            edges.append(_flow_edge(key, future_node(fid), e, qs))
+            edges.append(_flow_edge(key, future_node(fid), e, counts.get(fid, e.count), qs))
     return FlowDocument(schema=SCHEMA, nodes=list(nodes.values()), edges=edges)
 
 
-def _flow_edge(source: str, target: str, e: Edge, qs: tuple[float, ...]) -> FlowEdge:
+def _flow_edge(source: str, target: str, e: Edge, messages: int, qs: tuple[float, ...]) -> FlowEdge:
     return FlowEdge(
         source=source,
         target=target,
-        messages=e.count,
+        messages=messages,
         delay_ns=_at_most(stats.percentiles(e.delay_hist, qs), e.delay_max),
         max_delay_ns=e.delay_max,
     )

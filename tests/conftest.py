@@ -20,8 +20,11 @@ def anyio_backend() -> tuple[str, dict[str, Any]]:
 
 @pytest.fixture(autouse=True)
 def _any_free_port(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Profilers in tests (and the examples they run) serve on a free port, never a fixed one."""
+    """Profilers in tests (and the examples they run) serve on a free port, never a fixed one,
+    and time every message and item, so that figures are exact; the tests of sampling itself
+    ask for it explicitly."""
     monkeypatch.setenv("ASYNCFLOW_PORT", "0")
+    monkeypatch.setenv("ASYNCFLOW_SAMPLING", "1")
     monkeypatch.delenv("ASYNCFLOW_HOST", raising=False)
     monkeypatch.delenv("ASYNCFLOW_TOKEN", raising=False)
 

@@ -105,6 +105,13 @@ def test_endpoint_options_from_arguments_and_environment() -> None:
     assert resolve_options("svc", {}, {"ASYNCFLOW_PORT": "off"}).port is None
 
 
+def test_sampling_is_adaptive_unless_a_fixed_interval_is_asked_for() -> None:
+    assert resolve_options("svc", {}, {}).sampling == 0  # 0: adaptive
+    assert resolve_options("svc", {}, {"ASYNCFLOW_SAMPLING": "16"}).sampling == 16
+    assert resolve_options("svc", {"sampling": "auto"}, {"ASYNCFLOW_SAMPLING": "16"}).sampling == 0
+    assert resolve_options("svc", {"sampling": 1}, {}).sampling == 1
+
+
 @pytest.mark.parametrize(
     ("option", "value", "message"),
     [
@@ -115,6 +122,9 @@ def test_endpoint_options_from_arguments_and_environment() -> None:
         ("token", "has space", "token: expected a non-empty token without spaces"),
         ("block_threshold", 0, "block_threshold=0: expected seconds"),
         ("block_threshold", "soon", "block_threshold='soon': expected seconds"),
+        ("sampling", 0, "sampling=0: expected 'auto', or a whole number from 1 to 65536"),
+        ("sampling", "often", "sampling='often': expected 'auto'"),
+        ("sampling", 1.5, "sampling=1.5: expected 'auto'"),
     ],
 )
 def test_bad_endpoint_options(option: str, value: object, message: str) -> None:

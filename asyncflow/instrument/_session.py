@@ -7,7 +7,7 @@ import traceback
 from collections import deque
 from typing import Any
 
-__all__ = ["Session", "active", "internal_error"]
+__all__ = ["MAX_INTERVAL", "SAMPLE_GAP_NS", "Session", "active", "internal_error", "next_interval"]
 
 #: Finished-call records waiting for the collector; bounded so a stalled collector costs no memory.
 FINISHED_BUFFER_SIZE = 65_536
@@ -19,15 +19,43 @@ class Session:
     Recorders hold no reference to the profiler itself; the collector reads this object.
     """
 
-    __slots__ = ("appended", "epoch", "finished", "start_ns")
+    __slots__ = ("appended", "epoch", "finished", "sampling", "start_ns")
 
-    def __init__(self, epoch: int, start_ns: int) -> None:
+    def __init__(self, epoch: int, start_ns: int, sampling: int = 0) -> None:
         self.epoch = epoch
         self.start_ns = start_ns
+        #: time one message (or stream item) in this many; 0: adapt to the rate (see below)
+        self.sampling = sampling
         #: records of finished calls, in finishing order; the oldest are dropped when full
         self.finished: deque[Any] = deque(maxlen=FINISHED_BUFFER_SIZE)
         #: how many records were ever appended to ``finished`` (exact; drops are derived from it)
         self.appended = 0
+
+
+#: With adaptive sampling, channels and streams aim at one timed event per this many ns each.
+SAMPLE_GAP_NS = 1_000_000
+#: the widest sampling interval: at least one event in this many is timed
+MAX_INTERVAL = 4096
+
+
+def next_interval(interval: int, gap_ns: int) -> int:
+    """The sampling interval to use after a timed event that came ``gap_ns`` after the last one.
+
+    Counts are always exact; only timings, attributions and logs are sampled. With adaptive
+    sampling (the default) every event is timed while a channel or stream is quiet, and the
+    interval doubles while timed events come closer than ``SAMPLE_GAP_NS`` apart, so a hot
+    channel pays for about a thousand timed events a second, whatever its rate.
+    """
+    session = active
+    if session is None:
+        return MAX_INTERVAL  # nobody listens: time (almost) nothing
+    if session.sampling:
+        return session.sampling
+    if gap_ns < SAMPLE_GAP_NS:
+        return interval * 2 if interval < MAX_INTERVAL else interval
+    if gap_ns > 4 * SAMPLE_GAP_NS and interval > 1:
+        return interval // 2
+    return interval
 
 
 #: The session recorders write into, or None when no profiler runs (then they record nothing).

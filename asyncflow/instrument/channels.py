@@ -1,9 +1,14 @@
 """Channel records shared by every kind of instrumented channel (asyncio queues, anyio streams).
 
-A channel keeps, in place, exact counts of messages sent and received, the depth high-water mark,
-a histogram of time in channel, time producers spent blocked and consumers starved, per-future
-edge counts for the flow graph, and bounded logs of recent sends and receives. Nothing here holds
-a user item; only its ``repr()`` when message logging was asked for.
+Every message is counted exactly, in place: sends, receives and the depth high-water mark are a
+few integer updates on the channel's figures, and a send's ``msg_id`` is its number on the
+channel (1, 2, 3...), so a receive knows which send it pairs with by position or by a side record
+of numbers, never by a record per message. Only a sample of the messages is timed: its send time,
+its time in channel, which future sent and took it, and a log entry (see
+``_session.next_interval``: every message while a channel is quiet, about a thousand a second
+on a busy one). A timed message stands for the messages since the channel's previous timed one,
+so edge counts and histograms are weighted and the flow graph adds up to the exact counts.
+Waits on a full or empty channel are timed in full: they are rare, and timing them is cheap.
 """
 
 from __future__ import annotations
@@ -26,20 +31,21 @@ __all__ = [
     "ChannelRecord",
     "ChannelStats",
     "Edge",
-    "Message",
     "channel_registry",
 ]
 
-#: recent sends and receives kept per channel
+#: recent timed sends and receives kept per channel
 CHANNEL_LOG_SIZE = 100
 _MESSAGE_REPR_LIMIT = 200
-
-#: (msg_id, sent at, sending call id, sending future id)
-Message = tuple[int, int, int | None, int | None]
+#: a message number no channel reaches: nothing to time
+_NEVER = 1 << 62
 
 
 class Edge:
-    """Messages one future sent into (or took from) one channel, with their time in channel."""
+    """Messages one future sent into (or took from) one channel, with their time in channel.
+
+    ``count`` is weighted: each timed message adds the number of messages it stands for.
+    """
 
     __slots__ = ("count", "delay_hist", "delay_max", "delay_sum")
 
@@ -51,45 +57,81 @@ class Edge:
 
 
 class ChannelStats:
-    """One session's figures for one channel; replaced when a new profiler starts."""
+    """One session's figures for one channel; reset in place when a new profiler starts (the
+    hooks of a queue hold them directly).
+
+    ``sent`` and ``taken`` are bumped inline by the channel on every message: ``sent`` is also
+    the last ``msg_id`` given, ``taken`` the number of the last message taken out. They move
+    apart from ``received`` only when the storage is changed behind the channel's back, which
+    ``skew`` accounts for.
+    """
 
     __slots__ = (
         "blocked_ns",
         "delay_hist",
         "delay_max",
-        "first_ns",
-        "last_received_ns",
-        "last_sent_ns",
+        "first_received",
+        "first_sent_ns",
+        "interval",
+        "last_received",
+        "last_receiver",
+        "last_sender",
+        "last_sent",
         "max_size",
-        "received",
+        "next_recv",
+        "next_send",
+        "pending",
         "received_log",
         "receivers",
+        "sampled_recv",
+        "sampled_send",
         "senders",
         "sent",
         "sent_log",
+        "skew",
         "starved_ns",
+        "taken",
+        "timed",
         "unpaired",
     )
 
     def __init__(self) -> None:
         self.sent = 0
-        self.received = 0
+        self.taken = 0
+        self.skew = 0  # messages taken out of order's count that were not receives (lost)
         self.unpaired = 0  # receives whose send was not seen (storage changed behind our back)
         self.max_size = 0
+        # sampling: the next msg_id to time, and the receive number that takes a timed one
+        self.next_send = 1
+        self.next_recv = _NEVER
+        self.interval = 1
+        self.sampled_send = 0  # msg_id of the last timed send
+        self.sampled_recv = 0  # receive count at the last timed receive
+        #: timed sends not received yet: msg_id -> (sent at, call id, future id, weight)
+        self.pending: dict[int, tuple[int, int | None, int | None, int]] = {}
+        self.timed = 0  # messages whose time in channel was measured
         self.delay_hist = new_histogram()
         self.delay_max = 0
         self.blocked_ns = 0
         self.starved_ns = 0
-        self.first_ns = 0
-        self.last_sent_ns = 0
-        self.last_received_ns = 0
+        self.first_sent_ns = 0
+        self.last_sent: tuple[int, int] = (0, 0)  # (msg_id, at) of the last timed send
+        self.first_received: tuple[int, int] = (0, 0)  # (receive count, at) of the first timed
+        self.last_received: tuple[int, int] = (0, 0)
         # future id (or None: not inside a tracked call) -> Edge
         self.senders: dict[int | None, Edge] = {}
         self.receivers: dict[int | None, Edge] = {}
+        self.last_sender: int | None = None
+        self.last_receiver: int | None = None
         # (index, msg_id, timestamp, call_id, future_id, message repr)
         self.sent_log: deque[tuple[Any, ...]] = deque(maxlen=CHANNEL_LOG_SIZE)
         # (index, msg_id, timestamp, call_id, future_id, delay, message repr)
         self.received_log: deque[tuple[Any, ...]] = deque(maxlen=CHANNEL_LOG_SIZE)
+
+    @property
+    def received(self) -> int:
+        """Messages taken out of the channel by its receive operations (exact)."""
+        return self.taken - self.skew
 
 
 class ChannelRecord:
@@ -146,71 +188,135 @@ class ChannelRecord:
             return "unbounded"
         return f"bounded[{int(self.capacity)}]"
 
-    def sent(
+    def send(
+        self, item: Any, at: int | None = None, by: tuple[int | None, int | None] | None = None
+    ) -> int:
+        """Count one message entering the channel; returns its ``msg_id``.
+
+        For channels without an inlined fast path. ``at`` and ``by`` say when and by whom, for a
+        send that waited before it was taken.
+        """
+        st = self.stats
+        st.sent = msg_id = st.sent + 1
+        if msg_id >= st.next_send:
+            self.sample_send(msg_id, item, at, by)
+        return msg_id
+
+    def receive(self, msg_id: int, item: Any, at: int | None = None) -> None:
+        """Count one message leaving the channel, paired with send ``msg_id`` (0: unpaired)."""
+        st = self.stats
+        st.taken += 1
+        if not msg_id:
+            st.unpaired += 1
+        elif msg_id in st.pending:
+            self.sample_receive(msg_id, item, at)
+
+    def sample_send(
         self,
         msg_id: int,
         item: Any,
         at: int | None = None,
         by: tuple[int | None, int | None] | None = None,
-    ) -> Message:
-        """Record one message entering the channel; returns what its receive is paired with.
+    ) -> None:
+        """Time send ``msg_id`` (already counted): the channel's next timed message."""
+        st = self.stats
+        try:
+            now = _clock.now_ns() if at is None else at
+            weight = msg_id - st.sampled_send
+            st.interval = interval = _session.next_interval(st.interval, now - st.last_sent[1])
+            st.next_send = msg_id + interval
+            if _session.active is None:
+                return
+            call_id, future_id = caller() if by is None else by
+            st.sampled_send = msg_id
+            if not st.first_sent_ns:
+                st.first_sent_ns = now
+            st.last_sent = (msg_id, now)
+            edge = st.senders.get(future_id)
+            if edge is None:
+                edge = st.senders[future_id] = Edge()
+            edge.count += weight
+            st.last_sender = future_id
+            if not st.pending:
+                st.next_recv = msg_id
+            st.pending[msg_id] = (now, call_id, future_id, weight)
+            text = _message_repr(item) if self.log_messages else None
+            st.sent_log.append((msg_id - 1, msg_id, now, call_id, future_id, text))
+        except Exception as err:  # observing never breaks the program
+            _session.internal_error("recording a channel send", err)
 
-        ``at`` and ``by`` say when and by whom, for a send that waited before it was taken.
+    def sample_receive(
+        self, msg_id: int, item: Any, at: int | None = None, in_order: bool = False
+    ) -> None:
+        """Time the receive of ``msg_id`` (already counted), if its send was timed.
+
+        ``in_order``: the channel is FIFO and calls this once ``msg_id`` reaches ``next_recv``.
         """
         st = self.stats
-        now = _clock.now_ns() if at is None else at
-        call_id, future_id = caller() if by is None else by
-        st.sent = sent = st.sent + 1
-        if not st.first_ns:
-            st.first_ns = now
-        st.last_sent_ns = now
-        edge = st.senders.get(future_id)
-        if edge is None:
-            edge = st.senders[future_id] = Edge()
-        edge.count += 1
-        text = _message_repr(item) if self.log_messages else None
-        st.sent_log.append((sent - 1, msg_id, now, call_id, future_id, text))
-        return (msg_id, now, call_id, future_id)
-
-    def received(self, msg: Message | None, item: Any, at: int | None = None) -> None:
-        """Record one message leaving the channel, paired with its send (None: unpaired)."""
-        st = self.stats
-        now = _clock.now_ns() if at is None else at
-        call_id, future_id = caller()
-        st.received = received = st.received + 1
-        st.last_received_ns = now
-        receiver = st.receivers.get(future_id)
-        if receiver is None:
-            receiver = st.receivers[future_id] = Edge()
-        receiver.count += 1
-        if msg is None:
-            st.unpaired += 1
-            msg_id = delay = None
-        else:
-            # Edge.delayed(), inlined for the channel and both its edges (one bucket for all)
-            msg_id, sent_at, _, sender_id = msg
+        try:
+            pending = st.pending
+            sent = pending.pop(msg_id, None)
+            if in_order:  # timed sends older than this one were lost, never to be received
+                for older in [m for m in pending if m < msg_id]:
+                    del pending[older]
+                st.next_recv = next(iter(pending)) if pending else _NEVER
+            if sent is None or _session.active is None:
+                return
+            now = _clock.now_ns() if at is None else at
+            received = st.taken - st.skew
+            weight = received - st.sampled_recv
+            st.sampled_recv = received
+            if not st.first_received[0]:
+                st.first_received = (received, now)
+            st.last_received = (received, now)
+            call_id, future_id = caller()
+            receiver = st.receivers.get(future_id)
+            if receiver is None:
+                receiver = st.receivers[future_id] = Edge()
+            receiver.count += weight
+            st.last_receiver = future_id
+            sent_at, _, sender_id, sent_weight = sent
             delay = now - sent_at
+            # one bucket for the channel and both its edges, weighted by what the send stands for
             bucket = SMALL_BUCKET[delay] if 0 <= delay < SMALL_LIMIT else bucket_of(delay)
-            st.delay_hist[bucket] += 1
+            st.timed += 1
+            st.delay_hist[bucket] += sent_weight
             if delay > st.delay_max:
                 st.delay_max = delay
             receiver.delay_sum += delay
             if delay > receiver.delay_max:
                 receiver.delay_max = delay
-            receiver.delay_hist[bucket] += 1
+            receiver.delay_hist[bucket] += sent_weight
             sender = st.senders.get(sender_id)
             if sender is not None:
                 sender.delay_sum += delay
                 if delay > sender.delay_max:
                     sender.delay_max = delay
-                sender.delay_hist[bucket] += 1
-        text = _message_repr(item) if self.log_messages else None
-        st.received_log.append((received - 1, msg_id, now, call_id, future_id, delay, text))
+                sender.delay_hist[bucket] += sent_weight
+            text = _message_repr(item) if self.log_messages else None
+            st.received_log.append((received - 1, msg_id, now, call_id, future_id, delay, text))
+        except Exception as err:
+            _session.internal_error("recording a channel receive", err)
+
+    def forget_pending(self) -> None:
+        """Drop the timed sends not received yet: the storage changed behind our back."""
+        st = self.stats
+        st.pending.clear()
+        st.next_recv = _NEVER
 
     def depth(self, size: int) -> None:
         """Note the number of messages in the channel after a send."""
         if size > self.stats.max_size:
             self.stats.max_size = size
+
+    def waited(self, blocked: bool, since: int) -> None:
+        """Add a wait on a full (``blocked``) or empty channel that began at ``since``."""
+        spent = _clock.now_ns() - since
+        st = self.stats
+        if blocked:
+            st.blocked_ns += spent
+        else:
+            st.starved_ns += spent
 
 
 def caller() -> tuple[int | None, int | None]:
@@ -245,7 +351,6 @@ def _message_repr(item: Any) -> str:
 
 
 _channel_ids = itertools.count(1)
-msg_ids = itertools.count(1)
 _lock = threading.Lock()
 _registry: list[ChannelRecord] = []
 
@@ -269,21 +374,7 @@ def reset_for_session() -> None:
     with _lock:
         _registry[:] = [r for r in _registry if r.alive]
         for record in _registry:
-            record.stats = ChannelStats()
-
-
-async def timed_wait(coro: Any, record: ChannelRecord, blocked: bool) -> Any:
-    """Await ``coro`` (a put on a full channel, or a get on an empty one), timing the wait."""
-    start = _clock.now_ns()
-    try:
-        return await coro
-    finally:
-        spent = _clock.now_ns() - start
-        st = record.stats
-        if blocked:
-            st.blocked_ns += spent
-        else:
-            st.starved_ns += spent
+            record.stats.__init__()  # type: ignore[misc]
 
 
 def recording() -> bool:

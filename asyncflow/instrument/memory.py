@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from asyncflow import clock as _clock
 from asyncflow import config as _config
 from asyncflow.instrument import _session
-from asyncflow.instrument.channels import ChannelRecord, Message, caller, msg_ids, register
+from asyncflow.instrument.channels import ChannelRecord, caller, register
 
 if TYPE_CHECKING:  # anyio is imported on first use: `import asyncflow` stays light
     from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
@@ -27,40 +27,37 @@ _R = TypeVar("_R", bound="MemoryObjectReceiveStream[Any]")
 
 
 class _Buffer(deque[Any]):
-    """The shared buffer: every item in it has exactly one message record beside it."""
+    """The shared buffer: every item in it has its ``msg_id`` beside it (0: put not seen)."""
 
     def __init__(self, items: Any, record: ChannelRecord) -> None:
         super().__init__(items)
         self.record = record
-        self.msgs: deque[Message | None] = deque(None for _ in items)
-        self.moving: Message | None = None  # a blocked send being moved in by a receive
+        self.msgs: deque[int] = deque(0 for _ in items)
+        self.moving = 0  # the msg_id of a blocked send being moved in by a receive
 
     def append(self, item: Any) -> None:
         super().append(item)
-        msg, self.moving = self.moving, None
-        if _session.active is None:
-            self.msgs.append(None)
-            return
+        msg_id, self.moving = self.moving, 0
         try:
-            if msg is None:  # a fresh send (a blocked one moved in by a receive is not:
-                msg = self.record.sent(next(msg_ids), item)  # it leaves again at once)
+            if not msg_id:  # a fresh send (a blocked one moved in by a receive is not:
+                msg_id = self.record.send(item)  # it leaves again at once)
                 self.record.depth(len(self))
-            self.msgs.append(msg)
+            self.msgs.append(msg_id)
         except Exception as err:  # observing never breaks the program
             _session.internal_error("recording a memory stream send", err)
 
     def popleft(self) -> Any:
         item = super().popleft()
-        if len(self.msgs) != len(self) + 1:  # changed behind our back: start afresh
-            self.msgs = deque(None for _ in self)
-            msg = None
-        else:
-            msg = self.msgs.popleft()
-        if _session.active is not None:
-            try:
-                self.record.received(msg, item)
-            except Exception as err:
-                _session.internal_error("recording a memory stream receive", err)
+        try:
+            if len(self.msgs) != len(self) + 1:  # changed behind our back: start afresh
+                self.msgs = deque(0 for _ in self)
+                self.record.forget_pending()
+                msg_id = 0
+            else:
+                msg_id = self.msgs.popleft()
+            self.record.receive(msg_id, item)
+        except Exception as err:
+            _session.internal_error("recording a memory stream receive", err)
         return item
 
 
@@ -71,21 +68,21 @@ class _Senders(OrderedDict[Any, Any]):
         super().__init__(items)
         self.record = record
         self.buffer = buffer
-        # event -> (when the send started waiting, msg_id, the sending call)
-        self.since: dict[Any, tuple[int, int, tuple[int | None, int | None]]] = {}
+        # event -> (when the send started waiting, the sending call)
+        self.since: dict[Any, tuple[int, tuple[int | None, int | None]]] = {}
 
     def __setitem__(self, event: Any, item: Any) -> None:
         super().__setitem__(event, item)
-        self.since[event] = (_clock.now_ns(), next(msg_ids), caller())
+        self.since[event] = (_clock.now_ns(), caller())
 
     def popitem(self, last: bool = True) -> tuple[Any, Any]:
         event, item = super().popitem(last)
         started = self.since.pop(event, None)
-        if started is not None and _session.active is not None:
+        if started is not None:
             try:
-                start, msg_id, sender = started
-                self.record.stats.blocked_ns += _clock.now_ns() - start
-                self.buffer.moving = self.record.sent(msg_id, item, at=start, by=sender)
+                start, sender = started
+                self.record.waited(True, start)
+                self.buffer.moving = self.record.send(item, at=start, by=sender)
             except Exception as err:
                 _session.internal_error("recording a memory stream send", err)
         return event, item
@@ -93,8 +90,8 @@ class _Senders(OrderedDict[Any, Any]):
     def __delitem__(self, event: Any) -> None:
         super().__delitem__(event)  # withdrawn: cancelled, or the stream broke; never sent
         started = self.since.pop(event, None)
-        if started is not None and _session.active is not None:
-            self.record.stats.blocked_ns += _clock.now_ns() - started[0]
+        if started is not None:
+            self.record.waited(True, started[0])
 
 
 class _Receiver:
@@ -117,12 +114,11 @@ class _Receiver:
     @item.setter
     def item(self, item: Any) -> None:
         self._real.item = item
-        if _session.active is not None:
-            try:  # a rendezvous: sent and received at the same instant
-                msg = self._record.sent(next(msg_ids), item)
-                self._record.received(msg, item, at=msg[1])
-            except Exception as err:
-                _session.internal_error("recording a memory stream hand-off", err)
+        try:  # a rendezvous: sent and received at the same instant
+            now = _clock.now_ns()
+            self._record.receive(self._record.send(item, at=now), item, at=now)
+        except Exception as err:
+            _session.internal_error("recording a memory stream hand-off", err)
 
 
 class _Receivers(OrderedDict[Any, Any]):
@@ -139,8 +135,8 @@ class _Receivers(OrderedDict[Any, Any]):
 
     def _starved(self, event: Any) -> None:
         start = self.since.pop(event, None)
-        if start is not None and _session.active is not None:
-            self.record.stats.starved_ns += _clock.now_ns() - start
+        if start is not None:
+            self.record.waited(False, start)
 
     def popitem(self, last: bool = True) -> tuple[Any, Any]:
         event, receiver = super().popitem(last)

@@ -1,12 +1,16 @@
 """Recording asyncio queues in place: ``instrument_queue(q)``, and ``instrument_queues()``.
 
-The queue stays the user's object, of its own class: asyncflow sets per-instance ``_put``/``_get``
-(the overridable hooks ``asyncio.Queue`` designates) and ``put``/``get`` (to time waits on a full
-or empty queue). Items and the internal storage are never wrapped or touched. Each put gets a
-``msg_id``; each get is paired with the put of the item it returns: by position for FIFO and LIFO
-queues, by identity for priority queues and subclasses with their own storage. If the storage is
-changed behind the queue's back (``q._queue.clear()``), the pairing notices the mismatch, starts
-afresh, and counts the receives it cannot pair as ``unpaired``.
+The queue stays the user's object, of its own class: asyncflow sets per-instance ``_put`` and
+``_get`` (the overridable hooks ``asyncio.Queue`` designates), and replaces the deques of waiting
+putters and getters with deques that time each wait. Items and the item storage are never
+wrapped or touched.
+
+A put's ``msg_id`` is its number on the channel; a get is paired with the put of the item it
+returns: by position for FIFO queues (the n-th item taken out is the n-th put, once losses are
+accounted for), by a stack of numbers for LIFO queues, and by identity for priority queues and
+subclasses with their own storage. If the storage is changed behind the queue's back, the
+pairing notices it at the next get: items that vanished are taken to be the oldest (as with
+``q._queue.clear()``), and items it never saw put are counted as ``unpaired``.
 """
 
 from __future__ import annotations
@@ -15,18 +19,13 @@ import asyncio
 import math
 import sys
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
+from asyncflow import clock as _clock
 from asyncflow import config as _config
 from asyncflow.instrument import _session
-from asyncflow.instrument.channels import (
-    ChannelRecord,
-    Message,
-    msg_ids,
-    register,
-    timed_wait,
-)
+from asyncflow.instrument.channels import ChannelRecord, ChannelStats, register
 
 __all__ = ["QueueInstrumentation", "instrument_queue", "instrument_queues"]
 
@@ -35,53 +34,83 @@ _MARK = "_asyncflow_channel"
 
 
 class _Pairing:
-    """Keeps one message record per item in the queue, in step with the queue's storage."""
+    """Keeps the ``msg_id`` of every item in a LIFO or priority queue, in step with its storage.
 
-    __slots__ = ("by_id", "kind", "order", "storage")
+    0 stands for an item whose put was not seen.
+    """
 
-    def __init__(self, queue: asyncio.Queue[Any]) -> None:
-        self.storage: Any = getattr(queue, "_queue", None)
-        cls = type(queue)
-        if cls._get is asyncio.Queue._get and isinstance(self.storage, deque):
-            self.kind = "fifo"
-        elif cls._get is asyncio.LifoQueue._get and isinstance(self.storage, list):
-            self.kind = "lifo"
+    __slots__ = ("by_id", "count", "lifo", "stack")
+
+    def __init__(self, lifo: bool) -> None:
+        self.lifo = lifo
+        self.stack: list[int] = []
+        self.by_id: dict[int, deque[int]] = {}
+        self.count = 0
+
+    def put(self, item: Any, msg_id: int) -> None:
+        if self.lifo:
+            self.stack.append(msg_id)
         else:
-            self.kind = "identity"
-        self.order: deque[Message] = deque()
-        self.by_id: dict[int, deque[Message]] = {}
+            self.by_id.setdefault(id(item), deque()).append(msg_id)
+            self.count += 1
 
-    def _count(self) -> int:
-        if self.kind == "identity":
-            return sum(len(d) for d in self.by_id.values())
-        return len(self.order)
-
-    def put(self, item: Any, msg: Message) -> None:
-        if self.kind == "identity":
-            self.by_id.setdefault(id(item), deque()).append(msg)
-        else:
-            self.order.append(msg)
-
-    def in_step(self, size: int) -> bool:
-        """Whether every item in storage has exactly one record; if not, start afresh."""
-        if self._count() == size:
-            return True
-        self.order.clear()
-        self.by_id.clear()
-        return False
-
-    def get(self, item: Any) -> Message | None:
-        if self.kind == "fifo":
-            return self.order.popleft() if self.order else None
-        if self.kind == "lifo":
-            return self.order.pop() if self.order else None
+    def get(self, item: Any, size_before: int, record: ChannelRecord) -> int:
+        """The ``msg_id`` of ``item``, just taken out of a storage that held ``size_before``."""
+        if (len(self.stack) if self.lifo else self.count) != size_before:
+            # changed behind the queue's back: nothing in the storage can be paired any more
+            self.stack = [0] * size_before
+            self.by_id.clear()
+            self.count = 0
+            record.forget_pending()
+        if self.lifo:
+            return self.stack.pop() if self.stack else 0
         msgs = self.by_id.get(id(item))
         if not msgs:
-            return None
-        msg = msgs.popleft()
+            return 0
+        self.count -= 1
+        msg_id = msgs.popleft()
         if not msgs:
             del self.by_id[id(item)]
-        return msg
+        return msg_id
+
+
+class _Waiters(deque[Any]):
+    """A queue's waiting putters (or getters). Each wait is timed from when it starts to when
+    the queue wakes it (room was made, or an item came) or it withdraws (cancelled)."""
+
+    __slots__ = ("blocked", "record", "since")
+
+    def __init__(self, waiting: Iterable[Any], record: ChannelRecord, blocked: bool) -> None:
+        super().__init__(waiting)
+        self.record = record
+        self.blocked = blocked
+        self.since: dict[Any, int] = {}
+
+    def append(self, waiter: Any) -> None:
+        super().append(waiter)
+        self.since[waiter] = _clock.now_ns()
+
+    def popleft(self) -> Any:
+        waiter = super().popleft()
+        self._done(waiter)
+        return waiter
+
+    def remove(self, waiter: Any) -> None:
+        super().remove(waiter)
+        self._done(waiter)
+
+    def clear(self) -> None:
+        for waiter in list(self):
+            self._done(waiter)
+        super().clear()
+
+    def _done(self, waiter: Any) -> None:
+        start = self.since.pop(waiter, None)
+        if start is not None:
+            try:
+                self.record.waited(self.blocked, start)
+            except Exception as err:  # observing never breaks the program
+                _session.internal_error("timing a queue wait", err)
 
 
 def _kind(queue: asyncio.Queue[Any]) -> str:
@@ -97,7 +126,7 @@ def instrument_queue(queue: _Q, *, name: str | None = None, log_messages: bool =
     Args:
         queue: an ``asyncio.Queue``, ``PriorityQueue``, ``LifoQueue`` or a subclass.
         name: the channel's label; defaults to the queue's class and id.
-        log_messages: keep a truncated ``repr()`` of each message in the channel's logs.
+        log_messages: keep a truncated ``repr()`` of each timed message in the channel's logs.
 
     Returns:
         ``queue`` itself. Instrumenting it again changes nothing.
@@ -114,7 +143,7 @@ def instrument_queue(queue: _Q, *, name: str | None = None, log_messages: bool =
     _config.check_type("instrument_queue", "log_messages", log_messages, bool)
     if _config.disabled():
         return queue
-    existing: ChannelRecord | None = vars(queue).get(_MARK)
+    existing = _record_of(queue)
     if existing is not None:
         # Instrumented already (e.g. by instrument_queues() under `asyncflow run`): the
         # program's own name and logging choice win over the file:line label.
@@ -138,74 +167,118 @@ def _instrument(queue: asyncio.Queue[Any], label: str, log_messages: bool) -> Ch
             asyncio.Queue.qsize,
         )
     )
-    pairing = _Pairing(queue)
-    original_put: Callable[[Any], None] = queue._put
-    original_get: Callable[[], Any] = queue._get
-    put_coro = queue.put
-    get_coro = queue.get
-    size: Callable[[], int] = queue.qsize
-    storage = pairing.storage
-    if pairing.kind != "identity":
-        size = storage.__len__  # a deque's or list's len(): a third of qsize()'s cost
-    order = pairing.order
-    in_order = pairing.kind != "identity"
-    fifo = pairing.kind == "fifo"
-    sent = record.sent
-    received = record.received
-    stats_of = record  # stats are replaced per session: read them through the record
+    cls = type(queue)
+    storage = getattr(queue, "_queue", None)
+    plain_storage = cls._put is asyncio.Queue._put and isinstance(storage, deque | list)
+    if plain_storage and cls._get is asyncio.Queue._get and isinstance(storage, deque):
+        put, get = _fifo_hooks(record, storage)
+    else:
+        lifo = plain_storage and cls._get is asyncio.LifoQueue._get and isinstance(storage, list)
+        put, get = _paired_hooks(record, queue, _Pairing(lifo))
+    # Set as attributes, never through vars(queue)[...]: a key stored in the instance dict that
+    # way turns its shared-key table into a plain one, and on 3.11 every attribute read of the
+    # queue then costs about twice as much (+500 ns per put/get pair, measured).
+    setattr_ = object.__setattr__
+    setattr_(queue, "_put", put)
+    setattr_(queue, "_get", get)
+    for attr, blocked in (("_putters", True), ("_getters", False)):
+        waiting = getattr(queue, attr, None)
+        if type(waiting) is deque:
+            setattr_(queue, attr, _Waiters(waiting, record, blocked))
+    setattr_(queue, _MARK, record)
+    return record
+
+
+def _record_of(queue: asyncio.Queue[Any]) -> ChannelRecord | None:
+    record = getattr(queue, _MARK, None)
+    return record if isinstance(record, ChannelRecord) else None
+
+
+def _fifo_hooks(
+    record: ChannelRecord, storage: deque[Any]
+) -> tuple[Callable[[Any], None], Callable[[], Any]]:
+    """``_put``/``_get`` for a plain FIFO queue: the message path asyncflow must keep cheapest.
+
+    Per message, a few integer updates on the channel's figures (reset in place, never
+    replaced, so the hooks hold them directly). Only the timed messages go further: their
+    receive also checks that the numbering is in step with the storage.
+    """
+    append = storage.append
+    popleft = storage.popleft
+    st = record.stats
+    sample_send = record.sample_send
 
     def _put(item: Any) -> None:
-        original_put(item)  # first: if the storage refuses the item, nothing was sent
-        if _session.active is None:
-            return
+        append(item)  # first: if the storage refuses the item, nothing was sent
+        try:  # free in 3.11+ unless something raises; observing never breaks the program
+            st.sent = msg_id = st.sent + 1
+            size = len(storage)
+            if size > st.max_size:
+                st.max_size = size
+            if msg_id >= st.next_send:
+                sample_send(msg_id, item)
+        except Exception as err:
+            _session.internal_error("recording a queue put", err)
+
+    def _get() -> Any:
+        msg_id = st.taken + 1
+        if msg_id >= st.next_recv:
+            return _timed_get()
+        st.taken = msg_id
+        return popleft()
+
+    def _timed_get() -> Any:
         try:
-            msg = sent(next(msg_ids), item)
-            if in_order:
-                order.append(msg)
-            else:
-                pairing.put(item, msg)
-            n = size()
-            st = stats_of.stats
-            if n > st.max_size:
-                st.max_size = n
+            size = len(storage)
+            if size != st.sent - st.taken:
+                _resync(record, st, size)
+        except Exception as err:
+            _session.internal_error("recording a queue get", err)
+        item = popleft()
+        st.taken = msg_id = st.taken + 1
+        if msg_id >= st.next_recv:
+            record.sample_receive(msg_id, item, None, True)
+        return item
+
+    return _put, _get
+
+
+def _resync(record: ChannelRecord, st: ChannelStats, size: int) -> None:
+    """Bring a FIFO queue's numbering back in step with a storage changed behind its back."""
+    outstanding = st.sent - st.taken
+    if size > outstanding:  # items whose put was never seen: pair nothing stored now
+        st.unpaired += size
+        record.forget_pending()
+    st.skew += outstanding - size  # vanished items (the oldest) were never received
+    st.taken = st.sent - size
+
+
+def _paired_hooks(
+    record: ChannelRecord, queue: asyncio.Queue[Any], pairing: _Pairing
+) -> tuple[Callable[[Any], None], Callable[[], Any]]:
+    """``_put``/``_get`` for LIFO and priority queues and subclasses with their own storage."""
+    original_put: Callable[[Any], None] = queue._put
+    original_get: Callable[[], Any] = queue._get
+    size: Callable[[], int] = queue.qsize
+
+    def _put(item: Any) -> None:
+        original_put(item)
+        try:
+            pairing.put(item, record.send(item))
+            record.depth(size())
         except Exception as err:  # observing never breaks the program
             _session.internal_error("recording a queue put", err)
 
     def _get() -> Any:
         before = size()
         item = original_get()
-        if _session.active is None:
-            return item
         try:
-            msg: Message | None
-            if in_order and len(order) == before:  # in step with the storage: the fast path
-                msg = order.popleft() if fifo else order.pop()
-            else:
-                msg = pairing.get(item) if pairing.in_step(before) else None
-            received(msg, item)
+            record.receive(pairing.get(item, before, record), item)
         except Exception as err:
             _session.internal_error("recording a queue get", err)
         return item
 
-    # Plain functions returning the original coroutine: when the queue will not make the caller
-    # wait, nothing is added; otherwise the wait is timed around the very same coroutine.
-    def put(item: Any) -> Any:
-        if _session.active is not None and queue.full():
-            return timed_wait(put_coro(item), record, blocked=True)
-        return put_coro(item)
-
-    def get() -> Any:
-        if _session.active is not None and queue.empty():
-            return timed_wait(get_coro(), record, blocked=False)
-        return get_coro()
-
-    state = vars(queue)
-    state["_put"] = _put
-    state["_get"] = _get
-    state["put"] = put
-    state["get"] = get
-    state[_MARK] = record
-    return record
+    return _put, _get
 
 
 class QueueInstrumentation:
@@ -267,7 +340,7 @@ def instrument_queues(*, log_messages: bool = False) -> QueueInstrumentation:
                     break
                 frame = frame.f_back
             label = f"{frame.f_code.co_filename.rsplit('/', 1)[-1]}:{frame.f_lineno}"
-            if _MARK not in vars(self):
+            if _record_of(self) is None:
                 _instrument(self, label, log_messages)
         except Exception as err:
             _session.internal_error("instrumenting a new queue", err)

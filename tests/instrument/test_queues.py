@@ -142,9 +142,11 @@ async def test_delays_and_waits_are_exact_on_a_fake_clock(fake_clock: FakeClock)
     assert (entry.consumers_starved_ns, entry.producers_blocked_ns) == (1_000, 400)
 
 
-async def test_storage_changed_behind_the_queue_is_noticed_not_mispaired() -> None:
+async def test_items_cleared_behind_the_queue_leave_the_pairing_exact() -> None:
     with asyncflow.profile("cleared", format="none") as prof:
-        q: asyncio.Queue[int] = asyncflow.instrument_queue(asyncio.Queue(), name="c")
+        q: asyncio.Queue[int] = asyncflow.instrument_queue(
+            asyncio.Queue(), name="c", log_messages=True
+        )
         for i in range(5):
             q.put_nowait(i)
         q._queue.clear()  # type: ignore[attr-defined]
@@ -154,8 +156,43 @@ async def test_storage_changed_behind_the_queue_is_noticed_not_mispaired() -> No
         assert q.get_nowait() == 100
         snap = prof.snapshot()
     entry, logs = _channel(snap, "c")
-    assert (entry.sent_count, entry.received_count, entry.unpaired_count) == (7, 2, 1)
-    assert logs.received_logs[0].msg_id == logs.sent_logs[0].msg_id  # paired again after
+    assert (entry.sent_count, entry.received_count, entry.unpaired_count) == (7, 2, 0)
+    sent = {e.msg_id: e.message for e in logs.sent_logs}
+    assert [(e.msg_id, e.message) for e in logs.received_logs] == [(7, "100"), (6, "99")]
+    assert sent[6] == "99" and sent[7] == "100"  # each receive carries its own put's msg_id
+
+
+@pytest.mark.parametrize("make", KINDS, ids=lambda k: k.__name__)
+async def test_items_added_behind_the_queue_are_unpaired_never_mispaired(
+    make: QueueFactory,
+) -> None:
+    with asyncflow.profile("added", format="none") as prof:
+        q = asyncflow.instrument_queue(make(0), name=f"a-{make.__name__}", log_messages=True)
+        q.put_nowait((1, "one"))
+        q._put((0, "smuggled"))  # the hook itself: counted as a put
+        storage = q._queue  # type: ignore[attr-defined]
+        if isinstance(storage, list) and make is asyncio.PriorityQueue:
+            import heapq
+
+            heapq.heappush(storage, (2, "behind"))
+        else:
+            storage.append((2, "behind"))
+        got = [q.get_nowait() for _ in range(3)]
+        q.put_nowait((3, "after"))
+        got.append(q.get_nowait())
+        snap = prof.snapshot()
+    entry, logs = _channel(snap, f"a-{make.__name__}")
+    assert sorted(got) == [(0, "smuggled"), (1, "one"), (2, "behind"), (3, "after")]
+    assert (entry.sent_count, entry.received_count) == (3, 4)
+    # Which stored item lacks a put cannot be told, so none stored then is paired or timed.
+    assert entry.unpaired_count == 3
+    received = [e.msg_id for e in logs.received_logs]
+    assert len(set(received)) == len(received)  # no msg_id is received twice
+    sent = {e.msg_id: e.message for e in logs.sent_logs}
+    for e in logs.received_logs:  # whatever is paired is paired with the right put
+        assert sent[e.msg_id] == e.message
+    assert logs.received_logs[0].message == "(3, 'after')"  # pairing resumes afterwards
+    assert logs.received_logs[0].msg_id == 3
 
 
 async def test_many_producers_and_consumers_with_cancellations_lose_nothing() -> None:
@@ -270,3 +307,64 @@ async def test_instrument_queues_labels_new_queues_by_where_they_were_made() -> 
     assert {labels[label].kind for label in mine} == {"asyncio.Queue", "asyncio.LifoQueue"}
     assert all(labels[label].sent_count == 1 for label in mine)
     assert asyncio.Queue.__init__ is not None and "_asyncflow_channel" not in vars(after)
+
+
+@asyncflow.future(name="feeder")
+async def _feed(q: asyncio.Queue[int], n: int, clock: FakeClock, step: int) -> None:
+    for i in range(n):
+        q.put_nowait(i)
+        clock.advance(step)
+
+
+@asyncflow.future(name="drainer")
+async def _drain(q: asyncio.Queue[int], n: int, clock: FakeClock, step: int) -> list[int]:
+    out = []
+    for _ in range(n):
+        out.append(q.get_nowait())
+        clock.advance(step)
+    return out
+
+
+async def test_sampling_times_one_in_n_and_keeps_every_count_exact(
+    fake_clock: FakeClock,
+) -> None:
+    with asyncflow.profile("sampled", format="none", sampling=4) as prof:
+        q: asyncio.Queue[int] = asyncflow.instrument_queue(
+            asyncio.Queue(), name="s", log_messages=True
+        )
+        await asyncio.create_task(_feed(q, 101, fake_clock, 10))
+        got = await asyncio.create_task(_drain(q, 101, fake_clock, 10))
+        snap = prof.snapshot()
+    assert got == list(range(101))
+    entry, logs = _channel(snap, "s")
+    assert (entry.sent_count, entry.received_count, entry.unpaired_count) == (101, 101, 0)
+    assert (entry.sampling_interval, entry.timed_count) == (4, 26)  # msg_ids 1, 5, 9 ... 101
+    assert [e.msg_id for e in reversed(logs.sent_logs)] == list(range(1, 102, 4))
+    # Every message waits 101 steps of 10 ns: put i at 10 i, taken at 1010 + 10 i.
+    assert {e.delay_ns for e in logs.received_logs} == {1010}
+    assert all(str(e.msg_id - 1) == e.message for e in logs.received_logs)
+    # Edges add up to the exact counts although only one message in four was attributed.
+    assert [(e.label, e.messages) for e in entry.senders] == [("feeder", 101)]
+    assert [(e.label, e.messages) for e in entry.receivers] == [("drainer", 101)]
+
+
+async def test_adaptive_sampling_times_all_of_a_quiet_channel_and_less_of_a_busy_one(
+    fake_clock: FakeClock,
+) -> None:
+    with asyncflow.profile("auto", format="none", sampling="auto") as prof:
+        quiet: asyncio.Queue[int] = asyncflow.instrument_queue(asyncio.Queue(), name="quiet")
+        busy: asyncio.Queue[int] = asyncflow.instrument_queue(asyncio.Queue(), name="busy")
+        await asyncio.create_task(_feed(quiet, 50, fake_clock, 2_000_000))  # every 2 ms
+        await asyncio.create_task(_drain(quiet, 50, fake_clock, 0))
+        await asyncio.create_task(_feed(busy, 5_000, fake_clock, 100))  # every 100 ns
+        await asyncio.create_task(_drain(busy, 5_000, fake_clock, 0))
+        snap = prof.snapshot()
+    quiet_entry, _ = _channel(snap, "quiet")
+    busy_entry, _ = _channel(snap, "busy")
+    assert (quiet_entry.sampling_interval, quiet_entry.timed_count) == (1, 50)
+    assert busy_entry.sampling_interval > 1
+    assert 1 < busy_entry.timed_count < 5_000 // 16
+    assert (busy_entry.sent_count, busy_entry.received_count) == (5_000, 5_000)
+    assert sum(e.messages for e in busy_entry.senders) == 5_000
+    assert sum(e.messages for e in busy_entry.receivers) == 5_000
+    assert busy_entry.max_queue_size == 5_000
