@@ -403,6 +403,8 @@ def stream_entry(record: StreamRecord, qs: tuple[float, ...]) -> StreamEntry:
         max_wait_ns=st.wait_max,
         total_wait_ns=st.wait_ns,
         consumer_ns=st.between_ns,
+        timed_count=st.timed,
+        sampling_interval=st.interval,
     )
 
 
