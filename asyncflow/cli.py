@@ -84,6 +84,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--percentiles", default=None, help="percentiles reported [50,95,99]")
     run.add_argument("--duration", default=None, help="stop profiling after SECONDS [never]")
     run.add_argument(
+        "--sampling", default=None, help="time one message or item in N, or 'auto' [auto]"
+    )
+    run.add_argument(
         "--no-queues", action="store_true", help="leave the program's asyncio queues alone"
     )
     run.add_argument("program", nargs=argparse.REMAINDER, help="script.py [args...], or args of -m")
@@ -188,6 +191,7 @@ def _run(args: argparse.Namespace) -> int:
             "limit": args.limit,
             "percentiles": args.percentiles,
             "duration": args.duration,
+            "sampling": args.sampling,
         }.items()
         if value is not None
     }

@@ -196,6 +196,7 @@ def test_ctrl_c_still_reports(tmp_path: Path) -> None:
         (["run", "--port", "http", "x.py"], "port='http': expected a port"),
         (["run", "--limit", "-3", "x.py"], "limit=-3: expected a whole number"),
         (["run", "--format", "xml", "x.py"], "invalid choice: 'xml'"),
+        (["run", "--sampling", "0", "x.py"], "sampling=0: expected 'auto', or a whole number"),
         (["frobnicate"], "invalid choice: 'frobnicate'"),
         (["report", "nothing.json"], "cannot read 'nothing.json'"),
         (["snapshot", "localhost:6780", "-o", "s.json"], "'localhost:6780' is not an endpoint URL"),
@@ -232,7 +233,7 @@ def test_help_lists_every_option_with_its_default() -> None:
     assert done.returncode == 0
     for option in ("--name", "--port", "--host", "--format", "--output", "--limit"):
         assert option in done.stdout
-    for option in ("--percentiles", "--duration", "--no-queues", "-m MODULE"):
+    for option in ("--percentiles", "--duration", "--sampling", "--no-queues", "-m MODULE"):
         assert option in done.stdout
     assert "[6780]" in done.stdout and "[127.0.0.1]" in done.stdout
     for command in ("top", "snapshot", "report"):
