@@ -19,6 +19,7 @@ import itertools
 import textwrap
 import threading
 import types
+import warnings
 from collections import deque
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 from typing import Any, Generic, ParamSpec, TypeVar, overload
@@ -417,7 +418,9 @@ def _rewrite(fn: Any, record: StreamRecord) -> Any:
         source = "".join(lines)
         text = textwrap.dedent(source)
         indent = len(source) - len(source.lstrip()) - (len(text) - len(text.lstrip()))
-        tree = ast.parse(text)
+        with warnings.catch_warnings():  # the user saw the source's warnings once already
+            warnings.simplefilter("ignore")
+            tree = ast.parse(text)
     except (OSError, TypeError, SyntaxError, IndentationError):
         return None
     if len(tree.body) != 1 or not isinstance(tree.body[0], ast.AsyncFunctionDef):
@@ -450,13 +453,15 @@ def _rewrite(fn: Any, record: StreamRecord) -> Any:
     module = ast.Module(body=[outer], type_ignores=[])
     ast.fix_missing_locations(module)
     try:
-        compiled = compile(
-            module,
-            original.co_filename,
-            "exec",
-            flags=original.co_flags & _FUTURE_FLAGS,
-            dont_inherit=True,
-        )
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            compiled = compile(
+                module,
+                original.co_filename,
+                "exec",
+                flags=original.co_flags & _FUTURE_FLAGS,
+                dont_inherit=True,
+            )
     except (SyntaxError, ValueError, TypeError):
         return None
     code = _find_code(compiled, original.co_name)

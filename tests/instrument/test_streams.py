@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import traceback
 import types
@@ -249,3 +250,28 @@ async def test_sampled_items_stand_for_the_items_between_them(fake_clock: FakeCl
     # Weighted totals: each timed item stands for the eight since the previous one.
     assert entry.total_wait_ns == 30 * (1 + 8 * 4)
     assert entry.consumer_ns == 70 * (1 + 8 * 4)
+
+
+def test_a_wrapped_function_is_not_mistaken_for_the_one_it_wraps() -> None:
+    def doubled(fn: Callable[[int], AsyncIterator[int]]) -> Callable[[int], AsyncIterator[int]]:
+        @functools.wraps(fn)  # inspect.getsource() would show fn's source, not this one's
+        async def wrapper(n: int) -> AsyncIterator[int]:
+            async for x in fn(n):
+                yield x * 2
+
+        return wrapper
+
+    @asyncflow.stream(name="doubled")
+    @doubled
+    async def count(n: int) -> AsyncIterator[int]:
+        for i in range(n):
+            yield i
+
+    async def run() -> list[int]:
+        return [i async for i in count(3)]
+
+    with asyncflow.profile("wrapped", format="none") as prof:
+        assert asyncio.run(run()) == [0, 2, 4]
+        snap = prof.snapshot()
+    entry, _ = _stream(snap, "doubled")
+    assert (entry.items_yielded, entry.state) == (3, "exhausted")
