@@ -98,7 +98,7 @@ class ChannelStats:
     def __init__(self) -> None:
         self.sent = 0
         self.taken = 0
-        self.skew = 0  # messages taken out of order's count that were not receives (lost)
+        self.skew = 0  # taken - received: messages that vanished from the storage unreceived
         self.unpaired = 0  # receives whose send was not seen (storage changed behind our back)
         self.max_size = 0
         # sampling: the next msg_id to time, and the receive number that takes a timed one

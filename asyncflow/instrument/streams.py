@@ -243,8 +243,7 @@ class InstrumentedAsyncIterator(Generic[_T]):
 
     async def _step(self, next_awaitable: Callable[[], Awaitable[_T]]) -> _T:
         it = self._iteration
-        if it.yielded_at or it.arming:
-            it.resumed()
+        it.resumed()
         try:
             item = await next_awaitable()
         except StopAsyncIteration:
@@ -253,10 +252,7 @@ class InstrumentedAsyncIterator(Generic[_T]):
         except BaseException as exc:
             it.end(exc)
             raise
-        st = it.stats
-        st.items = n = st.items + 1
-        if n >= st.arm:
-            _timed_item(it, item)
+        _count(it, item)
         return item
 
     def __del__(self) -> None:
@@ -285,7 +281,6 @@ class InstrumentedAsyncIterator(Generic[_T]):
 # are those of the original; when the source cannot be had (REPL, ``exec``) or anything does
 # not match, the wrapper above is used instead.
 
-_HELPERS = ("_asyncflow_begin", "_asyncflow_count", "_asyncflow_record", "_asyncflow_timed")
 _PROLOGUE = """
 _asyncflow_it = _asyncflow_begin(_asyncflow_record)
 _asyncflow_stats = _asyncflow_it.stats
@@ -313,7 +308,8 @@ for _feature in __future__.all_feature_names:
 
 
 def _count(it: _Iteration, item: Any) -> Any:
-    """A ``yield`` inside an expression: count the item (and time it when due)."""
+    """Count an item (and time it when due): a wrapped iterator's, or a ``yield`` inside an
+    expression of a decorated generator (a ``yield`` statement has this inlined)."""
     st = it.stats
     st.items = n = st.items + 1
     if n >= st.arm:
@@ -322,9 +318,17 @@ def _count(it: _Iteration, item: Any) -> Any:
 
 
 def _resumed(it: _Iteration, value: Any) -> Any:
-    if it.yielded_at or it.arming:
-        it.resumed()
+    it.resumed()
     return value
+
+
+#: what the compiled-again generator refers to, by the names it uses for them
+_HELPERS: dict[str, Any] = {
+    "_asyncflow_begin": _Iteration,
+    "_asyncflow_count": _count,
+    "_asyncflow_timed": _timed_item,
+    "_asyncflow_resumed": _resumed,
+}
 
 
 def _template(text: str, like: ast.AST) -> list[ast.stmt]:
@@ -442,7 +446,7 @@ def _rewrite(fn: Any, record: StreamRecord) -> Any:
     # Compiled inside a function whose parameters are the original's free variables and the
     # helpers (so they become the new code's closure), inside a class of the same name when the
     # original is a method (so that private names are mangled alike). Nothing here is executed.
-    params = [*original.co_freevars, *_HELPERS, "_asyncflow_resumed"]
+    params = [*original.co_freevars, *_HELPERS, "_asyncflow_record"]
     factory = ast.parse(f"def _asyncflow_factory({', '.join(params)}):\n    pass\n").body[0]
     factory.body = [node]  # type: ignore[attr-defined]
     outer: ast.stmt = factory
@@ -476,14 +480,7 @@ def _rewrite(fn: Any, record: StreamRecord) -> Any:
         return None
     code = code.replace(co_qualname=original.co_qualname)
     cells = dict(zip(original.co_freevars, fn.__closure__ or (), strict=True))
-    helpers: dict[str, Any] = {
-        "_asyncflow_begin": _Iteration,
-        "_asyncflow_count": _count,
-        "_asyncflow_record": record,
-        "_asyncflow_timed": _timed_item,
-        "_asyncflow_resumed": _resumed,
-    }
-    for name, value in helpers.items():
+    for name, value in {**_HELPERS, "_asyncflow_record": record}.items():
         cells[name] = types.CellType(value)
     if any(name not in cells for name in code.co_freevars):
         return None
