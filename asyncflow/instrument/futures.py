@@ -122,7 +122,7 @@ _future_ids = itertools.count(1)
 _call_ids = itertools.count(1)
 _registry_lock = threading.Lock()
 _registry: list[FutureRecord] = []
-_by_code: dict[tuple[types.CodeType, str | None, str], FutureRecord] = {}
+_by_code: dict[tuple[types.CodeType | type, str | None, str], FutureRecord] = {}
 
 
 def registry() -> list[FutureRecord]:
@@ -153,6 +153,28 @@ def _future_for_code(
                     code.co_firstlineno,
                     False,
                     tracked_by,
+                )
+                _registry.append(record)
+                _by_code[key] = record
+    return record
+
+
+def _future_for_type(cls: type, label: str | None) -> FutureRecord:
+    """The future of coroutine objects that have no code object (a C or Cython coroutine)."""
+    key = (cls, label, "instrument")
+    record = _by_code.get(key)
+    if record is None:
+        with _registry_lock:
+            record = _by_code.get(key)
+            if record is None:
+                module = sys.modules.get(cls.__module__)
+                record = FutureRecord(
+                    label or cls.__qualname__,
+                    f"{cls.__module__}:{cls.__qualname__}",
+                    str(getattr(module, "__file__", None) or "?"),
+                    0,
+                    False,
+                    "instrument",
                 )
                 _registry.append(record)
                 _by_code[key] = record
@@ -275,14 +297,14 @@ def _truncate(text: str) -> str:
 def _short_repr(value: object) -> str:
     try:
         return _truncate(repr(value))
-    except Exception as exc:
+    except BaseException as exc:  # even KeyboardInterrupt: it belongs to no line of the program
         return f"<repr() failed: {type(exc).__name__}>"
 
 
 def _short_str(exc: BaseException) -> str:
     try:
         return _truncate(str(exc))
-    except Exception as err:
+    except BaseException as err:
         return f"<str() failed: {type(err).__name__}>"
 
 
@@ -559,7 +581,7 @@ def instrument(
     """
     if isinstance(coro, InstrumentedCoroutine):
         return coro
-    if not isinstance(coro, types.CoroutineType):
+    if not asyncio.iscoroutine(coro):
         raise TypeError(
             f"asyncflow.instrument() needs a coroutine object, got {type(coro).__qualname__}: "
             f"{coro!r}; decorate coroutine functions with @asyncflow.future instead"
@@ -567,8 +589,15 @@ def instrument(
     _config.check_type("instrument", "name", name, str, optional=True)
     if _session.active is None or _config.disabled():
         return coro
-    module = coro.cr_frame.f_globals.get("__name__", "?") if coro.cr_frame else "?"
-    record = _future_for_code(coro.cr_code, str(module), name, "instrument")
+    # Native coroutines, and what else asyncio takes for one: generator-based coroutines
+    # (``@types.coroutine``, 3.11's ``_wrap_awaitable``) and objects registered as Coroutine.
+    code = getattr(coro, "cr_code", None) or getattr(coro, "gi_code", None)
+    if isinstance(code, types.CodeType):
+        frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None)
+        module = frame.f_globals.get("__name__", "?") if frame is not None else "?"
+        record = _future_for_code(code, str(module), name, "instrument")
+    else:
+        record = _future_for_type(type(coro), name)
     return InstrumentedCoroutine(coro, record)
 
 
@@ -667,6 +696,10 @@ def instrument_tasks(loop: asyncio.AbstractEventLoop | None = None) -> TaskInstr
             ) from None
     elif not isinstance(loop, asyncio.AbstractEventLoop):
         raise TypeError(f"asyncflow.instrument_tasks(loop=...) needs an event loop, got {loop!r}")
+    elif loop.is_closed():
+        raise RuntimeError(
+            f"asyncflow.instrument_tasks(loop=...) was given a closed event loop: {loop!r}"
+        )
     if _config.disabled():
         return TaskInstrumentation(loop, None)
     current = loop.get_task_factory()

@@ -7,7 +7,9 @@ import gc
 import inspect
 import pickle
 import threading
+import types
 import warnings
+from collections.abc import Generator
 from typing import Any
 
 import pytest
@@ -357,3 +359,70 @@ def test_internal_errors_are_counted_not_raised(capsys: pytest.CaptureFixture[st
         pass
     assert _session.errors.count == before + 1
     assert "disk full" in (_session.errors.last or "")
+
+
+async def test_instrument_accepts_every_coroutine_asyncio_accepts(prof: asyncflow.Profiler) -> None:
+    """Generator-based coroutines (``@types.coroutine``) and objects registered as Coroutine are
+    coroutines to asyncio; a task factory that instruments every task must not break them."""
+
+    @types.coroutine
+    def legacy(x: int) -> Generator[Any, None, int]:
+        yield  # one suspension, like asyncio.sleep(0)
+        return x * 2
+
+    class Awaitable:
+        def __await__(self) -> Generator[Any, None, str]:
+            yield
+            return "awaited"
+
+    loop = asyncio.get_running_loop()
+
+    def instrumenting(loop: asyncio.AbstractEventLoop, coro: Any, **kw: Any) -> asyncio.Task[Any]:
+        return asyncio.Task(asyncflow.instrument(coro), loop=loop, **kw)
+
+    # asyncio takes generator-based coroutines as tasks up to 3.11, and refuses them after
+    legacy_tasks = asyncio.iscoroutine(legacy(1))
+    loop.set_task_factory(instrumenting)
+    try:
+        # ensure_future/gather wrap a plain awaitable in a coroutine (a generator one on 3.11)
+        assert await asyncio.ensure_future(Awaitable()) == "awaited"
+        assert list(await asyncio.gather(Awaitable(), Awaitable())) == ["awaited", "awaited"]
+        if legacy_tasks:
+            assert await asyncio.create_task(legacy(21)) == 42
+            assert list(await asyncio.gather(legacy(1), Awaitable())) == [2, "awaited"]
+    finally:
+        loop.set_task_factory(None)
+    # what asyncio refuses, instrument refuses too, with the same kind of error
+    if not legacy_tasks:
+        with pytest.raises(TypeError, match="needs a coroutine object"):
+            asyncflow.instrument(legacy(1))  # type: ignore[unused-coroutine]
+    tracked = {f.label: f for f in prof.snapshot().futures.futures}
+    # every task was tracked: 1 + 2 wrapped awaitables, and 1 + 2 more tasks where legacy ones run
+    assert sum(f.call_count for f in tracked.values()) == 3 + 3 * legacy_tasks
+    if legacy_tasks:
+        entry = tracked[legacy.__qualname__]
+        assert (entry.call_count, entry.total_polls, entry.outcomes.returned) == (2, 4, 2)
+
+
+def test_instrument_tasks_refuses_a_closed_loop() -> None:
+    loop = asyncio.new_event_loop()
+    loop.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        asyncflow.instrument_tasks(loop)
+
+
+async def test_a_repr_that_raises_a_base_exception_never_reaches_the_program(
+    prof: asyncflow.Profiler,
+) -> None:
+    class Hostile:
+        def __repr__(self) -> str:
+            raise KeyboardInterrupt
+
+    @asyncflow.future(name="hostile", log_result=True)
+    async def hostile() -> Hostile:
+        return Hostile()
+
+    result = await hostile()
+    assert isinstance(result, Hostile)
+    (call,) = _calls(prof.snapshot(), "hostile")
+    assert call.outcome == "returned" and call.result == "<repr() failed: KeyboardInterrupt>"
