@@ -2,24 +2,33 @@
 
 A duration ``ns`` falls in bucket ``bucket_of(ns)``: values below 64 keep their own bucket; above,
 a bucket spans 1/32 of its power of two, so any value is reported within 1/64 (~1.6%) of the truth
-once the bucket's midpoint stands for it. A histogram is a plain ``list[int]`` of ``BUCKETS``
-counts so that the hot path can bump it in place without a call; ``SMALL_BUCKET`` maps the common
-small durations straight to their bucket.
+once the bucket's midpoint stands for it. There are ``BUCKETS`` (2,080) possible buckets, but a
+future, a channel or an edge fills a few dozen of them, so a histogram is sparse: a
+``defaultdict(int)`` from bucket to count, which the hot path bumps in place without a call
+(``h[b] += 1``) and which stays a few hundred bytes where a dense list costs 16.6 KB.
+``SMALL_BUCKET`` maps the common small durations straight to their bucket.
+
+Why a dict and not a ``sortedcontainers.SortedDict``: the poll path bumps a histogram on every
+poll, and a ``SortedDict`` bump is a Python-level call (~340 ns against ~70 ns for a dict,
+measured side by side); percentiles sort the few filled buckets on the cold path instead.
 """
 
 from __future__ import annotations
 
-from bisect import bisect_left
-from collections.abc import Iterable, Sequence
-from itertools import accumulate
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TypeAlias
 
 __all__ = [
     "BUCKETS",
     "SMALL_BUCKET",
     "SMALL_LIMIT",
+    "Histogram",
     "bucket_of",
     "bucket_value",
+    "merge",
     "new_histogram",
+    "percentile_key",
     "percentiles",
     "record",
 ]
@@ -28,6 +37,9 @@ _SUB_BITS = 5  # 32 sub-buckets per power of two
 _LINEAR = 1 << (_SUB_BITS + 1)  # values below this are exact
 BUCKETS = (64 + 1) << _SUB_BITS
 SMALL_LIMIT = 1 << 16  # ~65 µs: covers almost every poll of a healthy program
+
+#: bucket -> count; a missing bucket counts 0 (``h[b] += n`` needs no check)
+Histogram: TypeAlias = "defaultdict[int, int]"
 
 
 def bucket_of(ns: int) -> int:
@@ -55,34 +67,64 @@ _INTERNED = list(range(BUCKETS))
 SMALL_BUCKET: list[int] = [_INTERNED[bucket_of(ns)] for ns in range(SMALL_LIMIT)]
 
 
-def new_histogram() -> list[int]:
-    """An empty histogram."""
-    return [0] * BUCKETS
+def new_histogram() -> Histogram:
+    """An empty (sparse) histogram."""
+    return defaultdict(int)
 
 
-def record(histogram: list[int], ns: int) -> None:
+def record(histogram: Histogram, ns: int, weight: int = 1) -> None:
     """Count one duration (cold-path helper; the hot path inlines the same two lines)."""
-    histogram[SMALL_BUCKET[ns] if 0 <= ns < SMALL_LIMIT else bucket_of(ns)] += 1
+    histogram[SMALL_BUCKET[ns] if 0 <= ns < SMALL_LIMIT else bucket_of(ns)] += weight
 
 
-def percentiles(histogram: Sequence[int], qs: Iterable[float]) -> dict[str, int]:
+def merge(into: Histogram, other: Mapping[int, int]) -> None:
+    """Add every count of ``other`` to ``into`` (folding a gone object into an aggregate)."""
+    for bucket, count in list(other.items()):
+        if count:
+            into[bucket] += count
+
+
+def _items(histogram: Mapping[int, int] | Sequence[int]) -> list[tuple[int, int]]:
+    """(bucket, count) of the filled buckets, in bucket order; a copy taken safely while the hot
+    path may add buckets from another thread."""
+    if isinstance(histogram, Mapping):
+        for _ in range(100):
+            try:
+                pairs = list(histogram.items())
+                break
+            except RuntimeError:  # a bucket was added mid-copy: take it again
+                continue
+        else:
+            return []
+        return sorted(p for p in pairs if p[1] > 0)
+    return [(b, n) for b, n in enumerate(histogram) if n > 0]
+
+
+def percentiles(
+    histogram: Mapping[int, int] | Sequence[int], qs: Iterable[float]
+) -> dict[str, int]:
     """Percentiles of a histogram, keyed ``"p50"``, ``"p99.9"``...; empty when nothing counted.
 
     Args:
-        histogram: bucket counts as made by :func:`new_histogram`.
+        histogram: bucket counts, sparse (as made by :func:`new_histogram`) or a dense list.
         qs: percentiles in (0, 100].
 
     Returns:
         A mapping from ``"p<q>"`` to nanoseconds (the bucket's representative value).
     """
-    cumulative = list(accumulate(histogram))
-    total = cumulative[-1] if cumulative else 0
+    filled = _items(histogram)
+    total = sum(n for _, n in filled)
     if total == 0:
         return {}
     out: dict[str, int] = {}
     for q in qs:
         rank = max(1, -(-total * q // 100))  # ceil(total * q / 100), at least the first sample
-        out[percentile_key(q)] = bucket_value(bisect_left(cumulative, rank))
+        seen = 0
+        for bucket, count in filled:
+            seen += count
+            if seen >= rank:
+                out[percentile_key(q)] = bucket_value(bucket)
+                break
     return out
 
 
