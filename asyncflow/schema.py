@@ -17,6 +17,7 @@ import orjson
 
 __all__ = [
     "SCHEMA",
+    "AwaitFrame",
     "BlockedEpisode",
     "CallEntry",
     "CallStates",
@@ -47,6 +48,10 @@ __all__ = [
     "StreamItemEntry",
     "StreamLogs",
     "StreamsDocument",
+    "TaskEntry",
+    "TasksDocument",
+    "WaitSummary",
+    "WaitTarget",
     "dumps",
     "load",
 ]
@@ -438,6 +443,86 @@ class LoopDocument:
     schema: int
     block_threshold_ns: int
     loops: list[LoopEntry]
+
+
+@dataclass(frozen=True, slots=True)
+class AwaitFrame:
+    """One coroutine of a task's await chain, at the line where it is suspended now."""
+
+    file: str
+    line: int
+    function: str
+
+
+@dataclass(frozen=True, slots=True)
+class WaitTarget:
+    """What a task waits on, resolved to something a person recognises."""
+
+    #: ``queue_get``, ``queue_put``, ``queue_join``, ``lock``, ``semaphore``, ``condition``,
+    #: ``event``, ``barrier``, ``sleep``, ``task``, ``gather``, ``wait``, ``taskgroup``,
+    #: ``executor``, ``io`` or ``future`` (anything else, described by its repr)
+    kind: str
+    #: in words: "get from queue app.py:12", "sleep (1.5 s left)", "task Task-7"
+    description: str
+    #: the document entry it names, when asyncflow tracks it: ``channel:3``, ``resource:2``,
+    #: ``task:Task-7``
+    ref: str | None
+    #: the label of the queue, resource, task or function it names
+    label: str | None
+    #: for a sleep, the time left
+    remaining_ns: int | None
+    #: for a gather, asyncio.wait or task group, the children not finished yet
+    children: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class TaskEntry:
+    """One live task: what it runs, where it is suspended, and what it waits on."""
+
+    name: str
+    loop_id: int
+    #: ``waiting`` (on ``waits_on``), ``scheduled`` (ready to run its next step), ``running``
+    #: (in the middle of a step when read) or ``done``
+    state: str
+    #: the qualified name of the task's coroutine
+    coroutine: str
+    #: the tracked future and call the task runs, when asyncflow tracks it
+    future_id: int | None
+    future_label: str | None
+    call_id: int | None
+    #: time since the tracked call was created; None for untracked tasks
+    age_ns: int | None
+    #: the await chain from the task's coroutine inwards, innermost last
+    chain: list[AwaitFrame]
+    waits_on: WaitTarget | None
+
+
+@dataclass(frozen=True, slots=True)
+class WaitSummary:
+    """Waiting tasks of one future counted by the program's line and what they wait on."""
+
+    future_id: int | None
+    #: the future's label, or the coroutine's name for untracked tasks
+    label: str
+    #: the innermost frame of the program's own code (not asyncio's) in their chains
+    where: AwaitFrame | None
+    waits_on: WaitTarget | None
+    tasks: int
+
+
+@dataclass(frozen=True, slots=True)
+class TasksDocument:
+    """``GET /tasks``: every live task on every watched loop, and where they wait, counted."""
+
+    schema: int
+    #: live tasks in all (``tasks`` is one page of them)
+    total: int
+    #: True when every loop was read on its own thread; False when a blocked loop had to be
+    #: read from outside, while it ran (its running task's chain may be changing)
+    consistent: bool
+    tasks: list[TaskEntry]
+    #: waiting tasks grouped by future, line and what they wait on, most first (all tasks)
+    waits: list[WaitSummary]
 
 
 @dataclass(frozen=True, slots=True)

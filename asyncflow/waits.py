@@ -1,0 +1,441 @@
+"""Where each task waits: its await chain, and what it waits on, in words a person recognises.
+
+Cold path only: nothing here runs until a document asks. A task's chain is walked from its
+coroutine through ``cr_await`` (``gi_yieldfrom`` for generator-based coroutines), unwrapping
+asyncflow's own wrappers, down to the innermost suspended coroutine; what it waits on is read
+from the innermost library frames (``Queue.get``'s queue, ``Lock.acquire``'s lock, ``sleep``'s
+timer...) and from the task's ``_fut_waiter`` (another task, a gather, an executor job).
+
+The walk reads objects that belong to the loop's thread. It is consistent when that thread is
+parked (its loop waits in ``select()`` or runs the callback that asked), so the profiler asks the
+loop to run it (:func:`walk_on_loop`); a blocked loop cannot, and is then read from outside, with
+the document saying so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import os
+import threading
+from collections import Counter
+from collections.abc import Iterable
+from types import CodeType, FrameType
+from typing import Any
+
+from asyncflow import clock, schema
+from asyncflow.instrument import _session
+from asyncflow.instrument.futures import InstrumentedCoroutine
+from asyncflow.instrument.loops import LoopRecord
+
+__all__ = [
+    "MAX_CHAIN",
+    "TaskWalk",
+    "describe_future",
+    "summarise",
+    "walk_loop",
+    "walk_on_loop",
+    "walk_task",
+]
+
+#: Coroutines followed down one task's await chain, at most (a cycle guard, too).
+MAX_CHAIN = 64
+#: Characters of an unknown future's repr kept.
+_REPR_LIMIT = 120
+
+_ASYNCIO_DIR = os.path.dirname(asyncio.__file__) + os.sep
+_LIBRARY_DIRS: tuple[str, ...] = (_ASYNCIO_DIR,)
+try:  # anyio's own frames are library frames too (it is a dependency: always importable)
+    import anyio
+
+    _LIBRARY_DIRS += (os.path.dirname(anyio.__file__) + os.sep,)
+except ImportError:  # pragma: no cover
+    pass
+_LIBRARY_DIRS += (os.path.dirname(__file__) + os.sep,)  # asyncflow's own wrappers
+
+
+def _is_library(code: CodeType) -> bool:
+    return code.co_filename.startswith(_LIBRARY_DIRS)
+
+
+class TaskWalk:
+    """One task as read now: the wire entry plus what the summary groups it by."""
+
+    __slots__ = ("entry", "wait_key", "where")
+
+    def __init__(
+        self, entry: schema.TaskEntry, where: schema.AwaitFrame | None, wait_key: str
+    ) -> None:
+        self.entry = entry
+        #: the innermost frame of the program's own code in the chain
+        self.where = where
+        self.wait_key = wait_key
+
+
+def _chain(task: asyncio.Task[Any]) -> tuple[list[FrameType], Any, Any]:
+    """The task's suspended frames, outermost first; its coroutine; and the innermost awaitable
+    that is not a coroutine (a future's iterator, an async generator step), if any."""
+    coro: Any = task.get_coro()
+    top = coro
+    frames: list[FrameType] = []
+    obj = coro
+    for _ in range(MAX_CHAIN):
+        if obj is None:
+            break
+        if type(obj) is InstrumentedCoroutine:
+            obj = obj._coro
+            continue
+        frame = getattr(obj, "cr_frame", None)
+        if frame is not None:
+            nxt = obj.cr_await
+        else:
+            frame = getattr(obj, "gi_frame", None)
+            if frame is not None:
+                nxt = obj.gi_yieldfrom
+            else:
+                frame = getattr(obj, "ag_frame", None)
+                nxt = getattr(obj, "ag_await", None) if frame is not None else None
+        if frame is None:
+            break  # a future's iterator, an async generator's step, or a finished coroutine
+        frames.append(frame)
+        obj = nxt
+    return frames, top, obj
+
+
+def _locals(frame: FrameType) -> Any:
+    try:
+        return frame.f_locals
+    except Exception:  # a frame that cannot show its locals: say nothing about it
+        return {}
+
+
+def _label_of_channel(obj: Any) -> tuple[str | None, str | None]:
+    record = getattr(obj, "_asyncflow_channel", None)  # an instrumented asyncio queue
+    if record is None:  # an anyio memory stream: its shared state's buffer holds the record
+        buffer = getattr(getattr(obj, "_state", None), "buffer", None)
+        record = getattr(buffer, "record", None)
+    if record is None:
+        return None, None
+    return f"channel:{record.id}", str(record.label)
+
+
+def _label_of_resource(obj: Any) -> tuple[str | None, str | None]:
+    record = getattr(obj, "_asyncflow_resource", None)
+    if record is None:
+        return None, None
+    return f"resource:{record.id}", str(record.label)
+
+
+def _target(
+    kind: str,
+    description: str,
+    ref: str | None = None,
+    label: str | None = None,
+    remaining_ns: int | None = None,
+    children: int | None = None,
+) -> schema.WaitTarget:
+    return schema.WaitTarget(kind, description, ref, label, remaining_ns, children)
+
+
+#: asyncio's (and anyio's) waiting functions: co_qualname -> (kind, what a person calls it)
+_SITES: dict[str, tuple[str, str]] = {
+    "Queue.get": ("queue_get", "get from queue"),
+    "Queue.put": ("queue_put", "put into full queue"),
+    "Queue.join": ("queue_join", "join of queue"),
+    "Lock.acquire": ("lock", "acquire lock"),
+    "Semaphore.acquire": ("semaphore", "acquire semaphore"),
+    "BoundedSemaphore.acquire": ("semaphore", "acquire semaphore"),
+    "Condition.wait": ("condition", "wait on condition"),
+    "Condition.wait_for": ("condition", "wait on condition"),
+    "Event.wait": ("event", "wait for event"),
+    "Barrier.wait": ("barrier", "wait at barrier"),
+    "Barrier._block": ("barrier", "wait at barrier"),
+    "Barrier._wait": ("barrier", "wait at barrier"),
+    "StreamReader._wait_for_data": ("io", "read from stream"),
+    "FlowControlMixin._drain_helper": ("io", "drain stream writer"),
+    "StreamWriter.drain": ("io", "drain stream writer"),
+    "CapacityLimiter.acquire_on_behalf_of": ("semaphore", "acquire capacity limiter"),
+    "MemoryObjectReceiveStream.receive": ("queue_get", "receive from memory stream"),
+    "MemoryObjectSendStream.send": ("queue_put", "send into full memory stream"),
+}
+_IO_FUNCTIONS = frozenset(
+    {
+        "sock_recv",
+        "sock_recv_into",
+        "sock_recvfrom",
+        "sock_recvfrom_into",
+        "sock_sendall",
+        "sock_sendto",
+        "sock_connect",
+        "sock_accept",
+        "sock_sendfile",
+        "create_connection",
+        "getaddrinfo",
+    }
+)
+
+
+def _site(frame: FrameType, loop_time: float) -> schema.WaitTarget | None:
+    """What a library frame in the chain waits on, when its function is a known waiting site."""
+    code = frame.f_code
+    qualname = code.co_qualname
+    name = code.co_name
+    if qualname == "sleep" and code.co_filename.startswith(_ASYNCIO_DIR):
+        handle = _locals(frame).get("h")
+        when = getattr(handle, "when", None)
+        left = None
+        if callable(when):
+            left = max(0, round((when() - loop_time) * 1e9))
+        words = "sleep" if left is None else f"sleep ({_seconds(left)} left)"
+        return _target("sleep", words, remaining_ns=left)
+    if qualname == "to_thread" and code.co_filename.startswith(_ASYNCIO_DIR):
+        call = _locals(frame).get("func_call")
+        args = getattr(call, "args", ())
+        fn = args[0] if args else None
+        what = getattr(fn, "__qualname__", None) or "a function"
+        return _target("executor", f"to_thread({what})", label=what)
+    if qualname == "wait_for" and code.co_filename.startswith(_ASYNCIO_DIR):
+        inner = _locals(frame).get("fut")
+        if isinstance(inner, asyncio.Task):
+            return _target("task", f"wait_for task {inner.get_name()}", label=inner.get_name())
+        return None
+    if qualname in ("_wait", "wait") and code.co_filename.startswith(_ASYNCIO_DIR):
+        fs = _locals(frame).get("fs")
+        if isinstance(fs, (set, list, tuple, frozenset)):
+            pending = sum(1 for f in fs if not f.done())
+            return _target("wait", f"asyncio.wait on {pending} of {len(fs)}", children=pending)
+        return None
+    if qualname in ("TaskGroup.__aexit__", "TaskGroup._aexit"):
+        tasks = getattr(_locals(frame).get("self"), "_tasks", None)
+        n = len(tasks) if tasks is not None else None
+        words = "task group" if n is None else f"task group of {n} tasks"
+        return _target("taskgroup", words, children=n)
+    if name in _IO_FUNCTIONS and code.co_filename.startswith(_ASYNCIO_DIR):
+        return _target("io", f"socket {name.removeprefix('sock_')}")
+    site = _SITES.get(qualname)
+    if site is None:
+        return None
+    kind, words = site
+    owner = _locals(frame).get("self")
+    ref, label = _label_of_channel(owner)
+    if ref is None:
+        ref, label = _label_of_resource(owner)
+    if label is not None:
+        words = f"{words} {label}"
+    elif owner is not None and kind != "io":
+        words = f"{words} {type(owner).__qualname__} at 0x{id(owner):x}"
+    return _target(kind, words, ref, label)
+
+
+def _seconds(ns: int) -> str:
+    return f"{ns / 1e9:.3g} s" if ns >= 1_000_000_000 else f"{ns / 1e6:.3g} ms"
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= _REPR_LIMIT else text[: _REPR_LIMIT - 1] + "…"
+
+
+def describe_future(fut: Any) -> schema.WaitTarget:
+    """What a task waits on when only its awaited future says it: a task, a gather, a job."""
+    if isinstance(fut, asyncio.Task):
+        name = fut.get_name()
+        return _target("task", f"task {name}", f"task:{name}", name)
+    children = getattr(fut, "_children", None)
+    if isinstance(children, list):  # asyncio.gather's _GatheringFuture
+        pending = sum(1 for c in children if not c.done())
+        return _target("gather", f"gather of {len(children)} ({pending} pending)", children=pending)
+    for callback in _callbacks(fut):
+        source = _closure_value(callback, "source")
+        if isinstance(source, concurrent.futures.Future):  # run_in_executor, wrap_future
+            return _target("executor", "executor job")
+    try:
+        text = repr(fut)
+    except BaseException:  # a hostile repr must not break a document
+        text = f"<{type(fut).__qualname__}>"
+    return _target("future", _short(text))
+
+
+def _callbacks(fut: Any) -> Iterable[Any]:
+    try:
+        callbacks = fut._callbacks or ()
+    except Exception:
+        return ()
+    return [entry[0] if isinstance(entry, tuple) else entry for entry in callbacks]
+
+
+def _closure_value(fn: Any, name: str) -> Any:
+    code = getattr(fn, "__code__", None)
+    cells = getattr(fn, "__closure__", None)
+    if code is None or not cells or name not in code.co_freevars:
+        return None
+    try:
+        return cells[code.co_freevars.index(name)].cell_contents
+    except ValueError:  # an empty cell
+        return None
+
+
+def _frame_entry(frame: FrameType) -> schema.AwaitFrame:
+    code = frame.f_code
+    return schema.AwaitFrame(code.co_filename, frame.f_lineno or 0, code.co_qualname)
+
+
+def walk_task(
+    task: asyncio.Task[Any],
+    loop_id: int,
+    running: asyncio.Task[Any] | None,
+    now_ns: int,
+    loop_time: float,
+) -> TaskWalk:
+    """Read one task's await chain and what it waits on (see the module's docstring)."""
+    frames, coro, innermost = _chain(task)
+    chain = [_frame_entry(f) for f in frames]
+    mine = [i for i, frame in enumerate(frames) if not _is_library(frame.f_code)]
+    where = chain[mine[-1]] if mine else None
+    waits_on: schema.WaitTarget | None = None
+    if task.done():
+        state = "done"
+    elif task is running:
+        state = "running"
+    else:
+        waiter = getattr(task, "_fut_waiter", None)
+        state = "waiting" if waiter is not None else "scheduled"
+        for frame in reversed(frames):
+            if not _is_library(frame.f_code):
+                break
+            waits_on = _site(frame, loop_time)
+            if waits_on is not None:
+                break
+        if waits_on is None and waiter is not None:
+            waits_on = describe_future(waiter)
+        if waits_on is None and innermost is not None and state == "waiting":
+            waits_on = _target("future", _short(type(innermost).__qualname__))
+    future_id = future_label = call_id = age = None
+    if type(coro) is InstrumentedCoroutine:
+        r = coro._r
+        future_id, future_label, call_id = r.future.id, r.future.label, r.call_id
+        age = max(0, now_ns - r.created)
+    code = getattr(coro, "cr_code", None) or getattr(coro, "gi_code", None)
+    if type(coro) is InstrumentedCoroutine:
+        code = getattr(coro._coro, "cr_code", None) or getattr(coro._coro, "gi_code", None)
+    coro_name = code.co_qualname if code is not None else type(coro).__qualname__
+    entry = schema.TaskEntry(
+        name=task.get_name(),
+        loop_id=loop_id,
+        state=state,
+        coroutine=coro_name,
+        future_id=future_id,
+        future_label=future_label,
+        call_id=call_id,
+        age_ns=age,
+        chain=chain,
+        waits_on=waits_on,
+    )
+    key = (
+        f"{waits_on.kind}:{waits_on.ref or waits_on.label or waits_on.description}"
+        if (waits_on is not None)
+        else state
+    )
+    return TaskWalk(entry, where, key)
+
+
+def _all_tasks(loop: asyncio.AbstractEventLoop) -> list[asyncio.Task[Any]]:
+    for _ in range(100):
+        try:
+            return list(asyncio.all_tasks(loop))
+        except RuntimeError:  # the task set changed size under another thread: read it again
+            continue
+    return []
+
+
+def walk_loop(record: LoopRecord) -> list[TaskWalk]:
+    """Every live task of one loop, read now on whatever thread calls this."""
+    loop = record.loop()
+    if loop is None or loop.is_closed():
+        return []
+    # The task in the middle of a step now: the one that asked, or the one a blocked loop runs.
+    running = _running_task(loop) if loop.is_running() else None
+    now_ns = clock.now_ns()
+    loop_time = loop.time()
+    walks = []
+    for task in _all_tasks(loop):
+        try:
+            walks.append(walk_task(task, record.id, running, now_ns, loop_time))
+        except Exception as err:  # a task we cannot read is left out, never a failed document
+            _session.internal_error("reading a task's await chain", err)
+    return walks
+
+
+def _running_task(loop: asyncio.AbstractEventLoop) -> asyncio.Task[Any] | None:
+    current = getattr(asyncio.tasks, "_current_tasks", None)
+    if isinstance(current, dict):
+        task = current.get(loop)
+        return task if isinstance(task, asyncio.Task) else None
+    try:
+        return asyncio.current_task(loop)
+    except RuntimeError:
+        return None
+
+
+def walk_on_loop(
+    record: LoopRecord, timeout: float, responsive: bool
+) -> tuple[list[TaskWalk], bool]:
+    """Walk the loop's tasks on its own thread when it answers within ``timeout``; otherwise
+    (blocked, stopped, or the caller is that thread) read them from here.
+
+    Returns the walks and whether they were read on the loop's thread (consistent).
+    """
+    loop = record.loop()
+    if loop is None or loop.is_closed():
+        return [], True
+    if record.thread == threading.get_ident():
+        return walk_loop(record), True  # we are the loop's thread: nothing else runs on it
+    if not responsive or not loop.is_running():
+        return walk_loop(record), not loop.is_running()
+    done: concurrent.futures.Future[list[TaskWalk]] = concurrent.futures.Future()
+
+    def walk() -> None:
+        if done.set_running_or_notify_cancel():
+            try:
+                done.set_result(walk_loop(record))
+            except BaseException as exc:
+                done.set_exception(exc)
+
+    try:
+        loop.call_soon_threadsafe(walk)
+        return done.result(timeout), True
+    except (concurrent.futures.TimeoutError, RuntimeError):
+        done.cancel()
+        return walk_loop(record), False
+
+
+def summarise(walks: Iterable[TaskWalk]) -> list[schema.WaitSummary]:
+    """Waiting tasks counted by future, by the program's line they wait at, and by what they
+    wait on: "50 calls of ``worker`` wait at app.py:5 on lock app.py:19", most first."""
+    counts: Counter[tuple[Any, ...]] = Counter()
+    samples: dict[tuple[Any, ...], TaskWalk] = {}
+    for walk in walks:
+        entry = walk.entry
+        if entry.state != "waiting":
+            continue
+        where = walk.where
+        key = (
+            entry.future_id,
+            entry.future_label or entry.coroutine,
+            (where.file, where.line) if where is not None else None,
+            walk.wait_key,
+        )
+        counts[key] += 1
+        samples.setdefault(key, walk)
+    out = []
+    for key, count in counts.most_common():
+        walk = samples[key]
+        out.append(
+            schema.WaitSummary(
+                future_id=walk.entry.future_id,
+                label=walk.entry.future_label or walk.entry.coroutine,
+                where=walk.where,
+                waits_on=walk.entry.waits_on,
+                tasks=count,
+            )
+        )
+    return out
