@@ -9,6 +9,8 @@ from asyncflow._version import __version__ as __version__
 from asyncflow.config import Options as Options
 from asyncflow.config import Reporter as Reporter
 from asyncflow.errors import AsyncflowError as AsyncflowError
+from asyncflow.instrument.coroutines import NeverAwaitedTracking as NeverAwaitedTracking
+from asyncflow.instrument.coroutines import track_never_awaited as track_never_awaited
 from asyncflow.instrument.futures import TaskInstrumentation as TaskInstrumentation
 from asyncflow.instrument.futures import future as future
 from asyncflow.instrument.futures import instrument as instrument
@@ -27,6 +29,7 @@ from asyncflow.schema import Snapshot as Snapshot
 
 __all__ = [
     "AsyncflowError",
+    "NeverAwaitedTracking",
     "Options",
     "Profiler",
     "QueueInstrumentation",
@@ -45,4 +48,5 @@ __all__ = [
     "start",
     "stop",
     "stream",
+    "track_never_awaited",
 ]
