@@ -11,6 +11,8 @@ from asyncflow.config import Reporter as Reporter
 from asyncflow.errors import AsyncflowError as AsyncflowError
 from asyncflow.instrument.coroutines import NeverAwaitedTracking as NeverAwaitedTracking
 from asyncflow.instrument.coroutines import track_never_awaited as track_never_awaited
+from asyncflow.instrument.executors import ExecutorInstrumentation as ExecutorInstrumentation
+from asyncflow.instrument.executors import instrument_executors as instrument_executors
 from asyncflow.instrument.futures import TaskInstrumentation as TaskInstrumentation
 from asyncflow.instrument.futures import future as future
 from asyncflow.instrument.futures import instrument as instrument
@@ -29,6 +31,7 @@ from asyncflow.schema import Snapshot as Snapshot
 
 __all__ = [
     "AsyncflowError",
+    "ExecutorInstrumentation",
     "NeverAwaitedTracking",
     "Options",
     "Profiler",
@@ -40,6 +43,7 @@ __all__ = [
     "active_profiler",
     "future",
     "instrument",
+    "instrument_executors",
     "instrument_memory_stream",
     "instrument_queue",
     "instrument_queues",

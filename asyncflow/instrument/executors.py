@@ -1,0 +1,415 @@
+"""Executors: jobs that ``run_in_executor`` and ``asyncio.to_thread`` hand to thread pools.
+
+:func:`instrument_executors` puts a ``run_in_executor`` of its own on the loop (an instance
+attribute: the loop keeps its class). Each job of a thread pool is wrapped in a :class:`_Job`
+that reads the clock when a worker thread picks it up and when it ends: the time it was
+*queued* (submitted, no thread free) and the time it *ran*. Jobs are counted by the function run
+(``to_thread``'s function, not the ``Context.run`` that carries it) and by the tracked future
+that submitted them. Process pools run jobs elsewhere: they are counted, and timed from
+submission to completion, but never wrapped (the job must pickle as it is).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextvars
+import functools
+import itertools
+import threading
+import weakref
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from asyncflow import clock as _clock
+from asyncflow import stats
+from asyncflow.instrument import _session
+from asyncflow.instrument.channels import caller
+
+__all__ = [
+    "MAX_FUNCTIONS",
+    "ExecutorInstrumentation",
+    "ExecutorRecord",
+    "ExecutorStats",
+    "executor_registry",
+    "function_name",
+    "instrument_executors",
+]
+
+#: Functions counted separately per executor; the rest are counted together.
+MAX_FUNCTIONS = 100
+#: Executors that are gone still listed, the most recent.
+MAX_GONE = 16
+_OTHER = "(other functions)"
+
+
+class JobFigures:
+    """Jobs of one function, or of one submitting future, on one executor."""
+
+    __slots__ = ("jobs", "max_queued_ns", "max_run_ns", "queued_ns", "raised", "run_ns")
+
+    def __init__(self) -> None:
+        self.jobs = 0
+        self.raised = 0
+        self.queued_ns = 0
+        self.max_queued_ns = 0
+        self.run_ns = 0
+        self.max_run_ns = 0
+
+    def add(self, queued: int, ran: int, raised: bool) -> None:
+        self.jobs += 1
+        self.raised += raised
+        self.queued_ns += queued
+        self.run_ns += ran
+        if queued > self.max_queued_ns:
+            self.max_queued_ns = queued
+        if ran > self.max_run_ns:
+            self.max_run_ns = ran
+
+
+class ExecutorStats:
+    """One session's figures for one executor. Counts are exact; every job is timed."""
+
+    __slots__ = (
+        "by_function",
+        "by_future",
+        "cancelled",
+        "completed",
+        "max_queued_ns",
+        "max_run_ns",
+        "queued_hist",
+        "queued_ns",
+        "raised",
+        "run_hist",
+        "run_ns",
+        "running",
+        "started",
+        "submitted",
+    )
+
+    def __init__(self) -> None:
+        self.submitted = 0
+        self.started = 0
+        self.running = 0
+        self.completed = 0
+        self.raised = 0
+        self.cancelled = 0  # cancelled before a worker picked them up: they never ran
+        self.queued_ns = 0
+        self.max_queued_ns = 0
+        self.run_ns = 0
+        self.max_run_ns = 0
+        self.queued_hist = stats.new_histogram()
+        self.run_hist = stats.new_histogram()
+        self.by_function: dict[str, JobFigures] = {}
+        #: future id -> figures of the jobs its calls submitted
+        self.by_future: dict[int, JobFigures] = {}
+
+    @property
+    def queued(self) -> int:
+        """Jobs waiting for a worker thread now."""
+        return max(0, self.submitted - self.started - self.cancelled)
+
+
+class ExecutorRecord:
+    """An executor jobs were submitted to: identity, label, and the session's figures."""
+
+    __slots__ = ("__weakref__", "_owner", "id", "kind", "label", "lock", "stats")
+
+    def __init__(self, owner: Any, label: str) -> None:
+        self.id = next(_ids)
+        self.label = label
+        self.kind = (
+            "process" if isinstance(owner, concurrent.futures.ProcessPoolExecutor) else ("thread")
+        )
+        # The executor, or for a loop's default executor the loop (which makes it lazily).
+        # Weak: observing must not keep either (or their threads) alive.
+        self._owner = weakref.ref(owner)
+        #: jobs end on worker threads: their figures are folded under this lock (cold enough)
+        self.lock = threading.Lock()
+        self.stats = ExecutorStats()
+
+    @property
+    def alive(self) -> bool:
+        """Whether the executor (or the loop whose default executor it is) still exists."""
+        return self._owner() is not None
+
+    def executor(self) -> Any:
+        """The executor object now, if it exists."""
+        owner = self._owner()
+        if isinstance(owner, asyncio.AbstractEventLoop):
+            return getattr(owner, "_default_executor", None)
+        return owner
+
+    def workers(self) -> tuple[int | None, int]:
+        """(most worker threads or processes it may start, those it has started now)."""
+        executor = self.executor()
+        if executor is None:
+            return None, 0
+        most = getattr(executor, "_max_workers", None)
+        started = getattr(executor, "_threads", None) or getattr(executor, "_processes", None)
+        return (most if isinstance(most, int) else None), len(started or ())
+
+    def start(self) -> None:
+        with self.lock:
+            self.stats.started += 1
+            self.stats.running += 1
+
+    def end(
+        self, function: str, future_id: int | None, queued: int, ran: int, raised: bool
+    ) -> None:
+        """A job ended after waiting ``queued`` ns for a thread and running ``ran`` ns."""
+        with self.lock:
+            st = self.stats
+            st.running = max(0, st.running - 1)
+            st.completed += 1
+            st.raised += raised
+            st.queued_ns += queued
+            st.run_ns += ran
+            st.max_queued_ns = max(st.max_queued_ns, queued)
+            st.max_run_ns = max(st.max_run_ns, ran)
+            stats.record(st.queued_hist, queued)
+            stats.record(st.run_hist, ran)
+            figures = st.by_function.get(function)
+            if figures is None:
+                if len(st.by_function) >= MAX_FUNCTIONS:
+                    function = _OTHER
+                figures = st.by_function.setdefault(function, JobFigures())
+            figures.add(queued, ran, raised)
+            if future_id is not None:
+                st.by_future.setdefault(future_id, JobFigures()).add(queued, ran, raised)
+
+    def never_started(self) -> None:
+        with self.lock:
+            self.stats.cancelled += 1
+
+
+_ids = itertools.count(1)
+_lock = threading.Lock()
+_by_executor: weakref.WeakKeyDictionary[Any, ExecutorRecord] = weakref.WeakKeyDictionary()
+_registry: list[ExecutorRecord] = []
+_gone: deque[ExecutorRecord] = deque(maxlen=MAX_GONE)
+
+
+def _record_of(owner: Any, label: str) -> ExecutorRecord:
+    record = _by_executor.get(owner)
+    if record is None:
+        with _lock:
+            record = _by_executor.get(owner)
+            if record is None:
+                record = _by_executor[owner] = ExecutorRecord(owner, label)
+                _registry.append(record)
+    return record
+
+
+def executor_registry() -> list[ExecutorRecord]:
+    """Every executor seen, alive first then the most recent gone ones (a copy)."""
+    with _lock:
+        alive = [r for r in _registry if r.alive]
+        for record in _registry:
+            if not record.alive:
+                _gone.append(record)
+        _registry[:] = alive
+        return [*alive, *_gone]
+
+
+def reset_for_session() -> None:
+    """Fresh figures for every executor still alive; the gone ones are forgotten."""
+    with _lock:
+        _gone.clear()
+        _registry[:] = [r for r in _registry if r.alive]
+        for record in _registry:
+            record.stats = ExecutorStats()
+
+
+def function_name(fn: Any) -> str:
+    """The qualified name of what a job runs, through ``partial`` and ``Context.run``."""
+    for _ in range(8):
+        if isinstance(fn, functools.partial):
+            inner = fn.func
+            # to_thread submits partial(Context.run, func, *args): the job is func
+            if getattr(inner, "__self__", None).__class__ is contextvars.Context and fn.args:
+                fn = fn.args[0]
+            else:
+                fn = inner
+            continue
+        break
+    name = getattr(fn, "__qualname__", None) or getattr(type(fn), "__qualname__", "?")
+    module = getattr(fn, "__module__", None)
+    return f"{module}.{name}" if module and module != "builtins" else str(name)
+
+
+class _Job:
+    """What a worker thread runs in place of the submitted function: it times the job."""
+
+    __slots__ = ("fn", "function", "future_id", "record", "started", "submitted")
+
+    def __init__(
+        self, record: ExecutorRecord, fn: Callable[..., Any], future_id: int | None
+    ) -> None:
+        self.record = record
+        self.fn = fn
+        self.function = function_name(fn)
+        self.future_id = future_id
+        self.submitted = _clock.now_ns()
+        self.started = 0
+
+    def __call__(self, *args: Any) -> Any:
+        record = self.record
+        self.started = t0 = _clock.now_ns()
+        record.start()
+        raised = True
+        try:
+            result = self.fn(*args)
+            raised = False
+            return result
+        finally:
+            try:
+                record.end(
+                    self.function, self.future_id, t0 - self.submitted, _clock.now_ns() - t0, raised
+                )
+            except Exception as err:  # observing never breaks the program
+                _session.internal_error("recording an executor job", err)
+
+
+def _default_label(loop: asyncio.AbstractEventLoop) -> str:
+    return f"default executor ({type(loop).__qualname__} 0x{id(loop):x})"
+
+
+def _label(executor: concurrent.futures.Executor) -> str:
+    prefix = getattr(executor, "_thread_name_prefix", "") or ""
+    name = type(executor).__qualname__
+    return f"{name} {prefix}".strip() if prefix and not prefix.startswith(name) else name
+
+
+class _RunInExecutor:
+    """The loop's ``run_in_executor`` while executors are instrumented."""
+
+    __slots__ = ("__weakref__", "enabled", "loop", "original")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        # Weak, and the class's function rather than a bound method: the loop holds this in
+        # its __dict__, and must not be kept alive by it.
+        self.loop = weakref.ref(loop)
+        self.original = type(loop).run_in_executor
+        self.enabled = True
+
+    def __call__(
+        self, executor: concurrent.futures.Executor | None, func: Callable[..., Any], *args: Any
+    ) -> asyncio.Future[Any]:
+        loop = self.loop()
+        if loop is None:
+            raise RuntimeError("run_in_executor() of an event loop that no longer exists")
+        original = self.original
+        if not self.enabled or _session.active is None:
+            return original(loop, executor, func, *args)
+        try:
+            if executor is None:
+                record = _record_of(loop, _default_label(loop))
+            else:
+                record = _record_of(executor, _label(executor))
+            _, future_id = caller()
+            with record.lock:
+                record.stats.submitted += 1
+            if record.kind == "process":  # the job must pickle as it is: timed from outside
+                job: Any = None
+                submitted = func
+            else:
+                job = submitted = _Job(record, func, future_id)
+        except Exception as err:  # observing never breaks the program
+            _session.internal_error("instrumenting an executor job", err)
+            return original(loop, executor, func, *args)
+        future = original(loop, executor, submitted, *args)
+        if job is not None:
+            future.add_done_callback(functools.partial(_check_started, job))
+        else:
+            record.start()
+            future.add_done_callback(_untimed_end(record, func, future_id))
+        return future
+
+
+def _check_started(job: _Job, future: asyncio.Future[Any]) -> None:
+    if future.cancelled() and not job.started:
+        job.record.never_started()
+
+
+def _untimed_end(
+    record: ExecutorRecord, func: Any, future_id: int | None
+) -> Callable[[asyncio.Future[Any]], None]:
+    submitted = _clock.now_ns()
+    function = function_name(func)
+
+    def end(future: asyncio.Future[Any]) -> None:
+        raised = future.cancelled() or future.exception() is not None
+        record.end(function, future_id, 0, _clock.now_ns() - submitted, raised)
+
+    return end
+
+
+class ExecutorInstrumentation:
+    """Handle returned by :func:`instrument_executors`; ``undo()`` (or leaving ``with``)
+    gives the loop its own ``run_in_executor`` back."""
+
+    __slots__ = ("_hook", "_loop")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, hook: _RunInExecutor | None) -> None:
+        self._loop = weakref.ref(loop)
+        self._hook = hook
+
+    @property
+    def active(self) -> bool:
+        """Whether jobs submitted on the loop now are recorded through this handle."""
+        return self._hook is not None and self._hook.enabled
+
+    def undo(self) -> None:
+        """Stop recording jobs; idempotent."""
+        hook, self._hook = self._hook, None
+        if hook is None or not hook.enabled:
+            return
+        hook.enabled = False
+        loop = self._loop()
+        if loop is not None and vars(loop).get("run_in_executor") is hook:
+            del loop.run_in_executor  # the class's method shows through again
+
+    def __enter__(self) -> ExecutorInstrumentation:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.undo()
+
+
+def instrument_executors(loop: asyncio.AbstractEventLoop | None = None) -> ExecutorInstrumentation:
+    """Record every job submitted through ``loop.run_in_executor`` (``asyncio.to_thread`` too).
+
+    Args:
+        loop: the event loop; defaults to the running loop.
+
+    Returns:
+        A handle whose ``undo()`` stops recording.
+
+    Raises:
+        RuntimeError: no loop was given and none is running, or the loop is closed.
+        TypeError: ``loop`` is not an event loop.
+    """
+    if loop is None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            raise RuntimeError(
+                "asyncflow.instrument_executors() was called with no running event loop; call "
+                "it from inside a coroutine, or pass loop="
+            ) from None
+    elif not isinstance(loop, asyncio.AbstractEventLoop):
+        raise TypeError(
+            f"asyncflow.instrument_executors(loop=...) needs an event loop, got {loop!r}"
+        )
+    if loop.is_closed():
+        raise RuntimeError(
+            f"asyncflow.instrument_executors(loop=...) was given a closed event loop: {loop!r}"
+        )
+    current = vars(loop).get("run_in_executor")
+    if isinstance(current, _RunInExecutor) and current.enabled:
+        return ExecutorInstrumentation(loop, None)  # already: a second handle counts nothing
+    hook = _RunInExecutor(loop)
+    loop.run_in_executor = hook  # type: ignore[method-assign, assignment]
+    return ExecutorInstrumentation(loop, hook)

@@ -1,0 +1,144 @@
+"""Executors: jobs counted and timed per executor, per function and per submitting future."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+from collections.abc import Iterator
+
+import anyio
+import pytest
+
+import asyncflow
+from asyncflow.clock import FakeClock
+from asyncflow.instrument import executors
+from asyncflow.instrument.executors import ExecutorRecord
+
+
+@pytest.fixture
+def pool() -> Iterator[concurrent.futures.ThreadPoolExecutor]:
+    with concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="db") as p:
+        yield p
+
+
+def _record(executor: object) -> ExecutorRecord:
+    (record,) = [r for r in executors.executor_registry() if r.executor() is executor]
+    return record
+
+
+def resize(n: int) -> int:
+    return n * 2
+
+
+async def test_a_saturated_pool_shows_queued_and_run_time(
+    fake_clock: FakeClock, prof: asyncflow.Profiler, pool: concurrent.futures.ThreadPoolExecutor
+) -> None:
+    loop = asyncio.get_running_loop()
+    started = [threading.Event(), threading.Event()]
+    release = threading.Event()
+
+    def slow(i: int) -> int:
+        started[i].set()
+        release.wait(5)
+        return i
+
+    with asyncflow.instrument_executors():
+        busy = [loop.run_in_executor(pool, slow, i) for i in range(2)]
+        for event in started:  # both workers are taken before anything else is submitted
+            assert event.wait(5)
+        waiting = [loop.run_in_executor(pool, resize, n) for n in (3, 4)]
+        record = _record(pool)
+        assert (record.stats.submitted, record.stats.running, record.stats.queued) == (4, 2, 2)
+        fake_clock.advance(5_000)  # the two slow jobs run, the two others wait for a thread
+        release.set()
+        with anyio.fail_after(5):
+            assert await asyncio.gather(*busy, *waiting) == [0, 1, 6, 8]
+    st = record.stats
+    assert (st.submitted, st.completed, st.raised, st.running, st.queued) == (4, 4, 0, 0, 0)
+    assert (st.queued_ns, st.max_queued_ns, st.run_ns, st.max_run_ns) == (
+        10_000,
+        5_000,
+        10_000,
+        5_000,
+    )
+    assert record.workers() == (2, 2)
+    assert record.label == "ThreadPoolExecutor db"
+    functions = {name: f.jobs for name, f in st.by_function.items()}
+    assert functions == {f"{__name__}.resize": 2, f"{__name__}.{slow.__qualname__}": 2}
+
+
+async def test_to_thread_counts_the_function_and_the_future_that_submitted_it(
+    prof: asyncflow.Profiler,
+) -> None:
+    @asyncflow.future(name="handler")
+    async def handler() -> int:
+        return await asyncio.to_thread(resize, 21)
+
+    with asyncflow.instrument_executors():
+        assert await asyncio.create_task(handler()) == 42  # attributed to the task's call
+    (record,) = [r for r in executors.executor_registry() if r.label.startswith("default")]
+    st = record.stats
+    assert (st.submitted, st.completed) == (1, 1)
+    assert list(st.by_function) == [f"{__name__}.resize"]
+    handler_id = next(f.id for f in prof.snapshot().futures.futures if f.label == "handler")
+    assert list(st.by_future) == [handler_id]
+
+
+async def test_jobs_raise_exactly_as_before_and_undo_restores(
+    prof: asyncflow.Profiler, pool: concurrent.futures.ThreadPoolExecutor
+) -> None:
+    loop = asyncio.get_running_loop()
+
+    def broken() -> None:
+        raise LookupError("no such row")
+
+    async def outcome() -> BaseException:
+        try:
+            await loop.run_in_executor(pool, broken)
+        except LookupError as exc:
+            return exc
+        raise AssertionError("the job did not raise")
+
+    plain = await outcome()
+    handle = asyncflow.instrument_executors()
+    assert asyncflow.instrument_executors().active is False  # once per loop
+    tracked = await outcome()
+    handle.undo()
+    handle.undo()  # idempotent
+    assert "run_in_executor" not in vars(loop)
+    assert (type(tracked), tracked.args) == (type(plain), plain.args)
+    assert _record(pool).stats.raised == 1
+
+
+async def test_a_job_cancelled_before_a_thread_took_it_never_ran(
+    prof: asyncflow.Profiler,
+) -> None:
+    loop = asyncio.get_running_loop()
+    release = threading.Event()
+    ran: list[int] = []
+    with (
+        concurrent.futures.ThreadPoolExecutor(max_workers=1) as one,
+        asyncflow.instrument_executors(),
+    ):
+        first = loop.run_in_executor(one, release.wait, 5)
+        second = loop.run_in_executor(one, ran.append, 1)
+        second.cancel()
+        await asyncio.sleep(0)  # asyncio passes the cancellation on to the pool's future
+        release.set()
+        with anyio.fail_after(5):
+            await first
+    st = _record(one).stats
+    assert ran == []
+    assert (st.submitted, st.completed, st.cancelled, st.queued) == (2, 1, 1, 0)
+
+
+def test_misuse() -> None:
+    with pytest.raises(RuntimeError, match="no running event loop"):
+        asyncflow.instrument_executors()
+    with pytest.raises(TypeError, match="needs an event loop"):
+        asyncflow.instrument_executors(loop="main")  # type: ignore[arg-type]
+    loop = asyncio.new_event_loop()
+    loop.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        asyncflow.instrument_executors(loop)
