@@ -30,15 +30,19 @@ __all__ = [
     "ErrorDocument",
     "ErrorInfo",
     "ExceptionInfo",
+    "ExecutorEntry",
+    "ExecutorsDocument",
     "FlowDocument",
     "FlowEdge",
     "FlowNode",
     "FutureEntry",
     "FutureLogs",
     "FuturesDocument",
+    "JobGroup",
     "Location",
     "LoopDocument",
     "LoopEntry",
+    "NeverAwaitedEntry",
     "Outcomes",
     "ProfilerStatus",
     "RunningCall",
@@ -523,6 +527,77 @@ class TasksDocument:
     tasks: list[TaskEntry]
     #: waiting tasks grouped by future, line and what they wait on, most first (all tasks)
     waits: list[WaitSummary]
+
+
+@dataclass(frozen=True, slots=True)
+class JobGroup:
+    """An executor's jobs of one function, or submitted by the calls of one future."""
+
+    #: the function's qualified name, or the future's label
+    name: str
+    #: the submitting future, for groups by future
+    future_id: int | None
+    jobs: int
+    raised: int
+    #: time the jobs waited for a worker, in all and the longest
+    queued_ns: int
+    max_queued_ns: int
+    #: time the jobs ran, in all and the longest
+    run_ns: int
+    max_run_ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutorEntry:
+    """A thread or process pool that ``run_in_executor``/``to_thread`` submitted jobs to."""
+
+    id: int
+    label: str
+    #: ``thread`` or ``process`` (process jobs are timed from submission to completion)
+    kind: str
+    #: ``alive``, or ``gone`` once the executor object was collected
+    state: str
+    #: the most workers it may start, and those it has started now
+    max_workers: int | None
+    workers: int
+    submitted: int
+    #: jobs waiting for a worker now, and jobs running now
+    queued: int
+    running: int
+    completed: int
+    raised: int
+    #: jobs cancelled before a worker took them: they never ran
+    cancelled: int
+    queued_ns: dict[str, int]
+    total_queued_ns: int
+    max_queued_ns: int
+    run_ns: dict[str, int]
+    total_run_ns: int
+    max_run_ns: int
+    #: jobs by the function run, most run time first
+    functions: list[JobGroup]
+    #: jobs by the tracked future whose call submitted them, most jobs first
+    futures: list[JobGroup]
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutorsDocument:
+    """``GET /executors``: every executor jobs were submitted to."""
+
+    schema: int
+    executors: list[ExecutorEntry]
+
+
+@dataclass(frozen=True, slots=True)
+class NeverAwaitedEntry:
+    """Coroutines of one function that were created and never awaited."""
+
+    function: str
+    #: where the function is defined
+    location: Location
+    #: the line that created them, when origin tracking was on
+    created_at: AwaitFrame | None
+    count: int
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,96 @@
+"""The documents of waits: executors, tasks and never-awaited coroutines, from real programs."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import gc
+import warnings
+
+import anyio
+import orjson
+
+import asyncflow
+from asyncflow import schema, wait_views
+from asyncflow.instrument import coroutines, loops
+
+
+def checksum(data: bytes) -> int:
+    return sum(data) % 251
+
+
+async def test_executors_document_names_functions_and_submitting_futures(
+    prof: asyncflow.Profiler,
+) -> None:
+    loop = asyncio.get_running_loop()
+
+    @asyncflow.future(name="upload")
+    async def upload(data: bytes) -> int:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+            return await loop.run_in_executor(pool, checksum, data)
+
+    with asyncflow.instrument_executors():
+        assert await asyncio.create_task(upload(b"abc")) == checksum(b"abc")
+        futures = [upload.future_record]  # type: ignore[attr-defined]
+        document = wait_views.executors_document((50.0, 99.0), futures)
+    (entry,) = [e for e in document.executors if e.label == "ThreadPoolExecutor"]
+    assert (entry.kind, entry.submitted, entry.completed, entry.queued, entry.running) == (
+        "thread",
+        1,
+        1,
+        0,
+        0,
+    )
+    assert [(g.name, g.jobs) for g in entry.functions] == [(f"{__name__}.checksum", 1)]
+    assert [(g.name, g.jobs) for g in entry.futures] == [("upload", 1)]
+    assert set(entry.run_ns) == {"p50", "p99"}
+    # the document round-trips through the wire schema
+    assert schema.load(schema.ExecutorsDocument, document_json(document)) == document
+
+
+def document_json(document: object) -> object:
+    return orjson.loads(schema.dumps(document))
+
+
+async def test_tasks_document_pages_and_counts_every_wait(prof: asyncflow.Profiler) -> None:
+    lock = asyncio.Lock()
+    await lock.acquire()
+
+    @asyncflow.future(name="worker")
+    async def worker() -> None:
+        async with lock:
+            pass
+
+    crew = [asyncio.create_task(worker(), name=f"w{i}") for i in range(4)]
+    record = loops.see(asyncio.get_running_loop())
+    try:
+        with anyio.fail_after(5):
+            while len(lock._waiters or ()) < 4:
+                await asyncio.sleep(0)
+        document = wait_views.tasks_document(0, 2, lambda _: True, [record])
+        assert document.total == len(asyncio.all_tasks())  # the workers, this test, its runner
+        assert len(document.tasks) == 2
+        assert all(t.future_label == "worker" for t in document.tasks)  # tracked calls first
+        (summary,) = [w for w in document.waits if w.label == "worker"]
+        assert summary.tasks == 4 and summary.waits_on is not None
+        assert summary.waits_on.kind == "lock"
+        assert schema.load(schema.TasksDocument, document_json(document)) == document
+    finally:
+        lock.release()
+        await asyncio.gather(*crew)
+
+
+async def forgotten() -> None:
+    pass
+
+
+def test_never_awaited_entries() -> None:
+    coroutines.reset_for_session()
+    with asyncflow.track_never_awaited(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        forgotten()  # type: ignore[unused-coroutine]
+        gc.collect()
+    (entry,) = wait_views.never_awaited_entries()
+    assert (entry.function, entry.count) == ("forgotten", 1)
+    assert entry.location == schema.Location(__file__, forgotten.__code__.co_firstlineno)
+    coroutines.reset_for_session()
