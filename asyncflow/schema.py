@@ -56,6 +56,9 @@ __all__ = [
     "TasksDocument",
     "WaitSummary",
     "WaitTarget",
+    "WarningEntry",
+    "WarningSubject",
+    "WarningsDocument",
     "dumps",
     "load",
 ]
@@ -130,6 +133,8 @@ class FuturesDocument:
     offset: int
     limit: int
     futures: list[FutureEntry]
+    #: coroutines of the whole program created and never awaited, by function, most first
+    never_awaited: list[NeverAwaitedEntry] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -601,6 +606,49 @@ class NeverAwaitedEntry:
 
 
 @dataclass(frozen=True, slots=True)
+class WarningSubject:
+    """What a warning is about."""
+
+    #: ``future``, ``channel``, ``stream``, ``resource``, ``executor`` or ``loop``
+    kind: str
+    #: its id in its own document, when it has one
+    id: int | None
+    label: str
+    location: Location | None
+
+
+@dataclass(frozen=True, slots=True)
+class WarningEntry:
+    """One diagnosis: the culprit, in one sentence, with the figures that prove it."""
+
+    #: a stable slug: ``loop-blocked``, ``bottleneck``, ``lock-contention``...
+    kind: str
+    #: ``info``, ``warning`` or ``error``
+    severity: str
+    subject: WarningSubject
+    #: one sentence naming the culprit and the figure that proves it
+    message: str
+    #: what to look at or do next
+    hint: str
+    #: the figures behind the sentence (durations in ns, shares in percent)
+    evidence: dict[str, int]
+    first_seen_ns: int
+    last_seen_ns: int
+    #: whether it still held at the last evaluation
+    active: bool
+
+
+@dataclass(frozen=True, slots=True)
+class WarningsDocument:
+    """``GET /warnings``: the diagnoses, those that hold now and most severe first."""
+
+    schema: int
+    #: when the warnings were last evaluated
+    evaluated_ns: int
+    warnings: list[WarningEntry]
+
+
+@dataclass(frozen=True, slots=True)
 class Snapshot:
     """Everything at once: what ``prof.snapshot()`` returns and the ``json`` report contains."""
 
@@ -614,6 +662,10 @@ class Snapshot:
     streams: StreamsDocument | None = None
     stream_logs: list[StreamLogs] = field(default_factory=list)
     loop: LoopDocument | None = None
+    executors: ExecutorsDocument | None = None
+    tasks: TasksDocument | None = None
+    #: the diagnoses, as ``GET /warnings`` lists them
+    warnings: list[WarningEntry] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,507 @@
+"""Warnings: the documents turned into diagnoses naming the culprit and the figure that proves it.
+
+Each lint is a pure function from the documents to findings. A :class:`WarningBook` runs them on
+the profiler's thread (never on the hot path), keeps one warning per kind and subject, remembers
+when each was first and last seen and whether it still holds, and stays bounded.
+
+Lints speak about what a person can act on: a stage of a pipeline, a lock, a pool, a line. They
+stay quiet on a healthy program: a consumer waiting on an empty queue is a service waiting for
+work, not a problem, so starvation is only ``info``.
+"""
+
+from __future__ import annotations
+
+import os
+import sysconfig
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+from asyncflow.schema import (
+    SCHEMA,
+    BlockedEpisode,
+    ChannelEntry,
+    EdgeEntry,
+    ExecutorEntry,
+    FutureEntry,
+    Location,
+    LoopEntry,
+    NeverAwaitedEntry,
+    Snapshot,
+    WarningEntry,
+    WarningsDocument,
+    WarningSubject,
+)
+
+__all__ = [
+    "LINTS",
+    "MAX_WARNINGS",
+    "Documents",
+    "Finding",
+    "Thresholds",
+    "WarningBook",
+    "documents_of",
+    "evaluate",
+]
+
+#: Warnings kept at most; the oldest that no longer hold go first.
+MAX_WARNINGS = 200
+SEVERITIES = ("info", "warning", "error")
+
+
+@dataclass(frozen=True, slots=True)
+class Thresholds:
+    """When a figure becomes a warning. Defaults suit a service; each is an option."""
+
+    #: a poll that runs this long without yielding holds every other task back
+    long_poll_ns: int = 100_000_000
+    #: a future whose polls take this share of all busy time, and this share of the wall time
+    cpu_share: float = 0.5
+    cpu_wall_share: float = 0.2
+    #: a bounded channel whose producers waited this share of the elapsed time
+    blocked_share: float = 0.2
+    #: consumers waiting this share of the elapsed time on an empty channel
+    starved_share: float = 0.5
+    #: a channel written this many times and never read
+    unread_messages: int = 10
+    #: a future whose finished calls ended cancelled in this share, at least this many
+    cancel_share: float = 0.5
+    cancel_min: int = 10
+    #: an executor whose jobs waited for a thread longer than they ran, at least this many jobs
+    executor_min_jobs: int = 5
+
+
+@dataclass(frozen=True, slots=True)
+class Documents:
+    """What the lints read: the documents as of one evaluation."""
+
+    now_ns: int
+    #: the profile's wall time so far
+    elapsed_ns: int
+    futures: Sequence[FutureEntry] = ()
+    channels: Sequence[ChannelEntry] = ()
+    loops: Sequence[LoopEntry] = ()
+    executors: Sequence[ExecutorEntry] = ()
+    never_awaited: Sequence[NeverAwaitedEntry] = ()
+    block_threshold_ns: int = 100_000_000
+
+
+def documents_of(snapshot: Snapshot, now_ns: int = 0) -> Documents:
+    """What the lints read, from a snapshot (live, or loaded from a file)."""
+    loop = snapshot.loop
+    return Documents(
+        now_ns=now_ns,
+        elapsed_ns=snapshot.status.uptime_ns,
+        futures=snapshot.futures.futures,
+        channels=snapshot.channels.channels if snapshot.channels is not None else (),
+        loops=loop.loops if loop is not None else (),
+        executors=snapshot.executors.executors if snapshot.executors is not None else (),
+        never_awaited=snapshot.futures.never_awaited,
+        block_threshold_ns=loop.block_threshold_ns if loop is not None else 100_000_000,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One diagnosis from one evaluation."""
+
+    kind: str
+    severity: str
+    subject: WarningSubject
+    message: str
+    hint: str
+    evidence: dict[str, int] = field(default_factory=dict)
+
+
+Lint = Callable[[Documents, Thresholds], Iterable[Finding]]
+
+
+# -- words -------------------------------------------------------------------------------------
+
+
+def _duration(ns: int) -> str:
+    if ns >= 1_000_000_000:
+        return f"{ns / 1e9:.3g} s"
+    if ns >= 1_000_000:
+        return f"{ns / 1e6:.3g} ms"
+    if ns >= 1_000:
+        return f"{ns / 1e3:.3g} µs"
+    return f"{ns} ns"
+
+
+def _where(location: Location | None) -> str:
+    if location is None or not location.file or location.file == "?":
+        return ""
+    return f" ({os.path.basename(location.file)}:{location.line})"
+
+
+def _names(edges: Iterable[EdgeEntry], limit: int = 3) -> str:
+    labels = [e.label for e in sorted(edges, key=lambda e: -e.messages) if e.messages]
+    if not labels:
+        return "(nobody tracked)"
+    shown = ", ".join(f"`{label}`" for label in labels[:limit])
+    return shown if len(labels) <= limit else f"{shown} and {len(labels) - limit} more"
+
+
+def _future_subject(f: FutureEntry) -> WarningSubject:
+    return WarningSubject("future", f.id, f.label, f.location)
+
+
+def _channel_subject(c: ChannelEntry) -> WarningSubject:
+    return WarningSubject("channel", c.id, c.label, None)
+
+
+def _percent(part: int, whole: int) -> int:
+    return round(100 * part / whole) if whole > 0 else 0
+
+
+# -- the lints -----------------------------------------------------------------------------------
+
+
+def _episode_line(episode: BlockedEpisode) -> str:
+    """The program's own line in a blocked loop's stack (innermost first), and what it called."""
+    stack = episode.stack
+    if not stack:
+        return ""
+    called = stack[0].function
+    mine = next((f for f in stack if not _library(f.file)), None)
+    if mine is None:
+        return f" in {called}"
+    where = f"{os.path.basename(mine.file)}:{mine.line}"
+    return f" at {where}" if mine is stack[0] else f" at {where} (in {called})"
+
+
+_LIBRARY_DIRS = tuple(
+    {
+        os.path.normpath(p) + os.sep
+        for key in ("stdlib", "platstdlib", "purelib", "platlib")
+        if (p := sysconfig.get_paths().get(key))
+    }
+    | {os.path.dirname(__file__) + os.sep}
+)
+
+
+def _library(path: str) -> bool:
+    """Whether a frame's file is Python's, an installed package's or asyncflow's own."""
+    return path.startswith("<") or path.startswith(_LIBRARY_DIRS)
+
+
+def blocked_loop(docs: Documents, th: Thresholds) -> Iterator[Finding]:
+    """The loop was blocked: by which call and line, for how long."""
+    for loop in docs.loops:
+        if not loop.blocked_count or not loop.episodes:
+            continue
+        worst = max(loop.episodes, key=lambda e: e.blocked_ns)
+        culprit = f"`{worst.call.label}`" if worst.call is not None else "untracked code"
+        severity = "error" if worst.ongoing or worst.blocked_ns >= 1_000_000_000 else "warning"
+        times = "once" if loop.blocked_count == 1 else f"{loop.blocked_count} times"
+        message = (
+            f"The event loop was blocked {times}, the longest for {_duration(worst.blocked_ns)},"
+            f" by {culprit}{_episode_line(worst)}: every other task waited meanwhile"
+        )
+        if worst.ongoing:
+            message = (
+                f"The event loop is blocked now, for {_duration(worst.blocked_ns)} so far, by "
+                f"{culprit}{_episode_line(worst)}"
+            )
+        yield Finding(
+            "loop-blocked",
+            severity,
+            WarningSubject("loop", loop.id, loop.label, None),
+            message,
+            "move the blocking call off the loop (asyncio.to_thread) or make it await; "
+            "the episode's stack is in /loop",
+            {
+                "episodes": loop.blocked_count,
+                "longest_ns": worst.blocked_ns,
+                "max_lag_ns": loop.max_lag_ns,
+            },
+        )
+
+
+def long_poll(docs: Documents, th: Thresholds) -> Iterator[Finding]:
+    """A poll ran longer than the threshold without yielding to the loop."""
+    for f in docs.futures:
+        longest = f.max_poll_duration_ns
+        if longest < th.long_poll_ns:
+            continue
+        yield Finding(
+            "long-poll",
+            "warning",
+            _future_subject(f),
+            f"A poll of `{f.label}`{_where(f.location)} ran {_duration(longest)} without "
+            f"yielding to the event loop",
+            "look for blocking or CPU-heavy code between two awaits in it",
+            {"max_poll_ns": longest, "threshold_ns": th.long_poll_ns, "polls": f.total_polls},
+        )
+
+
+def cpu_bound(docs: Documents, th: Thresholds) -> Iterator[Finding]:
+    """One future holds the loop far more than every other: CPU work on the loop."""
+    total = sum(f.busy_ns for f in docs.futures)
+    if total <= 0 or docs.elapsed_ns <= 0 or len(docs.futures) < 2:
+        return
+    top, second = sorted(docs.futures, key=lambda f: -f.busy_ns)[:2]
+    share, wall = top.busy_ns / total, top.busy_ns / docs.elapsed_ns
+    # far more than any other future, and a real share of the wall time
+    if share < th.cpu_share or wall < th.cpu_wall_share or top.busy_ns < 3 * second.busy_ns:
+        return
+    yield Finding(
+        "cpu-bound",
+        "warning",
+        _future_subject(top),
+        f"`{top.label}`{_where(top.location)} holds the event loop {_percent(top.busy_ns, total)}%"
+        f" of all busy time ({_duration(top.busy_ns)} over {top.call_count} calls,"
+        f" {_percent(top.busy_ns, docs.elapsed_ns)}% of the wall time): CPU work on the loop",
+        "run its CPU work in an executor (asyncio.to_thread) or yield more often",
+        {
+            "busy_ns": top.busy_ns,
+            "busy_percent": _percent(top.busy_ns, total),
+            "wall_percent": _percent(top.busy_ns, docs.elapsed_ns),
+        },
+    )
+
+
+def never_awaited(docs: Documents, th: Thresholds) -> Iterator[Finding]:
+    """Coroutines created and never awaited: their work silently never ran."""
+    for entry in docs.never_awaited:
+        site = entry.created_at
+        where = f", created at {os.path.basename(site.file)}:{site.line}" if site else ""
+        times = "once" if entry.count == 1 else f"{entry.count} times"
+        yield Finding(
+            "never-awaited",
+            "warning",
+            WarningSubject("future", None, entry.function, entry.location),
+            f"Coroutine `{entry.function}`{_where(entry.location)} was called and never "
+            f"awaited {times}{where}: its body never ran",
+            "await it, or hand it to asyncio.create_task",
+            {"count": entry.count},
+        )
+    for f in docs.futures:
+        if f.outcomes.never_awaited:
+            yield Finding(
+                "never-awaited",
+                "warning",
+                _future_subject(f),
+                f"{f.outcomes.never_awaited} calls of `{f.label}`{_where(f.location)} were "
+                "never awaited: their bodies never ran",
+                "await it, or hand it to asyncio.create_task",
+                {"count": f.outcomes.never_awaited},
+            )
+
+
+def unread_channel(docs: Documents, th: Thresholds) -> Iterator[Finding]:
+    """A channel written and never read: its messages pile up."""
+    for c in docs.channels:
+        if c.received_count or c.sent_count < th.unread_messages or c.state != "active":
+            continue
+        yield Finding(
+            "channel-unread",
+            "warning",
+            _channel_subject(c),
+            f"Channel `{c.label}` received {c.sent_count} messages from {_names(c.senders)} and"
+            f" none was ever read: {c.queue_size} are waiting in it",
+            "start its consumer, or check that it reads the same queue object",
+            {"sent": c.sent_count, "queue_size": c.queue_size},
+        )
+
+
+def lost_messages(docs: Documents, th: Thresholds) -> Iterator[Finding]:
+    """A channel collected or closed with messages still in it."""
+    for c in docs.channels:
+        if not c.lost_count:
+            continue
+        yield Finding(
+            "messages-lost",
+            "error",
+            _channel_subject(c),
+            f"{c.lost_count} messages sent into `{c.label}` by {_names(c.senders)} were never "
+            "received: the channel was dropped or closed with them still in it",
+            "drain the queue (await q.join()) before dropping it",
+            {"lost": c.lost_count, "sent": c.sent_count},
+        )
+
+
+def bottleneck(docs: Documents, th: Thresholds) -> Iterator[Finding]:
+    """A bounded channel full and its producers blocked: the consumers are the slow stage."""
+    for c in docs.channels:
+        if c.channel_type == "unbounded" or docs.elapsed_ns <= 0 or not c.received_count:
+            continue
+        producers = max(1, len([e for e in c.senders if e.messages]))
+        share = c.producers_blocked_ns / producers / docs.elapsed_ns
+        if share < th.blocked_share or c.producers_blocked_ns <= c.consumers_starved_ns:
+            continue
+        consumers = _names(c.receivers)
+        yield Finding(
+            "bottleneck",
+            "warning",
+            _channel_subject(c),
+            f"{consumers} is the bottleneck: its input `{c.label}` ({c.channel_type}) held "
+            f"producers {_names(c.senders)} waiting {_duration(c.producers_blocked_ns)} "
+            f"({_percent(round(share * 1000), 1000)}% of the time each)",
+            "speed up or add consumers of this channel; the producers can go no faster",
+            {
+                "producers_blocked_ns": c.producers_blocked_ns,
+                "consumers_starved_ns": c.consumers_starved_ns,
+                "blocked_percent": round(share * 100),
+                "max_queue_size": c.max_queue_size,
+            },
+        )
+
+
+def starved(docs: Documents, th: Thresholds) -> Iterator[Finding]:
+    """Consumers waiting on an empty channel most of the time: the producers set the pace."""
+    for c in docs.channels:
+        if docs.elapsed_ns <= 0 or not c.received_count or c.producers_blocked_ns:
+            continue
+        consumers = max(1, len([e for e in c.receivers if e.messages]))
+        share = c.consumers_starved_ns / consumers / docs.elapsed_ns
+        if share < th.starved_share:
+            continue
+        yield Finding(
+            "starved",
+            "info",
+            _channel_subject(c),
+            f"{_names(c.senders)} sets the pace of `{c.label}`: its consumers {_names(c.receivers)}"
+            f" waited for messages {round(share * 100)}% of the time",
+            "fine for a service waiting for work; in a batch pipeline, the producers are the "
+            "stage to speed up",
+            {"consumers_starved_ns": c.consumers_starved_ns, "starved_percent": round(share * 100)},
+        )
+
+
+def cancellation_storm(docs: Documents, th: Thresholds) -> Iterator[Finding]:
+    """Most calls of a future end cancelled (timeouts, usually)."""
+    for f in docs.futures:
+        o = f.outcomes
+        finished = o.returned + o.raised + o.cancelled
+        if o.cancelled < th.cancel_min or o.cancelled < th.cancel_share * finished:
+            continue
+        yield Finding(
+            "cancellation-storm",
+            "warning",
+            _future_subject(f),
+            f"{o.cancelled} of {finished} finished calls of `{f.label}`{_where(f.location)} "
+            "ended cancelled: their work was thrown away",
+            "check the timeouts around it against its call durations",
+            {"cancelled": o.cancelled, "finished": finished},
+        )
+
+
+def executor_saturated(docs: Documents, th: Thresholds) -> Iterator[Finding]:
+    """Jobs wait for a worker longer than they run."""
+    for e in docs.executors:
+        if e.completed < th.executor_min_jobs or e.total_queued_ns <= e.total_run_ns:
+            continue
+        workers = f"{e.max_workers} workers" if e.max_workers else "its workers"
+        top = e.functions[0].name if e.functions else "its jobs"
+        yield Finding(
+            "executor-saturated",
+            "warning",
+            WarningSubject("executor", e.id, e.label, None),
+            f"Executor `{e.label}` is saturated: its jobs waited {_duration(e.total_queued_ns)} "
+            f"for one of {workers} against {_duration(e.total_run_ns)} running"
+            f" ({e.queued} queued now; most time in `{top}`)",
+            "give it more workers, or submit fewer or shorter jobs",
+            {
+                "queued_ns": e.total_queued_ns,
+                "run_ns": e.total_run_ns,
+                "queued_now": e.queued,
+                "max_workers": e.max_workers or 0,
+            },
+        )
+
+
+LINTS: tuple[Lint, ...] = (
+    blocked_loop,
+    long_poll,
+    cpu_bound,
+    never_awaited,
+    unread_channel,
+    lost_messages,
+    bottleneck,
+    starved,
+    cancellation_storm,
+    executor_saturated,
+)
+
+
+def evaluate(
+    docs: Documents, thresholds: Thresholds, lints: Sequence[Lint] = LINTS
+) -> list[Finding]:
+    """Every finding of every lint on ``docs``."""
+    findings: list[Finding] = []
+    for lint in lints:
+        findings.extend(lint(docs, thresholds))
+    return findings
+
+
+class _Held:
+    __slots__ = ("active", "finding", "first_seen", "last_seen")
+
+    def __init__(self, finding: Finding, now: int) -> None:
+        self.finding = finding
+        self.first_seen = now
+        self.last_seen = now
+        self.active = True
+
+
+def _key(finding: Finding) -> tuple[str, str, int | None, str]:
+    s = finding.subject
+    return (finding.kind, s.kind, s.id, s.label)
+
+
+class WarningBook:
+    """The warnings of one profile over time: one per kind and subject, bounded."""
+
+    def __init__(self, thresholds: Thresholds | None = None, limit: int = MAX_WARNINGS) -> None:
+        self.thresholds = thresholds or Thresholds()
+        self.limit = limit
+        self._held: dict[tuple[str, str, int | None, str], _Held] = {}
+        self.evaluated_ns = 0
+
+    def update(self, docs: Documents) -> None:
+        """Evaluate every lint now; warnings not found again no longer hold."""
+        seen = set()
+        for finding in evaluate(docs, self.thresholds):
+            key = _key(finding)
+            seen.add(key)
+            held = self._held.get(key)
+            if held is None:
+                self._held[key] = _Held(finding, docs.now_ns)
+            else:
+                held.finding, held.last_seen, held.active = finding, docs.now_ns, True
+        for key, held in self._held.items():
+            if key not in seen:
+                held.active = False
+        self.evaluated_ns = docs.now_ns
+        if len(self._held) > self.limit:
+            # keep those that hold now, then the most recently seen
+            ranked = sorted(self._held.items(), key=lambda kv: (kv[1].active, kv[1].last_seen))
+            for key, _ in ranked[: len(self._held) - self.limit]:
+                del self._held[key]
+
+    def document(self, start_ns: int) -> WarningsDocument:
+        """Most severe first, those that hold now before those that held earlier."""
+        rank = {s: i for i, s in enumerate(SEVERITIES)}
+        held = sorted(
+            self._held.values(),
+            key=lambda h: (not h.active, -rank[h.finding.severity], h.first_seen),
+        )
+        return WarningsDocument(
+            schema=SCHEMA,
+            evaluated_ns=max(0, self.evaluated_ns - start_ns) if self.evaluated_ns else 0,
+            warnings=[
+                WarningEntry(
+                    kind=h.finding.kind,
+                    severity=h.finding.severity,
+                    subject=h.finding.subject,
+                    message=h.finding.message,
+                    hint=h.finding.hint,
+                    evidence=h.finding.evidence,
+                    first_seen_ns=max(0, h.first_seen - start_ns),
+                    last_seen_ns=max(0, h.last_seen - start_ns),
+                    active=h.active,
+                )
+                for h in held
+            ],
+        )

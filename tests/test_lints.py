@@ -1,0 +1,287 @@
+"""Warnings: each planted problem gets exactly its warning, naming the culprit; a healthy
+program gets none above ``info``. Time is the fake clock's: shares and durations are exact."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import dataclasses
+import gc
+import threading
+from typing import Any
+
+import pytest
+
+import asyncflow
+from asyncflow import lints, schema, wait_views
+from asyncflow.clock import FakeClock
+from asyncflow.lints import Documents, Finding, Thresholds
+
+
+def _findings(prof: asyncflow.Profiler, **extra: Any) -> list[Finding]:
+    docs = dataclasses.replace(lints.documents_of(prof.snapshot()), **extra)
+    return lints.evaluate(docs, Thresholds())
+
+
+async def _io(ns: int) -> None:
+    """Wait ``ns`` of fake time for simulated I/O: the time passes while the caller is suspended,
+    outside any tracked poll, as it would while a socket has nothing to read."""
+    clock = asyncflow_clock()
+    asyncio.get_running_loop().call_soon(clock.advance, ns)
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+
+
+def asyncflow_clock() -> FakeClock:
+    from asyncflow import clock
+
+    fake = clock.now_ns
+    assert isinstance(fake, FakeClock), "these tests run on the fake clock"
+    return fake
+
+
+def _only(findings: list[Finding], severity_at_least: str = "warning") -> list[Finding]:
+    rank = lints.SEVERITIES.index(severity_at_least)
+    return [f for f in findings if lints.SEVERITIES.index(f.severity) >= rank]
+
+
+async def test_a_healthy_program_gets_no_warning(
+    fake_clock: FakeClock, prof: asyncflow.Profiler
+) -> None:
+    """A balanced pipeline, short polls, tasks that finish, an uncontended lock."""
+    jobs = asyncflow.instrument_queue(asyncio.Queue[int](8), name="jobs")
+    lock = asyncio.Lock()
+
+    @asyncflow.future(name="produce")
+    async def produce() -> None:
+        for i in range(50):
+            fake_clock.advance(1_000)
+            await jobs.put(i)
+        await jobs.put(-1)
+
+    @asyncflow.future(name="consume")
+    async def consume() -> int:
+        total = 0
+        while (item := await jobs.get()) >= 0:
+            async with lock:
+                fake_clock.advance(1_000)
+                total += item
+        return total
+
+    _, total = await asyncio.gather(produce(), consume())
+    assert total == sum(range(50))
+    assert _only(_findings(prof)) == []
+
+
+async def test_bottleneck_names_the_consuming_stage(
+    fake_clock: FakeClock, prof: asyncflow.Profiler
+) -> None:
+    raw = asyncflow.instrument_queue(asyncio.Queue[int](2), name="raw")
+
+    @asyncflow.future(name="fetch_pages")
+    async def fetch_pages() -> None:
+        for i in range(20):
+            await raw.put(i)
+        await raw.put(-1)
+
+    @asyncflow.future(name="enrich")
+    async def enrich() -> None:
+        while await raw.get() >= 0:
+            await _io(1_000_000)  # the slow stage: it waits on a slow backend
+
+    await asyncio.gather(asyncio.create_task(fetch_pages()), asyncio.create_task(enrich()))
+    (finding,) = _only(_findings(prof))
+    assert (finding.kind, finding.subject.kind, finding.subject.label) == (
+        "bottleneck",
+        "channel",
+        "raw",
+    )
+    assert finding.message.startswith("`enrich` is the bottleneck")
+    assert "`fetch_pages`" in finding.message
+    assert finding.evidence["blocked_percent"] >= 80
+
+
+async def test_starved_consumers_name_the_producer_as_info_only(
+    fake_clock: FakeClock, prof: asyncflow.Profiler
+) -> None:
+    feed = asyncflow.instrument_queue(asyncio.Queue[int](), name="feed")
+
+    @asyncflow.future(name="slow_source")
+    async def slow_source() -> None:
+        for i in range(10):
+            await _io(1_000_000)  # a slow upstream
+            feed.put_nowait(i)
+        feed.put_nowait(-1)
+
+    @asyncflow.future(name="sink")
+    async def sink() -> None:
+        while await feed.get() >= 0:
+            pass
+
+    await asyncio.gather(asyncio.create_task(slow_source()), asyncio.create_task(sink()))
+    findings = _findings(prof)
+    assert _only(findings) == []
+    (finding,) = [f for f in findings if f.kind == "starved"]
+    assert finding.severity == "info" and finding.subject.label == "feed"
+    assert finding.message.startswith("`slow_source` sets the pace")
+
+
+async def test_a_queue_written_and_never_read(prof: asyncflow.Profiler) -> None:
+    outbox = asyncflow.instrument_queue(asyncio.Queue[int](), name="outbox")
+
+    @asyncflow.future(name="notify")
+    async def notify() -> None:
+        for i in range(25):
+            outbox.put_nowait(i)
+
+    await asyncio.create_task(notify())
+    (finding,) = _only(_findings(prof))
+    assert (finding.kind, finding.subject.label) == ("channel-unread", "outbox")
+    assert "`notify`" in finding.message and "25" in finding.message
+
+
+async def test_lost_messages(prof: asyncflow.Profiler) -> None:
+    with asyncflow.instrument_queues():
+        doomed: asyncio.Queue[int] | None = asyncio.Queue()
+    assert doomed is not None
+    for i in range(3):
+        doomed.put_nowait(i)
+    doomed.get_nowait()
+    del doomed
+    gc.collect()
+    findings = _only(_findings(prof))
+    assert [f.kind for f in findings] == ["messages-lost"]
+    assert findings[0].severity == "error" and findings[0].evidence["lost"] == 2
+
+
+async def test_a_cancellation_storm(prof: asyncflow.Profiler) -> None:
+    never = asyncio.Event()
+
+    @asyncflow.future(name="lookup")
+    async def lookup() -> None:
+        await never.wait()
+
+    calls = [asyncio.create_task(lookup()) for _ in range(12)]
+    await asyncio.sleep(0)
+    for call in calls:
+        call.cancel()
+    await asyncio.gather(*calls, return_exceptions=True)
+    (finding,) = _only(_findings(prof))
+    assert (finding.kind, finding.subject.label) == ("cancellation-storm", "lookup")
+    assert finding.evidence == {"cancelled": 12, "finished": 12}
+
+
+async def test_a_long_poll_and_cpu_work_on_the_loop(
+    fake_clock: FakeClock, prof: asyncflow.Profiler
+) -> None:
+    @asyncflow.future(name="render")
+    async def render() -> None:
+        fake_clock.advance(250_000_000)  # one poll that never yields
+        await asyncio.sleep(0)
+
+    @asyncflow.future(name="ping")
+    async def ping() -> None:
+        fake_clock.advance(1_000)
+
+    await ping()
+    await render()
+    findings = _only(_findings(prof))
+    assert sorted((f.kind, f.subject.label) for f in findings) == [
+        ("cpu-bound", "render"),
+        ("long-poll", "render"),
+    ]
+
+
+async def test_never_awaited_calls(prof: asyncflow.Profiler) -> None:
+    @asyncflow.future(name="send_mail")
+    async def send_mail() -> None:
+        pass
+
+    with pytest.warns(RuntimeWarning, match="never awaited"):
+        send_mail()  # type: ignore[unused-coroutine]  # the planted bug
+        gc.collect()
+    (finding,) = _only(_findings(prof))
+    assert (finding.kind, finding.subject.label) == ("never-awaited", "send_mail")
+
+
+async def test_a_saturated_executor(fake_clock: FakeClock, prof: asyncflow.Profiler) -> None:
+    loop = asyncio.get_running_loop()
+
+    submitted = threading.Event()
+
+    def resize() -> None:
+        submitted.wait(5)  # time starts once every job is in: then one worker runs them in turn
+        fake_clock.advance(1_000)
+
+    with (
+        concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="img") as pool,
+        asyncflow.instrument_executors(),
+    ):
+        jobs = [loop.run_in_executor(pool, resize) for _ in range(6)]
+        submitted.set()
+        await asyncio.gather(*jobs)
+        document = wait_views.executors_document((50.0,), [])
+    findings = _only(_findings(prof, executors=document.executors))
+    (finding,) = findings
+    assert (finding.kind, finding.subject.kind) == ("executor-saturated", "executor")
+    assert finding.evidence["queued_ns"] == 15_000 and finding.evidence["run_ns"] == 6_000
+    assert "resize" in finding.message
+
+
+def test_a_blocked_loop_names_the_call_and_the_line() -> None:
+    here = schema.StackFrame(__file__, 42, "handle_request", "time.sleep(0.3)")
+    sleep = schema.StackFrame("<built-in>", 0, "sleep", None)
+    episode = schema.BlockedEpisode(
+        id=1,
+        started_ns=0,
+        blocked_ns=300_000_000,
+        ongoing=False,
+        task="Task-3",
+        call=schema.RunningCall(7, "handle_request", 9, 0, 300_000_000),
+        stack=[sleep, here],
+    )
+    loop = schema.LoopEntry(
+        id=1,
+        label="asyncio.unix_events._UnixSelectorEventLoop",
+        thread="MainThread",
+        state="running",
+        lag_now_ns=0,
+        lag_ns={},
+        max_lag_ns=300_000_000,
+        heartbeats=10,
+        tasks_alive=3,
+        running=None,
+        blocked=False,
+        blocked_count=1,
+        episodes=[episode],
+    )
+    (finding,) = lints.evaluate(Documents(0, 1_000_000_000, loops=[loop]), Thresholds())
+    assert finding.kind == "loop-blocked" and finding.severity == "warning"
+    assert "`handle_request` at test_lints.py:42 (in sleep)" in finding.message
+
+
+def test_the_book_keeps_one_warning_per_subject_and_remembers() -> None:
+    book = lints.WarningBook()
+    entry = schema.FutureEntry(
+        id=1,
+        label="lookup",
+        source="app:lookup",
+        location=schema.Location("app.py", 3),
+        tracked_by="decorator",
+        call_count=20,
+        calls=schema.CallStates(0, 0, 0, 0, 20),
+        outcomes=schema.Outcomes(0, 0, 20, 0, 0),
+        total_polls=20,
+        busy_ns=1,
+        idle_ns=1,
+        max_poll_duration_ns=1,
+        poll_duration_ns={},
+        call_duration_ns={},
+    )
+    book.update(Documents(100, 100, futures=[entry]))
+    book.update(Documents(200, 200, futures=[entry]))
+    (held,) = book.document(0).warnings
+    assert (held.first_seen_ns, held.last_seen_ns, held.active) == (100, 200, True)
+    book.update(Documents(300, 300))
+    (held,) = book.document(0).warnings
+    assert (held.last_seen_ns, held.active) == (200, False)
