@@ -51,6 +51,7 @@ _ENV = {
     "token": "ASYNCFLOW_TOKEN",
     "block_threshold": "ASYNCFLOW_BLOCK_THRESHOLD",
     "sampling": "ASYNCFLOW_SAMPLING",
+    "allowed_hosts": "ASYNCFLOW_ALLOWED_HOSTS",
 }
 _DISABLE = "ASYNCFLOW_DISABLE"
 
@@ -92,6 +93,8 @@ class Options:
     #: time one message (or stream item) in this many; 0 ("auto") adapts to each one's rate.
     #: Counts are exact either way.
     sampling: int = 0
+    #: more host names the endpoint answers to (``Host``), beside loopback and ``host``; "*": any
+    allowed_hosts: tuple[str, ...] = ()
 
 
 def check_type(
@@ -225,6 +228,18 @@ def _token(value: object, source: str) -> str | None:
     return value
 
 
+def _allowed_hosts(value: object, source: str) -> tuple[str, ...]:
+    names = value.split(",") if isinstance(value, str) else value
+    if not isinstance(names, Iterable) or not all(isinstance(n, str) for n in names):
+        raise ValueError(f"{source}={value!r}: expected host names, e.g. 'myhost,10.0.0.5'")
+    hosts = tuple(n.strip().lower() for n in names if n.strip())
+    for host in hosts:
+        bare = host.strip("[]")  # an IPv6 address has colons; a host name with a port has one
+        if any(c.isspace() or c in "/?#@" for c in bare) or bare.count(":") == 1:
+            raise ValueError(f"{source}: {host!r} is not a host name (no scheme, port or path)")
+    return hosts
+
+
 def _reporter(value: object, source: str) -> Reporter | None:
     if value is None:
         return None
@@ -262,6 +277,7 @@ def resolve_options(
         "token",
         "block_threshold",
         "sampling",
+        "allowed_hosts",
     }
     unknown = sorted(set(given) - known)
     if unknown:
@@ -306,6 +322,8 @@ def resolve_options(
         fields["block_threshold"] = _seconds(*p)
     if (p := pick("sampling")) is not None:
         fields["sampling"] = _sampling(*p)
+    if (p := pick("allowed_hosts")) is not None:
+        fields["allowed_hosts"] = _allowed_hosts(*p)
     if given.get("reporter") is not None:
         fields["reporter"] = _reporter(given["reporter"], "reporter")
     return Options(name=name, **fields)

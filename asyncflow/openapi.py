@@ -121,8 +121,17 @@ def document(routes: typing.Sequence[Route], token: bool) -> dict[str, Any]:
                 "description": route.summary,
                 "content": {"application/json": {"schema": _schema_of(route.returns, components)}},
             },
-            "400": _error("A parameter is not a whole number, or is out of range."),
+            "400": _error(
+                "A parameter is unknown, given twice, not a whole number in ASCII digits, or "
+                "out of range; or the Host header is missing or malformed."
+            ),
+            "403": _error(
+                "A web page of another origin sent the request (Origin, Sec-Fetch-Site)."
+            ),
             "404": _error("No such route, or no object with that id."),
+            "405": _error("A method other than GET or HEAD; the Allow header lists them."),
+            "421": _error("The Host header does not name this endpoint (DNS rebinding)."),
+            "503": _error("The endpoint holds as many connections as it allows; retry."),
         }
         if token:
             responses["401"] = _error("The bearer token is missing or wrong.")

@@ -187,8 +187,9 @@ def test_bad_requests_get_json_errors(
 
 def test_other_methods_are_refused_as_json(served: asyncflow.Profiler) -> None:
     assert served.url is not None
-    status, body, _ = get(served.url, "/futures", method="POST")
+    status, body, headers = get(served.url, "/futures", method="POST")
     assert status == 405 and "use GET" in body["error"]["message"]
+    assert headers["Allow"] == "GET, HEAD"
 
 
 def test_an_internal_error_answers_500_and_is_counted(

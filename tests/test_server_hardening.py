@@ -1,0 +1,369 @@
+"""The endpoint under abuse: each reproduction of issue 11 that used it against the program.
+
+Requests go over raw sockets on 127.0.0.1, so that what a browser, a fuzzer or a slow client
+sends (a foreign ``Host``, an ``Origin``, half a request, bytes that are not HTTP) is sent as is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import urllib.parse
+from collections.abc import Iterator
+from typing import Any
+
+import orjson
+import pytest
+
+import asyncflow
+from asyncflow import server, views
+
+Raw = tuple[int, dict[str, str], Any]
+
+
+def address(prof: asyncflow.Profiler) -> tuple[str, int]:
+    assert prof.url is not None
+    parsed = urllib.parse.urlsplit(prof.url)
+    assert parsed.hostname is not None and parsed.port is not None
+    return parsed.hostname, parsed.port
+
+
+def read_response(sock: socket.socket) -> Raw:
+    """One HTTP response from ``sock``: status, headers (lower-cased names), decoded JSON body."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, f"closed before a response: {data!r}"
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split()[1])
+    headers = {}
+    for line in lines[1:]:
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    length = int(headers.get("content-length", "0"))
+    while len(body) < length:
+        chunk = sock.recv(65536)
+        assert chunk, "closed in the middle of a body"
+        body += chunk
+    return status, headers, orjson.loads(body) if body else None
+
+
+def send(prof: asyncflow.Profiler, data: bytes) -> Raw:
+    """Send raw bytes on a new connection and read one response."""
+    with socket.create_connection(address(prof), timeout=10) as sock:
+        sock.sendall(data)
+        return read_response(sock)
+
+
+def request(
+    prof: asyncflow.Profiler,
+    path: str,
+    host: str | None = "",
+    headers: dict[str, str] | None = None,
+) -> Raw:
+    """A GET of ``path``; ``host`` "" sends the served address, None sends no Host at all."""
+    ip, port = address(prof)
+    lines = [f"GET {path} HTTP/1.1"]
+    if host is not None:
+        lines.append(f"Host: {host or f'{ip}:{port}'}")
+    lines += [f"{name}: {value}" for name, value in (headers or {}).items()]
+    return send(prof, ("\r\n".join([*lines, "Connection: close", "", ""])).encode("latin-1"))
+
+
+def closed_by_server(sock: socket.socket) -> bool:
+    """Whether the server closes ``sock`` (waits at most the socket's timeout, reads all)."""
+    try:
+        while sock.recv(65536):
+            pass
+    except TimeoutError:
+        return False
+    except ConnectionResetError:
+        return True
+    return True
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@asyncflow.future
+async def tracked() -> int:
+    return 1
+
+
+@pytest.fixture
+def served() -> Iterator[asyncflow.Profiler]:
+    with asyncflow.profile("hardened", format="none", port=0) as prof:
+        yield prof
+
+
+def assert_error(reply: Raw, status: int, says: str = "") -> dict[str, Any]:
+    got, headers, body = reply
+    assert got == status, body
+    assert headers["content-type"].startswith("application/json")
+    assert body["error"]["status"] == status
+    assert says in body["error"]["message"]
+    return dict(body["error"])
+
+
+# -- DNS rebinding: Host and Origin ---------------------------------------------------------------
+
+
+def test_a_foreign_host_is_refused_with_421(served: asyncflow.Profiler) -> None:
+    # The reproduction: curl -H 'Host: evil.example:6780' http://127.0.0.1:6780/snapshot
+    _, port = address(served)
+    for host in (f"evil.example:{port}", "evil.example", f"127.0.0.1.evil.example:{port}"):
+        error = assert_error(request(served, "/snapshot", host), 421, "does not name")
+        assert "futures" not in str(error)
+    assert_error(request(served, "/snapshot", f"127.0.0.1:{port + 1}"), 421)  # wrong port
+    assert_error(request(served, "/snapshot", f"localhost.:{port}"), 421)
+
+
+def test_loopback_names_with_the_right_port_are_answered(served: asyncflow.Profiler) -> None:
+    _, port = address(served)
+    for host in (f"127.0.0.1:{port}", f"localhost:{port}", f"LocalHost:{port}", f"[::1]:{port}"):
+        status, _, body = request(served, "/profiler_status", host)
+        assert status == 200 and body["name"] == "hardened", host
+
+
+def test_a_missing_duplicate_or_malformed_host_is_400(served: asyncflow.Profiler) -> None:
+    assert_error(request(served, "/futures", host=None), 400)
+    ip, port = address(served)
+    twice = f"GET /futures HTTP/1.1\r\nHost: {ip}:{port}\r\nHost: {ip}:{port}\r\n\r\n"
+    assert_error(send(served, twice.encode()), 400)
+    for host in (f"{ip}:x", f"{ip}:{port}:1", "[::1", f"{ip}:{port}/a", f"{ip}:+{port}"):
+        assert_error(request(served, "/futures", host), 400, "malformed Host")
+
+
+def test_allowed_hosts_adds_names_and_star_allows_any() -> None:
+    with asyncflow.profile("named", format="none", port=0, allowed_hosts="Profiler.LAN") as prof:
+        _, port = address(prof)
+        assert request(prof, "/flow", f"profiler.lan:{port}")[0] == 200
+        assert_error(request(prof, "/flow", f"other.lan:{port}"), 421)
+    with asyncflow.profile("any", format="none", port=0, allowed_hosts=["*"]) as prof:
+        assert request(prof, "/flow", "whatever.example:1")[0] == 200
+
+
+def test_allowed_hosts_is_validated(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ValueError, match=r"allowed_hosts.*not a host name"):
+        asyncflow.profile("bad", allowed_hosts="host:6780")
+    with pytest.raises(ValueError, match=r"allowed_hosts.*expected host names"):
+        asyncflow.profile("bad", allowed_hosts=5)
+    monkeypatch.setenv("ASYNCFLOW_ALLOWED_HOSTS", "a.lan, [::2]")
+    prof = asyncflow.profile("env")
+    assert prof.options.allowed_hosts == ("a.lan", "[::2]")
+
+
+def test_cross_origin_browser_requests_are_refused(served: asyncflow.Profiler) -> None:
+    ip, port = address(served)
+    for origin in ("http://evil.example", f"http://evil.example:{port}", "null",
+                   f"https://{ip}:{port}", f"http://{ip}:{port + 1}"):  # fmt: skip
+        assert_error(request(served, "/flow", headers={"Origin": origin}), 403, "cross-origin")
+    for site in ("cross-site", "same-site"):
+        headers = {"Sec-Fetch-Site": site}
+        assert_error(request(served, "/flow", headers=headers), 403, "web page refused")
+    same = {"Origin": f"http://{ip}:{port}", "Sec-Fetch-Site": "same-origin"}
+    assert request(served, "/flow", headers=same)[0] == 200
+    assert request(served, "/flow", headers={"Sec-Fetch-Site": "none"})[0] == 200
+
+
+def test_the_host_check_comes_before_the_token() -> None:
+    with asyncflow.profile("guarded", format="none", port=0, token="s3cret") as prof:
+        assert_error(request(prof, "/flow", "evil.example"), 421)
+        auth = {"Authorization": "Bearer s3cret"}
+        assert request(prof, "/flow", headers=auth)[0] == 200
+
+
+# -- connections: deadlines and the cap -----------------------------------------------------------
+
+
+@pytest.fixture
+def tight(monkeypatch: pytest.MonkeyPatch) -> Iterator[asyncflow.Profiler]:
+    """A profiler whose endpoint has small limits, so that tests see them without waiting."""
+    limits = server.Limits(header_timeout=0.2, response_timeout=2.0, max_connections=4)
+    monkeypatch.setattr(server, "LIMITS", limits)
+    with asyncflow.profile("tight", format="none", port=0) as prof:
+        yield prof
+
+
+def test_idle_and_half_sent_connections_are_closed(tight: asyncflow.Profiler) -> None:
+    ip, port = address(tight)
+    silent = socket.create_connection((ip, port), timeout=5)
+    partial = socket.create_connection((ip, port), timeout=5)
+    partial.sendall(f"GET /futures HTTP/1.1\r\nHost: {ip}:{port}\r\nX-Slow: ".encode())
+    kept = socket.create_connection((ip, port), timeout=5)
+    kept.sendall(f"GET /flow HTTP/1.1\r\nHost: {ip}:{port}\r\n\r\n".encode())
+    with silent, partial, kept:
+        assert read_response(kept)[0] == 200  # answered, then idle on keep-alive
+        for sock in (silent, partial, kept):
+            assert closed_by_server(sock)  # within header_timeout; the 5 s bound never hit
+
+
+def test_connections_beyond_the_cap_are_answered_503_and_closed(tight: asyncflow.Profiler) -> None:
+    # The reproduction: 1,000 half-sent requests raised the program's open files from 13 to
+    # 1,013. Here 20 half-sent requests against a cap of 4: the program holds at most 4.
+    ip, port = address(tight)
+    before = open_fds()
+    socks = [socket.create_connection((ip, port), timeout=5) for _ in range(20)]
+    try:
+        for sock in socks:
+            sock.sendall(b"GET /snapshot HTTP/1.1\r\n")
+        refused = 0
+        for sock in socks[4:]:
+            status, headers, body = read_response(sock)
+            assert status == 503 and headers["connection"] == "close"
+            assert "holds 4 connections" in body["error"]["message"]
+            assert closed_by_server(sock)
+            refused += 1
+        assert refused == 16
+        held = open_fds() - before - len(socks)
+        assert held <= 4 + 1, held  # the four held connections (and at most one accepting)
+        for sock in socks[:4]:
+            assert closed_by_server(sock)  # their header deadline passed
+    finally:
+        for sock in socks:
+            sock.close()
+    status, _, _ = request(tight, "/flow")  # and the endpoint serves again
+    assert status == 200
+
+
+# -- parameters: canonical and bounded ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("query", "says"),
+    [
+        ("limit=%D9%A1%D9%A2", "ASCII digits"),  # Arabic-Indic twelve
+        ("limit=%2B5", "ASCII digits"),  # +5
+        ("limit=1_000", "ASCII digits"),
+        ("limit=%205", "ASCII digits"),
+        ("limit=5%20", "ASCII digits"),
+        ("limit=0x10", "ASCII digits"),
+        ("limit=", "ASCII digits"),
+        ("limit", "ASCII digits"),
+        ("limit=1&limit=2", "given 2 times"),
+        ("offset=18446744073709551616", f"at most {server.MAX_OFFSET}"),  # 2**64: was a 500
+        ("offset=" + "9" * 400, f"at most {server.MAX_OFFSET}"),
+        ("limit=10001", "at most 10000"),
+        ("offset=-0", "must be 0 or more"),
+        ("%FF=1", "unknown parameter"),
+    ],
+)
+def test_parameters_are_ascii_digits_given_once_and_bounded(
+    served: asyncflow.Profiler, query: str, says: str
+) -> None:
+    assert_error(request(served, f"/futures?{query}"), 400, says)
+
+
+def test_ids_are_parsed_like_parameters(served: asyncflow.Profiler) -> None:
+    asyncio.run(tracked())
+    status, _, futures = request(served, "/futures")
+    assert status == 200
+    first = futures["futures"][0]["id"]
+    status, _, logs = request(served, f"/futures/{first:08d}/logs?limit=01")
+    assert status == 200 and logs["future_id"] == first
+    assert_error(request(served, "/futures/%D9%A1/logs"), 400, "ASCII digits")
+    assert_error(request(served, "/futures/18446744073709551616/logs"), 400, "at most")
+    assert_error(request(served, "/futures/000/logs"), 404, "ids start at 1")
+
+
+def test_zero_padded_spellings_share_one_cached_document(
+    fake_clock: Any, served: asyncflow.Profiler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The reproduction: 255 GETs of /futures/1/logs?limit=00...010000 grew the program from 54
+    # to 905 MiB, and each spelling was rebuilt. Now one spelling is one cache entry.
+    built: list[int] = []
+    real = views.futures_document
+
+    def counting(*args: Any) -> Any:
+        built.append(1)
+        return real(*args)
+
+    monkeypatch.setattr(views, "futures_document", counting)
+    bodies = set()
+    for zeros in range(0, 255, 15):
+        status, _, body = request(served, f"/futures?limit={'0' * zeros}10&offset={'0' * zeros}0")
+        assert status == 200 and body["limit"] == 10 and body["offset"] == 0
+        bodies.add(orjson.dumps(body))
+    assert len(built) == 1 and len(bodies) == 1
+    fake_clock.advance(100_000_000)
+    request(served, "/futures?limit=10")
+    assert len(built) == 2  # rebuilt once its 0.1 s are over
+
+
+def test_the_cache_is_bounded_in_entries_and_bytes() -> None:
+    cache = server._Cache(entries=3, size=100)
+    for key in range(10):
+        cache.put(key, 0, b"x" * 30)
+        assert len(cache) <= 3 and cache.bytes <= 100
+    assert [cache.get(key, 1) for key in (7, 8, 9)] == [b"x" * 30] * 3
+    assert cache.get(0, 1) is None
+    cache.put("big", 0, b"y" * 101)  # larger than the whole cache: not kept
+    assert cache.get("big", 1) is None and cache.bytes == 90
+    cache.put("fresh", 200_000_000, b"z")  # entries past their 0.1 s are dropped first
+    assert len(cache) == 1 and cache.bytes == 1
+    assert cache.get("fresh", 300_000_000) is None and cache.bytes == 0
+
+
+# -- errors: JSON, and nothing on the program's stderr --------------------------------------------
+
+
+MALFORMED = [
+    b"GARBAGE-LINE-SECRET\r\n\r\n",
+    b"GET /futures HTTP/1.1\r\nHost: x\r\nBad Header SECRET\r\n\r\n",
+    b"GET /futures HTTP/1.1\r\nHost: x\r\nX-Long: " + b"a" * 20_000 + b"\r\n\r\n",
+    b"GET /" + b"a" * 20_000 + b" HTTP/1.1\r\n\r\n",
+    b"GET /futures HTTP/9.9\r\nHost: x\r\n\r\n",
+    b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03SECRET\r\n\r\n",  # TLS to an HTTP port
+    b"GET /futures HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n",
+    b"GET /futures HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+]
+
+
+@pytest.mark.parametrize("data", MALFORMED)
+def test_malformed_requests_get_json_and_print_nothing(
+    served: asyncflow.Profiler, data: bytes, capfd: pytest.CaptureFixture[str]
+) -> None:
+    status, headers, body = send(served, data)
+    assert 400 <= status < 500, body
+    assert headers["content-type"].startswith("application/json")
+    assert body["error"]["status"] == status
+    assert "SECRET" not in str(body)  # the request is never echoed
+    request(served, "/flow")  # the next request is served: the server is fine
+    out, err = capfd.readouterr()
+    assert err == "" and out == ""
+
+
+def test_405_says_which_methods_are_allowed(served: asyncflow.Profiler) -> None:
+    ip, port = address(served)
+    for method in ("POST", "PUT", "DELETE", "OPTIONS"):
+        data = f"{method} /futures HTTP/1.1\r\nHost: {ip}:{port}\r\nContent-Length: 0\r\n\r\n"
+        status, headers, body = send(served, data.encode())
+        assert status == 405 and "use GET" in body["error"]["message"]
+        assert headers["allow"] == "GET, HEAD"
+
+
+def test_a_non_utf8_authorization_header_is_401(capfd: pytest.CaptureFixture[str]) -> None:
+    with asyncflow.profile("guarded", format="none", port=0, token="s3cret") as prof:
+        ip, port = address(prof)
+        for value in (b"Bearer \xff\xfe", b"\xff", b"Bearer s3cret\xff"):
+            data = f"GET /flow HTTP/1.1\r\nHost: {ip}:{port}\r\nAuthorization: ".encode()
+            assert_error(send(prof, data + value + b"\r\n\r\n"), 401, "wrong")
+        status, _, body = request(
+            prof, "/profiler_status", headers={"Authorization": "Bearer s3cret"}
+        )
+        assert status == 200 and body["internal_errors"] == 0
+    assert capfd.readouterr().err == ""
+
+
+def test_huge_offsets_are_no_internal_error(
+    served: asyncflow.Profiler, capfd: pytest.CaptureFixture[str]
+) -> None:
+    for path in ("/futures?offset=18446744073709551616", "/channels?offset=1" + "0" * 30):
+        assert_error(request(served, path), 400)
+    status, _, body = request(served, "/profiler_status")
+    assert status == 200 and body["internal_errors"] == 0
+    assert capfd.readouterr().err == ""
