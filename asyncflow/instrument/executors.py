@@ -1,4 +1,4 @@
-"""Executors: jobs that ``run_in_executor`` and ``asyncio.to_thread`` hand to thread pools.
+"""Executors: jobs that ``run_in_executor``, ``asyncio.to_thread`` and anyio hand to threads.
 
 :func:`instrument_executors` puts a ``run_in_executor`` of its own on the loop (an instance
 attribute: the loop keeps its class). Each job of a thread pool is wrapped in a :class:`_Job`
@@ -6,7 +6,9 @@ that reads the clock when a worker thread picks it up and when it ends: the time
 *queued* (submitted, no thread free) and the time it *ran*. Jobs are counted by the function run
 (``to_thread``'s function, not the ``Context.run`` that carries it) and by the tracked future
 that submitted them. Process pools run jobs elsewhere: they are counted, and timed from
-submission to completion, but never wrapped (the job must pickle as it is).
+submission to completion, but never wrapped (the job must pickle as it is). anyio's
+``to_thread.run_sync`` runs jobs on anyio's own worker threads behind a capacity limiter: each
+limiter is an executor, whose jobs are queued while they wait for a token.
 """
 
 from __future__ import annotations
@@ -146,6 +148,10 @@ class ExecutorRecord:
         executor = self.executor()
         if executor is None:
             return None, 0
+        tokens = getattr(executor, "total_tokens", None)
+        if tokens is not None:  # an anyio CapacityLimiter in front of anyio's worker threads
+            most = int(tokens) if tokens != float("inf") else None
+            return most, int(getattr(executor, "borrowed_tokens", 0))
         most = getattr(executor, "_max_workers", None)
         started = getattr(executor, "_threads", None) or getattr(executor, "_processes", None)
         return (most if isinstance(most, int) else None), len(started or ())
@@ -346,6 +352,67 @@ def _untimed_end(
     return end
 
 
+_anyio_lock = threading.Lock()
+_anyio_users = 0
+_anyio_original: Any = None
+
+
+def _anyio_hook(original: Callable[..., Any]) -> Callable[..., Any]:
+    """anyio's ``to_thread.run_sync`` on asyncio: its own worker threads, behind a capacity
+    limiter (40 tokens by default). A job is queued while it waits for a token."""
+
+    async def run_sync_in_worker_thread(
+        cls: Any, func: Callable[..., Any], args: Any, *rest: Any, **kwargs: Any
+    ) -> Any:
+        if _session.active is None:
+            return await original(cls, func, args, *rest, **kwargs)
+        try:
+            limiter = kwargs.get("limiter") or (rest[1] if len(rest) > 1 else None)
+            default = limiter is None
+            if default:
+                limiter = cls.current_default_thread_limiter()
+            label = "anyio worker threads" if default else f"anyio worker threads ({limiter!r})"
+            record = _record_of(limiter, label)
+            _, future_id = caller()
+            job = _Job(record, func, future_id)
+            with record.lock:
+                record.stats.submitted += 1
+        except Exception as err:  # observing never breaks the program
+            _session.internal_error("instrumenting an anyio worker thread job", err)
+            return await original(cls, func, args, *rest, **kwargs)
+        try:
+            return await original(cls, job, args, *rest, **kwargs)
+        finally:
+            if not job.started:  # cancelled while it waited for a token: it never ran
+                job.record.never_started()
+
+    return run_sync_in_worker_thread
+
+
+def _anyio_backend() -> Any:
+    try:
+        from anyio._backends._asyncio import AsyncIOBackend
+    except Exception:  # another anyio layout: its threads are not followed
+        return None
+    return AsyncIOBackend if "run_sync_in_worker_thread" in vars(AsyncIOBackend) else None
+
+
+def _use_anyio(delta: int) -> None:
+    """Count users of the anyio hook: installed by the first, removed with the last."""
+    global _anyio_users, _anyio_original
+    backend = _anyio_backend()
+    if backend is None:
+        return
+    with _anyio_lock:
+        _anyio_users += delta
+        if delta > 0 and _anyio_original is None:
+            _anyio_original = vars(backend)["run_sync_in_worker_thread"]
+            backend.run_sync_in_worker_thread = classmethod(_anyio_hook(_anyio_original.__func__))
+        elif _anyio_users == 0 and _anyio_original is not None:
+            backend.run_sync_in_worker_thread = _anyio_original
+            _anyio_original = None
+
+
 class ExecutorInstrumentation:
     """Handle returned by :func:`instrument_executors`; ``undo()`` (or leaving ``with``)
     gives the loop its own ``run_in_executor`` back."""
@@ -367,6 +434,7 @@ class ExecutorInstrumentation:
         if hook is None or not hook.enabled:
             return
         hook.enabled = False
+        _use_anyio(-1)
         loop = self._loop()
         if loop is not None and vars(loop).get("run_in_executor") is hook:
             del loop.run_in_executor  # the class's method shows through again
@@ -412,4 +480,5 @@ def instrument_executors(loop: asyncio.AbstractEventLoop | None = None) -> Execu
         return ExecutorInstrumentation(loop, None)  # already: a second handle counts nothing
     hook = _RunInExecutor(loop)
     loop.run_in_executor = hook  # type: ignore[method-assign, assignment]
+    _use_anyio(+1)
     return ExecutorInstrumentation(loop, hook)

@@ -142,3 +142,37 @@ def test_misuse() -> None:
     loop.close()
     with pytest.raises(RuntimeError, match="closed"):
         asyncflow.instrument_executors(loop)
+
+
+async def test_anyio_worker_threads_wait_for_the_limiter(
+    fake_clock: FakeClock, prof: asyncflow.Profiler
+) -> None:
+    from anyio._backends._asyncio import AsyncIOBackend
+
+    anyio_own = vars(AsyncIOBackend)["run_sync_in_worker_thread"]
+    limiter = anyio.CapacityLimiter(1)
+    submitted = threading.Event()
+
+    def scan(n: int) -> int:
+        submitted.wait(5)
+        fake_clock.advance(1_000)
+        return n
+
+    async def one(n: int, results: list[int]) -> None:
+        results.append(await anyio.to_thread.run_sync(scan, n, limiter=limiter))
+
+    with asyncflow.instrument_executors():
+        results: list[int] = []
+        async with anyio.create_task_group() as group:
+            for n in range(3):
+                group.start_soon(one, n, results)
+            await asyncio.sleep(0)
+            submitted.set()
+    assert sorted(results) == [0, 1, 2]
+    record = _record(limiter)
+    st = record.stats
+    assert (st.submitted, st.completed, st.raised) == (3, 3, 0)
+    assert st.run_ns == 3_000 and st.queued_ns == 3_000  # 0 + 1000 + 2000: one token
+    assert record.workers() == (1, 0)
+    assert list(st.by_function) == [f"{__name__}.{scan.__qualname__}"]
+    assert vars(AsyncIOBackend)["run_sync_in_worker_thread"] is anyio_own  # undone
