@@ -1,0 +1,221 @@
+"""The endpoint fuzzed from its own OpenAPI document: every route and parameter, hostile values.
+
+Hypothesis draws requests for each operation ``/openapi.json`` describes: valid values within
+the documented bounds, values past them, spellings that are not canonical digits, text in any
+script, raw percent-encoded bytes, repeated and unknown parameters, and foreign ``Host`` and
+``Origin`` headers. Every answer must be JSON with a status the document lists for that
+operation (never 500), an error document for errors and, for 200, a document that validates
+against the operation's schema. Bounded: a fixed number of examples, derandomized.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import socket
+import urllib.parse
+from collections.abc import Iterator
+from typing import Any
+
+import jsonschema
+import orjson
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import asyncflow
+from asyncflow.instrument import _session
+from tests.test_server import workload
+from tests.test_server_hardening import address, read_response
+
+Drawn = tuple[str, str, list[tuple[str, str]], dict[str, str]]
+FUZZ = settings(
+    max_examples=200,
+    derandomize=True,
+    database=None,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+
+HOSTILE_NUMBERS = [
+    "\u0661\u0662",  # Arabic-Indic twelve
+    "\uff11",  # fullwidth one
+    "+5",
+    "-1",
+    "-0",
+    "1_000",
+    " 5",
+    "5 ",
+    "0x10",
+    "1e3",
+    "1.0",
+    "",
+    "0" * 300 + "1",
+    str(2**63),
+    str(2**64),
+    "9" * 5000,
+    "NaN",
+    "%00",
+]
+
+
+def _served() -> tuple[asyncflow.Profiler, dict[str, Any]]:
+    prof = asyncflow.start("fuzzed", format="none", port=0)
+    asyncio.run(workload())
+    ip, port = address(prof)
+    with socket.create_connection((ip, port), timeout=10) as sock:
+        sock.sendall(f"GET /openapi.json HTTP/1.1\r\nHost: {ip}:{port}\r\n\r\n".encode())
+        status, _, spec = read_response(sock)
+    assert status == 200
+    return prof, spec
+
+
+@pytest.fixture
+def profiled() -> Iterator[tuple[asyncflow.Profiler, dict[str, Any]]]:
+    errors = _session.errors.count
+    prof, spec = _served()
+    try:
+        yield prof, spec
+    finally:
+        status = prof.snapshot().status
+        prof.stop()
+    # nothing the fuzzer sent was an internal error (each would be counted here)
+    assert status.internal_errors == errors, status.last_internal_error
+
+
+def _value(schema: dict[str, Any]) -> st.SearchStrategy[str]:
+    low, high = schema.get("minimum", 0), schema.get("maximum", 2**31)
+    return st.one_of(
+        st.integers(low, min(high, low + 50)).map(str),  # small: ids that exist, short pages
+        st.integers(low, high).map(str),
+        st.integers(-(2**70), 2**70).map(str),
+        st.integers(0, 10**6).map(lambda n: "0" * (n % 40) + str(n)),  # zero-padded
+        st.sampled_from(HOSTILE_NUMBERS),
+        st.sampled_from(HOSTILE_NUMBERS),
+        st.text(max_size=30),
+        st.binary(max_size=20).map(lambda b: b.decode("latin-1")),
+    )
+
+
+def _quote(value: str) -> str:
+    return urllib.parse.quote(value.encode("utf-8", "surrogatepass"), safe="")
+
+
+@st.composite
+def requests(draw: st.DrawFn, spec: dict[str, Any]) -> Drawn:
+    """A route template, the request target, the parameters given, and extra headers."""
+    template = draw(st.sampled_from(sorted(spec["paths"])))
+    operation = spec["paths"][template]["get"]
+    path = template
+    pairs: list[tuple[str, str]] = []
+    for param in operation.get("parameters", []):
+        value = draw(_value(param["schema"]))
+        if param["in"] == "path":
+            value = value or "0"
+            path = path.replace("{" + param["name"] + "}", _quote(value))
+            pairs.append((param["name"], value))
+        elif draw(st.booleans()):
+            pairs += [(param["name"], value)] * draw(st.sampled_from([1, 1, 1, 2]))
+    if draw(st.integers(0, 9)) == 0:
+        pairs.append((draw(st.text(min_size=1, max_size=10)), draw(st.text(max_size=10))))
+    if draw(st.integers(0, 19)) == 0:  # raw bytes, not even UTF-8
+        raw = draw(st.binary(min_size=1, max_size=10))
+        target = path + "?" + urllib.parse.quote_from_bytes(raw, safe="=&")
+        pairs.append(("raw", repr(raw)))
+    else:
+        query = "&".join(f"{_quote(k)}={_quote(v)}" for k, v in pairs if k != "id")
+        target = path + ("?" + query if query else "")
+    headers: dict[str, str] = {}
+    if draw(st.integers(0, 9)) == 0:
+        headers["Origin"] = draw(st.sampled_from(["http://evil.example", "null", "https://x"]))
+    if draw(st.integers(0, 9)) == 0:
+        headers["Host"] = draw(
+            st.sampled_from(["evil.example", "localhost", "127.0.0.1:1", "[::1", "a b"])
+        )
+    return template, target, pairs, headers
+
+
+def assert_canonical(operation: dict[str, Any], pairs: list[tuple[str, str]]) -> None:
+    """What a 200 implies: every parameter the route takes, given once, in ASCII digits, within
+    the bounds the document states; nothing else."""
+    params = {p["name"]: p["schema"] for p in operation.get("parameters", [])}
+    names = [name for name, _ in pairs]
+    assert len(names) == len(set(names)), pairs
+    for name, value in pairs:
+        assert name in params, pairs
+        assert re.fullmatch("[0-9]+", value), pairs
+        low, high = params[name].get("minimum", 0), params[name].get("maximum")
+        assert low <= int(value) and (high is None or int(value) <= high), pairs
+
+
+def test_every_route_answers_json_with_a_documented_status(
+    profiled: tuple[asyncflow.Profiler, dict[str, Any]], capfd: pytest.CaptureFixture[str]
+) -> None:
+    prof, spec = profiled
+    ip, port = address(prof)
+
+    @FUZZ
+    @given(data=st.data())
+    def check(data: st.DataObject) -> None:
+        template, target, pairs, headers = data.draw(requests(spec))
+        headers.setdefault("Host", f"{ip}:{port}")  # unless a foreign one was drawn
+        lines = [f"GET {target} HTTP/1.1", *(f"{k}: {v}" for k, v in headers.items())]
+        with socket.create_connection((ip, port), timeout=10) as sock:
+            sock.sendall("\r\n".join([*lines, "Connection: close", "", ""]).encode("latin-1"))
+            status, head, body = read_response(sock)
+        responses = spec["paths"][template]["get"]["responses"]
+        assert str(status) in responses, (target, headers, status, body)
+        assert head["content-type"].startswith("application/json")
+        schema = responses[str(status)]["content"]["application/json"]["schema"]
+        validator = jsonschema.Draft202012Validator({**schema, "components": spec["components"]})
+        validator.validate(body)
+        if status == 200:
+            assert headers == {"Host": f"{ip}:{port}"}  # no foreign Host or Origin answered
+            assert_canonical(spec["paths"][template]["get"], pairs)
+        else:
+            assert body["error"]["status"] == status
+
+    check()
+    assert capfd.readouterr().err == ""
+
+
+def test_bytes_that_are_not_http_get_json_or_a_closed_connection(
+    profiled: tuple[asyncflow.Profiler, dict[str, Any]], capfd: pytest.CaptureFixture[str]
+) -> None:
+    prof, _ = profiled
+
+    @settings(FUZZ, max_examples=100)
+    @given(
+        method=st.sampled_from(["GET", "HEAD", "POST", "get", "G\x00T", "", "PRI"]),
+        target=st.binary(max_size=40),
+        version=st.sampled_from([b"HTTP/1.1", b"HTTP/1.0", b"HTTP/2.0", b"", b"HTTP/1.1 x"]),
+        rest=st.binary(max_size=60),
+    )
+    def check(method: str, target: bytes, version: bytes, rest: bytes) -> None:
+        request = method.encode() + b" /" + target + b" " + version + b"\r\n" + rest
+        data = b""
+        with socket.create_connection(address(prof), timeout=10) as sock:
+            try:  # the server may answer and close before all of it is sent
+                sock.sendall(request + b"\r\n\r\n")
+                sock.shutdown(socket.SHUT_WR)  # no more comes: an incomplete request ends here
+            except OSError:
+                pass
+            try:
+                while chunk := sock.recv(65536):
+                    data += chunk
+            except ConnectionResetError:
+                pass
+        if not data:
+            return  # closed without an answer: what was sent never made a request
+        head, _, body = data.partition(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        status = int(lines[0].split(" ", 2)[1])
+        assert status < 500, data
+        fields = dict(line.lower().split(": ", 1) for line in lines[1:])
+        assert fields["content-type"].startswith("application/json")
+        if method != "HEAD":
+            document = orjson.loads(body[: int(fields["content-length"])])
+            assert document["error"]["status"] == status or status == 200
+
+    check()
+    assert capfd.readouterr().err == ""
