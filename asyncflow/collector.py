@@ -2,7 +2,9 @@
 
 Runs as a task on the profiler's own event loop, in the profiler's thread, every
 ``DRAIN_INTERVAL`` seconds and before every snapshot. Per-poll figures need no folding: the
-recorders aggregate them in place, so the collector's share per poll is nil.
+recorders aggregate them in place, so the collector's share per poll is nil. Each drain also
+reaps the futures and channels that are gone (their function, code or queue freed) into a
+bounded history, so memory follows what is alive, not what ever existed.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from collections import deque
 from asyncflow import stats
 from asyncflow.config import Options
 from asyncflow.instrument import _session
+from asyncflow.instrument import channels as _channels
+from asyncflow.instrument import futures as _futures
 from asyncflow.instrument.futures import CallRecord, FutureRecord, registry
 from asyncflow.monitor import LoopMonitor
 
@@ -33,7 +37,14 @@ class Collector:
         self.monitor = LoopMonitor(round(options.block_threshold * 1e9))
 
     def drain(self) -> int:
-        """Fold every finished call waiting in the buffer; returns how many were folded."""
+        """Fold every finished call waiting in the buffer, then reap what is gone; returns how
+        many calls were folded."""
+        folded = self._fold_finished()
+        _futures.reap(self._fold_finished)
+        _channels.reap(collecting=True)
+        return folded
+
+    def _fold_finished(self) -> int:
         take = self.session.finished.popleft
         keep = self.options.recent_logs
         folded = 0

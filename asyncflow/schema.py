@@ -122,6 +122,11 @@ class FutureEntry:
     poll_duration_ns: dict[str, int]
     #: from a call's creation to its end, over finished calls
     call_duration_ns: dict[str, int]
+    #: whether its function (or code) still exists; a gone future stays listed, among the
+    #: last few gone, until it is folded into the aggregate of its label
+    alive: bool = True
+    #: for an aggregate, how many gone futures of this label (and tracked_by) it sums; 0 else
+    folded_count: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,6 +262,11 @@ class ChannelEntry:
     timed_count: int = 0
     #: one message in this many is timed now (1: all of them)
     sampling_interval: int = 1
+    #: messages sent and never to be received: the channel was garbage-collected (or, for a
+    #: memory stream, every receive side closed) with them still in it
+    lost_count: int = 0
+    #: for an aggregate, how many gone channels of this label (and kind) it sums; 0 else
+    folded_count: int = 0
 
 
 @dataclass(frozen=True, slots=True)

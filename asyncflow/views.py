@@ -1,18 +1,31 @@
-"""Pure functions from the collector's state to the documents of :mod:`asyncflow.schema`."""
+"""Pure functions from the collector's state to the documents of :mod:`asyncflow.schema`.
+
+Lists are built in time proportional to the page they return: the records are ordered by a
+cheap key first, and only the entries of the page are built.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import heapq
 import os
 import platform
-from typing import TypeVar
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 from asyncflow import clock, stats
 from asyncflow._version import __version__
 from asyncflow.collector import Collector, live_calls
 from asyncflow.instrument import _session
-from asyncflow.instrument.channels import ChannelRecord, Edge, channel_registry
-from asyncflow.instrument.futures import RUNNING, CallRecord, FutureRecord, call_field, call_state
+from asyncflow.instrument.channels import ChannelRecord, Edge, channel_registry, edge_counts
+from asyncflow.instrument.futures import (
+    RUNNING,
+    CallRecord,
+    FutureRecord,
+    call_field,
+    call_state,
+    gone_labels,
+)
 from asyncflow.instrument.streams import ACTIVE, StreamRecord, stream_registry
 from asyncflow.monitor import Episode, LoopState, running_calls
 from asyncflow.schema import (
@@ -63,13 +76,18 @@ __all__ = [
 ]
 
 
-_E = TypeVar("_E")
+_R = TypeVar("_R")
 
 
-def _page(entries: list[_E], offset: int, limit: int | None) -> tuple[list[_E], int]:
-    """One page of a sorted list, and the limit to report (the page's size when unlimited)."""
-    page = entries[offset : None if limit is None else offset + limit]
-    return page, len(page) if limit is None else limit
+def _ordered_page(
+    records: Sequence[_R], key: Callable[[_R], Any], offset: int, limit: int | None
+) -> list[_R]:
+    """The records of one page, in ``key`` order, without ordering the records past it."""
+    if limit is None:
+        return sorted(records, key=key)[offset:]
+    if limit <= 0 or offset >= len(records):
+        return []
+    return heapq.nsmallest(offset + limit, records, key=key)[offset:]
 
 
 def _running_for(r: CallRecord, now: int) -> int:
@@ -88,6 +106,15 @@ def _idle(r: CallRecord, now: int) -> int:
 def _at_most(percentiles: dict[str, int], ceiling: int) -> dict[str, int]:
     # A bucket's midpoint can lie above the largest sample in it; never report more than the max.
     return {key: min(value, ceiling) for key, value in percentiles.items()}
+
+
+def _busy_now(record: FutureRecord, now: int) -> int:
+    """A future's busy time up to ``now``, live calls included (as its entry reports it)."""
+    busy = record.stats.busy_done
+    for r in live_calls(record):
+        start = r.start
+        busy += r.busy + (now - start if start and now > start else 0)
+    return busy
 
 
 def future_entry(record: FutureRecord, now: int, percentiles: tuple[float, ...]) -> FutureEntry:
@@ -141,6 +168,8 @@ def future_entry(record: FutureRecord, now: int, percentiles: tuple[float, ...])
         max_poll_duration_ns=max_poll,
         poll_duration_ns=_at_most(stats.percentiles(st.poll_hist, percentiles), max_poll),
         call_duration_ns=stats.percentiles(st.call_hist, percentiles),
+        alive=record.alive,
+        folded_count=record.folded,
     )
 
 
@@ -195,11 +224,17 @@ def futures_document(
     collector: Collector, now: int, offset: int = 0, limit: int | None = None
 ) -> FuturesDocument:
     """Every future, most busy first, paged by ``offset``/``limit``."""
-    entries = [future_entry(f, now, collector.options.percentiles) for f in collector.futures()]
-    entries.sort(key=lambda e: (-e.busy_ns, -e.call_count, e.id))
-    page, shown = _page(entries, offset, limit)
+    records = collector.futures()
+    keys = {f.id: (-_busy_now(f, now), -f.stats.created, f.id) for f in records}
+    chosen = _ordered_page(records, lambda f: keys[f.id], offset, limit)
+    qs = collector.options.percentiles
+    page = [future_entry(f, now, qs) for f in chosen]
     return FuturesDocument(
-        schema=SCHEMA, total=len(entries), offset=offset, limit=shown, futures=page
+        schema=SCHEMA,
+        total=len(records),
+        offset=offset,
+        limit=len(page) if limit is None else limit,
+        futures=page,
     )
 
 
@@ -234,19 +269,16 @@ def status(collector: Collector, now: int, running: bool) -> ProfilerStatus:
 
 
 def _labels(collector: Collector) -> dict[int | None, str]:
-    labels: dict[int | None, str] = {f.id: f.label for f in collector.futures()}
+    # futures folded into an aggregate keep their label on the edges that still name them
+    labels: dict[int | None, str] = {}
+    for fid, label in gone_labels().items():
+        labels[fid] = label
+    labels.update((f.id, f.label) for f in collector.futures())
     labels[None] = "(untracked)"
     return labels
 
 
-def _counts(edges: dict[int | None, Edge], total: int, last: int | None) -> dict[int | None, int]:
-    """Messages per edge, the untimed tail since the last timed message given to its edge: the
-    edges then add up to the channel's exact count."""
-    counts = {fid: e.count for fid, e in list(edges.items())}
-    tail = total - sum(counts.values())
-    if tail > 0 and last in counts:
-        counts[last] += tail
-    return counts
+_counts = edge_counts
 
 
 def _edges(
@@ -290,7 +322,7 @@ def channel_entry(
         label=record.label,
         kind=record.kind,
         channel_type=record.channel_type,
-        state="closed" if record.closed or not record.alive else "active",
+        state="active" if record.alive and not record.closed else "closed",
         sent_count=sent,
         received_count=received,
         unpaired_count=st.unpaired,
@@ -308,6 +340,8 @@ def channel_entry(
         ),
         timed_count=st.timed,
         sampling_interval=st.interval,
+        lost_count=record.lost_count(),
+        folded_count=record.folded,
     )
 
 
@@ -317,11 +351,15 @@ def channels_document(
     """Every channel, most messages first, paged by ``offset``/``limit``."""
     labels = _labels(collector)
     qs = collector.options.percentiles
-    entries = [channel_entry(c, labels, qs) for c in channel_registry()]
-    entries.sort(key=lambda e: (-e.sent_count, e.id))
-    page, shown = _page(entries, offset, limit)
+    records = channel_registry()
+    chosen = _ordered_page(records, lambda c: (-c.stats.sent, c.id), offset, limit)
+    page = [channel_entry(c, labels, qs) for c in chosen]
     return ChannelsDocument(
-        schema=SCHEMA, total=len(entries), offset=offset, limit=shown, channels=page
+        schema=SCHEMA,
+        total=len(records),
+        offset=offset,
+        limit=len(page) if limit is None else limit,
+        channels=page,
     )
 
 
@@ -413,11 +451,15 @@ def streams_document(
 ) -> StreamsDocument:
     """Every stream, most items first, paged by ``offset``/``limit``."""
     qs = collector.options.percentiles
-    entries = [stream_entry(r, qs) for r in stream_registry()]
-    entries.sort(key=lambda e: (-e.items_yielded, e.id))
-    page, shown = _page(entries, offset, limit)
+    records = stream_registry()
+    chosen = _ordered_page(records, lambda r: (-r.stats.items, r.id), offset, limit)
+    page = [stream_entry(r, qs) for r in chosen]
     return StreamsDocument(
-        schema=SCHEMA, total=len(entries), offset=offset, limit=shown, streams=page
+        schema=SCHEMA,
+        total=len(records),
+        offset=offset,
+        limit=len(page) if limit is None else limit,
+        streams=page,
     )
 
 

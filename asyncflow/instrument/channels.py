@@ -9,6 +9,11 @@ its time in channel, which future sent and took it, and a log entry (see
 on a busy one). A timed message stands for the messages since the channel's previous timed one,
 so edge counts and histograms are weighted and the flow graph adds up to the exact counts.
 Waits on a full or empty channel are timed in full: they are rare, and timing them is cheap.
+
+A channel that is gone (its queue or stream garbage-collected) is taken out of the registry by
+the collector: the last ``GONE_KEPT`` stay as they were, older ones are folded into one
+aggregate per label and kind, so memory follows the channels alive, not every channel ever made.
+The messages a gone channel still held are counted as lost.
 """
 
 from __future__ import annotations
@@ -24,14 +29,18 @@ from typing import Any
 from asyncflow import clock as _clock
 from asyncflow.instrument import _session
 from asyncflow.instrument.futures import InstrumentedCoroutine, _current_tasks, _get_running_loop
-from asyncflow.stats import SMALL_BUCKET, SMALL_LIMIT, bucket_of, new_histogram
+from asyncflow.stats import SMALL_BUCKET, SMALL_LIMIT, bucket_of, merge, new_histogram
 
 __all__ = [
+    "AGGREGATES_KEPT",
     "CHANNEL_LOG_SIZE",
+    "GONE_KEPT",
     "ChannelRecord",
     "ChannelStats",
     "Edge",
     "channel_registry",
+    "edge_counts",
+    "reap",
 ]
 
 #: recent timed sends and receives kept per channel
@@ -77,6 +86,7 @@ class ChannelStats:
         "last_receiver",
         "last_sender",
         "last_sent",
+        "lost",
         "max_size",
         "next_recv",
         "next_send",
@@ -101,6 +111,9 @@ class ChannelStats:
         self.skew = 0  # taken - received: messages that vanished from the storage unreceived
         self.unpaired = 0  # receives whose send was not seen (storage changed behind our back)
         self.max_size = 0
+        #: messages sent and never received: the channel was freed with them still in it
+        #: (set when the channel is reaped)
+        self.lost = 0
         # sampling: the next msg_id to time, and the receive number that takes a timed one
         self.next_send = 1
         self.next_recv = _NEVER
@@ -143,6 +156,7 @@ class ChannelRecord:
         "_target",
         "capacity",
         "closed",
+        "folded",
         "id",
         "kind",
         "label",
@@ -160,13 +174,19 @@ class ChannelRecord:
         measure: Callable[[Any], int],
     ) -> None:
         self.id = next(_channel_ids)
+        #: gone channels whose figures are summed here (an aggregate); 0 for a real channel
+        self.folded = 0
         self.label = label
         self.kind = kind
         #: 0 for a rendezvous stream; ``math.inf`` when unbounded
         self.capacity = capacity
         self.log_messages = log_messages
-        # Weak: observing a channel must not keep it (or its items) alive.
-        self._target = weakref.ref(target)
+        # Weak: observing a channel must not keep it (or its items) alive. When it dies, the
+        # record is queued for the collector to reap (an aggregate has no target at all).
+        self._target: Callable[[], Any] = _no_target
+        if target is not None:
+            ref = self._target = _Target(target, _target_gone)
+            ref.record = self
         self._measure = measure
         self.closed = False
         self.stats = ChannelStats()
@@ -175,6 +195,15 @@ class ChannelRecord:
     def alive(self) -> bool:
         """Whether the channel object still exists."""
         return self._target() is not None
+
+    def lost_count(self) -> int:
+        """Messages sent and never received because the channel was freed with them in it."""
+        st = self.stats
+        if st.lost or self.folded:
+            return st.lost
+        if self._target() is None:
+            return max(0, st.sent - st.received)
+        return 0
 
     def size(self) -> int:
         """Messages in the channel now (0 once it is gone)."""
@@ -345,36 +374,170 @@ _current_task = asyncio.current_task
 def _message_repr(item: Any) -> str:
     try:
         text = repr(item)
-    except Exception as exc:
+    except BaseException as exc:
+        # Even KeyboardInterrupt or CancelledError: raised here, it would leave the program's
+        # put() half done (the item queued, the call failed). Observing never breaks the
+        # program, so the exception is recorded in the log entry and goes no further.
         return f"<repr() failed: {type(exc).__name__}>"
     return text if len(text) <= _MESSAGE_REPR_LIMIT else text[: _MESSAGE_REPR_LIMIT - 1] + "…"
 
 
+def edge_counts(
+    edges: dict[int | None, Edge], total: int, last: int | None
+) -> dict[int | None, int]:
+    """Messages per edge, the untimed tail since the last timed message given to its edge: the
+    edges then add up to the channel's exact count."""
+    counts = {fid: e.count for fid, e in list(edges.items())}
+    tail = total - sum(counts.values())
+    if tail > 0 and last in counts:
+        counts[last] += tail
+    return counts
+
+
+def _no_target() -> None:
+    return None
+
+
+class _Target(weakref.ref):  # type: ignore[type-arg]
+    """The weak reference to a channel's queue or stream state; queues its record when freed."""
+
+    __slots__ = ("record",)
+
+    record: ChannelRecord | None
+
+
+def _target_gone(ref: _Target) -> None:
+    # Runs in whichever thread frees the channel, perhaps while it holds _lock: no lock here.
+    record = ref.record
+    if record is not None:
+        try:  # noqa: SIM105 (at interpreter shutdown contextlib itself may be gone)
+            _dying.append(record)
+        except Exception:  # the module's globals may be gone already
+            pass
+
+
 _channel_ids = itertools.count(1)
 _lock = threading.Lock()
-_registry: list[ChannelRecord] = []
+#: channels instrumented and not reaped yet, by id, oldest first
+_registry: dict[int, ChannelRecord] = {}
+#: History of gone channels: the last GONE_KEPT as they were, older ones folded into one
+#: aggregate per (label, kind), at most AGGREGATES_KEPT (then one "(other gone channels)").
+GONE_KEPT = 100
+AGGREGATES_KEPT = 256
+OTHER_GONE = "(other gone channels)"
+_dying: deque[ChannelRecord] = deque()
+_gone: deque[ChannelRecord] = deque()
+_aggregates: dict[tuple[str, str], ChannelRecord] = {}
 
 
 def register(record: ChannelRecord) -> ChannelRecord:
     """Add a channel to the registry the collector reads."""
+    reap()  # with no profiler to collect, keep the registry to what is alive as it grows
     with _lock:
-        _registry.append(record)
+        _registry[record.id] = record
     return record
 
 
 def channel_registry() -> list[ChannelRecord]:
-    """Every channel instrumented so far (a copy), oldest first."""
+    """Every channel of the session (a copy): live ones oldest first, then the last gone ones,
+    then the aggregates of older gone ones."""
+    reap()
     with _lock:
-        return list(_registry)
+        return [*_registry.values(), *_gone, *_aggregates.values()]
+
+
+def reap(*, collecting: bool = False) -> int:
+    """Move the channels that are gone out of the registry, into the bounded history of gone
+    channels; returns how many moved.
+
+    A gone channel's figures are final (its hooks died with it). While a profiler runs, only its
+    collector reaps (``collecting``), off the program's threads; with none running, whoever
+    registers or lists channels reaps, so the registry stays as large as what is alive.
+    """
+    if not _dying:
+        return 0
+    if not collecting and _session.active is not None:
+        return 0
+    reaped = 0
+    with _lock:
+        while _dying:
+            record = _dying.popleft()
+            if _registry.pop(record.id, None) is None:
+                continue  # dropped already, at a session start
+            reaped += 1
+            target = record._target
+            if isinstance(target, _Target):
+                target.record = None  # no cycle left between the record and its reference
+            st = record.stats
+            st.lost = max(0, st.sent - st.received)
+            st.pending.clear()  # timed sends that can never be received now
+            _gone.append(record)
+            while len(_gone) > GONE_KEPT:
+                _fold(_gone.popleft())
+    return reaped
+
+
+def _fold(record: ChannelRecord) -> None:
+    """Add a gone channel's figures to the aggregate of its label (under _lock)."""
+    key = (record.label, record.kind)
+    agg = _aggregates.get(key)
+    if agg is None and len(_aggregates) >= AGGREGATES_KEPT:
+        key = (OTHER_GONE, record.kind)
+        agg = _aggregates.get(key)
+    if agg is None:
+        agg = _aggregates[key] = ChannelRecord(
+            key[0], record.kind, record.capacity, False, None, _no_size
+        )
+        agg.closed = True
+    elif agg.capacity != record.capacity:
+        agg.capacity = max(agg.capacity, record.capacity)
+    agg.folded += 1
+    a, s = agg.stats, record.stats
+    a.sent += s.sent
+    a.taken += s.taken
+    a.skew += s.skew
+    a.unpaired += s.unpaired
+    a.lost += s.lost
+    a.timed += s.timed
+    a.blocked_ns += s.blocked_ns
+    a.starved_ns += s.starved_ns
+    a.max_size = max(a.max_size, s.max_size)
+    a.delay_max = max(a.delay_max, s.delay_max)
+    a.interval = max(a.interval, s.interval)
+    merge(a.delay_hist, s.delay_hist)
+    _merge_edges(a.senders, s.senders, edge_counts(s.senders, s.sent, s.last_sender))
+    _merge_edges(a.receivers, s.receivers, edge_counts(s.receivers, s.received, s.last_receiver))
+
+
+def _merge_edges(
+    into: dict[int | None, Edge], edges: dict[int | None, Edge], counts: dict[int | None, int]
+) -> None:
+    for fid, edge in edges.items():
+        target = into.get(fid)
+        if target is None:
+            target = into[fid] = Edge()
+        target.count += counts.get(fid, edge.count)
+        target.delay_sum += edge.delay_sum
+        target.delay_max = max(target.delay_max, edge.delay_max)
+        merge(target.delay_hist, edge.delay_hist)
+
+
+def _no_size(target: Any) -> int:
+    return 0
 
 
 def reset_for_session() -> None:
     """Give every channel fresh figures and forget channels that are gone: a new profiler
     starts from zero."""
     with _lock:
-        _registry[:] = [r for r in _registry if r.alive]
-        for record in _registry:
-            record.stats.__init__()  # type: ignore[misc]
+        _dying.clear()
+        _gone.clear()
+        _aggregates.clear()
+        for cid, record in list(_registry.items()):
+            if record.alive:
+                record.stats.__init__()  # type: ignore[misc]
+            else:
+                del _registry[cid]
 
 
 def recording() -> bool:

@@ -18,13 +18,14 @@ import sys
 import threading
 import types
 import weakref
+from collections import OrderedDict, deque
 from collections.abc import Callable, Coroutine, Generator
 from typing import Any, Generic, ParamSpec, TypeVar, overload
 
 from asyncflow import clock as _clock
 from asyncflow import config as _config
 from asyncflow.instrument import _session, loops
-from asyncflow.stats import SMALL_BUCKET, SMALL_LIMIT, bucket_of, new_histogram
+from asyncflow.stats import SMALL_BUCKET, SMALL_LIMIT, bucket_of, merge, new_histogram
 
 __all__ = [
     "CallRecord",
@@ -101,7 +102,18 @@ class FutureStats:
 class FutureRecord:
     """A tracked coroutine definition: identity and labels, plus the current session's stats."""
 
-    __slots__ = ("file", "id", "label", "line", "log_result", "source", "stats", "tracked_by")
+    __slots__ = (
+        "file",
+        "folded",
+        "id",
+        "label",
+        "line",
+        "log_result",
+        "owner",
+        "source",
+        "stats",
+        "tracked_by",
+    )
 
     def __init__(
         self, label: str, source: str, file: str, line: int, log_result: bool, tracked_by: str
@@ -114,6 +126,48 @@ class FutureRecord:
         self.log_result = log_result
         self.tracked_by = tracked_by
         self.stats = FutureStats()
+        #: what the future stands for (its function, code or coroutine type), weakly; None when
+        #: nothing is watched (an aggregate, or a record made elsewhere): never reaped
+        self.owner: _Owner | None = None
+        #: gone futures whose figures are summed here (an aggregate); 0 for a real definition
+        self.folded = 0
+
+    @property
+    def alive(self) -> bool:
+        """Whether what the future stands for still exists (aggregates count as alive)."""
+        owner = self.owner
+        return owner is None or owner() is not None
+
+
+class _Owner(weakref.ref):  # type: ignore[type-arg]
+    """A weak reference to what a future stands for, which queues the future when that dies."""
+
+    __slots__ = ("key", "record")
+
+    record: FutureRecord | None
+    key: tuple[int, str | None, str] | None
+
+
+def _owner_gone(ref: _Owner) -> None:
+    # Runs in whichever thread frees the owner, perhaps while it holds _registry_lock: so no
+    # lock here, only atomic dict and deque operations. The owner's id cannot be reused before
+    # this returns, so the _by_code entry removed is this future's.
+    record, key = ref.record, ref.key
+    if record is None:
+        return
+    try:
+        if key is not None and _by_code.get(key) is record:
+            _by_code.pop(key, None)
+        _dying.append(record)
+    except Exception:  # at interpreter shutdown the module's globals may be gone already
+        pass
+
+
+def _watch(record: FutureRecord, owner: object, key: tuple[int, str | None, str] | None) -> None:
+    ref = _Owner(owner, _owner_gone)
+    ref.record = record
+    ref.key = key
+    record.owner = ref
 
 
 #: asyncio's own coroutines (asyncio.run's shutdown steps...): never tracked as user tasks
@@ -121,64 +175,181 @@ _ASYNCIO_DIR = os.path.dirname(asyncio.__file__) + os.sep
 _future_ids = itertools.count(1)
 _call_ids = itertools.count(1)
 _registry_lock = threading.Lock()
-_registry: list[FutureRecord] = []
-_by_code: dict[tuple[types.CodeType | type, str | None, str], FutureRecord] = {}
+#: futures whose function or code may still be called, by id, oldest first
+_registry: dict[int, FutureRecord] = {}
+#: (id of the code object or coroutine type, label, tracked_by) -> future. Keyed by id, not by
+#: the object: a code object in a key would never be freed. The owner's weak reference removes
+#: the entry when it dies (see _owner_gone).
+_by_code: dict[tuple[int, str | None, str], FutureRecord] = {}
+
+#: History kept of futures that are gone (function or code freed, no call left): the last
+#: GONE_KEPT as they were, older ones folded into one aggregate per (label, tracked_by), at most
+#: AGGREGATES_KEPT of them (then into one "(other gone futures)" aggregate per tracked_by).
+GONE_KEPT = 100
+AGGREGATES_KEPT = 256
+_GONE_IDS_KEPT = 4096
+OTHER_GONE = "(other gone futures)"
+_dying: deque[FutureRecord] = deque()  # owner freed: reaped by the collector (or at once)
+_waiting: list[FutureRecord] = []  # owner freed, calls still running
+_gone: deque[FutureRecord] = deque()
+_aggregates: dict[tuple[str, str], FutureRecord] = {}
+#: id of a folded future -> its aggregate, so that edges recorded with the old id keep a label
+_gone_ids: OrderedDict[int, FutureRecord] = OrderedDict()
 
 
 def registry() -> list[FutureRecord]:
-    """Every future defined so far, oldest first (a copy)."""
+    """Every future of the session (a copy): live ones oldest first, then the last gone ones,
+    then the aggregates of older gone ones."""
+    if _dying and _session.active is None:
+        reap()
     with _registry_lock:
-        return list(_registry)
+        return [*_registry.values(), *_gone, *_aggregates.values()]
+
+
+def gone_labels() -> dict[int, str]:
+    """Labels of recently folded futures by their old id (for edges that still name them)."""
+    with _registry_lock:
+        return {fid: agg.label for fid, agg in _gone_ids.items()}
 
 
 def _register(record: FutureRecord) -> FutureRecord:
+    if _dying and _session.active is None:
+        reap()  # nobody collects: keep the registry to what is alive as it grows
     with _registry_lock:
-        _registry.append(record)
+        _registry[record.id] = record
+    return record
+
+
+def reap(drain: Callable[[], object] | None = None) -> int:
+    """Move the futures whose function or code is gone and whose last call has ended out of the
+    registry, into the bounded history of gone futures; returns how many moved.
+
+    While a profiler runs, only its collector reaps: it passes ``drain``, which folds the
+    finished calls still in the buffer first, so that none is lost. With none running, whoever
+    registers or lists futures reaps, so the registry stays as large as what is alive.
+    """
+    if not _dying and not _waiting:
+        return 0
+    if drain is None and _session.active is not None:
+        return 0
+    with _registry_lock:
+        while _dying:
+            _waiting.append(_dying.popleft())
+        # A call retiring takes itself out of ``live`` last: an empty ``live`` means every
+        # call's figures are summed and its record is in the buffer (see _retire).
+        ready = [r for r in _waiting if not r.stats.live]
+        if not ready:
+            return 0
+        _waiting[:] = [r for r in _waiting if r.stats.live]
+    if drain is not None:
+        drain()
+    with _registry_lock:
+        for record in ready:
+            owner = record.owner
+            if owner is not None:
+                owner.record = None  # no cycle left between the record and its reference
+            if _registry.pop(record.id, None) is not None:
+                _gone.append(record)
+                while len(_gone) > GONE_KEPT:
+                    _fold(_gone.popleft())
+    return len(ready)
+
+
+def _fold(record: FutureRecord) -> None:
+    """Add a gone future's figures to its aggregate (under _registry_lock)."""
+    key = (record.label, record.tracked_by)
+    agg = _aggregates.get(key)
+    if agg is None and len(_aggregates) >= AGGREGATES_KEPT:
+        key = (OTHER_GONE, record.tracked_by)
+        agg = _aggregates.get(key)
+    if agg is None:
+        same = key[0] == record.label
+        agg = _aggregates[key] = FutureRecord(
+            key[0],
+            record.source if same else "?",
+            record.file if same else "?",
+            record.line if same else 0,
+            False,
+            record.tracked_by,
+        )
+    agg.folded += 1
+    a, s = agg.stats, record.stats
+    a.created += s.created
+    a.returned += s.returned
+    a.raised += s.raised
+    a.cancelled += s.cancelled
+    a.closed += s.closed
+    a.never_awaited += s.never_awaited
+    a.polls_done += s.polls_done
+    a.busy_done += s.busy_done
+    a.idle_done += s.idle_done
+    a.max_poll_done = max(a.max_poll_done, s.max_poll_done)
+    merge(a.poll_hist, s.poll_hist)
+    merge(a.call_hist, s.call_hist)
+    if s.recent:
+        if a.recent is None:
+            a.recent = deque(maxlen=s.recent.maxlen)
+        for call in s.recent:  # finished calls: they now belong to the aggregate
+            call.future, call.stats, call.hist = agg, a, a.poll_hist
+            a.recent.append(call)
+    _gone_ids[record.id] = agg
+    while len(_gone_ids) > _GONE_IDS_KEPT:
+        _gone_ids.popitem(last=False)
+
+
+def _future_for(
+    owner: object, label: str | None, tracked_by: str, make: Callable[[], FutureRecord]
+) -> FutureRecord:
+    key = (id(owner), label, tracked_by)
+    record = _by_code.get(key)
+    if record is None:
+        with _registry_lock:
+            record = _by_code.get(key)
+            if record is None:
+                record = make()
+                _registry[record.id] = record
+                _by_code[key] = record
+                _watch(record, owner, key)
     return record
 
 
 def _future_for_code(
     code: types.CodeType, module: str, label: str | None, tracked_by: str
 ) -> FutureRecord:
-    key = (code, label, tracked_by)
-    record = _by_code.get(key)
-    if record is None:
-        with _registry_lock:
-            record = _by_code.get(key)
-            if record is None:
-                record = FutureRecord(
-                    label or code.co_qualname,
-                    f"{module}:{code.co_qualname}",
-                    code.co_filename,
-                    code.co_firstlineno,
-                    False,
-                    tracked_by,
-                )
-                _registry.append(record)
-                _by_code[key] = record
-    return record
+    record = _by_code.get((id(code), label, tracked_by))
+    if record is not None:
+        return record
+    return _future_for(
+        code,
+        label,
+        tracked_by,
+        lambda: FutureRecord(
+            label or code.co_qualname,
+            f"{module}:{code.co_qualname}",
+            code.co_filename,
+            code.co_firstlineno,
+            False,
+            tracked_by,
+        ),
+    )
 
 
 def _future_for_type(cls: type, label: str | None) -> FutureRecord:
     """The future of coroutine objects that have no code object (a C or Cython coroutine)."""
-    key = (cls, label, "instrument")
-    record = _by_code.get(key)
-    if record is None:
-        with _registry_lock:
-            record = _by_code.get(key)
-            if record is None:
-                module = sys.modules.get(cls.__module__)
-                record = FutureRecord(
-                    label or cls.__qualname__,
-                    f"{cls.__module__}:{cls.__qualname__}",
-                    str(getattr(module, "__file__", None) or "?"),
-                    0,
-                    False,
-                    "instrument",
-                )
-                _registry.append(record)
-                _by_code[key] = record
-    return record
+    module = sys.modules.get(cls.__module__)
+    return _future_for(
+        cls,
+        label,
+        "instrument",
+        lambda: FutureRecord(
+            label or cls.__qualname__,
+            f"{cls.__module__}:{cls.__qualname__}",
+            str(getattr(module, "__file__", None) or "?"),
+            0,
+            False,
+            "instrument",
+        ),
+    )
 
 
 class CallRecord:
@@ -352,7 +523,6 @@ def _close_record(r: CallRecord, outcome: str) -> None:
 def _retire(r: CallRecord, now: int) -> None:
     r.finished = now
     st = r.stats
-    st.live.pop(r.call_id, None)
     st.polls_done += r.polls
     st.busy_done += r.busy
     if r.first:
@@ -363,6 +533,8 @@ def _retire(r: CallRecord, now: int) -> None:
     if session is not None:
         session.finished.append(r)
         session.appended += 1
+    # Last: once a gone future's ``live`` is empty, the reaper may fold its figures (see reap).
+    st.live.pop(r.call_id, None)
 
 
 def _normalize_throw(typ: Any, val: Any, tb: Any) -> BaseException:
@@ -557,7 +729,9 @@ def future(
             log_result,
             "decorator",
         )
-        return FutureFunction(f, _register(record))
+        tracked = FutureFunction(f, _register(record))
+        _watch(record, tracked, None)  # the function gone, its future joins the gone history
+        return tracked
 
     if fn is None:
         return decorate
@@ -615,7 +789,7 @@ class _TaskFactory:
     ) -> asyncio.Future[Any]:
         if self.enabled and _session.active is not None and type(coro) is types.CoroutineType:
             try:
-                record = _by_code.get((coro.cr_code, None, "task"))
+                record = _by_code.get((id(coro.cr_code), None, "task"))
                 if record is None and not coro.cr_code.co_filename.startswith(_ASYNCIO_DIR):
                     frame = coro.cr_frame
                     module = frame.f_globals.get("__name__", "?") if frame is not None else "?"
@@ -713,7 +887,16 @@ def instrument_tasks(loop: asyncio.AbstractEventLoop | None = None) -> TaskInstr
 
 
 def reset_for_session() -> None:
-    """Give every known future fresh stats: a new profiler starts from zero."""
+    """Give every known future fresh stats and forget the gone ones: a new profiler starts
+    from zero."""
     with _registry_lock:
-        for record in _registry:
-            record.stats = FutureStats()
+        _dying.clear()
+        _waiting.clear()
+        _gone.clear()
+        _aggregates.clear()
+        _gone_ids.clear()
+        for fid, record in list(_registry.items()):
+            if record.alive:
+                record.stats = FutureStats()
+            else:
+                del _registry[fid]

@@ -1,0 +1,203 @@
+"""Memory follows what is alive: thousands of short-lived functions, queues and streams leave a
+bounded history (the last few as they were, older ones folded per label), with exact totals.
+
+Small versions of benchmarks/memory.py: they assert how many records stay and that memory per
+object made stays small, never how fast anything is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import tracemalloc
+import types
+import weakref
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+import pytest
+
+import asyncflow
+from asyncflow import clock, views
+from asyncflow.instrument import channels, futures
+from asyncflow.schema import ChannelEntry, FutureEntry, Snapshot
+
+N = 2_000
+#: what a gone future or channel may still cost once the history is full, per object made
+#: (a dense record cost 39-59 KB each)
+BYTES_PER_GONE_OBJECT = 1_024
+
+
+def _futures(snap: Snapshot, match: Callable[[FutureEntry], bool]) -> list[FutureEntry]:
+    return [f for f in snap.futures.futures if match(f)]
+
+
+def _channels(snap: Snapshot, match: Callable[[ChannelEntry], bool]) -> list[ChannelEntry]:
+    assert snap.channels is not None
+    return [c for c in snap.channels.channels if match(c)]
+
+
+async def _growth_per_object(
+    prof: asyncflow.Profiler, batch: Callable[[int], Awaitable[Any]]
+) -> float:
+    """Bytes still allocated per object after a second batch of N, once the first filled the
+    bounded history."""
+    await batch(0)
+    await asyncio.sleep(0)  # the loop lets go of the last task it ran
+    gc.collect()
+    prof.snapshot()  # the collector reaps what is gone
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        await batch(1)
+        await asyncio.sleep(0)
+        gc.collect()
+        prof.snapshot()
+        after = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    return (after - before) / N
+
+
+_TEMPLATE = compile("async def template(value):\n    return value\n", "<made>", "exec")
+_TEMPLATE_CODE = next(c for c in _TEMPLATE.co_consts if hasattr(c, "co_code"))
+
+
+def _new_coroutine_function(name: str) -> Callable[[int], Any]:
+    """A function with a code object of its own, as ``exec`` makes one (cheaper than exec)."""
+    code = _TEMPLATE_CODE.replace(co_name=name, co_qualname=name)
+    fn: Callable[[int], Any] = types.FunctionType(code, {})
+    return fn
+
+
+async def test_functions_made_by_exec_and_called_once_leave_a_bounded_history() -> None:
+    codes: list[weakref.ref[Any]] = []
+
+    async def batch(b: int) -> None:
+        for i in range(N):
+            fn = _new_coroutine_function(f"f{b}_{i}")
+            codes.append(weakref.ref(fn.__code__))
+            # instrument() groups calls by code object, as whole-program mode does for tasks
+            assert await asyncflow.instrument(fn(i)) == i
+
+    with asyncflow.profile("exec", format="none") as prof:
+        growth = await _growth_per_object(prof, batch)
+        snap = prof.snapshot()
+    made = _futures(snap, lambda f: f.label.startswith("f") or f.folded_count > 0)
+    # every call is counted exactly once, in its own entry or in an aggregate
+    assert sum(f.call_count for f in made) == 2 * N
+    assert sum(f.outcomes.returned for f in made) == 2 * N
+    gone = [f for f in made if not f.alive and not f.folded_count]
+    aggregates = [f for f in made if f.folded_count]
+    assert len(gone) == futures.GONE_KEPT
+    assert len(aggregates) <= futures.AGGREGATES_KEPT + 1
+    assert sum(f.folded_count for f in aggregates) == 2 * N - futures.GONE_KEPT
+    assert any(f.label == futures.OTHER_GONE for f in aggregates)  # more labels than kept
+    # the registry keeps no code object alive
+    assert sum(ref() is not None for ref in codes) == 0
+    assert growth < BYTES_PER_GONE_OBJECT, growth
+
+
+async def test_one_decorator_applied_many_times_folds_into_one_aggregate() -> None:
+    def make() -> Callable[[int], Any]:
+        @asyncflow.future(name="worker")
+        async def worker(i: int) -> int:
+            await asyncio.sleep(0)
+            return i
+
+        return worker
+
+    async def batch(b: int) -> None:
+        for i in range(N):
+            assert await make()(i) == i
+
+    with asyncflow.profile("factory", format="none") as prof:
+        growth = await _growth_per_object(prof, batch)
+        snap = prof.snapshot()
+    workers = _futures(snap, lambda f: f.label == "worker")
+    assert sum(f.call_count for f in workers) == 2 * N
+    assert sum(f.total_polls for f in workers) == 2 * 2 * N
+    (aggregate,) = [f for f in workers if f.folded_count]
+    assert aggregate.folded_count == 2 * N - futures.GONE_KEPT
+    assert aggregate.tracked_by == "decorator" and aggregate.poll_duration_ns
+    assert len(workers) == futures.GONE_KEPT + 1
+    logs = {log.future_id: log for log in snap.future_logs}
+    assert logs[aggregate.id].calls  # its recent calls, now its own
+    assert all(c.future_id == aggregate.id for c in logs[aggregate.id].calls)
+    assert growth < BYTES_PER_GONE_OBJECT, growth
+
+
+async def test_short_lived_queues_fold_per_label_and_count_the_messages_they_lost() -> None:
+    async def batch(b: int) -> None:
+        for i in range(N):
+            q: asyncio.Queue[int] = asyncio.Queue()  # every queue is made on this line
+            q.put_nowait(i)
+            assert q.get_nowait() == i
+            if i % 2:
+                q.put_nowait(i)  # left unread: lost when the queue is freed
+
+    with asyncflow.profile("queues", format="none") as prof:
+        with asyncflow.instrument_queues():
+            growth = await _growth_per_object(prof, batch)
+        snap = prof.snapshot()
+    made = _channels(snap, lambda c: c.label.startswith("test_bounded_memory.py:"))
+    assert len({c.label for c in made}) == 1
+    assert sum(c.sent_count for c in made) == 2 * (N + N // 2)
+    assert sum(c.received_count for c in made) == 2 * N
+    assert sum(c.lost_count for c in made) == 2 * (N // 2)
+    assert all(c.state == "closed" for c in made)
+    (aggregate,) = [c for c in made if c.folded_count]
+    assert aggregate.folded_count == 2 * N - channels.GONE_KEPT
+    assert len(made) == channels.GONE_KEPT + 1
+    assert sum(e.messages for e in aggregate.senders) == aggregate.sent_count
+    assert growth < BYTES_PER_GONE_OBJECT, growth
+
+
+async def test_short_lived_memory_streams_fold_per_label() -> None:
+    async def batch(b: int) -> None:
+        for i in range(N):
+            send, receive = asyncflow.instrument_memory_stream(
+                *anyio.create_memory_object_stream[int](1), name="short"
+            )
+            with send, receive:
+                send.send_nowait(i)
+                assert receive.receive_nowait() == i
+
+    with asyncflow.profile("streams", format="none") as prof:
+        growth = await _growth_per_object(prof, batch)
+        snap = prof.snapshot()
+    made = _channels(snap, lambda c: c.label == "short")
+    assert sum(c.sent_count for c in made) == sum(c.received_count for c in made) == 2 * N
+    assert len(made) == channels.GONE_KEPT + 1
+    assert growth < BYTES_PER_GONE_OBJECT, growth
+
+
+async def test_a_page_of_futures_builds_only_its_own_entries(
+    prof: asyncflow.Profiler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    made = []
+    for i in range(50):
+
+        @asyncflow.future(name=f"page-{i}")
+        async def step(n: int) -> None:
+            for _ in range(n):
+                await asyncio.sleep(0)
+
+        made.append(step)  # alive: listed as they are
+        await step(i % 7)
+    full = prof.snapshot().futures.futures
+    built: list[int] = []
+    original = views.future_entry
+
+    def counting(record: futures.FutureRecord, now: int, qs: tuple[float, ...]) -> FutureEntry:
+        built.append(record.id)
+        return original(record, now, qs)
+
+    monkeypatch.setattr(views, "future_entry", counting)
+    collector = prof._collector
+    assert collector is not None
+    page = views.futures_document(collector, clock.now_ns(), offset=5, limit=10)
+    assert len(built) == 10 and page.total == len(full)
+    # the same entries, in the same order, as the whole list has there (no call is live)
+    assert page.futures == full[5:15]
