@@ -4,12 +4,16 @@ The streams the user holds are left as they are. asyncflow instruments the state
 their clones) share: its buffer becomes a ``deque`` subclass that pairs messages in FIFO order,
 and its maps of waiting senders and receivers note when a blocked send is taken, when it is
 withdrawn (a cancelled or broken send is never counted), and when an item is handed straight to
-a waiting receiver (a rendezvous, delay 0). Waits are timed there too.
+a waiting receiver (a rendezvous, delay 0). Waits are timed there too. The waiting maps are
+wrappers over the real ones rather than subclasses, so that no anyio version can take an entry
+out by a path asyncflow does not see (tested on the lowest and the newest anyio allowed).
 """
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict, deque
+from collections.abc import Iterator, MutableMapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from asyncflow import clock as _clock
@@ -24,6 +28,8 @@ __all__ = ["instrument_memory_stream"]
 
 _S = TypeVar("_S", bound="MemoryObjectSendStream[Any]")
 _R = TypeVar("_R", bound="MemoryObjectReceiveStream[Any]")
+#: two threads instrumenting one stream at once must register it once
+_instrument_lock = threading.Lock()
 
 
 class _Buffer(deque[Any]):
@@ -61,37 +67,125 @@ class _Buffer(deque[Any]):
         return item
 
 
-class _Senders(OrderedDict[Any, Any]):
-    """Blocked senders: a send counts when a receiver takes it, not when it starts waiting."""
+class _WaitingMap(MutableMapping[Any, Any]):
+    """A map of waiting senders or receivers that sees every way an entry leaves it.
 
-    def __init__(self, items: Any, record: ChannelRecord, buffer: _Buffer) -> None:
-        super().__init__(items)
+    anyio keeps the tasks waiting on a stream in an ``OrderedDict`` and, depending on its
+    version, takes entries out with ``popitem``, ``pop``, ``del`` or ``clear``. A subclass of
+    ``OrderedDict`` only sees the methods it overrides (4.12's ``pop`` went past one), so this
+    wraps the real map instead: every mutator is one of the methods below, and each entry that
+    leaves is either *taken* (``popitem``: a receive took a blocked send, or a send handed its
+    item to a waiting receiver) or *withdrawn* (anything else: cancelled, closed).
+    """
+
+    __slots__ = ("_map", "record", "since")
+
+    def __init__(self, items: Any, record: ChannelRecord) -> None:
+        self._map: OrderedDict[Any, Any] = OrderedDict()
         self.record = record
-        self.buffer = buffer
-        # event -> (when the send started waiting, the sending call)
-        self.since: dict[Any, tuple[int, tuple[int | None, int | None]]] = {}
+        #: key -> what was noted when it started waiting
+        self.since: dict[Any, Any] = {}
+        for key, value in dict(items).items():
+            self[key] = value
 
-    def __setitem__(self, event: Any, item: Any) -> None:
-        super().__setitem__(event, item)
-        self.since[event] = (_clock.now_ns(), caller())
+    # -- reads: straight to the real map ---------------------------------------------------------
+
+    def __getitem__(self, key: Any) -> Any:
+        return self._map[key]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._map
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._map)
+
+    def __len__(self) -> int:
+        return len(self._map)
+
+    def __bool__(self) -> bool:
+        return bool(self._map)
+
+    def __repr__(self) -> str:
+        return repr(self._map)
+
+    # -- every mutator -----------------------------------------------------------------------
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self._map[key] = self._wrap(value)
+        try:
+            self.since[key] = self._started()
+        except Exception as err:  # observing never breaks the program
+            _session.internal_error("timing a memory stream wait", err)
+
+    def __delitem__(self, key: Any) -> None:
+        value = self._map.pop(key)
+        self._left(key, value, taken=False)
+
+    def pop(self, key: Any, *default: Any) -> Any:
+        if key not in self._map:
+            if default:
+                return default[0]
+            raise KeyError(key)
+        value = self._map.pop(key)
+        self._left(key, value, taken=False)
+        return value
 
     def popitem(self, last: bool = True) -> tuple[Any, Any]:
-        event, item = super().popitem(last)
-        started = self.since.pop(event, None)
+        key, value = self._map.popitem(last)
+        self._left(key, value, taken=True)
+        return key, value
+
+    def clear(self) -> None:
+        items = list(self._map.items())
+        self._map.clear()
+        for key, value in items:
+            self._left(key, value, taken=False)
+
+    def setdefault(self, key: Any, default: Any = None) -> Any:
+        if key not in self._map:
+            self[key] = default
+        return self._map[key]
+
+    def move_to_end(self, key: Any, last: bool = True) -> None:
+        self._map.move_to_end(key, last)
+
+    def _left(self, key: Any, value: Any, taken: bool) -> None:
+        started = self.since.pop(key, None)
         if started is not None:
             try:
-                start, sender = started
-                self.record.waited(True, start)
-                self.buffer.moving = self.record.send(item, at=start, by=sender)
-            except Exception as err:
-                _session.internal_error("recording a memory stream send", err)
-        return event, item
+                self._ended(started, value, taken)
+            except Exception as err:  # observing never breaks the program
+                _session.internal_error("timing a memory stream wait", err)
 
-    def __delitem__(self, event: Any) -> None:
-        super().__delitem__(event)  # withdrawn: cancelled, or the stream broke; never sent
-        started = self.since.pop(event, None)
-        if started is not None:
-            self.record.waited(True, started[0])
+    # -- what each kind of map notes ---------------------------------------------------------
+
+    def _wrap(self, value: Any) -> Any:
+        return value
+
+    def _started(self) -> Any:
+        return _clock.now_ns()
+
+    def _ended(self, started: Any, value: Any, taken: bool) -> None:
+        raise NotImplementedError
+
+
+class _Senders(_WaitingMap):
+    """Blocked senders: a send counts when a receiver takes it, not when it starts waiting."""
+
+    __slots__ = ("buffer",)
+
+    def __init__(self, items: Any, record: ChannelRecord, buffer: _Buffer) -> None:
+        self.buffer = buffer
+        super().__init__(items, record)
+
+    def _started(self) -> tuple[int, tuple[int | None, int | None]]:
+        return _clock.now_ns(), caller()  # when, and which call sends
+
+    def _ended(self, started: Any, item: Any, taken: bool) -> None:
+        start, sender = started
+        self.record.waited(True, start)
+        if taken:  # moved into the buffer by a receive: counted now, as of when it was sent
+            self.buffer.moving = self.record.send(item, at=start, by=sender)
 
 
 class _Receiver:
@@ -121,36 +215,16 @@ class _Receiver:
             _session.internal_error("recording a memory stream hand-off", err)
 
 
-class _Receivers(OrderedDict[Any, Any]):
+class _Receivers(_WaitingMap):
     """Waiting receivers: times how long consumers starve."""
 
-    def __init__(self, items: Any, record: ChannelRecord) -> None:
-        super().__init__(items)
-        self.record = record
-        self.since: dict[Any, int] = {}
+    __slots__ = ()
 
-    def __setitem__(self, event: Any, receiver: Any) -> None:
-        super().__setitem__(event, _Receiver(receiver, self.record))
-        self.since[event] = _clock.now_ns()
+    def _wrap(self, receiver: Any) -> Any:
+        return receiver if isinstance(receiver, _Receiver) else _Receiver(receiver, self.record)
 
-    def _starved(self, event: Any) -> None:
-        start = self.since.pop(event, None)
-        if start is not None:
-            self.record.waited(False, start)
-
-    def popitem(self, last: bool = True) -> tuple[Any, Any]:
-        event, receiver = super().popitem(last)
-        self._starved(event)
-        return event, receiver
-
-    def pop(self, event: Any, *default: Any) -> Any:
-        self._starved(event)
-        return super().pop(event, *default)
-
-    def clear(self) -> None:
-        for event in list(self.since):
-            self._starved(event)
-        super().clear()
+    def _ended(self, started: Any, receiver: Any, taken: bool) -> None:
+        self.record.waited(False, started)
 
 
 def _size(state: Any) -> int:
@@ -189,22 +263,26 @@ def instrument_memory_stream(
         raise TypeError("instrument_memory_stream(): send and receive belong to different streams")
     _config.check_type("instrument_memory_stream", "name", name, str, optional=True)
     _config.check_type("instrument_memory_stream", "log_messages", log_messages, bool)
-    if _config.disabled() or isinstance(state.buffer, _Buffer):
+    if _config.disabled():
         return send, receive
-    record = register(
-        _StreamRecord(
-            name or f"memory-stream@{id(state):x}",
-            "anyio.MemoryObjectStream",
-            state.max_buffer_size,
-            log_messages,
-            state,
-            _size,
+    with _instrument_lock:
+        if isinstance(state.buffer, _Buffer):
+            return send, receive
+        record = register(
+            _StreamRecord(
+                name or f"memory-stream@{id(state):x}",
+                "anyio.MemoryObjectStream",
+                state.max_buffer_size,
+                log_messages,
+                state,
+                _size,
+            )
         )
-    )
-    buffer = _Buffer(state.buffer, record)
-    state.buffer = buffer
-    state.waiting_senders = _Senders(state.waiting_senders, record, buffer)
-    state.waiting_receivers = _Receivers(state.waiting_receivers, record)
+        buffer = _Buffer(state.buffer, record)
+        # Not OrderedDicts, but every method anyio calls on them (see _WaitingMap).
+        state.waiting_senders = _Senders(state.waiting_senders, record, buffer)  # type: ignore[assignment]
+        state.waiting_receivers = _Receivers(state.waiting_receivers, record)  # type: ignore[assignment]
+        state.buffer = buffer  # last: what the check above reads
     return send, receive
 
 
@@ -221,3 +299,10 @@ class _StreamRecord(ChannelRecord):
         if state.open_send_channels == 0 or state.open_receive_channels == 0:
             self.closed = True
         return True
+
+    def lost_count(self) -> int:
+        """Also the messages left in the buffer once every receive side is closed."""
+        state = self._target()
+        if state is not None and state.open_receive_channels == 0:
+            return len(state.buffer)
+        return super().lost_count()

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
+import sys
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -13,6 +16,10 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 import asyncflow
 from asyncflow.clock import FakeClock
 from asyncflow.schema import ChannelEntry, ChannelLogs, Snapshot
+
+# Marked, not only run by the anyio_mode = "auto" setting: CI also runs this file on the lowest
+# anyio allowed (4.4), whose pytest plugin has no auto mode.
+pytestmark = pytest.mark.anyio
 
 Pair = tuple[MemoryObjectSendStream[Any], MemoryObjectReceiveStream[Any]]
 Track = Callable[[Pair], Pair]
@@ -150,3 +157,122 @@ def test_misuse() -> None:
         asyncflow.instrument_memory_stream(send, receive, log_messages=None)  # type: ignore[arg-type]
     for stream in (send, receive, other_send, other_receive):
         stream.close()
+
+
+async def test_cancelled_blocked_sends_leave_nothing_behind(fake_clock: FakeClock) -> None:
+    with asyncflow.profile("memory-withdrawn", format="none") as prof:
+        send, receive = asyncflow.instrument_memory_stream(
+            *anyio.create_memory_object_stream[int](0), name="withdrawn"
+        )
+        waiting = send._state.waiting_senders
+        for i in range(100):
+            async with anyio.create_task_group() as tg:
+
+                async def blocked(i: int = i) -> None:
+                    await send.send(i)  # nobody receives: waits until cancelled
+
+                tg.start_soon(blocked)
+                while not send.statistics().tasks_waiting_send:
+                    await anyio.sleep(0)
+                fake_clock.advance(10)
+                tg.cancel_scope.cancel()
+        assert len(waiting) == 0
+        assert waiting.since == {}  # type: ignore[attr-defined]
+        send.close()
+        receive.close()
+        snap = prof.snapshot()
+    entry, _ = _channel(snap, "withdrawn")
+    assert (entry.sent_count, entry.received_count) == (0, 0)
+    assert entry.producers_blocked_ns == 100 * 10
+
+
+async def test_every_way_out_of_a_waiting_map_is_seen(fake_clock: FakeClock) -> None:
+    """Whichever method an anyio version uses to take a waiting sender out (4.4 and 4.16 use
+    ``del``, 4.12 ``pop``; a close ``clear``s the receivers), the wait ends and is timed."""
+    with asyncflow.profile("memory-maps", format="none") as prof:
+        send, receive = asyncflow.instrument_memory_stream(
+            *anyio.create_memory_object_stream[str](0), name="maps"
+        )
+        senders: Any = send._state.waiting_senders
+        events = [anyio.Event() for _ in range(5)]
+        for event, item in zip(events, "abcde", strict=True):
+            senders[event] = item
+        fake_clock.advance(7)
+        del senders[events[0]]
+        assert senders.pop(events[1]) == "b"
+        assert senders.pop(events[1], None) is None
+        with pytest.raises(KeyError):
+            senders.pop(events[1])
+        assert senders.popitem(last=False) == (events[2], "c")  # taken: a receive moved it in
+        senders.clear()
+        assert (len(senders), senders.since) == (0, {})
+        receive.close()
+        send.close()
+        snap = prof.snapshot()
+    entry, _ = _channel(snap, "maps")
+    assert entry.producers_blocked_ns == 5 * 7
+    assert entry.sent_count == 1  # only the one taken by popitem
+
+
+async def test_a_stream_closed_with_unread_items_counts_them_as_lost() -> None:
+    with asyncflow.profile("memory-lost", format="none") as prof:
+        send, receive = asyncflow.instrument_memory_stream(
+            *anyio.create_memory_object_stream[int](10), name="lost"
+        )
+        for i in range(6):
+            send.send_nowait(i)
+        assert receive.receive_nowait() == 0
+        receive.close()
+        send.close()
+        snap = prof.snapshot()
+    entry, _ = _channel(snap, "lost")
+    assert (entry.sent_count, entry.received_count, entry.lost_count) == (6, 1, 5)
+    assert entry.state == "closed"
+
+
+class _Cancelling:
+    def __repr__(self) -> str:
+        raise asyncio.CancelledError
+
+
+async def test_a_repr_raising_a_base_exception_never_reaches_the_program() -> None:
+    with asyncflow.profile("memory-repr", format="none") as prof:
+        send, receive = asyncflow.instrument_memory_stream(
+            *anyio.create_memory_object_stream[Any](1), name="repr", log_messages=True
+        )
+        item = _Cancelling()
+        with send, receive:
+            send.send_nowait(item)  # completes: asyncflow's repr raised inside, and stayed there
+            assert receive.receive_nowait() is item
+        snap = prof.snapshot()
+    _, logs = _channel(snap, "repr")
+    assert [e.message for e in logs.sent_logs] == ["<repr() failed: CancelledError>"]
+
+
+def test_threads_instrumenting_one_stream_at_once_register_it_once() -> None:
+    pairs = [anyio.create_memory_object_stream[int]() for _ in range(300)]
+    barrier = threading.Barrier(4)
+
+    def instrument_all() -> None:
+        barrier.wait(10)
+        for send, receive in pairs:
+            asyncflow.instrument_memory_stream(send, receive)
+
+    interval = sys.getswitchinterval()
+    with asyncflow.profile("memory-threads", format="none") as prof:
+        sys.setswitchinterval(1e-6)  # hand the GIL over as often as possible: races show
+        try:
+            threads = [threading.Thread(target=instrument_all) for _ in range(4)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(10)
+        finally:
+            sys.setswitchinterval(interval)
+        snap = prof.snapshot()
+    assert snap.channels is not None
+    mine = {f"memory-stream@{id(send._state):x}" for send, _ in pairs}
+    assert sorted(c.label for c in snap.channels.channels if c.label in mine) == sorted(mine)
+    for send, receive in pairs:
+        send.close()
+        receive.close()
