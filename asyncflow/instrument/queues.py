@@ -16,8 +16,12 @@ pairing notices it at the next get: items that vanished are taken to be the olde
 from __future__ import annotations
 
 import asyncio
+import dis
 import math
 import sys
+import threading
+import types
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
@@ -31,6 +35,8 @@ __all__ = ["QueueInstrumentation", "instrument_queue", "instrument_queues"]
 
 _Q = TypeVar("_Q", bound="asyncio.Queue[Any]")
 _MARK = "_asyncflow_channel"
+#: two threads instrumenting one queue at once must register it once
+_instrument_lock = threading.Lock()
 
 
 class _Pairing:
@@ -143,29 +149,41 @@ def instrument_queue(queue: _Q, *, name: str | None = None, log_messages: bool =
     _config.check_type("instrument_queue", "log_messages", log_messages, bool)
     if _config.disabled():
         return queue
-    existing = _record_of(queue)
-    if existing is not None:
-        # Instrumented already (e.g. by instrument_queues() under `asyncflow run`): the
-        # program's own name and logging choice win over the file:line label.
-        if name is not None:
-            existing.label = name
-        existing.log_messages = existing.log_messages or log_messages
-        return queue
-    _instrument(queue, name or f"{type(queue).__name__}@{id(queue):x}", log_messages)
+    capacity = _capacity(queue)
+    if capacity is None:
+        raise TypeError(
+            f"asyncflow.instrument_queue() needs a queue whose maxsize is a number, got "
+            f"maxsize={queue.maxsize!r} ({type(queue.maxsize).__qualname__}); asyncio would "
+            "fail on its first put: create it as asyncio.Queue(maxsize=<int>)"
+        )
+    with _instrument_lock:
+        existing = _record_of(queue)
+        if existing is not None:
+            # Instrumented already (e.g. by instrument_queues() under `asyncflow run`): the
+            # program's own name and logging choice win over the file:line label.
+            if name is not None:
+                existing.label = name
+            existing.log_messages = existing.log_messages or log_messages
+            return queue
+        _instrument(queue, name or f"{type(queue).__name__}@{id(queue):x}", log_messages, capacity)
     return queue
 
 
-def _instrument(queue: asyncio.Queue[Any], label: str, log_messages: bool) -> ChannelRecord:
+def _capacity(queue: asyncio.Queue[Any]) -> float | None:
+    """How many items the queue holds (``math.inf``: unbounded); None for a maxsize asyncio
+    cannot compare (``asyncio.Queue("x")`` is accepted, and fails at its first put)."""
     maxsize = queue.maxsize
+    if isinstance(maxsize, bool) or not isinstance(maxsize, int | float) or maxsize != maxsize:
+        return None
+    return maxsize if maxsize > 0 else math.inf
+
+
+def _instrument(
+    queue: asyncio.Queue[Any], label: str, log_messages: bool, capacity: float
+) -> ChannelRecord:
+    """Instrument a queue nobody instrumented yet (the caller holds _instrument_lock)."""
     record = register(
-        ChannelRecord(
-            label,
-            _kind(queue),
-            maxsize if maxsize > 0 else math.inf,
-            log_messages,
-            queue,
-            asyncio.Queue.qsize,
-        )
+        ChannelRecord(label, _kind(queue), capacity, log_messages, queue, asyncio.Queue.qsize)
     )
     cls = type(queue)
     storage = getattr(queue, "_queue", None)
@@ -334,17 +352,59 @@ def instrument_queues(*, log_messages: bool = False) -> QueueInstrumentation:
     def __init__(self: asyncio.Queue[Any], *args: Any, **kwargs: Any) -> None:
         original(self, *args, **kwargs)
         try:
+            capacity = _capacity(self)
+            if capacity is None:
+                return  # a maxsize asyncio cannot use: the program finds out at its first put
             frame = sys._getframe(1)
             while frame.f_code.co_filename == __file__ or frame.f_code.co_name == "__init__":
                 if frame.f_back is None:
                     break
                 frame = frame.f_back
-            label = f"{frame.f_code.co_filename.rsplit('/', 1)[-1]}:{frame.f_lineno}"
-            if _record_of(self) is None:
-                _instrument(self, label, log_messages)
+            label = _site_label(frame)
+            with _instrument_lock:
+                if _record_of(self) is None:
+                    _instrument(self, label, log_messages, capacity)
         except Exception as err:
             _session.internal_error("instrumenting a new queue", err)
 
     asyncio.Queue.__init__ = __init__  # type: ignore[method-assign]
     _patched = True
     return QueueInstrumentation({asyncio.Queue: original})
+
+
+#: opcodes that call something: a line with more than one of them gets a column in its label
+_CALLS = frozenset(
+    dis.opmap[name] for name in ("CALL", "CALL_FUNCTION_EX", "CALL_KW") if name in dis.opmap
+)
+_SITES_KEPT = 1024
+#: (id(code), instruction offset) -> (the code, weakly; the label): a site's label is worked out
+#: once. Weak, and checked on use, so a freed code object neither stays alive nor is mistaken
+#: for a new one at the same address.
+_sites: dict[tuple[int, int], tuple[weakref.ref[types.CodeType], str]] = {}
+
+
+def _site_label(frame: types.FrameType) -> str:
+    """``file.py:line`` of the call that creates a queue, and ``file.py:line:column`` when that
+    line makes more than one call (``raw, out = asyncio.Queue(10), asyncio.Queue(5)``): the
+    label names the place in the code, so every queue made there shares it."""
+    code, offset = frame.f_code, frame.f_lasti
+    key = (id(code), offset)
+    known = _sites.get(key)
+    if known is not None and known[0]() is code:
+        return known[1]
+    line = frame.f_lineno
+    label = f"{code.co_filename.rsplit('/', 1)[-1]}:{line}"
+    column = None
+    calls = 0
+    raw = code.co_code
+    for index, (start, _, col, _) in enumerate(code.co_positions()):
+        if start == line and raw[2 * index] in _CALLS:
+            calls += 1
+        if 2 * index == offset:
+            column = col
+    if calls > 1 and column is not None:
+        label = f"{label}:{column + 1}"
+    if len(_sites) >= _SITES_KEPT:
+        _sites.clear()
+    _sites[key] = (weakref.ref(code), label)
+    return label

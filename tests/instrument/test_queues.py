@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import random
+import sys
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -12,6 +15,7 @@ import pytest
 
 import asyncflow
 from asyncflow.clock import FakeClock
+from asyncflow.instrument import _session
 from asyncflow.schema import ChannelEntry, ChannelLogs, Snapshot
 
 QueueFactory = Callable[[int], "asyncio.Queue[Any]"]
@@ -368,3 +372,111 @@ async def test_adaptive_sampling_times_all_of_a_quiet_channel_and_less_of_a_busy
     assert sum(e.messages for e in busy_entry.senders) == 5_000
     assert sum(e.messages for e in busy_entry.receivers) == 5_000
     assert busy_entry.max_queue_size == 5_000
+
+
+async def test_a_queue_freed_with_unread_items_counts_them_as_lost() -> None:
+    with asyncflow.profile("lost", format="none") as prof:
+        q: asyncio.Queue[int] = asyncflow.instrument_queue(asyncio.Queue(), name="dropped")
+        for i in range(2_000):
+            q.put_nowait(i)
+        assert q.get_nowait() == 0
+        before = prof.snapshot()
+        del q
+        gc.collect()
+        after = prof.snapshot()
+    entry, _ = _channel(before, "dropped")
+    assert (entry.queue_size, entry.lost_count, entry.state) == (1_999, 0, "active")
+    entry, _ = _channel(after, "dropped")
+    assert (entry.sent_count, entry.received_count, entry.max_queue_size) == (2_000, 1, 2_000)
+    assert (entry.queue_size, entry.lost_count, entry.state) == (0, 1_999, "closed")
+
+
+async def test_queues_made_on_one_line_get_labels_of_their_own() -> None:
+    with asyncflow.profile("one-line", format="none") as prof:
+        with asyncflow.instrument_queues():
+            raw, out = asyncio.Queue[int](10), asyncio.Queue[int](5)
+            alone: asyncio.Queue[int] = asyncio.Queue()
+            again = [asyncio.Queue[int]() for _ in range(3)]
+        snap = prof.snapshot()
+    assert snap.channels is not None
+    by_type = {c.label: c.channel_type for c in snap.channels.channels}
+    line, text = _line_of("raw, out = asyncio.Queue[int](10)")
+    first, second = text.index("asyncio.Queue[int](10)"), text.index("asyncio.Queue[int](5)")
+    assert by_type[f"test_queues.py:{line}:{first + 1}"] == "bounded[10]"
+    assert by_type[f"test_queues.py:{line}:{second + 1}"] == "bounded[5]"
+    assert by_type[f"test_queues.py:{line + 1}"] == "unbounded"  # one call: no column needed
+    # queues made at one place share its label, however many are made there
+    made_there = [
+        c for c in snap.channels.channels if c.label.startswith(f"test_queues.py:{line + 2}")
+    ]
+    assert len(made_there) == 3 and len({c.label for c in made_there}) == 1
+    del raw, out, alone, again
+
+
+def _line_of(code: str) -> tuple[int, str]:
+    """The number and text of the line of this file whose code starts with ``code``."""
+    with open(__file__) as source:
+        return next((n, text) for n, text in enumerate(source, 1) if text.lstrip().startswith(code))
+
+
+async def test_a_queue_whose_maxsize_is_not_a_number_gets_a_clear_error() -> None:
+    bad: asyncio.Queue[int] = asyncio.Queue("x")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"maxsize='x' \(str\)"):
+        asyncflow.instrument_queue(bad)
+    errors = _session.errors.count
+    with asyncflow.profile("bad-maxsize", format="none") as prof:
+        with asyncflow.instrument_queues():
+            made: asyncio.Queue[int] = asyncio.Queue("y")  # type: ignore[arg-type]
+        snap = prof.snapshot()
+    assert made.maxsize == "y"  # type: ignore[comparison-overlap]  # untouched: fails at its first put
+    with pytest.raises(TypeError):
+        made.put_nowait(1)
+    assert _session.errors.count == errors
+    assert snap.channels is not None
+    line, _ = _line_of('made: asyncio.Queue[int] = asyncio.Queue("y")')
+    assert [c for c in snap.channels.channels if c.label == f"test_queues.py:{line}"] == []
+
+
+def test_threads_instrumenting_one_queue_at_once_register_it_once() -> None:
+    queues = [asyncio.Queue[int]() for _ in range(1_000)]
+    barrier = threading.Barrier(4)
+
+    def instrument_all() -> None:
+        barrier.wait(10)
+        for q in queues:
+            asyncflow.instrument_queue(q)
+
+    interval = sys.getswitchinterval()
+    with asyncflow.profile("threads", format="none") as prof:
+        sys.setswitchinterval(1e-6)  # hand the GIL over as often as possible: races show
+        try:
+            threads = [threading.Thread(target=instrument_all) for _ in range(4)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(10)
+        finally:
+            sys.setswitchinterval(interval)
+        snap = prof.snapshot()
+    assert snap.channels is not None
+    mine = {f"Queue@{id(q):x}" for q in queues}
+    assert sorted(c.label for c in snap.channels.channels if c.label in mine) == sorted(mine)
+
+
+class _Interrupting:
+    def __repr__(self) -> str:
+        raise KeyboardInterrupt
+
+
+async def test_a_repr_raising_a_base_exception_never_reaches_the_program() -> None:
+    with asyncflow.profile("repr", format="none") as prof:
+        q: asyncio.Queue[Any] = asyncflow.instrument_queue(
+            asyncio.Queue(), name="r", log_messages=True
+        )
+        item = _Interrupting()
+        q.put_nowait(item)  # the put completes: no KeyboardInterrupt from asyncflow's repr
+        assert q.get_nowait() is item
+        snap = prof.snapshot()
+    _, logs = _channel(snap, "r")
+    assert [e.message for e in logs.sent_logs] == ["<repr() failed: KeyboardInterrupt>"]
+    assert [e.message for e in logs.received_logs] == ["<repr() failed: KeyboardInterrupt>"]
