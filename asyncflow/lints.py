@@ -387,6 +387,26 @@ def cancellation_storm(docs: Documents, th: Thresholds) -> Iterator[Finding]:
         )
 
 
+def swallowed_cancellation(docs: Documents, th: Thresholds) -> Iterator[Finding]:
+    """A call caught a cancellation and went on to return normally: it cannot be stopped."""
+    for f in docs.futures:
+        c = f.cancellations
+        if not c.swallowed:
+            continue
+        times = "once" if c.swallowed == 1 else f"{c.swallowed} times"
+        yield Finding(
+            "cancellation-swallowed",
+            "warning",
+            _future_subject(f),
+            f"`{f.label}`{_where(f.location)} swallowed a cancellation {times}: its calls "
+            "caught CancelledError and returned normally, so whoever cancelled them (a timeout, "
+            "a shutdown, a task group) waited on work that would not stop",
+            "re-raise CancelledError after cleaning up (or call uncancel() if it really is "
+            "handled)",
+            {"swallowed": c.swallowed, "requested": c.requested},
+        )
+
+
 def executor_saturated(docs: Documents, th: Thresholds) -> Iterator[Finding]:
     """Jobs wait for a worker longer than they run."""
     for e in docs.executors:
@@ -421,6 +441,7 @@ LINTS: tuple[Lint, ...] = (
     bottleneck,
     starved,
     cancellation_storm,
+    swallowed_cancellation,
     executor_saturated,
 )
 

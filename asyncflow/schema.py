@@ -21,6 +21,7 @@ __all__ = [
     "BlockedEpisode",
     "CallEntry",
     "CallStates",
+    "Cancellations",
     "ChannelEntry",
     "ChannelLogEntry",
     "ChannelLogs",
@@ -100,6 +101,20 @@ class Outcomes:
 
 
 @dataclass(frozen=True, slots=True)
+class Cancellations:
+    """Cancellation requests thrown into a future's calls, and what came of them."""
+
+    #: calls that received at least one (Task.cancel(), a timeout, a task group's cancel)
+    requested: int = 0
+    #: of those, calls that returned normally while their task was still being cancelled
+    swallowed: int = 0
+    #: of those, calls that raised something else (asyncio.timeout's TimeoutError, say)
+    raised: int = 0
+    #: the longest time from a call's first request to its end
+    max_to_end_ns: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class FutureEntry:
     """One tracked coroutine definition and the totals over its calls in this session."""
 
@@ -127,6 +142,7 @@ class FutureEntry:
     alive: bool = True
     #: for an aggregate, how many gone futures of this label (and tracked_by) it sums; 0 else
     folded_count: int = 0
+    cancellations: Cancellations = field(default_factory=Cancellations)
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,6 +191,14 @@ class CallEntry:
     exception: ExceptionInfo | None
     #: truncated ``repr()`` of the return value, only with ``log_result=True``
     result: str | None
+    #: cancellations thrown into the call
+    cancel_requests: int = 0
+    #: after one: ``cancelled`` (it did), ``swallowed`` (returned while its task was still
+    #: cancelling), ``withdrawn`` (returned after the request was withdrawn, as asyncio.timeout
+    #: does) or ``raised`` (something else); None while live or never asked
+    cancel_outcome: str | None = None
+    #: time from the first request to the call's end
+    cancel_to_end_ns: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

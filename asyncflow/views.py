@@ -33,6 +33,7 @@ from asyncflow.schema import (
     BlockedEpisode,
     CallEntry,
     CallStates,
+    Cancellations,
     ChannelEntry,
     ChannelLogEntry,
     ChannelLogs,
@@ -170,6 +171,12 @@ def future_entry(record: FutureRecord, now: int, percentiles: tuple[float, ...])
         call_duration_ns=stats.percentiles(st.call_hist, percentiles),
         alive=record.alive,
         folded_count=record.folded,
+        cancellations=Cancellations(
+            requested=st.cancel_requested,
+            swallowed=st.cancel_swallowed,
+            raised=st.cancel_raised,
+            max_to_end_ns=st.max_cancel_to_end,
+        ),
     )
 
 
@@ -199,6 +206,9 @@ def call_entry(r: CallRecord, now: int, origin: int) -> CallEntry:
         outcome=call_field(r, "outcome"),
         exception=exception,
         result=call_field(r, "result"),
+        cancel_requests=call_field(r, "cancel_requests") or 0,
+        cancel_outcome=call_field(r, "cancel_outcome"),
+        cancel_to_end_ns=call_field(r, "cancel_to_end"),
     )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import dataclasses
 import gc
 import threading
@@ -285,3 +286,20 @@ def test_the_book_keeps_one_warning_per_subject_and_remembers() -> None:
     book.update(Documents(300, 300))
     (held,) = book.document(0).warnings
     assert (held.last_seen_ns, held.active) == (200, False)
+
+
+async def test_a_swallowed_cancellation(prof: asyncflow.Profiler) -> None:
+    never = asyncio.Event()
+
+    @asyncflow.future(name="poll_forever")
+    async def poll_forever() -> None:
+        with contextlib.suppress(asyncio.CancelledError):  # the planted bug: it cannot stop
+            await never.wait()
+
+    task = asyncio.create_task(poll_forever())
+    await asyncio.sleep(0)
+    task.cancel()
+    await task
+    (finding,) = _only(_findings(prof))
+    assert (finding.kind, finding.subject.label) == ("cancellation-swallowed", "poll_forever")
+    assert finding.evidence == {"swallowed": 1, "requested": 1}

@@ -426,3 +426,71 @@ async def test_a_repr_that_raises_a_base_exception_never_reaches_the_program(
     assert isinstance(result, Hostile)
     (call,) = _calls(prof.snapshot(), "hostile")
     assert call.outcome == "returned" and call.result == "<repr() failed: KeyboardInterrupt>"
+
+
+async def test_cancellation_requests_and_what_came_of_them(
+    fake_clock: FakeClock, prof: asyncflow.Profiler
+) -> None:
+    never = asyncio.Event()
+
+    @asyncflow.future(name="obedient")
+    async def obedient() -> None:
+        await never.wait()
+
+    @asyncflow.future(name="stubborn")
+    async def stubborn() -> str:
+        try:
+            await never.wait()
+        except asyncio.CancelledError:
+            fake_clock.advance(700)  # tidies up, then carries on as if nothing happened
+        return "done anyway"
+
+    @asyncflow.future(name="timed")
+    async def timed() -> str:
+        try:
+            async with asyncio.timeout(0):
+                await never.wait()
+        except TimeoutError:
+            return "gave up"  # the timeout withdrew its own cancellation: not swallowed
+        return "unreachable"
+
+    @asyncflow.future(name="strict")
+    async def strict() -> None:
+        async with asyncio.timeout(0):
+            await never.wait()
+
+    calls = {
+        name: asyncio.create_task(fn())
+        for name, fn in (
+            ("obedient", obedient),
+            ("stubborn", stubborn),
+            ("timed", timed),
+            ("strict", strict),
+        )
+    }
+    await asyncio.sleep(0)
+    calls["obedient"].cancel()
+    calls["stubborn"].cancel()
+    results = await asyncio.gather(*calls.values(), return_exceptions=True)
+    assert [type(r).__name__ if isinstance(r, BaseException) else r for r in results] == [
+        "CancelledError",
+        "done anyway",
+        "gave up",
+        "TimeoutError",
+    ]
+    snap = prof.snapshot()
+    outcomes = {}
+    for name in calls:
+        (call,) = _calls(snap, name)
+        entry = _future(snap, name)
+        outcomes[name] = (call.cancel_requests, call.cancel_outcome, entry.cancellations.requested)
+    assert outcomes == {
+        "obedient": (1, "cancelled", 1),
+        "stubborn": (1, "swallowed", 1),
+        "timed": (1, "withdrawn", 1),
+        "strict": (1, "raised", 1),
+    }
+    stubborn_entry = _future(snap, "stubborn")
+    assert stubborn_entry.cancellations.swallowed == 1
+    assert stubborn_entry.cancellations.max_to_end_ns == 700
+    assert _future(snap, "strict").cancellations.raised == 1
