@@ -5,6 +5,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 import asyncflow
 
 
@@ -18,7 +20,19 @@ def test_all_lists_every_public_reexport_and_nothing_else() -> None:
         for alias in node.names
         if alias.asname is not None
     }
-    assert set(asyncflow.__all__) == reexported
+    # Lazy names: re-exported for type checkers under TYPE_CHECKING, imported on first use.
+    typed = {
+        alias.asname
+        for node in tree.body
+        if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING"
+        for inner in node.body
+        if isinstance(inner, ast.ImportFrom)
+        for alias in inner.names
+        if alias.asname is not None
+    }
+    assert typed == set(asyncflow._LAZY)
+    assert set(asyncflow.__all__) == reexported | typed
+    assert set(asyncflow.__all__) <= set(dir(asyncflow))
     assert asyncflow.__all__ == sorted(asyncflow.__all__)
     for name in asyncflow.__all__:
         assert getattr(asyncflow, name) is not None
@@ -27,4 +41,12 @@ def test_all_lists_every_public_reexport_and_nothing_else() -> None:
 def test_version_matches_the_installed_distribution() -> None:
     from importlib.metadata import version
 
-    assert asyncflow.__version__ == version("asyncflow")
+    assert asyncflow.__version__ == version("asyncflow-profiler")  # the distribution's name
+
+
+def test_lazy_names_are_the_very_objects_of_their_modules() -> None:
+    from asyncflow import schema
+
+    assert asyncflow.Snapshot is schema.Snapshot
+    with pytest.raises(AttributeError, match="no attribute 'Snapshott'"):
+        asyncflow.Snapshott  # noqa: B018
