@@ -10,9 +10,10 @@ bounded history, so memory follows what is alive, not what ever existed.
 from __future__ import annotations
 
 import asyncio
+from array import array
 from collections import deque
 
-from asyncflow import stats
+from asyncflow import clock, stats
 from asyncflow.config import Options
 from asyncflow.instrument import _session
 from asyncflow.instrument import channels as _channels
@@ -20,9 +21,46 @@ from asyncflow.instrument import futures as _futures
 from asyncflow.instrument.futures import CallRecord, FutureRecord, registry
 from asyncflow.monitor import LoopMonitor
 
-__all__ = ["DRAIN_INTERVAL", "Collector", "live_calls"]
+__all__ = ["DRAIN_INTERVAL", "SERIES_INTERVAL_NS", "Collector", "LiveSeries", "live_calls"]
 
 DRAIN_INTERVAL = 0.05
+#: How often each future's live calls are sampled at first; the interval doubles as the
+#: series fills up, so it always spans the whole profile in at most ``LiveSeries.SIZE`` samples.
+SERIES_INTERVAL_NS = 1_000_000_000
+
+
+class LiveSeries:
+    """A future's live calls over the whole profile, in a fixed number of samples.
+
+    Each sample is (time, live calls, calls created so far). When full, every other sample is
+    dropped and the interval doubles: memory stays fixed however long the program runs.
+    """
+
+    __slots__ = ("interval", "next_at", "samples")
+
+    SIZE = 32
+
+    def __init__(self, now: int, interval: int) -> None:
+        self.samples = array("q")  # flat: time, live, created, time, live, created...
+        self.interval = interval
+        self.next_at = now
+
+    def add(self, now: int, live: int, created: int) -> None:
+        if now < self.next_at:
+            return
+        samples = self.samples
+        if len(samples) >= 3 * self.SIZE:
+            kept = array("q")
+            for i in range(0, len(samples), 6):  # keep every other sample, the first included
+                kept.extend(samples[i : i + 3])
+            self.samples = samples = kept
+            self.interval *= 2
+        samples.extend((now, live, created))
+        self.next_at = now + self.interval
+
+    def points(self) -> list[tuple[int, int, int]]:
+        s = self.samples
+        return [(s[i], s[i + 1], s[i + 2]) for i in range(0, len(s), 3)]
 
 
 class Collector:
@@ -35,6 +73,8 @@ class Collector:
         self.taken = 0
         #: the instrumented loops' health; ticks as its own task beside the collector's
         self.monitor = LoopMonitor(round(options.block_threshold * 1e9))
+        self.series_interval = SERIES_INTERVAL_NS
+        self._next_sample = 0
 
     def drain(self) -> int:
         """Fold every finished call waiting in the buffer, then reap what is gone; returns how
@@ -64,6 +104,21 @@ class Collector:
             folded += 1
         return folded
 
+    def sample_live(self, now: int) -> None:
+        """Note each future's live calls, once per ``series_interval`` at most."""
+        interval = self.series_interval
+        if now < self._next_sample:
+            return
+        self._next_sample = now + interval
+        for record in registry():
+            st = record.stats
+            if not st.created:
+                continue  # never called: nothing to follow
+            series = st.series
+            if series is None:
+                series = st.series = LiveSeries(now, interval)
+            series.add(now, len(st.live), st.created)
+
     @property
     def dropped(self) -> int:
         """Finished-call records the buffer lost because it was full (exact once drained)."""
@@ -78,6 +133,7 @@ class Collector:
         """Drain forever; cancelled when the profiler stops."""
         while True:
             self.drain()
+            self.sample_live(clock.now_ns())
             await asyncio.sleep(DRAIN_INTERVAL)
 
 

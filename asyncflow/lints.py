@@ -68,6 +68,10 @@ class Thresholds:
     cancel_min: int = 10
     #: an executor whose jobs waited for a thread longer than they ran, at least this many jobs
     executor_min_jobs: int = 5
+    #: a future whose live calls rose to at least this many, at least doubling, while at most
+    #: ``leak_finish_share`` of the calls created meanwhile finished
+    leak_min_live: int = 50
+    leak_finish_share: float = 0.1
 
 
 @dataclass(frozen=True, slots=True)
@@ -407,6 +411,40 @@ def swallowed_cancellation(docs: Documents, th: Thresholds) -> Iterator[Finding]
         )
 
 
+def task_leak(docs: Documents, th: Thresholds) -> Iterator[Finding]:
+    """A future's live calls keep growing and almost none finish."""
+    for f in docs.futures:
+        series = f.live_series
+        if len(series) < 4:
+            continue
+        first, last = series[0], series[-1]
+        grown = last.live - first.live
+        created = last.created - first.created
+        finished = created - grown
+        live_now = f.calls.pending + f.calls.running + f.calls.suspended
+        if (
+            min(last.live, live_now) < th.leak_min_live
+            or min(last.live, live_now) < 2 * max(1, first.live)
+            or finished > th.leak_finish_share * created
+        ):
+            continue
+        yield Finding(
+            "task-leak",
+            "warning",
+            _future_subject(f),
+            f"`{f.label}`{_where(f.location)} is leaking: its live calls grew from "
+            f"{first.live} to {live_now} over {_duration(first.ago_ns - last.ago_ns)} while "
+            f"{finished} of the {created} calls created meanwhile finished",
+            "look at /tasks for where its calls wait: something they wait on never comes",
+            {
+                "live_from": first.live,
+                "live_now": last.live,
+                "created": created,
+                "finished": finished,
+            },
+        )
+
+
 def executor_saturated(docs: Documents, th: Thresholds) -> Iterator[Finding]:
     """Jobs wait for a worker longer than they run."""
     for e in docs.executors:
@@ -442,6 +480,7 @@ LINTS: tuple[Lint, ...] = (
     starved,
     cancellation_storm,
     swallowed_cancellation,
+    task_leak,
     executor_saturated,
 )
 

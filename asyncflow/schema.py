@@ -42,6 +42,7 @@ __all__ = [
     "JobGroup",
     "Location",
     "LoopDocument",
+    "LiveSample",
     "LoopEntry",
     "NeverAwaitedEntry",
     "Outcomes",
@@ -115,6 +116,18 @@ class Cancellations:
 
 
 @dataclass(frozen=True, slots=True)
+class LiveSample:
+    """A future's live calls at one moment, sampled by the collector."""
+
+    #: how long before the document was built
+    ago_ns: int
+    #: calls not finished then
+    live: int
+    #: calls created up to then
+    created: int
+
+
+@dataclass(frozen=True, slots=True)
 class FutureEntry:
     """One tracked coroutine definition and the totals over its calls in this session."""
 
@@ -143,6 +156,9 @@ class FutureEntry:
     #: for an aggregate, how many gone futures of this label (and tracked_by) it sums; 0 else
     folded_count: int = 0
     cancellations: Cancellations = field(default_factory=Cancellations)
+    #: live calls over the whole profile, oldest first, in at most 32 samples (about one a
+    #: second at first, further apart as the profile grows): a task leak is a steady rise
+    live_series: list[LiveSample] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)

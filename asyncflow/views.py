@@ -46,6 +46,7 @@ from asyncflow.schema import (
     FutureEntry,
     FutureLogs,
     FuturesDocument,
+    LiveSample,
     Location,
     LoopDocument,
     LoopEntry,
@@ -177,6 +178,10 @@ def future_entry(record: FutureRecord, now: int, percentiles: tuple[float, ...])
             raised=st.cancel_raised,
             max_to_end_ns=st.max_cancel_to_end,
         ),
+        live_series=[
+            LiveSample(max(0, now - at), live, created)
+            for at, live, created in (st.series.points() if st.series is not None else ())
+        ],
     )
 
 

@@ -303,3 +303,39 @@ async def test_a_swallowed_cancellation(prof: asyncflow.Profiler) -> None:
     (finding,) = _only(_findings(prof))
     assert (finding.kind, finding.subject.label) == ("cancellation-swallowed", "poll_forever")
     assert finding.evidence == {"swallowed": 1, "requested": 1}
+
+
+async def test_a_task_leak(fake_clock: FakeClock, prof: asyncflow.Profiler) -> None:
+    never = asyncio.Event()
+
+    @asyncflow.future(name="subscribe")
+    async def subscribe() -> None:
+        await never.wait()  # the planted bug: nobody ever sets it, nobody cancels them
+
+    collector = prof._collector
+    assert collector is not None
+    # Sample now, so that the collector's own ticks take no sample until time moves: the
+    # samples are then the ones taken below, between two batches.
+    prof._call(lambda: collector.sample_live(fake_clock()))
+    leaked = []
+    try:
+        for _ in range(6):
+            leaked += [asyncio.create_task(subscribe()) for _ in range(20)]
+            await asyncio.sleep(0)
+            fake_clock.advance(2_000_000_000)
+            prof._call(lambda: collector.sample_live(fake_clock()))
+        # (the fake clock's jumps can look like a blocked loop to the monitor: not this test's)
+        (finding,) = [f for f in _only(_findings(prof)) if f.subject.kind == "future"]
+        assert (finding.kind, finding.subject.label) == ("task-leak", "subscribe")
+        assert finding.evidence == {
+            "live_from": 20,
+            "live_now": 120,
+            "created": 100,
+            "finished": 0,
+        }
+    finally:
+        for task in leaked:
+            task.cancel()
+        await asyncio.gather(*leaked, return_exceptions=True)
+    after = [f.kind for f in _only(_findings(prof)) if f.subject.kind == "future"]
+    assert after == ["cancellation-storm"]  # cancelled at last: no longer a leak

@@ -84,6 +84,7 @@ class FutureStats:
         "raised",
         "recent",
         "returned",
+        "series",
     )
 
     def __init__(self) -> None:
@@ -106,6 +107,7 @@ class FutureStats:
         self.poll_hist = new_histogram()  # bumped in place by every poll
         self.call_hist = new_histogram()  # folded by the collector from finished calls
         self.recent: Any = None  # deque of recent finished calls, owned by the collector
+        self.series: Any = None  # live calls over time (collector.LiveSeries), owned by it
 
 
 class FutureRecord:
