@@ -2,7 +2,8 @@
 
 Every mistake a user can make here (a missing program, a bad option, an unreachable endpoint,
 a file that is not a snapshot) ends in one line on standard error and a non-zero exit code,
-never in a traceback from asyncflow itself.
+never in a traceback from asyncflow itself. A program run under ``asyncflow run`` ends as it
+would under ``python``: its exit code, its traceback, and death by SIGINT or SIGTERM.
 """
 
 from __future__ import annotations
@@ -12,12 +13,16 @@ import asyncio
 import importlib.util
 import os
 import runpy
+import signal
+import socket
 import sys
+import threading
 import traceback
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from types import FrameType, TracebackType
 from typing import Any, NoReturn
 
 import orjson
@@ -32,7 +37,8 @@ DEFAULT_URL = f"http://{config.DEFAULT_HOST}:{config.DEFAULT_PORT}"
 #: Exit codes: the program's own when it runs; these when asyncflow cannot get that far.
 USAGE = 2
 FAILED = 1
-INTERRUPTED = 130
+#: how long a SIGTERM waits for the exit report before the program dies anyway
+SIGNAL_REPORT_TIMEOUT = 5.0
 
 
 class _Usage(Exception):
@@ -87,6 +93,13 @@ def _parser() -> argparse.ArgumentParser:
         "--sampling", default=None, help="time one message or item in N, or 'auto' [auto]"
     )
     run.add_argument(
+        "--block-threshold",
+        default=None,
+        metavar="SECONDS",
+        help="a task step running longer than this blocks the loop "
+        f"[{config.DEFAULT_BLOCK_THRESHOLD:g}]",
+    )
+    run.add_argument(
         "--no-queues", action="store_true", help="leave the program's asyncio queues alone"
     )
     run.add_argument("program", nargs=argparse.REMAINDER, help="script.py [args...], or args of -m")
@@ -131,7 +144,13 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``asyncflow`` command; returns the exit code."""
+    """Entry point of the ``asyncflow`` command; returns the exit code.
+
+    Raises:
+        KeyboardInterrupt: the program run by ``asyncflow run`` was interrupted; its traceback
+            and the report are printed already, and the interpreter, letting it through, ends
+            the process by SIGINT as it ends an interrupted program.
+    """
     parser = _parser()
     try:
         args = parser.parse_args(argv)
@@ -165,6 +184,7 @@ def _run(args: argparse.Namespace) -> int:
         args.module, program = program[1], program[2:]
     if args.module is not None:
         target, argv0 = args.module, args.module
+        _program_path(None)  # before the lookup: python -m finds modules in the current directory
         try:
             spec = importlib.util.find_spec(args.module)
         except (ImportError, ValueError) as exc:
@@ -181,6 +201,7 @@ def _run(args: argparse.Namespace) -> int:
             raise _Usage(f"no such file: {target!r}")
         argv0 = target
         name = args.name or path.stem
+        _program_path(target)
     options = {
         key: value
         for key, value in {
@@ -192,13 +213,15 @@ def _run(args: argparse.Namespace) -> int:
             "percentiles": args.percentiles,
             "duration": args.duration,
             "sampling": args.sampling,
+            "block_threshold": args.block_threshold,
         }.items()
         if value is not None
     }
     try:
         profiler = asyncflow.profile(name, **options)
     except (ValueError, TypeError) as exc:
-        raise _Usage(str(exc)) from None
+        raise _Usage(_flagged(str(exc), options)) from None
+    _check_host(profiler.options, "--host" if args.host is not None else "ASYNCFLOW_HOST")
     profiler.hosting = True  # the program's own asyncflow.profile() joins this one
     profiler.start()
     print(
@@ -208,29 +231,154 @@ def _run(args: argparse.Namespace) -> int:
     )
     undo_loops = _track_every_loop(instrument_tasks)
     queues = None if args.no_queues else asyncflow.instrument_queues()
+    undo_sigterm = _report_on_sigterm(profiler.stop)
     sys.argv = [argv0, *program]
     code = 0
+    interrupted: BaseException | None = None
     try:
         if args.module is not None:
-            sys.path.insert(0, os.getcwd())
             runpy.run_module(target, run_name="__main__", alter_sys=True)
         else:
-            sys.path.insert(0, str(Path(target).resolve().parent))
             runpy.run_path(target, run_name="__main__")
     except SystemExit as exc:
         code = _exit_code(exc.code)
-    except KeyboardInterrupt:
-        traceback.print_exc()
-        code = INTERRUPTED
     except BaseException as exc:
         _print_program_error(exc)
         code = FAILED
+        if type(exc) is KeyboardInterrupt:  # exactly the type the interpreter checks
+            interrupted = exc
     finally:
+        undo_sigterm()
         undo_loops()
         if queues is not None:
             queues.undo()
         profiler.stop()
+    if interrupted is not None:
+        _exit_as_interrupted(interrupted)
     return code
+
+
+def _program_path(script: str | None) -> None:
+    """Put first on ``sys.path`` what ``python`` puts there for the program.
+
+    That is the script's directory (symlinks resolved), or the current directory for ``-m``;
+    nothing under ``python -P``/``-I``. It replaces the entry put there for asyncflow itself
+    (the directory of the ``asyncflow`` script, or the current one for ``python -m asyncflow``),
+    which ``python script.py`` would not have.
+    """
+    if sys.flags.safe_path:
+        return
+    entry = os.getcwd() if script is None else os.path.dirname(os.path.realpath(script))
+    if sys.path:
+        sys.path[0] = entry
+    else:
+        sys.path.append(entry)
+
+
+def _flagged(message: str, given: Mapping[str, object]) -> str:
+    """An option's error as the command line says it: ``port='x': ...`` -> ``--port 'x': ...``.
+
+    Messages about values from ``ASYNCFLOW_*`` variables already name the variable.
+    """
+    for option in given:
+        flag = "--" + option.replace("_", "-")
+        if message.startswith(f"{option}="):
+            return f"{flag} {message[len(option) + 1 :]}"
+        if message.startswith(f"{option}:"):
+            return flag + message[len(option) :]
+    return message
+
+
+def _check_host(options: config.Options, source: str) -> None:
+    """Refuse, as a bad option, a host the endpoint cannot serve on, before the program starts.
+
+    Args:
+        options: the resolved options.
+        source: where the host came from, for the message (``--host`` or ``ASYNCFLOW_HOST``).
+    """
+    if options.port is None:
+        return
+    from asyncflow.server import is_loopback
+
+    said = f"{source} {options.host}" if source.startswith("--") else f"{source}={options.host}"
+    if options.token is None and not is_loopback(options.host):
+        raise _Usage(
+            f"{said} serves other machines too: set ASYNCFLOW_TOKEN to a secret every request "
+            "must present, or serve on 127.0.0.1"
+        )
+    try:
+        addresses = socket.getaddrinfo(
+            options.host, 0, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
+    except (OSError, UnicodeError) as exc:
+        raise _Usage(f"{said}: cannot serve there: {_reason(exc)}") from None
+    for family, kind, proto, _, address in addresses:
+        # Bind every address the endpoint would (port 0: nothing is taken for long).
+        try:
+            with socket.socket(family, kind, proto) as probe:
+                probe.bind(address)
+        except OSError as exc:
+            raise _Usage(
+                f"{said}: cannot serve there: {_reason(exc)} (is it an address of this machine?)"
+            ) from None
+
+
+def _reason(exc: BaseException) -> str:
+    strerror = exc.strerror if isinstance(exc, OSError) else None
+    return str(strerror or exc)
+
+
+def _report_on_sigterm(stop: Callable[[], object]) -> Callable[[], None]:
+    """On SIGTERM (docker stop, systemd), write the report, then die by SIGTERM as before.
+
+    Installed only where SIGTERM would kill the program outright (its handler is SIG_DFL), so
+    a program that handles SIGTERM itself, or ignores it, keeps doing so; one that installs a
+    handler later replaces this one. The program is not unwound (no ``finally`` runs, no
+    ``atexit``), exactly as under the default action. Returns the undo.
+    """
+    try:
+        if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+            return lambda: None
+    except ValueError:  # not the main thread: signals cannot be handled here
+        return lambda: None
+    pid = os.getpid()
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        if os.getpid() == pid:  # not in a forked child, which has no profiler thread
+            # From another thread, bounded: the main thread, interrupted here, may hold a lock
+            # that stopping needs; past the timeout the program dies without its report.
+            reporting = threading.Thread(target=stop, name="asyncflow-sigterm", daemon=True)
+            reporting.start()
+            reporting.join(SIGNAL_REPORT_TIMEOUT)
+        signal.signal(signum, signal.SIG_DFL)
+        signal.raise_signal(signum)  # returns only where SIGTERM is ignored (pid 1 in a container)
+
+    signal.signal(signal.SIGTERM, handler)
+
+    def undo() -> None:
+        if signal.getsignal(signal.SIGTERM) is handler:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+    return undo
+
+
+def _exit_as_interrupted(interrupted: BaseException) -> NoReturn:
+    """Let the program's KeyboardInterrupt reach the interpreter, which then ends the process
+    as it ends an interrupted program: after its usual shutdown (threads joined, ``atexit``,
+    streams flushed), by SIGINT, so that a shell sees 130 and a script loop stops too. Its
+    traceback is printed already: the interpreter's own printing is skipped once.
+    """
+    hook = sys.excepthook
+
+    def printed_already(
+        typ: type[BaseException], value: BaseException, tb: TracebackType | None
+    ) -> None:
+        sys.excepthook = hook
+        if value is not interrupted:
+            hook(typ, value, tb)
+
+    sys.excepthook = printed_already
+    raise interrupted
 
 
 def _exit_code(code: object) -> int:
@@ -244,12 +392,23 @@ def _exit_code(code: object) -> int:
 
 
 def _print_program_error(exc: BaseException) -> None:
-    """The program's traceback as Python prints it, without asyncflow's and runpy's frames."""
+    """The program's uncaught exception, printed as Python prints it: through ``sys.excepthook``
+    (the program's own, if it set one), without asyncflow's and runpy's frames."""
     tb = exc.__traceback__
     here = {__file__, runpy.__file__, "<frozen runpy>"}
     while tb is not None and tb.tb_frame.f_code.co_filename in here:
         tb = tb.tb_next
-    traceback.print_exception(type(exc), exc, tb)
+    exc.__traceback__ = tb
+    hook = getattr(sys, "excepthook", None)
+    try:
+        if hook is None:
+            raise RuntimeError("lost sys.excepthook")
+        hook(type(exc), exc, tb)
+    except BaseException as failure:  # as Python does when the hook itself fails
+        print("Error in sys.excepthook:", file=sys.stderr)
+        traceback.print_exception(failure)
+        print("\nOriginal exception was:", file=sys.stderr)
+        traceback.print_exception(type(exc), exc, tb)
 
 
 def _track_every_loop(instrument_tasks: Callable[..., Any]) -> Callable[[], None]:
@@ -357,14 +516,40 @@ def read_snapshot(path: str) -> schema.Snapshot:
 def _report(args: argparse.Namespace) -> int:
     from asyncflow.report import render
 
-    snapshot = read_snapshot(args.file)
     given = {k: v for k, v in {"limit": args.limit, "percentiles": args.percentiles}.items() if v}
     try:
         options = config.resolve_options("report", given, {})
     except ValueError as exc:
-        raise _Usage(str(exc)) from None
-    sys.stdout.write(render(snapshot, args.format, options.percentiles, options.limit))
+        raise _Usage(_flagged(str(exc), given)) from None
+    snapshot = read_snapshot(args.file)
+    held = _held_percentiles(snapshot)
+    percentiles = options.percentiles
+    if not args.percentiles:
+        percentiles = held or percentiles
+    elif held and not set(percentiles) <= set(held):
+        # A snapshot keeps percentiles, not histograms: others cannot be computed from it.
+        listed = [f"p{q:g}" for q in held]
+        names = listed[0] if len(listed) == 1 else f"{', '.join(listed[:-1])} and {listed[-1]}"
+        raise _Usage(
+            f"--percentiles {args.percentiles}: {args.file!r} holds {names} only (a profile "
+            "keeps the percentiles it was started with: percentiles= or ASYNCFLOW_PERCENTILES)"
+        )
+    sys.stdout.write(render(snapshot, args.format, percentiles, options.limit))
     return 0
+
+
+def _held_percentiles(snapshot: schema.Snapshot) -> tuple[float, ...]:
+    """The percentiles a snapshot's futures were recorded with, in order."""
+    keys: set[str] = set()
+    for entry in snapshot.futures.futures:
+        keys.update(entry.poll_duration_ns, entry.call_duration_ns)
+    held: set[float] = set()
+    for key in keys:
+        try:
+            held.add(float(key.removeprefix("p")))
+        except ValueError:
+            continue
+    return tuple(sorted(held))
 
 
 # -- asyncflow top -----------------------------------------------------------------------------
@@ -375,7 +560,8 @@ def _top(args: argparse.Namespace) -> int:
         from asyncflow.top import TopApp
     except ImportError as exc:
         raise AsyncflowError(
-            f"'asyncflow top' needs textual ({exc.name or exc}): pip install 'asyncflow[top]'"
+            f"'asyncflow top' needs textual ({exc.name or exc}): install asyncflow-profiler "
+            "with its [top] extra (pip install '.[top]' in a checkout), or pip install textual"
         ) from None
     _check_url(args.url)
     if not args.interval > 0:

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
+import threading
+import tomllib
+from importlib import metadata
 from pathlib import Path
 
 import orjson
@@ -20,14 +24,20 @@ from tests.test_server import workload
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
-def asyncflow_cmd(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+ASYNCFLOW = [sys.executable, "-m", "asyncflow"]
+
+
+def asyncflow_cmd(
+    *args: str, cwd: Path | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """``python -m asyncflow ARGS`` (the ``asyncflow`` script calls the same main())."""
     return subprocess.run(
-        [sys.executable, "-m", "asyncflow", *args],
+        [*ASYNCFLOW, *args],
         capture_output=True,
         text=True,
         timeout=60,
         cwd=cwd,
+        env=None if env is None else {**os.environ, **env},
     )
 
 
@@ -35,6 +45,37 @@ def write(path: Path, text: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
     return path
+
+
+def console_script(directory: Path) -> list[str]:
+    """What pip installs as the ``asyncflow`` command: a script in a directory of its own
+    (so the interpreter puts that directory, not the current one, first on ``sys.path``)."""
+    script = write(
+        directory / "bin" / "asyncflow",
+        "import sys\nfrom asyncflow.cli import main\n\n"
+        "if __name__ == '__main__':\n    sys.exit(main())\n",
+    )
+    return [sys.executable, str(script)]
+
+
+def signalled(
+    command: list[str], signum: int, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Start ``command``, wait for it to print ``ready``, send it ``signum``; bounded."""
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd
+    )
+    try:
+        assert process.stdout is not None
+        first = process.stdout.readline()  # the program prints it once its handlers are set
+        assert first == "ready\n", process.communicate(timeout=30)
+        process.send_signal(signum)
+        out, err = process.communicate(timeout=30)
+    finally:
+        if process.returncode is None:
+            process.kill()
+            process.communicate(timeout=30)
+    return subprocess.CompletedProcess(command, process.returncode, first + out, err)
 
 
 def test_run_a_script_with_its_arguments_and_every_task_tracked(tmp_path: Path) -> None:
@@ -167,24 +208,168 @@ def test_a_program_that_stops_the_profiler_does_not_end_the_run(tmp_path: Path) 
     assert {"before", "after"} <= labels  # still profiling after the program's stop()
 
 
-def test_ctrl_c_still_reports(tmp_path: Path) -> None:
-    script = write(
-        tmp_path / "forever.py",
-        "import asyncio\n\nasync def main():\n    print('ready', flush=True)\n"
-        "    await asyncio.Event().wait()\n\nasyncio.run(main())\n",
-    )
-    process = subprocess.Popen(
-        [sys.executable, "-m", "asyncflow", "run", str(script)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+SHOW_PATH = (
+    "import json, sys\nprint(json.dumps({'path': sys.path, 'argv': sys.argv, 'name': __name__}))\n"
+)
+
+
+@pytest.mark.parametrize("launcher", ["console script", "python -m asyncflow"])
+def test_run_dash_m_finds_the_module_as_python_dash_m_does(tmp_path: Path, launcher: str) -> None:
+    project = write(tmp_path / "project" / "mymod.py", SHOW_PATH).parent
+    command = console_script(tmp_path) if launcher == "console script" else ASYNCFLOW
+    plain = subprocess.run(
+        [sys.executable, "-m", "mymod", "a"],
+        capture_output=True,
         text=True,
+        timeout=60,
+        cwd=project,
     )
-    assert process.stdout is not None
-    assert process.stdout.readline() == "ready\n"
-    process.send_signal(signal.SIGINT)
-    _, err = process.communicate(timeout=30)
-    assert process.returncode == 130
-    assert "KeyboardInterrupt" in err and "asyncflow · forever · elapsed" in err
+    assert plain.returncode == 0, plain.stderr
+    done = subprocess.run(
+        [*command, "run", "--format", "none", "-m", "mymod", "a"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=project,
+    )
+    assert done.returncode == 0, done.stderr
+    # the same sys.path (the current directory first, as python -m puts it), argv and __name__
+    assert orjson.loads(done.stdout) == orjson.loads(plain.stdout)
+
+
+@pytest.mark.parametrize("launcher", ["console script", "python -m asyncflow"])
+def test_run_a_script_sees_the_sys_path_python_gives_it(tmp_path: Path, launcher: str) -> None:
+    write(tmp_path / "scripts" / "show.py", SHOW_PATH)
+    elsewhere = (tmp_path / "elsewhere").resolve()
+    elsewhere.mkdir()
+    command = console_script(tmp_path) if launcher == "console script" else ASYNCFLOW
+    script = os.path.join("..", "scripts", "show.py")
+    plain = subprocess.run(
+        [sys.executable, script, "b"], capture_output=True, text=True, timeout=60, cwd=elsewhere
+    )
+    assert plain.returncode == 0, plain.stderr
+    done = subprocess.run(
+        [*command, "run", "--format", "none", script, "b"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=elsewhere,
+    )
+    assert done.returncode == 0, done.stderr
+    shown = orjson.loads(done.stdout)
+    assert shown == orjson.loads(plain.stdout)  # the script's directory first, not the cwd
+    assert str(elsewhere) not in shown["path"]
+
+
+FOREVER = (
+    "import asyncio\n\nasync def main():\n    print('ready', flush=True)\n"
+    "    await asyncio.Event().wait()\n\nasyncio.run(main())\n"
+)
+
+
+def test_sigterm_reports_then_ends_the_program_as_sigterm_does(tmp_path: Path) -> None:
+    script = write(tmp_path / "served.py", FOREVER)
+    plain = signalled([sys.executable, str(script)], signal.SIGTERM)
+    assert plain.returncode == -signal.SIGTERM and plain.stderr == ""
+    done = signalled([*ASYNCFLOW, "run", str(script)], signal.SIGTERM)
+    assert done.returncode == -signal.SIGTERM, done.stderr  # killed by SIGTERM, as python is
+    assert done.stdout == plain.stdout == "ready\n"
+    assert done.stderr.count("asyncflow · served · elapsed") == 1  # the report, once
+    assert "\nmain " in done.stderr and "Traceback" not in done.stderr
+
+
+def test_sigterm_reaches_a_handler_the_program_installs(tmp_path: Path) -> None:
+    script = write(
+        tmp_path / "graceful.py",
+        "import asyncio, signal\n\nasync def main():\n    stop = asyncio.Event()\n"
+        "    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)\n"
+        "    print('ready', flush=True)\n    await stop.wait()\n    print('drained')\n\n"
+        "asyncio.run(main())\nprint('exiting', flush=True)\n",
+    )
+    plain = signalled([sys.executable, str(script)], signal.SIGTERM)
+    assert (plain.returncode, plain.stdout) == (0, "ready\ndrained\nexiting\n")
+    done = signalled([*ASYNCFLOW, "run", str(script)], signal.SIGTERM)
+    assert (done.returncode, done.stdout) == (0, plain.stdout), done.stderr
+    assert done.stderr.count("asyncflow · graceful · elapsed") == 1
+
+
+def test_sigterm_reaches_the_programs_own_signal_handler(tmp_path: Path) -> None:
+    script = write(
+        tmp_path / "own.py",
+        "import signal, sys, threading\n\n"
+        "def bye(signum, frame):\n    print('bye', signum, flush=True)\n    sys.exit(7)\n\n"
+        "signal.signal(signal.SIGTERM, bye)\nprint('ready', flush=True)\n"
+        "threading.Event().wait()\n",
+    )
+    plain = signalled([sys.executable, str(script)], signal.SIGTERM)
+    done = signalled([*ASYNCFLOW, "run", str(script)], signal.SIGTERM)
+    assert (
+        (done.returncode, done.stdout) == (plain.returncode, plain.stdout) == (7, "ready\nbye 15\n")
+    )
+    assert done.stderr.count("asyncflow · own · elapsed") == 1
+
+
+def test_ctrl_c_traceback_is_pythons_own_then_the_report(tmp_path: Path) -> None:
+    script = write(
+        tmp_path / "waits.py",
+        "import threading\n\nprint('ready', flush=True)\nthreading.Event().wait()\n",
+    )
+    plain = signalled([sys.executable, str(script)], signal.SIGINT)
+    assert plain.returncode == -signal.SIGINT  # python exits through SIGINT (shells say 130)
+    done = signalled([*ASYNCFLOW, "run", str(script)], signal.SIGINT)
+    assert done.returncode == -signal.SIGINT, done.stderr
+    banner, rest = done.stderr.split("\n", 1)
+    assert banner.startswith("asyncflow: profiling 'waits'")
+    shown, report = rest.split("asyncflow · waits · elapsed")
+    # Python's own traceback: the line the signal landed on varies, the shape does not
+    for traceback in (plain.stderr, shown):
+        assert traceback.startswith(f'Traceback (most recent call last):\n  File "{script}", line ')
+        assert traceback.endswith("\nKeyboardInterrupt\n")
+        files = re.findall(r'^  File "([^"]+)"', traceback, re.MULTILINE)
+        stdlib = os.path.dirname(threading.__file__)
+        assert all(f == str(script) or f.startswith(stdlib + os.sep) for f in files), files
+    assert "\nfuture " in report
+
+
+def test_ctrl_c_in_asyncio_run_still_reports(tmp_path: Path) -> None:
+    script = write(tmp_path / "forever.py", FOREVER)
+    plain = signalled([sys.executable, str(script)], signal.SIGINT)
+    done = signalled([*console_script(tmp_path), "run", str(script)], signal.SIGINT)
+    assert done.returncode == plain.returncode == -signal.SIGINT, done.stderr
+    last = "Traceback (most recent call last):\n"
+    ours, report = done.stderr.split("asyncflow · forever · elapsed")
+    assert ours.rsplit(last, 1)[1] == plain.stderr.rsplit(last, 1)[1]  # asyncio.run's frames
+    assert "asyncflow/cli.py" not in ours and "runpy" not in ours
+    assert "\nmain " in report
+
+
+def test_the_programs_own_excepthook_prints_its_error(tmp_path: Path) -> None:
+    script = write(
+        tmp_path / "hooked.py",
+        "import sys\n\ndef hook(typ, value, tb):\n"
+        "    where = tb.tb_frame.f_code.co_filename\n"
+        "    print('hooked', typ.__name__, value, where, file=sys.stderr)\n"
+        "\nsys.excepthook = hook\nraise LookupError('gone')\n",
+    )
+    plain = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=60
+    )
+    done = asyncflow_cmd("run", str(script))
+    assert done.returncode == plain.returncode == 1
+    assert plain.stderr == f"hooked LookupError gone {script}\n"
+    assert plain.stderr in done.stderr and "Traceback" not in done.stderr
+
+
+def test_block_threshold_flag_sets_the_option(tmp_path: Path) -> None:
+    script = write(tmp_path / "x.py", "print('ran')\n")
+    report = tmp_path / "report.json"
+    done = asyncflow_cmd(
+        "run", "--block-threshold", "0.25", "--format", "json", "--output", str(report),
+        str(script),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert orjson.loads(report.read_bytes())["loop"]["block_threshold_ns"] == 250_000_000
+    assert "--block-threshold SECONDS" in asyncflow_cmd("run", "--help").stdout
 
 
 @pytest.mark.parametrize(
@@ -193,10 +378,16 @@ def test_ctrl_c_still_reports(tmp_path: Path) -> None:
         (["run", "missing.py"], "no such file: 'missing.py'"),
         (["run", "-m", "no_such_module_here"], "no module named 'no_such_module_here'"),
         (["run"], "give a script to run"),
-        (["run", "--port", "http", "x.py"], "port='http': expected a port"),
-        (["run", "--limit", "-3", "x.py"], "limit=-3: expected a whole number"),
+        (["run", "--port", "http", "x.py"], "--port 'http': expected a port"),
+        (["run", "--limit", "-3", "x.py"], "--limit -3: expected a whole number"),
         (["run", "--format", "xml", "x.py"], "invalid choice: 'xml'"),
-        (["run", "--sampling", "0", "x.py"], "sampling=0: expected 'auto', or a whole number"),
+        (["run", "--sampling", "0", "x.py"], "--sampling 0: expected 'auto', or a whole number"),
+        (["run", "--percentiles", "0", "x.py"], "--percentiles: percentile 0 is outside (0, 100]"),
+        (["run", "--block-threshold", "0", "x.py"], "--block-threshold 0.0: expected seconds"),
+        (["run", "--block-threshold", "soon", "x.py"], "--block-threshold 'soon': expected"),
+        (["run", "--host", "", "x.py"], "--host '': expected a host name or IP address"),
+        (["run", "--host", "0.0.0.0", "x.py"], "--host 0.0.0.0 serves other machines too: set"),
+        (["report", "nothing.json", "--percentiles", "x"], "--percentiles 'x': percentiles are"),
         (["frobnicate"], "invalid choice: 'frobnicate'"),
         (["report", "nothing.json"], "cannot read 'nothing.json'"),
         (["snapshot", "localhost:6780", "-o", "s.json"], "'localhost:6780' is not an endpoint URL"),
@@ -214,6 +405,27 @@ def test_mistakes_get_one_line_and_exit_2(tmp_path: Path, args: list[str], says:
     assert lines[0].startswith("asyncflow") and says in lines[0]
 
 
+@pytest.mark.parametrize(
+    ("args", "env", "says"),
+    [
+        (["--host", "192.0.2.1"], {}, "--host 192.0.2.1: cannot serve there"),
+        ([], {"ASYNCFLOW_HOST": "192.0.2.1"}, "ASYNCFLOW_HOST=192.0.2.1: cannot serve there"),
+        ([], {"ASYNCFLOW_HOST": "::"}, "ASYNCFLOW_HOST=:: serves other machines too: set"),
+    ],
+)
+def test_a_host_that_cannot_be_served_is_a_bad_option(
+    tmp_path: Path, args: list[str], env: dict[str, str], says: str
+) -> None:
+    """192.0.2.1 is a documentation address (RFC 5737): never one of this machine's."""
+    write(tmp_path / "x.py", "print('never runs')\n")
+    token = {} if "::" in env.values() else {"ASYNCFLOW_TOKEN": "t0ken"}
+    done = asyncflow_cmd("run", *args, "x.py", cwd=tmp_path, env={**token, **env})
+    assert done.returncode == 2, done.stderr
+    assert done.stdout == "" and "Traceback" not in done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("asyncflow run: error: " + says), lines
+
+
 def test_a_busy_port_is_one_line_and_exit_1(tmp_path: Path) -> None:
     script = write(tmp_path / "x.py", "print('never runs')\n")
     with socket.socket() as taken:
@@ -222,10 +434,9 @@ def test_a_busy_port_is_one_line_and_exit_1(tmp_path: Path) -> None:
         port = taken.getsockname()[1]
         done = asyncflow_cmd("run", "--port", str(port), str(script))
     assert done.returncode == 1 and done.stdout == ""
-    assert done.stderr.strip() == (
-        f"asyncflow: error: port {port} on 127.0.0.1 is already in use; pass port= another "
-        "port (or port=0 for any free one), or set ASYNCFLOW_PORT"
-    )
+    lines = done.stderr.strip().splitlines()  # the wording is tests/test_profiler.py's
+    assert len(lines) == 1
+    assert lines[0].startswith(f"asyncflow: error: port {port} on 127.0.0.1 is already in use")
 
 
 def test_help_lists_every_option_with_its_default() -> None:
@@ -267,9 +478,9 @@ def test_report_reads_a_json_exit_report_and_refuses_other_files(
     exit_report = tmp_path / "exit.json"
     with asyncflow.profile("exited", format="json", output=str(exit_report), port=0):
         asyncio.run(workload())
-    assert cli.main(["report", str(exit_report), "--percentiles", "90"]) == 0
+    assert cli.main(["report", str(exit_report), "--percentiles", "99,50"]) == 0
     out = capsys.readouterr().out
-    assert "p90 poll" in out and "\nconsume " in out
+    assert "  p50 poll  p99 poll  max poll\n" in out and "\nconsume " in out
 
     not_json = write(tmp_path / "bad.json", "{not json")
     wrong = write(tmp_path / "wrong.json", '{"schema": 1, "futures": 3}')
@@ -284,6 +495,26 @@ def test_report_reads_a_json_exit_report_and_refuses_other_files(
         assert says in err and len(err.strip().splitlines()) == 1
 
 
+def test_report_shows_only_the_percentiles_the_snapshot_holds(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    default, own = tmp_path / "default.json", tmp_path / "own.json"
+    with asyncflow.profile("p", format="json", output=str(default), port=0):
+        asyncio.run(workload())
+    assert cli.main(["report", str(default), "--percentiles", "90,99"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == (
+        f"asyncflow report: error: --percentiles 90,99: {str(default)!r} holds p50, p95 and p99 "
+        "only (a profile keeps the percentiles it was started with: percentiles= or "
+        "ASYNCFLOW_PERCENTILES)\n"
+    )
+    with asyncflow.profile("q", format="json", output=str(own), port=0, percentiles=[90, 99.9]):
+        asyncio.run(workload())
+    assert cli.main(["report", str(own)]) == 0  # no --percentiles: the ones it holds
+    assert "  p90 poll  p99.9 poll  max poll\n" in capsys.readouterr().out
+
+
 def test_snapshot_of_an_unreachable_endpoint(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -296,7 +527,31 @@ def test_snapshot_of_an_unreachable_endpoint(
     assert not (tmp_path / "s").exists()
 
 
+ROOT = Path(__file__).resolve().parent.parent
+
+
 def test_the_console_script_is_declared() -> None:
-    text = (Path(__file__).resolve().parent.parent / "pyproject.toml").read_text()
+    text = (ROOT / "pyproject.toml").read_text()
     assert 'asyncflow = "asyncflow.cli:main"' in text
     assert os.path.isfile(Path(cli.__file__).parent / "__main__.py")
+
+
+def test_the_distribution_has_a_name_of_its_own() -> None:
+    """'asyncflow' on the package index is an unrelated project: installing 'asyncflow[top]'
+    from there would bring in that one. The import name and the command stay asyncflow."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["name"] == "asyncflow-profiler"
+    assert metadata.version("asyncflow-profiler") == asyncflow.__version__
+    assert metadata.distribution("asyncflow-profiler").entry_points.select(
+        group="console_scripts", name="asyncflow"
+    )
+
+
+def test_every_install_command_in_the_readme_installs_this_checkout() -> None:
+    """A name after 'pip install' would be looked up on the package index; a path is this."""
+    readme = (ROOT / "README.md").read_text()
+    commands = re.findall(r"pip install ([^\n`&;#]*)", readme)
+    assert commands, "the README says how to install"
+    for command in commands:
+        targets = [t.strip("'\"") for t in command.split() if not t.startswith("-")]
+        assert targets and all(t.split("[")[0] == "." for t in targets), command
