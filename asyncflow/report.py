@@ -99,7 +99,7 @@ def _channel_row(c: ChannelEntry) -> list[str]:
         c.channel_type,
         f"{c.sent_count:,}",
         f"{c.received_count:,}",
-        f"{c.queue_size}/{c.max_queue_size}",
+        f"{c.queue_size}/{c.max_queue_size}" + (f", {c.lost_count:,} lost" if c.lost_count else ""),
         format_duration(c.delay_ns.get("p50")),
         format_duration(c.max_delay_ns),
         format_duration(c.producers_blocked_ns),

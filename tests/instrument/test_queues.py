@@ -16,6 +16,7 @@ import pytest
 import asyncflow
 from asyncflow.clock import FakeClock
 from asyncflow.instrument import _session
+from asyncflow.report import render
 from asyncflow.schema import ChannelEntry, ChannelLogs, Snapshot
 
 QueueFactory = Callable[[int], "asyncio.Queue[Any]"]
@@ -389,6 +390,7 @@ async def test_a_queue_freed_with_unread_items_counts_them_as_lost() -> None:
     entry, _ = _channel(after, "dropped")
     assert (entry.sent_count, entry.received_count, entry.max_queue_size) == (2_000, 1, 2_000)
     assert (entry.queue_size, entry.lost_count, entry.state) == (0, 1_999, "closed")
+    assert "0/2000, 1,999 lost" in render(after, "table", (50.0,), 10)  # the exit report says so
 
 
 async def test_queues_made_on_one_line_get_labels_of_their_own() -> None:
