@@ -5,7 +5,6 @@ Precedence: an explicit argument, then the environment variable, then the defaul
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -20,7 +19,11 @@ __all__ = [
     "DEFAULT_PORT",
     "DEFAULT_RECENT_LOGS",
     "FORMATS",
+    "MAX_BLOCK_THRESHOLD",
+    "MAX_DURATION",
+    "MAX_PERCENTILES",
     "MAX_SAMPLING",
+    "MIN_BLOCK_THRESHOLD",
     "Options",
     "Reporter",
     "check_type",
@@ -37,7 +40,18 @@ MAX_RECENT_LOGS = 100_000
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 6780
 DEFAULT_BLOCK_THRESHOLD = 0.1
+#: the block threshold's bounds, in seconds: finer than the loop monitor can see is noise, and
+#: longer than an hour is no threshold at all
+MIN_BLOCK_THRESHOLD = 0.001
+MAX_BLOCK_THRESHOLD = 3600.0
+#: the longest ``duration``, in seconds (a year): beyond it timers lose their meaning
+MAX_DURATION = 31_536_000.0
+#: the most percentiles one profile reports
+MAX_PERCENTILES = 32
 MAX_SAMPLING = 65_536
+#: the longest host name (RFC 1035 allows 253 characters) or token accepted
+_MAX_NAME = 255
+_MAX_TOKEN = 4096
 
 _ENV = {
     "percentiles": "ASYNCFLOW_PERCENTILES",
@@ -86,6 +100,9 @@ class Options:
     host: str = DEFAULT_HOST
     #: the endpoint's port; 0 picks a free one, None serves no endpoint at all
     port: int | None = DEFAULT_PORT
+    #: who chose ``port``: ``"port"`` (an argument), ``"ASYNCFLOW_PORT"``, or None for the
+    #: default, which gives way to a free port when it is taken
+    port_source: str | None = None
     #: when set, every request must carry ``Authorization: Bearer <token>``
     token: str | None = None
     #: a poll (one step of a task) running longer than this many seconds is a blocked loop
@@ -137,44 +154,70 @@ def _percentiles(value: object, source: str) -> tuple[float, ...]:
         for p in value:
             if isinstance(p, bool) or not isinstance(p, int | float):
                 raise ValueError(f"{source}: percentiles are numbers in (0, 100], got {p!r}")
+            if not (0 < p <= 100):  # compared before float(): a huge int cannot overflow here
+                raise ValueError(f"{source}: percentile {_shown(p)} is outside (0, 100]")
             items.append(float(p))
+            if len(items) > MAX_PERCENTILES:
+                break
     else:
         raise ValueError(f"{source}: percentiles are a list of numbers in (0, 100], got {value!r}")
     if not items:
         raise ValueError(f"{source}: give at least one percentile in (0, 100]")
     for p in items:
-        if not (0 < p <= 100) or math.isnan(p):
+        if not (0 < p <= 100):  # also refuses nan, which compares false with everything
             raise ValueError(f"{source}: percentile {p:g} is outside (0, 100]")
-    return tuple(sorted(set(items)))
+    unique = sorted(set(items))
+    if len(unique) > MAX_PERCENTILES:
+        raise ValueError(f"{source}: at most {MAX_PERCENTILES} percentiles, got more")
+    return tuple(unique)
+
+
+def _shown(value: object, at_most: int = 40) -> str:
+    """A value fit to quote in a message, however long it is."""
+    text = repr(value)
+    if len(text) <= at_most:
+        return text
+    return f"{text[:at_most]}... ({len(text)} characters)"
 
 
 def _int(value: object, source: str, low: int, high: int, meaning: str) -> int:
     if isinstance(value, str):
         try:
             value = int(value.strip())
-        except ValueError:
-            raise ValueError(f"{source}={value!r}: expected {meaning}") from None
+        except ValueError:  # also a number of more digits than int() reads
+            raise ValueError(f"{source}={_shown(value)}: expected {meaning}") from None
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise ValueError(f"{source}={value!r}: expected {meaning}")
+        raise ValueError(f"{source}={_shown(value)}: expected {meaning}")
     return value
 
 
 def _duration(value: object, source: str) -> float | None:
     if value is None:
         return None
-    return _seconds(value, source)
+    return _seconds(value, source, MAX_DURATION, f"a finite number > 0, at most {MAX_DURATION:.0f}")
 
 
-def _seconds(value: object, source: str) -> float:
+def _block_threshold(value: object, source: str) -> float:
+    low, high = MIN_BLOCK_THRESHOLD, MAX_BLOCK_THRESHOLD
+    return _seconds(value, source, high, f"a finite number from {low:g} to {high:g}", low)
+
+
+def _seconds(
+    value: object, source: str, high: float, meaning: str, low: float | None = None
+) -> float:
+    """Seconds: a number > 0 (or >= ``low``) and <= ``high``; bounded, so that nothing
+    computed from it later (nanoseconds, timer deadlines) can overflow."""
     if isinstance(value, str):
         try:
             value = float(value.strip())
         except ValueError:
-            raise ValueError(f"{source}={value!r}: expected seconds, a number > 0") from None
+            raise ValueError(f"{source}={_shown(value)}: expected seconds, {meaning}") from None
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError(f"{source}={value!r}: expected seconds, a number > 0")
-    if not (value > 0) or math.isinf(value):
-        raise ValueError(f"{source}={value!r}: expected seconds, a finite number > 0")
+        raise ValueError(f"{source}={_shown(value)}: expected seconds, {meaning}")
+    # Compared, never converted first: float(10**400) would raise OverflowError; nan fails all.
+    ok = value >= low if low is not None else value > 0
+    if not (ok and value <= high):
+        raise ValueError(f"{source}={_shown(value)}: expected seconds, {meaning}")
     return float(value)
 
 
@@ -185,25 +228,43 @@ def _format(value: object, source: str) -> str:
 
 
 def _output(value: object, source: str) -> str | None:
+    """A path the report can be written to at exit, checked now: at exit it is too late to say.
+
+    The directory must exist and be writable, the name must be one the file system takes, and
+    an existing file must be writable; the file itself is neither created nor truncated here.
+    """
     if value is None or value == "":
         return None
     if not isinstance(value, str | os.PathLike):
-        raise ValueError(f"{source}={value!r}: expected a file path (or None for standard error)")
+        raise ValueError(
+            f"{source}={_shown(value)}: expected a file path (or None for standard error)"
+        )
     path = os.fspath(value)
     if not isinstance(path, str):
-        raise ValueError(f"{source}={value!r}: expected a text file path")
+        raise ValueError(f"{source}={_shown(value)}: expected a text file path")
+    if "\x00" in path:
+        raise ValueError(f"{source}={_shown(path)}: a file path cannot contain a NUL character")
+    try:
+        name = os.fsencode(os.path.basename(path))
+    except UnicodeError:
+        raise ValueError(f"{source}={_shown(path)}: not a path this file system can name") from None
+    if len(name) > 255:  # NAME_MAX on every common file system
+        raise ValueError(f"{source}={_shown(path)}: the file name is too long (255 bytes at most)")
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
         raise ValueError(f"{source}={path!r}: the directory {parent!r} does not exist")
     if os.path.isdir(path):
         raise ValueError(f"{source}={path!r}: is a directory; give a file path")
+    if not os.access(parent if not os.path.exists(path) else path, os.W_OK):
+        raise ValueError(f"{source}={path!r}: cannot be written (permission denied)")
     return path
 
 
 def _host(value: object, source: str) -> str:
-    if not isinstance(value, str) or not value.strip() or any(c.isspace() for c in value):
-        raise ValueError(f"{source}={value!r}: expected a host name or IP address to bind to")
-    return value.strip()
+    host = value.strip() if isinstance(value, str) else ""
+    if not host or len(host) > _MAX_NAME or not host.isprintable() or " " in host:
+        raise ValueError(f"{source}={_shown(value)}: expected a host name or IP address to bind to")
+    return host
 
 
 def _port(value: object, source: str) -> int | None:
@@ -223,8 +284,16 @@ def _sampling(value: object, source: str) -> int:
 def _token(value: object, source: str) -> str | None:
     if value is None:
         return None
-    if not isinstance(value, str) or not value.strip() or any(c.isspace() for c in value):
-        raise ValueError(f"{source}: expected a non-empty token without spaces")
+    # What a client can put in an Authorization header: visible ASCII only.
+    if (
+        not isinstance(value, str)
+        or not 0 < len(value) <= _MAX_TOKEN
+        or not all("!" <= c <= "~" for c in value)
+    ):
+        raise ValueError(
+            f"{source}: expected a non-empty token without spaces, in printable ASCII "
+            f"(at most {_MAX_TOKEN} characters)"
+        )
     return value
 
 
@@ -315,11 +384,13 @@ def resolve_options(
     if given.get("port", 0) is None:
         fields["port"] = None  # port=None: serve no endpoint
     elif (p := pick("port")) is not None:
-        fields["port"] = _port(*p)
+        fields["port"], fields["port_source"] = _port(*p), p[1]
+    else:
+        fields["port"] = DEFAULT_PORT  # read now, so that tests can point it at a taken port
     if (p := pick("token")) is not None:
         fields["token"] = _token(*p)
     if (p := pick("block_threshold")) is not None:
-        fields["block_threshold"] = _seconds(*p)
+        fields["block_threshold"] = _block_threshold(*p)
     if (p := pick("sampling")) is not None:
         fields["sampling"] = _sampling(*p)
     if (p := pick("allowed_hosts")) is not None:

@@ -143,3 +143,85 @@ def test_instrumentation_options_are_type_checked_with_the_call_named() -> None:
         TypeError, match=re.escape("asyncflow.future(name=...) must be a str, got None")
     ):
         check_type("future", "name", None, str)
+
+
+_UNBOUNDED = [
+    # numbers that pass "> 0" but overflow, or are not numbers at all, once used
+    ("block_threshold", 1e300, "from 0.001 to 3600"),
+    ("block_threshold", 10**400, "from 0.001 to 3600"),
+    ("block_threshold", float("nan"), "from 0.001 to 3600"),
+    ("block_threshold", float("inf"), "from 0.001 to 3600"),
+    ("block_threshold", "1e300", "from 0.001 to 3600"),
+    ("block_threshold", 1e-300, "from 0.001 to 3600"),
+    ("block_threshold", -1, "from 0.001 to 3600"),
+    ("duration", 1e300, "at most 31536000"),
+    ("duration", 10**400, "at most 31536000"),
+    ("duration", float("nan"), "number > 0"),
+    ("duration", "nan", "number > 0"),
+    ("percentiles", [10**400], "outside (0, 100]"),
+    ("percentiles", [float("nan")], "outside (0, 100]"),
+    ("percentiles", [float("inf")], "outside (0, 100]"),
+    ("percentiles", "50,1e400", "outside (0, 100]"),
+    ("percentiles", list(range(1, 41)), "at most 32"),
+    ("limit", 10**400, "whole number >= 0"),
+    ("limit", "9" * 5000, "whole number >= 0"),
+    ("recent_logs", 10**20, "whole number from 0"),
+    ("sampling", 10**20, "whole number from 1"),
+    ("port", -1, "a port from 0 to 65535"),
+    ("port", 10**20, "a port from 0 to 65535"),
+    ("port", 80.0, "a port from 0 to 65535"),
+    ("host", "local\x00host", "host name or IP address"),
+    ("host", "h" * 300, "host name or IP address"),
+    ("token", "sec\x00ret", "printable ASCII"),
+    ("token", "sécret", "printable ASCII"),
+    ("output", "report\x00.txt", "NUL"),
+    ("output", "x" * 300 + ".txt", "too long"),
+    ("output", b"report.txt", "file path"),
+]
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "words"),
+    _UNBOUNDED,
+    ids=[f"{option}={str(value)[:12]!r}" for option, value, _ in _UNBOUNDED],
+)
+def test_every_option_is_bounded_before_anything_starts(
+    option: str, value: Any, words: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)  # relative report paths land here
+    with pytest.raises(ValueError, match=option) as info:
+        resolve_options("svc", {option: value}, environ={})
+    assert words in str(info.value)
+
+
+def test_output_in_a_directory_that_cannot_be_written(tmp_path: Path) -> None:
+    import os
+
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        if os.access(locked, os.W_OK):  # root writes anywhere: nothing to refuse
+            pytest.skip("running as a user who can write anywhere")
+        with pytest.raises(ValueError, match="cannot be written"):
+            resolve_options("svc", {"output": str(locked / "r.txt")}, environ={})
+    finally:
+        locked.chmod(0o700)
+
+
+def test_bounds_accept_their_edges() -> None:
+    o = resolve_options(
+        "svc",
+        {"block_threshold": 3600, "duration": 31_536_000, "percentiles": [0.001, 100]},
+        environ={},
+    )
+    assert (o.block_threshold, o.duration, o.percentiles) == (3600.0, 31_536_000.0, (0.001, 100.0))
+    assert resolve_options("svc", {"block_threshold": "0.001"}, environ={}).block_threshold == 0.001
+
+
+def test_where_the_port_came_from() -> None:
+    assert resolve_options("svc", {}, environ={}).port_source is None  # the default
+    assert resolve_options("svc", {"port": 7000}, environ={}).port_source == "port"
+    env = {"ASYNCFLOW_PORT": "7001"}
+    assert resolve_options("svc", {}, environ=env).port_source == "ASYNCFLOW_PORT"
+    assert resolve_options("svc", {"port": 7000}, environ=env).port_source == "port"
