@@ -13,7 +13,7 @@ import asyncio
 from array import array
 from collections import deque
 
-from asyncflow import clock, stats
+from asyncflow import clock, lints, stats
 from asyncflow.config import Options
 from asyncflow.instrument import _session
 from asyncflow.instrument import channels as _channels
@@ -75,6 +75,8 @@ class Collector:
         self.monitor = LoopMonitor(round(options.block_threshold * 1e9))
         self.series_interval = SERIES_INTERVAL_NS
         self._next_sample = 0
+        #: the diagnoses over time: evaluated by views.warnings_document, on this thread
+        self.warnings = lints.WarningBook()
 
     def drain(self) -> int:
         """Fold every finished call waiting in the buffer, then reap what is gone; returns how

@@ -13,7 +13,7 @@ import platform
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from asyncflow import clock, stats
+from asyncflow import clock, lints, stats, wait_views
 from asyncflow._version import __version__
 from asyncflow.collector import Collector, live_calls
 from asyncflow.instrument import _session
@@ -40,6 +40,7 @@ from asyncflow.schema import (
     ChannelsDocument,
     EdgeEntry,
     ExceptionInfo,
+    ExecutorsDocument,
     FlowDocument,
     FlowEdge,
     FlowNode,
@@ -59,6 +60,7 @@ from asyncflow.schema import (
     StreamItemEntry,
     StreamLogs,
     StreamsDocument,
+    WarningsDocument,
 )
 
 __all__ = [
@@ -75,6 +77,7 @@ __all__ = [
     "stream_entry",
     "stream_logs",
     "streams_document",
+    "warnings_document",
 ]
 
 
@@ -250,6 +253,7 @@ def futures_document(
         offset=offset,
         limit=len(page) if limit is None else limit,
         futures=page,
+        never_awaited=wait_views.never_awaited_entries(),
     )
 
 
@@ -571,15 +575,57 @@ def snapshot(collector: Collector, running: bool = True) -> Snapshot:
     origin = collector.session.start_ns
     futures = futures_document(collector, now)
     by_id = {f.id: f for f in collector.futures()}
+    channels = channels_document(collector)
+    loop = loop_document(collector, now)
+    executors = wait_views.executors_document(collector.options.percentiles, by_id.values())
+    warnings = _warnings(collector, now, futures, channels, loop, executors)
     return Snapshot(
         schema=SCHEMA,
         status=status(collector, now, running),
         futures=futures,
         future_logs=[future_logs(by_id[e.id], now, origin) for e in futures.futures],
-        channels=channels_document(collector),
+        channels=channels,
         channel_logs=[channel_logs(c, origin) for c in channel_registry()],
         flow=flow(collector),
         streams=streams_document(collector),
         stream_logs=[stream_logs(r, origin) for r in stream_registry()],
-        loop=loop_document(collector, now),
+        loop=loop,
+        executors=executors,
+        warnings=warnings.warnings,
+    )
+
+
+def _warnings(
+    collector: Collector,
+    now: int,
+    futures: FuturesDocument,
+    channels: ChannelsDocument,
+    loop: LoopDocument,
+    executors: ExecutorsDocument,
+) -> WarningsDocument:
+    docs = lints.Documents(
+        now_ns=now,
+        elapsed_ns=max(0, now - collector.session.start_ns),
+        futures=futures.futures,
+        channels=channels.channels,
+        loops=loop.loops,
+        executors=executors.executors,
+        never_awaited=futures.never_awaited,
+        block_threshold_ns=loop.block_threshold_ns,
+    )
+    collector.warnings.update(docs)
+    return collector.warnings.document(collector.session.start_ns)
+
+
+def warnings_document(collector: Collector) -> WarningsDocument:
+    """``GET /warnings``: every lint evaluated now over every document."""
+    now = clock.now_ns()
+    qs = collector.options.percentiles
+    return _warnings(
+        collector,
+        now,
+        futures_document(collector, now),
+        channels_document(collector),
+        loop_document(collector, now),
+        wait_views.executors_document(qs, collector.futures()),
     )

@@ -300,9 +300,19 @@ async def test_a_swallowed_cancellation(prof: asyncflow.Profiler) -> None:
     await asyncio.sleep(0)
     task.cancel()
     await task
-    (finding,) = _only(_findings(prof))
+    found = _only(_findings(prof))
+    assert len(found) == 1, [(f.kind, f.message) for f in found]
+    (finding,) = found
     assert (finding.kind, finding.subject.label) == ("cancellation-swallowed", "poll_forever")
     assert finding.evidence == {"swallowed": 1, "requested": 1}
+    # the snapshot carries the same warning, with when it was seen
+    (warning,) = prof.snapshot().warnings
+    assert (warning.kind, warning.severity, warning.active) == (
+        "cancellation-swallowed",
+        "warning",
+        True,
+    )
+    assert warning.subject.label == "poll_forever" and warning.message == finding.message
 
 
 async def test_a_task_leak(fake_clock: FakeClock, prof: asyncflow.Profiler) -> None:
