@@ -5,6 +5,8 @@ run the program under ``asyncflow.profile(...)``, and read the report at exit or
 at any time.
 """
 
+from typing import TYPE_CHECKING
+
 from asyncflow._version import __version__ as __version__
 from asyncflow.config import Options as Options
 from asyncflow.config import Reporter as Reporter
@@ -27,7 +29,13 @@ from asyncflow.profiler import active_profiler as active_profiler
 from asyncflow.profiler import profile as profile
 from asyncflow.profiler import start as start
 from asyncflow.profiler import stop as stop
-from asyncflow.schema import Snapshot as Snapshot
+
+if TYPE_CHECKING:  # imported when first used: see __getattr__
+    from asyncflow.schema import Snapshot as Snapshot
+
+#: names imported only when first used, so that ``import asyncflow`` stays light for a program
+#: that only instruments (the documents' module alone costs more than the rest together)
+_LAZY = {"Snapshot": "asyncflow.schema"}
 
 __all__ = [
     "AsyncflowError",
@@ -54,3 +62,18 @@ __all__ = [
     "stream",
     "track_never_awaited",
 ]
+
+
+def __getattr__(name: str) -> object:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'asyncflow' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # asked once: a plain attribute from then on
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
