@@ -456,8 +456,9 @@ def executor_saturated(docs: Documents, th: Thresholds) -> Iterator[Finding]:
             "executor-saturated",
             "warning",
             WarningSubject("executor", e.id, e.label, None),
-            f"Executor `{e.label}` is saturated: its jobs waited {_duration(e.total_queued_ns)} "
-            f"for one of {workers} against {_duration(e.total_run_ns)} running"
+            f"Executor `{e.label}` is saturated: its {e.completed} jobs waited "
+            f"{_duration(e.total_queued_ns)} in all for one of {workers}, against "
+            f"{_duration(e.total_run_ns)} running"
             f" ({e.queued} queued now; most time in `{top}`)",
             "give it more workers, or submit fewer or shorter jobs",
             {

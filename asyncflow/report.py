@@ -2,7 +2,18 @@
 
 from __future__ import annotations
 
-from asyncflow.schema import ChannelEntry, FutureEntry, LoopEntry, Snapshot, StreamEntry, dumps
+import textwrap
+
+from asyncflow.schema import (
+    ChannelEntry,
+    ExecutorEntry,
+    FutureEntry,
+    LoopEntry,
+    Snapshot,
+    StreamEntry,
+    WarningEntry,
+    dumps,
+)
 from asyncflow.stats import percentile_key
 
 __all__ = ["format_duration", "render", "render_table"]
@@ -56,7 +67,8 @@ def render_table(snapshot: Snapshot, percentiles: tuple[float, ...], limit: int)
         *(f"{percentile_key(q)} poll" for q in percentiles),
         "max poll",
     ]
-    lines = [header, "", *_table([columns, *(_row(f, percentiles) for f in shown)])]
+    lines = [header, "", *_warnings(snapshot.warnings)]
+    lines += _table([columns, *(_row(f, percentiles) for f in shown)])
     if len(shown) < len(futures):
         lines.append(f"… {len(futures) - len(shown)} more futures (limit={limit}; 0 shows all)")
     if not futures:
@@ -68,6 +80,10 @@ def render_table(snapshot: Snapshot, percentiles: tuple[float, ...], limit: int)
     if channels:
         shown_channels = channels if limit == 0 else channels[:limit]
         lines += ["", *_table([_CHANNEL_COLUMNS, *(_channel_row(c) for c in shown_channels)])]
+    executors = snapshot.executors.executors if snapshot.executors is not None else []
+    if executors:
+        shown_executors = executors if limit == 0 else executors[:limit]
+        lines += ["", *_table([_EXECUTOR_COLUMNS, *map(_executor_row, shown_executors)])]
     streams = snapshot.streams.streams if snapshot.streams is not None else []
     if streams:
         shown_streams = streams if limit == 0 else streams[:limit]
@@ -149,6 +165,60 @@ def _episodes(entry: LoopEntry, shown: int = 3) -> list[str]:
                 where += f": {top.code}"
         lines.append(f"  loop {entry.id} blocked {format_duration(e.blocked_ns)} by {who}{where}")
     return lines
+
+
+_WRAP = 100
+
+
+def _warnings(warnings: list[WarningEntry]) -> list[str]:
+    """The diagnoses first: each sentence, then what to do about it; nothing when none."""
+    if not warnings:
+        return []
+    holding = [w for w in warnings if w.active]
+    title = (
+        f"warnings ({len(holding)})"
+        if len(holding) == len(warnings)
+        else (f"warnings ({len(holding)} now, {len(warnings) - len(holding)} earlier)")
+    )
+    lines = [title]
+    for w in warnings:
+        tag = w.severity.upper() if w.active else f"({w.severity})"
+        body = textwrap.wrap(w.message, _WRAP - 11) or [""]
+        lines.append(f"  {tag:<8} {body[0]}")
+        lines += [f"{'':11}{line}" for line in body[1:]]
+        hint = textwrap.wrap(f"→ {w.hint}", _WRAP - 11)
+        lines += [f"{'':11}{line}" for line in hint]
+    return [*lines, ""]
+
+
+_EXECUTOR_COLUMNS = [
+    "executor",
+    "workers",
+    "jobs",
+    "queued now",
+    "running",
+    "p50 queued",
+    "max queued",
+    "p50 run",
+    "max run",
+    "raised",
+]
+
+
+def _executor_row(e: ExecutorEntry) -> list[str]:
+    workers = f"{e.workers}/{e.max_workers}" if e.max_workers else str(e.workers)
+    return [
+        e.label,
+        workers,
+        f"{e.submitted:,}",
+        f"{e.queued:,}",
+        f"{e.running:,}",
+        format_duration(e.queued_ns.get("p50")),
+        format_duration(e.max_queued_ns),
+        format_duration(e.run_ns.get("p50")),
+        format_duration(e.max_run_ns),
+        f"{e.raised:,}",
+    ]
 
 
 def _table(rows: list[list[str]]) -> list[str]:

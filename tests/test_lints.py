@@ -17,6 +17,7 @@ import asyncflow
 from asyncflow import lints, schema, wait_views
 from asyncflow.clock import FakeClock
 from asyncflow.lints import Documents, Finding, Thresholds
+from asyncflow.report import render_table
 
 
 def _findings(prof: asyncflow.Profiler, **extra: Any) -> list[Finding]:
@@ -313,6 +314,13 @@ async def test_a_swallowed_cancellation(prof: asyncflow.Profiler) -> None:
         True,
     )
     assert warning.subject.label == "poll_forever" and warning.message == finding.message
+    # and the exit report shows it first, before the futures
+    lines = render_table(prof.snapshot(), (50.0,), 10).splitlines()
+    assert lines[2] == "warnings (1)"
+    assert lines[3].startswith("  WARNING  `poll_forever` (test_lints.py:")
+    futures_header = next(i for i, line in enumerate(lines) if line.startswith("future "))
+    block = " ".join(part.strip() for part in lines[3:futures_header])
+    assert "swallowed a cancellation once" in block and "→ re-raise CancelledError" in block
 
 
 async def test_a_task_leak(fake_clock: FakeClock, prof: asyncflow.Profiler) -> None:

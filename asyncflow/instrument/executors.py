@@ -116,7 +116,7 @@ class ExecutorStats:
 class ExecutorRecord:
     """An executor jobs were submitted to: identity, label, and the session's figures."""
 
-    __slots__ = ("__weakref__", "_owner", "id", "kind", "label", "lock", "stats")
+    __slots__ = ("__weakref__", "_owner", "id", "kind", "label", "lock", "max_workers", "stats")
 
     def __init__(self, owner: Any, label: str) -> None:
         self.id = next(_ids)
@@ -127,6 +127,8 @@ class ExecutorRecord:
         # The executor, or for a loop's default executor the loop (which makes it lazily).
         # Weak: observing must not keep either (or their threads) alive.
         self._owner = weakref.ref(owner)
+        #: the most workers it may start, as last seen (kept once the executor is gone)
+        self.max_workers: int | None = None
         #: jobs end on worker threads: their figures are folded under this lock (cold enough)
         self.lock = threading.Lock()
         self.stats = ExecutorStats()
@@ -147,14 +149,15 @@ class ExecutorRecord:
         """(most worker threads or processes it may start, those it has started now)."""
         executor = self.executor()
         if executor is None:
-            return None, 0
+            return self.max_workers, 0
         tokens = getattr(executor, "total_tokens", None)
         if tokens is not None:  # an anyio CapacityLimiter in front of anyio's worker threads
-            most = int(tokens) if tokens != float("inf") else None
-            return most, int(getattr(executor, "borrowed_tokens", 0))
+            self.max_workers = int(tokens) if tokens != float("inf") else None
+            return self.max_workers, int(getattr(executor, "borrowed_tokens", 0))
         most = getattr(executor, "_max_workers", None)
+        self.max_workers = most if isinstance(most, int) else None
         started = getattr(executor, "_threads", None) or getattr(executor, "_processes", None)
-        return (most if isinstance(most, int) else None), len(started or ())
+        return self.max_workers, len(started or ())
 
     def start(self) -> None:
         with self.lock:
@@ -314,6 +317,8 @@ class _RunInExecutor:
                 record = _record_of(loop, _default_label(loop))
             else:
                 record = _record_of(executor, _label(executor))
+            if record.max_workers is None:
+                record.workers()  # note its size while it exists
             _, future_id = caller()
             with record.lock:
                 record.stats.submitted += 1
@@ -373,6 +378,7 @@ def _anyio_hook(original: Callable[..., Any]) -> Callable[..., Any]:
                 limiter = cls.current_default_thread_limiter()
             label = "anyio worker threads" if default else f"anyio worker threads ({limiter!r})"
             record = _record_of(limiter, label)
+            record.workers()  # note its size while it exists
             _, future_id = caller()
             job = _Job(record, func, future_id)
             with record.lock:
