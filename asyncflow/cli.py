@@ -29,7 +29,8 @@ import orjson
 
 from asyncflow import config, schema
 from asyncflow._version import __version__
-from asyncflow.errors import AsyncflowError
+from asyncflow.errors import AsyncflowError, PortInUseError
+from asyncflow.profiler import DISABLED
 
 __all__ = ["DEFAULT_URL", "main"]
 
@@ -223,12 +224,18 @@ def _run(args: argparse.Namespace) -> int:
         raise _Usage(_flagged(str(exc), options)) from None
     _check_host(profiler.options, "--host" if args.host is not None else "ASYNCFLOW_HOST")
     profiler.hosting = True  # the program's own asyncflow.profile() joins this one
-    profiler.start()
-    print(
-        f"asyncflow: profiling {name!r}; endpoint: {profiler.url or 'not served'}",
-        file=sys.stderr,
-        flush=True,
-    )
+    try:
+        profiler.start()
+    except PortInUseError as exc:
+        raise AsyncflowError(exc.said_as("--port" if args.port else exc.source)) from None
+    if config.disabled():  # start() started nothing: say so, and run the program as it is
+        print(f"{DISABLED}: {name!r} runs without profiling", file=sys.stderr, flush=True)
+    else:
+        print(
+            f"asyncflow: profiling {name!r}; endpoint: {profiler.url or 'not served'}",
+            file=sys.stderr,
+            flush=True,
+        )
     undo_loops = _track_every_loop(instrument_tasks)
     queues = None if args.no_queues else asyncflow.instrument_queues()
     undo_sigterm = _report_on_sigterm(profiler.stop)

@@ -1,7 +1,36 @@
-"""The one exception type asyncflow raises for misuse of its own API."""
+"""The exceptions asyncflow raises for misuse of its own API."""
 
-__all__ = ["AsyncflowError"]
+__all__ = ["AsyncflowError", "PortInUseError"]
 
 
 class AsyncflowError(RuntimeError):
     """Raised when asyncflow is used in a way it cannot honour (e.g. a second profiler)."""
+
+
+class PortInUseError(AsyncflowError):
+    """The endpoint's port was chosen explicitly and another program listens on it.
+
+    A taken port nobody chose (the default) is no error: the endpoint serves on a free one.
+
+    Attributes:
+        host: the address the endpoint was to bind.
+        port: the port that is taken.
+        source: who chose it: ``"port"`` (an argument), ``"ASYNCFLOW_PORT"``, or a command-line
+            flag such as ``"--port"``.
+    """
+
+    def __init__(self, host: str, port: int, source: str) -> None:
+        self.host = host
+        self.port = port
+        self.source = source
+        super().__init__(self.said_as(source))
+
+    def said_as(self, source: str) -> str:
+        """The message, naming ``source`` as the way to choose another port."""
+        if source.startswith("ASYNCFLOW_"):
+            advice = f"set {source} to another port (0 picks a free one)"
+        elif source.startswith("-"):
+            advice = f"pass another {source} ({source} 0 picks a free one)"
+        else:
+            advice = f"pass another {source}= ({source}=0 picks a free one)"
+        return f"port {self.port} on {self.host} is already in use; {advice}"

@@ -1,32 +1,59 @@
-"""The profiler's lifecycle: ``profile()``, ``start()``, ``stop()``, its thread and event loop."""
+"""The profiler's lifecycle: ``profile()``, ``start()``, ``stop()``, its thread and event loop.
+
+Nothing heavy is imported here: the collector, the documents and the reports come in when a
+profiler starts, the server (and aiohttp) only when it serves an endpoint, so ``import
+asyncflow`` stays cheap for a program that only instruments.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import atexit
+import contextlib
+import errno
 import itertools
+import logging
+import os
+import stat
 import sys
 import threading
+import types
+from collections.abc import Callable, Coroutine
 from concurrent.futures import Future
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from asyncflow import clock, views
-from asyncflow.collector import Collector
+from asyncflow import clock, config
 from asyncflow.config import Options, resolve_options
-from asyncflow.errors import AsyncflowError
-from asyncflow.instrument import _session, channels, streams
+from asyncflow.errors import AsyncflowError, PortInUseError
+from asyncflow.instrument import _session, channels, coroutines, executors, streams
 from asyncflow.instrument.futures import reset_for_session
-from asyncflow.report import render
-from asyncflow.schema import Snapshot
-from asyncflow.server import Server, is_loopback
 
-__all__ = ["Profiler", "active_profiler", "profile", "start", "stop"]
+if TYPE_CHECKING:
+    from asyncflow.collector import Collector
+    from asyncflow.schema import Snapshot
+    from asyncflow.server import Server
+
+__all__ = ["DISABLED", "Profiler", "active_profiler", "profile", "start", "stop"]
+
+#: What asyncflow says when ``ASYNCFLOW_DISABLE`` turned it off.
+DISABLED = "asyncflow is disabled (ASYNCFLOW_DISABLE=1)"
 
 _STARTUP_TIMEOUT = 10.0
 _lock = threading.Lock()
 _active: Profiler | None = None
+#: the profiler started last: ``asyncflow.stop()`` returns its final snapshot once it stopped
+_last: Profiler | None = None
+#: profilers whose thread may be running: a forked child forsakes them
+_alive: set[Profiler] = set()
 _epochs = itertools.count(1)
+_task_numbers = itertools.count(1)
+logger = logging.getLogger("asyncflow")
+
+
+def _wait_ready(ready: threading.Event, timeout: float) -> bool:
+    """Wait for the profiler's thread to be ready (a seam: tests interrupt start() here)."""
+    return ready.wait(timeout)
 
 
 class Profiler:
@@ -36,13 +63,20 @@ class Profiler:
         self.options = options
         #: the endpoint's address while it serves ("http://127.0.0.1:6780"); None otherwise
         self.url: str | None = None
-        self._state = "new"  # new -> running -> stopped
+        # new -> running -> stopping -> stopped; or disabled (ASYNCFLOW_DISABLE), joined (into
+        # the profiler of `asyncflow run`), forked (this is a child of the process it ran in)
+        self._state = "new"
         self._state_lock = threading.Lock()
+        self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop: _ProfilerLoop | None = None
         self._collector: Collector | None = None
         self._server: Server | None = None
         self._final: Snapshot | None = None
+        self._failure: BaseException | None = None
+        #: set when start() gives up (interrupted, failed, timed out) while the thread starts
+        self._abandoned = False
+        self._ready_lock = threading.Lock()
         #: set by ``asyncflow run``: profilers the program starts itself join this one
         self.hosting = False
         self._joined: Profiler | None = None
@@ -59,12 +93,25 @@ class Profiler:
             return self._state == "joined" and self._joined.running
         return self._state == "running"
 
+    @property
+    def _listening_fds(self) -> list[int]:
+        """The descriptors the endpoint listens on (none unless it serves)."""
+        loop = self._loop
+        return [fd for fd, _, _ in loop.listening] if loop is not None else []
+
     # -- lifecycle ---------------------------------------------------------------------------
 
     def start(self) -> Profiler:
         """Start recording; see :func:`start`."""
-        global _active
+        global _active, _last
         with _lock:
+            if self._state == "new" and config.disabled():
+                # Nothing starts: no thread, no endpoint, no report. Said on the logger only,
+                # since whoever disabled asyncflow asked for it to keep out of the way.
+                self._state = "disabled"
+                _last = self
+                logger.info("%s: %r is not profiled", DISABLED, self.name)
+                return self
             if _active is not None and _active.hosting and self._state == "new":
                 # The program runs under `asyncflow run`: its own profiler joins that one, so
                 # it neither fails nor reports twice; snapshots and url are the host's.
@@ -80,41 +127,82 @@ class Profiler:
                     f"profiler {self.name!r} has already run; create a new one to profile again"
                 )
             options = self.options
-            if options.port is not None and options.token is None and not is_loopback(options.host):
+            if (
+                options.port is not None
+                and options.token is None
+                and not _is_loopback(options.host)
+            ):
                 raise AsyncflowError(
                     f"refusing to serve on {options.host!r} without a token: anyone who can "
                     "reach it could read this program's profile; pass token= (or set "
                     "ASYNCFLOW_TOKEN), or bind to 127.0.0.1"
                 )
+            from asyncflow.collector import Collector
+
             reset_for_session()
             channels.reset_for_session()
             streams.reset_for_session()
+            executors.reset_for_session()
+            coroutines.reset_for_session()
             session = _session.Session(next(_epochs), clock.now_ns(), options.sampling)
-            self._collector = Collector(session, self.options)
+            self._collector = Collector(session, options)
+            self._failure, self._abandoned = None, False
             ready = threading.Event()
-            failure: list[BaseException] = []
             self._thread = threading.Thread(
                 target=self._run,
-                args=(ready, failure),
+                args=(ready,),
                 name=f"asyncflow-profiler[{self.name}]",
                 daemon=True,  # a profiler must never keep a finished program alive
             )
-            self._thread.start()
-            if not ready.wait(_STARTUP_TIMEOUT) or failure:
-                self._thread.join(_STARTUP_TIMEOUT)
-                self._thread = self._loop = self._collector = self._server = None
-                if failure and isinstance(failure[0], AsyncflowError):
-                    raise failure[0]
-                reason = f": {failure[0]!r}" if failure else " in time"
-                raise AsyncflowError(f"the profiler thread could not start{reason}")
-            self._state = "running"
-            _session.active = session
-            _active = self
-        atexit.register(self.stop)
+            # From here on, whatever interrupts start() (a failure, a timeout, Ctrl-C a few
+            # milliseconds in) stops the thread and its server before it propagates.
+            try:
+                _alive.add(self)
+                self._thread.start()
+                if not _wait_ready(ready, _STARTUP_TIMEOUT) or self._failure is not None:
+                    failure = self._failure
+                    self._abandon(ready)
+                    if isinstance(failure, AsyncflowError):
+                        raise failure
+                    reason = f": {failure!r}" if failure is not None else " in time"
+                    raise AsyncflowError(f"the profiler thread could not start{reason}")
+                self._state = "running"
+                self._stopped.clear()
+                _session.active = session
+                _active = _last = self
+                atexit.register(self.stop)
+            except BaseException:
+                self._abandon(ready)
+                raise
         return self
 
-    def _run(self, ready: threading.Event, failure: list[BaseException]) -> None:
-        loop = asyncio.new_event_loop()
+    def _abandon(self, ready: threading.Event) -> None:
+        """Undo a start() that did not finish: stop the thread (and the server it may serve),
+        and leave nothing of this profiler active. Idempotent."""
+        global _active
+        with self._ready_lock:
+            self._abandoned = True
+            loop = self._loop if ready.is_set() else None  # else the thread sees _abandoned
+        if loop is not None:
+            with contextlib.suppress(RuntimeError):  # closed already: the thread is finishing
+                loop.call_soon_threadsafe(loop.stop)
+        thread = self._thread
+        if thread is None or thread.ident is None:  # never started
+            _alive.discard(self)
+        elif thread is not threading.current_thread():
+            thread.join(_STARTUP_TIMEOUT)
+        if _active is self:
+            _active = None
+        collector = self._collector
+        if collector is not None and _session.active is collector.session:
+            _session.active = None
+        atexit.unregister(self.stop)
+        self._state = "new"
+        self.url = None
+        self._thread = self._loop = self._collector = self._server = None
+
+    def _run(self, ready: threading.Event) -> None:
+        loop = _ProfilerLoop()
         tasks: list[asyncio.Task[None]] = []
         try:
             self._loop = loop
@@ -122,38 +210,74 @@ class Profiler:
             assert collector is not None
             options = self.options
             if options.port is not None:
-                self._server = Server(
-                    collector, options.host, options.port, options.token, lambda: self.running
-                )
-                self.url = loop.run_until_complete(self._server.start())
-            tasks.append(loop.create_task(collector.run()))
-            tasks.append(loop.create_task(collector.monitor.run()))
+                self.url = loop.run_until_complete(self._serve(loop, collector))
+            tasks.append(loop.create_task(collector.run(), name="asyncflow-collector"))
+            tasks.append(loop.create_task(collector.monitor.run(), name="asyncflow-monitor"))
             if options.duration is not None:
                 loop.call_later(options.duration, self._expire)
         except BaseException as exc:
-            failure.append(exc)
+            self._failure = exc
             self.url = None
-            self._shut(loop, tasks)
+            self._finish(loop, tasks)
             ready.set()
             return
-        ready.set()
+        with self._ready_lock:
+            abandoned = self._abandoned
+            if not abandoned:
+                ready.set()
+        if abandoned:  # start() gave up while this thread got ready: serve nothing
+            self.url = None
+            self._finish(loop, tasks)
+            return
         try:
             loop.run_forever()
         finally:
-            self._shut(loop, tasks)
+            self._finish(loop, tasks)
 
-    def _shut(self, loop: asyncio.AbstractEventLoop, tasks: list[asyncio.Task[None]]) -> None:
+    async def _serve(self, loop: _ProfilerLoop, collector: Collector) -> str:
+        """Start the endpoint; returns its URL.
+
+        A taken port that nobody chose (the default) gives way to a free one, and says where:
+        a second worker of one service on one host must not crash at start. A chosen one fails.
+        """
+        from asyncflow.server import Server  # aiohttp is imported only when an endpoint starts
+
+        options = self.options
+        port = options.port
+        assert port is not None
+        server = Server(collector, options.host, port, options.token, lambda: self.running)
+        try:
+            url = await server.start()
+        except AsyncflowError:
+            if not loop.address_in_use:
+                raise
+            loop.address_in_use = False
+            if options.port_source is not None:
+                raise PortInUseError(options.host, port, options.port_source) from None
+            server = Server(collector, options.host, 0, options.token, lambda: self.running)
+            url = await server.start()
+            logger.warning(
+                "asyncflow: port %s on %s is in use; serving on %s instead", port, options.host, url
+            )
+        self._server = server
+        return url
+
+    def _finish(self, loop: _ProfilerLoop, tasks: list[asyncio.Task[None]]) -> None:
+        """Cancel the profiler's tasks, stop the server, close the loop (on its thread)."""
+        server = self._server
+
         async def shut() -> None:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            if self._server is not None:
-                await self._server.stop()
+            if server is not None:
+                await server.stop()
 
         try:
             loop.run_until_complete(shut())
         finally:
             loop.close()
+            _alive.discard(self)
 
     def _expire(self) -> None:
         # ``duration`` ran out: stop from another thread, since stop() joins this one.
@@ -162,8 +286,10 @@ class Profiler:
     def stop(self) -> Snapshot | None:
         """Stop recording, write the exit report, and return the final snapshot.
 
-        Idempotent: stopping a stopped profiler does nothing and returns its final snapshot.
-        Instrumented coroutines and tasks keep working afterwards; they just stop recording.
+        Idempotent: stopping a stopped profiler does nothing and returns its final snapshot,
+        also while another thread is stopping it (it waits for that one). Instrumented
+        coroutines and tasks keep working afterwards; they just stop recording. Returns None
+        for a profiler that never ran (not started, disabled, or inherited by a forked child).
         """
         global _active
         with self._state_lock:
@@ -171,29 +297,45 @@ class Profiler:
                 if self._state == "joined":
                     self._state = "stopped"
                     self.url = None
-                    self._final = self._joined.snapshot()
+                    host = self._joined
+                    self._final = host.snapshot() if host.running else host._final
                 return self._final
-            if self._state != "running":
-                return self._final
-            self._state = "stopping"
+            state = self._state
+            if state == "running":
+                self._state = "stopping"
+        if state == "stopping":  # another thread stops it: its final snapshot is this one's
+            if threading.current_thread() is not self._thread:
+                self._stopped.wait(2 * _STARTUP_TIMEOUT)
+            return self._final
+        if state != "running":
+            return self._final
         with _lock:
             if _active is self:
                 _active = None
         try:
             self._final = self._call(self._final_snapshot)
+        except Exception as exc:  # stopping must not break the program, whatever happened
+            _session.internal_error("taking the final snapshot", exc)
         finally:
             loop, thread = self._loop, self._thread
             if loop is not None and not loop.is_closed():
-                loop.call_soon_threadsafe(loop.stop)
+                with contextlib.suppress(RuntimeError):  # closed meanwhile
+                    loop.call_soon_threadsafe(loop.stop)
             if thread is not None and thread is not threading.current_thread():
                 thread.join(_STARTUP_TIMEOUT)
             self._state = "stopped"
             self.url = None
+            # The final snapshot holds everything worth keeping; the rest can go.
+            self._collector = self._server = None
+            self._stopped.set()
             atexit.unregister(self.stop)
-        self._report(self._final)
+        if self._final is not None:
+            self._report(self._final)
         return self._final
 
     def _final_snapshot(self) -> Snapshot:
+        from asyncflow import views
+
         collector = self._collector
         assert collector is not None
         if _session.active is collector.session:
@@ -210,6 +352,8 @@ class Profiler:
                 return
             if options.format == "none":
                 return
+            from asyncflow.report import render
+
             text = render(snapshot, options.format, options.percentiles, options.limit)
             if options.output is None:
                 sys.stderr.write(text)
@@ -220,9 +364,26 @@ class Profiler:
         except Exception as exc:  # a report that cannot be written must not break the program
             _session.internal_error("writing the exit report", exc)
 
+    def _forsake(self) -> None:
+        """In a forked child: this profiler's thread did not come along, so let it go.
+
+        Its listening sockets are closed here (the parent's port must not stay taken by a
+        fork-pool worker), stopping it does nothing, and nothing waits for it at exit.
+        """
+        self._state_lock = threading.Lock()  # perhaps held by a thread that is not here
+        self._ready_lock = threading.Lock()
+        atexit.unregister(self.stop)
+        if self._state in ("running", "stopping", "new"):
+            self._state = "forked"
+        self.url = None
+        self._stopped.set()
+        loop = self._loop
+        if loop is not None:
+            loop.forsake_listening()
+
     # -- queries -----------------------------------------------------------------------------
 
-    def _call(self, fn: Any) -> Any:
+    def _call(self, fn: Callable[[], Any]) -> Any:
         """Run ``fn()`` on the profiler's thread (where the collector's state lives)."""
         loop, thread = self._loop, self._thread
         if thread is threading.current_thread() or loop is None or loop.is_closed():
@@ -242,18 +403,32 @@ class Profiler:
         """Every document as of now: the same data the endpoint serves and reports contain.
 
         Raises:
-            AsyncflowError: the profiler was never started.
+            AsyncflowError: the profiler was never started, asyncflow is disabled
+                (``ASYNCFLOW_DISABLE=1``), or this is a forked child of the process it ran in.
         """
         if self._state == "new":
             raise AsyncflowError(f"profiler {self.name!r} has not been started")
+        if self._state == "disabled":
+            raise AsyncflowError(f"{DISABLED}: profiler {self.name!r} records nothing")
         if self._final is not None:
             return self._final
         if self._joined is not None:
             return self._joined.snapshot()
         collector = self._collector
-        assert collector is not None
+        if self._state == "forked":
+            raise AsyncflowError(
+                f"profiler {self.name!r} ran in the process this one was forked from; start a "
+                "new profiler here to profile this process"
+            )
+        if collector is None:
+            raise AsyncflowError(
+                f"profiler {self.name!r} stopped without a final snapshot (an internal error, "
+                "reported when it happened)"
+            )
 
         def take() -> Snapshot:
+            from asyncflow import views
+
             collector.drain()
             return views.snapshot(collector, running=self.running)
 
@@ -289,8 +464,8 @@ def profile(name: str, **options: Any) -> Profiler:
         name: names the profiled program in reports and status documents.
         **options: keyword-only options (``percentiles``, ``limit``, ``format``, ``output``,
             ``recent_logs``, ``reporter``, ``duration``, ``host``, ``port``, ``token``,
-            ``block_threshold``), each also settable by an ``ASYNCFLOW_*`` environment
-            variable; see the README.
+            ``block_threshold``, ``sampling``), each also settable by an ``ASYNCFLOW_*``
+            environment variable; see the README.
 
     Raises:
         ValueError: an option has a bad value (checked here, before anything starts).
@@ -302,25 +477,229 @@ def profile(name: str, **options: Any) -> Profiler:
 def start(name: str, **options: Any) -> Profiler:
     """Start a profiler now; :func:`stop` ends it. Same options as :func:`profile`.
 
+    With ``ASYNCFLOW_DISABLE=1`` nothing starts: the profiler serves, records and reports
+    nothing, and says so on the ``asyncflow`` logger (at info level).
+
     Raises:
-        AsyncflowError: a profiler is already running in this process, the port is taken, or
-            a non-loopback host was given without a token.
+        AsyncflowError: a profiler is already running in this process, a port that was chosen
+            (``port=``, ``ASYNCFLOW_PORT``) is taken (:class:`~asyncflow.errors.PortInUseError`),
+            or a non-loopback host was given without a token. A taken default port is not an
+            error: the endpoint serves on a free port and says where, on the ``asyncflow``
+            logger.
     """
     return profile(name, **options).start()
 
 
 def stop() -> Snapshot | None:
-    """Stop the running profiler, if any, and return its final snapshot (None if none ran).
+    """Stop the running profiler, if any, and return its final snapshot.
 
-    Under ``asyncflow run`` the profiler belongs to the command, not to the program: stopping
-    it here would end the profile early, so this returns a snapshot and leaves it running.
+    Called again, it returns the same final snapshot (that of the profiler started last);
+    None if no profiler ever ran. Under ``asyncflow run`` the profiler belongs to the
+    command, not to the program: stopping it here would end the profile early, so this
+    returns a snapshot and leaves it running.
     """
     profiler = _active
     if profiler is not None and profiler.hosting:
         return profiler.snapshot()
+    if profiler is None:
+        profiler = _last
     return profiler.stop() if profiler is not None else None
 
 
 def active_profiler() -> Profiler | None:
     """The profiler running in this process, if any."""
     return _active
+
+
+def _is_loopback(host: str) -> bool:
+    from asyncflow.server import is_loopback
+
+    return is_loopback(host)
+
+
+# -- the profiler's own event loop ---------------------------------------------------------------
+
+
+def _task_name() -> str:
+    return f"asyncflow-{next(_task_numbers)}"
+
+
+class _ProfilerLoop(asyncio.SelectorEventLoop):
+    """The profiler's event loop, on its thread.
+
+    Every task on it has a name. asyncio numbers unnamed tasks from one process-wide counter
+    ("Task-1", "Task-2"...), so each unnamed task of the profiler's (its own, aiohttp's for
+    every connection and request) would shift the program's task names. aiohttp names none,
+    and on Python 3.12 and 3.13 builds some with ``asyncio.Task(...)`` itself, past the loop:
+    its connection handlers are given a class whose methods see an ``asyncio`` that names them.
+
+    It also keeps the sockets it listens on, so that a forked child can close its copies.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        #: (descriptor, device, inode) of each listening socket
+        self.listening: list[tuple[int, int, int]] = []
+        #: set when a create_server() failed because its address was taken
+        self.address_in_use = False
+
+    def create_task(  # type: ignore[override]
+        self, coro: Coroutine[Any, Any, Any], *, name: str | None = None, **kwargs: Any
+    ) -> asyncio.Task[Any]:
+        return super().create_task(coro, name=name or _task_name(), **kwargs)
+
+    async def create_server(
+        self, protocol_factory: Callable[[], asyncio.BaseProtocol], *args: Any, **kwargs: Any
+    ) -> asyncio.Server:
+        if _AIOHTTP_BUILDS_TASKS:
+            protocol_factory = _naming_protocols(protocol_factory)
+        try:
+            server = await super().create_server(protocol_factory, *args, **kwargs)
+        except OSError as exc:
+            if exc.errno in _ADDRESS_IN_USE:
+                self.address_in_use = True
+            raise
+        for sock in server.sockets:
+            fd = sock.fileno()
+            os.set_inheritable(fd, False)  # never handed to a program the process executes
+            status = os.fstat(fd)
+            self.listening.append((fd, status.st_dev, status.st_ino))
+        return server
+
+    def forsake_listening(self) -> None:
+        """In a forked child: close this child's copies of the listening sockets.
+
+        A descriptor is closed only while it is still the socket it was (a stopped server's
+        descriptor number may belong to another file by now). It is pointed at /dev/null rather
+        than closed: the socket objects copied into this child still own the number and will
+        close it one day, which must not close some other file that took the number meanwhile.
+        """
+        if not self.listening:
+            return
+        null = os.open(os.devnull, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
+        try:
+            for fd, device, inode in self.listening:
+                try:
+                    status = os.fstat(fd)
+                except OSError:
+                    continue
+                if (status.st_dev, status.st_ino) == (device, inode) and stat.S_ISSOCK(
+                    status.st_mode
+                ):
+                    os.dup2(null, fd, inheritable=False)
+        finally:
+            os.close(null)
+        self.listening.clear()
+
+
+_ADDRESS_IN_USE = {errno.EADDRINUSE, 10048}  # 10048: WSAEADDRINUSE, on Windows
+#: aiohttp builds tasks with ``asyncio.Task(coro, loop=loop, eager_start=True)`` on these
+_AIOHTTP_BUILDS_TASKS = (3, 12) <= sys.version_info < (3, 14)
+
+
+class _NamingAsyncio:
+    """``asyncio`` as aiohttp's connection handler sees it on the profiler's loop: the module
+    itself, except that the tasks it builds get a name."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(asyncio, name)
+
+    @staticmethod
+    def Task(coro: Any, *, name: str | None = None, **kwargs: Any) -> asyncio.Task[Any]:
+        return asyncio.Task(coro, name=name or _task_name(), **kwargs)
+
+
+def _naming_protocols(
+    factory: Callable[[], asyncio.BaseProtocol],
+) -> Callable[[], asyncio.BaseProtocol]:
+    def made() -> asyncio.BaseProtocol:
+        protocol = factory()
+        web_protocol = sys.modules.get("aiohttp.web_protocol")
+        handler = getattr(web_protocol, "RequestHandler", None)
+        if handler is not None and isinstance(protocol, handler):
+            try:
+                protocol.__class__ = _naming_class(type(protocol), handler)
+            except Exception as exc:  # aiohttp changed: its tasks keep unnamed, nothing breaks
+                logger.debug("asyncflow: cannot name the endpoint's tasks: %r", exc)
+        return protocol
+
+    return made
+
+
+def _naming_class(cls: type[Any], handler: type[Any]) -> type[Any]:
+    """``cls``, a subclass of aiohttp's ``RequestHandler``, with ``handler``'s methods that
+    build tasks re-bound to globals in which ``asyncio`` is :class:`_NamingAsyncio`.
+
+    The copies sit between ``cls`` and ``handler`` in the method order, so that ``cls``'s own
+    overrides still call them through ``super()``; they keep ``handler``'s closure, so their
+    own ``super()`` still means ``handler``'s base. No attribute is added: instances can change
+    their class to this one.
+    """
+    made = _naming_classes.get(cls)
+    if made is not None:
+        return made
+    module = sys.modules[handler.__module__]
+    namespace = {**vars(module), "asyncio": _NamingAsyncio()}
+    methods: dict[str, Any] = {"__slots__": (), "__module__": __name__}
+    for name in ("connection_made", "start"):
+        original = vars(handler)[name]
+        copy = types.FunctionType(
+            original.__code__, namespace, name, original.__defaults__, original.__closure__
+        )
+        copy.__kwdefaults__ = original.__kwdefaults__
+        copy.__qualname__ = original.__qualname__
+        copy.__doc__ = original.__doc__
+        methods[name] = copy
+    named = type(handler.__name__, (handler,), methods)
+    if cls is not handler:
+        named = type(cls.__name__, (cls, named), {"__slots__": (), "__module__": cls.__module__})
+    _naming_classes[cls] = named
+    return named
+
+
+_naming_classes: dict[type[Any], type[Any]] = {}
+
+
+# -- fork: a child starts without its parent's profiler ------------------------------------------
+
+
+def _after_fork_in_child() -> None:
+    """Only the forking thread lives on in a child: the profiler's thread, its loop and its
+    collector stay behind. Forget them, close the endpoint's listening sockets, and let the
+    child start a profiler of its own."""
+    global _active, _last, _lock
+    try:
+        _lock = threading.Lock()
+        _active = _last = None
+        _session.active = None
+        forsaken = list(_alive)
+        _alive.clear()
+        for profiler in forsaken:
+            profiler._forsake()
+        _fresh_locks()
+    except Exception as exc:  # the child must go on, whatever happens here
+        _session.internal_error("resetting asyncflow in a forked child", exc)
+
+
+def _fresh_locks() -> None:
+    """Replace asyncflow's module-level locks in a forked child.
+
+    The profiler's thread (gone in the child) may have held one at the moment of the fork;
+    the child would then wait for it forever the next time it instruments or profiles.
+    """
+    fresh: dict[type, Callable[[], object]] = {
+        type(threading.Lock()): threading.Lock,
+        type(threading.RLock()): threading.RLock,
+    }
+    for module_name, module in list(sys.modules.items()):
+        if module is None or not module_name.startswith("asyncflow."):
+            continue
+        namespace = vars(module)
+        for attr, value in list(namespace.items()):
+            make = fresh.get(type(value))
+            if make is not None:
+                namespace[attr] = make()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -4,17 +4,26 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
+import select
+import signal
+import socket
 import subprocess
 import sys
 import threading
+import urllib.error
+import urllib.request
+import warnings
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
 
 import asyncflow
-from asyncflow import collector
+from asyncflow import collector, config, profiler
 from asyncflow.instrument import _session
 from asyncflow.schema import Snapshot
 
@@ -47,7 +56,7 @@ def test_one_profiler_per_process_and_idempotent_stop() -> None:
     finally:
         final = asyncflow.stop()
     assert final is not None and final.status.running is False
-    assert asyncflow.stop() is None  # nothing running: nothing to do
+    assert asyncflow.stop() is final  # nothing running: the same final snapshot again
     assert first.stop() is final  # idempotent, returns the same final snapshot
     assert first.snapshot() is final
     with pytest.raises(asyncflow.AsyncflowError, match="already run"):
@@ -227,3 +236,392 @@ def test_documents_page_by_offset_and_limit() -> None:
     )
     assert [f.id for f in first.futures + rest.futures] == [f.id for f in everything.futures]
     assert rest.limit == 1000 and len(rest.futures) == everything.total - 1
+
+
+# -- transparency: the profiler's own tasks draw no numbers from asyncio's task names ----------
+
+
+def _next_task_number(task_class: Any) -> int:
+    """The number asyncio's counter gives the next unnamed task of ``task_class`` (it takes
+    it: the counter advances by exactly one)."""
+
+    async def own_name() -> str:
+        task = asyncio.current_task()
+        assert task is not None
+        return task.get_name()
+
+    loop = asyncio.new_event_loop()
+    try:
+        task = task_class(own_name(), loop=loop)
+        return int(loop.run_until_complete(task).removeprefix("Task-"))
+    finally:
+        loop.close()
+
+
+def test_the_profilers_tasks_and_requests_leave_task_names_alone() -> None:
+    # asyncio numbers unnamed tasks from process-wide counters (one for the C Task, one for
+    # the Python Task): every task the profiler's loop, its server or aiohttp left unnamed
+    # would shift the program's own task names ("Task-5" instead of "Task-1").
+    implementations = [asyncio.tasks._PyTask]  # type: ignore[attr-defined]
+    if asyncio.tasks._CTask is not asyncio.tasks._PyTask:  # type: ignore[attr-defined]
+        implementations.append(asyncio.tasks._CTask)  # type: ignore[attr-defined]
+    before = [_next_task_number(cls) for cls in implementations]
+    with asyncflow.profile("names", format="none", port=0) as prof:
+        assert prof.url is not None
+        for path in ("/profiler_status", "/futures", "/snapshot", "/no-such-route"):
+            try:
+                urllib.request.urlopen(prof.url + path, timeout=10).read()
+            except urllib.error.HTTPError as error:
+                error.close()
+        prof.snapshot()
+
+    async def main() -> str:
+        task = asyncio.current_task()
+        assert task is not None
+        return task.get_name()
+
+    # What the program sees: its main task is named as if no profiler had run.
+    main_name = asyncio.run(main())
+    assert main_name == f"Task-{before[-1] + 1}"
+    after = [_next_task_number(cls) for cls in implementations[:-1]]
+    assert after == [n + 1 for n in before[:-1]]
+
+
+# -- the port: a default that is taken gives way; a chosen one that is taken fails clearly -------
+
+
+@pytest.fixture
+def taken_port() -> Iterator[int]:
+    """A port some other program listens on (bound here on 127.0.0.1:0, so always free to take)."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        yield taken.getsockname()[1]
+
+
+def _port_of(url: str | None) -> int:
+    assert url is not None
+    return int(url.rsplit(":", 1)[1])
+
+
+def _profiler_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("asyncflow-profiler")]
+
+
+def test_a_taken_default_port_gives_way_to_a_free_one_and_says_where(
+    taken_port: int, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A second worker of one service on one host must not crash at start because the first
+    # serves on the default port.
+    monkeypatch.delenv("ASYNCFLOW_PORT")
+    monkeypatch.setattr(config, "DEFAULT_PORT", taken_port)
+    caplog.set_level(logging.INFO, logger="asyncflow")
+    with asyncflow.profile("second-worker", format="none") as prof:
+        port = _port_of(prof.url)
+        assert port not in (taken_port, 0)
+        with urllib.request.urlopen(f"{prof.url}/profiler_status", timeout=10) as answer:
+            assert orjson.loads(answer.read())["name"] == "second-worker"
+    (said,) = [r.getMessage() for r in caplog.records if r.name == "asyncflow"]
+    assert f"port {taken_port} on 127.0.0.1 is in use" in said
+    assert f"serving on http://127.0.0.1:{port} instead" in said
+
+
+def test_the_default_port_gives_way_on_standard_error_without_logging_set_up(
+    tmp_path: Path, taken_port: int
+) -> None:
+    script = tmp_path / "worker.py"
+    script.write_text(
+        "import asyncflow\n"
+        "from asyncflow import config\n"
+        f"config.DEFAULT_PORT = {taken_port}\n"
+        "with asyncflow.profile('worker', format='none') as prof:\n"
+        "    print(prof.url)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ASYNCFLOW_")}
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert done.returncode == 0, done.stderr
+    url = done.stdout.strip()
+    assert _port_of(url) != taken_port
+    assert done.stderr == (
+        f"asyncflow: port {taken_port} on 127.0.0.1 is in use; serving on {url} instead\n"
+    )
+
+
+@pytest.mark.parametrize("how", ["argument", "environment"])
+def test_a_taken_port_that_was_chosen_fails_naming_the_option(
+    taken_port: int, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    before = _profiler_threads()
+    if how == "argument":
+        prof = asyncflow.profile("clash", format="none", port=taken_port)
+        named = r"pass another port= \(port=0 picks a free one\)"
+    else:
+        monkeypatch.setenv("ASYNCFLOW_PORT", str(taken_port))
+        prof = asyncflow.profile("clash", format="none")
+        named = r"set ASYNCFLOW_PORT to another port \(0 picks a free one\)"
+    with pytest.raises(asyncflow.AsyncflowError, match=rf"^port {taken_port} on 127.0.0.1 "):
+        prof.start()
+    with pytest.raises(asyncflow.AsyncflowError, match=named):
+        asyncflow.start(
+            "again", format="none", **({"port": taken_port} if how == "argument" else {})
+        )
+    assert asyncflow.active_profiler() is None and prof.url is None and not prof.running
+    assert _profiler_threads() == before
+
+
+def test_asyncflow_run_names_its_port_flag(tmp_path: Path, taken_port: int) -> None:
+    script = tmp_path / "prog.py"
+    script.write_text("print('ran')\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ASYNCFLOW_")}
+    command = [sys.executable, "-m", "asyncflow", "run", "--port", str(taken_port), str(script)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60, env=env)
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr == (
+        f"asyncflow: error: port {taken_port} on 127.0.0.1 is already in use; pass another "
+        "--port (--port 0 picks a free one)\n"
+    )
+
+
+# -- import cost: nothing heavy until an endpoint starts ---------------------------------------
+
+
+def test_import_asyncflow_loads_no_server_until_an_endpoint_starts() -> None:
+    probe = (
+        "import sys\n"
+        "import asyncflow\n"
+        "heavy = ('aiohttp', 'asyncflow.server', 'asyncflow.schema', 'asyncflow.views')\n"
+        "print(*[name in sys.modules for name in heavy])\n"
+        "with asyncflow.profile('no-endpoint', format='none', port=None):\n"
+        "    pass\n"
+        "print('aiohttp' in sys.modules)\n"
+        "with asyncflow.profile('endpoint', format='none', port=0):\n"
+        "    pass\n"
+        "print('aiohttp' in sys.modules)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ASYNCFLOW_")}
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False"] * 5 + ["True"]
+
+
+# -- ASYNCFLOW_DISABLE=1: nothing starts, nothing is served or reported -------------------------
+
+
+def test_disabled_start_serves_nothing_and_reports_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    monkeypatch.setenv("ASYNCFLOW_DISABLE", "1")
+    caplog.set_level(logging.INFO, logger="asyncflow")
+    before = _profiler_threads()
+    with asyncflow.profile("off") as prof:
+        assert asyncio.run(unit(2)) == 2
+        assert not prof.running and prof.url is None
+        assert asyncflow.active_profiler() is None and _session.active is None
+        assert _profiler_threads() == before
+        with pytest.raises(asyncflow.AsyncflowError, match=r"disabled \(ASYNCFLOW_DISABLE=1\)"):
+            prof.snapshot()
+    assert prof.stop() is None and asyncflow.stop() is None
+    assert capsys.readouterr().err == ""  # no report, empty or not
+    (said,) = [r.getMessage() for r in caplog.records if r.name == "asyncflow"]
+    assert said == "asyncflow is disabled (ASYNCFLOW_DISABLE=1): 'off' is not profiled"
+
+
+def test_asyncflow_run_when_disabled_runs_the_program_and_says_so(tmp_path: Path) -> None:
+    script = tmp_path / "prog.py"
+    script.write_text("import sys\nprint('ran')\nsys.exit(3)\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ASYNCFLOW_")}
+    env["ASYNCFLOW_DISABLE"] = "1"
+    command = [sys.executable, "-m", "asyncflow", "run", "--port", "0", str(script)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60, env=env)
+    assert (done.returncode, done.stdout) == (3, "ran\n")
+    assert done.stderr == (
+        "asyncflow is disabled (ASYNCFLOW_DISABLE=1): 'prog' runs without profiling\n"
+    )
+
+
+# -- stop(): every later stop returns the final snapshot -----------------------------------------
+
+
+def test_every_stop_returns_the_final_snapshot() -> None:
+    first = asyncflow.start("twice", format="none")
+    final = asyncflow.stop()
+    assert final is not None and final.status.name == "twice"
+    assert asyncflow.stop() is final  # the module-level stop, again
+    assert first.stop() is final and first.stop() is final
+    with asyncflow.profile("block", format="none") as prof:
+        pass
+    assert prof.stop() is prof.stop() is not None
+    assert asyncflow.stop() is prof.stop()  # the most recent profiler's
+
+
+def test_a_stop_while_another_is_stopping_waits_for_the_snapshot(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    entered, release = threading.Event(), threading.Event()
+    real = asyncflow.Profiler._final_snapshot
+
+    def slow(self: asyncflow.Profiler) -> Snapshot:
+        entered.set()
+        release.wait(10)
+        return real(self)
+
+    monkeypatch.setattr(asyncflow.Profiler, "_final_snapshot", slow)
+    prof = asyncflow.start("racing", format="none")
+    results: list[Snapshot | None] = []
+    first = threading.Thread(target=lambda: results.append(prof.stop()))
+    first.start()
+    assert entered.wait(10)
+    second = threading.Thread(target=lambda: results.append(prof.stop()))
+    second.start()
+    release.set()
+    first.join(10)
+    second.join(10)
+    assert len(results) == 2 and results[0] is not None and results[0] is results[1]
+
+
+# -- interrupted start(): nothing is left running ----------------------------------------------
+
+
+@pytest.mark.parametrize("when", ["before the thread is ready", "once it serves"])
+def test_an_interrupted_start_leaves_nothing_running(
+    monkeypatch: pytest.MonkeyPatch, when: str
+) -> None:
+    before = _profiler_threads()
+    prof = asyncflow.profile("interrupted", format="none", port=0)
+    served: list[str | None] = []
+
+    def interrupted(ready: threading.Event, timeout: float) -> bool:
+        if when == "once it serves":
+            assert ready.wait(timeout)
+            served.append(prof.url)
+        raise KeyboardInterrupt  # Ctrl-C a few milliseconds after start()
+
+    monkeypatch.setattr(profiler, "_wait_ready", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        prof.start()
+    assert _profiler_threads() == before
+    assert asyncflow.active_profiler() is None and _session.active is None
+    assert prof.url is None and not prof.running
+    if served:  # the port it served on is free again: nothing listens there
+        with socket.socket() as again:
+            again.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            again.bind(("127.0.0.1", _port_of(served[0])))
+            again.listen()
+    monkeypatch.undo()
+    with asyncflow.profile("after", format="none", port=0) as next_one:
+        assert next_one.running and next_one.url is not None
+
+
+# -- fork: the child starts without the parent's profiler --------------------------------------
+
+
+def _in_a_child(check: Callable[[], list[str]]) -> list[str]:
+    """Fork; the child runs ``check`` and reports what it found wrong; bounded."""
+    read_end, write_end = os.pipe()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads, on 3.12+
+        pid = os.fork()
+    if pid == 0:  # the child: never return into pytest
+        code = 1
+        try:
+            os.close(read_end)
+            problems = check()
+            os.write(write_end, orjson.dumps(problems))
+            code = 0
+        except BaseException as exc:
+            os.write(write_end, orjson.dumps([f"child raised {exc!r}"]))
+        finally:
+            os._exit(code)
+    os.close(write_end)
+    try:
+        ready, _, _ = select.select([read_end], [], [], 30)
+        if not ready:
+            os.kill(pid, signal.SIGKILL)
+            pytest.fail("the forked child did not finish in 30 s")
+        with os.fdopen(read_end, "rb") as answer:
+            found: list[str] = orjson.loads(answer.read() or b'["child wrote nothing"]')
+    finally:
+        os.waitpid(pid, 0)
+    return found
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork here")
+def test_a_forked_child_starts_without_the_parents_profiler() -> None:
+    prof = asyncflow.start("parent", format="none", port=0)
+    port = _port_of(prof.url)
+    listening = {os.fstat(fd).st_ino for fd in prof._listening_fds}
+    assert listening and not any(os.get_inheritable(fd) for fd in prof._listening_fds)
+
+    def check() -> list[str]:
+        problems = []
+        if asyncflow.active_profiler() is not None:
+            problems.append("active_profiler() is the parent's")
+        if _session.active is not None:
+            problems.append("recorders still write into the parent's session")
+        if prof.running or prof.url is not None:
+            problems.append("the parent's profiler looks alive")
+        if _profiler_threads():
+            problems.append("a profiler thread")
+        for fd in map(int, os.listdir("/proc/self/fd") if os.path.isdir("/proc/self/fd") else []):
+            try:
+                if os.fstat(fd).st_ino in listening:
+                    problems.append(f"fd {fd} is the parent's listening socket")
+            except OSError:
+                pass
+        if prof.stop() is not None:
+            problems.append("stopping the parent's profiler did something")
+        with asyncflow.profile("child", format="none", port=0) as own:
+            answer = urllib.request.urlopen(f"{own.url}/profiler_status", timeout=10)
+            status = orjson.loads(answer.read())
+            if status["pid"] != os.getpid():
+                problems.append("the child's endpoint is not the child's")
+        return problems
+
+    try:
+        assert _in_a_child(check) == []
+    finally:
+        final = prof.stop()
+    assert final is not None and final.status.name == "parent"
+    with socket.socket() as again:  # the parent's port is free: no child kept it
+        again.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        again.bind(("127.0.0.1", port))
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork here")
+def test_forked_children_exit_at_once_and_do_not_keep_the_port(tmp_path: Path) -> None:
+    # A fork-pool worker exits through the interpreter's normal exit (atexit included) while
+    # the parent still profiles; then the parent stops and its port must be free again.
+    script = tmp_path / "pool.py"
+    script.write_text(
+        "import os, socket, sys, warnings\n"
+        "import asyncflow\n"
+        "prof = asyncflow.start('pool', format='none', port=0)\n"
+        "port = int(prof.url.rsplit(':', 1)[1])\n"
+        "go_r, go_w = os.pipe()\n"
+        "warnings.simplefilter('ignore', DeprecationWarning)\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    os.close(go_w)\n"
+        "    os.read(go_r, 1)  # lives on until the parent has stopped\n"
+        "    sys.exit(0)  # the normal exit: atexit hooks run\n"
+        "os.close(go_r)\n"
+        "prof.stop()\n"
+        "with socket.socket() as s:\n"
+        "    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+        "    s.bind(('127.0.0.1', port))\n"
+        "    s.listen()\n"
+        "os.write(go_w, b'x')\n"
+        "_, status = os.waitpid(pid, 0)\n"
+        "print('child', os.waitstatus_to_exitcode(status))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ASYNCFLOW_")}
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert (done.returncode, done.stdout, done.stderr) == (0, "child 0\n", "")
