@@ -142,7 +142,7 @@ def test_paging_and_its_bounds(served: asyncflow.Profiler) -> None:
     assert total >= 2 and everything["limit"] == server.DEFAULT_PAGE
     _, page, _ = get(url, "/futures?limit=1&offset=1")
     assert (page["total"], page["offset"], page["limit"]) == (total, 1, 1)
-    assert page["futures"] == everything["futures"][1:2]
+    assert [f["id"] for f in page["futures"]] == [f["id"] for f in everything["futures"][1:2]]
     _, past, _ = get(url, f"/futures?offset={total}")
     assert past["futures"] == [] and past["total"] == total
     consume_id = next(f["id"] for f in everything["futures"] if f["label"] == "consume")
