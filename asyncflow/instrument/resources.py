@@ -1,0 +1,1625 @@
+"""Recording synchronisation primitives in place: ``instrument_lock(obj)``, ``instrument_locks()``.
+
+A *resource* is a lock, semaphore, condition, event, barrier or capacity limiter. Calls *wait*
+on it and *hold* it. asyncio's primitives stay the user's objects, of their own class, with their
+own waiter deques: asyncflow sets per-instance ``acquire``/``release`` (``wait``, ``set``...)
+that call the original methods, exactly as ``async with`` and ``Condition.wait`` already reach
+them through the instance. anyio's primitives are slotted, so their backend classes' methods are
+wrapped once and find an instance's record in a table keyed by ``id()`` (an uninstrumented
+instance pays one dict lookup).
+
+Whether an ``acquire()`` will wait is read before it starts, from the same fields the
+primitive's own fast path reads (``_locked``, ``_value``, ``_waiters``): an acquisition that
+waits is timed from its call to its return, one that does not costs no clock read until it
+holds. Every acquisition, release and wait is counted exactly while a profiler runs, every hold
+and wait is timed (``stats`` histograms), and the holds open now are kept with the call that
+holds them, so that "who holds this lock" and "whose permits never came back" have answers.
+With no profiler running, the hooks only forward.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import sys
+import threading
+import weakref
+from collections import deque
+from collections.abc import Callable
+from types import FrameType
+from typing import Any, NamedTuple, TypeVar
+
+from asyncflow import clock as _clock
+from asyncflow import config as _config
+from asyncflow.instrument import _session
+from asyncflow.instrument.futures import (
+    CallRecord,
+    InstrumentedCoroutine,
+    _current_tasks,
+    _get_running_loop,
+)
+from asyncflow.stats import SMALL_BUCKET, SMALL_LIMIT, bucket_of, merge, new_histogram
+
+__all__ = [
+    "AGGREGATES_KEPT",
+    "BARRIER",
+    "CONDITION",
+    "EVENT",
+    "GONE_KEPT",
+    "HOLDS_KEPT",
+    "LIMITER",
+    "LOCK",
+    "RESOURCE_LOG_SIZE",
+    "SEMAPHORE",
+    "Hold",
+    "LockInstrumentation",
+    "LogRecord",
+    "Probe",
+    "ResourceEdge",
+    "ResourceRecord",
+    "ResourceStats",
+    "acquisitions",
+    "holds_of",
+    "instrument_lock",
+    "instrument_locks",
+    "logs_of",
+    "probe",
+    "reap",
+    "releases",
+    "reset_for_session",
+    "resource_of",
+    "resource_registry",
+]
+
+# Families of primitives: which figures apply (DESIGN §1, "resource").
+LOCK = "lock"
+SEMAPHORE = "semaphore"
+CONDITION = "condition"
+EVENT = "event"
+BARRIER = "barrier"
+LIMITER = "capacity_limiter"
+
+#: recent waits, holds and signals kept per resource (each log on its own)
+RESOURCE_LOG_SIZE = 100
+#: open holds remembered per resource (with who holds them); more are counted, not named
+HOLDS_KEPT = 1024
+#: History of gone resources: the last GONE_KEPT as they were, older ones folded into one
+#: aggregate per (label, kind), at most AGGREGATES_KEPT (then one "(other gone resources)").
+GONE_KEPT = 100
+AGGREGATES_KEPT = 256
+OTHER_GONE = "(other gone resources)"
+
+_MARK = "_asyncflow_resource"
+_T = TypeVar("_T")
+
+# Outcomes of a wait, and the signals that are logged.
+ACQUIRED = "acquired"
+CANCELLED = "cancelled"
+RAISED = "raised"
+BROKEN = "broken"
+WOKEN = "woken"  # an event was set, a condition notified, a barrier passed
+
+
+class ResourceEdge:
+    """What one future did with one resource: its waits (every one), its holds (each sampled
+    hold weighted by the holds it stands for, as channels' edges are), its signals."""
+
+    __slots__ = (
+        "hold_count",
+        "hold_max",
+        "hold_ns",
+        "signals",
+        "wait_count",
+        "wait_max",
+        "wait_ns",
+    )
+
+    def __init__(self) -> None:
+        self.wait_count = 0
+        self.wait_ns = 0
+        self.wait_max = 0
+        self.hold_count = 0
+        self.hold_ns = 0
+        self.hold_max = 0
+        #: sets of an event, notifies of a condition, aborts/resets of a barrier
+        self.signals = 0
+
+
+class ResourceStats:
+    """One session's figures for one resource; reset in place when a profiler starts (the
+    hooks hold them directly)."""
+
+    __slots__ = (
+        "abandoned",
+        "aborts",
+        "broken",
+        "clears",
+        "contended",
+        "edges",
+        "hold_count",
+        "hold_hist",
+        "hold_interval",
+        "hold_log",
+        "hold_max",
+        "hold_ns",
+        "hold_timed",
+        "immediate",
+        "last_hold",
+        "max_waiting",
+        "next_hold",
+        "notifies",
+        "passes",
+        "resets",
+        "sampled_hold",
+        "sets",
+        "signal_count",
+        "signal_log",
+        "unmatched",
+        "untracked",
+        "wait_count",
+        "wait_failed",
+        "wait_hist",
+        "wait_log",
+        "wait_max",
+        "wait_ns",
+        "waiting",
+    )
+
+    def __init__(self) -> None:
+        # Acquisitions and releases are not counted apart, to spare the path nobody contends
+        # two updates: acquired = hold_count + holds open + abandoned, released = hold_count +
+        # unmatched (see acquisitions() and releases()).
+        self.contended = 0  # acquisitions that had to wait
+        self.unmatched = 0  # releases with no hold seen (acquired before it was watched)
+        self.untracked = 0  # holds open beyond HOLDS_KEPT: counted, not named
+        self.abandoned = 0  # holds still open when the primitive was freed
+        self.wait_count = 0  # waits that ended, whatever the outcome
+        self.wait_failed = 0  # ... of which ended in an exception (cancelled, timed out...)
+        self.wait_ns = 0
+        self.wait_max = 0
+        self.wait_hist = new_histogram()
+        self.immediate = 0  # event waits that found it set: counted, not timed
+        self.waiting = 0  # waiting now
+        self.max_waiting = 0
+        self.hold_count = 0  # holds that ended (released): exact
+        # Every hold's start is read (holders now say since when), but only a sample of holds
+        # is timed at its end (see _session.next_interval): each timed hold stands for the
+        # holds since the previous one in the total, the histogram and the edges; the
+        # maximum is over the timed holds. Every hold is timed while the resource is quiet.
+        self.hold_ns = 0
+        self.hold_max = 0
+        self.hold_hist = new_histogram()
+        self.hold_timed = 0  # holds in the histogram
+        self.hold_interval = 1
+        self.next_hold = 1  # the hold count at which the next hold is sampled
+        self.sampled_hold = 0  # the hold count at the last sampled hold
+        self.last_hold = 0  # when the last sampled hold began
+        self.signal_count = 0  # every signal below, for the log's index
+        self.sets = 0
+        self.clears = 0
+        self.notifies = 0
+        self.passes = 0  # barrier waits that returned
+        self.broken = 0  # barrier waits that raised BrokenBarrierError
+        self.aborts = 0
+        self.resets = 0
+        # future id (None: not inside a tracked call) -> ResourceEdge
+        self.edges: dict[int | None, ResourceEdge] = {}
+        # logs are made on first use: most resources never fill all three
+        self.wait_log: deque[tuple[Any, ...]] | None = None
+        self.hold_log: deque[tuple[Any, ...]] | None = None
+        self.signal_log: deque[tuple[Any, ...]] | None = None
+
+
+def _no_target() -> None:
+    return None
+
+
+class _Target(weakref.ref):  # type: ignore[type-arg]
+    """The weak reference to a primitive; queues its record for reaping when it is freed."""
+
+    __slots__ = ("record",)
+
+    record: ResourceRecord | None
+
+
+class ResourceRecord:
+    """An instrumented primitive: identity, labels, open holds and this session's figures."""
+
+    __slots__ = (
+        "__weakref__",
+        "_refs",
+        "_target",
+        "bound",
+        "file",
+        "folded",
+        "holds",
+        "id",
+        "initial",
+        "kind",
+        "label",
+        "line",
+        "match",
+        "pending",
+        "primitive",
+        "slot",
+        "stats",
+    )
+
+    def __init__(
+        self,
+        label: str,
+        kind: str,
+        primitive: str,
+        file: str,
+        line: int,
+        target: Any,
+        initial: float | None = None,
+        bound: float | None = None,
+    ) -> None:
+        self.id = next(_resource_ids)
+        self.label = label
+        #: ``asyncio.Lock``, ``anyio.CapacityLimiter``, ``app.MyLock``...
+        self.kind = kind
+        #: the family: LOCK, SEMAPHORE, CONDITION, EVENT, BARRIER or LIMITER
+        self.primitive = primitive
+        self.file = file
+        self.line = line
+        #: a semaphore's value, a limiter's tokens, a barrier's parties when instrumented
+        self.initial = initial
+        #: a bounded semaphore's (or anyio semaphore's) most
+        self.bound = bound
+        #: gone resources whose figures are summed here (an aggregate); 0 for a real one
+        self.folded = 0
+        #: semaphores match a release with the releasing task's own hold; a lock (or a
+        #: condition's lock) has one hold at most, kept in ``slot``
+        self.match = primitive in (SEMAPHORE, LIMITER)
+        #: the hold of a lock: [since, call record or None]; [None, None] while not held.
+        #: Two item stores per acquisition, where a list of tuples costs an allocation.
+        self.slot: list[Any] = [None, None]
+        #: holds of a semaphore or limiter open now: (since, holder key, call record or None),
+        #: oldest first; the key is the holding task's id (or the borrower's)
+        self.holds: list[tuple[int, int, CallRecord | None]] = []
+        #: holder keys inside an anyio acquire now (its own rollback release is not a release)
+        self.pending: set[int] = set()
+        self._refs: list[Any] = []  # weak references that keep the id table clean
+        self._target: Callable[[], Any] = _no_target
+        if target is not None:
+            ref = self._target = _Target(target, _target_gone)
+            ref.record = self
+        self.stats = ResourceStats()
+
+    @property
+    def alive(self) -> bool:
+        """Whether the primitive still exists."""
+        return self._target() is not None
+
+    def target(self) -> Any:
+        """The primitive itself, or None once it is gone (cold path only)."""
+        return self._target()
+
+
+def _target_gone(ref: _Target) -> None:
+    # Runs in whichever thread frees the primitive, perhaps while it holds _lock: no lock here.
+    record = ref.record
+    if record is not None:
+        try:  # noqa: SIM105 (at interpreter shutdown contextlib itself may be gone)
+            _dying.append(record)
+        except Exception:  # the module's globals may be gone already
+            pass
+
+
+# ---------------------------------------------------------------------------------------------
+# Recording, shared by every kind. Each function is called only while a profiler runs.
+
+try:  # loop -> its running task: the dict asyncio's C tasks keep (3.11 to 3.13)
+    import _asyncio
+
+    _c_tasks: dict[Any, Any] | None = _asyncio._current_tasks  # type: ignore[attr-defined]
+except (ImportError, AttributeError):  # pragma: no cover - no C accelerator, or 3.14
+    _c_tasks = _current_tasks
+_current_task = asyncio.current_task
+#: loop -> its running task, or always None (then _running_task asks asyncio)
+_tasks_get: Callable[[Any], Any] = _c_tasks.get if _c_tasks is not None else lambda loop: None
+
+
+def _running_task(loops: list[Any]) -> Any:
+    """The task running now; ``loops[0]`` caches the loop it was found on.
+
+    Reading the running loop costs a ``getpid()`` system call on 3.11, more than everything
+    else an acquisition records, so a hook keeps the loop it ran on last and asks again only
+    when that loop has no task running.
+    """
+    if _c_tasks is not None:
+        task = _c_tasks.get(loops[0])
+        if task is None:
+            loop = loops[0] = _get_running_loop()
+            task = _c_tasks.get(loop)
+        return task
+    loop = loops[0] = _get_running_loop()  # pragma: no cover - 3.14's per-thread tasks
+    return None if loop is None else _current_task(loop)
+
+
+def _call_of(task: Any) -> CallRecord | None:
+    if task is None:
+        return None
+    coro = task.get_coro()
+    if type(coro) is InstrumentedCoroutine:  # not isinstance: an ABC check costs ~0.5 µs
+        r: CallRecord = coro._r
+        return r
+    return None
+
+
+def _whom() -> tuple[int, CallRecord | None]:
+    """(holder key, tracked call) of the task running now: the key is the task's id."""
+    task = _running_task([None])
+    return (0, None) if task is None else (id(task), _call_of(task))
+
+
+def _edge(st: ResourceStats, call: CallRecord | None) -> ResourceEdge:
+    fid = call.future.id if call is not None else None
+    edge = st.edges.get(fid)
+    if edge is None:
+        edge = st.edges[fid] = ResourceEdge()
+    return edge
+
+
+def _held(record: ResourceRecord, now: int, key: int, call: CallRecord | None) -> None:
+    """Count one acquisition, and open its hold."""
+    st = record.stats
+    if not record.match:
+        slot = record.slot
+        slot[1] = call
+        slot[0] = now
+        return
+    holds = record.holds
+    if len(holds) < HOLDS_KEPT:
+        holds.append((now, key, call))
+    else:
+        st.untracked += 1
+
+
+def _released(record: ResourceRecord, key: int) -> None:
+    """Count one release, and close the hold it ends: the releasing task's own (semaphores),
+    else the oldest; a lock's only one."""
+    st = record.stats
+    if not record.match:
+        slot = record.slot
+        since = slot[0]
+        if since is None:
+            _unmatched(st)
+            return
+        call = slot[1]
+        slot[0] = slot[1] = None
+        _hold_ended(st, since, call)
+        return
+    holds = record.holds
+    if not holds:
+        _unmatched(st)
+        return
+    if len(holds) > 1:
+        since, _, call = holds.pop(_own_hold(holds, key))
+    else:
+        since, _, call = holds.pop()
+    _hold_ended(st, since, call)
+
+
+def _hold_ended(st: ResourceStats, since: int, call: CallRecord | None) -> None:
+    st.hold_count = count = st.hold_count + 1
+    if count >= st.next_hold:
+        _sample_hold(st, since, call)
+
+
+def _own_hold(holds: list[tuple[int, int, Any]], key: int) -> int:
+    """The releasing task's own hold, newest first; else the oldest hold."""
+    for i in range(len(holds) - 1, -1, -1):
+        if holds[i][1] == key:
+            return i
+    return 0
+
+
+def _unmatched(st: ResourceStats) -> None:
+    if st.untracked:  # one of the holds beyond HOLDS_KEPT: ended, untimed
+        st.untracked -= 1
+        st.hold_count += 1
+    else:
+        st.unmatched += 1
+
+
+def _sample_hold(st: ResourceStats, since: int, call: CallRecord | None) -> None:
+    """Time a hold that ended now, standing for the holds since the last one timed: into the
+    totals, the histogram, its future's edge and the log, each weighted."""
+    spent = _clock.now_ns() - since
+    count = st.hold_count
+    weight = count - st.sampled_hold
+    st.sampled_hold = count
+    st.hold_timed += 1
+    st.hold_ns += spent * weight
+    if spent > st.hold_max:
+        st.hold_max = spent
+    bucket = SMALL_BUCKET[spent] if 0 <= spent < SMALL_LIMIT else bucket_of(spent)
+    st.hold_hist[bucket] += weight
+    edge = _edge(st, call)
+    edge.hold_count += weight
+    edge.hold_ns += spent * weight
+    if spent > edge.hold_max:
+        edge.hold_max = spent
+    st.hold_interval = interval = _session.next_interval(st.hold_interval, since - st.last_hold)
+    st.last_hold = since
+    st.next_hold = count + interval
+    log = st.hold_log
+    if log is None:
+        log = st.hold_log = deque(maxlen=RESOURCE_LOG_SIZE)
+    if call is None:
+        log.append((count - 1, since, spent, None, None))
+    else:
+        log.append((count - 1, since, spent, call.call_id, call.future.id))
+
+
+def _wait_began(st: ResourceStats) -> None:
+    st.waiting = waiting = st.waiting + 1
+    if waiting > st.max_waiting:
+        st.max_waiting = waiting
+
+
+def _waited(
+    record: ResourceRecord, since: int, now: int, call: CallRecord | None, outcome: str
+) -> None:
+    """Count one wait that ended, with its outcome."""
+    st = record.stats
+    st.waiting -= 1
+    spent = now - since
+    bucket = SMALL_BUCKET[spent] if 0 <= spent < SMALL_LIMIT else bucket_of(spent)
+    st.wait_count += 1
+    if outcome not in (ACQUIRED, WOKEN):
+        st.wait_failed += 1
+    st.wait_ns += spent
+    st.wait_hist[bucket] += 1
+    if spent > st.wait_max:
+        st.wait_max = spent
+    edge = _edge(st, call)
+    edge.wait_count += 1
+    edge.wait_ns += spent
+    if spent > edge.wait_max:
+        edge.wait_max = spent
+    log = st.wait_log
+    if log is None:
+        log = st.wait_log = deque(maxlen=RESOURCE_LOG_SIZE)
+    call_id, fid = (call.call_id, call.future.id) if call is not None else (None, None)
+    log.append((st.wait_count - 1, since, spent, call_id, fid, outcome))
+
+
+def _signalled(record: ResourceRecord, action: str) -> None:
+    """Log a set, clear, notify, abort or reset, by the call running now."""
+    st = record.stats
+    _, call = _whom()
+    _edge(st, call).signals += 1
+    log = st.signal_log
+    if log is None:
+        log = st.signal_log = deque(maxlen=RESOURCE_LOG_SIZE)
+    call_id, fid = (call.call_id, call.future.id) if call is not None else (None, None)
+    st.signal_count += 1
+    log.append((st.signal_count - 1, _clock.now_ns(), call_id, fid, action))
+
+
+def _outcome(exc: BaseException) -> str:
+    if isinstance(exc, asyncio.CancelledError):
+        return CANCELLED
+    if isinstance(exc, asyncio.BrokenBarrierError):
+        return BROKEN
+    return RAISED
+
+
+def _broken(where: str, err: Exception) -> None:
+    _session.internal_error(where, err)
+
+
+# ---------------------------------------------------------------------------------------------
+# asyncio: per-instance hooks
+
+
+def _lock_busy(primitive: Any) -> Callable[[], bool]:
+    """Whether ``acquire()`` is about to wait: the negation of its own fast path."""
+    lock: Any = primitive  # read through its private fields, as its own methods do
+    cls = type(lock)
+    if issubclass(cls, asyncio.Lock) and cls.acquire is asyncio.Lock.acquire:
+
+        def busy() -> bool:  # Lock.acquire, 3.11 to 3.13
+            if lock._locked:
+                return True
+            waiters = lock._waiters
+            return bool(waiters) and not all(w.cancelled() for w in waiters)
+
+        return busy
+    if (
+        issubclass(cls, asyncio.Semaphore)
+        and cls.acquire is asyncio.Semaphore.acquire
+        and cls.locked is asyncio.Semaphore.locked
+    ):
+
+        def busy() -> bool:  # Semaphore.acquire waits when locked(), 3.11 to 3.13
+            return lock._value == 0 or any(not w.cancelled() for w in (lock._waiters or ()))
+
+        return busy
+    locked: Callable[[], bool] = lock.locked  # a subclass with its own acquire: near enough
+    return locked
+
+
+#: how an acquire hook reads, in two attribute loads, whether the full check is needed
+_GENERIC, _STD_LOCK, _STD_SEMAPHORE = 0, 1, 2
+
+
+def _quick_kind(lock: Any) -> int:
+    cls = type(lock)
+    if issubclass(cls, asyncio.Lock) and cls.acquire is asyncio.Lock.acquire:
+        return _STD_LOCK
+    if (
+        issubclass(cls, asyncio.Semaphore)
+        and cls.acquire is asyncio.Semaphore.acquire
+        and cls.locked is asyncio.Semaphore.locked
+    ):
+        return _STD_SEMAPHORE
+    return _GENERIC
+
+
+def _lock_hooks(
+    record: ResourceRecord, lock: Any, acquire: Callable[[], Any], release: Callable[[], None]
+) -> tuple[Callable[[], Any], Callable[[], None]]:
+    """``acquire``/``release`` for a lock, semaphore or condition whose lock is ``lock``.
+
+    The path nobody contends is written out in full: it runs on every ``async with``.
+    """
+    st = record.stats  # reset in place, never replaced; so are the slot and the holds
+    slot = record.slot
+    holds = record.holds
+    busy = _lock_busy(lock)
+    quick = _quick_kind(lock)
+    exclusive = not record.match
+    loops: list[Any] = [None]  # the loop this primitive ran on last (dies with the hooks)
+
+    async def acquire_hook() -> Any:
+        if _session.active is None:
+            return await acquire()
+        try:
+            if quick == _STD_LOCK:
+                waits = (lock._locked or lock._waiters) and busy()
+            elif quick == _STD_SEMAPHORE:
+                waits = (lock._value == 0 or lock._waiters) and busy()
+            else:
+                waits = busy()
+        except Exception as err:
+            _broken("reading a lock's state", err)
+            waits = False
+        if waits:
+            return await _contended(record, acquire, loops)
+        result = await acquire()
+        try:
+            now = _clock.now_ns()
+            task = _tasks_get(loops[0])  # _running_task(), inlined
+            if task is None:
+                task = _running_task(loops)
+            call = None
+            if task is not None:
+                coro = task.get_coro()
+                if type(coro) is InstrumentedCoroutine:
+                    call = coro._r
+            if exclusive:
+                slot[1] = call
+                slot[0] = now
+            elif len(holds) < HOLDS_KEPT:
+                holds.append((now, id(task), call))
+            else:
+                st.untracked += 1
+        except Exception as err:  # observing never breaks the program
+            _broken("recording an acquisition", err)
+        return result
+
+    def release_hook() -> None:
+        release()  # first: a release that raises (not acquired, too many times) releases nothing
+        if _session.active is None:
+            return
+        try:
+            if exclusive:
+                since = slot[0]
+                if since is None:
+                    _unmatched(st)
+                    return
+                call = slot[1]
+                slot[0] = slot[1] = None
+            elif not holds:
+                _unmatched(st)
+                return
+            elif len(holds) == 1:
+                since, _, call = holds.pop()
+            else:
+                since, _, call = holds.pop(_own_hold(holds, id(_running_task(loops))))
+            st.hold_count = count = st.hold_count + 1
+            if count >= st.next_hold:
+                _sample_hold(st, since, call)
+        except Exception as err:
+            _broken("recording a release", err)
+
+    return acquire_hook, release_hook
+
+
+async def _contended(record: ResourceRecord, acquire: Callable[[], Any], loops: list[Any]) -> Any:
+    """An acquisition that waits: timed from the call to its return (or its exception)."""
+    since = _clock.now_ns()
+    task = _running_task(loops)
+    call = _call_of(task)
+    st = record.stats
+    _wait_began(st)
+    try:
+        result = await acquire()
+    except BaseException as exc:
+        try:
+            _waited(record, since, _clock.now_ns(), call, _outcome(exc))
+        except Exception as err:
+            _broken("recording a wait", err)
+        raise
+    try:
+        now = _clock.now_ns()
+        st.contended += 1
+        _waited(record, since, now, call, ACQUIRED)
+        _held(record, now, id(task), call)
+    except Exception as err:
+        _broken("recording an acquisition", err)
+    return result
+
+
+def _timed_wait_hook(
+    record: ResourceRecord,
+    wait: Callable[..., Any],
+    ready: Callable[[], bool] | None,
+    on_return: Callable[[Any], None] | None = None,
+) -> Callable[..., Any]:
+    """``Event.wait``, ``Condition.wait``, ``Barrier.wait``: each blocking call timed in full.
+
+    ``ready()`` says the call will return at once (an event already set): counted, not timed.
+    """
+
+    async def wait_hook(*args: Any, **kwargs: Any) -> Any:
+        if _session.active is None:
+            return await wait(*args, **kwargs)
+        st = record.stats
+        try:
+            if ready is not None and ready():
+                st.immediate += 1
+                return await wait(*args, **kwargs)
+            since = _clock.now_ns()
+            _, call = _whom()
+            _wait_began(st)
+        except Exception as err:
+            _broken("recording a wait", err)
+            return await wait(*args, **kwargs)
+        try:
+            result = await wait(*args, **kwargs)
+        except BaseException as exc:
+            try:
+                outcome = _outcome(exc)
+                if outcome == BROKEN:
+                    st.broken += 1
+                _waited(record, since, _clock.now_ns(), call, outcome)
+            except Exception as err:
+                _broken("recording a wait", err)
+            raise
+        try:
+            if on_return is not None:
+                on_return(result)
+            _waited(record, since, _clock.now_ns(), call, WOKEN)
+        except Exception as err:
+            _broken("recording a wait", err)
+        return result
+
+    return wait_hook
+
+
+def _event_wait_hook(
+    record: ResourceRecord, event: Any, wait: Callable[[], Any]
+) -> Callable[[], Any]:
+    """``asyncio.Event.wait``: a wait on a set event is counted, written out in full."""
+    st = record.stats
+    timed = _timed_wait_hook(record, wait, None)
+
+    async def wait_hook() -> Any:
+        if event._value:
+            if _session.active is not None:
+                st.immediate += 1
+            return await wait()
+        return await timed()
+
+    return wait_hook
+
+
+def _signal_hook(
+    record: ResourceRecord, method: Callable[..., _T], action: str, count: str
+) -> Callable[..., _T]:
+    """``set``, ``clear``, ``notify``...: forwarded, then counted and logged."""
+
+    def signal_hook(*args: Any, **kwargs: Any) -> _T:
+        result = method(*args, **kwargs)
+        if _session.active is not None:
+            try:
+                st = record.stats
+                setattr(st, count, getattr(st, count) + 1)
+                _signalled(record, action)
+            except Exception as err:
+                _broken("recording a signal", err)
+        return result
+
+    return signal_hook
+
+
+def _async_signal_hook(
+    record: ResourceRecord, method: Callable[..., Any], action: str, count: str
+) -> Callable[..., Any]:
+    """``Barrier.abort`` and ``reset``: counted once they are done."""
+
+    async def signal_hook(*args: Any, **kwargs: Any) -> Any:
+        result = await method(*args, **kwargs)
+        if _session.active is not None:
+            try:
+                st = record.stats
+                setattr(st, count, getattr(st, count) + 1)
+                _signalled(record, action)
+            except Exception as err:
+                _broken("recording a signal", err)
+        return result
+
+    return signal_hook
+
+
+def _set_hooks(obj: Any, hooks: dict[str, Any]) -> None:
+    # Set as attributes, never through vars(obj)[...]: a key stored in the instance dict that
+    # way turns its shared-key table into a plain one, and every attribute read then costs more.
+    setattr_ = object.__setattr__
+    for name, hook in hooks.items():
+        setattr_(obj, name, hook)
+
+
+def _instrument_asyncio(obj: Any, record: ResourceRecord) -> None:
+    """Install the per-instance hooks of an asyncio primitive (under _instrument_lock)."""
+    primitive = record.primitive
+    if primitive in (LOCK, SEMAPHORE):
+        acquire, release = _lock_hooks(record, obj, obj.acquire, obj.release)
+        _set_hooks(obj, {"acquire": acquire, "release": release})
+    elif primitive == CONDITION:
+        inner = obj._lock
+        acquire, release = _lock_hooks(record, inner, obj.acquire, obj.release)
+        in_all = [False]  # 3.11's notify_all() calls self.notify(): count it once
+
+        def notify_all_hook() -> None:
+            in_all[0] = True
+            try:
+                notify_all()
+            finally:
+                in_all[0] = False
+            if _session.active is not None:
+                try:
+                    record.stats.notifies += 1
+                    _signalled(record, "notify_all")
+                except Exception as err:
+                    _broken("recording a notify", err)
+
+        def notify_hook(n: int = 1) -> None:
+            notify(n)
+            if _session.active is not None and not in_all[0]:
+                try:
+                    record.stats.notifies += 1
+                    _signalled(record, "notify")
+                except Exception as err:
+                    _broken("recording a notify", err)
+
+        notify, notify_all = obj.notify, obj.notify_all
+        _set_hooks(
+            obj,
+            {
+                "acquire": acquire,
+                "release": release,
+                "wait": _timed_wait_hook(record, obj.wait, None),
+                "notify": notify_hook,
+                "notify_all": notify_all_hook,
+            },
+        )
+        if getattr(inner, _MARK, None) is None and isinstance(inner, asyncio.Lock):
+            # the await chain of a task waiting for the condition's lock names the condition
+            object.__setattr__(inner, _MARK, record)
+    elif primitive == EVENT:
+        cls = type(obj)
+        if cls.is_set is asyncio.Event.is_set and cls.wait is asyncio.Event.wait:
+            wait = _event_wait_hook(record, obj, obj.wait)
+        else:
+            wait = _timed_wait_hook(record, obj.wait, obj.is_set)
+        _set_hooks(
+            obj,
+            {
+                "wait": wait,
+                "set": _signal_hook(record, obj.set, "set", "sets"),
+                "clear": _signal_hook(record, obj.clear, "clear", "clears"),
+            },
+        )
+    elif primitive == BARRIER:
+
+        def passed(index: Any) -> None:
+            record.stats.passes += 1
+
+        _set_hooks(
+            obj,
+            {
+                "wait": _timed_wait_hook(record, obj.wait, None, passed),
+                "abort": _async_signal_hook(record, obj.abort, "abort", "aborts"),
+                "reset": _async_signal_hook(record, obj.reset, "reset", "resets"),
+            },
+        )
+    object.__setattr__(obj, _MARK, record)
+
+
+def _asyncio_primitive(obj: Any) -> tuple[str, float | None, float | None] | None:
+    """(family, initial, bound) of an asyncio primitive, or None."""
+    if isinstance(obj, asyncio.BoundedSemaphore):
+        return SEMAPHORE, obj._value, getattr(obj, "_bound_value", None)
+    if isinstance(obj, asyncio.Semaphore):
+        return SEMAPHORE, obj._value, None
+    if isinstance(obj, asyncio.Lock):
+        return LOCK, None, None
+    if isinstance(obj, asyncio.Condition):
+        return CONDITION, None, None
+    if isinstance(obj, asyncio.Event):
+        return EVENT, None, None
+    if isinstance(obj, asyncio.Barrier):
+        return BARRIER, obj.parties, None
+    return None
+
+
+def _kind(obj: Any) -> str:
+    cls = type(obj)
+    if cls.__module__ == "asyncio.locks":
+        return f"asyncio.{cls.__name__}"
+    if cls.__module__ == "anyio._backends._asyncio":
+        return f"anyio.{cls.__name__}"
+    if cls.__module__ == "anyio._core._synchronization":
+        return f"anyio.{cls.__name__.removesuffix('Adapter')}"
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+# ---------------------------------------------------------------------------------------------
+# anyio: its asyncio backend's Lock, Semaphore and CapacityLimiter are its own (slotted, with
+# their own waiter queues); its Event is an asyncio.Event inside, instrumented as such.
+
+#: id(anyio primitive) -> its record; an entry leaves when the primitive is freed
+_anyio: dict[int, ResourceRecord] = {}
+_anyio_patched = False
+
+
+def _bind(obj: Any, record: ResourceRecord) -> None:
+    key = id(obj)
+    _anyio[key] = record
+
+    def forget(_: object) -> None:  # runs when obj is freed, in any thread: no lock
+        _anyio.pop(key, None)
+
+    record._refs.append(weakref.ref(obj, forget))
+
+
+_anyio_found: dict[str, Any] | None = None
+
+
+def _anyio_classes() -> dict[str, Any]:
+    """anyio's asyncio backend classes and adapters, if this anyio has the known layout."""
+    global _anyio_found
+    if _anyio_found is None:
+        _anyio_found = _find_anyio()
+    return _anyio_found
+
+
+def _find_anyio() -> dict[str, Any]:
+    try:
+        from anyio._backends import _asyncio as backend
+        from anyio._core import _synchronization as sync
+    except Exception:
+        return {}
+    names = ("Lock", "Semaphore", "CapacityLimiter", "Event")
+    found = {name: getattr(backend, name, None) for name in names}
+    found.update({f"{n}Adapter": getattr(sync, f"{n}Adapter", None) for n in names})
+    if any(cls is None for cls in found.values()):
+        return {}
+    return found
+
+
+def _patch_anyio() -> None:
+    """Wrap the anyio backend classes' methods once (under _instrument_lock)."""
+    global _anyio_patched
+    if _anyio_patched:
+        return
+    classes = _anyio_classes()
+    if not classes:
+        raise TypeError("asyncflow cannot instrument this version of anyio's primitives")
+    lock, sem, limiter = classes["Lock"], classes["Semaphore"], classes["CapacityLimiter"]
+
+    def lock_busy(obj: Any, key: int) -> bool:
+        owner = obj._owner_task
+        return (owner is not None or bool(obj._waiters)) and id(owner) != key
+
+    def sem_busy(obj: Any, key: int) -> bool:
+        return not (obj._value > 0 and not obj._waiters)
+
+    for cls, busy in ((lock, lock_busy), (sem, sem_busy)):
+        cls.acquire = _anyio_acquire(cls.acquire, busy, borrower=False)
+        cls.acquire_nowait = _anyio_nowait(cls.acquire_nowait, borrower=False)
+        cls.release = _anyio_release(cls.release, borrower=False)
+
+    def limiter_busy(obj: Any, key: int) -> bool:
+        borrowers = obj._borrowers
+        if any(id(b) == key for b in borrowers):
+            return False  # it will raise RuntimeError at once
+        return bool(obj._wait_queue) or len(borrowers) >= obj._total_tokens
+
+    for name, hook in (
+        ("acquire_on_behalf_of", _anyio_acquire(limiter.acquire_on_behalf_of, limiter_busy, True)),
+        ("acquire_on_behalf_of_nowait", _anyio_nowait(limiter.acquire_on_behalf_of_nowait, True)),
+        ("release_on_behalf_of", _anyio_release(limiter.release_on_behalf_of, True)),
+    ):
+        setattr(limiter, name, hook)
+    for adapter, attr, internal in (
+        ("LockAdapter", "_lock", "_internal_lock"),
+        ("SemaphoreAdapter", "_semaphore", "_internal_semaphore"),
+        ("CapacityLimiterAdapter", "_limiter", "_internal_limiter"),
+        ("EventAdapter", "_event", "_internal_event"),
+    ):
+        cls = classes[adapter]
+        prop = cls.__dict__.get(attr)
+        if isinstance(prop, property) and prop.fget is not None:
+            setattr(cls, attr, property(_adapter_getter(prop.fget, internal)))
+    _anyio_patched = True
+
+
+def _anyio_key(borrower: Any) -> tuple[int, CallRecord | None]:
+    key, call = _whom()
+    return (id(borrower), call) if borrower is not None else (key, call)
+
+
+def _anyio_acquire(
+    original: Callable[..., Any], busy: Callable[[Any, int], bool], borrower: bool
+) -> Callable[..., Any]:
+    async def acquire(self: Any, *args: Any) -> Any:
+        record = _anyio.get(id(self))
+        if record is None or _session.active is None:
+            return await original(self, *args)
+        try:
+            key, call = _anyio_key(args[0] if borrower else None)
+            waits = busy(self, key)
+            since = _clock.now_ns() if waits else 0
+            if waits:
+                _wait_began(record.stats)
+            record.pending.add(key)
+        except Exception as err:
+            _broken("reading an anyio primitive's state", err)
+            return await original(self, *args)
+        try:
+            result = await original(self, *args)
+        except BaseException as exc:
+            record.pending.discard(key)
+            if waits:
+                try:
+                    _waited(record, since, _clock.now_ns(), call, _outcome(exc))
+                except Exception as err:
+                    _broken("recording a wait", err)
+            raise
+        record.pending.discard(key)
+        try:
+            now = _clock.now_ns()
+            if waits:
+                record.stats.contended += 1
+                _waited(record, since, now, call, ACQUIRED)
+            _held(record, now, key, call)
+        except Exception as err:
+            _broken("recording an acquisition", err)
+        return result
+
+    return acquire
+
+
+def _anyio_nowait(original: Callable[..., Any], borrower: bool) -> Callable[..., Any]:
+    def acquire_nowait(self: Any, *args: Any) -> Any:
+        result = original(self, *args)
+        record = _anyio.get(id(self))
+        if record is not None and _session.active is not None:
+            try:
+                key, call = _anyio_key(args[0] if borrower else None)
+                if key not in record.pending:  # the blocking acquire's own first try
+                    _held(record, _clock.now_ns(), key, call)
+            except Exception as err:
+                _broken("recording an acquisition", err)
+        return result
+
+    return acquire_nowait
+
+
+def _anyio_release(original: Callable[..., Any], borrower: bool) -> Callable[..., Any]:
+    def release(self: Any, *args: Any) -> Any:
+        result = original(self, *args)
+        record = _anyio.get(id(self))
+        if record is not None and _session.active is not None:
+            try:
+                key = id(args[0]) if borrower else _whom()[0]
+                if key not in record.pending:  # an acquire undoing itself (cancelled)
+                    _released(record, key)
+            except Exception as err:
+                _broken("recording a release", err)
+        return result
+
+    return release
+
+
+def _adapter_getter(fget: Callable[[Any], Any], internal: str) -> Callable[[Any], Any]:
+    """An anyio adapter (made outside any event loop) makes its backend primitive on first use:
+    that primitive takes the adapter's record."""
+
+    def getter(self: Any) -> Any:
+        before = getattr(self, internal)
+        result = fget(self)
+        if before is None and result is not None:
+            record = _anyio.get(id(self))
+            if record is not None:
+                try:
+                    with _instrument_lock:
+                        _attach_anyio(result, record)
+                except Exception as err:
+                    _broken("instrumenting an anyio primitive", err)
+        return result
+
+    return getter
+
+
+def _attach_anyio(obj: Any, record: ResourceRecord) -> None:
+    """Make ``obj`` (an anyio backend primitive) record into ``record`` (under the lock)."""
+    if record.primitive == EVENT:
+        inner = obj._event  # an asyncio.Event
+        if getattr(inner, _MARK, None) is None:
+            _instrument_asyncio(inner, record)
+        _bind(obj, record)
+    elif id(obj) not in _anyio:
+        _bind(obj, record)
+
+
+def _anyio_primitive(obj: Any) -> tuple[str, float | None, float | None] | None:
+    """(family, initial, bound) of an anyio primitive, or None."""
+    mod = type(obj).__module__
+    if not mod.startswith("anyio."):
+        return None
+    classes = _anyio_classes()
+    if not classes:
+        return None
+    if isinstance(obj, (classes["Lock"], classes["LockAdapter"])):
+        return LOCK, None, None
+    if isinstance(obj, (classes["Semaphore"], classes["SemaphoreAdapter"])):
+        return SEMAPHORE, obj.value, obj.max_value
+    if isinstance(obj, (classes["CapacityLimiter"], classes["CapacityLimiterAdapter"])):
+        return LIMITER, obj.total_tokens, None
+    if isinstance(obj, (classes["Event"], classes["EventAdapter"])):
+        return EVENT, None, None
+    return None
+
+
+def _is_adapter(obj: Any) -> bool:
+    return type(obj).__name__.endswith("Adapter") and type(obj).__module__.startswith("anyio.")
+
+
+# ---------------------------------------------------------------------------------------------
+# The public API
+
+_instrument_lock = threading.RLock()  # one object instrumented once, whichever threads ask
+
+
+def resource_of(obj: Any) -> ResourceRecord | None:
+    """The record of an instrumented primitive, or None (cold path: the await-chain walk)."""
+    # Never through obj.__dict__: reading it turns the instance's inline attribute values into
+    # a dict object on 3.11, and every attribute read of the primitive then costs more.
+    record = getattr(obj, _MARK, None)
+    if isinstance(record, ResourceRecord):
+        return record
+    return _anyio.get(id(obj))
+
+
+def instrument_lock(obj: _T, *, name: str | None = None) -> _T:
+    """Record every acquisition, hold and wait of a synchronisation primitive, in place.
+
+    Args:
+        obj: an ``asyncio.Lock``, ``Semaphore``, ``BoundedSemaphore``, ``Condition``,
+            ``Event`` or ``Barrier`` (or a subclass), or an anyio ``Lock``, ``Semaphore``,
+            ``CapacityLimiter`` or ``Event``.
+        name: the resource's label; defaults to its class and id.
+
+    Returns:
+        ``obj`` itself, behaving exactly as before. Instrumenting it again changes nothing
+        (a ``name`` given then relabels it).
+
+    Raises:
+        TypeError: ``obj`` is not one of those primitives, or ``name`` is not a string.
+    """
+    found = _asyncio_primitive(obj) or _anyio_primitive(obj)
+    if found is None:
+        raise TypeError(
+            "asyncflow.instrument_lock() needs an asyncio Lock, Semaphore, BoundedSemaphore, "
+            "Condition, Event or Barrier, or an anyio Lock, Semaphore, CapacityLimiter or "
+            f"Event, got {type(obj).__qualname__}: {obj!r}"
+        )
+    _config.check_type("instrument_lock", "name", name, str, optional=True)
+    if _config.disabled():
+        return obj
+    frame = sys._getframe(1)
+    site = (frame.f_code.co_filename, frame.f_lineno)
+    _instrument(obj, found, name, site)
+    return obj
+
+
+def _instrument(
+    obj: Any,
+    found: tuple[str, float | None, float | None],
+    name: str | None,
+    site: tuple[str, int],
+    label: str | None = None,
+) -> ResourceRecord:
+    with _instrument_lock:
+        existing = resource_of(obj)
+        if existing is not None:
+            if name is not None:
+                existing.label = name
+            return existing
+        primitive, initial, bound = found
+        anyio = type(obj).__module__.startswith("anyio.")
+        record = ResourceRecord(
+            name or label or f"{type(obj).__name__.removesuffix('Adapter')}@{id(obj):x}",
+            _kind(obj),
+            primitive,
+            site[0],
+            site[1],
+            obj,
+            initial,
+            bound,
+        )
+        if not anyio:
+            _instrument_asyncio(obj, record)
+        else:
+            _patch_anyio()
+            if _is_adapter(obj):
+                _bind(obj, record)
+                internal = getattr(obj, _ADAPTER_INTERNAL[record.primitive], None)
+                if internal is not None:
+                    _attach_anyio(internal, record)
+            else:
+                _attach_anyio(obj, record)
+        _register(record)
+        return record
+
+
+_ADAPTER_INTERNAL = {
+    LOCK: "_internal_lock",
+    SEMAPHORE: "_internal_semaphore",
+    LIMITER: "_internal_limiter",
+    EVENT: "_internal_event",
+}
+
+
+class LockInstrumentation:
+    """Handle returned by :func:`instrument_locks`; ``undo()`` (or leaving ``with``) restores."""
+
+    __slots__ = ("_originals",)
+
+    def __init__(self, originals: dict[type[Any], Any]) -> None:
+        self._originals = originals
+
+    @property
+    def active(self) -> bool:
+        """Whether primitives created now are instrumented through this handle."""
+        return bool(self._originals)
+
+    def undo(self) -> None:
+        """Stop instrumenting new primitives; those already instrumented keep recording."""
+        global _patched
+        with _instrument_lock:
+            originals, self._originals = self._originals, {}
+            for cls, init in originals.items():
+                cls.__init__ = init
+            if originals:
+                _patched = False
+
+    def __enter__(self) -> LockInstrumentation:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.undo()
+
+
+_patched = False
+_LOCKS_FILE = asyncio.locks.__file__
+_ANYIO_DIR: str | None = None
+#: anyio's constructor chain: a primitive made through these is the caller's
+_ANYIO_CHAIN = frozenset(
+    {
+        "__new__",
+        "__init__",
+        "create_lock",
+        "create_semaphore",
+        "create_capacity_limiter",
+        "create_event",
+    }
+)
+_ADAPTER_PROPERTIES = frozenset({"_lock", "_semaphore", "_limiter", "_event"})
+
+
+def _creation_site(obj: Any) -> tuple[str, int] | None:
+    """Where the program created ``obj``; None when asyncio or anyio made it for their own use
+    (a Condition's lock, a Barrier's condition, an anyio Event's asyncio.Event...)."""
+    frame: FrameType | None = sys._getframe(2)
+    while frame is not None:
+        code = frame.f_code
+        filename = code.co_filename
+        if filename == __file__:
+            frame = frame.f_back
+            continue
+        name = code.co_name
+        if name == "__init__" and frame.f_locals.get("self") is obj:
+            frame = frame.f_back  # a subclass's __init__ calling super().__init__()
+            continue
+        if _ANYIO_DIR is not None and filename.startswith(_ANYIO_DIR):
+            if name in _ANYIO_CHAIN and (name != "__init__" or frame.f_locals.get("self") is obj):
+                frame = frame.f_back
+                continue
+            return None  # made by anyio (an adapter's primitive takes the adapter's record)
+        if filename == _LOCKS_FILE:
+            return None
+        return filename, frame.f_lineno
+    return None
+
+
+def _label(site: tuple[str, int]) -> str:
+    return f"{os.path.basename(site[0])}:{site[1]}"
+
+
+def _init_hook(original: Callable[..., None], describe: Callable[[Any], Any]) -> Any:
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        try:
+            existing = resource_of(self)
+            if existing is not None:
+                if existing.primitive == EVENT and type(self).__module__.startswith("anyio."):
+                    with _instrument_lock:  # anyio's __init__ ran again: a new asyncio.Event
+                        _attach_anyio(self, existing)
+                return
+            site = _creation_site(self)
+            found = describe(self)
+            if site is not None and found is not None:
+                _instrument(self, found, None, site, _label(site))
+        except Exception as err:
+            _broken("instrumenting a new primitive", err)
+
+    __init__.__wrapped__ = original  # type: ignore[attr-defined]
+    return __init__
+
+
+def instrument_locks() -> LockInstrumentation:
+    """Whole-program mode for primitives: every asyncio (and anyio) lock, semaphore,
+    condition, event and barrier created from now on is instrumented, labelled by where it was
+    created (``file:line``). Primitives asyncio or anyio make for their own use (a Condition's
+    lock, a Barrier's condition) are part of the primitive that made them.
+
+    Returns:
+        A handle whose ``undo()`` stops instrumenting new primitives.
+
+    Raises:
+        RuntimeError: whole-program primitive mode is already on.
+    """
+    global _patched, _ANYIO_DIR
+    if _config.disabled():
+        return LockInstrumentation({})
+    with _instrument_lock:
+        if _patched:
+            raise RuntimeError("asyncflow.instrument_locks() is already active; undo() it first")
+        originals: dict[type[Any], Any] = {}
+        for cls in (
+            asyncio.Lock,
+            asyncio.Semaphore,
+            asyncio.Condition,
+            asyncio.Event,
+            asyncio.Barrier,
+        ):
+            originals[cls] = cls.__init__
+            cls.__init__ = _init_hook(cls.__init__, _asyncio_primitive)  # type: ignore[method-assign]
+        classes = _anyio_classes()
+        if classes:
+            import anyio
+
+            _ANYIO_DIR = os.path.dirname(anyio.__file__) + os.sep
+            try:
+                _patch_anyio()
+            except TypeError:
+                classes = {}
+            for cls in classes.values():
+                originals[cls] = cls.__init__
+                cls.__init__ = _init_hook(cls.__init__, _anyio_primitive)
+        _patched = True
+        return LockInstrumentation(originals)
+
+
+# ---------------------------------------------------------------------------------------------
+# The registry the collector reads (cold path)
+
+_resource_ids = itertools.count(1)
+_lock = threading.Lock()
+#: resources instrumented and not reaped yet, by id, oldest first
+_registry: dict[int, ResourceRecord] = {}
+_dying: deque[ResourceRecord] = deque()
+_gone: deque[ResourceRecord] = deque()
+_aggregates: dict[tuple[str, str], ResourceRecord] = {}
+
+
+def _register(record: ResourceRecord) -> None:
+    reap()  # with no profiler to collect, keep the registry to what is alive as it grows
+    with _lock:
+        _registry[record.id] = record
+
+
+def resource_registry() -> list[ResourceRecord]:
+    """Every resource of the session (a copy): live ones oldest first, then the last gone ones,
+    then the aggregates of older gone ones."""
+    reap()
+    with _lock:
+        return [*_registry.values(), *_gone, *_aggregates.values()]
+
+
+def reap(*, collecting: bool = False) -> int:
+    """Move the resources that are gone out of the registry, into the bounded history of gone
+    resources; returns how many moved.
+
+    While a profiler runs, only its collector reaps (``collecting``), off the program's
+    threads; with none running, whoever registers or lists resources reaps.
+    """
+    if not _dying:
+        return 0
+    if not collecting and _session.active is not None:
+        return 0
+    reaped = 0
+    with _lock:
+        while _dying:
+            record = _dying.popleft()
+            if _registry.pop(record.id, None) is None:
+                continue  # dropped already, at a session start
+            reaped += 1
+            target = record._target
+            if isinstance(target, _Target):
+                target.record = None  # no cycle left between the record and its reference
+            slot = record.slot
+            held = len(record.holds) + record.stats.untracked + (slot[0] is not None)
+            record.stats.abandoned += held
+            record.holds.clear()
+            slot[0] = slot[1] = None
+            record.stats.waiting = 0
+            _gone.append(record)
+            while len(_gone) > GONE_KEPT:
+                _fold(_gone.popleft())
+    return reaped
+
+
+def _fold(record: ResourceRecord) -> None:
+    """Add a gone resource's figures to the aggregate of its label (under _lock)."""
+    key = (record.label, record.kind)
+    agg = _aggregates.get(key)
+    if agg is None and len(_aggregates) >= AGGREGATES_KEPT:
+        key = (OTHER_GONE, record.kind)
+        agg = _aggregates.get(key)
+    if agg is None:
+        same = key[0] == record.label
+        agg = _aggregates[key] = ResourceRecord(
+            key[0],
+            record.kind,
+            record.primitive,
+            record.file if same else "?",
+            record.line if same else 0,
+            None,
+            record.initial,
+            record.bound,
+        )
+    agg.folded += 1
+    a, s = agg.stats, record.stats
+    for name in _SUMMED:
+        setattr(a, name, getattr(a, name) + getattr(s, name))
+    a.wait_max = max(a.wait_max, s.wait_max)
+    a.hold_max = max(a.hold_max, s.hold_max)
+    a.max_waiting = max(a.max_waiting, s.max_waiting)
+    merge(a.wait_hist, s.wait_hist)
+    merge(a.hold_hist, s.hold_hist)
+    for fid, edge in s.edges.items():
+        into = a.edges.get(fid)
+        if into is None:
+            into = a.edges[fid] = ResourceEdge()
+        for name in _EDGE_SUMMED:
+            setattr(into, name, getattr(into, name) + getattr(edge, name))
+        into.wait_max = max(into.wait_max, edge.wait_max)
+        into.hold_max = max(into.hold_max, edge.hold_max)
+    for log_name in ("wait_log", "hold_log", "signal_log"):
+        entries = getattr(s, log_name)
+        if entries:
+            into_log = getattr(a, log_name)
+            if into_log is None:
+                into_log = deque(maxlen=RESOURCE_LOG_SIZE)
+                setattr(a, log_name, into_log)
+            into_log.extend(entries)
+
+
+_SUMMED = (
+    "contended",
+    "unmatched",
+    "abandoned",
+    "wait_count",
+    "wait_failed",
+    "wait_ns",
+    "immediate",
+    "hold_count",
+    "hold_ns",
+    "hold_timed",
+    "sets",
+    "clears",
+    "notifies",
+    "passes",
+    "broken",
+    "aborts",
+    "resets",
+    "signal_count",
+)
+_EDGE_SUMMED = ("wait_count", "wait_ns", "hold_count", "hold_ns", "signals")
+
+
+def reset_for_session() -> None:
+    """Give every resource fresh figures and forget those that are gone: a new profiler starts
+    from zero. Holds open now stay open (their holders still hold them)."""
+    with _lock:
+        _dying.clear()
+        _gone.clear()
+        _aggregates.clear()
+        for rid, record in list(_registry.items()):
+            if not record.alive:
+                del _registry[rid]
+                continue
+            st = record.stats
+            waiting = st.waiting
+            st.__init__()  # type: ignore[misc]
+            st.waiting = st.max_waiting = waiting
+
+
+# ---------------------------------------------------------------------------------------------
+# Read models for the views (cold path): typed, so that views never unpack hot-path tuples.
+
+
+class Hold(NamedTuple):
+    """A hold open now."""
+
+    since_ns: int
+    call: CallRecord | None
+
+
+class LogRecord(NamedTuple):
+    """One entry of a resource's logs; ``duration_ns`` is None for signals."""
+
+    #: the entry's number among this log's entries since the session started
+    position: int
+    timestamp_ns: int
+    duration_ns: int | None
+    call_id: int | None
+    future_id: int | None
+    #: a wait's outcome, a hold's ``released``, or a signal's action
+    outcome: str
+
+
+class Probe(NamedTuple):
+    """The primitive's own state now, read from it."""
+
+    alive: bool
+    locked: bool | None
+    value: float | None
+    is_set: bool | None
+    #: tasks in the primitive's own waiter queue now
+    queued: int
+    broken: bool | None
+
+
+def acquisitions(record: ResourceRecord) -> int:
+    """Successful acquisitions (exact): holds ended, open now, or left open when it was freed."""
+    st = record.stats
+    open_now = len(record.holds) + st.untracked + (record.slot[0] is not None)
+    return st.hold_count + open_now + st.abandoned
+
+
+def releases(record: ResourceRecord) -> int:
+    """Releases (exact), those of holds acquired before it was watched included."""
+    st = record.stats
+    return st.hold_count + st.unmatched
+
+
+def holds_of(record: ResourceRecord) -> list[Hold]:
+    """The holds open now, oldest first (a copy)."""
+    since, call = record.slot  # one read of the pair: it may change under us, never tear
+    held = [Hold(since, call)] if since is not None else []
+    return held + [Hold(since, call) for since, _, call in list(record.holds)]
+
+
+def logs_of(record: ResourceRecord, which: str) -> list[LogRecord]:
+    """One of a resource's logs (``wait``, ``hold`` or ``signal``), oldest first."""
+    st = record.stats
+    if which == "wait":
+        return [LogRecord(*entry) for entry in list(st.wait_log or ())]
+    if which == "hold":
+        return [
+            LogRecord(i, ts, d, cid, fid, "released")
+            for i, ts, d, cid, fid in list(st.hold_log or ())
+        ]
+    if which == "signal":
+        return [
+            LogRecord(i, ts, None, cid, fid, action)
+            for i, ts, cid, fid, action in list(st.signal_log or ())
+        ]
+    raise ValueError(f"logs_of(which=...) is 'wait', 'hold' or 'signal', got {which!r}")
+
+
+_GONE = Probe(False, None, None, None, 0, None)
+
+
+def probe(record: ResourceRecord) -> Probe:
+    """Read the primitive's state now (from any thread: a few attribute reads)."""
+    obj = record.target()
+    if obj is None:
+        return _GONE
+    try:
+        return _probe(record, obj)
+    except Exception:  # a primitive in a state we do not know: say only that it is there
+        return Probe(True, None, None, None, 0, None)
+
+
+def _queued(waiters: Any) -> int:
+    try:
+        return sum(1 for w in list(waiters or ()) if not _done(w))
+    except RuntimeError:  # changed size under us
+        return len(waiters or ())
+
+
+def _done(waiter: Any) -> bool:
+    fut = waiter[1] if isinstance(waiter, tuple) else waiter
+    done = getattr(fut, "done", None)
+    return bool(done()) if callable(done) else False
+
+
+def _probe(record: ResourceRecord, obj: Any) -> Probe:
+    primitive = record.primitive
+    if type(obj).__module__.startswith("anyio."):
+        if _is_adapter(obj):
+            inner = getattr(obj, _ADAPTER_INTERNAL[primitive], None)
+            if inner is None:
+                if primitive == EVENT:
+                    return Probe(True, None, None, bool(obj.is_set()), 0, None)
+                value = obj.value if primitive == SEMAPHORE else None
+                if primitive == LIMITER:
+                    value = obj.total_tokens
+                return Probe(True, False, value, None, 0, None)
+            obj = inner
+        if primitive == LOCK:
+            return Probe(True, obj._owner_task is not None, None, None, len(obj._waiters), None)
+        if primitive == SEMAPHORE:
+            return Probe(True, obj._value == 0, obj._value, None, len(obj._waiters), None)
+        if primitive == LIMITER:
+            free = obj._total_tokens - len(obj._borrowers)
+            return Probe(True, free <= 0, free, None, len(obj._wait_queue), None)
+        event = obj._event
+        return Probe(True, None, None, bool(event._value), _queued(event._waiters), None)
+    if primitive == LOCK:
+        return Probe(True, bool(obj._locked), None, None, _queued(obj._waiters), None)
+    if primitive == SEMAPHORE:
+        value = obj._value
+        return Probe(True, value == 0, value, None, _queued(obj._waiters), None)
+    if primitive == CONDITION:
+        lock = obj._lock
+        return Probe(True, bool(lock.locked()), None, None, _queued(obj._waiters), None)
+    if primitive == EVENT:
+        return Probe(True, None, None, bool(obj._value), _queued(obj._waiters), None)
+    if primitive == BARRIER:
+        return Probe(True, None, float(obj.n_waiting), None, obj.n_waiting, bool(obj.broken))
+    return Probe(True, None, None, None, 0, None)

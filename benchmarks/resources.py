@@ -1,0 +1,159 @@
+"""What instrumenting a synchronisation primitive costs: time per operation, and memory.
+
+Time: an uncontended ``async with lock: pass`` (and the same for a semaphore, and an
+``Event.wait()`` on a set event), per operation, in three modes measured in alternating runs in
+one process: plain, instrumented with no profiler running, instrumented with a profiler running
+(its collector draining). The figure is the median over pairs of instrumented / plain.
+
+Memory: N short-lived primitives made under ``instrument_locks()``, each acquired (with one
+contender, so that it has a wait, a hold and a log) and dropped, with a profiler running; prints
+the growth of the resident memory and of the Python heap (tracemalloc) per primitive, and how
+many records the registry keeps.
+
+    python benchmarks/resources.py                 # both, 15 pairs, 10,000 primitives
+    python benchmarks/resources.py --pairs 5 --objects 2000
+    python benchmarks/resources.py --only time     # or --only memory
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import os
+import statistics
+import time
+import tracemalloc
+from collections.abc import Callable
+from typing import Any
+
+import asyncflow
+from asyncflow.instrument import resources
+from asyncflow.instrument.resources import instrument_lock, instrument_locks
+
+OPS = 20_000
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+async def _with_lock(lock: Any, n: int) -> None:
+    for _ in range(n):
+        async with lock:
+            pass
+
+
+async def _event_wait(event: Any, n: int) -> None:
+    for _ in range(n):
+        await event.wait()
+
+
+def _set_event() -> asyncio.Event:
+    event = asyncio.Event()
+    event.set()
+    return event
+
+
+CASES: dict[str, tuple[Callable[[], Any], Callable[[Any, int], Any]]] = {
+    "async with Lock": (asyncio.Lock, _with_lock),
+    "async with Semaphore(10)": (lambda: asyncio.Semaphore(10), _with_lock),
+    "Event.wait() when set": (_set_event, _event_wait),
+}
+
+
+async def _per_op(make: Callable[[], Any], use: Callable[[Any, int], Any], wrap: bool) -> float:
+    primitive = make()
+    if wrap:
+        instrument_lock(primitive)
+    await use(primitive, 200)  # warm up
+    start = time.thread_time_ns()
+    await use(primitive, OPS)
+    return (time.thread_time_ns() - start) / OPS
+
+
+async def _pairs(pairs: int, profiler: bool) -> dict[str, tuple[float, float, list[float]]]:
+    out: dict[str, tuple[float, float, list[float]]] = {}
+    for case, (make, use) in CASES.items():
+        plain: list[float] = []
+        instrumented: list[float] = []
+        for _ in range(pairs):
+            gc.collect()
+            plain.append(await _per_op(make, use, False))
+            gc.collect()
+            instrumented.append(await _per_op(make, use, True))
+        ratios = [i / p for p, i in zip(plain, instrumented, strict=True)]
+        out[case] = (statistics.median(plain), statistics.median(instrumented), ratios)
+    return out
+
+
+def time_figures(pairs: int) -> None:
+    """Print ns per operation and the median ratio, without and with a profiler running."""
+    print(f"uncontended operations, {OPS} per run, median of {pairs} alternating pairs")
+    print(f"{'case':<28} {'mode':<22} {'plain ns':>9} {'instr. ns':>10} {'ratio':>6}")
+    for mode in ("no profiler", "profiler running"):
+        if mode == "profiler running":
+            with asyncflow.profile("bench", format="none"):
+                figures = asyncio.run(_pairs(pairs, True))
+        else:
+            figures = asyncio.run(_pairs(pairs, False))
+        for case, (plain, inst, ratios) in figures.items():
+            print(
+                f"{case:<28} {mode:<22} {plain:>9.0f} {inst:>10.0f} "
+                f"{statistics.median(ratios):>5.2f}x"
+            )
+
+
+async def _short_lived(n: int) -> None:
+    """n primitives, each made, contended once (a wait, two holds), and dropped."""
+    for i in range(n):
+        lock = asyncio.Lock()
+        async with lock:
+            waiter = asyncio.create_task(_with_lock(lock, 1))
+            await asyncio.sleep(0)
+        await waiter
+        del lock, waiter
+        if i % 500 == 0:
+            # the collector's reaping, as it runs every 50 ms while a profiler runs
+            resources.reap(collecting=True)
+    await asyncio.sleep(0)
+
+
+def memory_figures(n: int) -> None:
+    """Print what n short-lived instrumented locks leave behind."""
+    with asyncflow.profile("bench", format="none"), instrument_locks():
+        asyncio.run(_short_lived(200))  # warm up: import, first records, the history's fill
+        gc.collect()
+        resources.reap(collecting=True)
+        rss = _rss_bytes()
+        tracemalloc.start()
+        before = tracemalloc.get_traced_memory()[0]
+        asyncio.run(_short_lived(n))
+        gc.collect()
+        resources.reap(collecting=True)
+        heap = tracemalloc.get_traced_memory()[0] - before
+        tracemalloc.stop()
+        grown = _rss_bytes() - rss
+        kept = len(resources.resource_registry())
+    print(f"{n} short-lived locks under instrument_locks(), profiler running:")
+    print(f"  Python heap growth  {heap / 1024:9.1f} KiB  ({heap / n:.1f} B per lock)")
+    print(f"  RSS growth          {grown / 1024:9.1f} KiB  (tracemalloc's own tables included)")
+    print(f"  records kept        {kept} (the last {resources.GONE_KEPT} gone, plus aggregates)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pairs", type=int, default=15, help="alternating pairs (default 15)")
+    parser.add_argument("--objects", type=int, default=10_000, help="primitives for memory")
+    parser.add_argument("--only", choices=("time", "memory"), help="one of the two figures")
+    args = parser.parse_args(argv)
+    if args.only != "memory":
+        time_figures(args.pairs)
+    if args.only != "time":
+        memory_figures(args.objects)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
