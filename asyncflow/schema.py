@@ -816,3 +816,193 @@ def _hints(cls: type) -> dict[str, Any]:
     if hints is None:
         hints = _hint_cache[cls] = typing.get_type_hints(cls)
     return hints
+
+
+# Resources: synchronisation primitives (DESIGN §1 "resource"). Appended by the resources work;
+# the lead adds them to __all__, the Snapshot and the OpenAPI document when wiring the routes.
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceHolder:
+    """A hold open now: which call holds the resource, since when."""
+
+    call_id: int | None
+    future_id: int | None
+    #: the future's label; ``(untracked)`` for code outside any tracked call
+    label: str
+    #: when the hold began (the acquisition returned)
+    since_ns: int
+    #: how long it has been held when this was read
+    held_ns: int
+    #: the holding call's state now: ``running``, ``suspended``... or, once it has ended
+    #: without giving the hold back, ``ready`` or ``cancelled``; None when not tracked
+    call_state: str | None
+    #: how the holding call ended (``returned``, ``raised``, ``cancelled``...), if it has
+    outcome: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceFutureEntry:
+    """What one future did with one resource: its waits, its holds, its signals."""
+
+    future_id: int | None
+    #: the future's label; ``(untracked)`` for code outside any tracked call
+    label: str
+    #: waits that ended (every one counted and timed)
+    waits: int
+    total_wait_ns: int
+    max_wait_ns: int
+    #: holds that ended; while ``hold_sampling_interval`` of the resource is above 1 each timed
+    #: hold stands for the holds since the previous one, as channels' edges do
+    holds: int
+    total_hold_ns: int
+    max_hold_ns: int
+    #: sets of an event, notifies of a condition, aborts and resets of a barrier
+    signals: int
+
+
+@dataclass(frozen=True, slots=True)
+class PermitsInfo:
+    """A semaphore's or capacity limiter's permits."""
+
+    #: permits when it was instrumented (a limiter's total tokens); None: unlimited
+    initial: int | None
+    #: a bounded semaphore's bound (anyio's ``max_value``); None when unbounded
+    bound: int | None
+    #: permits free now (None once the primitive is gone or unlimited)
+    available: int | None
+    #: permits held now: acquired and not released (``holders`` names them)
+    held: int
+
+
+@dataclass(frozen=True, slots=True)
+class EventInfo:
+    """An event's flag and signals."""
+
+    is_set: bool | None
+    sets: int
+    clears: int
+    #: waits that found the event set and returned at once (not in ``waits``)
+    immediate_waits: int
+
+
+@dataclass(frozen=True, slots=True)
+class BarrierInfo:
+    """A barrier's parties and what became of its waits."""
+
+    parties: int | None
+    #: tasks waiting at the barrier now
+    waiting: int
+    broken: bool | None
+    #: waits that passed the barrier
+    passes: int
+    #: waits that ended in ``BrokenBarrierError`` (after an abort or a reset)
+    broken_waits: int
+    aborts: int
+    resets: int
+
+
+@dataclass(frozen=True, slots=True)
+class ConditionInfo:
+    """A condition's notifications (its lock's figures are the resource's own)."""
+
+    #: ``notify()`` and ``notify_all()`` calls
+    notifies: int
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceEntry:
+    """One instrumented synchronisation primitive (or the aggregate of gone ones)."""
+
+    id: int
+    label: str
+    #: ``asyncio.Lock``, ``asyncio.BoundedSemaphore``, ``anyio.CapacityLimiter``, ``app.MyLock``
+    kind: str
+    #: ``lock``, ``semaphore``, ``condition``, ``event``, ``barrier`` or ``capacity_limiter``
+    primitive: str
+    #: where it was created (whole-program mode) or instrumented
+    location: Location
+    #: ``active``, or ``gone`` once the primitive was freed
+    state: str
+    #: gone resources whose figures are summed here; 0 for a single resource
+    folded: int
+    #: held (or, for a semaphore, out of permits) now; None for events and barriers
+    locked: bool | None
+    #: successful acquisitions (exact)
+    acquisitions: int
+    #: acquisitions that had to wait (exact)
+    contended_acquisitions: int
+    releases: int
+    #: releases of holds acquired before asyncflow watched (or by a path it does not see)
+    unmatched_releases: int
+    #: waits that ended, whatever the outcome (exact, each timed): a contended acquisition, a
+    #: wait for an event that was not set, a condition wait, a barrier wait
+    waits: int
+    #: waits that ended in an exception: cancelled, timed out, broken barrier
+    failed_waits: int
+    total_wait_ns: int
+    max_wait_ns: int
+    wait_ns: dict[str, int]
+    #: tasks waiting now, and the most at once
+    waiters_now: int
+    max_waiters: int
+    #: holds that ended (exact); timed holds each stand for the holds since the previous one
+    holds: int
+    total_hold_ns: int
+    #: the longest timed hold
+    max_hold_ns: int
+    hold_ns: dict[str, int]
+    #: holds whose duration was measured
+    timed_holds: int
+    #: one hold in this many is timed now (1: all of them)
+    hold_sampling_interval: int
+    #: the holds open now, oldest first: which calls hold it, since when
+    holders: list[ResourceHolder]
+    #: holds open beyond the ones named in ``holders``
+    untracked_holds: int
+    #: holds still open when the primitive was freed: never given back
+    abandoned_holds: int
+    permits: PermitsInfo | None
+    event: EventInfo | None
+    barrier: BarrierInfo | None
+    condition: ConditionInfo | None
+    #: which futures waited on it, held it, signalled it; most holds first
+    futures: list[ResourceFutureEntry]
+
+
+@dataclass(frozen=True, slots=True)
+class ResourcesDocument:
+    """``GET /resources``: resources, most waited on first."""
+
+    schema: int
+    total: int
+    offset: int
+    limit: int
+    resources: list[ResourceEntry]
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceLogEntry:
+    """One wait, hold or signal; ``duration_ns`` is None for signals."""
+
+    index: int
+    timestamp_ns: int
+    duration_ns: int | None
+    call_id: int | None
+    future_id: int | None
+    #: a wait's outcome (``acquired``, ``woken``, ``cancelled``, ``raised``, ``broken``);
+    #: ``released`` for a hold; the signal (``set``, ``clear``, ``notify``, ``notify_all``,
+    #: ``abort``, ``reset``)
+    outcome: str
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceLogs:
+    """``GET /resources/{id}/logs``: recent waits, (timed) holds and signals, newest first."""
+
+    schema: int
+    resource_id: int
+    label: str
+    wait_logs: list[ResourceLogEntry]
+    hold_logs: list[ResourceLogEntry]
+    signal_logs: list[ResourceLogEntry]
