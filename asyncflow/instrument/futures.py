@@ -198,7 +198,7 @@ _by_code: dict[tuple[int, str | None, str], FutureRecord] = {}
 #: AGGREGATES_KEPT of them (then into one "(other gone futures)" aggregate per tracked_by).
 GONE_KEPT = 100
 AGGREGATES_KEPT = 256
-_GONE_IDS_KEPT = 4096
+_GONE_IDS_KEPT = 1024
 OTHER_GONE = "(other gone futures)"
 _dying: deque[FutureRecord] = deque()  # owner freed: reaped by the collector (or at once)
 _waiting: list[FutureRecord] = []  # owner freed, calls still running
