@@ -123,6 +123,7 @@ async def test_one_decorator_applied_many_times_folds_into_one_aggregate() -> No
     (aggregate,) = [f for f in workers if f.folded_count]
     assert aggregate.folded_count == 2 * N - futures.GONE_KEPT
     assert aggregate.tracked_by == "decorator" and aggregate.poll_duration_ns
+    assert not aggregate.alive
     assert len(workers) == futures.GONE_KEPT + 1
     logs = {log.future_id: log for log in snap.future_logs}
     assert logs[aggregate.id].calls  # its recent calls, now its own

@@ -145,9 +145,10 @@ class FutureRecord:
 
     @property
     def alive(self) -> bool:
-        """Whether what the future stands for still exists (aggregates count as alive)."""
+        """Whether what the future stands for still exists (never, for an aggregate of gone
+        futures; always, when nothing is watched)."""
         owner = self.owner
-        return owner is None or owner() is not None
+        return not self.folded and (owner is None or owner() is not None)
 
 
 class _Owner(weakref.ref):  # type: ignore[type-arg]
