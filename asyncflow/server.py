@@ -28,7 +28,7 @@ from typing import Any, TypeVar, cast
 
 from aiohttp import web
 
-from asyncflow import clock, openapi, schema, views
+from asyncflow import clock, openapi, schema, views, wait_views
 from asyncflow.collector import Collector
 from asyncflow.errors import AsyncflowError
 from asyncflow.instrument import _session
@@ -117,6 +117,23 @@ ROUTES: tuple[Route, ...] = (
     ),
     Route("/flow", "The data-flow graph.", schema.FlowDocument),
     Route("/loop", "Every instrumented event loop's health.", schema.LoopDocument),
+    Route(
+        "/warnings",
+        "The diagnoses, those that hold now and most severe first.",
+        schema.WarningsDocument,
+    ),
+    Route(
+        "/tasks",
+        "Every live task, tracked calls oldest first: its await chain and what it waits on, "
+        "and the waiting tasks counted by future, line and target.",
+        schema.TasksDocument,
+        _PAGED,
+    ),
+    Route(
+        "/executors",
+        "Every executor jobs were submitted to, busiest first.",
+        schema.ExecutorsDocument,
+    ),
     Route("/snapshot", "Every document at once.", schema.Snapshot),
     Route("/openapi.json", "This description of the endpoint.", dict[str, Any]),
 )
@@ -443,6 +460,9 @@ class Server:
             "/streams/{id}/logs": self._stream_logs,
             "/flow": self._flow,
             "/loop": self._loop,
+            "/warnings": self._warnings,
+            "/tasks": self._tasks,
+            "/executors": self._executors,
             "/snapshot": self._snapshot,
         }
         for route in ROUTES:
@@ -647,6 +667,17 @@ class Server:
 
     def _loop(self, query: _Query) -> Any:
         return views.loop_document(self.collector, clock.now_ns())
+
+    def _warnings(self, query: _Query) -> Any:
+        return views.warnings_document(self.collector)
+
+    def _tasks(self, query: _Query) -> Any:
+        responsive = wait_views.responsive_loops(self.collector.monitor, clock.now_ns())
+        return wait_views.tasks_document(query.offset, query.limit, responsive)
+
+    def _executors(self, query: _Query) -> Any:
+        percentiles = self.collector.options.percentiles
+        return wait_views.executors_document(percentiles, self.collector.futures())
 
     def _snapshot(self, query: _Query) -> Any:
         return views.snapshot(self.collector, self._running())

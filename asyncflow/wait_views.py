@@ -13,6 +13,7 @@ from asyncflow.instrument.coroutines import Site, never_awaited
 from asyncflow.instrument.executors import ExecutorRecord, JobFigures, executor_registry
 from asyncflow.instrument.futures import FutureRecord
 from asyncflow.instrument.loops import LoopRecord, loop_registry
+from asyncflow.monitor import LoopMonitor
 from asyncflow.schema import (
     SCHEMA,
     AwaitFrame,
@@ -30,6 +31,7 @@ __all__ = [
     "executor_entry",
     "executors_document",
     "never_awaited_entries",
+    "responsive_loops",
     "tasks_document",
 ]
 
@@ -112,6 +114,18 @@ def _site_entry(site: Site) -> NeverAwaitedEntry:
 def never_awaited_entries() -> list[NeverAwaitedEntry]:
     """Functions whose coroutines were never awaited, most often first."""
     return [_site_entry(site) for site in never_awaited()]
+
+
+def responsive_loops(monitor: LoopMonitor, now: int) -> Callable[[LoopRecord], bool]:
+    """Whether a loop answers now: no blocked episode under way, its heartbeat not late."""
+
+    def responsive(record: LoopRecord) -> bool:
+        state = monitor.states.get(record.id)
+        if state is None:
+            return True
+        return state.ongoing is None and state.lag_now(now) < state.threshold_ns // 2
+
+    return responsive
 
 
 def tasks_document(

@@ -71,6 +71,8 @@ async def workload() -> None:
         await receive.receive()
     async for _ in numbers(5):
         pass
+    with asyncflow.instrument_executors():
+        await asyncio.to_thread(sum, [1, 2])
 
 
 @pytest.fixture
@@ -104,7 +106,7 @@ def test_every_route_answers_and_matches_the_openapi_document(served: asyncflow.
     assert {"work", "mem"} <= {c["label"] for c in channels["channels"]}
     assert "numbers" in [s["label"] for s in streams["streams"]]
     paths = [route.path for route in server.ROUTES if "{id}" not in route.path]
-    assert len(paths) == 8  # and the three logs routes below
+    assert len(paths) == 11  # and the three logs routes below
     paths += [f"/futures/{f['id']}/logs" for f in futures["futures"]]
     paths += [f"/channels/{c['id']}/logs" for c in channels["channels"]]
     paths += [f"/streams/{s['id']}/logs" for s in streams["streams"]]
@@ -370,3 +372,41 @@ def test_each_document_is_built_at_most_every_tenth_of_a_second(fake_clock: Any)
         fake_clock.advance(50_000_001)
         later = get(prof.url, "/profiler_status")[1]
         assert later["uptime_ns"] == first["uptime_ns"] + 100_000_001
+
+
+def test_tasks_route_names_what_a_live_task_waits_on() -> None:
+    """A program's loop running in its own thread: /tasks reads it on that thread."""
+    ready = threading.Event()
+    stop: list[asyncio.AbstractEventLoop] = []
+    inbox: list[asyncio.Queue[int]] = []
+
+    async def wait_for_mail() -> None:
+        await inbox[0].get()
+
+    async def program() -> None:
+        stop.append(asyncio.get_running_loop())
+        inbox.append(asyncflow.instrument_queue(asyncio.Queue[int](), name="inbox"))
+        with asyncflow.instrument_tasks():
+            waiter = asyncio.create_task(wait_for_mail(), name="mailman")
+            await asyncio.sleep(0)
+            ready.set()
+            await waiter
+
+    with asyncflow.profile("tasks", format="none", port=0) as prof:
+        thread = threading.Thread(target=asyncio.run, args=(program(),))
+        thread.start()
+        try:
+            assert ready.wait(5)
+            assert prof.url is not None
+            status, body, _ = get(prof.url, "/tasks")
+            assert status == 200, body
+            (mailman,) = [t for t in body["tasks"] if t["name"] == "mailman"]
+            assert mailman["state"] == "waiting"
+            assert mailman["waits_on"]["description"] == "get from queue inbox"
+            assert mailman["future_label"].endswith("wait_for_mail")
+            assert body["consistent"] is True
+            counted = [w["tasks"] for w in body["waits"] if w["label"].endswith("wait_for_mail")]
+            assert counted == [1]
+        finally:
+            stop[0].call_soon_threadsafe(inbox[0].put_nowait, 1)
+            thread.join(5)
