@@ -933,7 +933,8 @@ class ResourceEntry:
     #: acquisitions that had to wait (exact)
     contended_acquisitions: int
     releases: int
-    #: releases of holds acquired before asyncflow watched (or by a path it does not see)
+    #: releases that ended no hold asyncflow saw: a semaphore released as a signal before
+    #: its taker's acquisition returned, or a hold taken before asyncflow watched
     unmatched_releases: int
     #: waits that ended, whatever the outcome (exact, each timed): a contended acquisition, a
     #: wait for an event that was not set, a condition wait, a barrier wait
