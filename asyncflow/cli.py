@@ -103,6 +103,16 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--no-queues", action="store_true", help="leave the program's asyncio queues alone"
     )
+    run.add_argument(
+        "--no-executors",
+        action="store_true",
+        help="leave run_in_executor, asyncio.to_thread and anyio's worker threads alone",
+    )
+    run.add_argument(
+        "--no-never-awaited",
+        action="store_true",
+        help="do not count coroutines the program creates and never awaits",
+    )
     run.add_argument("program", nargs=argparse.REMAINDER, help="script.py [args...], or args of -m")
     run.set_defaults(handler=_run)
 
@@ -174,6 +184,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     import asyncflow
+    from asyncflow.instrument.executors import instrument_executors
     from asyncflow.instrument.futures import instrument_tasks
 
     program: list[str] = list(args.program)
@@ -236,8 +247,10 @@ def _run(args: argparse.Namespace) -> int:
             file=sys.stderr,
             flush=True,
         )
-    undo_loops = _track_every_loop(instrument_tasks)
+    per_loop = [instrument_tasks] if args.no_executors else [instrument_tasks, instrument_executors]
+    undo_loops = _track_every_loop(per_loop)
     queues = None if args.no_queues else asyncflow.instrument_queues()
+    never_awaited = None if args.no_never_awaited else asyncflow.track_never_awaited()
     undo_sigterm = _report_on_sigterm(profiler.stop)
     sys.argv = [argv0, *program]
     code = 0
@@ -260,6 +273,8 @@ def _run(args: argparse.Namespace) -> int:
         if queues is not None:
             queues.undo()
         profiler.stop()
+        if never_awaited is not None:
+            never_awaited.undo()
     if interrupted is not None:
         _exit_as_interrupted(interrupted)
     return code
@@ -418,8 +433,9 @@ def _print_program_error(exc: BaseException) -> None:
         traceback.print_exception(type(exc), exc, tb)
 
 
-def _track_every_loop(instrument_tasks: Callable[..., Any]) -> Callable[[], None]:
-    """Make every event loop created from now on track its tasks (asyncio.run, Runner...).
+def _track_every_loop(instrumenters: list[Callable[..., Any]]) -> Callable[[], None]:
+    """Make every event loop created from now on track its tasks, its executor jobs...
+    (asyncio.run, Runner...): each of ``instrumenters`` is called with ``loop=`` the new loop.
 
     Returns the undo. Loops are caught where every asyncio loop is born, in
     ``BaseEventLoop.__init__``; loops of other implementations (uvloop) are not.
@@ -429,7 +445,8 @@ def _track_every_loop(instrument_tasks: Callable[..., Any]) -> Callable[[], None
     def init(self: asyncio.BaseEventLoop, *args: Any, **kwargs: Any) -> None:
         original(self, *args, **kwargs)
         try:
-            instrument_tasks(loop=self)
+            for instrument in instrumenters:
+                instrument(loop=self)
         except Exception as exc:  # observing never breaks the program
             from asyncflow.instrument import _session
 

@@ -555,3 +555,62 @@ def test_every_install_command_in_the_readme_installs_this_checkout() -> None:
     for command in commands:
         targets = [t.strip("'\"") for t in command.split() if not t.startswith("-")]
         assert targets and all(t.split("[")[0] == "." for t in targets), command
+
+
+WAITING_PROGRAM = """\
+import asyncio
+import concurrent.futures
+import threading
+
+go = threading.Event()
+
+
+def convert(n):
+    go.wait(5)
+    return n
+
+
+async def notify(n):
+    return n
+
+
+async def main():
+    notify(0)  # never awaited: the program's bug
+    loop = asyncio.get_running_loop()
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        jobs = [loop.run_in_executor(pool, convert, n) for n in range(6)]
+        go.set()
+        print(sum(await asyncio.gather(*jobs)))
+    print(await asyncio.to_thread(convert, 4))
+
+
+asyncio.run(main())
+"""
+
+
+def test_run_sees_executors_and_never_awaited_coroutines_without_code_changes(
+    tmp_path: Path,
+) -> None:
+    script = write(tmp_path / "prog.py", WAITING_PROGRAM)
+    report = tmp_path / "report.json"
+    done = asyncflow_cmd("run", "--format", "json", "--output", str(report), str(script))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["15", "4"]
+    assert "coroutine 'notify' was never awaited" in done.stderr  # Python's warning, as ever
+    document = orjson.loads(report.read_bytes())
+    executors = {e["label"]: e for e in document["executors"]["executors"]}
+    assert executors["ThreadPoolExecutor"]["submitted"] == 6
+    default = next(e for label, e in executors.items() if label.startswith("default executor"))
+    assert [f["name"] for f in default["functions"]] == ["__main__.convert"]
+    (orphan,) = document["futures"]["never_awaited"]
+    assert (orphan["function"], orphan["count"]) == ("notify", 1)
+    assert "never-awaited" in {w["kind"] for w in document["warnings"]}
+
+    done = asyncflow_cmd(
+        "run", "--no-executors", "--no-never-awaited", "--format", "json", "--output",
+        str(report), str(script),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    document = orjson.loads(report.read_bytes())
+    assert document["executors"]["executors"] == []
+    assert document["futures"]["never_awaited"] == []
