@@ -371,6 +371,12 @@ class StreamEntry:
     timed_count: int = 0
     #: one item in this many is timed now (1: all of them)
     sampling_interval: int = 1
+    #: ``compiled``: a decorated function compiled again with the counting inside, after its
+    #: source was proved to compile to the very code that was loaded; ``wrapped``: each
+    #: generator is wrapped (iterables, and decorated functions that could not be compiled)
+    mode: str = "wrapped"
+    #: why a decorated function is wrapped rather than compiled again; None otherwise
+    fallback_reason: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

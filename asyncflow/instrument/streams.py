@@ -16,10 +16,12 @@ import copy
 import functools
 import inspect
 import itertools
-import textwrap
+import linecache
 import threading
+import tokenize
 import types
 import warnings
+import weakref
 from collections import deque
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 from typing import Any, Generic, ParamSpec, TypeVar, overload
@@ -43,6 +45,8 @@ CANCELLED = "cancelled"
 FAILED = "failed"
 STATES = (ACTIVE, EXHAUSTED, CLOSED, CANCELLED, FAILED)
 STREAM_LOG_SIZE = 100
+COMPILED = "compiled"  # a decorated function compiled again, counting inside its generators
+WRAPPED = "wrapped"  # each generator (or iterable) wrapped by an InstrumentedAsyncIterator
 
 
 class StreamStats:
@@ -166,9 +170,24 @@ def _timed_item(it: _Iteration, item: Any) -> Any:
 
 
 class StreamRecord:
-    """A tracked stream definition."""
+    """A tracked stream definition.
 
-    __slots__ = ("file", "id", "label", "line", "log_items", "source", "stats")
+    ``mode`` is how a decorated function runs: ``compiled`` (compiled again with counting
+    inside) or ``wrapped`` (each generator wrapped, as iterables are); ``fallback_reason`` says
+    why a decorated function is wrapped (None when it is compiled, or for wrapped iterables).
+    """
+
+    __slots__ = (
+        "fallback_reason",
+        "file",
+        "id",
+        "label",
+        "line",
+        "log_items",
+        "mode",
+        "source",
+        "stats",
+    )
 
     def __init__(self, label: str, source: str, file: str, line: int, log_items: bool) -> None:
         self.id = next(_stream_ids)
@@ -178,6 +197,8 @@ class StreamRecord:
         self.line = line
         self.log_items = log_items
         self.stats = StreamStats()
+        self.mode = WRAPPED
+        self.fallback_reason: str | None = None
 
 
 _stream_ids = itertools.count(1)
@@ -277,9 +298,24 @@ class InstrumentedAsyncIterator(Generic[_T]):
 # again from its source with two integer operations at each ``yield`` and a try/except around
 # the body: the result is a real async generator function, and its generators are real async
 # generators. The timed path (``_timed_item``) runs for the item before a timed one and for the
-# timed one. Line numbers, column offsets, the file name, closures, defaults and name mangling
-# are those of the original; when the source cannot be had (REPL, ``exec``) or anything does
-# not match, the wrapper above is used instead.
+# timed one.
+#
+# It must run exactly the code that was loaded. The source can lie (a file edited after import,
+# a stale ``linecache`` entry for an ``exec``'d cell), and compiling a function outside its
+# class or module can change it (name mangling), so the source, parsed at its own columns, is
+# first compiled untransformed in the same enclosing scopes as the counting version, and that
+# code object must be identical to the loaded one (bytecode, constants, names, flags, line and
+# column table, nested code objects). Only then is the counting version used; otherwise, or
+# when the source cannot be had (REPL, ``exec``), the wrapper above is used, and the stream
+# entry says which (``mode``) and why (``fallback_reason``). Both outcomes are kept per code
+# object, so decorating the same nested generator on every call compiles it once.
+
+_NO_SOURCE = "its source is not available"
+_NOT_ONE_FUNCTION = "its source is not one async generator function"
+_SOURCE_DIFFERS = "its source does not compile to the loaded code"
+_RESERVED = "it uses names that start with _asyncflow_"
+_NOT_A_FUNCTION = "it is not a plain function"
+_FAILED = "compiling it again failed"
 
 _PROLOGUE = """
 _asyncflow_it = _asyncflow_begin(_asyncflow_record)
@@ -294,6 +330,12 @@ except BaseException as _asyncflow_exc:
 finally:
     _asyncflow_it.end(None)
 """
+# ``yield x``: counted once ``x`` has been evaluated (an expression that raises yields nothing).
+# A constant or a name is substituted as it is (a name is read once by itself first, so that an
+# unbound one raises before the count). Anything else is evaluated into ``_asyncflow_item``
+# first, and taken out of it as it is yielded, so that the generator does not keep the item
+# alive while it waits: ``(_asyncflow_item, (_asyncflow_item := None))[0]`` (cheaper than
+# counting it in a call: 20 to 35 ns an item here, measured).
 _YIELD = """
 _asyncflow_stats.items += 1
 if _asyncflow_stats.items >= _asyncflow_stats.arm:
@@ -302,9 +344,13 @@ if _asyncflow_stats.items >= _asyncflow_stats.arm:
 else:
     _asyncflow_target = yield _asyncflow_value
 """
+_EVALUATE = "_asyncflow_item = _asyncflow_value"
+_TAKE = "(_asyncflow_item, (_asyncflow_item := None))[0]"
+_FACTORY = "_asyncflow_factory"
 _FUTURE_FLAGS = 0
 for _feature in __future__.all_feature_names:
     _FUTURE_FLAGS |= getattr(__future__, _feature).compiler_flag
+_CO_NESTED = inspect.CO_NESTED
 
 
 def _count(it: _Iteration, item: Any) -> Any:
@@ -329,6 +375,7 @@ _HELPERS: dict[str, Any] = {
     "_asyncflow_timed": _timed_item,
     "_asyncflow_resumed": _resumed,
 }
+_HELPER_CELLS = {name: types.CellType(value) for name, value in _HELPERS.items()}
 
 
 def _template(text: str, like: ast.AST) -> list[ast.stmt]:
@@ -359,15 +406,21 @@ class _Yields(ast.NodeTransformer):
 
     def _statement(self, stmt: ast.stmt, yielded: ast.Yield, target: ast.expr | None) -> Any:
         value = self.visit(yielded.value) if yielded.value else ast.Constant(None)
+        first: list[ast.stmt] = []
+        if isinstance(value, ast.Name):
+            first = [ast.copy_location(ast.Expr(copy.deepcopy(value)), value)]
+        elif not isinstance(value, ast.Constant):
+            first = [_Substitute({"_asyncflow_value": value}).visit(_template(_EVALUATE, stmt)[0])]
+            value = ast.parse(_TAKE, mode="eval").body
+            for node in ast.walk(value):
+                ast.copy_location(node, stmt)
         body = _template(_YIELD, stmt)
         if target is None:  # a plain ``yield x`` statement: no assignment
             for branch in (body[1].body, body[1].orelse):  # type: ignore[attr-defined]
                 assign = branch[0]
                 branch[0] = ast.copy_location(ast.Expr(assign.value), assign)
-        return [
-            _Substitute({"_asyncflow_value": value, "_asyncflow_target": target or value}).visit(s)
-            for s in body
-        ]
+        names = {"_asyncflow_value": value, "_asyncflow_target": target or value}
+        return first + [_Substitute(names).visit(s) for s in body]
 
     def visit_Expr(self, node: ast.Expr) -> Any:
         if isinstance(node.value, ast.Yield):
@@ -393,108 +446,293 @@ def _it() -> ast.expr:
     return ast.Name("_asyncflow_it", ast.Load())
 
 
-def _shift_columns(tree: ast.AST, by: int) -> None:
-    for node in ast.walk(tree):
-        if isinstance(getattr(node, "col_offset", None), int):
-            node.col_offset += by  # type: ignore[attr-defined]
-        if isinstance(getattr(node, "end_col_offset", None), int):
-            node.end_col_offset += by  # type: ignore[attr-defined]
+def _source_tree(fn: types.FunctionType, code: types.CodeType) -> ast.AsyncFunctionDef | str:
+    """The function's definition parsed from its source at its own lines and columns."""
+    lines = linecache.getlines(code.co_filename, fn.__globals__)
+    first = code.co_firstlineno  # its first decorator's line, if it has any
+    if not 0 < first <= len(lines):
+        return _NO_SOURCE
+    try:
+        block = inspect.getblock(lines[first - 1 :])
+    except (SyntaxError, tokenize.TokenError):
+        return _NOT_ONE_FUNCTION
+    # Parsed where it stands, never dedented: an indented definition goes inside an ``if``
+    # block, so that string contents and column offsets stay exactly those of the file.
+    indented = block[0][:1].isspace()
+    text = "".join(["if 1:\n", *block] if indented else block)
+    try:
+        with warnings.catch_warnings():  # the user saw the source's warnings once already
+            warnings.simplefilter("ignore")
+            tree = ast.parse(text, code.co_filename)
+    except (SyntaxError, ValueError):
+        return _NOT_ONE_FUNCTION
+    body = tree.body
+    if indented:
+        if len(body) != 1 or not isinstance(body[0], ast.If):
+            return _NOT_ONE_FUNCTION
+        body = body[0].body
+    if len(body) != 1:
+        return _NOT_ONE_FUNCTION
+    node = body[0]
+    if not isinstance(node, ast.AsyncFunctionDef) or node.name != code.co_name:
+        return _NOT_ONE_FUNCTION
+    ast.increment_lineno(node, first - (2 if indented else 1))
+    return node
 
 
-def _find_code(code: types.CodeType, name: str) -> types.CodeType | None:
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            if const.co_name == name and const.co_flags & inspect.CO_ASYNC_GENERATOR:
-                return const
-            found = _find_code(const, name)
-            if found is not None:
-                return found
+def _enclosing_class(qualname: str) -> str | None:
+    """The class whose name private names are mangled with: the innermost class in
+    ``co_qualname`` (a function there is followed by ``<locals>``, a class is not)."""
+    parts = qualname.split(".")
+    for i in range(len(parts) - 2, -1, -1):
+        if parts[i] != "<locals>" and parts[i + 1] != "<locals>":
+            return parts[i] if parts[i].isidentifier() else None
     return None
 
 
-def _rewrite(fn: Any, record: StreamRecord) -> Any:
-    """``fn`` compiled again with its items counted in place; None when that cannot be done."""
-    if type(fn) is not types.FunctionType:
-        return None
+def _imported_names(node: ast.AsyncFunctionDef, fn: types.FunctionType) -> tuple[str, ...]:
+    """The names ``node`` calls methods on that its module most likely bound by ``import``.
+
+    The compiler calls ``name.attr()`` without ``LOAD_METHOD`` when the module has an
+    ``import`` of ``name``; a module, or a class or function defined in another module, bound
+    at the module's top level is taken for one (the identity check then proves it or not).
+    """
+    names: set[str] = set()
+    for call in ast.walk(node):
+        if (
+            isinstance(call, ast.Call)
+            and isinstance(call.func, ast.Attribute)
+            and isinstance(call.func.value, ast.Name)
+        ):
+            value = fn.__globals__.get(call.func.value.id, names)
+            if isinstance(value, types.ModuleType) or (
+                isinstance(value, type | types.FunctionType | types.BuiltinFunctionType)
+                and value.__module__ != fn.__module__
+            ):
+                names.add(call.func.value.id)
+    return tuple(sorted(names))
+
+
+def _compile_in_scope(
+    node: ast.AsyncFunctionDef, code: types.CodeType, cls: str | None, imported: tuple[str, ...]
+) -> types.CodeType | None:
+    """``node`` compiled inside a function whose parameters are the original's free variables
+    and the helpers (they become the new code's closure), inside a class of the enclosing
+    class's name (private names are mangled alike), in a module that imports ``imported``.
+    Nothing here is executed."""
+    params = [*code.co_freevars, *_HELPERS, "_asyncflow_record"]
+    factory = ast.parse(f"def {_FACTORY}({', '.join(params)}):\n    pass\n").body[0]
+    factory.body = [node]  # type: ignore[attr-defined]
+    outer: ast.stmt = factory
+    if cls is not None:
+        outer = ast.parse(f"class {cls}:\n    pass\n").body[0]
+        outer.body = [factory]  # type: ignore[attr-defined]
+    imports = [ast.Import([ast.alias(name)]) for name in imported]
+    module = ast.Module(body=[*imports, outer], type_ignores=[])
+    ast.fix_missing_locations(module)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        compiled = compile(
+            module,
+            code.co_filename,
+            "exec",
+            flags=code.co_flags & _FUTURE_FLAGS,
+            dont_inherit=True,
+        )
+    for name in (cls, _FACTORY, code.co_name):
+        if name is not None:
+            found = [c for c in compiled.co_consts if type(c) is types.CodeType]
+            found = [c for c in found if c.co_name == name]
+            if len(found) != 1:
+                return None
+            compiled = found[0]
+    return compiled if type(compiled) is types.CodeType else None
+
+
+_CODE_FIELDS = (
+    "co_argcount",
+    "co_posonlyargcount",
+    "co_kwonlyargcount",
+    "co_nlocals",
+    "co_stacksize",
+    "co_code",
+    "co_names",
+    "co_varnames",
+    "co_freevars",
+    "co_cellvars",
+    "co_filename",
+    "co_name",
+    "co_firstlineno",
+    "co_linetable",
+    "co_exceptiontable",
+)
+
+
+class _Requalify:
+    """Maps the qualified names of the compiled-again code to those of the original."""
+
+    def __init__(self, compiled: str, original: str) -> None:
+        self.compiled = compiled
+        self.original = original
+
+    def __call__(self, qualname: str) -> str:
+        if qualname == self.compiled or qualname.startswith(self.compiled + "."):
+            return self.original + qualname[len(self.compiled) :]
+        return qualname
+
+    def code(self, code: types.CodeType) -> types.CodeType:
+        consts = tuple(self.code(c) if type(c) is types.CodeType else c for c in code.co_consts)
+        return code.replace(co_qualname=self(code.co_qualname), co_consts=consts)
+
+
+def _same_code(new: types.CodeType, old: types.CodeType, requalify: _Requalify) -> bool:
+    """Whether ``new`` is ``old`` compiled again: everything that runs or is shown alike (only
+    the qualified name's prefix and the informational ``CO_NESTED`` flag may differ)."""
+    return (
+        all(getattr(new, f) == getattr(old, f) for f in _CODE_FIELDS)
+        and not (new.co_flags ^ old.co_flags) & ~_CO_NESTED
+        and requalify(new.co_qualname) == old.co_qualname
+        and _same_const(new.co_consts, old.co_consts, requalify)
+    )
+
+
+def _same_const(new: Any, old: Any, requalify: _Requalify) -> bool:
+    if type(new) is not type(old):
+        return False
+    if type(new) is types.CodeType:
+        return _same_code(new, old, requalify)
+    if type(new) is tuple:
+        return len(new) == len(old) and all(
+            _same_const(a, b, requalify) for a, b in zip(new, old, strict=True)
+        )
+    if type(new) is frozenset:
+        return {_const_key(c) for c in new} == {_const_key(c) for c in old}
+    return bool(_const_key(new) == _const_key(old))
+
+
+def _const_key(const: Any) -> Any:
+    # 0 == 0.0 == False and -0.0 == 0.0, but they are different constants; nan is itself
+    if isinstance(const, float | complex):
+        return type(const), repr(const)
+    if isinstance(const, tuple | frozenset):
+        return type(const), tuple(_const_key(c) for c in const)
+    return type(const), const
+
+
+def _uses_reserved_names(code: types.CodeType) -> bool:
+    names = (*code.co_names, *code.co_varnames, *code.co_freevars, *code.co_cellvars)
+    return any(n.startswith("_asyncflow_") for n in names) or any(
+        _uses_reserved_names(c) for c in code.co_consts if type(c) is types.CodeType
+    )
+
+
+class _Counting:
+    """A generator's code compiled again with counting: the new code object, and where each
+    of its free variables comes from (an index into the original's closure, a helper's cell,
+    or None for the stream record)."""
+
+    __slots__ = ("code", "layout")
+
+    def __init__(self, code: types.CodeType, layout: tuple[int | types.CellType | None, ...]):
+        self.code = code
+        self.layout = layout
+
+
+def _compile_counting(fn: types.FunctionType) -> _Counting | str:
+    """``fn``'s code compiled again with its items counted in place, or why it is not."""
     original = fn.__code__
-    try:
-        lines, first = inspect.getsourcelines(fn)
-        source = "".join(lines)
-        text = textwrap.dedent(source)
-        indent = len(source) - len(source.lstrip()) - (len(text) - len(text.lstrip()))
-        with warnings.catch_warnings():  # the user saw the source's warnings once already
-            warnings.simplefilter("ignore")
-            tree = ast.parse(text)
-    except (OSError, TypeError, SyntaxError, IndentationError):
-        return None
-    if len(tree.body) != 1 or not isinstance(tree.body[0], ast.AsyncFunctionDef):
-        return None
-    node = tree.body[0]
-    if node.name != original.co_name:
-        return None
-    ast.increment_lineno(tree, first - 1)
-    _shift_columns(tree, indent)
+    if _uses_reserved_names(original):
+        return _RESERVED
+    node = _source_tree(fn, original)
+    if isinstance(node, str):
+        return node
+    cls = _enclosing_class(original.co_qualname)
+    imported = _imported_names(node, fn)
+    for attempt in dict.fromkeys([imported, ()]):  # none: names imported by an earlier cell
+        untransformed = _compile_in_scope(copy.deepcopy(node), original, cls, attempt)
+        if untransformed is None:
+            return _FAILED
+        requalify = _Requalify(untransformed.co_qualname, original.co_qualname)
+        if _same_code(untransformed, original, requalify):
+            imported = attempt
+            break
+    else:
+        return _SOURCE_DIFFERS
     # The body: counting at each yield, the iteration's end seen by a try around it all.
-    body: list[ast.stmt] = [_Yields().visit(stmt) for stmt in node.body]
     flat: list[ast.stmt] = []
-    for stmt in body:
-        flat.extend(stmt if isinstance(stmt, list) else [stmt])
+    for stmt in node.body:
+        done = _Yields().visit(stmt)
+        flat.extend(done if isinstance(done, list) else [done])
     like = node.body[0]
     guard = _template(_BODY, like)[0]
     guard.body = flat  # type: ignore[attr-defined]
     node.body = [*_template(_PROLOGUE, like), guard]
-    # Compiled inside a function whose parameters are the original's free variables and the
-    # helpers (so they become the new code's closure), inside a class of the same name when the
-    # original is a method (so that private names are mangled alike). Nothing here is executed.
-    params = [*original.co_freevars, *_HELPERS, "_asyncflow_record"]
-    factory = ast.parse(f"def _asyncflow_factory({', '.join(params)}):\n    pass\n").body[0]
-    factory.body = [node]  # type: ignore[attr-defined]
-    outer: ast.stmt = factory
-    scope = fn.__qualname__.split(".")
-    if len(scope) > 1 and scope[-2] != "<locals>":
-        outer = ast.parse(f"class {scope[-2]}:\n    pass\n").body[0]
-        outer.body = [factory]  # type: ignore[attr-defined]
-    module = ast.Module(body=[outer], type_ignores=[])
-    ast.fix_missing_locations(module)
+    counting = _compile_in_scope(node, original, cls, imported)
+    if counting is None:
+        return _FAILED
+    code = requalify.code(counting)
+    code = code.replace(co_flags=code.co_flags & ~_CO_NESTED | original.co_flags & _CO_NESTED)
+    layout: list[int | types.CellType | None] = []
+    for name in code.co_freevars:
+        if name in _HELPER_CELLS:
+            layout.append(_HELPER_CELLS[name])
+        elif name == "_asyncflow_record":
+            layout.append(None)
+        elif name in original.co_freevars:
+            layout.append(original.co_freevars.index(name))
+        else:
+            return _FAILED
+    return _Counting(code, tuple(layout))
+
+
+# One outcome per code object, by identity (equal code objects from two files compare equal),
+# forgotten with the code object: an ``exec``'d cell run again does not pile up entries.
+_compiled: dict[int, tuple[weakref.ref[types.CodeType], _Counting | str]] = {}
+
+
+def _counting_for(fn: types.FunctionType) -> _Counting | str:
+    code = fn.__code__
+    key = id(code)
+    cached = _compiled.get(key)
+    if cached is not None and cached[0]() is code:
+        return cached[1]
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            compiled = compile(
-                module,
-                original.co_filename,
-                "exec",
-                flags=original.co_flags & _FUTURE_FLAGS,
-                dont_inherit=True,
-            )
-    except (SyntaxError, ValueError, TypeError):
-        return None
-    code = _find_code(compiled, original.co_name)
-    if (
-        code is None
-        or code.co_argcount != original.co_argcount
-        or code.co_kwonlyargcount != original.co_kwonlyargcount
-        or code.co_posonlyargcount != original.co_posonlyargcount
-        or code.co_varnames[: original.co_argcount] != original.co_varnames[: original.co_argcount]
-        or code.co_firstlineno != original.co_firstlineno
-    ):
-        return None
-    code = code.replace(co_qualname=original.co_qualname)
-    cells = dict(zip(original.co_freevars, fn.__closure__ or (), strict=True))
-    for name, value in {**_HELPERS, "_asyncflow_record": record}.items():
-        cells[name] = types.CellType(value)
-    if any(name not in cells for name in code.co_freevars):
-        return None
+        outcome = _compile_counting(fn)
+    except Exception as err:  # observing never breaks the program: wrap it instead
+        _session.internal_error("compiling a stream again", err)
+        outcome = _FAILED
+
+    def forget(ref: weakref.ref[types.CodeType]) -> None:
+        if _compiled.get(key, (None,))[0] is ref:
+            del _compiled[key]
+
+    _compiled[key] = (weakref.ref(code, forget), outcome)
+    return outcome
+
+
+def _rewrite(fn: Any, record: StreamRecord) -> tuple[Any, str | None]:
+    """``fn`` compiled again with its items counted in place, or (None, why not)."""
+    if type(fn) is not types.FunctionType:
+        return None, _NOT_A_FUNCTION
+    counting = _counting_for(fn)
+    if isinstance(counting, str):
+        return None, counting
+    closure = fn.__closure__ or ()
+    record_cell = types.CellType(record)
+    cells = tuple(
+        record_cell if c is None else closure[c] if type(c) is int else c for c in counting.layout
+    )
     rewritten = types.FunctionType(
-        code,
+        counting.code,
         fn.__globals__,
         fn.__name__,
         fn.__defaults__,
-        tuple(cells[name] for name in code.co_freevars),
+        cells,  # type: ignore[arg-type]
     )
     rewritten.__kwdefaults__ = fn.__kwdefaults__
     functools.update_wrapper(rewritten, fn)
     rewritten.stream_record = record  # type: ignore[attr-defined]
-    return rewritten
+    return rewritten, None
 
 
 class StreamFunction(Generic[_P, _T]):
@@ -502,9 +740,11 @@ class StreamFunction(Generic[_P, _T]):
 
     __wrapped__: Callable[_P, AsyncIterator[_T]]
 
-    def __init__(self, fn: Callable[_P, AsyncIterator[_T]], record: StreamRecord) -> None:
+    def __init__(
+        self, fn: Callable[_P, AsyncIterator[_T]], record: StreamRecord, code: types.CodeType
+    ) -> None:
         functools.update_wrapper(self, fn)
-        self.__code__ = fn.__code__
+        self.__code__ = code
         self.__defaults__ = getattr(fn, "__defaults__", None)
         self.__kwdefaults__ = getattr(fn, "__kwdefaults__", None)
         self.stream_record = record
@@ -559,19 +799,24 @@ def stream(fn: Any = None, /, *, name: str | None = None, log_items: bool = Fals
             )
         if _config.disabled():
             return f
-        code = f.__code__
+        inner = f  # a partial's or bound method's function: what it runs, where it is defined
+        while isinstance(inner, functools.partial | types.MethodType):
+            inner = inner.func if isinstance(inner, functools.partial) else inner.__func__
+        code = inner.__code__
         record = _record_for(
             code,
             lambda: StreamRecord(
-                name or f.__qualname__,
-                f"{f.__module__}:{f.__qualname__}",
+                name or inner.__qualname__,
+                f"{inner.__module__}:{inner.__qualname__}",
                 code.co_filename,
                 code.co_firstlineno,
                 log_items,
             ),
             name,
         )
-        return _rewrite(f, record) or StreamFunction(f, record)
+        rewritten, why = _rewrite(f, record)
+        record.mode, record.fallback_reason = (COMPILED, None) if why is None else (WRAPPED, why)
+        return rewritten or StreamFunction(f, record, code)
 
     if fn is None:
         return decorate
