@@ -104,6 +104,13 @@ def _parser() -> argparse.ArgumentParser:
         "--no-queues", action="store_true", help="leave the program's asyncio queues alone"
     )
     run.add_argument(
+        "--warn",
+        default=None,
+        metavar="NAME=VALUE,...",
+        help="warning thresholds that differ from the defaults, e.g. long_poll=0.05 "
+        "(see the README's warnings section)",
+    )
+    run.add_argument(
         "--no-executors",
         action="store_true",
         help="leave run_in_executor, asyncio.to_thread and anyio's worker threads alone",
@@ -226,6 +233,7 @@ def _run(args: argparse.Namespace) -> int:
             "duration": args.duration,
             "sampling": args.sampling,
             "block_threshold": args.block_threshold,
+            "warn": args.warn,
         }.items()
         if value is not None
     }

@@ -76,7 +76,7 @@ class Collector:
         self.series_interval = SERIES_INTERVAL_NS
         self._next_sample = 0
         #: the diagnoses over time: evaluated by views.warnings_document, on this thread
-        self.warnings = lints.WarningBook()
+        self.warnings = lints.WarningBook(lints.Thresholds.from_options(options.warn))
 
     def drain(self) -> int:
         """Fold every finished call waiting in the buffer, then reap what is gone; returns how

@@ -66,6 +66,24 @@ _ENV = {
     "block_threshold": "ASYNCFLOW_BLOCK_THRESHOLD",
     "sampling": "ASYNCFLOW_SAMPLING",
     "allowed_hosts": "ASYNCFLOW_ALLOWED_HOSTS",
+    "warn": "ASYNCFLOW_WARN",
+}
+
+#: The warnings' thresholds that ``warn=`` may set, and what each takes: ``seconds`` (> 0, at
+#: most an hour), ``share`` (a fraction in (0, 1]) or ``count`` (a whole number >= 1). The
+#: defaults and meanings are those of ``asyncflow.lints.Thresholds``.
+WARN_THRESHOLDS = {
+    "long_poll": "seconds",
+    "cpu_share": "share",
+    "cpu_wall_share": "share",
+    "blocked_share": "share",
+    "starved_share": "share",
+    "unread_messages": "count",
+    "cancel_share": "share",
+    "cancel_min": "count",
+    "executor_min_jobs": "count",
+    "leak_min_live": "count",
+    "leak_finish_share": "share",
 }
 _DISABLE = "ASYNCFLOW_DISABLE"
 
@@ -112,6 +130,9 @@ class Options:
     sampling: int = 0
     #: more host names the endpoint answers to (``Host``), beside loopback and ``host``; "*": any
     allowed_hosts: tuple[str, ...] = ()
+    #: warning thresholds that differ from the defaults, as (name, value) pairs; see
+    #: ``WARN_THRESHOLDS``
+    warn: tuple[tuple[str, float], ...] = ()
 
 
 def check_type(
@@ -219,6 +240,43 @@ def _seconds(
     if not (ok and value <= high):
         raise ValueError(f"{source}={_shown(value)}: expected seconds, {meaning}")
     return float(value)
+
+
+def _warn(value: object, source: str) -> tuple[tuple[str, float], ...]:
+    """``"long_poll=0.05,blocked_share=0.5"`` (or a mapping): thresholds of the warnings."""
+    if isinstance(value, str):
+        pairs: list[tuple[str, object]] = []
+        for part in value.split(","):
+            if not part.strip():
+                continue
+            key, sep, number = part.partition("=")
+            if not sep:
+                raise ValueError(
+                    f"{source}={_shown(value)}: expected name=value pairs separated by commas, "
+                    f"such as long_poll=0.05; names: {', '.join(WARN_THRESHOLDS)}"
+                )
+            pairs.append((key.strip(), number.strip()))
+    elif isinstance(value, Mapping):
+        pairs = list(value.items())
+    else:
+        raise ValueError(
+            f"{source}={_shown(value)}: expected a mapping or 'name=value,...' of thresholds"
+        )
+    out: dict[str, float] = {}
+    for key, raw in pairs:
+        kind = WARN_THRESHOLDS.get(key) if isinstance(key, str) else None
+        if kind is None:
+            raise ValueError(
+                f"{source}: unknown warning threshold {key!r}; known: {', '.join(WARN_THRESHOLDS)}"
+            )
+        where = f"{source}[{key}]"
+        if kind == "seconds":
+            out[key] = _seconds(raw, where, 3600.0, "a finite number > 0, at most 3600")
+        elif kind == "share":
+            out[key] = _seconds(raw, where, 1.0, "a fraction > 0, at most 1")
+        else:
+            out[key] = float(_int(raw, where, 1, 1_000_000_000, "a whole number >= 1"))
+    return tuple(sorted(out.items()))
 
 
 def _format(value: object, source: str) -> str:
@@ -347,6 +405,7 @@ def resolve_options(
         "block_threshold",
         "sampling",
         "allowed_hosts",
+        "warn",
     }
     unknown = sorted(set(given) - known)
     if unknown:
@@ -395,6 +454,8 @@ def resolve_options(
         fields["sampling"] = _sampling(*p)
     if (p := pick("allowed_hosts")) is not None:
         fields["allowed_hosts"] = _allowed_hosts(*p)
+    if (p := pick("warn")) is not None:
+        fields["warn"] = _warn(*p)
     if given.get("reporter") is not None:
         fields["reporter"] = _reporter(given["reporter"], "reporter")
     return Options(name=name, **fields)

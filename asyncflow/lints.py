@@ -15,6 +15,7 @@ import os
 import sysconfig
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from asyncflow.schema import (
     SCHEMA,
@@ -72,6 +73,19 @@ class Thresholds:
     #: ``leak_finish_share`` of the calls created meanwhile finished
     leak_min_live: int = 50
     leak_finish_share: float = 0.1
+
+    @classmethod
+    def from_options(cls, pairs: Iterable[tuple[str, float]]) -> Thresholds:
+        """The defaults, with what the ``warn`` option sets (seconds become nanoseconds)."""
+        values: dict[str, Any] = {}
+        for name, value in pairs:
+            if name == "long_poll":
+                values["long_poll_ns"] = round(value * 1e9)
+            elif isinstance(getattr(cls, name, None), int):
+                values[name] = int(value)
+            else:
+                values[name] = float(value)
+        return cls(**values)
 
 
 @dataclass(frozen=True, slots=True)

@@ -357,3 +357,27 @@ async def test_a_task_leak(fake_clock: FakeClock, prof: asyncflow.Profiler) -> N
         await asyncio.gather(*leaked, return_exceptions=True)
     after = [f.kind for f in _only(_findings(prof)) if f.subject.kind == "future"]
     assert after == ["cancellation-storm"]  # cancelled at last: no longer a leak
+
+
+def test_thresholds_are_options(monkeypatch: pytest.MonkeyPatch) -> None:
+    options = asyncflow.profile("t", warn="long_poll=0.25, cancel_min=3").options
+    thresholds = Thresholds.from_options(options.warn)
+    assert (thresholds.long_poll_ns, thresholds.cancel_min) == (250_000_000, 3)
+    assert thresholds.blocked_share == Thresholds().blocked_share  # the rest keep defaults
+    monkeypatch.setenv("ASYNCFLOW_WARN", "starved_share=0.9")
+    from_env = Thresholds.from_options(asyncflow.profile("t").options.warn)
+    assert from_env.starved_share == 0.9
+    mapping = asyncflow.profile("t", warn={"leak_min_live": 10}).options.warn
+    assert Thresholds.from_options(mapping).leak_min_live == 10
+    for bad, says in [
+        ("long_poll", "name=value"),
+        ("nonsense=1", "unknown warning threshold 'nonsense'"),
+        ("cancel_share=2", r"warn\[cancel_share\]"),
+        ("cancel_min=0", r"warn\[cancel_min\]"),
+        ("long_poll=nan", r"warn\[long_poll\]"),
+    ]:
+        with pytest.raises(ValueError, match=says):
+            asyncflow.profile("t", warn=bad)
+    with pytest.raises(ValueError, match="ASYNCFLOW_WARN"):
+        monkeypatch.setenv("ASYNCFLOW_WARN", "long_poll=-1")
+        asyncflow.profile("t")
