@@ -123,7 +123,7 @@ def responsive_loops(monitor: LoopMonitor, now: int) -> Callable[[LoopRecord], b
         state = monitor.states.get(record.id)
         if state is None:
             return True
-        return state.ongoing is None and state.lag_now(now) < state.threshold_ns // 2
+        return state.ongoing is None and state.lag_now(now) < monitor.threshold_ns // 2
 
     return responsive
 
