@@ -369,12 +369,23 @@ class TopApp(App[None]):
         view = VIEWS[self.view]
         table = self.query_one("#table", DataTable)
         cursor = table.cursor_row
+        # The cursor follows an entity, not a position: the selected one (its logs are shown),
+        # else the one highlighted before the rows were sorted or refreshed.
+        follow = str(self.selected) if self.selected is not None else self._highlighted(table)
         rows = sorted(self.rows, key=view.sorts[self.sort[self.view]][1])
         table.clear()
         for row in rows:
             table.add_row(*view.cells(row), key=str(row["id"]))
         if rows:
-            table.move_cursor(row=min(cursor, len(rows) - 1))
+            ids = [str(row["id"]) for row in rows]
+            target = ids.index(follow) if follow in ids else min(cursor, len(rows) - 1)
+            table.move_cursor(row=target, animate=False)
+
+    @staticmethod
+    def _highlighted(table: DataTable[Any]) -> str | None:
+        if not table.row_count:
+            return None
+        return table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
 
     def table_text(self) -> list[tuple[str, ...]]:
         """The table's rows as shown (what the tests read)."""

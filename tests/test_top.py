@@ -75,6 +75,46 @@ async def test_top_shows_futures_channels_streams_and_loops() -> None:
         assert not app.is_running
 
 
+@asyncflow.future(name="alpha")
+async def alpha() -> None:
+    await asyncio.sleep(0)
+
+
+@asyncflow.future(name="beta")
+async def beta() -> None:
+    for _ in range(30):
+        await asyncio.sleep(0)
+
+
+def highlighted(app: TopApp) -> str | None:
+    """The id of the row under the cursor."""
+    table = app.query_one(DataTable)
+    return table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
+
+
+async def test_the_logs_follow_the_selected_future_across_sorts() -> None:
+    with asyncflow.profile("follow", format="none", port=0) as prof:
+        for _ in range(3):
+            await alpha()
+        await beta()
+        await workload()
+        assert prof.url is not None
+        app = TopApp(prof.url, interval=0.05)
+        async with app.run_test(size=SIZE) as pilot:
+            await until(pilot, lambda: len(app.table_text()) >= 4, "four futures")
+            await pilot.press("p")  # paused: the rows move only when sorted
+            table = app.query_one(DataTable)
+            for row in (0, 3):
+                table.move_cursor(row=row)
+                await pilot.press("enter")
+                chosen = highlighted(app)
+                assert str(app.selected) == chosen
+                for _ in range(5):  # through every sort order
+                    await pilot.press("o")
+                    assert highlighted(app) == chosen == str(app.selected)
+                await pilot.press("escape")
+
+
 async def test_top_says_what_is_wrong_and_keeps_retrying() -> None:
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
