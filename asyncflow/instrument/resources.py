@@ -3,18 +3,21 @@
 A *resource* is a lock, semaphore, condition, event, barrier or capacity limiter. Calls *wait*
 on it and *hold* it. asyncio's primitives stay the user's objects, of their own class, with their
 own waiter deques: asyncflow sets per-instance ``acquire``/``release`` (``wait``, ``set``...)
-that call the original methods, exactly as ``async with`` and ``Condition.wait`` already reach
-them through the instance. anyio's primitives are slotted, so their backend classes' methods are
-wrapped once and find an instance's record in a table keyed by ``id()`` (an uninstrumented
-instance pays one dict lookup).
+that call the original methods, as ``async with`` and ``Condition.wait`` already reach them
+through the instance. The hooks hold the primitive (through its bound methods), so an
+instrumented primitive is freed by the cyclic collector rather than at once; a weak reference
+there would break ``f = lock.acquire; del lock; await f()``. anyio's primitives are slotted:
+their asyncio backend classes' methods are wrapped once, for good, and find an instance's record
+in a table keyed by ``id()`` (an uninstrumented anyio primitive then pays one dict lookup).
 
-Whether an ``acquire()`` will wait is read before it starts, from the same fields the
-primitive's own fast path reads (``_locked``, ``_value``, ``_waiters``): an acquisition that
-waits is timed from its call to its return, one that does not costs no clock read until it
-holds. Every acquisition, release and wait is counted exactly while a profiler runs, every hold
-and wait is timed (``stats`` histograms), and the holds open now are kept with the call that
-holds them, so that "who holds this lock" and "whose permits never came back" have answers.
-With no profiler running, the hooks only forward.
+Whether an ``acquire()`` will wait is read before it starts, from the fields the primitive's
+own fast path reads (``_locked``, ``_value``, ``_waiters``): an acquisition that waits is timed
+from its call to its return, and every wait is counted and timed. One that does not wait reads
+the clock once and keeps the call that holds it, so that "who holds this lock, since when" and
+"whose permits never came back" have answers. Acquisitions and releases are counted exactly;
+hold durations are timed for a sample of holds at their release (every hold while the resource
+is quiet, about a thousand a second when it is busy), each standing for the holds since the
+previous one, as channels time messages. With no profiler running, the hooks only forward.
 """
 
 from __future__ import annotations
@@ -1220,7 +1223,10 @@ class LockInstrumentation:
         with _instrument_lock:
             originals, self._originals = self._originals, {}
             for cls, init in originals.items():
-                cls.__init__ = init
+                if init is None:  # it had none of its own: inherited again
+                    del cls.__init__
+                else:
+                    cls.__init__ = init
             if originals:
                 _patched = False
 
@@ -1324,7 +1330,7 @@ def instrument_locks() -> LockInstrumentation:
             asyncio.Event,
             asyncio.Barrier,
         ):
-            originals[cls] = cls.__init__
+            originals[cls] = cls.__dict__.get("__init__")
             cls.__init__ = _init_hook(cls.__init__, _asyncio_primitive)  # type: ignore[method-assign]
         classes = _anyio_classes()
         if classes:
@@ -1336,7 +1342,7 @@ def instrument_locks() -> LockInstrumentation:
             except TypeError:
                 classes = {}
             for cls in classes.values():
-                originals[cls] = cls.__init__
+                originals[cls] = cls.__dict__.get("__init__")
                 cls.__init__ = _init_hook(cls.__init__, _anyio_primitive)
         _patched = True
         return LockInstrumentation(originals)

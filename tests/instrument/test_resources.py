@@ -701,3 +701,12 @@ def test_cpython_lock_tests_pass_on_instrumented_primitives(profiling: bool) -> 
     if profiling:
         assert sum(resources.acquisitions(r) for r in made) > 50
         assert sum(r.stats.wait_count for r in made) > 20
+
+
+def test_undo_puts_back_every_constructor() -> None:
+    before = {cls: cls.__dict__.get("__init__") for cls in (asyncio.Lock, asyncio.Event)}
+    handle = instrument_locks()
+    assert asyncio.Lock.__dict__["__init__"] is not before[asyncio.Lock]
+    handle.undo()
+    handle.undo()  # twice: nothing more
+    assert {cls: cls.__dict__.get("__init__") for cls in before} == before
