@@ -710,3 +710,30 @@ def test_undo_puts_back_every_constructor() -> None:
     handle.undo()
     handle.undo()  # twice: nothing more
     assert {cls: cls.__dict__.get("__init__") for cls in before} == before
+
+
+async def test_anyio_primitives_made_at_import_time_are_labelled_where_made(
+    whole_program: LockInstrumentation, prof: asyncflow.Profiler
+) -> None:
+    def module_level() -> tuple[Any, Any, Any]:
+        line = sys._getframe().f_lineno
+        made = anyio.Lock(), anyio.Semaphore(2), anyio.CapacityLimiter(3)
+        assert all(_record(p).line == line + 1 for p in made)
+        return made
+
+    lock, sem, limiter = await asyncio.to_thread(module_level)  # no event loop there
+    assert [type(p).__name__ for p in (lock, sem, limiter)] == [
+        "LockAdapter",
+        "SemaphoreAdapter",
+        "CapacityLimiterAdapter",
+    ]
+    before = len(resources.resource_registry())
+    for primitive in (lock, sem, limiter):
+        async with primitive:
+            pass
+    assert len(resources.resource_registry()) == before  # their backend objects add none
+    for primitive, kind in ((lock, "anyio.Lock"), (sem, "anyio.Semaphore")):
+        entry = _entry(prof, primitive)
+        assert (entry.kind, entry.acquisitions, entry.releases) == (kind, 1, 1)
+    entry = _entry(prof, limiter)
+    assert entry.permits is not None and (entry.permits.initial, entry.acquisitions) == (3, 1)
