@@ -2,25 +2,160 @@
 
 It reads the same JSON documents as any other client, about twice a second. An unreachable
 endpoint or a refused token is shown in the status line and retried; it never ends the view.
+
+Every table is one :class:`View` in :data:`VIEWS`: the route it lists, its columns (each a value
+read from a row, which is also what it sorts on, how that value is shown, a priority that
+decides which columns stay on a narrow terminal, and the line the help screen gives it), where
+a row's logs are and how to print them. A new document (resources...) joins top by adding one
+``View`` to that table; the key that shows it, the footer, sorting, the help screen and the
+logs pane follow from it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+import asyncio
+import io
+import os
+import textwrap
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import aiohttp
+from rich.console import Console
+from rich.text import Text
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
+from textual.containers import VerticalScroll
 from textual.css.query import NoMatches
+from textual.screen import ModalScreen
 from textual.widgets import DataTable, Footer, Static
 
-from asyncflow.report import format_duration as dur
-
-__all__ = ["VIEWS", "TopApp"]
+__all__ = ["VIEWS", "Column", "Context", "TopApp", "View", "compact_count", "compact_duration"]
 
 Row = dict[str, Any]
+Get = Callable[[str], Awaitable[Row]]
+
+
+# -- compact units: a column of durations stays at most six characters wide ---------------------
+
+
+def compact_duration(ns: int | None) -> str:
+    """Nanoseconds in at most six characters: ``850ns``, ``12.3µs``, ``1.2ms``, ``4.56s``,
+    ``27.8m`` (minutes), ``3.1h``, ``2.5d``; ``-`` for nothing measured."""
+    if ns is None:
+        return "-"
+    if ns < 1000:
+        return f"{ns}ns"
+    for scale, unit, limit in (
+        (1_000, "µs", 1000),
+        (1_000_000, "ms", 1000),
+        (1_000_000_000, "s", 600),  # up to 10 minutes in seconds, then minutes
+        (60_000_000_000, "m", 100),
+        (3_600_000_000_000, "h", 48),
+    ):
+        value = ns / scale
+        if round(value, 1) < limit:
+            return f"{value:.3g}{unit}" if value < 100 else f"{value:.0f}{unit}"
+    days = ns / 86_400_000_000_000
+    return f"{days:.3g}d" if days < 100 else f"{days:.0f}d"
+
+
+def compact_count(n: int | None) -> str:
+    """A count in at most six characters: ``12,345``, ``123k``, ``4.57M``."""
+    if n is None:
+        return "-"
+    if n < 100_000:
+        return f"{n:,}"
+    if n < 999_500:
+        return f"{n / 1000:.0f}k"
+    if n < 999_500_000:
+        return f"{n / 1e6:.3g}M"
+    return f"{n / 1e9:.3g}G"
+
+
+dur, count = compact_duration, compact_count
+
+
+def _pct(values: dict[str, int] | None, key: str) -> int | None:
+    return (values or {}).get(key)
+
+
+def _where(location: Row | None) -> str:
+    return f"{os.path.basename(location['file'])}:{location['line']}" if location else "-"
+
+
+# -- the declarative table of views -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column of a view: a value read from a row (what it sorts on) and how it is shown.
+
+    ``priority`` decides which columns stay when the terminal is narrow: 0 always stays, then 1,
+    2... while they fit; the rest are dropped (the help screen still lists them). Numeric
+    columns are right-aligned and sort biggest first; text columns sort A to Z.
+    """
+
+    name: str
+    priority: int
+    value: Callable[[Row], Any]
+    help: str
+    show: Callable[[Any], str] = str
+    numeric: bool = True
+    sortable: bool = True
+    #: the one column that takes the room left (the label), truncated with "…"
+    flex: bool = False
+    #: text columns are cut at this width
+    max_width: int = 40
+
+    def cell(self, row: Row) -> str:
+        """The text of this column for ``row``."""
+        return self.show(self.value(row))
+
+    def key(self, row: Row) -> tuple[bool, Any]:
+        """The sort key of ``row``: missing values (None) sort after the others when the
+        order is biggest first."""
+        value = self.value(row)
+        return (value is not None, 0 if value is None else value)
+
+
+def _dur(name: str, priority: int, value: Callable[[Row], Any], help: str) -> Column:
+    return Column(name, priority, value, help, show=dur)
+
+
+def _count(name: str, priority: int, value: Callable[[Row], Any], help: str) -> Column:
+    return Column(name, priority, value, help, show=count)
+
+
+def _text(
+    name: str, priority: int, value: Callable[[Row], Any], help: str, **options: Any
+) -> Column:
+    return Column(name, priority, value, help, numeric=False, **options)
+
+
+@dataclass
+class Context:
+    """What a log printer knows beyond the log: the time now and the labels of futures."""
+
+    uptime_ns: int = 0
+    #: future id -> label, from every document top has read
+    labels: dict[int, str] = field(default_factory=dict)
+    #: future ids a printer could not name (top then asks /futures and prints again)
+    missing: set[int] = field(default_factory=set)
+    #: the selected row of the list, as the list document gives it
+    row: Row = field(default_factory=dict)
+
+    def future(self, future_id: int | None, call_id: int | None = None) -> str:
+        """A future's label (and the call), as a person reads it."""
+        if future_id is None:
+            label = "(untracked code)"
+        elif future_id in self.labels:
+            label = self.labels[future_id]
+        else:
+            self.missing.add(future_id)
+            label = f"future {future_id}"
+        return label if call_id is None else f"{label} (call {call_id})"
 
 
 @dataclass(frozen=True)
@@ -28,204 +163,141 @@ class View:
     """One of top's tables: which document it lists and how."""
 
     name: str
-    route: str  # the list route
-    key: str  # the list's field in that document
-    columns: tuple[str, ...]
-    cells: Callable[[Row], tuple[str, ...]]
-    sorts: tuple[tuple[str, Callable[[Row], Any]], ...]
-    logs: str | None  # "/futures/{id}/logs"...
+    #: the key that shows it
+    key: str
+    #: one line for the help screen: what a row is
+    about: str
+    #: the list route, and the field of its document that holds the list
+    route: str
+    list_field: str
+    columns: tuple[Column, ...]
+    #: the column it is sorted by at first
+    sort: str
+    #: a row's logs route (``{id}``), and how to print that document
+    logs: str | None = None
+    log_lines: Callable[[Row, Context], list[str]] | None = None
+    #: what the pane below the table shows while no row is selected, from the list document
+    detail: Callable[[Row], list[str]] | None = None
+    #: fetches more per row (e.g. each future's oldest live call) for the first rows shown
+    enrich: Callable[[Get, list[Row], Context], Awaitable[None]] | None = None
+    #: a row's identity, which the cursor and the logs follow across sorts and refreshes
+    row_id: Callable[[Row], str] = lambda row: str(row["id"])
+
+    def column(self, name: str) -> Column:
+        """The column called ``name``."""
+        return next(c for c in self.columns if c.name == name)
 
 
-def _pct(values: dict[str, int], key: str) -> str:
-    return dur(values.get(key))
+# futures ---------------------------------------------------------------------------------------
 
 
-def _future_cells(f: Row) -> tuple[str, ...]:
+def _live(f: Row) -> int:
     calls = f["calls"]
-    return (
-        f["label"],
-        f"{f['call_count']:,}",
-        str(calls["pending"]),
-        str(calls["running"]),
-        str(calls["suspended"]),
-        str(calls["ready"]),
-        str(calls["cancelled"]),
-        f"{f['total_polls']:,}",
-        dur(f["busy_ns"]),
-        dur(f["idle_ns"]),
-        _pct(f["poll_duration_ns"], "p95"),
-        dur(f["max_poll_duration_ns"]),
-    )
+    return int(calls["pending"] + calls["running"] + calls["suspended"])
 
 
-def _channel_cells(c: Row) -> tuple[str, ...]:
-    return (
-        c["label"],
-        c["channel_type"],
-        f"{c['queue_size']}/{c['max_queue_size']}",
-        f"{c['sent_count']:,}",
-        f"{c['received_count']:,}",
-        _pct(c["delay_ns"], "p50"),
-        _pct(c["delay_ns"], "p95"),
-        dur(c["producers_blocked_ns"]),
-        dur(c["consumers_starved_ns"]),
-    )
+def _started(f: Row) -> int:
+    """Calls that were polled at least once (live or finished): idle time is theirs."""
+    o = f["outcomes"]
+    return max(0, int(f["call_count"] - f["calls"]["pending"] - o["never_awaited"]))
 
 
-def _stream_cells(s: Row) -> tuple[str, ...]:
-    return (
-        s["label"],
-        s["state"],
-        f"{s['items_yielded']:,}",
-        _pct(s["wait_ns"], "p50"),
-        dur(s["max_wait_ns"]),
-        dur(s["total_wait_ns"]),
-        dur(s["consumer_ns"]),
-    )
+def _idle_per_call(f: Row) -> int | None:
+    started = _started(f)
+    return f["idle_ns"] // started if started else None
 
 
-def _loop_cells(loop: Row) -> tuple[str, ...]:
-    running = loop["running"]
-    return (
-        f"loop {loop['id']}",
-        loop["thread"],
-        loop["state"] + (" BLOCKED" if loop["blocked"] else ""),
-        dur(loop["lag_now_ns"]),
-        _pct(loop["lag_ns"], "p50"),
-        _pct(loop["lag_ns"], "p99"),
-        dur(loop["max_lag_ns"]),
-        f"{loop['tasks_alive']:,}",
-        f"{running['label']} for {dur(running['elapsed_ns'])}" if running else "-",
-        str(loop["blocked_count"]),
-    )
+#: how many futures with live calls top asks for their oldest live call each refresh
+OLDEST_FETCHES = 24
 
 
-VIEWS: dict[str, View] = {
-    "futures": View(
-        "futures",
-        "/futures",
-        "futures",
-        (
-            "future",
-            "calls",
-            "pend",
-            "run",
-            "susp",
-            "ready",
-            "cxl",
-            "polls",
-            "busy",
-            "idle",
-            "p95 poll",
-            "max poll",
-        ),
-        _future_cells,
-        (
-            ("busy", lambda f: -f["busy_ns"]),
-            ("calls", lambda f: -f["call_count"]),
-            ("polls", lambda f: -f["total_polls"]),
-            ("max poll", lambda f: -f["max_poll_duration_ns"]),
-            ("name", lambda f: f["label"]),
-        ),
-        "/futures/{id}/logs",
-    ),
-    "channels": View(
-        "channels",
-        "/channels",
-        "channels",
-        (
-            "channel",
-            "type",
-            "depth/max",
-            "sent",
-            "received",
-            "p50 delay",
-            "p95 delay",
-            "producers blocked",
-            "consumers starved",
-        ),
-        _channel_cells,
-        (
-            ("sent", lambda c: -c["sent_count"]),
-            ("depth", lambda c: -c["queue_size"]),
-            ("blocked", lambda c: -c["producers_blocked_ns"]),
-            ("name", lambda c: c["label"]),
-        ),
-        "/channels/{id}/logs",
-    ),
-    "streams": View(
-        "streams",
-        "/streams",
-        "streams",
-        ("stream", "state", "items", "p50 wait", "max wait", "total wait", "consumer"),
-        _stream_cells,
-        (
-            ("items", lambda s: -s["items_yielded"]),
-            ("wait", lambda s: -s["total_wait_ns"]),
-            ("name", lambda s: s["label"]),
-        ),
-        "/streams/{id}/logs",
-    ),
-    "loops": View(
-        "loops",
-        "/loop",
-        "loops",
-        (
-            "loop",
-            "thread",
-            "state",
-            "lag now",
-            "lag p50",
-            "lag p99",
-            "max lag",
-            "tasks",
-            "running",
-            "blocked",
-        ),
-        _loop_cells,
-        (
-            ("id", lambda loop: loop["id"]),
-            ("lag", lambda loop: -loop["max_lag_ns"]),
-        ),
-        None,
-    ),
-}
+#: the oldest live call's age was not asked for this future
+_UNASKED = -1
 
 
-def _log_lines(view: str, document: Row) -> list[str]:
-    """The selected row's logs as text lines."""
-    if view == "futures":
-        return [
-            f"call {c['call_id']:>7}  {c['state']:<9}  polls {c['poll_count']:>5}  "
-            f"busy {dur(c['busy_ns']):>9}  idle {dur(c['idle_ns']):>9}  "
-            f"{c['outcome'] or ''}{' ' + c['exception']['type'] if c['exception'] else ''}"
-            f"{'  task ' + c['task'] if c['task'] else ''}"
-            for c in document["calls"]
-        ]
-    if view == "channels":
-        sent = [
-            f"sent     msg {e['msg_id']}  at {dur(e['timestamp_ns'])}  by call {e['call_id']}"
-            + (f"  {e['message']}" if e["message"] is not None else "")
-            for e in document["sent_logs"]
-        ]
-        received = [
-            f"received msg {e['msg_id']}  at {dur(e['timestamp_ns'])}  by call {e['call_id']}"
-            f"  after {dur(e['delay_ns'])}"
-            for e in document["received_logs"]
-        ]
-        return [line for pair in zip(sent, received, strict=False) for line in pair] + (
-            sent[len(received) :] or received[len(sent) :]
+def _oldest(f: Row) -> int | None:
+    return f.get("_oldest_ns", _UNASKED) if _live(f) else None
+
+
+def _show_oldest(age: int | None) -> str:
+    return "?" if age == _UNASKED else dur(age)
+
+
+async def _fetch_oldest(get: Get, rows: list[Row], ctx: Context) -> None:
+    """The age of each future's oldest live call, from its logs (live calls come first there,
+    oldest first). ``/futures`` does not carry it, so only the first rows shown are asked."""
+    wanted = [f for f in rows if _live(f)][:OLDEST_FETCHES]
+    logs = await asyncio.gather(*(get(f"/futures/{f['id']}/logs?limit=1") for f in wanted))
+    for f, log in zip(wanted, logs, strict=True):
+        calls = log["calls"]
+        if calls and calls[0]["finished_ns"] is None:
+            f["_oldest_ns"] = max(0, ctx.uptime_ns - calls[0]["created_ns"])
+
+
+def _call_lines(document: Row, ctx: Context) -> list[str]:
+    lines = [f"{document['label']}: live calls oldest first, then the last finished"]
+    for c in document["calls"]:
+        live = c["finished_ns"] is None
+        if live:
+            when = f"age {dur(max(0, ctx.uptime_ns - c['created_ns'])):>6}"
+            state = c["state"]
+        else:
+            when = f"took {dur(c['finished_ns'] - c['created_ns']):>6}"
+            state = c["outcome"] or c["state"]
+            if c["exception"]:
+                state += f" {c['exception']['type']}"
+        lines.append(
+            f"call {c['call_id']:>5} {state:<10} {when} polls {count(c['poll_count']):>5}"
+            f" busy {dur(c['busy_ns']):>6} idle {dur(c['idle_ns']):>6}"
+            + (f" {c['task']}" if c["task"] else "")
         )
-    return [
-        f"item {e['index']:>7}  at {dur(e['timestamp_ns'])}  waited {dur(e['wait_ns'])}"
+    return lines
+
+
+# channels --------------------------------------------------------------------------------------
+
+
+def _capacity(c: Row) -> str:
+    kind: str = c["channel_type"]
+    return kind[len("bounded[") : -1] if kind.startswith("bounded[") else "∞"
+
+
+def _message_lines(document: Row, ctx: Context) -> list[str]:
+    """Sends and receives, one per line, newest first; a receive says how long its message
+    waited, and each names the future (and call) that sent or received it."""
+    for edge in ctx.row.get("senders", []) + ctx.row.get("receivers", []):
+        if edge["future_id"] is not None:
+            ctx.labels.setdefault(edge["future_id"], edge["label"])
+    events = [("sent", e) for e in document["sent_logs"]]
+    events += [("received", e) for e in document["received_logs"]]
+    events.sort(key=lambda pair: -pair[1]["timestamp_ns"])
+    lines = [f"{document['label']}: sends and receives, newest first"]
+    for what, e in events[:20]:
+        msg = "?" if e["msg_id"] is None else str(e["msg_id"])
+        line = f"{dur(e['timestamp_ns']):>6}  {what:<8}  msg {msg:>6}  "
+        line += f"by {ctx.future(e['future_id'], e['call_id'])}"
+        if e["delay_ns"] is not None:
+            line += f"  after {dur(e['delay_ns'])}"
+        if e["message"] is not None:
+            line += f"  {e['message']}"
+        lines.append(line)
+    return lines
+
+
+# streams and loops -----------------------------------------------------------------------------
+
+
+def _item_lines(document: Row, ctx: Context) -> list[str]:
+    return [f"{document['label']}: items, newest first"] + [
+        f"item {e['index']:>7}  at {dur(e['timestamp_ns']):>6}  waited {dur(e['wait_ns']):>6}"
         + (f"  {e['item']}" if e["item"] is not None else "")
         for e in document["items"]
     ]
 
 
-def _episode_lines(loops: list[Row]) -> list[str]:
+def _episode_lines(document: Row) -> list[str]:
     lines = []
-    for loop in loops:
+    for loop in document["loops"]:
         for e in loop["episodes"][:5]:
             who = e["call"]["label"] if e["call"] else (e["task"] or "untracked code")
             top = e["stack"][0] if e["stack"] else None
@@ -235,23 +307,285 @@ def _episode_lines(loops: list[Row]) -> list[str]:
     return lines or ["no blocked-loop episodes"]
 
 
+def _loop_name(loop: Row) -> tuple[int, str]:
+    return loop["id"], loop["label"].rsplit(".", 1)[-1]
+
+
+def _running(loop: Row) -> str:
+    running = loop["running"]
+    return f"{running['label']} {dur(running['elapsed_ns'])}" if running else "-"
+
+
+# fmt: off
+VIEWS: tuple[View, ...] = (
+    View(
+        "futures", "f",
+        "one row per future: a decorated coroutine function, or every task running the same "
+        "coroutine in whole-program mode",
+        "/futures", "futures",
+        (
+            _text("future", 0, lambda f: f["label"], "the future's label", flex=True),
+            _count("live", 1, _live, "calls not finished now (pending + running + suspended)"),
+            Column("oldest", 1, _oldest, "age of the oldest live call: a call waiting forever "
+                   "keeps growing here (? = not asked: only the first "
+                   f"{OLDEST_FETCHES} futures with live calls are, in the order shown)",
+                   show=_show_oldest),
+            _count("calls", 2, lambda f: f["call_count"], "calls so far (live and finished)"),
+            _dur("p95", 1, lambda f: _pct(f["poll_duration_ns"], "p95"),
+                 "95th percentile of the poll duration (one step from an await to the next); "
+                 "a long poll blocks the loop"),
+            _dur("max", 1, lambda f: f["max_poll_duration_ns"], "the longest poll"),
+            _dur("busyΣ", 2, lambda f: f["busy_ns"],
+                 "time spent polling, summed over all calls (live ones included)"),
+            _count("polls", 3, lambda f: f["total_polls"], "polls over all calls"),
+            _dur("idle/call", 4, _idle_per_call,
+                 "mean time a call spent suspended between polls (idleΣ / calls that started)"),
+            _dur("idleΣ", 5, lambda f: f["idle_ns"],
+                 "time suspended between polls, summed over all calls: with many calls at "
+                 "once it is longer than the run"),
+            _count("run", 6, lambda f: f["calls"]["running"], "calls inside a poll now"),
+            _count("susp", 6, lambda f: f["calls"]["suspended"],
+                   "calls suspended now (awaiting something)"),
+            _count("pend", 7, lambda f: f["calls"]["pending"], "calls created, not polled yet"),
+            _count("done", 6, lambda f: f["calls"]["ready"], "calls that returned or raised"),
+            _count("cxl", 7, lambda f: f["calls"]["cancelled"],
+                   "calls cancelled, closed unfinished or never awaited"),
+            _text("where", 8, lambda f: _where(f["location"]),
+                  "where the function is defined (file:line)", max_width=28),
+        ),
+        sort="busyΣ",
+        logs="/futures/{id}/logs?limit=20", log_lines=_call_lines, enrich=_fetch_oldest,
+    ),
+    View(
+        "channels", "c",
+        "one row per instrumented queue or memory stream",
+        "/channels", "channels",
+        (
+            _text("channel", 0, lambda c: c["label"], "the channel's label", flex=True),
+            Column("depth", 1, lambda c: (c["queue_size"], _capacity(c)),
+                   "messages in it now / its capacity (∞: unbounded)",
+                   show=lambda v: f"{v[0]}/{v[1]}"),
+            _dur("blockedΣ", 1, lambda c: c["producers_blocked_ns"],
+                 "time producers waited on a full channel, summed over producers"),
+            _dur("starvedΣ", 1, lambda c: c["consumers_starved_ns"],
+                 "time consumers waited on an empty channel, summed over consumers"),
+            _count("sent", 2, lambda c: c["sent_count"], "messages sent"),
+            _count("recv", 2, lambda c: c["received_count"], "messages received"),
+            _dur("p95", 2, lambda c: _pct(c["delay_ns"], "p95"),
+                 "95th percentile of a message's time in the channel (send to receive)"),
+            _dur("max", 3, lambda c: c["max_delay_ns"], "the longest time in the channel"),
+            _dur("p50", 4, lambda c: _pct(c["delay_ns"], "p50"), "median time in the channel"),
+            _count("peak", 5, lambda c: c["max_queue_size"], "the most messages it ever held"),
+            Column("recv/s", 6, lambda c: c["receive_rate"], "messages received per second",
+                   show=lambda v: f"{v:.3g}"),
+            _text("kind", 7, lambda c: c["kind"].rsplit(".", 1)[-1],
+                  "Queue, PriorityQueue, LifoQueue (asyncio) or MemoryObjectStream (anyio)",
+                  max_width=20),
+        ),
+        sort="sent",
+        logs="/channels/{id}/logs?limit=20", log_lines=_message_lines,
+    ),
+    View(
+        "streams", "s",
+        "one row per async generator or iterator: how long its consumer waited for items",
+        "/streams", "streams",
+        (
+            _text("stream", 0, lambda s: s["label"], "the stream's label", flex=True),
+            _text("state", 2, lambda s: s["state"], "active, or how the last iteration ended"),
+            _count("items", 1, lambda s: s["items_yielded"], "items yielded"),
+            _dur("p50", 2, lambda s: _pct(s["wait_ns"], "p50"),
+                 "median time the consumer waited for an item"),
+            _dur("max", 1, lambda s: s["max_wait_ns"], "the longest wait for an item"),
+            _dur("waitΣ", 3, lambda s: s["total_wait_ns"],
+                 "time the consumer waited for items, summed over items"),
+            _dur("usedΣ", 4, lambda s: s["consumer_ns"],
+                 "time the consumer spent between an item and asking for the next, summed"),
+            _count("live", 3, lambda s: s["instances"].get("active"), "iterations running now"),
+            _text("where", 6, lambda s: _where(s["location"]),
+                  "where it is defined (file:line)", max_width=28),
+        ),
+        sort="items",
+        logs="/streams/{id}/logs?limit=20", log_lines=_item_lines,
+    ),
+    View(
+        "loops", "l",
+        "one row per event loop: how late its callbacks run (lag) and what blocked it; the "
+        "latest blocked-loop episodes are listed below the table",
+        "/loop", "loops",
+        (
+            Column("loop", 0, _loop_name, "the loop's number and class",
+                   show=lambda v: f"{v[0]} {v[1]}", numeric=False, flex=True),
+            _text("state", 1, lambda lp: "BLOCKED" if lp["blocked"] else lp["state"],
+                  "running, BLOCKED now, stopped or closed"),
+            _dur("lag", 1, lambda lp: lp["lag_now_ns"],
+                 "the current lag: how late a callback scheduled now would run"),
+            _dur("p99", 2, lambda lp: _pct(lp["lag_ns"], "p99"), "99th percentile of the lag"),
+            _dur("max", 1, lambda lp: lp["max_lag_ns"], "the longest lag"),
+            _count("blocks", 1, lambda lp: lp["blocked_count"],
+                   "blocked-loop episodes so far (longer than the block threshold)"),
+            _count("tasks", 2, lambda lp: lp["tasks_alive"], "tasks alive on it"),
+            _text("running", 3, _running, "the tracked call in a poll now, and for how long",
+                  max_width=30),
+            _dur("p50", 4, lambda lp: _pct(lp["lag_ns"], "p50"), "median lag"),
+            _text("thread", 5, lambda lp: lp["thread"], "the thread it runs in", max_width=20),
+        ),
+        sort="loop",
+        detail=_episode_lines,
+    ),
+)
+# fmt: on
+
+
+#: where each row keeps its key in the table (its id, made unique)
+_KEY = "\0key"
+
+
+def _keyed(view: View, rows: list[Row]) -> None:
+    """Give each row its table key: its id, with ``#2``, ``#3``... on repeats (two tasks may
+    bear one name), so that one odd document never stops the table from filling."""
+    seen: dict[str, int] = {}
+    for row in rows:
+        key = view.row_id(row)
+        seen[key] = n = seen.get(key, 0) + 1
+        row[_KEY] = key if n == 1 else f"{key}#{n}"
+
+
+# -- fitting columns to the width --------------------------------------------------------------
+
+#: DataTable pads each cell by one on each side; the vertical scrollbar takes one more
+_PADDING = 2
+_SCROLLBAR = 1
+
+
+def fit(view: View, cells: list[tuple[str, ...]], width: int, sort: str) -> list[tuple[int, int]]:
+    """The columns that fit in ``width``, as (index, width) in the view's order: the flex column
+    always, then by priority (the view's order breaking ties) while the rest still fit; the flex
+    column then takes the room left, up to its longest cell."""
+    wanted: list[int] = []
+    for i, col in enumerate(view.columns):
+        longest = max((len(row[i]) for row in cells), default=1)
+        header = len(col.name) + (1 if col.name == sort else 0)
+        wanted.append(max(header, min(longest, col.max_width)))
+    room = width - _SCROLLBAR
+    flex = [i for i, c in enumerate(view.columns) if c.flex]
+    flex_min = {i: max(len(view.columns[i].name) + 1, min(wanted[i], 24)) for i in flex}
+    used = sum(flex_min[i] + _PADDING for i in flex)
+    chosen: dict[int, int] = {}
+    order = sorted((c.priority, i) for i, c in enumerate(view.columns) if not c.flex)
+    for _, i in order:
+        col = view.columns[i]
+        # A text column narrower than it wants (cut with "…") beats dropping it for a less
+        # useful one.
+        least = wanted[i] if col.numeric else min(wanted[i], max(len(col.name) + 1, 12))
+        width = min(wanted[i], room - used - _PADDING)
+        if width >= least:
+            chosen[i] = width
+            used += width + _PADDING
+    for i in flex:
+        chosen[i] = min(wanted[i], flex_min[i] + max(0, room - used))
+        used += chosen[i] - flex_min[i]
+    return sorted(chosen.items())
+
+
+def _clip(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: max(0, width - 1)] + "…"
+
+
+# -- the app ------------------------------------------------------------------------------------
+
+
+class HelpScreen(ModalScreen[None]):
+    """What every key does and what every column means, one line each."""
+
+    CSS = """
+    HelpScreen { align: center middle; }
+    #help { width: 100%; height: 100%; border: round $accent; padding: 0 1; }
+    """
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape,question_mark,q", "dismiss", "Close help"),
+    ]
+
+    def __init__(self, first: str) -> None:
+        super().__init__()
+        self.first = first
+
+    def compose(self) -> ComposeResult:
+        with VerticalScroll(id="help"):
+            # the box's border and padding take 4 columns, its scrollbar 2
+            yield Static(help_text(self.first, self.app.size.width - 6), markup=False)
+
+
+KEYS = (
+    (
+        " ".join(v.key for v in VIEWS),
+        f"show {', '.join(v.name for v in VIEWS)} (1-9: the views in that order)",
+    ),
+    ("< >  o", "sort by the column to the left / right (o: to the right)"),
+    ("r", "reverse the sort; clicking a column's header sorts by it, again reverses"),
+    ("enter", "show the highlighted row's recent logs below; they follow that row"),
+    ("escape", "close the logs"),
+    ("p", "pause refreshing"),
+    ("?", "this help"),
+    ("q", "quit"),
+)
+
+
+def _wrapped(name: str, text: str, indent: int, width: int) -> list[str]:
+    """``name`` then ``text`` wrapped under itself, as a definition list reads."""
+    head = f"  {name:<{indent}}  "
+    return textwrap.wrap(
+        text,
+        width=max(len(head) + 20, width),
+        initial_indent=head,
+        subsequent_indent=" " * len(head),
+    ) or [head]
+
+
+def help_text(first: str = "futures", width: int = 100) -> str:
+    """The help screen's text, wrapped at ``width``: ``first``'s columns, the keys, then every
+    other view's columns."""
+    views = sorted(VIEWS, key=lambda v: v.name != first)
+    lines: list[str] = []
+    for n, view in enumerate(views):
+        lines += textwrap.wrap(f"{view.name} ({view.key}): {view.about}", width=width)
+        indent = max(len(c.name) for c in view.columns)
+        for c in view.columns:
+            lines += _wrapped(c.name, c.help, indent, width)
+        lines += [""]
+        if n == 0:
+            lines += ["keys"]
+            for keys, what in KEYS:
+                lines += _wrapped(keys, what, 8, width)
+            lines += [
+                "",
+                "Units: ns µs ms s, m = minutes, h = hours, d = days; k/M = thousands/millions.",
+                "Σ marks a sum over calls, producers, consumers or items: it can exceed the run.",
+                "Columns that do not fit the width are dropped, least useful first.",
+                "",
+            ]
+    return "\n".join(lines).rstrip()
+
+
 class TopApp(App[None]):
     """The live view. ``refresh_now()`` fetches once; a timer calls it every ``interval``."""
 
     TITLE = "asyncflow top"
+    ENABLE_COMMAND_PALETTE = False  # its footer entry would push "q Quit" off an 80-column line
     CSS = """
     #status { height: 1; background: $boost; }
-    #table { height: 1fr; }
+    #table { height: 1fr; scrollbar-size-vertical: 1; }
     #detail { height: auto; max-height: 40%; border-top: solid $accent; }
     """
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("f", "show('futures')", "Futures"),
-        Binding("c", "show('channels')", "Channels"),
-        Binding("s", "show('streams')", "Streams"),
-        Binding("l", "show('loops')", "Loops"),
-        Binding("o", "sort", "Sort"),
-        Binding("p", "pause", "Pause"),
-        Binding("escape", "unselect", "Close logs"),
+        *(Binding(v.key, f"show('{v.name}')", v.name.capitalize()) for v in VIEWS),
+        *(Binding(str(n), f"show('{v.name}')", show=False) for n, v in enumerate(VIEWS, 1)),
+        Binding("greater_than_sign,o", "sort(1)", "Sort", key_display=">"),
+        Binding("less_than_sign", "sort(-1)", "Sort left", show=False),
+        # r and p are on the help screen: the footer keeps room for every view's key
+        Binding("r", "reverse", "Reverse", show=False),
+        Binding("question_mark", "help", "Help", key_display="?"),
+        Binding("p", "pause", "Pause", show=False),
+        Binding("escape", "unselect", "Close logs", show=False),
         Binding("q", "quit", "Quit"),
     ]
 
@@ -260,28 +594,41 @@ class TopApp(App[None]):
         self.url = url.rstrip("/")
         self.token = token
         self.interval = interval
-        self.view = "futures"
-        self.sort = dict.fromkeys(VIEWS, 0)
+        self.view = VIEWS[0].name
+        self.sort = {v.name: v.sort for v in VIEWS}
+        self.reversed = dict.fromkeys(self.sort, False)
         self.paused = False
-        self.selected: int | None = None  # id of the row whose logs are shown
+        self.selected: str | None = None  # id of the row whose logs are shown
         self.rows: list[Row] = []
+        self.detail: Row | None = None  # the list document, for views with a detail pane
+        self.logs: Row | None = None  # the selected row's logs document
+        self.context = Context()
         self.error: str | None = None
         self.name_line = ""
+        self.refreshes = 0  # answers shown so far (tests wait on it)
+        # what was fetched per row beyond its list (oldest live call...), kept until asked again
+        self._extra: dict[tuple[str, str], Row] = {}
+        self._shown: list[tuple[int, int]] = []  # (column index, width) on screen now
         self._session: aiohttp.ClientSession | None = None
         self._busy = False  # a refresh is in flight; a tick meanwhile is skipped
 
+    @property
+    def current(self) -> View:
+        """The view shown."""
+        return next(v for v in VIEWS if v.name == self.view)
+
     def compose(self) -> ComposeResult:
-        yield Static("connecting…", id="status")
+        yield Static("connecting…", id="status", markup=False)
         yield DataTable(id="table", cursor_type="row", zebra_stripes=True)
-        yield Static("", id="detail")
-        yield Footer()
+        yield Static("", id="detail", markup=False)
+        yield Footer(compact=True)
 
     async def on_mount(self) -> None:
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else None
         self._session = aiohttp.ClientSession(
             headers=headers, timeout=aiohttp.ClientTimeout(total=max(2.0, self.interval * 4))
         )
-        self._set_columns()
+        self._redraw()
         await self.refresh_now()
         self.set_interval(self.interval, self.refresh_now)
 
@@ -307,35 +654,54 @@ class TopApp(App[None]):
             return
         self._busy = True
         try:
-            await self._fetch(VIEWS[self.view])
+            await self._fetch(self.current)
         except NoMatches:  # the app is closing under a refresh in flight
             pass
         finally:
             self._busy = False
 
     async def _fetch(self, view: View) -> None:
-        selected = self.selected
+        asked = self.selected
+        selected = asked
         try:
             status = await self._get("/profiler_status")
             document = await self._get(view.route)
-            detail: list[str] | None = None
-            if self.view == "loops":
-                detail = _episode_lines(document["loops"])
-            elif selected is not None and view.logs is not None:
-                logs = await self._get(view.logs.format(id=selected) + "?limit=20")
-                detail = _log_lines(self.view, logs)
+            rows: list[Row] = document[view.list_field]
+            _keyed(view, rows)
+            ids = {row[_KEY] for row in rows}
+            if selected is not None and selected not in ids:
+                selected = None  # gone from the list: nothing to follow
+            context = Context(uptime_ns=status["uptime_ns"], labels=self.context.labels)
+            for row in rows:  # what each row had fetched for it last time, until asked again
+                old = self._extra.get((view.name, row[_KEY]))
+                if old:
+                    row.update(old)
+            if view.name == "futures":
+                context.labels.update({f["id"]: f["label"] for f in rows})
+            if view.enrich is not None:
+                await view.enrich(self._get, self._sorted(view, rows), context)
+            logs = None
+            if selected is not None and view.logs is not None:
+                logs = await self._get(view.logs.format(id=selected))
+            elif selected is not None:  # a view without logs shows the row itself
+                logs = next(row for row in rows if row[_KEY] == selected)
         except (aiohttp.ClientError, TimeoutError, RuntimeError, ValueError, KeyError) as exc:
             self.error = (
                 f"{self.url}: {exc or type(exc).__name__}; retrying every {self.interval:g} s"
             )
             self._status()
             return
-        if view.name != self.view or selected != self.selected:
-            return  # the user switched views meanwhile: this answer is for another view
+        if view.name != self.view or self.selected != asked:
+            return  # the user switched views or rows meanwhile: this answer is for another
+        self._extra = {
+            (view.name, row[_KEY]): {k: v for k, v in row.items() if k.startswith("_")}
+            for row in rows
+        }
         self.error = None
         self.name_line = (
             f"{status['name']} · pid {status['pid']} · up {dur(status['uptime_ns'])} · "
-            f"{status['futures']} futures · {status['calls_live']:,} live calls · "
+            f"{status['futures']} futures · {count(status['calls_live'])} live "
+            f"call{'' if status['calls_live'] == 1 else 's'} · "
             f"{status['channels']} channels · {status['streams']} streams"
             + (
                 f" · {status['internal_errors']} internal errors"
@@ -343,43 +709,92 @@ class TopApp(App[None]):
                 else ""
             )
         )
-        self.rows = document[view.key]
+        self.rows, self.detail, self.logs, self.context = rows, document, logs, context
+        if self.selected is not None and selected is None:
+            self.selected = None  # the selected row is gone
         self._redraw()
-        detail_widget = self.query_one("#detail", Static)
-        detail_widget.update("\n".join(detail) if detail else "")
+        if self.context.missing and self.logs is not None:
+            await self._name_futures()
+        self.refreshes += 1
         self._status()
 
-    def _status(self) -> None:
-        view = VIEWS[self.view]
-        sort = view.sorts[self.sort[self.view]][0]
-        state = " · PAUSED" if self.paused else ""
-        text = (
-            f"[b red]{self.error}[/]"
-            if self.error
-            else f"{self.name_line} · {self.view} by {sort}{state}"
-        )
-        self.query_one("#status", Static).update(text)
+    async def _name_futures(self) -> None:
+        """Logs named futures top has not seen: read their labels once and print again."""
+        try:
+            futures = await self._get("/futures")
+        except (aiohttp.ClientError, TimeoutError, RuntimeError, ValueError, KeyError):
+            return
+        self.context.labels.update({f["id"]: f["label"] for f in futures["futures"]})
+        self.context.missing.clear()
+        self._show_detail()
 
-    def _set_columns(self) -> None:
-        table = self.query_one("#table", DataTable)
-        table.clear(columns=True)
-        table.add_columns(*VIEWS[self.view].columns)
+    def _status(self) -> None:
+        arrow = "▲" if self.reversed[self.view] else "▼"
+        state = "PAUSED · " if self.paused else ""
+        text = (
+            self.error
+            if self.error
+            else f"{state}{self.view} by {self.sort[self.view]} {arrow} · {self.name_line}"
+        )
+        self.query_one("#status", Static).update(Text(text, style="bold red" if self.error else ""))
+
+    def _sorted(self, view: View, rows: Iterable[Row]) -> list[Row]:
+        column = view.column(self.sort[view.name])
+        # Stable: ties keep the document's order. Numbers biggest first, text A to Z.
+        descending = column.numeric != self.reversed[view.name]
+        return sorted(rows, key=column.key, reverse=descending)
 
     def _redraw(self) -> None:
-        view = VIEWS[self.view]
+        view = self.current
         table = self.query_one("#table", DataTable)
-        cursor = table.cursor_row
         # The cursor follows an entity, not a position: the selected one (its logs are shown),
         # else the one highlighted before the rows were sorted or refreshed.
-        follow = str(self.selected) if self.selected is not None else self._highlighted(table)
-        rows = sorted(self.rows, key=view.sorts[self.sort[self.view]][1])
-        table.clear()
-        for row in rows:
-            table.add_row(*view.cells(row), key=str(row["id"]))
+        follow = self.selected if self.selected is not None else self._highlighted(table)
+        cursor = table.cursor_row
+        rows = self._sorted(view, self.rows)
+        cells = [tuple(c.cell(row) for c in view.columns) for row in rows]
+        width = table.size.width or self.size.width
+        shown = fit(view, cells, width, self.sort[view.name])
+        if shown != self._shown:
+            table.clear(columns=True)
+            arrow = "▲" if self.reversed[view.name] else "▼"
+            for i, w in shown:
+                col = view.columns[i]
+                name = col.name + (arrow if col.name == self.sort[view.name] else "")
+                table.add_column(
+                    Text(name, justify="right" if col.numeric else "left"), width=w, key=col.name
+                )
+            self._shown = shown
+        else:
+            table.clear()
+        for row, values in zip(rows, cells, strict=True):
+            table.add_row(
+                *(
+                    Text(
+                        _clip(values[i], w), justify="right" if view.columns[i].numeric else "left"
+                    )
+                    for i, w in shown
+                ),
+                key=row[_KEY],
+            )
         if rows:
-            ids = [str(row["id"]) for row in rows]
+            ids = [row[_KEY] for row in rows]
             target = ids.index(follow) if follow in ids else min(cursor, len(rows) - 1)
             table.move_cursor(row=target, animate=False)
+        self._show_detail()
+
+    def _show_detail(self) -> None:
+        view = self.current
+        lines: list[str] = []
+        if self.selected is not None and self.logs is not None and view.log_lines is not None:
+            row = next((r for r in self.rows if r[_KEY] == self.selected), {})
+            self.context.row = row
+            lines = view.log_lines(self.logs, self.context)
+        elif self.selected is not None:
+            lines = ["loading logs…"]
+        elif view.detail is not None and self.detail is not None:
+            lines = view.detail(self.detail)
+        self.query_one("#detail", Static).update("\n".join(lines))
 
     @staticmethod
     def _highlighted(table: DataTable[Any]) -> str | None:
@@ -387,35 +802,93 @@ class TopApp(App[None]):
             return None
         return table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
 
+    def on_resize(self) -> None:
+        self._shown = []
+        self._redraw()
+
     def table_text(self) -> list[tuple[str, ...]]:
         """The table's rows as shown (what the tests read)."""
         table = self.query_one("#table", DataTable)
         return [tuple(str(c) for c in table.get_row_at(i)) for i in range(table.row_count)]
 
-    async def action_show(self, view: str) -> None:
-        self.view = view
-        self.selected = None
-        self.rows = []
-        self._set_columns()
-        self.query_one("#detail", Static).update("")
-        self.call_later(self.refresh_now)
+    def header(self) -> list[str]:
+        """The column names on screen now, the sort arrow included."""
+        return [str(c.label) for c in self.query_one("#table", DataTable).columns.values()]
 
-    async def action_sort(self) -> None:
-        self.sort[self.view] = (self.sort[self.view] + 1) % len(VIEWS[self.view].sorts)
+    def screen_text(self) -> str:
+        """The terminal's contents as plain text, as a person sees them (textual's own
+        screenshot, rendered as text instead of SVG)."""
+        width, height = self.size
+        console = Console(
+            width=width, height=height, file=io.StringIO(), record=True, legacy_windows=False
+        )
+        console.print(self.screen._compositor.render_update(full=True))
+        return "\n".join(line.rstrip() for line in console.export_text().splitlines())
+
+    async def action_show(self, view: str) -> None:
+        if view == self.view:
+            return
+        self.view = view
+        self.selected = self.logs = self.detail = None
+        self.rows = []
+        self._shown = []
         self._redraw()
         self._status()
+        self.call_later(self.refresh_now)
+
+    def action_sort(self, step: int) -> None:
+        view = self.current
+        shown = [view.columns[i].name for i, _ in self._shown if view.columns[i].sortable]
+        names = shown or [c.name for c in view.columns if c.sortable]
+        now = self.sort[self.view]
+        at = names.index(now) if now in names else -1
+        self._sort_by(names[(at + step) % len(names)])
+
+    def _sort_by(self, name: str, *, reverse: bool = False) -> None:
+        self.sort[self.view] = name
+        self.reversed[self.view] = reverse
+        self._shown = []  # the arrow moves
+        self._redraw()
+        self._status()
+
+    def action_reverse(self) -> None:
+        self._sort_by(self.sort[self.view], reverse=not self.reversed[self.view])
+
+    def on_data_table_header_selected(self, event: DataTable.HeaderSelected) -> None:
+        name = event.column_key.value
+        if name is None or not self.current.column(name).sortable:
+            return
+        same = name == self.sort[self.view]
+        self._sort_by(name, reverse=not self.reversed[self.view] if same else False)
 
     def action_pause(self) -> None:
         self.paused = not self.paused
         self._status()
 
-    def action_unselect(self) -> None:
-        self.selected = None
-        self.query_one("#detail", Static).update("")
+    def action_help(self) -> None:
+        self.push_screen(HelpScreen(self.view))
 
-    async def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
-        if VIEWS[self.view].logs is None or event.row_key.value is None:
-            return
-        self.selected = int(event.row_key.value)
-        self.query_one("#detail", Static).update("loading logs…")
+    def action_unselect(self) -> None:
+        self.selected = self.logs = None
+        self._show_detail()
+
+    def _select(self, row_id: str) -> None:
+        self.selected = row_id
+        self.logs = None
+        self._show_detail()
         self.call_later(self.refresh_now)
+
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        if self.current.log_lines is None or event.row_key.value is None:
+            return
+        self._select(event.row_key.value)
+
+    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        # With logs open, they follow the cursor. A highlight that is not the row under the
+        # cursor now is stale (posted while the table was being refilled) and is ignored.
+        key = event.row_key.value
+        table = self.query_one("#table", DataTable)
+        if self.selected is None or key is None or key == self.selected:
+            return
+        if key == self._highlighted(table):
+            self._select(key)
