@@ -1,11 +1,23 @@
 """Event-loop health, watched from the profiler's thread: lag, the running call, blocked loops.
 
 Every ``tick`` the monitor posts a heartbeat callback to each instrumented loop that is running
-(``call_soon_threadsafe``: one callback per tick, the only work it adds to a loop). The delay
-between posting and running is the loop's lag. While a heartbeat is overdue by more than the
-block threshold (a poll running longer than that keeps it waiting), the loop is blocked: the
-monitor takes the loop thread's stack *while it is still blocked* (``sys._current_frames()``)
-and names the tracked call found on it. The episode ends when the heartbeat finally runs.
+(``call_soon_threadsafe``: one callback per tick, the only work it adds to a loop), and posts
+one as soon as a running loop is registered, so that a block at the very start of a loop is
+measured whole. The delay between posting and running is the loop's lag.
+
+While a heartbeat is overdue by half the block threshold or more, the monitor looks at the loop
+thread's stack every tick (``sys._current_frames()``), *while* the loop is late:
+
+- The loop is back in its selector's ``select()``: no code is blocking it. Its heartbeat woke it,
+  but its thread has not had the CPU or the GIL since. Late by the threshold, that is a *late
+  wake-up*, counted apart and never blamed on code.
+- Code is running: the innermost tracked call on the stack and the innermost line name what
+  blocks the loop. One of them blocking for at least the threshold is an *episode*. When the
+  running call or the blocking line changes and the new one lasts the threshold too, the first
+  episode ends where the second begins; a shorter change stays part of the episode it interrupts.
+
+An episode ends when the heartbeat finally runs, when the poll it blames is seen to be over, or
+when the loop is seen waiting in its selector again.
 
 Nothing here runs on the hot path; the heartbeat is the only code that runs on the user's loop.
 """
@@ -13,28 +25,60 @@ Nothing here runs on the hot path; the heartbeat is the only code that runs on t
 from __future__ import annotations
 
 import asyncio
+import bisect
+import selectors
 import sys
 import threading
 import traceback
+import types
 from collections import deque
-from types import FrameType
+from types import CodeType, FrameType
 from typing import Any
 
 from asyncflow import clock, stats
-from asyncflow.instrument import _session
+from asyncflow.instrument import _session, loops
 from asyncflow.instrument.futures import CallRecord, InstrumentedCoroutine
 from asyncflow.instrument.loops import LoopRecord, loop_registry
 
-__all__ = ["MAX_EPISODES", "Episode", "LoopMonitor", "LoopState", "running_calls"]
+__all__ = [
+    "MAX_EPISODES",
+    "MAX_WORST",
+    "Episode",
+    "LoopMonitor",
+    "LoopState",
+    "Sample",
+    "running_calls",
+    "sample_loop",
+    "waiting_in_selector",
+]
 
-#: Blocked-loop episodes kept per loop (the newest); older ones are only counted.
+#: Blocked-loop episodes kept per loop, the newest; older ones are only counted.
 MAX_EPISODES = 32
+#: ... and the longest finished ones, whenever they happened.
+MAX_WORST = 10
 #: Frames kept of a blocked loop's stack, innermost first.
 STACK_LIMIT = 40
 #: States of loops that are gone (garbage collected) still listed, the most recent.
 MAX_GONE = 16
 
 _POLL_CODES = frozenset({InstrumentedCoroutine.send.__code__, InstrumentedCoroutine.throw.__code__})
+
+
+def _selector_codes() -> frozenset[CodeType]:
+    """The code of every stdlib selector's (and proactor's) wait for I/O."""
+    found: list[Any] = [
+        cls.__dict__.get("select")
+        for cls in vars(selectors).values()
+        if isinstance(cls, type) and issubclass(cls, selectors.BaseSelector)
+    ]
+    if sys.platform == "win32":  # pragma: no cover - the proactor loop's wait
+        from asyncio import windows_events
+
+        found += [getattr(windows_events.IocpProactor, name, None) for name in ("select", "_poll")]
+    return frozenset(f.__code__ for f in found if isinstance(f, types.FunctionType))
+
+
+_SELECTOR_CODES = _selector_codes()
 
 
 def running_calls(thread: int) -> tuple[FrameType | None, CallRecord | None, CallRecord | None]:
@@ -58,6 +102,24 @@ def running_calls(thread: int) -> tuple[FrameType | None, CallRecord | None, Cal
     return top, inner, outer
 
 
+def waiting_in_selector(top: FrameType | None, loop: object) -> bool:
+    """Whether ``top`` (a loop thread's innermost frame) is ``loop`` waiting for I/O.
+
+    True only for the loop's own wait, in ``_run_once``: code that calls a selector itself (a
+    synchronous client, ``subprocess``) is code blocking the loop.
+    """
+    frame = top
+    if frame is None or frame.f_code not in _SELECTOR_CODES:
+        return False
+    while frame is not None and frame.f_code in _SELECTOR_CODES:
+        frame = frame.f_back
+    return (
+        frame is not None
+        and frame.f_code.co_name == "_run_once"
+        and frame.f_locals.get("self") is loop
+    )
+
+
 def extract_stack(top: FrameType | None) -> list[tuple[str, int, str, str | None]]:
     """``(file, line, function, source line)`` for each frame from ``top`` outwards."""
     if top is None:
@@ -66,29 +128,102 @@ def extract_stack(top: FrameType | None) -> list[tuple[str, int, str, str | None
     return [(f.filename, f.lineno or 0, f.name, f.line or None) for f in summary]
 
 
-class Episode:
-    """One blocked-loop episode; ``blocked_ns`` grows while it is ``ongoing``."""
+#: What blocks a loop at one look: the innermost tracked call's id and poll start, then the
+#: innermost frame's file, function (its first line) and line.
+Key = tuple[int, int, str, int, int]
 
-    __slots__ = ("blocked_ns", "call", "id", "ongoing", "since", "stack", "task")
+
+class Sample:
+    """One look at a late loop's thread."""
+
+    __slots__ = ("idle", "inner", "inner_start", "key", "outer_start", "top")
 
     def __init__(
-        self, number: int, since: int, now: int, call: CallRecord | None, task: str | None
+        self,
+        top: FrameType | None,
+        inner: CallRecord | None,
+        outer: CallRecord | None,
+        idle: bool,
     ) -> None:
-        self.id = number
+        #: the innermost frame (dropped as soon as the stack is extracted)
+        self.top = top
+        #: the loop is waiting in its selector: no code is running on it
+        self.idle = idle
+        self.inner = inner
+        # Poll starts are read once: the loop's thread moves on while we look.
+        self.inner_start = inner.start if inner is not None else 0
+        self.outer_start = outer.start if outer is not None else 0
+        code = top.f_code if top is not None else None
+        self.key: Key = (
+            inner.call_id if inner is not None else 0,
+            self.inner_start,
+            code.co_filename if code is not None else "",
+            code.co_firstlineno if code is not None else 0,
+            top.f_lineno if top is not None and top.f_lineno is not None else 0,
+        )
+
+
+def sample_loop(thread: int, loop: object) -> Sample:
+    """Look at what ``loop``'s thread is doing now (an empty look when the thread is unknown)."""
+    top, inner, outer = running_calls(thread)
+    return Sample(top, inner, outer, waiting_in_selector(top, loop))
+
+
+class Episode:
+    """One blocked-loop episode; ``blocked_ns`` grows while it is ``ongoing``.
+
+    Before it has lasted the threshold it is only a candidate (``id`` 0), kept by its loop
+    state but not yet published nor counted.
+    """
+
+    __slots__ = (
+        "blocked_ns",
+        "call",
+        "id",
+        "key",
+        "looks",
+        "ongoing",
+        "poll_start",
+        "since",
+        "stack",
+        "task",
+    )
+
+    def __init__(self, sample: Sample, since: int, now: int, task: str | None) -> None:
+        self.id = 0
         self.since = since
         self.blocked_ns = max(0, now - since)
         self.ongoing = True
-        self.call = call
+        #: the innermost tracked call running, and the start of the poll that was running
+        self.call = sample.inner
+        self.poll_start = sample.inner_start
+        self.key = sample.key
+        #: looks in a row that saw ``key``
+        self.looks = 1
         self.task = task
-        self.stack: list[tuple[str, int, str, str | None]] = []
+        self.stack = extract_stack(sample.top)
+
+    def same_function(self, key: Key) -> bool:
+        """Whether ``key`` is another line of the same function, in the same poll."""
+        return key[:4] == self.key[:4]
+
+    def adopt(self, other: Episode) -> None:
+        """Take the line and stack of a later look at the same poll."""
+        self.key, self.stack, self.looks = other.key, other.stack, 1
+
+    def poll_over(self) -> bool:
+        """The poll this episode blames has ended (a poll is one uninterrupted step)."""
+        call = self.call
+        return call is not None and call.start != self.poll_start
 
 
 class LoopState:
     """What the monitor knows of one loop in this session. Shared by two threads: the heartbeat
     runs on the loop's thread, ticks on the profiler's, so every change is made under ``lock``."""
 
-    def __init__(self, record: LoopRecord) -> None:
+    def __init__(self, record: LoopRecord, threshold_ns: int = 100_000_000) -> None:
         self.record = record
+        self.threshold_ns = threshold_ns
         self.lock = threading.Lock()
         self.lag_hist = stats.new_histogram()
         self.lag_max = 0
@@ -96,9 +231,19 @@ class LoopState:
         self.heartbeats = 0
         self.pending = 0  # when the heartbeat in flight was posted; 0 when none is
         self.token = 0  # the heartbeat in flight; a stale one (loop stopped meanwhile) is ignored
+        #: the newest episodes, newest first
         self.episodes: deque[Episode] = deque(maxlen=MAX_EPISODES)
+        #: the longest finished episodes, longest first
+        self.worst: list[Episode] = []
         self.episode_count = 0
         self.ongoing: Episode | None = None
+        #: something else blocking since the ongoing episode, not yet for the threshold
+        self.candidate: Episode | None = None
+        #: when the late loop was last looked at (0: not yet, for the heartbeat in flight)
+        self.last_seen = 0
+        #: heartbeats late by the threshold while the loop waited in its selector
+        self.late_wakeups = 0
+        self.starved = False  # the heartbeat in flight was counted as a late wake-up
         self.closed = False
 
     def loop(self) -> asyncio.AbstractEventLoop | None:
@@ -126,37 +271,170 @@ class LoopState:
         self.record.on_thread()
 
     def end_episode(self, now: int) -> None:
-        episode, self.ongoing = self.ongoing, None
-        if episode is not None:
-            episode.blocked_ns = max(episode.blocked_ns, now - episode.since)
-            episode.ongoing = False
+        """The loop ran its callbacks again (or is gone): end what was blocking it (under lock).
+
+        A candidate that has lasted the threshold by now is an episode of its own (if it would
+        split the ongoing one, once it was seen twice, as in :meth:`look`).
+        """
+        ongoing, candidate = self.ongoing, self.candidate
+        self.ongoing = self.candidate = None
+        self.last_seen = 0
+        self.starved = False
+        if (
+            candidate is not None
+            and now - candidate.since >= self.threshold_ns
+            and (ongoing is None or candidate.looks >= 2)
+        ):
+            if ongoing is not None:
+                self._close(ongoing, candidate.since)
+            self._publish(candidate)
+            ongoing = candidate
+        if ongoing is not None:
+            self._close(ongoing, now)
+
+    def look(self, sample: Sample, fresh: Episode | None, pending: int, now: int) -> None:
+        """Fold one look at the late loop into its episodes (under lock).
+
+        ``fresh`` is a candidate made from ``sample`` (its stack read outside the lock) when the
+        sample matches neither the ongoing episode nor the candidate.
+        """
+        ongoing, candidate = self.ongoing, self.candidate
+        floor, self.last_seen = self.last_seen, now
+        if sample.idle:
+            # Waiting for I/O: whatever blocked before has returned; the loop now waits for
+            # its thread to get the CPU or the GIL. Not a block, and nobody's fault.
+            if not self.starved and now - pending >= self.threshold_ns:
+                self.starved = True
+                self.late_wakeups += 1
+            if ongoing is not None:
+                self._close(ongoing, floor or now)
+            self.ongoing = self.candidate = None
+            return
+        key = sample.key
+        if ongoing is not None:
+            ongoing.blocked_ns = max(ongoing.blocked_ns, now - ongoing.since)
+            if key == ongoing.key:
+                ongoing.looks += 1
+                self.candidate = None  # a change shorter than the threshold stays part of it
+                return
+            if ongoing.looks == 1 and candidate is None and ongoing.same_function(key) and fresh:
+                # Seen once, perhaps at a passing line (a function's first): the function's
+                # next line names the block better. Not a change of what blocks.
+                ongoing.adopt(fresh)
+                return
+        # Something else blocks the loop now. It began when the poll running now did if that
+        # was after the last look, else (the change came between two looks) at the last look.
+        if sample.outer_start > floor:
+            since = sample.outer_start
+        elif sample.inner_start > floor:
+            since = sample.inner_start
+        else:
+            since = floor or pending
+        if ongoing is not None and ongoing.poll_over():
+            # The blamed poll has returned: its episode ended before what runs now began.
+            self._close(ongoing, max(ongoing.since, since))
+            ongoing = self.ongoing = None
+        if candidate is not None and candidate.key == key:
+            candidate.looks += 1
+        elif fresh is None:  # cannot happen: the caller saw this same state
+            return
+        else:
+            if candidate is not None and candidate.key[:2] == key[:2]:
+                # The same poll (or untracked code) at another line: the change began when the
+                # candidate did. Lines that keep changing then add up, and reach the threshold.
+                since = candidate.since
+            candidate = self.candidate = fresh
+            candidate.since = since
+        if now - candidate.since < self.threshold_ns:
+            return
+        if ongoing is not None:
+            if candidate.looks < 2:
+                return  # to split an episode, a change must be seen twice in a row
+            self._close(ongoing, candidate.since)
+        self.candidate = None
+        self.ongoing = candidate
+        candidate.blocked_ns = now - candidate.since
+        self._publish(candidate)
+
+    def _publish(self, episode: Episode) -> None:
+        self.episode_count += 1
+        episode.id = self.episode_count
+        self.episodes.appendleft(episode)
+
+    def _close(self, episode: Episode, end: int) -> None:
+        episode.blocked_ns = max(0, end - episode.since)
+        episode.ongoing = False
+        worst = self.worst
+        if len(worst) < MAX_WORST or episode.blocked_ns > worst[-1].blocked_ns:
+            bisect.insort(worst, episode, key=lambda e: -e.blocked_ns)
+            del worst[MAX_WORST:]
 
 
 class LoopMonitor:
-    """Owns the loops' states; everything but the heartbeat runs on the profiler's thread."""
+    """Owns the loops' states; everything but the heartbeat (and the first heartbeat of a loop
+    registered on its own thread) runs on the profiler's thread."""
 
     def __init__(self, threshold_ns: int) -> None:
         self.threshold_ns = threshold_ns
         #: seconds between ticks: fine enough to catch a block soon after the threshold
         self.interval = min(0.05, max(0.005, threshold_ns / 4e9))
         self.states: dict[int, LoopState] = {}
+        self._lock = threading.Lock()  # states are added from the threads that register loops
+        # Hear of each loop as it is registered: a profiler is starting, and this is its monitor.
+        loops.on_register = self._registered
+
+    def state_of(self, record: LoopRecord) -> LoopState:
+        """The loop's state, made on first sight."""
+        with self._lock:
+            state = self.states.get(record.id)
+            if state is None:
+                state = self.states[record.id] = LoopState(record, self.threshold_ns)
+            return state
+
+    def _registered(self, record: LoopRecord) -> None:
+        """A loop was registered, or its thread became known: runs on the registering thread.
+
+        Posting the first heartbeat now, not at the next tick, measures a block that begins
+        right away (``time.sleep`` first thing in ``main``) from its start.
+        """
+        if _session.active is None:
+            return  # no profiler listens (this monitor's has not started, or has stopped)
+        loop = record.loop()
+        if loop is None or loop.is_closed() or not loop.is_running():
+            return  # not running yet: watched from its first tracked poll, or the next tick
+        self._post(self.state_of(record), loop, clock.now_ns())
 
     def tick(self) -> None:
         """Post heartbeats, and detect blocked loops; called every ``interval``."""
         alive = set()
         for record in loop_registry():
             alive.add(record.id)
-            state = self.states.get(record.id)
-            if state is None:
-                state = self.states[record.id] = LoopState(record)
-            self._check(state)
-        gone = [s for i, s in self.states.items() if i not in alive]
+            self._check(self.state_of(record))
+        with self._lock:
+            gone = [s for i, s in self.states.items() if i not in alive]
         for state in gone:
             state.closed = True
             with state.lock:
                 state.end_episode(clock.now_ns())
-        for state in gone[:-MAX_GONE] if len(gone) > MAX_GONE else ():
-            del self.states[state.record.id]
+        if len(gone) > MAX_GONE:
+            with self._lock:
+                for state in gone[:-MAX_GONE]:
+                    del self.states[state.record.id]
+
+    def _post(self, state: LoopState, loop: asyncio.AbstractEventLoop, now: int) -> None:
+        """Post a heartbeat unless one is in flight."""
+        with state.lock:
+            if state.pending:
+                return
+            state.token += 1
+            state.pending = now
+            token = state.token
+        try:
+            loop.call_soon_threadsafe(state.beat, token)
+        except RuntimeError:  # closed between the check and the call
+            with state.lock:
+                if state.token == token:
+                    state.pending = 0
 
     def _check(self, state: LoopState) -> None:
         loop = state.loop()
@@ -170,42 +448,22 @@ class LoopMonitor:
                 state.end_episode(now)
             return
         state.closed = False
+        self._post(state, loop, now)
+        pending = state.pending
+        if not pending or now - pending < self.threshold_ns // 2:
+            return  # on time (a poll longer than the threshold keeps the heartbeat waiting)
+        # Late: look at the loop thread's stack now, while the loop is still late. Looking from
+        # half the threshold on catches a poll that blocks just over it between two ticks.
+        sample = sample_loop(_thread_of(state.record, loop), loop)
+        ongoing, candidate = state.ongoing, state.candidate  # re-checked under the lock
+        fresh = None
+        if not sample.idle and all(e is None or e.key != sample.key for e in (ongoing, candidate)):
+            fresh = Episode(sample, pending, now, _task_name(loop))  # reads the stack: no lock
+        sample.top = None  # hold no frame longer than needed
         with state.lock:
-            post = not state.pending
-            if post:
-                state.token += 1
-                state.pending = now
-            token, pending = state.token, state.pending
-        if post:
-            try:
-                loop.call_soon_threadsafe(state.beat, token)
-            except RuntimeError:  # closed between the check and the call
-                with state.lock:
-                    state.pending = 0
-                return
-        late = now - pending
-        if state.ongoing is not None:
-            with state.lock:
-                episode = state.ongoing
-                if episode is not None:
-                    episode.blocked_ns = max(episode.blocked_ns, now - episode.since)
-            return
-        if late < self.threshold_ns:
-            return  # a poll longer than the threshold keeps the heartbeat waiting: that is late
-        # Blocked: read the loop thread's stack now, while it is still blocked. The block began
-        # when the running tracked poll did, if there is one; else no later than the heartbeat.
-        top, inner, outer = running_calls(state.record.thread)
-        since = min(outer.start, pending) if outer is not None and outer.start else pending
-        task = _task_name(loop)
-        stack = extract_stack(top)
-        with state.lock:
-            if state.pending != pending or state.ongoing is not None:
-                return  # the loop answered meanwhile: it was slow, but is not blocked now
-            state.episode_count += 1
-            episode = Episode(state.episode_count, since, now, inner, task)
-            episode.stack = stack
-            state.episodes.appendleft(episode)
-            state.ongoing = episode
+            if state.pending != pending:
+                return  # the loop answered meanwhile: it was slow, but is not late now
+            state.look(sample, fresh, pending, now)
 
     async def run(self) -> None:
         """Tick forever; cancelled when the profiler stops."""
@@ -217,14 +475,29 @@ class LoopMonitor:
             await asyncio.sleep(self.interval)
 
     def stop(self) -> None:
-        """Disown heartbeats still in flight; end ongoing episodes at their current length."""
-        for state in self.states.values():
+        """Stop hearing of new loops, disown heartbeats still in flight, and end ongoing
+        episodes where they are now."""
+        if loops.on_register == self._registered:
+            loops.on_register = None
+        now = clock.now_ns()
+        with self._lock:
+            states = list(self.states.values())
+        for state in states:
             with state.lock:
                 state.token += 1
                 state.pending = 0
-                episode, state.ongoing = state.ongoing, None
-                if episode is not None:
-                    episode.ongoing = False
+                state.end_episode(now)
+
+
+def _thread_of(record: LoopRecord, loop: asyncio.AbstractEventLoop) -> int:
+    """The thread running ``loop`` now: asyncio's own note of it, else the last one seen."""
+    thread = getattr(loop, "_thread_id", None)  # BaseEventLoop sets it while it runs
+    if not isinstance(thread, int) or not thread:
+        return record.thread
+    if thread != record.thread:
+        record.thread = thread
+        record.thread_name = next((t.name for t in threading.enumerate() if t.ident == thread), "")
+    return thread
 
 
 def _task_name(loop: asyncio.AbstractEventLoop) -> str | None:

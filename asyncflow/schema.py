@@ -499,6 +499,11 @@ class LoopEntry:
     blocked_count: int
     #: the most recent episodes, newest first
     episodes: list[BlockedEpisode]
+    #: the longest finished episodes, longest first, whenever they happened
+    worst_episodes: list[BlockedEpisode] = field(default_factory=list)
+    #: heartbeats late by more than the block threshold while the loop waited in its selector:
+    #: woken, its thread waited for the CPU or the GIL; no code blocked it (not in blocked_count)
+    late_wakeups: int = 0
 
 
 @dataclass(frozen=True, slots=True)

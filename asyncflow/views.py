@@ -539,6 +539,7 @@ def loop_entry(state: LoopState, now: int, origin: int, qs: tuple[float, ...]) -
         condition, alive, running = "running", _tasks_alive(loop), _running_call(inner, now, origin)
     with state.lock:
         episodes = [_episode(e, now, origin) for e in state.episodes]
+        worst = [_episode(e, now, origin) for e in state.worst]
         lag_now = state.lag_now(now) if condition == "running" else state.lag_last
         ongoing = state.ongoing is not None
     return LoopEntry(
@@ -555,6 +556,8 @@ def loop_entry(state: LoopState, now: int, origin: int, qs: tuple[float, ...]) -
         blocked=ongoing,
         blocked_count=state.episode_count,
         episodes=episodes,
+        worst_episodes=worst,
+        late_wakeups=state.late_wakeups,
     )
 
 

@@ -3,6 +3,10 @@
 Recorders call :func:`see` at most once per call (on its first poll), and only pay a comparison
 when the loop is the one seen last. Records hold their loop weakly: a loop that is garbage
 collected drops out of the registry, so asyncflow never keeps a closed loop alive.
+
+The loop monitor (cold path) asks to hear of each loop as soon as it is registered, or as soon
+as its thread is known, through :data:`on_register`: it then starts watching the loop at once,
+so that a block at the very start of a loop is measured whole and its stack can be read.
 """
 
 from __future__ import annotations
@@ -11,8 +15,11 @@ import asyncio
 import itertools
 import threading
 import weakref
+from collections.abc import Callable
 
-__all__ = ["LoopRecord", "loop_registry", "see"]
+from asyncflow.instrument import _session
+
+__all__ = ["LoopRecord", "loop_registry", "on_register", "see"]
 
 _ids = itertools.count(1)
 _lock = threading.RLock()  # a loop may die (and be forgotten) inside see()
@@ -21,6 +28,11 @@ _by_key: dict[int, LoopRecord] = {}
 #: ``id()`` of the loop seen last, so that seeing it again costs one comparison; 0 for none.
 #: Cleared when that loop dies, before its id can be reused by another object.
 last_key = 0
+
+#: Called with a record when its loop is registered, and again when the loop's thread becomes
+#: known (its first tracked poll on that thread); set by the loop monitor while a profiler runs.
+#: Called outside the registry's lock, on the registering thread; its errors are counted.
+on_register: Callable[[LoopRecord], None] | None = None
 
 
 class LoopRecord:
@@ -44,16 +56,33 @@ class LoopRecord:
 
 
 def see(loop: asyncio.AbstractEventLoop, on_its_thread: bool = True) -> LoopRecord:
-    """Register ``loop`` (idempotent); ``on_its_thread`` says the caller runs on the loop."""
+    """Register ``loop`` (idempotent); ``on_its_thread`` says the caller runs on the loop.
+
+    A loop registered from elsewhere (``instrument_tasks(loop=...)`` before it runs) is not
+    made the loop seen last, so that its first tracked poll comes back here and records the
+    loop's thread.
+    """
     global last_key
     key = id(loop)
     with _lock:
         record = _by_key.get(key)
+        news = True
         if record is None or record.loop() is not loop:
             record = _by_key[key] = LoopRecord(loop, key)
             if not on_its_thread:
                 record.thread, record.thread_name = 0, ""
-        last_key = key
+        elif on_its_thread and not record.thread:
+            record.on_thread()
+        else:
+            news = False
+        if on_its_thread:
+            last_key = key
+    hook = on_register
+    if news and hook is not None:
+        try:
+            hook(record)
+        except Exception as exc:  # observing never breaks the program
+            _session.internal_error("watching a new event loop", exc)
     return record
 
 

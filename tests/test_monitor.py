@@ -1,0 +1,424 @@
+"""Event-loop health: blocked-loop episodes point at the code that blocked, and only at code.
+
+The programs observed here block their loop on purpose (``time.sleep`` on the loop's thread is
+the planted problem, not a way to wait for something); each block is short and bounded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import selectors
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import anyio
+import pytest
+
+import asyncflow
+from asyncflow import clock, monitor, views
+from asyncflow.clock import FakeClock
+from asyncflow.instrument import loops
+from asyncflow.monitor import MAX_EPISODES, MAX_WORST, LoopMonitor, LoopState, Sample
+from asyncflow.schema import LoopEntry, Snapshot
+
+THRESHOLD = 0.1
+MS = 1_000_000
+THRESHOLD_NS = 100 * MS
+
+
+def loop_entry(snap: Snapshot, loop_id: int) -> LoopEntry:
+    assert snap.loop is not None
+    (entry,) = [e for e in snap.loop.loops if e.id == loop_id]
+    return entry
+
+
+def record_of(loop: asyncio.AbstractEventLoop) -> loops.LoopRecord:
+    (record,) = [r for r in loops.loop_registry() if r.loop() is loop]
+    return record
+
+
+@pytest.fixture
+def profiled() -> Iterator[asyncflow.Profiler]:
+    with asyncflow.profile("loops", format="none", port=None, block_threshold=THRESHOLD) as p:
+        yield p
+
+
+# -- 1. a block before the first heartbeat ------------------------------------------------------
+
+EARLY_LINE = "time.sleep(0.5)  # blocks before any heartbeat could run"
+
+
+async def sleepy_main() -> None:
+    time.sleep(0.5)  # blocks before any heartbeat could run
+    await asyncio.sleep(0)
+
+
+def test_a_loop_tracked_before_it_runs_names_a_block_at_its_very_start(
+    profiled: asyncflow.Profiler,
+) -> None:
+    # As `asyncflow run` does: the loop is instrumented where it is created, before it runs.
+    loop = asyncio.new_event_loop()
+    try:
+        handle = asyncflow.instrument_tasks(loop=loop)
+        try:
+            loop.run_until_complete(sleepy_main())
+        finally:
+            handle.undo()
+        loop_id = record_of(loop).id
+        entry = loop_entry(profiled.snapshot(), loop_id)
+    finally:
+        loop.close()
+    (episode,) = entry.episodes
+    # The monitor knew the loop's thread while it was blocked: it read the stack and the call.
+    assert episode.call is not None and episode.call.label.endswith("sleepy_main")
+    assert episode.stack and episode.stack[0].function == "sleepy_main"
+    assert episode.stack[0].code == EARLY_LINE
+    # Measured from when the poll began, not from the monitor's first look.
+    assert episode.blocked_ns >= 500 * MS
+    assert entry.thread == threading.current_thread().name
+
+
+UNTRACKED_LINE = "time.sleep(0.5)  # blocks right after the loop is registered"
+
+
+async def untracked_main() -> None:
+    with anyio.fail_after(10), asyncflow.instrument_tasks():
+        time.sleep(0.5)  # blocks right after the loop is registered
+        await asyncio.sleep(0)
+
+
+def test_a_block_right_after_registration_is_measured_whole(
+    profiled: asyncflow.Profiler,
+) -> None:
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(untracked_main())
+        entry = loop_entry(profiled.snapshot(), record_of(loop).id)
+    finally:
+        loop.close()
+    (episode,) = entry.episodes
+    assert episode.call is None  # main itself is not tracked: the stack says where it blocked
+    assert episode.stack and episode.stack[0].code == UNTRACKED_LINE
+    # The heartbeat was posted when the loop was registered, before the block began.
+    assert episode.blocked_ns >= 500 * MS
+
+
+# -- 2. back-to-back blocks are separate episodes -----------------------------------------------
+
+
+@asyncflow.future(name="handle_request")
+async def handle_request() -> None:
+    await asyncio.sleep(0)
+    time.sleep(0.3)  # each request blocks on its own
+
+
+def test_two_calls_blocking_back_to_back_are_two_episodes(profiled: asyncflow.Profiler) -> None:
+    async def main() -> None:
+        with anyio.fail_after(10):
+            # Both second steps are queued before the heartbeat posted during the first block:
+            # the loop runs them back to back, 600 ms without a turn.
+            await asyncio.gather(handle_request(), handle_request())
+
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(main())
+        entry = loop_entry(profiled.snapshot(), record_of(loop).id)
+    finally:
+        loop.close()
+    second, first = entry.episodes  # newest first
+    assert entry.blocked_count == 2
+    assert first.call is not None and second.call is not None
+    assert first.call.label == second.call.label == "handle_request"
+    assert first.call.call_id != second.call.call_id
+    for episode in (first, second):
+        assert 300 * MS <= episode.blocked_ns < 600 * MS  # each its own, never the sum
+        assert not episode.ongoing
+    # The first ended when the second call's poll began.
+    assert first.started_ns + first.blocked_ns == second.started_ns
+
+
+def legacy_a() -> None:
+    time.sleep(0.3)  # legacy client a
+
+
+def legacy_b() -> None:
+    time.sleep(0.3)  # legacy client b
+
+
+@asyncflow.future(name="two_clients")
+async def two_clients() -> None:
+    legacy_a()
+    legacy_b()
+
+
+def test_one_call_blocking_on_two_lines_is_two_episodes(profiled: asyncflow.Profiler) -> None:
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(two_clients())
+        entry = loop_entry(profiled.snapshot(), record_of(loop).id)
+    finally:
+        loop.close()
+    second, first = entry.episodes
+    assert [e.stack[0].code for e in (first, second)] == [
+        "time.sleep(0.3)  # legacy client a",
+        "time.sleep(0.3)  # legacy client b",
+    ]
+    assert first.call is not None and second.call is not None
+    assert first.call.call_id == second.call.call_id  # one call, two blocking lines
+    for episode in (first, second):
+        assert THRESHOLD * 1e9 <= episode.blocked_ns < 600 * MS
+    assert first.started_ns + first.blocked_ns <= second.started_ns
+
+
+# -- 3. a loop waiting in its selector is late, not blocked ---------------------------------------
+
+
+@pytest.fixture
+def loop_thread() -> Iterator[tuple[asyncio.AbstractEventLoop, threading.Thread]]:
+    """A loop running in its own thread, with nothing to do: it waits in its selector."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, name="watched-loop", daemon=True)
+    thread.start()
+    try:
+        yield loop, thread
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()
+
+
+async def until_frame(thread: threading.Thread, function: str, caller: str) -> None:
+    """Until the thread's innermost frame is ``function``, called from ``caller``."""
+    with anyio.fail_after(10):
+        while True:
+            frame = sys._current_frames().get(thread.ident or 0)
+            back = frame.f_back if frame is not None else None
+            if (
+                frame is not None
+                and back is not None
+                and (frame.f_code.co_name, back.f_code.co_name) == (function, caller)
+            ):
+                return
+            del frame, back
+            await asyncio.sleep(0.001)
+
+
+def late_look(loop: asyncio.AbstractEventLoop) -> LoopState:
+    """One look by a monitor at ``loop`` whose heartbeat, posted twice the threshold ago, has
+    not run: what a loop whose thread gets no CPU looks like."""
+    watcher = LoopMonitor(THRESHOLD_NS)
+    try:
+        state = watcher.state_of(loops.see(loop, on_its_thread=False))
+        state.token, state.pending = 1, clock.now_ns() - 2 * THRESHOLD_NS
+        watcher._check(state)
+        return state
+    finally:
+        watcher.stop()
+
+
+async def test_a_loop_waiting_in_its_selector_is_late_not_blocked(
+    loop_thread: tuple[asyncio.AbstractEventLoop, threading.Thread],
+) -> None:
+    loop, thread = loop_thread
+    await until_frame(thread, "select", "_run_once")
+    state = late_look(loop)
+    # No code held the loop: it was woken and waited for the CPU or the GIL. Nobody is blamed.
+    assert state.episode_count == 0 and not state.episodes and state.ongoing is None
+    assert state.late_wakeups == 1
+
+
+async def test_a_loop_blocked_in_a_callback_is_blocked(
+    loop_thread: tuple[asyncio.AbstractEventLoop, threading.Thread],
+) -> None:
+    loop, thread = loop_thread
+    release = threading.Event()
+    loop.call_soon_threadsafe(release.wait, 10)
+    try:
+        await until_frame(thread, "wait", "wait")  # threading.Event.wait -> Condition.wait
+        state = late_look(loop)
+    finally:
+        release.set()
+    assert state.late_wakeups == 0 and state.episode_count == 1
+    (episode,) = state.episodes
+    assert episode.call is None and episode.stack[0][0] == threading.__file__
+
+
+def sync_client(selector: selectors.BaseSelector) -> None:
+    selector.select(timeout=10)  # a synchronous client waiting for its own socket
+
+
+async def test_code_waiting_in_a_selector_of_its_own_is_blocking_the_loop(
+    loop_thread: tuple[asyncio.AbstractEventLoop, threading.Thread],
+) -> None:
+    loop, thread = loop_thread
+    left, right = socket.socketpair()
+    with left, right, selectors.DefaultSelector() as selector:
+        selector.register(left, selectors.EVENT_READ)
+        loop.call_soon_threadsafe(sync_client, selector)
+        try:
+            await until_frame(thread, "select", "sync_client")
+            state = late_look(loop)
+        finally:
+            right.send(b"x")
+    assert state.late_wakeups == 0 and state.episode_count == 1
+    (episode,) = state.episodes
+    assert [frame[2] for frame in episode.stack[:2]] == ["select", "sync_client"]
+
+
+# -- the monitor's bookkeeping, on fake time and fake looks ------------------------------------
+
+
+class FakeLoop:
+    """Just enough of a running loop for the monitor; the test runs the heartbeats it posts."""
+
+    def __init__(self) -> None:
+        self.posted: list[Callable[[], None]] = []
+
+    def is_running(self) -> bool:
+        return True
+
+    def is_closed(self) -> bool:
+        return False
+
+    def call_soon_threadsafe(self, callback: Callable[..., None], *args: object) -> None:
+        self.posted.append(functools.partial(callback, *args))
+
+
+class Harness:
+    """A monitor watching a fake loop; ``look`` shows it what the loop's thread runs now."""
+
+    def __init__(self, fake_clock: FakeClock, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.clock = fake_clock
+        self.loop = FakeLoop()
+        self.monitor = LoopMonitor(THRESHOLD_NS)
+        self.state = self.monitor.state_of(loops.LoopRecord(self.loop, id(self.loop)))  # type: ignore[arg-type]
+        self.now: Sample = Sample(None, None, None, False)
+        monkeypatch.setattr(monitor, "sample_loop", lambda thread, loop: self.now)
+
+    def look(self, after_ms: int, where: str | None, line: int = 1) -> None:
+        """``after_ms`` later, the loop runs untracked code: a line of the file ``where``, one
+        function per file (None: it waits in its selector)."""
+        self.clock.advance(after_ms * MS)
+        self.now = Sample(None, None, None, where is None)
+        self.now.key = (0, 0, where or "selectors.py", 1, line)
+        self.monitor._check(self.state)
+
+    def beat(self, after_ms: int = 0) -> None:
+        """``after_ms`` later, the loop runs its heartbeat: it is not late any more."""
+        self.clock.advance(after_ms * MS)
+        (heartbeat,) = self.loop.posted
+        self.loop.posted.clear()
+        heartbeat()
+        self.monitor._check(self.state)  # and the monitor posts the next one
+
+
+@pytest.fixture
+def harness(fake_clock: FakeClock, monkeypatch: pytest.MonkeyPatch) -> Iterator[Harness]:
+    h = Harness(fake_clock, monkeypatch)
+    h.monitor._check(h.state)  # posts the first heartbeat
+    yield h
+    h.monitor.stop()
+
+
+def blocks(state: LoopState) -> list[tuple[str, int, int]]:
+    """Episodes oldest first: (line, started, blocked ms)."""
+    start = min(e.since for e in state.episodes)
+    return [
+        (e.key[2], (e.since - start) // MS, e.blocked_ns // MS) for e in reversed(state.episodes)
+    ]
+
+
+def test_a_change_shorter_than_the_threshold_stays_in_its_episode(harness: Harness) -> None:
+    harness.look(150, "a.py")  # late: a.py blocks the loop
+    harness.look(25, "b.py")
+    harness.look(25, "a.py")  # b.py was a moment of a loop that keeps coming back to a.py
+    harness.look(25, "c.py")
+    harness.look(25, "c.py")
+    harness.beat(10)
+    assert blocks(harness.state) == [("a.py", 0, 260)]
+
+
+def test_a_change_that_lasts_the_threshold_is_an_episode_of_its_own(harness: Harness) -> None:
+    harness.look(150, "a.py")
+    harness.look(25, "a.py")
+    harness.look(25, "b.py")  # b.py began after the last look at a.py
+    harness.look(50, "b.py")
+    # Not yet: b.py has not blocked for the threshold, and a.py's episode goes on meanwhile.
+    assert blocks(harness.state) == [("a.py", 0, 250)] and harness.state.episode_count == 1
+    harness.look(25, "b.py")
+    assert blocks(harness.state) == [("a.py", 0, 175), ("b.py", 175, 100)]
+    harness.beat(30)
+    assert blocks(harness.state) == [("a.py", 0, 175), ("b.py", 175, 130)]
+    assert [e.ongoing for e in harness.state.episodes] == [False, False]
+
+
+def test_waiting_in_the_selector_ends_an_episode_and_counts_late_wakeups(
+    harness: Harness,
+) -> None:
+    harness.look(150, "a.py")
+    harness.look(25, None)  # a.py returned; the loop waits for its thread to run again
+    harness.look(25, None)
+    harness.beat()
+    harness.look(120, None)  # another late heartbeat, with the loop idle all along
+    harness.beat()
+    assert blocks(harness.state) == [("a.py", 0, 150)]
+    assert harness.state.late_wakeups == 2 and harness.state.episode_count == 1
+
+
+def one_long_block_then_many_short(harness: Harness) -> LoopState:
+    harness.look(2_000, "early.py")
+    harness.beat()
+    for i in range(MAX_EPISODES + 3):
+        harness.look(100 + i, f"later{i}.py")
+        harness.beat()
+    return harness.state
+
+
+def test_the_longest_episodes_are_kept_beside_the_newest(harness: Harness) -> None:
+    state = one_long_block_then_many_short(harness)
+    assert state.episode_count == MAX_EPISODES + 4
+    assert len(state.episodes) == MAX_EPISODES
+    assert "early.py" not in [e.key[2] for e in state.episodes]  # pushed out of the newest
+    assert [e.blocked_ns // MS for e in state.worst] == [
+        2_000,
+        *range(134, 134 - MAX_WORST + 1, -1),
+    ]
+    entry = views.loop_entry(state, clock.now_ns(), 0, (50.0, 99.0))
+    assert [e.blocked_ns for e in entry.worst_episodes] == [e.blocked_ns for e in state.worst]
+
+
+def test_a_passing_line_seen_once_does_not_split_its_episode(harness: Harness) -> None:
+    harness.look(150, "f.py", line=1)  # the first look catches the block at a passing line
+    harness.look(25, "f.py", line=2)  # the same function: its steadier line names the episode
+    harness.look(150, "f.py", line=2)
+    harness.beat()
+    assert blocks(harness.state) == [("f.py", 0, 325)]
+    assert harness.state.episodes[0].key[-1] == 2
+
+
+def test_a_change_seen_once_after_a_long_gap_must_be_seen_again_to_split(
+    harness: Harness,
+) -> None:
+    harness.look(150, "a.py")
+    harness.look(25, "a.py")
+    harness.look(200, "b.py", line=1)  # the monitor's thread was held up: b began meanwhile
+    harness.look(25, "b.py", line=2)
+    assert harness.state.episode_count == 1  # not yet: a change is seen twice before it splits
+    harness.look(25, "b.py", line=2)
+    harness.beat(10)
+    assert blocks(harness.state) == [("a.py", 0, 175), ("b.py", 175, 260)]
+
+
+def test_a_block_whose_line_keeps_changing_is_one_episode(harness: Harness) -> None:
+    # A CPU-bound loop of untracked code: every look catches another line, none twice.
+    harness.look(50, "f.py")
+    harness.look(25, "g.py")
+    harness.look(25, "h.py")  # late by the threshold: one episode since the heartbeat
+    for i in range(8):
+        harness.look(25, f"{'fgh'[i % 3]}.py", line=2)
+    harness.beat(5)
+    assert blocks(harness.state) == [("h.py", 0, 305)]
