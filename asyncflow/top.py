@@ -307,6 +307,60 @@ def _episode_lines(document: Row) -> list[str]:
     return lines or ["no blocked-loop episodes"]
 
 
+def _waits_on(task: Row) -> str | None:
+    target = task["waits_on"]
+    return None if target is None else str(target["description"])
+
+
+def _program_frame(chain: list[Row]) -> Row | None:
+    """The innermost frame outside the installed Python (asyncio, site-packages), else the
+    innermost."""
+    ours = [f for f in chain if "/lib/python3" not in f["file"].replace(os.sep, "/")]
+    frames = ours or chain
+    return frames[-1] if frames else None
+
+
+def _task_where(task: Row) -> str:
+    return _where(_program_frame(task["chain"]))
+
+
+def _chain_lines(task: Row, ctx: Context) -> list[str]:
+    lines = [f"{task['name']}: its await chain, innermost last"]
+    lines += [f"  {f['file']}:{f['line']} {f['function']}" for f in task["chain"]]
+    target = task["waits_on"]
+    lines.append(f"waits on: {target['description'] if target else 'nothing known'}")
+    return lines
+
+
+def _wait_lines(document: Row) -> list[str]:
+    lines = []
+    for w in document["waits"][:8]:
+        target = w["waits_on"]
+        where = f" at {_where(w['where'])}" if w["where"] else ""
+        what = f" on {target['description']}" if target else ""
+        n = w["tasks"]
+        tasks = (
+            f"{count(n)} task of {w['label']} waits"
+            if n == 1
+            else (f"{count(n)} tasks of {w['label']} wait")
+        )
+        lines.append(f"{tasks}{where}{what}")
+    if not document["consistent"]:
+        lines.append("(a blocked loop was read from outside: its chains may be changing)")
+    return lines or ["no task is waiting"]
+
+
+def _job_lines(executor: Row, ctx: Context) -> list[str]:
+    lines = [f"{executor['label']}: jobs by function, then by the future that submitted them"]
+    for group in executor["functions"][:6] + executor["futures"][:6]:
+        lines.append(
+            f"{count(group['jobs']):>6} jobs  {group['name'][:30]:<30}  queued "
+            f"{dur(group['queued_ns']):>6} (max {dur(group['max_queued_ns'])})  ran "
+            f"{dur(group['run_ns'])}" + (f"  {group['raised']} raised" if group["raised"] else "")
+        )
+    return lines
+
+
 def _loop_name(loop: Row) -> tuple[int, str]:
     return loop["id"], loop["label"].rsplit(".", 1)[-1]
 
@@ -431,6 +485,55 @@ VIEWS: tuple[View, ...] = (
         ),
         sort="loop",
         detail=_episode_lines,
+    ),
+    View(
+        "tasks", "t",
+        "one row per live task (the first 200): what it runs, for how long, and what it waits "
+        "on; below the table, waiting tasks counted by future, line and what they wait on",
+        "/tasks?limit=200", "tasks",
+        (
+            _text("future", 0, lambda t: t["future_label"] or t["coroutine"],
+                  "the tracked future it runs, else its coroutine's name", flex=True),
+            _dur("age", 1, lambda t: t["age_ns"], "time since its tracked call was created"),
+            _text("waits", 1, _waits_on, "what it waits on, as a person names it",
+                  max_width=40),
+            _text("state", 2, lambda t: t["state"], "waiting, scheduled, running or done"),
+            _text("task", 3, lambda t: t["name"], "the task's name", max_width=16),
+            _text("where", 3, _task_where,
+                  "the innermost line of the program's own code it is suspended at",
+                  max_width=28),
+            _count("loop", 6, lambda t: t["loop_id"], "the loop it runs on"),
+        ),
+        sort="age",
+        log_lines=_chain_lines, detail=_wait_lines,
+        row_id=lambda t: f"{t['loop_id']}:{t['name']}",
+    ),
+    View(
+        "executors", "x",
+        "one row per thread or process pool jobs were submitted to (run_in_executor, "
+        "to_thread): jobs waiting for a worker are queued",
+        "/executors", "executors",
+        (
+            _text("executor", 0, lambda e: e["label"], "the executor's label", flex=True),
+            Column("workers", 1, lambda e: (e["workers"], e["max_workers"]),
+                   "workers started / the most it may start",
+                   show=lambda v: f"{v[0]}/{'?' if v[1] is None else v[1]}"),
+            _count("queued", 1, lambda e: e["queued"], "jobs waiting for a worker now"),
+            _count("running", 1, lambda e: e["running"], "jobs running now"),
+            _dur("q-p95", 1, lambda e: _pct(e["queued_ns"], "p95"),
+                 "95th percentile of the time a job waited for a worker"),
+            _dur("q-max", 2, lambda e: e["max_queued_ns"], "the longest wait for a worker"),
+            _count("jobs", 2, lambda e: e["submitted"], "jobs submitted"),
+            _dur("run-p95", 3, lambda e: _pct(e["run_ns"], "p95"),
+                 "95th percentile of a job's run time"),
+            _dur("queuedΣ", 4, lambda e: e["total_queued_ns"],
+                 "time jobs waited for a worker, summed over jobs"),
+            _count("raised", 4, lambda e: e["raised"], "jobs that raised"),
+            _count("cxl", 5, lambda e: e["cancelled"], "jobs cancelled before they ran"),
+            _text("kind", 6, lambda e: e["kind"], "thread or process"),
+        ),
+        sort="queued",
+        log_lines=_job_lines,
     ),
 )
 # fmt: on

@@ -111,6 +111,11 @@ async def futures_of_every_kind() -> None:
         await alpha()
     await beta()
     await workload()
+    executors = asyncflow.instrument_executors()
+    try:
+        assert await asyncio.to_thread(sum, [1, 2]) == 3
+    finally:
+        executors.undo()
 
 
 # -- the views -----------------------------------------------------------------------------------
@@ -185,6 +190,8 @@ async def test_at_80_columns_the_columns_people_need_most_fit() -> None:
         "channels": {"channel", "depth", "blockedΣ", "starvedΣ", "sent", "recv", "p95"},
         "streams": {"stream", "items", "max", "p50"},
         "loops": {"loop", "state", "lag", "max", "blocks", "p99"},
+        "tasks": {"future", "age", "waits"},
+        "executors": {"executor", "workers", "queued", "running", "q-p95"},
     }
     with asyncflow.profile("narrow", format="none", port=0) as prof, stuck():
         await futures_of_every_kind()
@@ -373,6 +380,20 @@ async def test_a_call_waiting_forever_shows_as_live_with_its_age() -> None:
             await pilot.press("enter")
             await until(pilot, lambda: "suspended" in detail(app), "gamma's live call")
             assert " age " in detail(app)
+
+            # The tasks view says what the stuck call waits on, and where.
+            await pilot.press("t")
+            await until(pilot, lambda: any(r[0] == "gamma" for r in app.table_text()), "its task")
+            waiting = row(app, "gamma")
+            assert "event" in waiting["waits"] and waiting["state"] == "waiting"
+            assert waiting["age"][-1] in "smh"
+            assert waiting["where"].startswith("test_top.py:")
+            assert "1 task of gamma waits at test_top.py:" in detail(app)
+            index = [r[0] for r in app.table_text()].index("gamma")
+            app.query_one(DataTable).move_cursor(row=index)
+            await pilot.press("enter")
+            await until(pilot, shows(app, f"{waiting['task']}: its await chain"), "the chain")
+            assert "test_top.py" in detail(app) and "waits on:" in detail(app)
 
 
 # -- the endpoint away or refusing -------------------------------------------------------------
