@@ -153,9 +153,15 @@ def _loop_row(entry: LoopEntry) -> list[str]:
 
 
 def _episodes(entry: LoopEntry, shown: int = 3) -> list[str]:
-    """The longest blocked-loop episodes, each with the line that blocked."""
+    """The longest blocked-loop episodes, each with the line that blocked, and what is left out.
+
+    The longest are taken from those kept as the longest and the newest (the ongoing one is
+    among the newest), so a long block early on is never pushed out by later, shorter ones.
+    """
+    kept = {e.id: e for e in (*entry.worst_episodes, *entry.episodes)}
+    longest = sorted(kept.values(), key=lambda e: (-e.blocked_ns, e.id))[:shown]
     lines = []
-    for e in sorted(entry.episodes, key=lambda e: -e.blocked_ns)[:shown]:
+    for e in longest:
         who = e.call.label if e.call is not None else (e.task or "untracked code")
         where = ""
         if e.stack:
@@ -164,6 +170,17 @@ def _episodes(entry: LoopEntry, shown: int = 3) -> list[str]:
             if top.code:
                 where += f": {top.code}"
         lines.append(f"  loop {entry.id} blocked {format_duration(e.blocked_ns)} by {who}{where}")
+    more = entry.blocked_count - len(longest)
+    if more > 0:
+        lines.append(
+            f"  … {more} more episode{'s' if more > 1 else ''} of loop {entry.id} "
+            f"(the {len(longest)} longest of {entry.blocked_count} are shown)"
+        )
+    if entry.late_wakeups:
+        lines.append(
+            f"  loop {entry.id} woke up late {entry.late_wakeups}x: idle in its selector, its "
+            "thread waited for the CPU or the GIL (no code held it)"
+        )
     return lines
 
 

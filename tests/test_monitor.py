@@ -19,7 +19,7 @@ import anyio
 import pytest
 
 import asyncflow
-from asyncflow import clock, monitor, views
+from asyncflow import clock, monitor, report, views
 from asyncflow.clock import FakeClock
 from asyncflow.instrument import loops
 from asyncflow.monitor import MAX_EPISODES, MAX_WORST, LoopMonitor, LoopState, Sample
@@ -422,3 +422,24 @@ def test_a_block_whose_line_keeps_changing_is_one_episode(harness: Harness) -> N
         harness.look(25, f"{'fgh'[i % 3]}.py", line=2)
     harness.beat(5)
     assert blocks(harness.state) == [("h.py", 0, 305)]
+
+
+def test_the_report_lists_the_longest_episodes_and_counts_the_rest(harness: Harness) -> None:
+    entry = views.loop_entry(one_long_block_then_many_short(harness), clock.now_ns(), 0, (50.0,))
+    assert report._episodes(entry) == [
+        f"  loop {entry.id} blocked 2 s by untracked code",
+        f"  loop {entry.id} blocked 134 ms by untracked code",
+        f"  loop {entry.id} blocked 133 ms by untracked code",
+        f"  … 33 more episodes of loop {entry.id} (the 3 longest of 36 are shown)",
+    ]
+
+
+def test_the_report_says_a_loop_woke_up_late_and_blames_no_code(harness: Harness) -> None:
+    harness.look(150, None)
+    harness.beat()
+    entry = views.loop_entry(harness.state, clock.now_ns(), 0, (50.0,))
+    assert entry.late_wakeups == 1 and entry.blocked_count == 0
+    assert report._episodes(entry) == [
+        f"  loop {entry.id} woke up late 1x: idle in its selector, its thread waited for the CPU"
+        " or the GIL (no code held it)"
+    ]
