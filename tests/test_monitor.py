@@ -24,6 +24,7 @@ from asyncflow.clock import FakeClock
 from asyncflow.instrument import loops
 from asyncflow.monitor import MAX_EPISODES, MAX_WORST, LoopMonitor, LoopState, Sample
 from asyncflow.schema import LoopEntry, Snapshot
+from tests.test_examples import run_example
 
 THRESHOLD = 0.1
 MS = 1_000_000
@@ -443,3 +444,16 @@ def test_the_report_says_a_loop_woke_up_late_and_blames_no_code(harness: Harness
         f"  loop {entry.id} woke up late 1x: idle in its selector, its thread waited for the CPU"
         " or the GIL (no code held it)"
     ]
+
+
+def test_loop_episodes_example_lists_the_longest_and_counts_the_rest() -> None:
+    done = run_example("loop_episodes.py", "--stalls", "3")
+    assert "parsed 11 bytes" in done.stdout
+    lines = [line for line in done.stderr.splitlines() if line.startswith(("  loop ", "  … "))]
+    assert " blocked " in lines[0] and "by main at" in lines[0]
+    assert lines[0].endswith("(warm_cache): time.sleep(0.5)")
+    for line in lines[1:3]:  # two requests, back to back: two episodes
+        assert " blocked " in line and "by handle_request at" in line
+        assert line.endswith("(parse): time.sleep(0.2)")
+    if len(lines) > 3:  # the short stalls, when they reach the threshold, are counted
+        assert lines[3].startswith("  … ") and " (the 3 longest of " in lines[3]
