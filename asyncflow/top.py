@@ -235,21 +235,21 @@ async def _fetch_oldest(get: Get, rows: list[Row], ctx: Context) -> None:
 
 
 def _call_lines(document: Row, ctx: Context) -> list[str]:
-    lines = [f"{document['label']}: live calls oldest first, then the last finished"]
+    lines = [
+        f"{document['label']}: live calls oldest first (time: their age), then the last "
+        "finished (time: how long they took)",
+        f"{'call':>7}  {'state':<9}  {'time':>6}  {'polls':>5}  {'busy':>6}  {'idle':>6}  task",
+    ]
     for c in document["calls"]:
-        live = c["finished_ns"] is None
-        if live:
-            when = f"age {dur(max(0, ctx.uptime_ns - c['created_ns'])):>6}"
-            state = c["state"]
+        if c["finished_ns"] is None:
+            time, state = max(0, ctx.uptime_ns - c["created_ns"]), c["state"]
         else:
-            when = f"took {dur(c['finished_ns'] - c['created_ns']):>6}"
-            state = c["outcome"] or c["state"]
-            if c["exception"]:
-                state += f" {c['exception']['type']}"
+            time, state = c["finished_ns"] - c["created_ns"], c["outcome"] or c["state"]
+        error = c["exception"]
         lines.append(
-            f"call {c['call_id']:>5} {state:<10} {when} polls {count(c['poll_count']):>5}"
-            f" busy {dur(c['busy_ns']):>6} idle {dur(c['idle_ns']):>6}"
-            + (f" {c['task']}" if c["task"] else "")
+            f"{c['call_id']:>7}  {state:<9}  {dur(time):>6}  {count(c['poll_count']):>5}  "
+            f"{dur(c['busy_ns']):>6}  {dur(c['idle_ns']):>6}  {c['task'] or '-'}"
+            + (f"  {error['type']}: {error['message']}"[:60] if error else "")
         )
     return lines
 
