@@ -108,6 +108,8 @@ class Column:
     flex: bool = False
     #: text columns are cut at this width
     max_width: int = 40
+    #: cut from the left, keeping the end (``…ers/app.py:12``: the line number stays)
+    cut_left: bool = False
 
     def cell(self, row: Row) -> str:
         """The text of this column for ``row``."""
@@ -405,7 +407,8 @@ VIEWS: tuple[View, ...] = (
             _count("cxl", 7, lambda f: f["calls"]["cancelled"],
                    "calls cancelled, closed unfinished or never awaited"),
             _text("where", 8, lambda f: _where(f["location"]),
-                  "where the function is defined (file:line)", max_width=28),
+                  "where the function is defined (file:line)", max_width=28,
+                  cut_left=True),
         ),
         sort="busyΣ",
         logs="/futures/{id}/logs?limit=20", log_lines=_call_lines, enrich=_fetch_oldest,
@@ -456,7 +459,7 @@ VIEWS: tuple[View, ...] = (
                  "time the consumer spent between an item and asking for the next, summed"),
             _count("live", 3, lambda s: s["instances"].get("active"), "iterations running now"),
             _text("where", 6, lambda s: _where(s["location"]),
-                  "where it is defined (file:line)", max_width=28),
+                  "where it is defined (file:line)", max_width=28, cut_left=True),
         ),
         sort="items",
         logs="/streams/{id}/logs?limit=20", log_lines=_item_lines,
@@ -501,7 +504,7 @@ VIEWS: tuple[View, ...] = (
             _text("task", 3, lambda t: t["name"], "the task's name", max_width=16),
             _text("where", 3, _task_where,
                   "the innermost line of the program's own code it is suspended at",
-                  max_width=28),
+                  max_width=28, cut_left=True),
             _count("loop", 6, lambda t: t["loop_id"], "the loop it runs on"),
         ),
         sort="age",
@@ -590,8 +593,10 @@ def fit(view: View, cells: list[tuple[str, ...]], width: int, sort: str) -> list
     return sorted(chosen.items())
 
 
-def _clip(text: str, width: int) -> str:
-    return text if len(text) <= width else text[: max(0, width - 1)] + "…"
+def _clip(text: str, width: int, left: bool = False) -> str:
+    if len(text) <= width:
+        return text
+    return "…" + text[len(text) - width + 1 :] if left else text[: max(0, width - 1)] + "…"
 
 
 # -- the app ------------------------------------------------------------------------------------
@@ -874,7 +879,8 @@ class TopApp(App[None]):
             table.add_row(
                 *(
                     Text(
-                        _clip(values[i], w), justify="right" if view.columns[i].numeric else "left"
+                        _clip(values[i], w, view.columns[i].cut_left),
+                        justify="right" if view.columns[i].numeric else "left",
                     )
                     for i, w in shown
                 ),

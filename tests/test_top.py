@@ -15,6 +15,7 @@ from textual.pilot import Pilot
 from textual.widgets import DataTable
 
 import asyncflow
+from asyncflow import top
 from asyncflow.top import VIEWS, TopApp, compact_count, compact_duration, fit, help_text
 from tests.test_server import workload
 
@@ -229,6 +230,12 @@ def test_narrower_terminals_drop_the_least_useful_columns_first() -> None:
         assert not kept or not dropped or max(kept) <= min(dropped)
     assert len(kept_at[200]) == len(futures.columns)
     assert len(kept_at[40]) < len(kept_at[80]) < len(kept_at[120])
+
+
+def test_a_cut_location_keeps_its_line_number() -> None:
+    assert top._clip("src/app/handlers.py:123", 12, left=True) == "…lers.py:123"
+    assert top._clip("a_long_future_label", 8) == "a_long_…"
+    assert top._clip("short", 8, left=True) == "short"
 
 
 def test_durations_and_counts_are_compact() -> None:
