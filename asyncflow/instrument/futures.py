@@ -199,6 +199,8 @@ _by_code: dict[tuple[int, str | None, str], FutureRecord] = {}
 #: AGGREGATES_KEPT of them (then into one "(other gone futures)" aggregate per tracked_by).
 GONE_KEPT = 100
 AGGREGATES_KEPT = 256
+#: recent calls an aggregate keeps in its log (a real future keeps ``recent_logs``)
+AGGREGATE_LOG = 10
 _GONE_IDS_KEPT = 1024
 OTHER_GONE = "(other gone futures)"
 _dying: deque[FutureRecord] = deque()  # owner freed: reaped by the collector (or at once)
@@ -304,7 +306,7 @@ def _fold(record: FutureRecord) -> None:
     merge(a.call_hist, s.call_hist)
     if s.recent:
         if a.recent is None:
-            a.recent = deque(maxlen=s.recent.maxlen)
+            a.recent = deque(maxlen=min(AGGREGATE_LOG, s.recent.maxlen or AGGREGATE_LOG))
         for call in s.recent:  # finished calls: they now belong to the aggregate
             call.future, call.stats, call.hist = agg, a, a.poll_hist
             a.recent.append(call)
