@@ -238,8 +238,7 @@ async def _fetch_oldest(get: Get, rows: list[Row], ctx: Context) -> None:
 
 def _call_lines(document: Row, ctx: Context) -> list[str]:
     lines = [
-        f"{document['label']}: live calls oldest first (time: their age), then the last "
-        "finished (time: how long they took)",
+        f"{document['label']}: live calls first (time = age), then finished ones (time = duration)",
         f"{'call':>7}  {'state':<9}  {'time':>6}  {'polls':>5}  {'busy':>6}  {'idle':>6}  task",
     ]
     for c in document["calls"]:
