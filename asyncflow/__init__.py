@@ -23,6 +23,9 @@ from asyncflow.instrument.memory import instrument_memory_stream as instrument_m
 from asyncflow.instrument.queues import QueueInstrumentation as QueueInstrumentation
 from asyncflow.instrument.queues import instrument_queue as instrument_queue
 from asyncflow.instrument.queues import instrument_queues as instrument_queues
+from asyncflow.instrument.resources import LockInstrumentation as LockInstrumentation
+from asyncflow.instrument.resources import instrument_lock as instrument_lock
+from asyncflow.instrument.resources import instrument_locks as instrument_locks
 from asyncflow.instrument.streams import stream as stream
 from asyncflow.profiler import Profiler as Profiler
 from asyncflow.profiler import active_profiler as active_profiler
@@ -40,6 +43,7 @@ _LAZY = {"Snapshot": "asyncflow.schema"}
 __all__ = [
     "AsyncflowError",
     "ExecutorInstrumentation",
+    "LockInstrumentation",
     "NeverAwaitedTracking",
     "Options",
     "Profiler",
@@ -52,6 +56,8 @@ __all__ = [
     "future",
     "instrument",
     "instrument_executors",
+    "instrument_lock",
+    "instrument_locks",
     "instrument_memory_stream",
     "instrument_queue",
     "instrument_queues",

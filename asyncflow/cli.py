@@ -116,6 +116,11 @@ def _parser() -> argparse.ArgumentParser:
         help="leave run_in_executor, asyncio.to_thread and anyio's worker threads alone",
     )
     run.add_argument(
+        "--no-locks",
+        action="store_true",
+        help="leave the program's locks, semaphores, conditions, events and barriers alone",
+    )
+    run.add_argument(
         "--no-never-awaited",
         action="store_true",
         help="do not count coroutines the program creates and never awaits",
@@ -259,6 +264,7 @@ def _run(args: argparse.Namespace) -> int:
     undo_loops = _track_every_loop(per_loop)
     queues = None if args.no_queues else asyncflow.instrument_queues()
     never_awaited = None if args.no_never_awaited else asyncflow.track_never_awaited()
+    locks = None if args.no_locks else asyncflow.instrument_locks()
     undo_sigterm = _report_on_sigterm(profiler.stop)
     sys.argv = [argv0, *program]
     code = 0
@@ -280,6 +286,8 @@ def _run(args: argparse.Namespace) -> int:
         undo_loops()
         if queues is not None:
             queues.undo()
+        if locks is not None:
+            locks.undo()
         profiler.stop()
         if never_awaited is not None:
             never_awaited.undo()

@@ -18,6 +18,7 @@ from asyncflow.config import Options
 from asyncflow.instrument import _session
 from asyncflow.instrument import channels as _channels
 from asyncflow.instrument import futures as _futures
+from asyncflow.instrument import resources as _resources
 from asyncflow.instrument.futures import CallRecord, FutureRecord, registry
 from asyncflow.monitor import LoopMonitor
 
@@ -84,6 +85,7 @@ class Collector:
         folded = self._fold_finished()
         _futures.reap(self._fold_finished)
         _channels.reap(collecting=True)
+        _resources.reap(collecting=True)
         return folded
 
     def _fold_finished(self) -> int:

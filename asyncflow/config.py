@@ -84,6 +84,7 @@ WARN_THRESHOLDS = {
     "executor_min_jobs": "count",
     "leak_min_live": "count",
     "leak_finish_share": "share",
+    "contention_min_waits": "count",
 }
 _DISABLE = "ASYNCFLOW_DISABLE"
 

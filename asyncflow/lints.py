@@ -27,6 +27,7 @@ from asyncflow.schema import (
     Location,
     LoopEntry,
     NeverAwaitedEntry,
+    ResourceEntry,
     Snapshot,
     WarningEntry,
     WarningsDocument,
@@ -73,6 +74,9 @@ class Thresholds:
     #: ``leak_finish_share`` of the calls created meanwhile finished
     leak_min_live: int = 50
     leak_finish_share: float = 0.1
+    #: a lock, semaphore or limiter at least this many acquisitions of which had to wait, whose
+    #: waiters waited more than twice as long as it was held
+    contention_min_waits: int = 10
 
     @classmethod
     def from_options(cls, pairs: Iterable[tuple[str, float]]) -> Thresholds:
@@ -99,6 +103,7 @@ class Documents:
     channels: Sequence[ChannelEntry] = ()
     loops: Sequence[LoopEntry] = ()
     executors: Sequence[ExecutorEntry] = ()
+    resources: Sequence[ResourceEntry] = ()
     never_awaited: Sequence[NeverAwaitedEntry] = ()
     block_threshold_ns: int = 100_000_000
 
@@ -113,6 +118,7 @@ def documents_of(snapshot: Snapshot, now_ns: int = 0) -> Documents:
         channels=snapshot.channels.channels if snapshot.channels is not None else (),
         loops=loop.loops if loop is not None else (),
         executors=snapshot.executors.executors if snapshot.executors is not None else (),
+        resources=snapshot.resources.resources if snapshot.resources is not None else (),
         never_awaited=snapshot.futures.never_awaited,
         block_threshold_ns=loop.block_threshold_ns if loop is not None else 100_000_000,
     )
@@ -206,9 +212,10 @@ def _library(path: str) -> bool:
 def blocked_loop(docs: Documents, th: Thresholds) -> Iterator[Finding]:
     """The loop was blocked: by which call and line, for how long."""
     for loop in docs.loops:
-        if not loop.blocked_count or not loop.episodes:
+        kept = [*loop.episodes, *loop.worst_episodes]  # the newest, and the longest ever
+        if not loop.blocked_count or not kept:
             continue
-        worst = max(loop.episodes, key=lambda e: e.blocked_ns)
+        worst = max(kept, key=lambda e: e.blocked_ns)
         culprit = f"`{worst.call.label}`" if worst.call is not None else "untracked code"
         severity = "error" if worst.ongoing or worst.blocked_ns >= 1_000_000_000 else "warning"
         times = "once" if loop.blocked_count == 1 else f"{loop.blocked_count} times"
@@ -484,6 +491,90 @@ def executor_saturated(docs: Documents, th: Thresholds) -> Iterator[Finding]:
         )
 
 
+def _resource_subject(r: ResourceEntry) -> WarningSubject:
+    return WarningSubject("resource", r.id, r.label, r.location)
+
+
+def _waiters(r: ResourceEntry, limit: int = 3) -> str:
+    waited = [f for f in sorted(r.futures, key=lambda f: -f.total_wait_ns) if f.waits]
+    if not waited:
+        return "its callers"
+    shown = ", ".join(f"`{f.label}`" for f in waited[:limit])
+    return shown if len(waited) <= limit else f"{shown} and {len(waited) - limit} more"
+
+
+_ACQUIRED = ("lock", "semaphore", "capacity_limiter", "condition")
+
+
+def contention(docs: Documents, th: Thresholds) -> Iterator[Finding]:
+    """A lock or semaphore that its callers queue for far longer than anyone holds it."""
+    for r in docs.resources:
+        if r.primitive not in _ACQUIRED or r.contended_acquisitions < th.contention_min_waits:
+            continue
+        if r.total_wait_ns <= 2 * r.total_hold_ns:
+            continue
+        yield Finding(
+            "lock-contention",
+            "warning",
+            _resource_subject(r),
+            f"{r.primitive.replace('_', ' ').capitalize()} `{r.label}` serialises "
+            f"{_waiters(r)}: {r.contended_acquisitions} of {r.acquisitions} acquisitions waited,"
+            f" {_duration(r.total_wait_ns)} in all, to hold it {_duration(r.total_hold_ns)}"
+            f" (up to {r.max_waiters} waiting at once)",
+            "hold it for less (no await while holding it), or split what it guards",
+            {
+                "contended": r.contended_acquisitions,
+                "acquisitions": r.acquisitions,
+                "wait_ns": r.total_wait_ns,
+                "hold_ns": r.total_hold_ns,
+                "max_waiters": r.max_waiters,
+            },
+        )
+
+
+def permits_leaked(docs: Documents, th: Thresholds) -> Iterator[Finding]:
+    """Permits taken by calls that ended without giving them back."""
+    for r in docs.resources:
+        ended = [h for h in r.holders if h.outcome is not None]
+        leaked = len(ended) + r.abandoned_holds
+        if not leaked or r.primitive not in _ACQUIRED or r.state == "gone":
+            continue  # (once the primitive is gone, its permits no longer hold anyone up)
+        outcomes: dict[str, int] = {}
+        for h in ended:
+            outcomes[h.outcome or "?"] = outcomes.get(h.outcome or "?", 0) + 1
+        how = ", ".join(f"{n} {outcome}" for outcome, n in sorted(outcomes.items()))
+        whom = ", ".join(sorted({f"`{h.label}`" for h in ended})) or "calls gone by now"
+        exhausted = r.permits is not None and r.permits.available == 0
+        words = "permit" if leaked == 1 else "permits"
+        yield Finding(
+            "permits-leaked",
+            "error" if exhausted else "warning",
+            _resource_subject(r),
+            f"{r.primitive.replace('_', ' ').capitalize()} `{r.label}` has {leaked} {words} "
+            f"never given back: taken by {whom}, which ended without releasing"
+            + (f" ({how})" if how else "")
+            + ("; none is left, so every caller now waits forever" if exhausted else ""),
+            "release in a finally block, or use `async with`",
+            {"leaked": leaked, "available": -1 if r.permits is None else r.permits.available or 0},
+        )
+
+
+def event_never_set(docs: Documents, th: Thresholds) -> Iterator[Finding]:
+    """Tasks wait on an event nobody has set."""
+    for r in docs.resources:
+        e = r.event
+        if e is None or e.sets or not r.waiters_now:
+            continue
+        yield Finding(
+            "event-never-set",
+            "info",
+            _resource_subject(r),
+            f"{r.waiters_now} tasks wait on event `{r.label}`, which nobody has set yet",
+            "fine for a shutdown signal; otherwise find who should set it (/tasks shows them)",
+            {"waiters": r.waiters_now},
+        )
+
+
 LINTS: tuple[Lint, ...] = (
     blocked_loop,
     long_poll,
@@ -497,6 +588,9 @@ LINTS: tuple[Lint, ...] = (
     swallowed_cancellation,
     task_leak,
     executor_saturated,
+    contention,
+    permits_leaked,
+    event_never_set,
 )
 
 

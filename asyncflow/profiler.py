@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from asyncflow import clock, config
 from asyncflow.config import Options, resolve_options
 from asyncflow.errors import AsyncflowError, PortInUseError
-from asyncflow.instrument import _session, channels, coroutines, executors, streams
+from asyncflow.instrument import _session, channels, coroutines, executors, resources, streams
 from asyncflow.instrument.futures import reset_for_session
 
 if TYPE_CHECKING:
@@ -143,6 +143,7 @@ class Profiler:
             channels.reset_for_session()
             streams.reset_for_session()
             executors.reset_for_session()
+            resources.reset_for_session()
             coroutines.reset_for_session()
             session = _session.Session(next(_epochs), clock.now_ns(), options.sampling)
             self._collector = Collector(session, options)

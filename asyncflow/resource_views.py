@@ -8,10 +8,8 @@ unpacks a recorder's tuples.
 
 from __future__ import annotations
 
-import heapq
 import math
-from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from collections.abc import Callable
 
 from asyncflow import stats
 from asyncflow.collector import Collector
@@ -32,6 +30,7 @@ from asyncflow.instrument.resources import (
     releases,
     resource_registry,
 )
+from asyncflow.paging import at_most, ordered_page
 from asyncflow.schema import (
     SCHEMA,
     BarrierInfo,
@@ -62,8 +61,6 @@ __all__ = [
 #: the label of code outside any tracked call, as channels' edges name it
 UNTRACKED = "(untracked)"
 
-_R = TypeVar("_R")
-
 
 def _future_labels(collector: Collector) -> dict[int | None, str]:
     labels: dict[int | None, str] = {}
@@ -72,22 +69,6 @@ def _future_labels(collector: Collector) -> dict[int | None, str]:
     labels.update((f.id, f.label) for f in collector.futures())
     labels[None] = UNTRACKED
     return labels
-
-
-def _ordered_page(
-    records: Sequence[_R], key: Callable[[_R], Any], offset: int, limit: int | None
-) -> list[_R]:
-    """The records of one page, in ``key`` order, without ordering the records past it."""
-    if limit is None:
-        return sorted(records, key=key)[offset:]
-    if limit <= 0 or offset >= len(records):
-        return []
-    return heapq.nsmallest(offset + limit, records, key=key)[offset:]
-
-
-def _at_most(percentiles: dict[str, int], ceiling: int) -> dict[str, int]:
-    # A bucket's midpoint can lie above the largest sample in it; never report more than the max.
-    return {key: min(value, ceiling) for key, value in percentiles.items()}
 
 
 def _count(value: float | None) -> int | None:
@@ -190,13 +171,13 @@ def resource_entry(
         failed_waits=st.wait_failed,
         total_wait_ns=st.wait_ns,
         max_wait_ns=st.wait_max,
-        wait_ns=_at_most(stats.percentiles(st.wait_hist, qs), st.wait_max),
+        wait_ns=at_most(stats.percentiles(st.wait_hist, qs), st.wait_max),
         waiters_now=max(st.waiting, state.queued) if state.alive else 0,
         max_waiters=max(st.max_waiting, st.waiting),
         holds=st.hold_count,
         total_hold_ns=st.hold_ns,
         max_hold_ns=st.hold_max,
-        hold_ns=_at_most(stats.percentiles(st.hold_hist, qs), st.hold_max),
+        hold_ns=at_most(stats.percentiles(st.hold_hist, qs), st.hold_max),
         timed_holds=st.hold_timed,
         hold_sampling_interval=st.hold_interval,
         holders=holders,
@@ -236,7 +217,7 @@ def resources_document(
     labels = _future_labels(collector)
     origin = collector.session.start_ns
     qs = collector.options.percentiles
-    page = _ordered_page(records, _most_waited, offset, limit)
+    page = ordered_page(records, _most_waited, offset, limit)
     entries = [resource_entry(r, labels, now, origin, qs) for r in page]
     return ResourcesDocument(
         schema=SCHEMA,

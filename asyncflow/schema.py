@@ -18,6 +18,7 @@ import orjson
 __all__ = [
     "SCHEMA",
     "AwaitFrame",
+    "BarrierInfo",
     "BlockedEpisode",
     "CallEntry",
     "CallStates",
@@ -26,10 +27,12 @@ __all__ = [
     "ChannelLogEntry",
     "ChannelLogs",
     "ChannelsDocument",
+    "ConditionInfo",
     "DocumentError",
     "EdgeEntry",
     "ErrorDocument",
     "ErrorInfo",
+    "EventInfo",
     "ExceptionInfo",
     "ExecutorEntry",
     "ExecutorsDocument",
@@ -40,13 +43,20 @@ __all__ = [
     "FutureLogs",
     "FuturesDocument",
     "JobGroup",
+    "LiveSample",
     "Location",
     "LoopDocument",
-    "LiveSample",
     "LoopEntry",
     "NeverAwaitedEntry",
     "Outcomes",
+    "PermitsInfo",
     "ProfilerStatus",
+    "ResourceEntry",
+    "ResourceFutureEntry",
+    "ResourceHolder",
+    "ResourceLogEntry",
+    "ResourceLogs",
+    "ResourcesDocument",
     "RunningCall",
     "Snapshot",
     "StackFrame",
@@ -724,6 +734,8 @@ class Snapshot:
     stream_logs: list[StreamLogs] = field(default_factory=list)
     loop: LoopDocument | None = None
     executors: ExecutorsDocument | None = None
+    resources: ResourcesDocument | None = None
+    resource_logs: list[ResourceLogs] = field(default_factory=list)
     tasks: TasksDocument | None = None
     #: the diagnoses, as ``GET /warnings`` lists them
     warnings: list[WarningEntry] = field(default_factory=list)

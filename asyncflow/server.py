@@ -28,7 +28,7 @@ from typing import Any, TypeVar, cast
 
 from aiohttp import web
 
-from asyncflow import clock, openapi, schema, views, wait_views
+from asyncflow import clock, openapi, resource_views, schema, views, wait_views
 from asyncflow.collector import Collector
 from asyncflow.errors import AsyncflowError
 from asyncflow.instrument import _session
@@ -128,6 +128,18 @@ ROUTES: tuple[Route, ...] = (
         "and the waiting tasks counted by future, line and target.",
         schema.TasksDocument,
         _PAGED,
+    ),
+    Route(
+        "/resources",
+        "Every lock, semaphore, condition, event, barrier and limiter, most waited on first.",
+        schema.ResourcesDocument,
+        _PAGED,
+    ),
+    Route(
+        "/resources/{id}/logs",
+        "A resource's recent waits, timed holds and signals, newest first.",
+        schema.ResourceLogs,
+        (_id("resource"), _LOG_LIMIT),
     ),
     Route(
         "/executors",
@@ -463,6 +475,8 @@ class Server:
             "/warnings": self._warnings,
             "/tasks": self._tasks,
             "/executors": self._executors,
+            "/resources": self._resources,
+            "/resources/{id}/logs": self._resource_logs,
             "/snapshot": self._snapshot,
         }
         for route in ROUTES:
@@ -674,6 +688,17 @@ class Server:
     def _tasks(self, query: _Query) -> Any:
         responsive = wait_views.responsive_loops(self.collector.monitor, clock.now_ns())
         return wait_views.tasks_document(query.offset, query.limit, responsive)
+
+    def _resources(self, query: _Query) -> Any:
+        now = clock.now_ns()
+        return resource_views.resources_document(self.collector, now, query.offset, query.limit)
+
+    def _resource_logs(self, query: _Query) -> Any:
+        record = resource_views.find_resource(query.id or 0)
+        if record is None:
+            raise _Refused(404, f"no resource with id {query.id}; GET /resources lists them")
+        origin = self.collector.session.start_ns
+        return resource_views.resource_logs(record, origin, query.limit)
 
     def _executors(self, query: _Query) -> Any:
         percentiles = self.collector.options.percentiles

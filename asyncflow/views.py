@@ -7,17 +7,16 @@ cheap key first, and only the entries of the page are built.
 from __future__ import annotations
 
 import asyncio
-import heapq
 import os
 import platform
-from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import TypeVar
 
-from asyncflow import clock, lints, stats, wait_views
+from asyncflow import clock, lints, resource_views, stats, wait_views
 from asyncflow._version import __version__
 from asyncflow.collector import Collector, live_calls
 from asyncflow.instrument import _session
 from asyncflow.instrument.channels import ChannelRecord, Edge, channel_registry, edge_counts
+from asyncflow.instrument.executors import executor_registry
 from asyncflow.instrument.futures import (
     RUNNING,
     CallRecord,
@@ -26,8 +25,10 @@ from asyncflow.instrument.futures import (
     call_state,
     gone_labels,
 )
+from asyncflow.instrument.resources import resource_registry
 from asyncflow.instrument.streams import ACTIVE, StreamRecord, stream_registry
 from asyncflow.monitor import Episode, LoopState, running_calls
+from asyncflow.paging import at_most, ordered_page
 from asyncflow.schema import (
     SCHEMA,
     BlockedEpisode,
@@ -53,6 +54,7 @@ from asyncflow.schema import (
     LoopEntry,
     Outcomes,
     ProfilerStatus,
+    ResourcesDocument,
     RunningCall,
     Snapshot,
     StackFrame,
@@ -84,17 +86,6 @@ __all__ = [
 _R = TypeVar("_R")
 
 
-def _ordered_page(
-    records: Sequence[_R], key: Callable[[_R], Any], offset: int, limit: int | None
-) -> list[_R]:
-    """The records of one page, in ``key`` order, without ordering the records past it."""
-    if limit is None:
-        return sorted(records, key=key)[offset:]
-    if limit <= 0 or offset >= len(records):
-        return []
-    return heapq.nsmallest(offset + limit, records, key=key)[offset:]
-
-
 def _running_for(r: CallRecord, now: int) -> int:
     start = r.start
     return max(0, now - start) if start else 0
@@ -106,11 +97,6 @@ def _idle(r: CallRecord, now: int) -> int:
     end = r.finished or now
     running = 0 if r.finished else _running_for(r, now)
     return max(0, end - r.first - r.busy - running)
-
-
-def _at_most(percentiles: dict[str, int], ceiling: int) -> dict[str, int]:
-    # A bucket's midpoint can lie above the largest sample in it; never report more than the max.
-    return {key: min(value, ceiling) for key, value in percentiles.items()}
 
 
 def _busy_now(record: FutureRecord, now: int) -> int:
@@ -171,7 +157,7 @@ def future_entry(record: FutureRecord, now: int, percentiles: tuple[float, ...])
         busy_ns=busy,
         idle_ns=idle,
         max_poll_duration_ns=max_poll,
-        poll_duration_ns=_at_most(stats.percentiles(st.poll_hist, percentiles), max_poll),
+        poll_duration_ns=at_most(stats.percentiles(st.poll_hist, percentiles), max_poll),
         call_duration_ns=stats.percentiles(st.call_hist, percentiles),
         alive=record.alive,
         folded_count=record.folded,
@@ -244,7 +230,7 @@ def futures_document(
     """Every future, most busy first, paged by ``offset``/``limit``."""
     records = collector.futures()
     keys = {f.id: (-_busy_now(f, now), -f.stats.created, f.id) for f in records}
-    chosen = _ordered_page(records, lambda f: keys[f.id], offset, limit)
+    chosen = ordered_page(records, lambda f: keys[f.id], offset, limit)
     qs = collector.options.percentiles
     page = [future_entry(f, now, qs) for f in chosen]
     return FuturesDocument(
@@ -311,7 +297,7 @@ def _edges(
             future_id=fid,
             label=labels.get(fid, "?"),
             messages=counts.get(fid, e.count),
-            delay_ns=_at_most(stats.percentiles(e.delay_hist, qs), e.delay_max),
+            delay_ns=at_most(stats.percentiles(e.delay_hist, qs), e.delay_max),
             max_delay_ns=e.delay_max,
         )
         for fid, e in list(edges.items())
@@ -349,7 +335,7 @@ def channel_entry(
         max_queue_size=st.max_size,
         send_rate=_rate((1, st.first_sent_ns), st.last_sent),
         receive_rate=_rate(st.first_received, st.last_received),
-        delay_ns=_at_most(stats.percentiles(st.delay_hist, qs), st.delay_max),
+        delay_ns=at_most(stats.percentiles(st.delay_hist, qs), st.delay_max),
         max_delay_ns=st.delay_max,
         producers_blocked_ns=st.blocked_ns,
         consumers_starved_ns=st.starved_ns,
@@ -371,7 +357,7 @@ def channels_document(
     labels = _labels(collector)
     qs = collector.options.percentiles
     records = channel_registry()
-    chosen = _ordered_page(records, lambda c: (-c.stats.sent, c.id), offset, limit)
+    chosen = ordered_page(records, lambda c: (-c.stats.sent, c.id), offset, limit)
     page = [channel_entry(c, labels, qs) for c in chosen]
     return ChannelsDocument(
         schema=SCHEMA,
@@ -417,6 +403,17 @@ def flow(collector: Collector) -> FlowDocument:
     for r in stream_registry():
         key = f"stream:{r.id}"
         nodes[key] = FlowNode(key, "stream", r.label)
+    resource_nodes, resource_edges = resource_views.resource_flow(collector, future_node)
+    nodes.update((node.id, node) for node in resource_nodes)
+    edges += resource_edges
+    for executor in executor_registry():  # future -> executor: the jobs its calls submitted
+        key = f"executor:{executor.id}"
+        nodes[key] = FlowNode(key, "executor", executor.label)
+        with executor.lock:
+            jobs = list(executor.stats.by_future.items())
+        for future_id, figures in jobs:
+            edge = FlowEdge(future_node(future_id), key, figures.jobs, {}, figures.max_queued_ns)
+            edges.append(edge)
     for c in channel_registry():
         key = f"channel:{c.id}"
         nodes[key] = FlowNode(key, "channel", c.label)
@@ -435,7 +432,7 @@ def _flow_edge(source: str, target: str, e: Edge, messages: int, qs: tuple[float
         source=source,
         target=target,
         messages=messages,
-        delay_ns=_at_most(stats.percentiles(e.delay_hist, qs), e.delay_max),
+        delay_ns=at_most(stats.percentiles(e.delay_hist, qs), e.delay_max),
         max_delay_ns=e.delay_max,
     )
 
@@ -456,7 +453,7 @@ def stream_entry(record: StreamRecord, qs: tuple[float, ...]) -> StreamEntry:
         state=state,
         instances=instances,
         items_yielded=st.items,
-        wait_ns=_at_most(stats.percentiles(st.wait_hist, qs), st.wait_max),
+        wait_ns=at_most(stats.percentiles(st.wait_hist, qs), st.wait_max),
         max_wait_ns=st.wait_max,
         total_wait_ns=st.wait_ns,
         consumer_ns=st.between_ns,
@@ -473,7 +470,7 @@ def streams_document(
     """Every stream, most items first, paged by ``offset``/``limit``."""
     qs = collector.options.percentiles
     records = stream_registry()
-    chosen = _ordered_page(records, lambda r: (-r.stats.items, r.id), offset, limit)
+    chosen = ordered_page(records, lambda r: (-r.stats.items, r.id), offset, limit)
     page = [stream_entry(r, qs) for r in chosen]
     return StreamsDocument(
         schema=SCHEMA,
@@ -548,7 +545,7 @@ def loop_entry(state: LoopState, now: int, origin: int, qs: tuple[float, ...]) -
         thread=state.record.thread_name,
         state=condition,
         lag_now_ns=lag_now,
-        lag_ns=_at_most(stats.percentiles(state.lag_hist, qs), state.lag_max),
+        lag_ns=at_most(stats.percentiles(state.lag_hist, qs), state.lag_max),
         max_lag_ns=state.lag_max,
         heartbeats=state.heartbeats,
         tasks_alive=alive,
@@ -583,7 +580,8 @@ def snapshot(collector: Collector, running: bool = True) -> Snapshot:
     channels = channels_document(collector)
     loop = loop_document(collector, now)
     executors = wait_views.executors_document(collector.options.percentiles, by_id.values())
-    warnings = _warnings(collector, now, futures, channels, loop, executors)
+    resources = resource_views.resources_document(collector, now)
+    warnings = _warnings(collector, now, futures, channels, loop, executors, resources)
     return Snapshot(
         schema=SCHEMA,
         status=status(collector, now, running),
@@ -596,6 +594,8 @@ def snapshot(collector: Collector, running: bool = True) -> Snapshot:
         stream_logs=[stream_logs(r, origin) for r in stream_registry()],
         loop=loop,
         executors=executors,
+        resources=resources,
+        resource_logs=[resource_views.resource_logs(r, origin) for r in resource_registry()],
         warnings=warnings.warnings,
     )
 
@@ -607,6 +607,7 @@ def _warnings(
     channels: ChannelsDocument,
     loop: LoopDocument,
     executors: ExecutorsDocument,
+    resources: ResourcesDocument,
 ) -> WarningsDocument:
     docs = lints.Documents(
         now_ns=now,
@@ -615,6 +616,7 @@ def _warnings(
         channels=channels.channels,
         loops=loop.loops,
         executors=executors.executors,
+        resources=resources.resources,
         never_awaited=futures.never_awaited,
         block_threshold_ns=loop.block_threshold_ns,
     )
@@ -633,4 +635,5 @@ def warnings_document(collector: Collector) -> WarningsDocument:
         channels_document(collector),
         loop_document(collector, now),
         wait_views.executors_document(qs, collector.futures()),
+        resource_views.resources_document(collector, now),
     )

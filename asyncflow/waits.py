@@ -27,6 +27,7 @@ from asyncflow import clock, schema
 from asyncflow.instrument import _session
 from asyncflow.instrument.futures import InstrumentedCoroutine
 from asyncflow.instrument.loops import LoopRecord
+from asyncflow.instrument.resources import resource_of
 
 __all__ = [
     "MAX_CHAIN",
@@ -120,7 +121,7 @@ def _label_of_channel(obj: Any) -> tuple[str | None, str | None]:
 
 
 def _label_of_resource(obj: Any) -> tuple[str | None, str | None]:
-    record = getattr(obj, "_asyncflow_resource", None)
+    record = resource_of(obj)
     if record is None:
         return None, None
     return f"resource:{record.id}", str(record.label)

@@ -576,6 +576,9 @@ async def notify(n):
 
 async def main():
     notify(0)  # never awaited: the program's bug
+    guard = asyncio.Lock()
+    async with guard:
+        pass
     loop = asyncio.get_running_loop()
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
         jobs = [loop.run_in_executor(pool, convert, n) for n in range(6)]
@@ -605,12 +608,16 @@ def test_run_sees_executors_and_never_awaited_coroutines_without_code_changes(
     (orphan,) = document["futures"]["never_awaited"]
     assert (orphan["function"], orphan["count"]) == ("notify", 1)
     assert "never-awaited" in {w["kind"] for w in document["warnings"]}
+    line = WAITING_PROGRAM.splitlines().index("    guard = asyncio.Lock()") + 1
+    (guard,) = [r for r in document["resources"]["resources"] if r["label"] == f"prog.py:{line}"]
+    assert (guard["primitive"], guard["acquisitions"]) == ("lock", 1)
 
     done = asyncflow_cmd(
-        "run", "--no-executors", "--no-never-awaited", "--format", "json", "--output",
-        str(report), str(script),
+        "run", "--no-executors", "--no-never-awaited", "--no-locks", "--format", "json",
+        "--output", str(report), str(script),
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     document = orjson.loads(report.read_bytes())
     assert document["executors"]["executors"] == []
     assert document["futures"]["never_awaited"] == []
+    assert document["resources"]["resources"] == []

@@ -381,3 +381,59 @@ def test_thresholds_are_options(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ValueError, match="ASYNCFLOW_WARN"):
         monkeypatch.setenv("ASYNCFLOW_WARN", "long_poll=-1")
         asyncflow.profile("t")
+
+
+async def test_a_lock_that_serialises_its_workers(
+    fake_clock: FakeClock, prof: asyncflow.Profiler
+) -> None:
+    cache = asyncflow.instrument_lock(asyncio.Lock(), name="cache")
+
+    @asyncflow.future(name="refresh")
+    async def refresh() -> None:
+        async with cache:
+            await _io(1_000_000)  # the planted bug: an await while holding the lock
+
+    await asyncio.gather(*(asyncio.create_task(refresh()) for _ in range(20)))
+    (finding,) = _only(_findings(prof))
+    assert (finding.kind, finding.subject.kind, finding.subject.label) == (
+        "lock-contention",
+        "resource",
+        "cache",
+    )
+    assert finding.message.startswith("Lock `cache` serialises `refresh`: 19 of 20")
+    assert finding.evidence["hold_ns"] == 20_000_000
+    assert finding.evidence["wait_ns"] > 5 * finding.evidence["hold_ns"]
+
+
+async def test_permits_never_given_back(prof: asyncflow.Profiler) -> None:
+    pool = asyncflow.instrument_lock(asyncio.Semaphore(2), name="db_pool")
+
+    @asyncflow.future(name="query")
+    async def query() -> None:
+        await pool.acquire()
+        raise ConnectionResetError("peer went away")  # the planted bug: no release on error
+
+    results = await asyncio.gather(query(), query(), return_exceptions=True)
+    assert all(isinstance(r, ConnectionResetError) for r in results)
+    (finding,) = _only(_findings(prof))
+    assert (finding.kind, finding.severity, finding.subject.label) == (
+        "permits-leaked",
+        "error",
+        "db_pool",
+    )
+    assert "2 permits never given back: taken by `query`" in finding.message
+    assert "(2 raised)" in finding.message and "none is left" in finding.message
+
+
+async def test_an_event_nobody_sets_is_info(prof: asyncflow.Profiler) -> None:
+    gc.collect()  # primitives of earlier tests are gone, not merely unreferenced
+    ready = asyncflow.instrument_lock(asyncio.Event(), name="config_loaded")
+    waiting = [asyncio.create_task(ready.wait()) for _ in range(3)]
+    await asyncio.sleep(0)
+    findings = _findings(prof)
+    assert _only(findings) == []
+    (finding,) = [f for f in findings if f.kind == "event-never-set"]
+    assert finding.severity == "info" and finding.evidence == {"waiters": 3}
+    ready.set()
+    await asyncio.gather(*waiting)
+    assert [f.kind for f in _findings(prof) if f.kind == "event-never-set"] == []

@@ -73,6 +73,9 @@ async def workload() -> None:
         pass
     with asyncflow.instrument_executors():
         await asyncio.to_thread(sum, [1, 2])
+    gate = asyncflow.instrument_lock(asyncio.Lock(), name="gate")
+    async with gate:
+        pass
 
 
 @pytest.fixture
@@ -100,16 +103,19 @@ def test_every_route_answers_and_matches_the_openapi_document(served: asyncflow.
     _, futures, _ = get(url, "/futures")
     _, channels, _ = get(url, "/channels")
     _, streams, _ = get(url, "/streams")
+    _, resources, _ = get(url, "/resources")
     labels = {f["label"] for f in futures["futures"]}
     assert {"produce", "consume"} <= labels
     # (channels and streams of earlier tests may still be alive: ids are process-wide)
     assert {"work", "mem"} <= {c["label"] for c in channels["channels"]}
     assert "numbers" in [s["label"] for s in streams["streams"]]
     paths = [route.path for route in server.ROUTES if "{id}" not in route.path]
-    assert len(paths) == 11  # and the three logs routes below
+    assert len(paths) == 12  # and the four logs routes below
     paths += [f"/futures/{f['id']}/logs" for f in futures["futures"]]
     paths += [f"/channels/{c['id']}/logs" for c in channels["channels"]]
     paths += [f"/streams/{s['id']}/logs" for s in streams["streams"]]
+    assert "gate" in [r["label"] for r in resources["resources"]]
+    paths += [f"/resources/{r['id']}/logs" for r in resources["resources"]]
     for path in paths:
         status, body, headers = get(url, path)
         assert status == 200, (path, body)
