@@ -9,6 +9,7 @@ from asyncflow.schema import (
     ExecutorEntry,
     FutureEntry,
     LoopEntry,
+    ResourceEntry,
     Snapshot,
     StreamEntry,
     WarningEntry,
@@ -80,6 +81,10 @@ def render_table(snapshot: Snapshot, percentiles: tuple[float, ...], limit: int)
     if channels:
         shown_channels = channels if limit == 0 else channels[:limit]
         lines += ["", *_table([_CHANNEL_COLUMNS, *(_channel_row(c) for c in shown_channels)])]
+    resources = snapshot.resources.resources if snapshot.resources is not None else []
+    if resources:
+        shown_resources = resources if limit == 0 else resources[:limit]
+        lines += ["", *_table([_RESOURCE_COLUMNS, *map(_resource_row, shown_resources)])]
     executors = snapshot.executors.executors if snapshot.executors is not None else []
     if executors:
         shown_executors = executors if limit == 0 else executors[:limit]
@@ -206,6 +211,41 @@ def _warnings(warnings: list[WarningEntry]) -> list[str]:
         hint = textwrap.wrap(f"→ {w.hint}", _WRAP - 11)
         lines += [f"{'':11}{line}" for line in hint]
     return [*lines, ""]
+
+
+_RESOURCE_COLUMNS = [
+    "resource",
+    "kind",
+    "acquired",
+    "waited",
+    "wait total",
+    "max wait",
+    "hold total",
+    "max hold",
+    "waiting/max",
+    "held by",
+]
+
+
+def _resource_row(r: ResourceEntry) -> list[str]:
+    holders = sorted({h.label for h in r.holders})
+    held_by = ", ".join(holders[:2]) + (f" +{len(holders) - 2}" if len(holders) > 2 else "")
+    if r.event is not None:
+        acquired = f"{r.event.sets} set" if r.event.sets != 1 else "1 set"
+    else:
+        acquired = f"{r.acquisitions:,}"
+    return [
+        r.label,
+        r.primitive.replace("capacity_limiter", "limiter"),
+        acquired,
+        f"{r.contended_acquisitions:,}" if r.event is None else f"{r.waits:,}",
+        format_duration(r.total_wait_ns),
+        format_duration(r.max_wait_ns),
+        format_duration(r.total_hold_ns) if r.event is None else "-",
+        format_duration(r.max_hold_ns) if r.event is None else "-",
+        f"{r.waiters_now}/{r.max_waiters}",
+        held_by or "-",
+    ]
 
 
 _EXECUTOR_COLUMNS = [

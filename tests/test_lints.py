@@ -403,6 +403,10 @@ async def test_a_lock_that_serialises_its_workers(
     assert finding.message.startswith("Lock `cache` serialises `refresh`: 19 of 20")
     assert finding.evidence["hold_ns"] == 20_000_000
     assert finding.evidence["wait_ns"] > 5 * finding.evidence["hold_ns"]
+    # the exit report's table of resources says the same
+    lines = render_table(prof.snapshot(), (50.0,), 10).splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("resource "))
+    assert lines[header + 1].split()[:6] == ["cache", "lock", "20", "19", "190", "ms"]
 
 
 async def test_permits_never_given_back(prof: asyncflow.Profiler) -> None:
