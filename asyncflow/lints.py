@@ -12,7 +12,6 @@ work, not a problem, so starvation is only ``info``.
 from __future__ import annotations
 
 import os
-import sysconfig
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,6 +32,7 @@ from asyncflow.schema import (
     WarningsDocument,
     WarningSubject,
 )
+from asyncflow.waits import is_library_file
 
 __all__ = [
     "LINTS",
@@ -187,26 +187,11 @@ def _episode_line(episode: BlockedEpisode) -> str:
     if not stack:
         return ""
     called = stack[0].function
-    mine = next((f for f in stack if not _library(f.file)), None)
+    mine = next((f for f in stack if not is_library_file(f.file)), None)
     if mine is None:
         return f" in {called}"
     where = f"{os.path.basename(mine.file)}:{mine.line}"
     return f" at {where}" if mine is stack[0] else f" at {where} (in {called})"
-
-
-_LIBRARY_DIRS = tuple(
-    {
-        os.path.normpath(p) + os.sep
-        for key in ("stdlib", "platstdlib", "purelib", "platlib")
-        if (p := sysconfig.get_paths().get(key))
-    }
-    | {os.path.dirname(__file__) + os.sep}
-)
-
-
-def _library(path: str) -> bool:
-    """Whether a frame's file is Python's, an installed package's or asyncflow's own."""
-    return path.startswith("<") or path.startswith(_LIBRARY_DIRS)
 
 
 def blocked_loop(docs: Documents, th: Thresholds) -> Iterator[Finding]:
@@ -569,7 +554,8 @@ def event_never_set(docs: Documents, th: Thresholds) -> Iterator[Finding]:
             "event-never-set",
             "info",
             _resource_subject(r),
-            f"{r.waiters_now} tasks wait on event `{r.label}`, which nobody has set yet",
+            f"{r.waiters_now} task{' waits' if r.waiters_now == 1 else 's wait'} on event "
+            f"`{r.label}`, which nobody has set yet",
             "fine for a shutdown signal; otherwise find who should set it (/tasks shows them)",
             {"waiters": r.waiters_now},
         )

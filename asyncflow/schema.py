@@ -575,6 +575,9 @@ class TaskEntry:
     #: the await chain from the task's coroutine inwards, innermost last
     chain: list[AwaitFrame]
     waits_on: WaitTarget | None
+    #: the innermost frame of the chain in the program's own code (not asyncio's, not an
+    #: installed package's, not asyncflow's): the line a person looks at
+    where: AwaitFrame | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -322,7 +322,9 @@ def _program_frame(chain: list[Row]) -> Row | None:
 
 
 def _task_where(task: Row) -> str:
-    return _where(_program_frame(task["chain"]))
+    # the document names the program's own frame; older ones did not: guess from the chain
+    where = task.get("where")
+    return _where(where if where is not None else _program_frame(task["chain"]))
 
 
 def _chain_lines(task: Row, ctx: Context) -> list[str]:
@@ -362,6 +364,34 @@ def _job_lines(executor: Row, ctx: Context) -> list[str]:
     return lines
 
 
+def _resource_lines(resource: Row, ctx: Context) -> list[str]:
+    lines = [f"{resource['label']} ({resource['kind']}): who waited and who held it"]
+    for h in resource["holders"][:4]:
+        ended = f", its call {h['outcome']}" if h["outcome"] else ""
+        lines.append(f"  held by {h['label']} for {dur(h['held_ns'])}{ended}")
+    for f in resource["futures"][:6]:
+        lines.append(
+            f"{count(f['waits']):>6} waits {dur(f['total_wait_ns']):>6} (max "
+            f"{dur(f['max_wait_ns'])})  {count(f['holds']):>6} holds {dur(f['total_hold_ns']):>6}"
+            f"  {f['label'][:30]}"
+        )
+    return lines
+
+
+def _warning_subject(w: Row) -> str:
+    s = w["subject"]
+    return f"{s['kind']} {s['label']}"
+
+
+def _warning_lines(w: Row, ctx: Context) -> list[str]:
+    lines = textwrap.wrap(w["message"], 78) + textwrap.wrap(f"→ {w['hint']}", 78)
+    lines.append("evidence: " + ", ".join(f"{k}={v}" for k, v in w["evidence"].items()))
+    return lines
+
+
+_SEVERITY = {"error": 3, "warning": 2, "info": 1}
+
+
 def _loop_name(loop: Row) -> tuple[int, str]:
     return loop["id"], loop["label"].rsplit(".", 1)[-1]
 
@@ -369,6 +399,15 @@ def _loop_name(loop: Row) -> tuple[int, str]:
 def _running(loop: Row) -> str:
     running = loop["running"]
     return f"{running['label']} {dur(running['elapsed_ns'])}" if running else "-"
+
+
+def _warning_count(warnings: list[Row]) -> str:
+    """The warnings that hold now, shown on the status line whatever the view."""
+    now = [w for w in warnings if w["active"]]
+    if not now:
+        return "no warnings · "
+    worst = max(now, key=lambda w: _SEVERITY.get(w["severity"], 0))["severity"]
+    return f"⚠ {len(now)} warning{'' if len(now) == 1 else 's'} ({worst}; w shows them) · "
 
 
 # fmt: off
@@ -509,6 +548,53 @@ VIEWS: tuple[View, ...] = (
         sort="age",
         log_lines=_chain_lines, detail=_wait_lines,
         row_id=lambda t: f"{t['loop_id']}:{t['name']}",
+    ),
+    View(
+        "warnings", "w",
+        "one row per diagnosis: the culprit in one sentence (enter shows it whole, with what "
+        "to do and the figures); those that no longer hold are marked earlier",
+        "/warnings", "warnings",
+        (
+            _text("warning", 0, lambda w: w["message"], "the diagnosis", flex=True,
+                  max_width=200),
+            Column("sev", 1, lambda w: (w["active"], _SEVERITY.get(w["severity"], 0),
+                                         w["severity"]),
+                   "severity: error, warning or info; in ( ) when it no longer holds",
+                   show=lambda v: v[2].upper() if v[0] else f"({v[2]})"),
+            _text("kind", 2, lambda w: w["kind"], "what kind of problem (a stable name)",
+                  max_width=22),
+            _text("about", 3, _warning_subject, "the future, channel, resource, executor or "
+                  "loop it is about", max_width=30),
+        ),
+        sort="sev",
+        log_lines=_warning_lines,
+        row_id=lambda w: f"{w['kind']}:{w['subject']['kind']}:{w['subject']['id']}:"
+        f"{w['subject']['label']}",
+    ),
+    View(
+        "resources", "k",
+        "one row per lock, semaphore, condition, event, barrier or capacity limiter: who waits "
+        "for it and for how long, and who holds it now",
+        "/resources", "resources",
+        (
+            _text("resource", 0, lambda r: r["label"], "the resource's label", flex=True),
+            _text("kind", 1, lambda r: r["primitive"], "lock, semaphore, event..."),
+            _count("waiting", 1, lambda r: r["waiters_now"], "tasks waiting for it now"),
+            _dur("waitΣ", 1, lambda r: r["total_wait_ns"],
+                 "time callers waited for it, summed over waits"),
+            _dur("holdΣ", 2, lambda r: r["total_hold_ns"],
+                 "time it was held, summed over holds (a wait far longer: contention)"),
+            _count("acq", 2, lambda r: r["acquisitions"], "acquisitions so far"),
+            _count("waited", 3, lambda r: r["contended_acquisitions"],
+                   "acquisitions that had to wait"),
+            _dur("w-max", 3, lambda r: r["max_wait_ns"], "the longest wait"),
+            _count("held", 4, lambda r: len(r["holders"]), "holds open now"),
+            _text("where", 6, lambda r: _where(r["location"]),
+                  "where it was created or instrumented (file:line)", max_width=28,
+                  cut_left=True),
+        ),
+        sort="waitΣ",
+        log_lines=_resource_lines,
     ),
     View(
         "executors", "x",
@@ -772,6 +858,7 @@ class TopApp(App[None]):
         selected = asked
         try:
             status = await self._get("/profiler_status")
+            warnings = await self._get("/warnings")
             document = await self._get(view.route)
             rows: list[Row] = document[view.list_field]
             _keyed(view, rows)
@@ -805,7 +892,7 @@ class TopApp(App[None]):
             for row in rows
         }
         self.error = None
-        self.name_line = (
+        self.name_line = _warning_count(warnings["warnings"]) + (
             f"{status['name']} · pid {status['pid']} · up {dur(status['uptime_ns'])} · "
             f"{status['futures']} futures · {count(status['calls_live'])} live "
             f"call{'' if status['calls_live'] == 1 else 's'} · "

@@ -17,11 +17,14 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import os
+import sysconfig
 import threading
 from collections import Counter
 from collections.abc import Iterable
 from types import CodeType, FrameType
 from typing import Any
+
+import anyio
 
 from asyncflow import clock, schema
 from asyncflow.instrument import _session
@@ -33,6 +36,7 @@ __all__ = [
     "MAX_CHAIN",
     "TaskWalk",
     "describe_future",
+    "is_library_file",
     "summarise",
     "walk_loop",
     "walk_on_loop",
@@ -45,18 +49,25 @@ MAX_CHAIN = 64
 _REPR_LIMIT = 120
 
 _ASYNCIO_DIR = os.path.dirname(asyncio.__file__) + os.sep
-_LIBRARY_DIRS: tuple[str, ...] = (_ASYNCIO_DIR,)
-try:  # anyio's own frames are library frames too (it is a dependency: always importable)
-    import anyio
+#: Python's own library, installed packages (asyncio, anyio, aiohttp...) and asyncflow itself:
+#: not where a person looks for the line their program waits at.
+_LIBRARY_DIRS = tuple(
+    {
+        os.path.normpath(path) + os.sep
+        for key in ("stdlib", "platstdlib", "purelib", "platlib")
+        if (path := sysconfig.get_paths().get(key))
+    }
+    | {os.path.dirname(anyio.__file__) + os.sep, os.path.dirname(__file__) + os.sep}
+)
 
-    _LIBRARY_DIRS += (os.path.dirname(anyio.__file__) + os.sep,)
-except ImportError:  # pragma: no cover
-    pass
-_LIBRARY_DIRS += (os.path.dirname(__file__) + os.sep,)  # asyncflow's own wrappers
+
+def is_library_file(path: str) -> bool:
+    """Whether a frame's file is Python's, an installed package's or asyncflow's own."""
+    return path.startswith("<") or path.startswith(_LIBRARY_DIRS)
 
 
 def _is_library(code: CodeType) -> bool:
-    return code.co_filename.startswith(_LIBRARY_DIRS)
+    return is_library_file(code.co_filename)
 
 
 class TaskWalk:
@@ -330,6 +341,7 @@ def walk_task(
         age_ns=age,
         chain=chain,
         waits_on=waits_on,
+        where=where,
     )
     key = (
         f"{waits_on.kind}:{waits_on.ref or waits_on.label or waits_on.description}"

@@ -99,7 +99,7 @@ async def gamma(never: asyncio.Event) -> None:
 @contextmanager
 def stuck() -> Iterator[asyncio.Task[None]]:
     """A call of ``gamma`` waiting on an event nobody sets, as a stuck program has."""
-    never = asyncio.Event()
+    never = asyncflow.instrument_lock(asyncio.Event(), name="never")
     task = asyncio.create_task(gamma(never))
     try:
         yield task
@@ -193,6 +193,8 @@ async def test_at_80_columns_the_columns_people_need_most_fit() -> None:
         "loops": {"loop", "state", "lag", "max", "blocks", "p99"},
         "tasks": {"future", "age", "waits"},
         "executors": {"executor", "workers", "queued", "running", "q-p95"},
+        "warnings": {"warning", "sev", "kind"},
+        "resources": {"resource", "kind", "waiting", "waitΣ", "holdΣ"},
     }
     with asyncflow.profile("narrow", format="none", port=0) as prof, stuck():
         await futures_of_every_kind()
@@ -373,6 +375,8 @@ async def test_a_call_waiting_forever_shows_as_live_with_its_age() -> None:
         async with app.run_test(size=SIZE) as pilot:
             await until(pilot, lambda: any(r[0] == "gamma" for r in app.table_text()), "gamma")
             waiting, done = row(app, "gamma"), row(app, "alpha")
+            # the warnings that hold are counted on the status line, whatever the view
+            assert "⚠ 1 warning (info; w shows them)" in status(app)
             assert waiting["live"] == "1" and waiting["susp"] == "1"
             assert waiting["oldest"] not in ("-", "?") and waiting["oldest"][-1] in "smh"
             assert done["live"] == "0" and done["oldest"] == "-"
@@ -402,6 +406,17 @@ async def test_a_call_waiting_forever_shows_as_live_with_its_age() -> None:
             await pilot.press("enter")
             await until(pilot, shows(app, f"{waiting['task']}: its await chain"), "the chain")
             assert "test_top.py" in detail(app) and "waits on:" in detail(app)
+
+            # The warnings view names the event nobody sets; enter shows it whole.
+            await pilot.press("w")
+            await until(pilot, lambda: app.table_text(), "the warnings")
+            assert row(app, "1 task waits on event `never`, which nobody has set yet")["sev"] == (
+                "INFO"
+            )
+            # and the resources view lists the event, one task waiting on it
+            await pilot.press("k")
+            await until(pilot, lambda: app.table_text(), "the resources")
+            assert row(app, "never")["waiting"] == "1"
 
 
 # -- the endpoint away or refusing -------------------------------------------------------------
