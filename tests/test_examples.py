@@ -116,3 +116,33 @@ def test_blocked_loop_example_names_the_blocking_line() -> None:
     ]
     assert len(lines) == 1  # only request 7 takes the synchronous path
     assert "by lookup at" in lines[0] and "(legacy_lookup): time.sleep(0.15)" in lines[0]
+
+
+def test_slow_service_example_names_both_of_its_problems(tmp_path: Path) -> None:
+    report = tmp_path / "orders.json"
+    done = run_example(
+        "slow_service.py", "--orders", "60", ASYNCFLOW_FORMAT="json", ASYNCFLOW_OUTPUT=str(report)
+    )
+    assert "shipped 60 orders" in done.stdout
+    warnings = orjson.loads(report.read_bytes())["warnings"]
+    found = {(w["kind"], w["severity"]) for w in warnings if w["active"]}
+    assert {("bottleneck", "warning"), ("executor-saturated", "warning")} <= found
+    (bottleneck,) = [w for w in warnings if w["kind"] == "bottleneck"]
+    assert bottleneck["message"].startswith("`enrich` is the bottleneck")
+    # nothing else above info: the example plants exactly these two
+    assert {k for k, severity in found if severity != "info"} == {
+        "bottleneck",
+        "executor-saturated",
+    }
+
+
+def test_connection_pool_example_names_the_leaked_permits(tmp_path: Path) -> None:
+    report = tmp_path / "pool.json"
+    done = run_example("connection_pool.py", ASYNCFLOW_FORMAT="json", ASYNCFLOW_OUTPUT=str(report))
+    assert "answers" in done.stdout
+    document = orjson.loads(report.read_bytes())
+    leaked = [w for w in document["warnings"] if w["kind"] == "permits-leaked"]
+    assert [(w["severity"], w["subject"]["kind"]) for w in leaked] == [("error", "resource")]
+    assert "taken by `handle`" in leaked[0]["message"]
+    (pool,) = [r for r in document["resources"]["resources"] if r["primitive"] == "semaphore"]
+    assert pool["permits"]["available"] == 0 and len(pool["holders"]) == 4
