@@ -61,6 +61,9 @@ _LIBRARY_DIRS = tuple(
 )
 
 
+_OURS = os.path.dirname(__file__) + os.sep
+
+
 def is_library_file(path: str) -> bool:
     """Whether a frame's file is Python's, an installed package's or asyncflow's own."""
     return path.startswith("<") or path.startswith(_LIBRARY_DIRS)
@@ -300,9 +303,10 @@ def walk_task(
 ) -> TaskWalk:
     """Read one task's await chain and what it waits on (see the module's docstring)."""
     frames, coro, innermost = _chain(task)
-    chain = [_frame_entry(f) for f in frames]
-    mine = [i for i, frame in enumerate(frames) if not _is_library(frame.f_code)]
-    where = chain[mine[-1]] if mine else None
+    # asyncflow's own wrappers (a lock's acquire hook...) are no part of the program's chain
+    chain = [_frame_entry(f) for f in frames if not f.f_code.co_filename.startswith(_OURS)]
+    mine = [frame for frame in frames if not _is_library(frame.f_code)]
+    where = _frame_entry(mine[-1]) if mine else None
     waits_on: schema.WaitTarget | None = None
     if task.done():
         state = "done"

@@ -230,3 +230,28 @@ def test_an_unknown_future_is_described_even_when_its_repr_raises(
     finally:
         loop.close()
     assert (target.kind, target.description) == ("future", f"<{Strange.__qualname__}>")
+
+
+async def test_asyncflow_frames_are_no_part_of_the_chain(prof: asyncflow.Profiler) -> None:
+    gate = asyncflow.instrument_lock(asyncio.Lock(), name="gate")
+    await gate.acquire()
+
+    async def wait_at_gate() -> None:
+        async with gate:
+            pass
+
+    task = asyncio.create_task(wait_at_gate(), name="visitor")
+    record = loops.see(asyncio.get_running_loop())
+    try:
+        await _settle(
+            [task], lambda: _by_name(waits.walk_loop(record))["visitor"].entry.state == "waiting"
+        )
+        entry = _by_name(waits.walk_loop(record))["visitor"].entry
+        files = [f.file for f in entry.chain]
+        assert files[0] == __file__ and not any("/asyncflow/" in f for f in files), files
+        assert entry.chain[-1].function == "Lock.acquire"
+        assert entry.waits_on is not None and entry.waits_on.label == "gate"
+        assert entry.where is not None and entry.where.function.endswith("wait_at_gate")
+    finally:
+        gate.release()
+        await task
