@@ -160,8 +160,8 @@ def _where(location: Location | None) -> str:
 
 def _names(edges: Iterable[EdgeEntry], limit: int = 3) -> str:
     labels = [e.label for e in sorted(edges, key=lambda e: -e.messages) if e.messages]
-    if not labels:
-        return "(nobody tracked)"
+    if not labels or labels == ["(untracked)"]:
+        return "untracked code"
     shown = ", ".join(f"`{label}`" for label in labels[:limit])
     return shown if len(labels) <= limit else f"{shown} and {len(labels) - limit} more"
 
@@ -456,14 +456,20 @@ def executor_saturated(docs: Documents, th: Thresholds) -> Iterator[Finding]:
     for e in docs.executors:
         if e.completed < th.executor_min_jobs or e.total_queued_ns <= e.total_run_ns:
             continue
-        workers = f"{e.max_workers} workers" if e.max_workers else "its workers"
+        workers = (
+            "its one worker"
+            if e.max_workers == 1
+            else f"one of {e.max_workers} workers"
+            if e.max_workers
+            else "one of its workers"
+        )
         top = e.functions[0].name if e.functions else "its jobs"
         yield Finding(
             "executor-saturated",
             "warning",
             WarningSubject("executor", e.id, e.label, None),
             f"Executor `{e.label}` is saturated: its {e.completed} jobs waited "
-            f"{_duration(e.total_queued_ns)} in all for one of {workers}, against "
+            f"{_duration(e.total_queued_ns)} in all for {workers}, against "
             f"{_duration(e.total_run_ns)} running"
             f" ({e.queued} queued now; most time in `{top}`)",
             "give it more workers, or submit fewer or shorter jobs",
