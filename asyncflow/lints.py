@@ -331,13 +331,24 @@ def lost_messages(docs: Documents, th: Thresholds) -> Iterator[Finding]:
         )
 
 
+def _active_ns(c: ChannelEntry, elapsed_ns: int) -> int:
+    """How long the channel was in use: from its first message to its last (as its send rate
+    measures them), else the whole profile. A pipeline that ran for one second of a long
+    profile is judged over that second."""
+    if c.send_rate > 0 and c.sent_count > 1:
+        span = round((c.sent_count - 1) / c.send_rate * 1e9)
+        if 0 < span < elapsed_ns:
+            return span
+    return elapsed_ns
+
+
 def bottleneck(docs: Documents, th: Thresholds) -> Iterator[Finding]:
     """A bounded channel full and its producers blocked: the consumers are the slow stage."""
     for c in docs.channels:
         if c.channel_type == "unbounded" or docs.elapsed_ns <= 0 or not c.received_count:
             continue
         producers = max(1, len([e for e in c.senders if e.messages]))
-        share = c.producers_blocked_ns / producers / docs.elapsed_ns
+        share = c.producers_blocked_ns / producers / _active_ns(c, docs.elapsed_ns)
         if share < th.blocked_share or c.producers_blocked_ns <= c.consumers_starved_ns:
             continue
         consumers = _names(c.receivers)
@@ -364,7 +375,7 @@ def starved(docs: Documents, th: Thresholds) -> Iterator[Finding]:
         if docs.elapsed_ns <= 0 or not c.received_count or c.producers_blocked_ns:
             continue
         consumers = max(1, len([e for e in c.receivers if e.messages]))
-        share = c.consumers_starved_ns / consumers / docs.elapsed_ns
+        share = c.consumers_starved_ns / consumers / _active_ns(c, docs.elapsed_ns)
         if share < th.starved_share:
             continue
         yield Finding(
