@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import sys
+import logging
 import traceback
 from collections import deque
 from typing import Any
@@ -63,19 +63,34 @@ active: Session | None = None
 
 
 class _Errors:
-    __slots__ = ("count", "last")
+    __slots__ = ("count", "last", "logged")
 
     def __init__(self) -> None:
         self.count = 0
         self.last: str | None = None
+        #: the places whose first error was logged (each is logged once)
+        self.logged: set[str] = set()
 
 
 errors = _Errors()
+#: Places logged at most; past them, errors are only counted.
+_LOGGED_PLACES = 64
+_logger = logging.getLogger("asyncflow")
 
 
 def internal_error(where: str, exc: BaseException) -> None:
-    """Count an error inside asyncflow itself; never lets it reach user code."""
+    """Count an error inside asyncflow itself; never lets it reach user code.
+
+    The first error of each place goes to the ``asyncflow`` logger (which, where the program
+    configured no logging, Python prints once to stderr), so a failing observer never floods
+    the program's output; every error is counted in ``/profiler_status``.
+    """
     errors.count += 1
     errors.last = f"{where}: {''.join(traceback.format_exception_only(exc)).strip()}"
-    if errors.count <= 3:  # say it once or thrice, never flood the user's stderr
-        print(f"asyncflow: internal error in {errors.last}", file=sys.stderr)
+    if where not in errors.logged and len(errors.logged) < _LOGGED_PLACES:
+        errors.logged.add(where)
+        _logger.error(
+            "asyncflow: internal error in %s (counted in /profiler_status; further errors "
+            "there are only counted)",
+            errors.last,
+        )
