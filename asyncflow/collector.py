@@ -26,8 +26,9 @@ __all__ = ["DRAIN_INTERVAL", "SERIES_INTERVAL_NS", "Collector", "LiveSeries", "l
 
 DRAIN_INTERVAL = 0.05
 #: How often each future's live calls are sampled at first; the interval doubles as the
-#: series fills up, so it always spans the whole profile in at most ``LiveSeries.SIZE`` samples.
-SERIES_INTERVAL_NS = 1_000_000_000
+#: series fills up, so it always spans the whole profile in at most ``LiveSeries.SIZE`` samples
+#: (every 0.25 s for the first 8 s, every 0.5 s up to 16 s, and so on).
+SERIES_INTERVAL_NS = 250_000_000
 
 
 class LiveSeries:

@@ -31,7 +31,7 @@ from asyncflow import config as _config
 from asyncflow.instrument import _session
 from asyncflow.instrument.channels import ChannelRecord, ChannelStats, register
 
-__all__ = ["QueueInstrumentation", "instrument_queue", "instrument_queues"]
+__all__ = ["QueueInstrumentation", "instrument_queue", "instrument_queues", "site_label"]
 
 _Q = TypeVar("_Q", bound="asyncio.Queue[Any]")
 _MARK = "_asyncflow_channel"
@@ -360,7 +360,7 @@ def instrument_queues(*, log_messages: bool = False) -> QueueInstrumentation:
                 if frame.f_back is None:
                     break
                 frame = frame.f_back
-            label = _site_label(frame)
+            label = site_label(frame)
             with _instrument_lock:
                 if _record_of(self) is None:
                     _instrument(self, label, log_messages, capacity)
@@ -383,7 +383,7 @@ _SITES_KEPT = 1024
 _sites: dict[tuple[int, int], tuple[weakref.ref[types.CodeType], str]] = {}
 
 
-def _site_label(frame: types.FrameType) -> str:
+def site_label(frame: types.FrameType) -> str:
     """``file.py:line`` of the call that creates a queue, and ``file.py:line:column`` when that
     line makes more than one call (``raw, out = asyncio.Queue(10), asyncio.Queue(5)``): the
     label names the place in the code, so every queue made there shares it."""

@@ -42,6 +42,7 @@ from asyncflow.instrument.futures import (
     _current_tasks,
     _get_running_loop,
 )
+from asyncflow.instrument.queues import site_label as _site_label
 from asyncflow.stats import SMALL_BUCKET, SMALL_LIMIT, bucket_of, merge, new_histogram
 
 __all__ = [
@@ -1254,9 +1255,11 @@ _ANYIO_CHAIN = frozenset(
 _ADAPTER_PROPERTIES = frozenset({"_lock", "_semaphore", "_limiter", "_event"})
 
 
-def _creation_site(obj: Any) -> tuple[str, int] | None:
-    """Where the program created ``obj``; None when asyncio or anyio made it for their own use
-    (a Condition's lock, a Barrier's condition, an anyio Event's asyncio.Event...)."""
+def _creation_site(obj: Any) -> tuple[tuple[str, int], str] | None:
+    """Where the program created ``obj``, and its label there (``file:line``, with the column
+    when the line creates more than one thing, as queues are labelled); None when asyncio or
+    anyio made it for their own use (a Condition's lock, a Barrier's condition, an anyio
+    Event's asyncio.Event...)."""
     frame: FrameType | None = sys._getframe(2)
     while frame is not None:
         code = frame.f_code
@@ -1275,12 +1278,8 @@ def _creation_site(obj: Any) -> tuple[str, int] | None:
             return None  # made by anyio (an adapter's primitive takes the adapter's record)
         if filename == _LOCKS_FILE:
             return None
-        return filename, frame.f_lineno
+        return (filename, frame.f_lineno), _site_label(frame)
     return None
-
-
-def _label(site: tuple[str, int]) -> str:
-    return f"{os.path.basename(site[0])}:{site[1]}"
 
 
 def _init_hook(original: Callable[..., None], describe: Callable[[Any], Any]) -> Any:
@@ -1293,10 +1292,10 @@ def _init_hook(original: Callable[..., None], describe: Callable[[Any], Any]) ->
                     with _instrument_lock:  # anyio's __init__ ran again: a new asyncio.Event
                         _attach_anyio(self, existing)
                 return
-            site = _creation_site(self)
+            created = _creation_site(self)
             found = describe(self)
-            if site is not None and found is not None:
-                _instrument(self, found, None, site, _label(site))
+            if created is not None and found is not None:
+                _instrument(self, found, None, created[0], created[1])
         except Exception as err:
             _broken("instrumenting a new primitive", err)
 

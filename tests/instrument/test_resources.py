@@ -9,6 +9,7 @@ import gc
 import importlib.util
 import inspect
 import io
+import os
 import sys
 import threading
 import unittest
@@ -737,3 +738,25 @@ async def test_anyio_primitives_made_at_import_time_are_labelled_where_made(
         assert (entry.kind, entry.acquisitions, entry.releases) == (kind, 1, 1)
     entry = _entry(prof, limiter)
     assert entry.permits is not None and (entry.permits.initial, entry.acquisitions) == (3, 1)
+
+
+async def test_primitives_made_on_one_line_get_labels_of_their_own(
+    prof: asyncflow.Profiler,
+) -> None:
+    with asyncflow.instrument_locks():
+        cache, pool = asyncio.Lock(), asyncio.Semaphore(2)  # two made on one line
+        alone = asyncio.Event()
+    line = inspect.currentframe().f_lineno - 2  # type: ignore[union-attr]
+    labels = [asyncflow_resource(x).label for x in (cache, pool, alone)]
+    name = os.path.basename(__file__)
+    assert labels[0].startswith(f"{name}:{line}:") and labels[1].startswith(f"{name}:{line}:")
+    assert labels[0] != labels[1]
+    assert labels[2] == f"{name}:{line + 1}"  # alone on its line: no column
+
+
+def asyncflow_resource(obj: object) -> Any:
+    from asyncflow.instrument.resources import resource_of
+
+    record = resource_of(obj)
+    assert record is not None
+    return record
