@@ -146,3 +146,40 @@ def test_connection_pool_example_names_the_leaked_permits(tmp_path: Path) -> Non
     assert "taken by `handle`" in leaked[0]["message"]
     (pool,) = [r for r in document["resources"]["resources"] if r["primitive"] == "semaphore"]
     assert pool["permits"]["available"] == 0 and len(pool["holders"]) == 4
+
+
+def test_every_problem_example_gets_every_warning(tmp_path: Path) -> None:
+    report = tmp_path / "every.json"
+    run_example("every_problem.py", ASYNCFLOW_FORMAT="json", ASYNCFLOW_OUTPUT=str(report))
+    warnings = orjson.loads(report.read_bytes())["warnings"]
+    kinds = {w["kind"]: w for w in warnings}
+    assert set(kinds) >= {
+        "bottleneck",
+        "cancellation-storm",
+        "cancellation-swallowed",
+        "channel-unread",
+        "event-never-set",
+        "executor-saturated",
+        "lock-contention",
+        "long-poll",
+        "loop-blocked",
+        "messages-lost",
+        "never-awaited",
+        "permits-leaked",
+        "task-leak",
+    }
+    named = {kind: w["subject"]["label"] for kind, w in kinds.items()}
+    assert (named["bottleneck"], named["cancellation-swallowed"]) == (
+        f"every_problem.py:{line_of('raw: asyncio.Queue[int] = asyncio.Queue(2)')}",
+        "poll_forever",
+    )
+    assert (named["task-leak"], named["never-awaited"], named["long-poll"]) == (
+        "subscribe",
+        "send_mail",
+        "render_page",
+    )
+
+
+def line_of(text: str) -> int:
+    lines = (EXAMPLES / "every_problem.py").read_text().splitlines()
+    return next(i for i, line in enumerate(lines, 1) if text in line)
