@@ -342,15 +342,40 @@ def _active_ns(c: ChannelEntry, elapsed_ns: int) -> int:
     return elapsed_ns
 
 
+def _blocked_share(c: ChannelEntry, docs: Documents, th: Thresholds) -> float | None:
+    """The share of the time a bounded channel held each producer waiting, when it is a
+    backlog (producers blocked long enough, and longer than consumers starved); else None."""
+    if c.channel_type == "unbounded" or docs.elapsed_ns <= 0 or not c.received_count:
+        return None
+    producers = max(1, len([e for e in c.senders if e.messages]))
+    share = c.producers_blocked_ns / producers / _active_ns(c, docs.elapsed_ns)
+    if share < th.blocked_share or c.producers_blocked_ns <= c.consumers_starved_ns:
+        return None
+    return share
+
+
 def bottleneck(docs: Documents, th: Thresholds) -> Iterator[Finding]:
-    """A bounded channel full and its producers blocked: the consumers are the slow stage."""
+    """A bounded channel full and its producers blocked: the consumers are the slow stage.
+
+    In a chain of stages, a slow last stage backs up every channel before it; a stage that is
+    itself held up by a full output is not the slow one, so only the channel whose consumers
+    are not blocked producers elsewhere is named.
+    """
+    backed_up = {c.id: s for c in docs.channels if (s := _blocked_share(c, docs, th)) is not None}
+    held_up = {
+        e.future_id
+        for c in docs.channels
+        if c.id in backed_up
+        for e in c.senders
+        if e.messages and e.future_id is not None
+    }
     for c in docs.channels:
-        if c.channel_type == "unbounded" or docs.elapsed_ns <= 0 or not c.received_count:
+        share = backed_up.get(c.id)
+        if share is None:
             continue
-        producers = max(1, len([e for e in c.senders if e.messages]))
-        share = c.producers_blocked_ns / producers / _active_ns(c, docs.elapsed_ns)
-        if share < th.blocked_share or c.producers_blocked_ns <= c.consumers_starved_ns:
-            continue
+        readers = {e.future_id for e in c.receivers if e.messages}
+        if readers and readers <= held_up:
+            continue  # its consumers wait on a full output themselves: the slow stage is later
         consumers = _names(c.receivers)
         yield Finding(
             "bottleneck",

@@ -441,3 +441,32 @@ async def test_an_event_nobody_sets_is_info(prof: asyncflow.Profiler) -> None:
     ready.set()
     await asyncio.gather(*waiting)
     assert [f.kind for f in _findings(prof) if f.kind == "event-never-set"] == []
+
+
+async def test_in_a_chain_of_stages_only_the_slow_one_is_the_bottleneck(
+    fake_clock: FakeClock, prof: asyncflow.Profiler
+) -> None:
+    raw = asyncflow.instrument_queue(asyncio.Queue[int](2), name="raw")
+    parsed = asyncflow.instrument_queue(asyncio.Queue[int](2), name="parsed")
+
+    @asyncflow.future(name="fetch")
+    async def fetch() -> None:
+        for i in range(30):
+            await raw.put(i)
+        await raw.put(-1)
+
+    @asyncflow.future(name="parse")
+    async def parse() -> None:
+        while (item := await raw.get()) >= 0:
+            await parsed.put(item)  # fast, but held up by store: raw backs up too
+        await parsed.put(-1)
+
+    @asyncflow.future(name="store")
+    async def store() -> None:
+        while await parsed.get() >= 0:
+            await _io(1_000_000)  # the slow stage
+
+    await asyncio.gather(*(asyncio.create_task(f()) for f in (fetch, parse, store)))
+    (finding,) = _only(_findings(prof))
+    assert (finding.kind, finding.subject.label) == ("bottleneck", "parsed")
+    assert finding.message.startswith("`store` is the bottleneck")
