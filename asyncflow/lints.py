@@ -381,13 +381,17 @@ def bottleneck(docs: Documents, th: Thresholds) -> Iterator[Finding]:
             "bottleneck",
             "warning",
             _channel_subject(c),
-            f"{consumers} is the bottleneck: its input `{c.label}` ({c.channel_type}) held "
-            f"producers {_names(c.senders)} waiting {_duration(c.producers_blocked_ns)} "
-            f"({_percent(round(share * 1000), 1000)}% of the time each)",
+            f"{consumers} is the bottleneck: its input `{c.label}` ({c.channel_type}) was full "
+            f"and held its producers {_names(c.senders)} waiting "
+            f"{_duration(c.producers_blocked_ns)} in all, over the "
+            f"{_duration(_active_ns(c, docs.elapsed_ns))} it was in use",
             "speed up or add consumers of this channel; the producers can go no faster",
             {
                 "producers_blocked_ns": c.producers_blocked_ns,
                 "consumers_starved_ns": c.consumers_starved_ns,
+                "in_use_ns": _active_ns(c, docs.elapsed_ns),
+                # the producers' waits over the time in use, per producing future (many tasks
+                # of one future can wait at once: then it can pass 100)
                 "blocked_percent": round(share * 100),
                 "max_queue_size": c.max_queue_size,
             },
@@ -408,7 +412,7 @@ def starved(docs: Documents, th: Thresholds) -> Iterator[Finding]:
             "info",
             _channel_subject(c),
             f"{_names(c.senders)} sets the pace of `{c.label}`: its consumers {_names(c.receivers)}"
-            f" waited for messages {round(share * 100)}% of the time",
+            f" waited for messages {min(100, round(share * 100))}% of the time",
             "fine for a service waiting for work; in a batch pipeline, the producers are the "
             "stage to speed up",
             {"consumers_starved_ns": c.consumers_starved_ns, "starved_percent": round(share * 100)},
