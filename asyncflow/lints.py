@@ -390,9 +390,6 @@ def bottleneck(docs: Documents, th: Thresholds) -> Iterator[Finding]:
                 "producers_blocked_ns": c.producers_blocked_ns,
                 "consumers_starved_ns": c.consumers_starved_ns,
                 "in_use_ns": _active_ns(c, docs.elapsed_ns),
-                # the producers' waits over the time in use, per producing future (many tasks
-                # of one future can wait at once: then it can pass 100)
-                "blocked_percent": round(share * 100),
                 "max_queue_size": c.max_queue_size,
             },
         )

@@ -100,7 +100,7 @@ async def test_bottleneck_names_the_consuming_stage(
     )
     assert finding.message.startswith("`enrich` is the bottleneck")
     assert "`fetch_pages`" in finding.message
-    assert finding.evidence["blocked_percent"] >= 80
+    assert finding.evidence["producers_blocked_ns"] >= 0.8 * finding.evidence["in_use_ns"]
 
 
 async def test_starved_consumers_name_the_producer_as_info_only(
