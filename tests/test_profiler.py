@@ -185,6 +185,7 @@ def test_a_profiler_left_running_reports_at_interpreter_exit(tmp_path: Path) -> 
         "asyncio.run(job())\n"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("ASYNCFLOW_")}
+    env["ASYNCFLOW_PORT"] = "0"  # any free port: never the default one, which may be taken
     done = subprocess.run(
         [sys.executable, str(script)], capture_output=True, text=True, timeout=60, env=env
     )
