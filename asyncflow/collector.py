@@ -137,8 +137,10 @@ class Collector:
     async def run(self) -> None:
         """Drain forever; cancelled when the profiler stops."""
         while True:
+            now = clock.now_ns()
+            self.session.tick = now
             self.drain()
-            self.sample_live(clock.now_ns())
+            self.sample_live(now)
             await asyncio.sleep(DRAIN_INTERVAL)
 
 

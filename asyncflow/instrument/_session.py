@@ -19,11 +19,14 @@ class Session:
     Recorders hold no reference to the profiler itself; the collector reads this object.
     """
 
-    __slots__ = ("appended", "epoch", "finished", "sampling", "start_ns")
+    __slots__ = ("appended", "epoch", "finished", "sampling", "start_ns", "tick")
 
     def __init__(self, epoch: int, start_ns: int, sampling: int = 0) -> None:
         self.epoch = epoch
         self.start_ns = start_ns
+        #: the clock as the collector last read it (every ~50 ms): a when that need not be exact
+        #: (the start of a hold that will not be timed) is read here, not from the clock
+        self.tick = start_ns
         #: time one message (or stream item) in this many; 0: adapt to the rate (see below)
         self.sampling = sampling
         #: records of finished calls, in finishing order; the oldest are dropped when full

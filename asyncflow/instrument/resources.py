@@ -410,7 +410,7 @@ def _released(record: ResourceRecord, key: int) -> None:
 
 def _hold_ended(st: ResourceStats, since: int, call: CallRecord | None) -> None:
     st.hold_count = count = st.hold_count + 1
-    if count >= st.next_hold:
+    if count >= st.next_hold and since > 0:  # a negative since is a tick: not for timing
         _sample_hold(st, since, call)
 
 
@@ -582,7 +582,8 @@ def _lock_hooks(
     loops: list[Any] = [None]  # the loop this primitive ran on last (dies with the hooks)
 
     async def acquire_hook() -> Any:
-        if _session.active is None:
+        session = _session.active
+        if session is None:
             return await acquire()
         try:
             if quick == _STD_LOCK:
@@ -598,7 +599,9 @@ def _lock_hooks(
             return await _contended(record, acquire, loops)
         result = await acquire()
         try:
-            now = _clock.now_ns()
+            # Only a hold that will be timed needs the clock; the others note when they began
+            # to the collector's last tick, negated to say so (holds_of() reads it back).
+            now = _clock.now_ns() if st.hold_count >= st.next_hold - 1 else -session.tick
             task = _tasks_get(loops[0])  # _running_task(), inlined
             if task is None:
                 task = _running_task(loops)
@@ -638,7 +641,7 @@ def _lock_hooks(
             else:
                 since, _, call = holds.pop(_own_hold(holds, id(_running_task(loops))))
             st.hold_count = count = st.hold_count + 1
-            if count >= st.next_hold:
+            if count >= st.next_hold and since > 0:  # (a hold not timed waits for the next)
                 _sample_hold(st, since, call)
         except Exception as err:
             _broken("recording a release", err)
@@ -1544,8 +1547,8 @@ def releases(record: ResourceRecord) -> int:
 def holds_of(record: ResourceRecord) -> list[Hold]:
     """The holds open now, oldest first (a copy)."""
     since, call = record.slot  # one read of the pair: it may change under us, never tear
-    held = [Hold(since, call)] if since is not None else []
-    return held + [Hold(since, call) for since, _, call in list(record.holds)]
+    held = [Hold(abs(since), call)] if since is not None else []  # (negative: to a tick)
+    return held + [Hold(abs(since), call) for since, _, call in list(record.holds)]
 
 
 def logs_of(record: ResourceRecord, which: str) -> list[LogRecord]:
