@@ -760,3 +760,24 @@ def asyncflow_resource(obj: object) -> Any:
     record = resource_of(obj)
     assert record is not None
     return record
+
+
+async def test_an_untimed_hold_says_since_when_to_the_collectors_tick(
+    fake_clock: FakeClock,
+) -> None:
+    with asyncflow.profile("ticks", format="none", port=None, sampling=1000) as prof:
+        gate = asyncflow.instrument_lock(asyncio.Lock(), name="gate")
+        for _ in range(3):  # the first hold is timed; the next ones are not
+            async with gate:
+                fake_clock.advance(10)
+        fake_clock.advance(5_000)
+        await gate.acquire()
+        try:
+            entry = next(r for r in prof.snapshot().resources.resources if r.label == "gate")  # type: ignore[union-attr]
+            (holder,) = entry.holders
+            assert (entry.acquisitions, entry.timed_holds) == (4, 1)
+            # noted to the collector's last tick, never in the future, never before the start
+            assert 0 <= holder.since_ns <= 5_030
+            assert holder.held_ns >= 0
+        finally:
+            gate.release()
