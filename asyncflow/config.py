@@ -28,6 +28,7 @@ __all__ = [
     "Reporter",
     "check_type",
     "disabled",
+    "no_extensions",
     "resolve_options",
 ]
 
@@ -87,6 +88,7 @@ WARN_THRESHOLDS = {
     "contention_min_waits": "count",
 }
 _DISABLE = "ASYNCFLOW_DISABLE"
+_NO_EXTENSIONS = "ASYNCFLOW_NO_EXTENSIONS"
 
 
 class Reporter(Protocol):
@@ -159,6 +161,13 @@ def check_type(
 def disabled(environ: Mapping[str, str] | None = None) -> bool:
     """Whether ``ASYNCFLOW_DISABLE`` asks for instrumentation to be left out entirely."""
     value = (os.environ if environ is None else environ).get(_DISABLE, "").strip().lower()
+    return value not in ("", "0", "false", "no", "off")
+
+
+def no_extensions(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether ``ASYNCFLOW_NO_EXTENSIONS`` asks for the pure-Python hot path even where the
+    compiled one is built (read once, when ``asyncflow`` is imported)."""
+    value = (os.environ if environ is None else environ).get(_NO_EXTENSIONS, "").strip().lower()
     return value not in ("", "0", "false", "no", "off")
 
 

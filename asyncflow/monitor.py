@@ -37,7 +37,7 @@ from typing import Any
 
 from asyncflow import clock, stats
 from asyncflow.instrument import _session, loops
-from asyncflow.instrument.futures import CallRecord, InstrumentedCoroutine
+from asyncflow.instrument.futures import CallRecord, InstrumentedCoroutinePy, running_on_thread
 from asyncflow.instrument.loops import LoopRecord, loop_registry
 
 __all__ = [
@@ -61,7 +61,10 @@ STACK_LIMIT = 40
 #: States of loops that are gone (garbage collected) still listed, the most recent.
 MAX_GONE = 16
 
-_POLL_CODES = frozenset({InstrumentedCoroutine.send.__code__, InstrumentedCoroutine.throw.__code__})
+# The pure-Python hot path's polls, found from their frames (the compiled one keeps a slot).
+_POLL_CODES = frozenset(
+    {InstrumentedCoroutinePy.send.__code__, InstrumentedCoroutinePy.throw.__code__}
+)
 
 
 def _selector_codes() -> frozenset[CodeType]:
@@ -85,9 +88,13 @@ def running_calls(thread: int) -> tuple[FrameType | None, CallRecord | None, Cal
     """The thread's innermost frame, and the innermost and outermost tracked calls running on it.
 
     Reads another thread's stack: asyncflow's own ``send``/``throw`` frames name the call they
-    are polling, so this costs the recorders nothing.
+    are polling, so this costs the recorders nothing. The compiled hot path has no frames: it
+    keeps the calls being polled on each thread in a slot, read here instead.
     """
     top = sys._current_frames().get(thread) if thread else None
+    if running_on_thread is not None:
+        inner, outer = running_on_thread(thread) if thread else (None, None)
+        return top, inner, outer
     inner = outer = None
     frame = top
     while frame is not None:

@@ -58,6 +58,8 @@ def render_table(snapshot: Snapshot, percentiles: tuple[float, ...], limit: int)
     )
     if status.internal_errors:
         header += f" · {status.internal_errors} internal errors"
+    if status.accelerated is False:
+        header += " · pure-Python hot path"
     columns = [
         "future",
         "calls",

@@ -258,6 +258,9 @@ class ProfilerStatus:
     calls_live: int
     channels: int
     streams: int
+    #: true: the compiled hot path records calls; false: the pure-Python one does (not built,
+    #: or ``ASYNCFLOW_NO_EXTENSIONS=1``); null: not said (a document from an older version)
+    accelerated: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)

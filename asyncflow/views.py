@@ -21,6 +21,7 @@ from asyncflow.instrument.futures import (
     RUNNING,
     CallRecord,
     FutureRecord,
+    accelerated,
     call_field,
     call_state,
     gone_labels,
@@ -270,6 +271,7 @@ def status(collector: Collector, now: int, running: bool) -> ProfilerStatus:
         calls_live=live,
         channels=len(channel_registry()),
         streams=len(stream_registry()),
+        accelerated=accelerated,
     )
 
 

@@ -2,26 +2,34 @@
 
 Each workload runs uninstrumented and instrumented in alternating pairs (so machine noise hits
 both alike); the figure is the median over pairs of instrumented time / uninstrumented time.
-asyncflow's modes run with a profiler started and its collector draining; other profilers
-(cProfile always; yappi, pyinstrument when installed) run on the same workload for scale.
+asyncflow's modes run with a profiler started and its collector draining, on each hot path side
+by side: the compiled one (asyncflow/instrument/_speedups.c, when built) and the pure-Python
+reference, swapped in the same process pair by pair. Other profilers (cProfile always; yappi,
+pyinstrument when installed) run on the same workload for scale.
 
-    python benchmarks/run.py [--pairs N] [--quick]
+    python benchmarks/run.py [--pairs N] [--quick] [--no-others] [--only NAME]
+    python benchmarks/run.py --leaks CALLS    (resident memory over CALLS tracked calls)
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import cProfile
 import gc
+import os
 import statistics
+import sys
 import time
 import timeit
+import warnings
 from collections import deque
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
 from typing import Any
 
 import asyncflow
+from asyncflow.instrument import futures
 
 Workload = Callable[[], Coroutine[Any, Any, object]]
 Deco = Callable[[Any], Any]
@@ -108,9 +116,16 @@ def make_pipeline(deco: Deco, items: int) -> tuple[Workload, int]:
     return main, items * 2  # put/get pairs: two queues
 
 
+def _wrapped(fn: Any) -> Any:
+    """Marks the chain whose iterables are wrapped with ``asyncflow.stream(it)``."""
+    return fn
+
+
 def make_agen_chain(deco: Deco, items: int) -> tuple[Workload, int]:
-    """Three chained async generators passing tiny items: the per-item cost."""
-    track: Deco = asyncflow.stream if deco is not _identity else _identity
+    """Three chained async generators passing tiny items: the per-item cost. With ``deco``
+    ``_wrapped``, each generator's iterator is wrapped with ``asyncflow.stream(it)`` instead."""
+    track: Deco = asyncflow.stream if deco not in (_identity, _wrapped) else _identity
+    wrap: Callable[[Any], Any] = asyncflow.stream if deco is _wrapped else _identity
 
     @track
     async def source() -> Any:
@@ -129,7 +144,7 @@ def make_agen_chain(deco: Deco, items: int) -> tuple[Workload, int]:
                 yield i
 
     async def main() -> object:
-        return sum([i async for i in keep_even(double(source()))])
+        return sum([i async for i in wrap(keep_even(wrap(double(wrap(source())))))])
 
     return main, items * 2 + items // 2  # items through source, double and keep_even
 
@@ -188,6 +203,45 @@ def _available(kind: str) -> bool:
     return True
 
 
+#: the hot paths to compare: the compiled one where it is built, then the pure-Python one
+PATHS = ["compiled", "python"] if futures._speedups is not None else ["python"]
+#: modes that run asyncflow (the others are other profilers)
+ASYNCFLOW_MODES = ("decorator", "tasks", "tasks+queues", "streams", "wrapped")
+
+
+@contextlib.contextmanager
+def hot_path(path: str) -> Iterator[None]:
+    """Run asyncflow on ``path`` for a while: the classes chosen at import are swapped for the
+    other implementation wherever a module of the package bound them."""
+    speedups = futures._speedups
+    if path == "compiled" or speedups is None:
+        yield
+        return
+    other = {
+        speedups.InstrumentedCoroutine: futures.InstrumentedCoroutinePy,
+        speedups.CallRecord: futures.CallRecordPy,
+    }
+    swapped: list[tuple[Any, str, Any]] = []
+    for module in list(sys.modules.values()):
+        if not getattr(module, "__name__", "").startswith("asyncflow"):
+            continue
+        for name in ("InstrumentedCoroutine", "CallRecord"):
+            current = vars(module).get(name)
+            if current in other:
+                swapped.append((module, name, current))
+                setattr(module, name, other[current])
+    running, futures.running_on_thread = futures.running_on_thread, None
+    call = vars(futures.FutureFunction)["__call__"]
+    futures.FutureFunction.__call__ = futures._py_future_call  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        futures.FutureFunction.__call__ = call  # type: ignore[method-assign]
+        futures.running_on_thread = running
+        for module, name, current in swapped:
+            setattr(module, name, current)
+
+
 def measure(
     name: str,
     build: Callable[[Deco], tuple[Workload, int]],
@@ -195,28 +249,41 @@ def measure(
     pairs: int,
     unit: str,
 ) -> dict[str, float]:
-    """Median ratio to the plain run, per mode, over ``pairs`` alternating pairs."""
+    """Median ratio to the plain run, per mode (and hot path: ``mode/path``), over ``pairs``
+    alternating pairs."""
     plain, events = build(_identity)
     decorated, _ = build(asyncflow.future)
-    ratios: dict[str, list[float]] = {m: [] for m in modes}
+    wrapped, _ = build(_wrapped) if "wrapped" in modes else (plain, 0)
+    runs = [(mode, path) for mode in modes for path in (PATHS if mode in ASYNCFLOW_MODES else [""])]
+    ratios: dict[tuple[str, str], list[float]] = {run: [] for run in runs}
     _time(plain, False)  # warm up
     for _ in range(pairs):
-        for mode in modes:
+        for mode, path in runs:
             base = _time(plain, False)
-            if mode in ("decorator", "tasks", "tasks+queues", "streams"):
-                workload = plain if mode == "tasks" else decorated
-                with asyncflow.profile("bench", format="none"):
+            if mode in ASYNCFLOW_MODES:
+                workload = {"tasks": plain, "wrapped": wrapped}.get(mode, decorated)
+                with hot_path(path), asyncflow.profile("bench", format="none", port=0):
                     spent = _time(workload, mode in ("tasks", "tasks+queues"))
             else:
                 spent = _with_profiler(mode, plain)
-            ratios[mode].append(spent / base)
-    medians = {m: statistics.median(r) for m, r in ratios.items()}
+            ratios[(mode, path)].append(spent / base)
+    medians = {run: statistics.median(r) for run, r in ratios.items()}
     base = statistics.median(_time(plain, False) for _ in range(3))
-    print(f"\n{name}  (uninstrumented: {base * 1e3:.1f} ms, {events:,} {unit}s)")
-    for mode, ratio in medians.items():
+    print(f"\n{name}  (uninstrumented: {base * 1e3:.1f} ms, {events:,} {unit}s; {pairs} pairs)")
+
+    def cell(run: tuple[str, str]) -> str:
+        ratio = medians[run]
         extra = (ratio - 1) * base / events * 1e9
-        print(f"  {mode:<13} {ratio:5.2f}x   (+{extra:,.0f} ns per {unit})")
-    return medians
+        return f"{ratio:5.2f}x (+{extra:,.0f} ns)"
+
+    paths = [p for p in PATHS]
+    print(f"  {'':<13} " + "".join(f"{p:<22}" for p in paths))
+    for mode in modes:
+        if mode in ASYNCFLOW_MODES:
+            print(f"  {mode:<13} " + "".join(f"{cell((mode, p)):<22}" for p in paths))
+        else:
+            print(f"  {mode:<13} {cell((mode, ''))}")
+    return {f"{m}/{p}" if p else m: r for (m, p), r in medians.items()}
 
 
 def floor_ns() -> tuple[float, float]:
@@ -228,6 +295,82 @@ def floor_ns() -> tuple[float, float]:
     return min(floor) / n * 1e9, min(read) / n * 1e9
 
 
+def c_floor_ns() -> float | None:
+    """Two clock reads in C (what the compiled path pays per poll at the least), in ns."""
+    speedups = futures._speedups
+    if speedups is None:
+        return None
+    return float(min(2 * speedups.clock_read_cost(1_000_000) for _ in range(7)))
+
+
+def _rss_mib() -> float:
+    """The process's resident memory now (Linux), else its peak, in MiB."""
+    try:
+        with open("/proc/self/statm") as f:
+            pages = int(f.read().split()[1])
+        return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except OSError:
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def leaks(calls: int, checkpoints: int = 10) -> None:
+    """Drive ``calls`` tracked calls through every path (return, raise, cancel, close, throw,
+    never awaited) on the chosen hot paths, printing the resident memory as it goes: it must
+    stay flat, the records of finished calls being folded and dropped as they go."""
+
+    @asyncflow.future
+    async def returns(i: int) -> int:
+        await asyncio.sleep(0)
+        return i
+
+    @asyncflow.future
+    async def raises(i: int) -> None:
+        await asyncio.sleep(0)
+        raise KeyError(i)
+
+    @asyncflow.future
+    async def hangs() -> None:
+        await asyncio.Event().wait()
+
+    async def chunk(n: int) -> None:
+        for i in range(n // 6):
+            await returns(i)
+            with contextlib.suppress(KeyError):
+                await raises(i)
+            task = asyncio.create_task(hangs())
+            await asyncio.sleep(0)
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            w = hangs()
+            w.send(None)
+            w.close()
+            w = hangs()
+            w.send(None)
+            with contextlib.suppress(KeyError):
+                w.throw(KeyError(i))
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                forgotten = hangs()
+                del forgotten
+
+    for path in PATHS:
+        with hot_path(path), asyncflow.profile("leaks", format="none", port=0) as prof:
+            step = calls // checkpoints
+            seen = []
+            for k in range(checkpoints):
+                asyncio.run(chunk(step))
+                prof.snapshot()  # the collector folds what finished
+                gc.collect()
+                seen.append(_rss_mib())
+                print(
+                    f"  {path:<9} {(k + 1) * step:>10,} calls: RSS {seen[-1]:.1f} MiB", flush=True
+                )
+            print(f"  {path}: RSS grew {seen[-1] - seen[0]:+.1f} MiB after the first checkpoint")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="asyncflow overhead benchmarks")
     parser.add_argument("--pairs", type=int, default=7, help="paired runs per mode (default 7)")
@@ -235,7 +378,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--no-others", action="store_true", help="skip cProfile, yappi and pyinstrument"
     )
+    parser.add_argument(
+        "--only",
+        choices=["steps", "fan-out", "pipeline", "chain"],
+        action="append",
+        help="run only these workloads (repeatable)",
+    )
+    parser.add_argument(
+        "--leaks",
+        type=int,
+        metavar="CALLS",
+        help="instead of timing: drive CALLS tracked calls through every path (return, raise, "
+        "cancel, close, throw, never awaited) and print the resident memory as it goes",
+    )
     args = parser.parse_args(argv)
+    if args.leaks:
+        leaks(args.leaks)
+        return 0
+    only = set(args.only or ["steps", "fan-out", "pipeline", "chain"])
     pairs = 3 if args.quick else args.pairs
     scale = 4 if args.quick else 1
     others = [] if args.no_others else ["cProfile", "yappi", "pyinstrument"]
@@ -243,37 +403,46 @@ def main(argv: list[str] | None = None) -> int:
 
     floor, read = floor_ns()
     print(
-        f"floor: two clock reads + one bounded-deque append = {floor:.0f} ns "
+        f"Python {sys.version.split()[0]}; hot paths: {', '.join(PATHS)}\n"
+        f"floor, Python: two clock reads + one bounded-deque append = {floor:.0f} ns "
         f"(one clock read {read:.0f} ns)"
     )
-    measure(
-        "steps: 1000 tasks x 50 x await asyncio.sleep(0)",
-        lambda deco: make_steps(deco, 1000 // scale, 50),
-        ["decorator", "tasks", *others],
-        pairs,
-        "poll",
-    )
-    measure(
-        "fan-out: 300 root tasks, 3-deep nested calls (3x3 leaves)",
-        lambda deco: make_fanout(deco, 300 // scale),
-        ["tasks", "decorator", *others],
-        pairs,
-        "call",
-    )
-    measure(
-        "pipeline: producer -> queue(64) -> 4 workers -> queue -> sink, 20000 items",
-        lambda deco: make_pipeline(deco, 20_000 // scale),
-        ["tasks+queues", *others],
-        pairs,
-        "put/get pair",
-    )
-    measure(
-        "chained async generators: 3 stages, 50000 tiny items",
-        lambda deco: make_agen_chain(deco, 50_000 // scale),
-        ["streams", *others],
-        pairs,
-        "item",
-    )
+    c_floor = c_floor_ns()
+    if c_floor is not None:
+        print(f"floor, C: two clock reads = {c_floor:.0f} ns")
+    if "steps" in only:
+        measure(
+            "steps: 1000 tasks x 50 x await asyncio.sleep(0)",
+            lambda deco: make_steps(deco, 1000 // scale, 50),
+            ["decorator", "tasks", *others],
+            pairs,
+            "poll",
+        )
+    if "fan-out" in only:
+        measure(
+            "fan-out: 300 root tasks, 3-deep nested calls (3x3 leaves)",
+            lambda deco: make_fanout(deco, 300 // scale),
+            ["tasks", "decorator", *others],
+            pairs,
+            "call",
+        )
+    if "pipeline" in only:
+        measure(
+            "pipeline: producer -> queue(64) -> 4 workers -> queue -> sink, 20000 items",
+            lambda deco: make_pipeline(deco, 20_000 // scale),
+            ["tasks+queues", *others],
+            pairs,
+            "put/get pair",
+        )
+    if "chain" in only:
+        measure(
+            "chained async generators: 3 stages, 50000 tiny items "
+            "(streams: @asyncflow.stream; wrapped: asyncflow.stream(it))",
+            lambda deco: make_agen_chain(deco, 50_000 // scale),
+            ["streams", "wrapped", *others],
+            pairs,
+            "item",
+        )
     return 0
 
 

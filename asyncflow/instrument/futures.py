@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import importlib
 import inspect
 import itertools
 import os
@@ -20,7 +21,7 @@ import types
 import weakref
 from collections import OrderedDict, deque
 from collections.abc import Callable, Coroutine, Generator
-from typing import Any, Generic, ParamSpec, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 
 from asyncflow import clock as _clock
 from asyncflow import config as _config
@@ -34,6 +35,7 @@ __all__ = [
     "FutureStats",
     "InstrumentedCoroutine",
     "TaskInstrumentation",
+    "accelerated",
     "current_task",
     "future",
     "instrument",
@@ -971,3 +973,40 @@ def reset_for_session() -> None:
                 record.stats = FutureStats()
             else:
                 del _registry[fid]
+
+
+# The compiled hot path (asyncflow/instrument/_speedups.c) takes the place of InstrumentedCoroutine
+# and CallRecord where it is built, unless ASYNCFLOW_NO_EXTENSIONS=1: the same records, figures
+# and semantics, and it calls back into the helpers above (_first_poll, _finish_poll,
+# _cancel_requested, _close_record...) on every path but the common ones. The Python classes stay
+# the reference; the test suite runs on both.
+InstrumentedCoroutinePy = InstrumentedCoroutine
+CallRecordPy = CallRecord
+#: whether the compiled hot path records calls (``accelerated`` in /profiler_status)
+accelerated = False
+#: thread id -> the innermost and outermost calls being polled on that thread now, kept by the
+#: compiled path; None on the Python path, whose polls are found from its send/throw frames
+running_on_thread: Callable[[int], tuple[Any, Any]] | None = None
+
+
+def _load_speedups() -> Any:
+    if _config.no_extensions():
+        return None
+    try:
+        speedups = importlib.import_module("asyncflow.instrument._speedups")
+        speedups.setup(globals(), vars(_clock), vars(_session))
+    except (ImportError, RuntimeError):  # not built (no compiler at install), or out of step
+        return None
+    Coroutine.register(speedups.InstrumentedCoroutine)
+    return speedups
+
+
+_py_future_call = FutureFunction.__call__
+_speedups = _load_speedups()
+if _speedups is not None:
+    accelerated = True
+    running_on_thread = _speedups.running_calls
+    if not TYPE_CHECKING:
+        InstrumentedCoroutine = _speedups.InstrumentedCoroutine
+        CallRecord = _speedups.CallRecord
+        FutureFunction.__call__ = _speedups.future_call  # the same, without a Python frame

@@ -1,0 +1,1671 @@
+/* The compiled hot path of asyncflow: the coroutine wrapper and its per-call record.
+ *
+ * asyncflow/instrument/futures.py is the reference: InstrumentedCoroutine and CallRecord here
+ * keep the same fields, the same figures and the same semantics, and futures.py chooses one or
+ * the other at import (ASYNCFLOW_NO_EXTENSIONS=1 forces the Python one). What this module does
+ * in C is the common path only: reading the clock, the counters and the histogram bucket of
+ * every poll, the common end of a call (it returned), and driving the wrapped coroutine through
+ * its am_send slot so that neither a task step nor an `await` makes a Python frame or a
+ * StopIteration. Everything rare (the first poll, exceptions, throw, close, finalization,
+ * cancellation bookkeeping) calls back into the Python helpers of futures.py, so that there is
+ * one definition of what those record.
+ *
+ * Each thread has a "running" slot: the innermost call being polled on it now, each call
+ * pointing at the one polled around it. The blocked-loop monitor reads it (running_calls())
+ * where the pure-Python path finds the calls from its send/throw frames.
+ */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+#include <time.h>
+
+#if PY_VERSION_HEX < 0x030B0000
+#error "asyncflow's compiled hot path needs CPython 3.11 or newer"
+#endif
+
+/* Must match asyncflow/stats.py (checked by setup()). */
+#define SUB_BITS 5
+#define LINEAR (1 << (SUB_BITS + 1))
+#define BUCKETS ((64 + 1) << SUB_BITS)
+
+/* ---- state set by setup() ------------------------------------------------------------------ */
+
+static PyObject *futures_dict;    /* asyncflow.instrument.futures' namespace (helpers, constants) */
+static PyObject *clock_dict;      /* asyncflow.clock's namespace: now_ns may be replaced */
+static PyObject *session_dict;    /* asyncflow.instrument._session's namespace: active */
+static PyObject *perf_counter_ns; /* time.perf_counter_ns: then read CLOCK_MONOTONIC directly */
+static PyObject *call_ids;        /* futures._call_ids, shared with the Python reference */
+static PyObject *cancelled_error; /* asyncio.CancelledError */
+static PyObject *READY, *RETURNED, *CLOSED, *NEVER_AWAITED;
+static PyObject *bucket_ints[BUCKETS];
+static PyObject *get_running_loop; /* asyncio.events._get_running_loop */
+static PyObject *current_tasks;    /* 3.11: asyncio.tasks._current_tasks (loop -> task); or NULL */
+static PyObject *current_task;     /* asyncio.current_task */
+static PyObject *loops_module, *loops_dict; /* asyncflow.instrument.loops (last_key, see) */
+
+static PyObject *s_now_ns, *s_stats, *s_poll_hist, *s_live, *s_created, *s_send, *s_throw,
+    *s_close, *s_first_poll, *s_finish_poll, *s_cancel_requested, *s_normalize_throw,
+    *s_close_record, *s_session, *s_internal_error, *s_log_result, *s_returned, *s_polls_done,
+    *s_busy_done, *s_idle_done, *s_max_poll_done, *s_active, *s_finished, *s_appended,
+    *s_append, *s_slot_key, *s_get_running_loop, *s_loops, *s_last_key, *s_see,
+    *s_current_tasks, *s_asyncio, *s_current_task, *s_get_name, *s_wrapped, *s_future_record,
+    *s_wrapper_name;
+
+/* ---- small compatibility helpers ------------------------------------------------------------ */
+
+/* The exception being raised, normalized, as a new reference (NULL: none), and cleared. */
+static PyObject *
+fetch_exc(void)
+{
+#if PY_VERSION_HEX >= 0x030C0000
+    return PyErr_GetRaisedException();
+#else
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    if (type == NULL) {
+        return NULL;
+    }
+    PyErr_NormalizeException(&type, &value, &tb);
+    if (tb != NULL && value != NULL) {
+        PyException_SetTraceback(value, tb);
+    }
+    Py_DECREF(type);
+    Py_XDECREF(tb);
+    return value;
+#endif
+}
+
+/* Raise ``exc`` again (steals the reference). */
+static void
+restore_exc(PyObject *exc)
+{
+#if PY_VERSION_HEX >= 0x030C0000
+    PyErr_SetRaisedException(exc);
+#else
+    if (exc == NULL) {
+        return;
+    }
+    PyObject *tb = PyException_GetTraceback(exc);
+    PyObject *type = (PyObject *)Py_TYPE(exc);
+    Py_INCREF(type);
+    PyErr_Restore(type, exc, tb);
+#endif
+}
+
+/* StopIteration(value), as a generator's return raises it; NULL on error. */
+static PyObject *
+new_stop(PyObject *value)
+{
+    return PyObject_CallOneArg(PyExc_StopIteration, value);
+}
+
+/* ---- the clock ------------------------------------------------------------------------------ */
+
+/* clock.now_ns, as a new reference: looked up once per poll, for both of its readings. */
+static inline PyObject *
+clock_get(void)
+{
+    PyObject *fn = PyDict_GetItemWithError(clock_dict, s_now_ns);
+    if (fn == NULL) {
+        if (!PyErr_Occurred()) {
+            PyErr_SetString(PyExc_AttributeError, "asyncflow.clock has no now_ns");
+        }
+        return NULL;
+    }
+    return Py_NewRef(fn);
+}
+
+/* Read ``clock``: the monotonic clock directly when it is time.perf_counter_ns (the same
+ * CLOCK_MONOTONIC on Linux), else by calling it (clock.set_clock() installed a fake clock). */
+static inline int
+clock_read(PyObject *clock, long long *out)
+{
+    if (clock == perf_counter_ns) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        *out = (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+        return 0;
+    }
+    PyObject *value = PyObject_CallNoArgs(clock);
+    if (value == NULL) {
+        return -1;
+    }
+    long long ns = PyLong_AsLongLong(value);
+    Py_DECREF(value);
+    if (ns == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    *out = ns;
+    return 0;
+}
+
+/* clock.now_ns() */
+static int
+now_ns(long long *out)
+{
+    PyObject *clock = clock_get();
+    if (clock == NULL) {
+        return -1;
+    }
+    int rc = clock_read(clock, out);
+    Py_DECREF(clock);
+    return rc;
+}
+
+/* ---- histograms (asyncflow/stats.py: bucket_of, and the sparse dict the hot path bumps) ---- */
+
+static inline Py_ssize_t
+bucket_of(long long ns)
+{
+    if (ns < LINEAR) {
+        return ns < 0 ? 0 : (Py_ssize_t)ns;
+    }
+    int bits = 64 - __builtin_clzll((unsigned long long)ns);
+    return ((Py_ssize_t)bits << SUB_BITS) | (Py_ssize_t)((ns >> (bits - SUB_BITS - 1)) &
+                                                         ((1 << SUB_BITS) - 1));
+}
+
+/* hist[bucket_of(ns)] += 1 */
+static int
+hist_bump(PyObject *hist, long long ns)
+{
+    PyObject *key = bucket_ints[bucket_of(ns)];
+    PyObject *bumped;
+    if (PyDict_Check(hist)) { /* a defaultdict(int) (stats.new_histogram) */
+        PyObject *count = PyDict_GetItemWithError(hist, key); /* borrowed */
+        if (count == NULL) {
+            if (PyErr_Occurred()) {
+                return -1;
+            }
+            bumped = PyLong_FromLong(1);
+        }
+        else {
+            long long n = PyLong_CheckExact(count) ? PyLong_AsLongLong(count) : -1;
+            if (n >= 0) {
+                bumped = PyLong_FromLongLong(n + 1);
+            }
+            else {
+                PyErr_Clear();
+                Py_INCREF(count);
+                bumped = PyNumber_Add(count, bucket_ints[1]);
+                Py_DECREF(count);
+            }
+        }
+        if (bumped == NULL) {
+            return -1;
+        }
+        int rc = PyDict_SetItem(hist, key, bumped);
+        Py_DECREF(bumped);
+        return rc;
+    }
+    PyObject *count = PyObject_GetItem(hist, key);
+    if (count == NULL) {
+        return -1;
+    }
+    bumped = PyNumber_Add(count, bucket_ints[1]);
+    Py_DECREF(count);
+    if (bumped == NULL) {
+        return -1;
+    }
+    int rc = PyObject_SetItem(hist, key, bumped);
+    Py_DECREF(bumped);
+    return rc;
+}
+
+/* ---- the slots of futures.py's records ------------------------------------------------------ */
+
+/* A __slots__ attribute of one of futures.py's classes (FutureStats, FutureRecord) or of
+ * _session.Session: read and written at its offset when the object is exactly of that class
+ * (what a Python attribute access does, without the lookups), through the attribute protocol
+ * otherwise. */
+typedef struct {
+    const char *cls;  /* the class's name in its module */
+    const char *name; /* the attribute */
+    int in_session;   /* the class is _session's, not futures' */
+    PyObject *pyname;
+    PyTypeObject *type;
+    Py_ssize_t offset;
+} Field;
+
+enum {
+    FS_CREATED,
+    FS_RETURNED,
+    FS_POLLS_DONE,
+    FS_BUSY_DONE,
+    FS_IDLE_DONE,
+    FS_MAX_POLL_DONE,
+    FS_LIVE,
+    FS_POLL_HIST,
+    FR_STATS,
+    FR_LOG_RESULT,
+    SE_FINISHED,
+    SE_APPENDED,
+    N_FIELDS
+};
+
+static Field fields[N_FIELDS] = {
+    [FS_CREATED] = {"FutureStats", "created", 0},
+    [FS_RETURNED] = {"FutureStats", "returned", 0},
+    [FS_POLLS_DONE] = {"FutureStats", "polls_done", 0},
+    [FS_BUSY_DONE] = {"FutureStats", "busy_done", 0},
+    [FS_IDLE_DONE] = {"FutureStats", "idle_done", 0},
+    [FS_MAX_POLL_DONE] = {"FutureStats", "max_poll_done", 0},
+    [FS_LIVE] = {"FutureStats", "live", 0},
+    [FS_POLL_HIST] = {"FutureStats", "poll_hist", 0},
+    [FR_STATS] = {"FutureRecord", "stats", 0},
+    [FR_LOG_RESULT] = {"FutureRecord", "log_result", 0},
+    [SE_FINISHED] = {"Session", "finished", 1},
+    [SE_APPENDED] = {"Session", "appended", 1},
+};
+
+/* Find each field's class and offset (setup()); a field whose class or slot is not found is
+ * reached through the attribute protocol. */
+static int
+fields_setup(PyObject *futures_ns, PyObject *session_ns)
+{
+    for (int i = 0; i < N_FIELDS; i++) {
+        Field *f = &fields[i];
+        if (f->pyname == NULL && (f->pyname = PyUnicode_InternFromString(f->name)) == NULL) {
+            return -1;
+        }
+        Py_CLEAR(f->type);
+        f->offset = 0;
+        PyObject *cls = PyDict_GetItemString(f->in_session ? session_ns : futures_ns, f->cls);
+        if (cls == NULL || !PyType_Check(cls)) {
+            continue;
+        }
+        PyObject *descr = PyDict_GetItemWithError(((PyTypeObject *)cls)->tp_dict, f->pyname);
+        if (descr == NULL) {
+            if (PyErr_Occurred()) {
+                return -1;
+            }
+            continue;
+        }
+        if (Py_IS_TYPE(descr, &PyMemberDescr_Type)) {
+            PyMemberDef *member = ((PyMemberDescrObject *)descr)->d_member;
+            if (member->type == T_OBJECT_EX && !(member->flags & READONLY)) {
+                Py_INCREF(cls);
+                f->type = (PyTypeObject *)cls;
+                f->offset = member->offset;
+            }
+        }
+    }
+    return 0;
+}
+
+/* obj.<field>: a new reference, or NULL with an exception set. */
+static inline PyObject *
+field_get(PyObject *obj, int which)
+{
+    Field *f = &fields[which];
+    if (f->offset && Py_IS_TYPE(obj, f->type)) {
+        PyObject *v = *(PyObject **)((char *)obj + f->offset);
+        if (v != NULL) {
+            return Py_NewRef(v);
+        }
+    }
+    return PyObject_GetAttr(obj, f->pyname);
+}
+
+/* obj.<field> = value */
+static inline int
+field_set(PyObject *obj, int which, PyObject *value)
+{
+    Field *f = &fields[which];
+    if (f->offset && Py_IS_TYPE(obj, f->type)) {
+        PyObject **slot = (PyObject **)((char *)obj + f->offset);
+        PyObject *old = *slot;
+        *slot = Py_NewRef(value);
+        Py_XDECREF(old);
+        return 0;
+    }
+    return PyObject_SetAttr(obj, f->pyname, value);
+}
+
+/* obj.<field> += delta */
+static int
+field_add(PyObject *obj, int which, long long delta)
+{
+    PyObject *value = field_get(obj, which);
+    if (value == NULL) {
+        return -1;
+    }
+    PyObject *sum = NULL;
+    if (PyLong_CheckExact(value)) {
+        int overflow;
+        long long n = PyLong_AsLongLongAndOverflow(value, &overflow);
+        long long total;
+        if (n == -1 && PyErr_Occurred()) {
+            PyErr_Clear();
+        }
+        else if (!overflow && !__builtin_add_overflow(n, delta, &total)) {
+            sum = PyLong_FromLongLong(total);
+            Py_DECREF(value);
+            value = NULL;
+        }
+    }
+    if (value != NULL) { /* a big (or not an) int: as Python would add */
+        PyObject *d = PyLong_FromLongLong(delta);
+        sum = d == NULL ? NULL : PyNumber_Add(value, d);
+        Py_XDECREF(d);
+        Py_DECREF(value);
+    }
+    if (sum == NULL) {
+        return -1;
+    }
+    int rc = field_set(obj, which, sum);
+    Py_DECREF(sum);
+    return rc;
+}
+
+/* ---- CallRecord ----------------------------------------------------------------------------- */
+
+typedef struct {
+    PyObject_HEAD
+    long long call_id;
+    long long start; /* clock reading at the start of the poll in progress; 0 when not running */
+    long long polls;
+    long long busy;
+    long long max;
+    long long last;
+    long long created;
+    long long first;
+    long long finished;
+    long long cancel_at;
+    PyObject *future;
+    PyObject *stats;
+    PyObject *hist;
+    /* set only when they happen (AttributeError until then, as in the Python record) */
+    PyObject *state;
+    PyObject *task;
+    PyObject *outcome;
+    PyObject *exc_type;
+    PyObject *exc_message;
+    PyObject *result;
+    PyObject *cancel_requests;
+    PyObject *cancel_to_end;
+    PyObject *cancel_outcome;
+} RecordObject;
+
+static PyTypeObject RecordType;
+
+#define RECORD_OBJECTS(X)                                                                      \
+    X(future) X(stats) X(hist) X(state) X(task) X(outcome) X(exc_type) X(exc_message) X(result) \
+    X(cancel_requests) X(cancel_to_end) X(cancel_outcome)
+
+static int
+record_traverse(RecordObject *self, visitproc visit, void *arg)
+{
+#define VISIT(name) Py_VISIT(self->name);
+    RECORD_OBJECTS(VISIT)
+#undef VISIT
+    return 0;
+}
+
+static int
+record_clear(RecordObject *self)
+{
+#define CLEAR(name) Py_CLEAR(self->name);
+    RECORD_OBJECTS(CLEAR)
+#undef CLEAR
+    return 0;
+}
+
+static void
+record_dealloc(RecordObject *self)
+{
+    PyObject_GC_UnTrack(self);
+    record_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* What CallRecord.__init__(future, stats, now) does: a new call, registered live. */
+static int
+record_setup(RecordObject *self, PyObject *future, PyObject *stats, long long now)
+{
+    PyObject *hist = field_get(stats, FS_POLL_HIST);
+    if (hist == NULL) {
+        return -1;
+    }
+    Py_INCREF(future);
+    Py_XSETREF(self->future, future);
+    Py_INCREF(stats);
+    Py_XSETREF(self->stats, stats);
+    Py_XSETREF(self->hist, hist);
+    PyObject *id = PyIter_Next(call_ids);
+    if (id == NULL) {
+        if (!PyErr_Occurred()) {
+            PyErr_SetString(PyExc_RuntimeError, "asyncflow: call ids ran out");
+        }
+        return -1;
+    }
+    self->call_id = PyLong_AsLongLong(id);
+    if (self->call_id == -1 && PyErr_Occurred()) {
+        Py_DECREF(id);
+        return -1;
+    }
+    self->start = self->polls = self->busy = self->max = self->last = 0;
+    self->first = self->finished = self->cancel_at = 0;
+    self->created = now;
+    PyObject *live = field_get(stats, FS_LIVE);
+    int rc = live == NULL                ? -1
+             : PyDict_CheckExact(live) ? PyDict_SetItem(live, id, (PyObject *)self)
+                                       : PyObject_SetItem(live, id, (PyObject *)self);
+    Py_XDECREF(live);
+    Py_DECREF(id);
+    if (rc < 0) {
+        return -1;
+    }
+    return field_add(stats, FS_CREATED, 1);
+}
+
+static int
+record_init(RecordObject *self, PyObject *args, PyObject *kwds)
+{
+    static char *names[] = {"future", "stats", "now", NULL};
+    PyObject *future, *stats;
+    long long now;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOL:CallRecord", names, &future, &stats, &now)) {
+        return -1;
+    }
+    return record_setup(self, future, stats, now);
+}
+
+static PyMemberDef record_members[] = {
+    {"call_id", T_LONGLONG, offsetof(RecordObject, call_id), 0, NULL},
+    {"start", T_LONGLONG, offsetof(RecordObject, start), 0,
+     "clock reading at the start of the poll in progress; 0 when not running"},
+    {"polls", T_LONGLONG, offsetof(RecordObject, polls), 0, NULL},
+    {"busy", T_LONGLONG, offsetof(RecordObject, busy), 0, NULL},
+    {"max", T_LONGLONG, offsetof(RecordObject, max), 0, NULL},
+    {"last", T_LONGLONG, offsetof(RecordObject, last), 0, NULL},
+    {"created", T_LONGLONG, offsetof(RecordObject, created), 0, NULL},
+    {"first", T_LONGLONG, offsetof(RecordObject, first), 0, NULL},
+    {"finished", T_LONGLONG, offsetof(RecordObject, finished), 0, NULL},
+    {"cancel_at", T_LONGLONG, offsetof(RecordObject, cancel_at), 0, NULL},
+    {"future", T_OBJECT_EX, offsetof(RecordObject, future), 0, NULL},
+    {"stats", T_OBJECT_EX, offsetof(RecordObject, stats), 0, NULL},
+    {"hist", T_OBJECT_EX, offsetof(RecordObject, hist), 0, NULL},
+    {"state", T_OBJECT_EX, offsetof(RecordObject, state), 0, NULL},
+    {"task", T_OBJECT_EX, offsetof(RecordObject, task), 0, NULL},
+    {"outcome", T_OBJECT_EX, offsetof(RecordObject, outcome), 0, NULL},
+    {"exc_type", T_OBJECT_EX, offsetof(RecordObject, exc_type), 0, NULL},
+    {"exc_message", T_OBJECT_EX, offsetof(RecordObject, exc_message), 0, NULL},
+    {"result", T_OBJECT_EX, offsetof(RecordObject, result), 0, NULL},
+    {"cancel_requests", T_OBJECT_EX, offsetof(RecordObject, cancel_requests), 0, NULL},
+    {"cancel_to_end", T_OBJECT_EX, offsetof(RecordObject, cancel_to_end), 0, NULL},
+    {"cancel_outcome", T_OBJECT_EX, offsetof(RecordObject, cancel_outcome), 0, NULL},
+    {NULL},
+};
+
+static PyTypeObject RecordType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "asyncflow.instrument._speedups.CallRecord",
+    .tp_doc = "One call's figures (the compiled twin of futures.CallRecord). Holds no reference "
+              "to the coroutine, its arguments or its result.",
+    .tp_basicsize = sizeof(RecordObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)record_init,
+    .tp_dealloc = (destructor)record_dealloc,
+    .tp_traverse = (traverseproc)record_traverse,
+    .tp_clear = (inquiry)record_clear,
+    .tp_members = record_members,
+};
+
+/* ---- calling back into futures.py ----------------------------------------------------------- */
+
+/* futures.<name>(args...): a new reference, or NULL with an exception set. */
+static PyObject *
+call_helper(PyObject *name, PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *fn = PyDict_GetItemWithError(futures_dict, name);
+    if (fn == NULL) {
+        if (!PyErr_Occurred()) {
+            PyErr_Format(PyExc_RuntimeError, "asyncflow: futures.%U is missing", name);
+        }
+        return NULL;
+    }
+    Py_INCREF(fn);
+    PyObject *res = PyObject_Vectorcall(fn, args, (size_t)nargs, NULL);
+    Py_DECREF(fn);
+    return res;
+}
+
+/* futures.<name>(r, t0): 0, or -1 with an exception set. */
+static int
+call_with_time(PyObject *name, RecordObject *r, long long t0)
+{
+    PyObject *t = PyLong_FromLongLong(t0);
+    if (t == NULL) {
+        return -1;
+    }
+    PyObject *args[2] = {(PyObject *)r, t};
+    PyObject *res = call_helper(name, args, 2);
+    Py_DECREF(t);
+    if (res == NULL) {
+        return -1;
+    }
+    Py_DECREF(res);
+    return 0;
+}
+
+/* futures._finish_poll(r, t0, exc): the call ended with ``exc`` (StopIteration included). It
+ * catches its own errors; one that escapes it (a BaseException) replaces ``exc``, as it would
+ * in the Python wrapper's ``except`` block. Steals ``exc`` and returns what is to be raised. */
+static PyObject *
+finish_poll(RecordObject *r, long long t0, PyObject *exc)
+{
+    PyObject *t = PyLong_FromLongLong(t0);
+    PyObject *res = NULL;
+    if (t != NULL) {
+        PyObject *args[3] = {(PyObject *)r, t, exc};
+        res = call_helper(s_finish_poll, args, 3);
+        Py_DECREF(t);
+    }
+    if (res != NULL) {
+        Py_DECREF(res);
+        return exc;
+    }
+    PyObject *err = fetch_exc();
+    if (err == NULL) {
+        return exc;
+    }
+    PyException_SetContext(err, exc);
+    return err;
+}
+
+/* futures._session.internal_error(where, err), for an Exception ``err`` (stolen); anything else
+ * is reported as unraisable. Leaves no exception set. */
+static void
+internal_error(const char *where, PyObject *err, PyObject *obj)
+{
+    if (err == NULL) {
+        return;
+    }
+    if (!PyObject_TypeCheck(err, (PyTypeObject *)PyExc_Exception)) {
+        restore_exc(err);
+        PyErr_WriteUnraisable(obj);
+        return;
+    }
+    PyObject *session = PyDict_GetItemWithError(futures_dict, s_session);
+    if (session == NULL || session == Py_None) { /* at interpreter shutdown: nobody to tell */
+        PyErr_Clear();
+        Py_DECREF(err);
+        return;
+    }
+    PyObject *fn = PyObject_GetAttr(session, s_internal_error);
+    PyObject *text = PyUnicode_FromString(where);
+    PyObject *res = NULL;
+    if (fn != NULL && text != NULL) {
+        PyObject *args[2] = {text, err};
+        res = PyObject_Vectorcall(fn, args, 2, NULL);
+    }
+    Py_XDECREF(fn);
+    Py_XDECREF(text);
+    Py_DECREF(err);
+    if (res == NULL) {
+        PyErr_WriteUnraisable(obj);
+    }
+    Py_XDECREF(res);
+}
+
+/* ---- the common end of a call, in C: it returned (futures._finish_poll, then _retire) ------- */
+
+/* Whether the returning call can be ended here: no result to log, no cancellation to account
+ * for, not ended before. Anything else goes through futures._finish_poll. */
+static int
+plain_return(RecordObject *r)
+{
+    if (r->finished || r->cancel_at) {
+        return 0;
+    }
+    PyObject *log = field_get(r->future, FR_LOG_RESULT);
+    if (log == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    int on = PyObject_IsTrue(log);
+    Py_DECREF(log);
+    if (on != 0) {
+        PyErr_Clear();
+        return 0;
+    }
+    return 1;
+}
+
+/* What futures._finish_poll does for a StopIteration, and _retire. */
+static int
+end_returned(RecordObject *r, long long t0, PyObject *clock)
+{
+    long long now;
+    if (clock_read(clock, &now) < 0) {
+        return -1;
+    }
+    long long dt = now - t0;
+    r->start = 0;
+    r->polls += 1;
+    r->busy += dt;
+    r->last = dt;
+    if (dt > r->max) {
+        r->max = dt;
+    }
+    if (hist_bump(r->hist, dt) < 0) {
+        return -1;
+    }
+    Py_INCREF(READY);
+    Py_XSETREF(r->state, READY);
+    Py_INCREF(RETURNED);
+    Py_XSETREF(r->outcome, RETURNED);
+    PyObject *st = r->stats;
+    if (field_add(st, FS_RETURNED, 1) < 0) {
+        return -1;
+    }
+    /* _retire(r, now) */
+    r->finished = now;
+    if (field_add(st, FS_POLLS_DONE, r->polls) < 0 || field_add(st, FS_BUSY_DONE, r->busy) < 0) {
+        return -1;
+    }
+    if (r->first && field_add(st, FS_IDLE_DONE, now - r->first - r->busy) < 0) {
+        return -1;
+    }
+    PyObject *max = field_get(st, FS_MAX_POLL_DONE);
+    if (max == NULL) {
+        return -1;
+    }
+    long long max_done = PyLong_AsLongLong(max);
+    Py_DECREF(max);
+    if (max_done == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    if (r->max > max_done) {
+        PyObject *m = PyLong_FromLongLong(r->max);
+        int rc = m == NULL ? -1 : field_set(st, FS_MAX_POLL_DONE, m);
+        Py_XDECREF(m);
+        if (rc < 0) {
+            return -1;
+        }
+    }
+    PyObject *session = PyDict_GetItemWithError(session_dict, s_active); /* borrowed */
+    if (session == NULL && PyErr_Occurred()) {
+        return -1;
+    }
+    if (session != NULL && session != Py_None) {
+        Py_INCREF(session);
+        PyObject *finished = field_get(session, SE_FINISHED);
+        PyObject *res =
+            finished == NULL ? NULL : PyObject_CallMethodOneArg(finished, s_append, (PyObject *)r);
+        Py_XDECREF(finished);
+        int rc = res == NULL ? -1 : field_add(session, SE_APPENDED, 1);
+        Py_XDECREF(res);
+        Py_DECREF(session);
+        if (rc < 0) {
+            return -1;
+        }
+    }
+    /* Last: once a gone future's ``live`` is empty, the reaper may fold its figures. */
+    PyObject *live = field_get(st, FS_LIVE);
+    if (live == NULL) {
+        return -1;
+    }
+    PyObject *id = PyLong_FromLongLong(r->call_id);
+    int rc = -1;
+    if (id != NULL) {
+        rc = PyDict_Check(live) ? PyDict_DelItem(live, id) : PyObject_DelItem(live, id);
+        if (rc < 0 && PyErr_ExceptionMatches(PyExc_KeyError)) {
+            PyErr_Clear();
+            rc = 0;
+        }
+        Py_DECREF(id);
+    }
+    Py_DECREF(live);
+    return rc;
+}
+
+/* ---- the running slot of each thread -------------------------------------------------------- */
+
+typedef struct WrapperObject WrapperObject;
+
+typedef struct {
+    PyObject_HEAD
+    WrapperObject *inner; /* the innermost call being polled on this thread; borrowed */
+} SlotObject;
+
+struct WrapperObject {
+    PyObject_HEAD
+    PyObject *coro;
+    RecordObject *r;
+    WrapperObject *outer; /* while polled: the call polled around this one; borrowed */
+};
+
+/* This thread's slot, cached; the thread state's dict owns it. */
+static _Thread_local SlotObject *tls_slot;
+
+static void
+slot_dealloc(SlotObject *self)
+{
+    if (tls_slot == self) { /* the thread state is being cleared: its thread is ending */
+        tls_slot = NULL;
+    }
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyTypeObject SlotType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "asyncflow.instrument._speedups.RunningSlot",
+    .tp_basicsize = sizeof(SlotObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_dealloc = (destructor)slot_dealloc,
+};
+
+/* This thread's slot; NULL (no error set) if it cannot have one: the poll is then not visible
+ * to the monitor, and nothing else changes. */
+static SlotObject *
+make_slot(void)
+{
+    PyObject *dict = PyThreadState_GetDict();
+    if (dict == NULL) {
+        return NULL;
+    }
+    PyObject *found = PyDict_GetItemWithError(dict, s_slot_key);
+    if (found != NULL && Py_IS_TYPE(found, &SlotType)) {
+        tls_slot = (SlotObject *)found;
+        return tls_slot;
+    }
+    SlotObject *slot = PyObject_New(SlotObject, &SlotType);
+    if (slot == NULL) {
+        PyErr_Clear();
+        return NULL;
+    }
+    slot->inner = NULL;
+    if (PyDict_SetItem(dict, s_slot_key, (PyObject *)slot) < 0) {
+        PyErr_Clear();
+        Py_DECREF(slot);
+        return NULL;
+    }
+    Py_DECREF(slot); /* the thread state's dict holds it */
+    tls_slot = slot;
+    return slot;
+}
+
+static inline SlotObject *
+get_slot(void)
+{
+    SlotObject *slot = tls_slot;
+    return slot != NULL ? slot : make_slot();
+}
+
+/* ---- InstrumentedCoroutine ------------------------------------------------------------------ */
+
+static PyTypeObject WrapperType;
+
+/* futures._first_poll(r, t0), in C: the call's first poll notes its loop and its task. */
+static int
+first_poll(RecordObject *r, long long t0)
+{
+    r->first = t0;
+    PyObject *loop = PyObject_CallNoArgs(get_running_loop);
+    if (loop == NULL) {
+        return -1;
+    }
+    if (loop == Py_None) { /* driven by hand, outside any event loop */
+        Py_DECREF(loop);
+        return 0;
+    }
+    int rc = -1;
+    PyObject *task = NULL;
+    /* if id(loop) != loops.last_key: loops.see(loop) */
+    PyObject *last = PyDict_GetItemWithError(loops_dict, s_last_key); /* borrowed */
+    if (last == NULL) {
+        if (!PyErr_Occurred()) {
+            PyErr_SetString(PyExc_RuntimeError, "asyncflow: loops.last_key is missing");
+        }
+        goto done;
+    }
+    void *last_loop = PyLong_AsVoidPtr(last);
+    if (last_loop == NULL && PyErr_Occurred()) {
+        goto done;
+    }
+    if (last_loop != (void *)loop) {
+        PyObject *seen = PyObject_CallMethodOneArg(loops_module, s_see, loop);
+        if (seen == NULL) {
+            goto done;
+        }
+        Py_DECREF(seen);
+    }
+    if (current_tasks != NULL) { /* 3.11: asyncio.tasks._current_tasks */
+        task = PyDict_GetItemWithError(current_tasks, loop);
+        if (task == NULL && PyErr_Occurred()) {
+            goto done;
+        }
+        Py_XINCREF(task);
+    }
+    else if ((task = PyObject_CallOneArg(current_task, loop)) == NULL) {
+        goto done;
+    }
+    if (task != NULL && task != Py_None) {
+        PyObject *name = PyObject_CallMethodNoArgs(task, s_get_name);
+        if (name == NULL) {
+            goto done;
+        }
+        Py_XSETREF(r->task, name);
+    }
+    rc = 0;
+done:
+    Py_XDECREF(task);
+    Py_DECREF(loop);
+    return rc;
+}
+
+/* One poll: send ``arg`` into the wrapped coroutine and record it, as
+ * futures.InstrumentedCoroutine.send does. Returns PYGEN_NEXT (*res: what it yielded),
+ * PYGEN_RETURN (*res: what it returned) or PYGEN_ERROR (the exception is set; it may be the
+ * StopIteration of a coroutine that is not a native one). If ``stop`` is not NULL and the call
+ * returned, *stop is the StopIteration it would raise (or NULL, to be made by the caller). */
+static PySendResult
+poll(WrapperObject *self, PyObject *arg, PyObject **res, PyObject **stop)
+{
+    RecordObject *r = self->r;
+    long long t0, now;
+    *res = NULL;
+    if (stop != NULL) {
+        *stop = NULL;
+    }
+    /* Both readings of one poll use the clock found at its start. */
+    PyObject *clock = clock_get();
+    if (clock == NULL) {
+        return PYGEN_ERROR;
+    }
+    if (clock_read(clock, &t0) < 0 || (!r->first && first_poll(r, t0) < 0)) {
+        Py_DECREF(clock);
+        return PYGEN_ERROR;
+    }
+    r->start = t0;
+    SlotObject *slot = get_slot();
+    Py_INCREF(self); /* named by the slot while it runs */
+    if (slot != NULL) {
+        self->outer = slot->inner;
+        slot->inner = self;
+    }
+    PyObject *coro = self->coro;
+    PySendResult status;
+    if (Py_IS_TYPE(coro, &PyCoro_Type) || Py_IS_TYPE(coro, &PyGen_Type)) {
+        status = PyIter_Send(coro, arg, res);
+    }
+    else { /* as the Python wrapper does: its send() method, whatever its __next__ does */
+        *res = PyObject_CallMethodOneArg(coro, s_send, arg);
+        status = *res != NULL ? PYGEN_NEXT : PYGEN_ERROR;
+    }
+    if (slot != NULL) {
+        slot->inner = self->outer;
+        self->outer = NULL;
+    }
+    if (status == PYGEN_NEXT) { /* it suspended: _end_poll */
+        if (clock_read(clock, &now) < 0) {
+            Py_CLEAR(*res);
+            status = PYGEN_ERROR;
+            goto done;
+        }
+        long long dt = now - t0;
+        r->start = 0;
+        r->polls += 1;
+        r->busy += dt;
+        r->last = dt;
+        if (dt > r->max) {
+            r->max = dt;
+        }
+        if (hist_bump(r->hist, dt) < 0) {
+            Py_CLEAR(*res);
+            status = PYGEN_ERROR;
+        }
+        goto done;
+    }
+    if (status == PYGEN_RETURN) {
+        if (stop == NULL && plain_return(r)) { /* the common end, in C */
+            if (end_returned(r, t0, clock) < 0) {
+                internal_error("recording a finished call", fetch_exc(), (PyObject *)self);
+            }
+            goto done;
+        }
+        PyObject *exc = new_stop(*res);
+        if (exc == NULL) {
+            Py_CLEAR(*res);
+            status = PYGEN_ERROR;
+            goto done;
+        }
+        exc = finish_poll(r, t0, exc);
+        if (!PyErr_GivenExceptionMatches(exc, PyExc_StopIteration)) { /* a helper failed */
+            Py_CLEAR(*res);
+            restore_exc(exc);
+            status = PYGEN_ERROR;
+            goto done;
+        }
+        if (stop != NULL) {
+            *stop = exc;
+        }
+        else {
+            Py_DECREF(exc);
+        }
+        goto done;
+    }
+    restore_exc(finish_poll(r, t0, fetch_exc()));
+done:
+    Py_DECREF(self);
+    Py_DECREF(clock);
+    return status;
+}
+
+/* What a StopIteration carries (for a coroutine that is not a native one): 1 if the exception
+ * set was a StopIteration (cleared, *value set), else 0. */
+static int
+take_stop_value(PyObject **value)
+{
+    if (!PyErr_ExceptionMatches(PyExc_StopIteration)) {
+        return 0;
+    }
+    PyObject *exc = fetch_exc();
+    PyObject *v = exc != NULL ? ((PyStopIterationObject *)exc)->value : NULL;
+    *value = Py_NewRef(v != NULL ? v : Py_None);
+    Py_XDECREF(exc);
+    return 1;
+}
+
+static PySendResult
+wrapper_am_send(WrapperObject *self, PyObject *arg, PyObject **result)
+{
+    PySendResult status = poll(self, arg, result, NULL);
+    if (status == PYGEN_ERROR && take_stop_value(result)) {
+        return PYGEN_RETURN;
+    }
+    return status;
+}
+
+static PyObject *
+wrapper_send(WrapperObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs > 1) {
+        PyErr_Format(PyExc_TypeError, "send expected at most 1 argument, got %zd", nargs);
+        return NULL;
+    }
+    PyObject *arg = nargs ? args[0] : Py_None;
+    PyObject *res, *stop;
+    PySendResult status = poll(self, arg, &res, &stop);
+    if (status == PYGEN_NEXT) {
+        return res;
+    }
+    if (status == PYGEN_RETURN) {
+        if (stop == NULL) {
+            stop = new_stop(res);
+        }
+        Py_DECREF(res);
+        if (stop != NULL) {
+            PyErr_SetObject(PyExc_StopIteration, stop);
+            Py_DECREF(stop);
+        }
+    }
+    return NULL;
+}
+
+static PyObject *
+wrapper_iternext(WrapperObject *self)
+{
+    PyObject *res;
+    PySendResult status = poll(self, Py_None, &res, NULL);
+    if (status == PYGEN_NEXT) {
+        return res;
+    }
+    if (status == PYGEN_RETURN) {
+        if (res != Py_None) { /* a return of None needs no exception at all */
+            PyObject *stop = new_stop(res);
+            if (stop != NULL) {
+                PyErr_SetObject(PyExc_StopIteration, stop);
+                Py_DECREF(stop);
+            }
+        }
+        Py_DECREF(res);
+    }
+    return NULL;
+}
+
+static PyObject *
+wrapper_throw(WrapperObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs < 1 || nargs > 3) {
+        PyErr_Format(PyExc_TypeError, "throw expected between 1 and 3 arguments, got %zd", nargs);
+        return NULL;
+    }
+    PyObject *typ = args[0];
+    PyObject *val = nargs > 1 ? args[1] : Py_None;
+    PyObject *tb = nargs > 2 ? args[2] : Py_None;
+    RecordObject *r = self->r;
+    long long t0;
+    if (now_ns(&t0) < 0) {
+        return NULL;
+    }
+    if (!r->first && first_poll(r, t0) < 0) {
+        return NULL;
+    }
+    int cancel = PyObject_IsInstance(typ, cancelled_error);
+    if (cancel == 0 && PyType_Check(typ)) {
+        cancel = PyObject_IsSubclass(typ, cancelled_error);
+    }
+    if (cancel < 0 || (cancel && call_with_time(s_cancel_requested, r, t0) < 0)) {
+        return NULL;
+    }
+    r->start = t0;
+    SlotObject *slot = get_slot();
+    Py_INCREF(self);
+    if (slot != NULL) {
+        self->outer = slot->inner;
+        slot->inner = self;
+    }
+    PyObject *res;
+    if (val == Py_None && tb == Py_None) {
+        res = PyObject_CallMethodOneArg(self->coro, s_throw, typ);
+    }
+    else { /* the legacy three-argument form, normalized as a generator would */
+        PyObject *nargs3[3] = {typ, val, tb};
+        PyObject *exc = call_helper(s_normalize_throw, nargs3, 3);
+        res = exc == NULL ? NULL : PyObject_CallMethodOneArg(self->coro, s_throw, exc);
+        Py_XDECREF(exc);
+    }
+    if (slot != NULL) {
+        slot->inner = self->outer;
+        self->outer = NULL;
+    }
+    if (res != NULL) {
+        long long now;
+        if (now_ns(&now) < 0) {
+            Py_CLEAR(res);
+        }
+        else {
+            long long dt = now - t0;
+            r->start = 0;
+            r->polls += 1;
+            r->busy += dt;
+            r->last = dt;
+            if (dt > r->max) {
+                r->max = dt;
+            }
+            if (hist_bump(r->hist, dt) < 0) {
+                Py_CLEAR(res);
+            }
+        }
+        Py_DECREF(self);
+        return res;
+    }
+    restore_exc(finish_poll(r, t0, fetch_exc()));
+    Py_DECREF(self);
+    return NULL;
+}
+
+/* futures._close_record(r, outcome), unless the call has ended. */
+static PyObject *
+close_record(RecordObject *r, PyObject *outcome)
+{
+    if (r->finished) {
+        Py_RETURN_NONE;
+    }
+    PyObject *args[2] = {(PyObject *)r, outcome};
+    return call_helper(s_close_record, args, 2);
+}
+
+static PyObject *
+wrapper_close(WrapperObject *self, PyObject *Py_UNUSED(ignored))
+{
+    PyObject *res = PyObject_CallMethodNoArgs(self->coro, s_close);
+    PyObject *exc = res == NULL ? fetch_exc() : NULL;
+    Py_XDECREF(res);
+    /* finally: */
+    PyObject *done = close_record(self->r, CLOSED);
+    if (done == NULL) {
+        PyObject *err = fetch_exc();
+        if (exc != NULL && err != NULL) {
+            PyException_SetContext(err, exc);
+        }
+        exc = err != NULL ? err : exc;
+    }
+    Py_XDECREF(done);
+    if (exc != NULL) {
+        restore_exc(exc);
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static void
+wrapper_finalize(WrapperObject *self)
+{
+    RecordObject *r = self->r;
+    if (r == NULL || r->finished) {
+        return;
+    }
+    PyObject *pending = fetch_exc(); /* a finalizer must leave the current exception alone */
+    PyObject *done = close_record(r, r->first ? CLOSED : NEVER_AWAITED);
+    if (done == NULL) {
+        internal_error("finalizing a call", fetch_exc(), (PyObject *)self);
+    }
+    Py_XDECREF(done);
+    restore_exc(pending);
+}
+
+static int
+wrapper_traverse(WrapperObject *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->coro);
+    Py_VISIT(self->r);
+    return 0;
+}
+
+static int
+wrapper_clear(WrapperObject *self)
+{
+    Py_CLEAR(self->coro);
+    Py_CLEAR(self->r);
+    return 0;
+}
+
+static void
+wrapper_dealloc(WrapperObject *self)
+{
+    if (PyObject_CallFinalizerFromDealloc((PyObject *)self) < 0) {
+        return; /* resurrected */
+    }
+    PyObject_GC_UnTrack(self);
+    Py_TRASHCAN_BEGIN(self, wrapper_dealloc)
+    wrapper_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+    Py_TRASHCAN_END
+}
+
+/* InstrumentedCoroutine(coro, future): a new call of ``future``. */
+static PyObject *
+wrapper_vectorcall(PyObject *type, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (kwnames != NULL && PyTuple_GET_SIZE(kwnames) != 0) {
+        PyErr_SetString(PyExc_TypeError, "InstrumentedCoroutine() takes no keyword arguments");
+        return NULL;
+    }
+    if (nargs != 2) {
+        PyErr_Format(PyExc_TypeError, "InstrumentedCoroutine() takes 2 arguments (%zd given)",
+                     nargs);
+        return NULL;
+    }
+    PyObject *coro = args[0], *future = args[1];
+    long long now;
+    PyObject *stats = field_get(future, FR_STATS);
+    if (stats == NULL) {
+        return NULL;
+    }
+    RecordObject *r = (RecordObject *)RecordType.tp_alloc(&RecordType, 0);
+    if (r == NULL || now_ns(&now) < 0 || record_setup(r, future, stats, now) < 0) {
+        Py_DECREF(stats);
+        Py_XDECREF(r);
+        return NULL;
+    }
+    Py_DECREF(stats);
+    WrapperObject *self = (WrapperObject *)WrapperType.tp_alloc(&WrapperType, 0);
+    if (self == NULL) {
+        Py_DECREF(r);
+        return NULL;
+    }
+    Py_INCREF(coro);
+    self->coro = coro;
+    self->r = r;
+    self->outer = NULL;
+    return (PyObject *)self;
+}
+
+static PyObject *
+wrapper_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    if (kwds != NULL && PyDict_GET_SIZE(kwds) != 0) {
+        PyErr_SetString(PyExc_TypeError, "InstrumentedCoroutine() takes no keyword arguments");
+        return NULL;
+    }
+    return wrapper_vectorcall((PyObject *)type, &PyTuple_GET_ITEM(args, 0),
+                              (size_t)PyTuple_GET_SIZE(args), NULL);
+}
+
+static PyObject *
+wrapper_await(WrapperObject *self)
+{
+    return Py_NewRef(self);
+}
+
+static PyObject *
+wrapper_getattro(WrapperObject *self, PyObject *name)
+{
+    PyObject *res = PyObject_GenericGetAttr((PyObject *)self, name);
+    if (res != NULL || !PyErr_ExceptionMatches(PyExc_AttributeError) || self->coro == NULL) {
+        return res;
+    }
+    /* cr_frame, cr_code, cr_await, cr_running, __name__, __qualname__... of the real one */
+    PyErr_Clear();
+    return PyObject_GetAttr(self->coro, name);
+}
+
+static PyObject *
+wrapper_repr(WrapperObject *self)
+{
+    if (self->coro == NULL) {
+        return PyUnicode_FromString("<asyncflow.InstrumentedCoroutine (cleared)>");
+    }
+    return PyObject_Repr(self->coro);
+}
+
+static PyMethodDef wrapper_methods[] = {
+    {"send", (PyCFunction)(void (*)(void))wrapper_send, METH_FASTCALL, "Poll the call: send a value into it."},
+    {"throw", (PyCFunction)(void (*)(void))wrapper_throw, METH_FASTCALL,
+     "Poll the call: raise an exception inside it."},
+    {"close", (PyCFunction)wrapper_close, METH_NOARGS, "Close the call (GeneratorExit)."},
+    {"__class_getitem__", Py_GenericAlias, METH_O | METH_CLASS, NULL},
+    {NULL},
+};
+
+static PyMemberDef wrapper_members[] = {
+    {"_coro", T_OBJECT, offsetof(WrapperObject, coro), READONLY, "the wrapped coroutine"},
+    {"_r", T_OBJECT, offsetof(WrapperObject, r), READONLY, "the call's CallRecord"},
+    {NULL},
+};
+
+static PyAsyncMethods wrapper_as_async = {
+    .am_await = (unaryfunc)wrapper_await,
+    .am_send = (sendfunc)wrapper_am_send,
+};
+
+static PyTypeObject WrapperType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "asyncflow.instrument._speedups.InstrumentedCoroutine",
+    .tp_doc = "A tracked call: behaves as the coroutine it wraps, and records each poll "
+              "(the compiled twin of futures.InstrumentedCoroutine).",
+    .tp_basicsize = sizeof(WrapperObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_new = wrapper_new,
+    .tp_vectorcall = wrapper_vectorcall,
+    .tp_dealloc = (destructor)wrapper_dealloc,
+    .tp_finalize = (destructor)wrapper_finalize,
+    .tp_traverse = (traverseproc)wrapper_traverse,
+    .tp_clear = (inquiry)wrapper_clear,
+    .tp_as_async = &wrapper_as_async,
+    .tp_iternext = (iternextfunc)wrapper_iternext,
+    .tp_getattro = (getattrofunc)wrapper_getattro,
+    .tp_repr = (reprfunc)wrapper_repr,
+    .tp_methods = wrapper_methods,
+    .tp_members = wrapper_members,
+};
+
+/* ---- FutureFunction.__call__ ---------------------------------------------------------------- */
+
+/* What futures.FutureFunction.__call__ does, without a Python frame: call the decorated function
+ * and, while a profiler runs, wrap the coroutine it returns. Installed as FutureFunction's
+ * __call__ by futures.py; it binds like a function (a method descriptor). */
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+} FutureCallObject;
+
+static PyObject *
+future_call_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf,
+                       PyObject *kwnames)
+{
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (nargs < 1) {
+        PyErr_SetString(PyExc_TypeError, "FutureFunction.__call__() needs the FutureFunction");
+        return NULL;
+    }
+    PyObject *self = args[0];
+    PyObject *fn = PyObject_GetAttr(self, s_wrapped); /* coro = self.__wrapped__(*args, **kw) */
+    if (fn == NULL) {
+        return NULL;
+    }
+    PyObject *coro = PyObject_Vectorcall(fn, args + 1, (size_t)(nargs - 1), kwnames);
+    Py_DECREF(fn);
+    if (coro == NULL) {
+        return NULL;
+    }
+    PyObject *active = PyDict_GetItemWithError(session_dict, s_active); /* borrowed */
+    if (active == NULL || active == Py_None) { /* nobody listens */
+        if (active == NULL && PyErr_Occurred()) {
+            Py_DECREF(coro);
+            return NULL;
+        }
+        return coro;
+    }
+    PyObject *record = PyObject_GetAttr(self, s_future_record);
+    PyObject *cls = record == NULL ? NULL : PyDict_GetItemWithError(futures_dict, s_wrapper_name);
+    PyObject *res = NULL;
+    if (cls != NULL) {
+        PyObject *wargs[2] = {coro, record};
+        res = cls == (PyObject *)&WrapperType ? wrapper_vectorcall(cls, wargs, 2, NULL)
+                                              : PyObject_Vectorcall(cls, wargs, 2, NULL);
+    }
+    else if (record != NULL && !PyErr_Occurred()) {
+        PyErr_SetString(PyExc_RuntimeError, "asyncflow: futures.InstrumentedCoroutine is missing");
+    }
+    Py_XDECREF(record);
+    Py_DECREF(coro);
+    return res;
+}
+
+static PyObject *
+future_call_get(PyObject *self, PyObject *obj, PyObject *type)
+{
+    if (obj == NULL || obj == Py_None) {
+        return Py_NewRef(self);
+    }
+    return PyMethod_New(self, obj);
+}
+
+static PyObject *
+future_call_repr(PyObject *self)
+{
+    return PyUnicode_FromString("<asyncflow compiled FutureFunction.__call__>");
+}
+
+static PyTypeObject FutureCallType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "asyncflow.instrument._speedups.FutureCall",
+    .tp_doc = "FutureFunction.__call__ on the compiled path: call the function and track the "
+              "coroutine it returns.",
+    .tp_basicsize = sizeof(FutureCallObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_METHOD_DESCRIPTOR,
+    .tp_vectorcall_offset = offsetof(FutureCallObject, vectorcall),
+    .tp_call = PyVectorcall_Call,
+    .tp_descr_get = future_call_get,
+    .tp_repr = future_call_repr,
+};
+
+/* ---- module functions ----------------------------------------------------------------------- */
+
+static PyObject *
+get_global(PyObject *dict, const char *name)
+{
+    PyObject *v = PyDict_GetItemString(dict, name);
+    if (v == NULL) {
+        PyErr_Format(PyExc_RuntimeError, "asyncflow: %s is missing", name);
+        return NULL;
+    }
+    return Py_NewRef(v);
+}
+
+PyDoc_STRVAR(setup_doc, "setup(futures_namespace, clock_namespace, session_namespace)\n--\n\n"
+                        "Connect the compiled hot path to futures.py's helpers and state.");
+
+static PyObject *
+mod_setup(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3 || !PyDict_Check(args[0]) || !PyDict_Check(args[1]) ||
+        !PyDict_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "setup() takes three namespaces (dicts)");
+        return NULL;
+    }
+    PyObject *stats = PyImport_ImportModule("asyncflow.stats");
+    if (stats == NULL) {
+        return NULL;
+    }
+    PyObject *b = PyObject_GetAttrString(stats, "BUCKETS");
+    Py_DECREF(stats);
+    if (b == NULL) {
+        return NULL;
+    }
+    long buckets = PyLong_AsLong(b);
+    Py_DECREF(b);
+    if (buckets != BUCKETS) {
+        PyErr_Format(PyExc_RuntimeError,
+                     "asyncflow: stats.BUCKETS is %ld, the compiled hot path counts %d", buckets,
+                     BUCKETS);
+        return NULL;
+    }
+    PyObject *time = PyImport_ImportModule("time");
+    if (time == NULL) {
+        return NULL;
+    }
+    PyObject *pc = PyObject_GetAttrString(time, "perf_counter_ns");
+    Py_DECREF(time);
+    if (pc == NULL) {
+        return NULL;
+    }
+    Py_XSETREF(perf_counter_ns, pc);
+    Py_XSETREF(futures_dict, Py_NewRef(args[0]));
+    Py_XSETREF(clock_dict, Py_NewRef(args[1]));
+    Py_XSETREF(session_dict, Py_NewRef(args[2]));
+    PyObject *ids = get_global(futures_dict, "_call_ids");
+    PyObject *ready = get_global(futures_dict, "READY");
+    PyObject *returned = get_global(futures_dict, "RETURNED");
+    PyObject *closed = get_global(futures_dict, "CLOSED");
+    PyObject *never = get_global(futures_dict, "NEVER_AWAITED");
+    PyObject *asyncio = get_global(futures_dict, "asyncio");
+    PyObject *cancelled = asyncio ? PyObject_GetAttrString(asyncio, "CancelledError") : NULL;
+    Py_XDECREF(asyncio);
+    if (!ids || !ready || !returned || !closed || !never || !cancelled) {
+        Py_XDECREF(ids);
+        Py_XDECREF(ready);
+        Py_XDECREF(returned);
+        Py_XDECREF(closed);
+        Py_XDECREF(never);
+        Py_XDECREF(cancelled);
+        return NULL;
+    }
+    Py_XSETREF(call_ids, ids);
+    Py_XSETREF(READY, ready);
+    Py_XSETREF(RETURNED, returned);
+    Py_XSETREF(CLOSED, closed);
+    Py_XSETREF(NEVER_AWAITED, never);
+    Py_XSETREF(cancelled_error, cancelled);
+    if (fields_setup(futures_dict, session_dict) < 0) {
+        return NULL;
+    }
+    PyObject *grl = get_global(futures_dict, "_get_running_loop");
+    PyObject *tasks = get_global(futures_dict, "_current_tasks");
+    PyObject *loops = get_global(futures_dict, "loops");
+    asyncio = get_global(futures_dict, "asyncio");
+    PyObject *ct = asyncio ? PyObject_GetAttrString(asyncio, "current_task") : NULL;
+    Py_XDECREF(asyncio);
+    if (!grl || !tasks || !loops || !ct || !PyModule_Check(loops)) {
+        Py_XDECREF(grl);
+        Py_XDECREF(tasks);
+        Py_XDECREF(loops);
+        Py_XDECREF(ct);
+        if (!PyErr_Occurred()) {
+            PyErr_SetString(PyExc_RuntimeError, "asyncflow: futures.loops is not a module");
+        }
+        return NULL;
+    }
+    Py_XSETREF(get_running_loop, grl);
+    if (PyDict_Check(tasks)) {
+        Py_XSETREF(current_tasks, tasks);
+    }
+    else {
+        Py_CLEAR(current_tasks);
+        Py_DECREF(tasks);
+    }
+    Py_XSETREF(current_task, ct);
+    Py_XSETREF(loops_dict, Py_NewRef(PyModule_GetDict(loops)));
+    Py_XSETREF(loops_module, loops);
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(running_calls_doc,
+             "running_calls(thread_id) -> (inner, outer)\n--\n\n"
+             "The innermost and the outermost tracked calls being polled on a thread now (their "
+             "CallRecords), or (None, None).");
+
+static PyObject *
+mod_running_calls(PyObject *module, PyObject *arg)
+{
+    unsigned long ident = PyLong_AsUnsignedLong(arg);
+    if (ident == (unsigned long)-1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    PyInterpreterState *interp = PyInterpreterState_Get();
+    WrapperObject *inner = NULL;
+    for (PyThreadState *ts = PyInterpreterState_ThreadHead(interp); ts != NULL;
+         ts = PyThreadState_Next(ts)) {
+        if (ts->thread_id != ident || ts->dict == NULL) {
+            continue;
+        }
+        PyObject *slot = PyDict_GetItemWithError(ts->dict, s_slot_key);
+        if (slot == NULL && PyErr_Occurred()) {
+            return NULL;
+        }
+        if (slot != NULL && Py_IS_TYPE(slot, &SlotType)) {
+            inner = ((SlotObject *)slot)->inner;
+        }
+        break;
+    }
+    if (inner == NULL) {
+        return Py_BuildValue("(OO)", Py_None, Py_None);
+    }
+    WrapperObject *outer = inner;
+    while (outer->outer != NULL) {
+        outer = outer->outer;
+    }
+    return Py_BuildValue("(OO)", inner->r ? (PyObject *)inner->r : Py_None,
+                         outer->r ? (PyObject *)outer->r : Py_None);
+}
+
+static PyObject *
+mod_bucket_of(PyObject *module, PyObject *arg)
+{
+    long long ns = PyLong_AsLongLong(arg);
+    if (ns == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    return PyLong_FromSsize_t(bucket_of(ns));
+}
+
+static PyObject *
+mod_now_ns(PyObject *module, PyObject *Py_UNUSED(ignored))
+{
+    long long ns;
+    if (now_ns(&ns) < 0) {
+        return NULL;
+    }
+    return PyLong_FromLongLong(ns);
+}
+
+static PyObject *
+mod_clock_read_cost(PyObject *module, PyObject *arg)
+{
+    long n = PyLong_AsLong(arg);
+    if (n <= 0) {
+        if (!PyErr_Occurred()) {
+            PyErr_SetString(PyExc_ValueError, "clock_read_cost(n) needs n > 0");
+        }
+        return NULL;
+    }
+    struct timespec a, b, ts;
+    volatile long long sink = 0;
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    for (long i = 0; i < n; i++) {
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        sink += ts.tv_nsec;
+    }
+    clock_gettime(CLOCK_MONOTONIC, &b);
+    (void)sink;
+    double spent = (double)(b.tv_sec - a.tv_sec) * 1e9 + (double)(b.tv_nsec - a.tv_nsec);
+    return PyFloat_FromDouble(spent / (double)n);
+}
+
+static PyMethodDef module_methods[] = {
+    {"setup", (PyCFunction)(void (*)(void))mod_setup, METH_FASTCALL, setup_doc},
+    {"running_calls", (PyCFunction)mod_running_calls, METH_O, running_calls_doc},
+    {"bucket_of", (PyCFunction)mod_bucket_of, METH_O,
+     "bucket_of(ns): the histogram bucket (as asyncflow.stats.bucket_of) the hot path bumps."},
+    {"clock_read_cost", (PyCFunction)mod_clock_read_cost, METH_O,
+     "clock_read_cost(n): the mean cost in ns of one monotonic clock read in C, over n reads "
+     "(the floor the benchmarks compare the hot path with)."},
+    {"now_ns", (PyCFunction)mod_now_ns, METH_NOARGS,
+     "now_ns(): asyncflow.clock.now_ns() as the hot path reads it (after setup())."},
+    {NULL},
+};
+
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "asyncflow.instrument._speedups",
+    .m_doc = "asyncflow's compiled hot path: the coroutine wrapper and its per-call record.",
+    .m_size = -1,
+    .m_methods = module_methods,
+};
+
+#define INTERN(var, text)                                                                      \
+    do {                                                                                       \
+        var = PyUnicode_InternFromString(text);                                                \
+        if (var == NULL) {                                                                     \
+            return NULL;                                                                       \
+        }                                                                                      \
+    } while (0)
+
+PyMODINIT_FUNC
+PyInit__speedups(void)
+{
+    INTERN(s_now_ns, "now_ns");
+    INTERN(s_stats, "stats");
+    INTERN(s_poll_hist, "poll_hist");
+    INTERN(s_live, "live");
+    INTERN(s_created, "created");
+    INTERN(s_send, "send");
+    INTERN(s_throw, "throw");
+    INTERN(s_close, "close");
+    INTERN(s_first_poll, "_first_poll");
+    INTERN(s_finish_poll, "_finish_poll");
+    INTERN(s_cancel_requested, "_cancel_requested");
+    INTERN(s_normalize_throw, "_normalize_throw");
+    INTERN(s_close_record, "_close_record");
+    INTERN(s_session, "_session");
+    INTERN(s_internal_error, "internal_error");
+    INTERN(s_log_result, "log_result");
+    INTERN(s_returned, "returned");
+    INTERN(s_polls_done, "polls_done");
+    INTERN(s_busy_done, "busy_done");
+    INTERN(s_idle_done, "idle_done");
+    INTERN(s_max_poll_done, "max_poll_done");
+    INTERN(s_active, "active");
+    INTERN(s_finished, "finished");
+    INTERN(s_appended, "appended");
+    INTERN(s_append, "append");
+    INTERN(s_get_running_loop, "_get_running_loop");
+    INTERN(s_loops, "loops");
+    INTERN(s_last_key, "last_key");
+    INTERN(s_see, "see");
+    INTERN(s_current_tasks, "_current_tasks");
+    INTERN(s_asyncio, "asyncio");
+    INTERN(s_current_task, "current_task");
+    INTERN(s_get_name, "get_name");
+    INTERN(s_wrapped, "__wrapped__");
+    INTERN(s_future_record, "future_record");
+    INTERN(s_wrapper_name, "InstrumentedCoroutine");
+    INTERN(s_slot_key, "asyncflow.running_call");
+    for (Py_ssize_t i = 0; i < BUCKETS; i++) {
+        bucket_ints[i] = PyLong_FromSsize_t(i);
+        if (bucket_ints[i] == NULL) {
+            return NULL;
+        }
+    }
+    if (PyType_Ready(&RecordType) < 0 || PyType_Ready(&WrapperType) < 0 ||
+        PyType_Ready(&SlotType) < 0 || PyType_Ready(&FutureCallType) < 0) {
+        return NULL;
+    }
+    FutureCallObject *future_call = PyObject_New(FutureCallObject, &FutureCallType);
+    if (future_call == NULL) {
+        return NULL;
+    }
+    future_call->vectorcall = future_call_vectorcall;
+    PyObject *m = PyModule_Create(&module_def);
+    if (m == NULL) {
+        return NULL;
+    }
+    if (PyModule_AddObjectRef(m, "CallRecord", (PyObject *)&RecordType) < 0 ||
+        PyModule_AddObjectRef(m, "InstrumentedCoroutine", (PyObject *)&WrapperType) < 0 ||
+        PyModule_AddIntConstant(m, "BUCKETS", BUCKETS) < 0 ||
+        PyModule_AddObjectRef(m, "future_call", (PyObject *)future_call) < 0) {
+        Py_DECREF(future_call);
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_DECREF(future_call);
+    return m;
+}

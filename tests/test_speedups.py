@@ -1,0 +1,550 @@
+"""The compiled hot path (asyncflow/instrument/_speedups.c) against its pure-Python reference.
+
+The same scenarios drive calls through both implementations of ``InstrumentedCoroutine`` on a
+fake clock, and everything either records (every field of the call's record and of its future's
+stats, the poll histogram) and everything the program observes (results, exceptions, warnings)
+must be equal. The rest of the suite runs on whichever path was chosen at import; ``.ci/run``
+runs it on both. Tests that need the compiled module skip where it was not built.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import os
+import subprocess
+import sys
+import threading
+import types
+import warnings
+from collections.abc import Callable, Coroutine, Generator
+from typing import Any
+
+import pytest
+
+import asyncflow
+from asyncflow import stats
+from asyncflow.clock import FakeClock
+from asyncflow.instrument import futures
+from asyncflow.instrument.futures import FutureRecord, call_field, call_state
+
+compiled = pytest.mark.skipif(
+    futures._speedups is None,
+    reason="the compiled hot path is not built here, or ASYNCFLOW_NO_EXTENSIONS=1",
+)
+
+Wrap = Callable[[Coroutine[Any, Any, Any]], Any]
+
+_RECORD_FIELDS = ("polls", "busy", "max", "last", "start")
+_OPTIONAL_FIELDS = (
+    "outcome",
+    "exc_type",
+    "exc_message",
+    "result",
+    "cancel_requests",
+    "cancel_to_end",
+    "cancel_outcome",
+)
+_STATS_FIELDS = (
+    "created",
+    "returned",
+    "raised",
+    "cancelled",
+    "closed",
+    "never_awaited",
+    "cancel_requested",
+    "cancel_swallowed",
+    "cancel_raised",
+    "max_cancel_to_end",
+    "polls_done",
+    "busy_done",
+    "idle_done",
+    "max_poll_done",
+)
+
+
+def _record(r: Any, origin: int) -> dict[str, Any]:
+    """Every field of a call's record, times relative to ``origin``."""
+    seen: dict[str, Any] = {name: getattr(r, name) for name in _RECORD_FIELDS}
+    for name in ("created", "first", "finished", "cancel_at"):
+        value = getattr(r, name)
+        seen[name] = value - origin if value else 0
+    seen.update((name, call_field(r, name)) for name in _OPTIONAL_FIELDS)
+    seen["state"] = call_state(r)
+    seen["has_task"] = call_field(r, "task") is not None
+    return seen
+
+
+def _future_stats(future: FutureRecord) -> dict[str, Any]:
+    st = future.stats
+    seen: dict[str, Any] = {name: getattr(st, name) for name in _STATS_FIELDS}
+    seen["poll_hist"] = {b: n for b, n in st.poll_hist.items() if n}
+    seen["live"] = len(st.live)
+    return seen
+
+
+Scenario = Callable[[Wrap, FakeClock], Coroutine[Any, Any, list[Any]]]
+SCENARIOS: list[Scenario] = []
+
+
+def scenario(fn: Scenario) -> Scenario:
+    SCENARIOS.append(fn)
+    return fn
+
+
+@scenario
+async def returns_after_polls(wrap: Wrap, clock: FakeClock) -> list[Any]:
+    async def work(n: int) -> int:
+        for _ in range(n):
+            clock.advance(70)
+            await asyncio.sleep(0)
+        clock.advance(100_000)  # beyond the small buckets
+        return n * 2
+
+    task = asyncio.create_task(wrap(work(3)))
+    clock.advance(5)
+    return [await task, await wrap(work(0))]
+
+
+@scenario
+async def raises(wrap: Wrap, clock: FakeClock) -> list[Any]:
+    async def fails() -> None:
+        clock.advance(30)
+        await asyncio.sleep(0)
+        clock.advance(40)
+        raise LookupError("no such key " * 30)
+
+    try:
+        await wrap(fails())
+    except LookupError as exc:
+        return [type(exc).__name__, len(str(exc))]
+    return ["no error"]
+
+
+@scenario
+async def cancelled_by_its_task(wrap: Wrap, clock: FakeClock) -> list[Any]:
+    async def sleeper() -> None:
+        await asyncio.sleep(3600)
+
+    task = asyncio.create_task(wrap(sleeper()))
+    await asyncio.sleep(0)
+    clock.advance(10)
+    task.cancel("why")
+    clock.advance(20)
+    try:
+        await task
+    except asyncio.CancelledError as exc:
+        return [exc.args, task.cancelled()]
+    return ["not cancelled"]
+
+
+@scenario
+async def swallows_cancellation(wrap: Wrap, clock: FakeClock) -> list[Any]:
+    async def stubborn() -> str:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            clock.advance(9)
+            return "swallowed"
+        return "slept"
+
+    task = asyncio.create_task(wrap(stubborn()))
+    await asyncio.sleep(0)
+    task.cancel()
+    return [await task, task.cancelling()]
+
+
+@scenario
+async def timeout_raises_something_else(wrap: Wrap, clock: FakeClock) -> list[Any]:
+    async def slow() -> None:
+        async with asyncio.timeout(0):
+            await asyncio.sleep(3600)
+
+    try:
+        await wrap(slow())
+    except TimeoutError:
+        return ["timed out"]
+    return ["no timeout"]
+
+
+@scenario
+async def closed_and_never_awaited(wrap: Wrap, clock: FakeClock) -> list[Any]:
+    async def hang() -> None:
+        await asyncio.Event().wait()
+
+    started = wrap(hang())
+    started.send(None)
+    clock.advance(3)
+    started.close()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        forgotten = wrap(hang())
+        del forgotten
+        gc.collect()
+    return [[str(w.message).split("'")[0] for w in caught]]
+
+
+@scenario
+async def driven_by_hand(wrap: Wrap, clock: FakeClock) -> list[Any]:
+    async def two_steps() -> tuple[int, int]:
+        got = await asyncio.sleep(0, result=5)
+        return got, 7
+
+    seen: list[Any] = []
+    w = wrap(two_steps())
+    seen.append(w.send(None))  # sleep(0) yields None to its driver
+    try:
+        w.send(None)
+    except StopIteration as stop:
+        seen.append(stop.value)
+    try:
+        w.send(None)
+    except RuntimeError as exc:  # "cannot reuse already awaited coroutine"
+        seen.append(str(exc))
+    w2 = wrap(two_steps())
+    seen.append(next(w2))
+    try:
+        next(w2)
+    except StopIteration as stop:
+        seen.append(stop.value)
+    return seen
+
+
+@scenario
+async def thrown_into(wrap: Wrap, clock: FakeClock) -> list[Any]:
+    async def catcher() -> str:
+        try:
+            await asyncio.sleep(0)
+        except KeyError as exc:
+            await asyncio.sleep(0)
+            return f"caught {exc!r}"
+        return "nothing"
+
+    seen: list[Any] = []
+    w = wrap(catcher())
+    w.send(None)
+    seen.append(w.throw(KeyError("one")))  # caught: it suspends again
+    try:
+        w.send(None)
+    except StopIteration as stop:
+        seen.append(stop.value)
+    w = wrap(catcher())
+    w.send(None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # throw(typ, val) on 3.12+
+        seen.append(w.throw(KeyError, "legacy"))
+    w.close()
+    w = wrap(catcher())
+    try:
+        w.throw(ValueError)  # before the first poll: it never starts
+    except ValueError as exc:
+        seen.append(repr(exc))
+    return seen
+
+
+@scenario
+async def logs_its_result(wrap: Wrap, clock: FakeClock) -> list[Any]:
+    async def answer() -> str:
+        return "x" * 300
+
+    return [len(await wrap(answer()))]
+
+
+@scenario
+async def not_a_native_coroutine(wrap: Wrap, clock: FakeClock) -> list[Any]:
+    """Generator-based coroutines, and an object registered as a Coroutine whose ``__next__``
+    differs from ``send(None)``: both wrappers use ``send``."""
+
+    @types.coroutine
+    def legacy() -> Generator[Any, None, int]:
+        yield
+        return 42
+
+    class Odd(Coroutine[Any, Any, str]):
+        def __init__(self) -> None:
+            self.sent: list[Any] = []
+
+        def send(self, value: Any) -> Any:
+            self.sent.append(value)
+            if len(self.sent) > 1:
+                raise StopIteration("odd done")
+            return None
+
+        def throw(self, *args: Any) -> Any:
+            raise args[0]
+
+        def close(self) -> None:
+            pass
+
+        def __next__(self) -> Any:
+            raise AssertionError("__next__ is not how the wrapper polls")
+
+        def __await__(self) -> Generator[Any, None, str]:
+            raise AssertionError("not awaited directly")
+
+    odd = Odd()
+    return [await wrap(legacy()), await wrap(odd), odd.sent]
+
+
+def _drive(impl: Any, scn: Scenario, log_result: bool) -> tuple[list[Any], list[Any], Any]:
+    clock = FakeClock()
+    previous = asyncflow.clock.set_clock(clock)
+    try:
+        future = FutureRecord("scn", "m:scn", "m.py", 1, log_result, "decorator")
+        calls: list[Any] = []
+
+        def wrap(coro: Coroutine[Any, Any, Any]) -> Any:
+            w = impl(coro, future)
+            calls.append(w._r)
+            return w
+
+        async def main() -> list[Any]:
+            with asyncflow.profile("parity", format="none"):
+                return await scn(wrap, clock)
+
+        seen = asyncio.run(main())
+        origin = FakeClock()()
+        return seen, [_record(r, origin) for r in calls], _future_stats(future)
+    finally:
+        asyncflow.clock.set_clock(previous)
+
+
+@compiled
+@pytest.mark.parametrize("log_result", [False, True])
+@pytest.mark.parametrize("scn", SCENARIOS, ids=lambda s: s.__name__)
+def test_same_records_as_the_reference(scn: Scenario, log_result: bool) -> None:
+    python = _drive(futures.InstrumentedCoroutinePy, scn, log_result)
+    c = _drive(futures._speedups.InstrumentedCoroutine, scn, log_result)
+    assert c[0] == python[0]  # what the program saw
+    assert c[1] == python[1]  # every call's record
+    assert c[2] == python[2]  # the future's stats and poll histogram
+    assert python[1] and all(r["state"] != "running" for r in python[1])
+
+
+def test_the_implementation_is_chosen_at_import() -> None:
+    if futures.accelerated:
+        assert futures.InstrumentedCoroutine is futures._speedups.InstrumentedCoroutine
+        assert futures.CallRecord is futures._speedups.CallRecord
+        assert futures.running_on_thread is not None
+    else:
+        assert futures.InstrumentedCoroutine is futures.InstrumentedCoroutinePy
+        assert futures.CallRecord is futures.CallRecordPy
+        assert futures.running_on_thread is None
+    assert futures.InstrumentedCoroutine.__name__ == "InstrumentedCoroutine"
+
+
+def test_no_extensions_forces_the_pure_python_path() -> None:
+    code = (
+        "import asyncflow, asyncio\n"
+        "from asyncflow.instrument import futures\n"
+        "async def main():\n"
+        "    with asyncflow.profile('x', format='none') as p:\n"
+        "        return futures.accelerated, p.snapshot().status.accelerated\n"
+        "print(asyncio.run(main()))\n"
+    )
+    env = {**os.environ, "ASYNCFLOW_NO_EXTENSIONS": "1", "ASYNCFLOW_PORT": "0"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "(False, False)"
+
+
+async def test_status_says_which_path_records(prof: asyncflow.Profiler) -> None:
+    assert prof.snapshot().status.accelerated is futures.accelerated
+
+
+@compiled
+def test_bucket_of_matches_the_histograms() -> None:
+    values = [*range(-3, 4_200), *(1 << k for k in range(63)), *((1 << k) - 1 for k in range(63))]
+    values += [int(1.37**k) for k in range(130)]
+    for ns in values:
+        assert futures._speedups.bucket_of(ns) == stats.bucket_of(ns), ns
+    assert futures._speedups.BUCKETS == stats.BUCKETS
+
+
+@compiled
+def test_the_clock_is_the_profilers_clock(fake_clock: FakeClock) -> None:
+    assert futures._speedups.now_ns() == fake_clock()
+    fake_clock.advance(12)
+    assert futures._speedups.now_ns() == fake_clock()
+
+
+@compiled
+def test_the_real_clock_is_perf_counter_ns() -> None:
+    import time
+
+    before = time.perf_counter_ns()
+    read = futures._speedups.now_ns()
+    after = time.perf_counter_ns()
+    assert before <= read <= after
+
+
+@compiled
+async def test_the_wrapper_looks_like_the_coroutine_it_wraps(prof: asyncflow.Profiler) -> None:
+    async def named() -> None:
+        await asyncio.sleep(0)
+
+    coro = named()
+    w: Any = asyncflow.instrument(coro)
+    assert type(w) is futures._speedups.InstrumentedCoroutine
+    assert w._coro is coro and isinstance(w._r, futures._speedups.CallRecord)
+    seen_as: object = w
+    assert asyncio.iscoroutine(seen_as) and isinstance(seen_as, Coroutine)
+    assert (w.__name__, w.__qualname__, w.cr_code) == (
+        coro.__name__,
+        coro.__qualname__,
+        coro.cr_code,
+    )
+    assert repr(w) == repr(coro) and w.cr_frame is coro.cr_frame
+    assert w.__await__() is w
+    assert futures.InstrumentedCoroutine[int] is not None  # subscriptable, as the Python class
+    with pytest.raises(AttributeError):
+        w._coro = None
+    with pytest.raises(AttributeError):
+        _ = w.no_such_attribute
+    await w
+
+
+@compiled
+def test_a_record_made_from_python_registers_as_the_reference_does() -> None:
+    future = FutureRecord("r", "m:r", "m.py", 1, False, "decorator")
+    r = futures._speedups.CallRecord(future, future.stats, 123)
+    assert future.stats.live == {r.call_id: r} and future.stats.created == 1
+    assert (r.created, r.polls, r.first, r.future, r.hist) == (123, 0, 0, future, {})
+    assert call_field(r, "outcome") is None
+    r.state = "ready"
+    assert r.state == "ready"
+    with pytest.raises(TypeError):
+        r.polls = "many"
+
+
+@compiled
+async def test_the_running_slot_names_the_calls_being_polled(prof: asyncflow.Profiler) -> None:
+    assert futures.running_on_thread is not None
+    me = threading.get_ident()
+    seen: list[tuple[Any, Any]] = []
+
+    @asyncflow.future
+    async def inner() -> None:
+        seen.append(futures.running_on_thread(me))  # type: ignore[misc]
+
+    @asyncflow.future
+    async def outer() -> None:
+        await inner()
+        seen.append(futures.running_on_thread(me))  # type: ignore[misc]
+
+    task = asyncio.create_task(outer())
+    await task
+    (inner_now, outer_now), (alone, also_alone) = seen
+    assert outer_now is alone is also_alone and inner_now is not alone
+    assert call_field(inner_now, "outcome") == "returned"
+    assert "outer" in alone.future.label and "inner" in inner_now.future.label
+    assert futures.running_on_thread(me) == (None, None)  # nothing polled now (no call runs us)
+    assert futures.running_on_thread(0) == (None, None)
+
+
+@compiled
+def test_the_running_slot_of_another_thread(prof: asyncflow.Profiler) -> None:
+    assert futures.running_on_thread is not None
+    entered, release = threading.Event(), threading.Event()
+
+    @asyncflow.future(name="blocker")
+    async def blocker() -> None:
+        entered.set()
+        release.wait(30)  # blocks its loop: what the monitor looks for
+
+    thread = threading.Thread(target=asyncio.run, args=(blocker(),))
+    thread.start()
+    try:
+        assert entered.wait(30)
+        assert thread.ident is not None
+        inner, outer = futures.running_on_thread(thread.ident)
+        assert inner is outer and inner.future.label == "blocker" and inner.start
+        from asyncflow import monitor
+
+        _, m_inner, m_outer = monitor.running_calls(thread.ident)
+        assert m_inner is inner and m_outer is outer
+    finally:
+        release.set()
+        thread.join(30)
+    assert futures.running_on_thread(thread.ident) == (None, None)  # the thread is gone
+
+
+@compiled
+def test_no_reference_is_leaked_on_any_path(prof: asyncflow.Profiler) -> None:
+    """Every path (return, raise, cancel, close, throw, never awaited) leaves the reference
+    counts of what passed through it, and the number of live objects, as they were."""
+    result, error = object(), KeyError("k")
+
+    async def returns() -> object:
+        await asyncio.sleep(0)
+        return result
+
+    async def raises() -> None:
+        await asyncio.sleep(0)
+        raise error
+
+    async def hangs() -> None:
+        await asyncio.Event().wait()
+
+    async def rounds(n: int) -> None:
+        for _ in range(n):
+            assert await asyncflow.instrument(returns()) is result
+            with contextlib.suppress(KeyError):
+                await asyncflow.instrument(raises())
+            task = asyncio.create_task(asyncflow.instrument(hangs()))
+            await asyncio.sleep(0)
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            w = asyncflow.instrument(hangs())
+            w.send(None)
+            with contextlib.suppress(KeyError):
+                w.throw(error)
+            w = asyncflow.instrument(hangs())
+            w.send(None)
+            w.close()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                forgotten = asyncflow.instrument(hangs())
+                del forgotten
+
+    def counts() -> tuple[int, int, int]:
+        prof.snapshot()  # the collector folds every finished call: only the recent ones stay
+        gc.collect()
+        return sys.getrefcount(result), sys.getrefcount(error), len(gc.get_objects())
+
+    asyncio.run(rounds(50))  # warm up: caches, interned ints, the histogram's buckets
+    error.__traceback__ = None
+    before = counts()
+    asyncio.run(rounds(500))
+    error.__traceback__ = None
+    after = counts()
+    assert after[:2] == before[:2]
+    assert after[2] - before[2] < 200, (before, after)  # 3,000 calls: none of them kept
+
+
+@pytest.mark.parametrize(
+    ("value", "forced"),
+    [("", False), ("0", False), ("no", False), ("1", True), ("yes", True), (" ON ", True)],
+)
+def test_no_extensions_is_read_like_every_switch(value: str, forced: bool) -> None:
+    assert asyncflow.config.no_extensions({"ASYNCFLOW_NO_EXTENSIONS": value}) is forced
+    assert asyncflow.config.no_extensions({}) is False
+
+
+def test_the_report_header_says_when_the_python_path_recorded() -> None:
+    from asyncflow.report import render_table
+    from asyncflow.schema import FuturesDocument, ProfilerStatus, Snapshot
+
+    def header(accelerated: bool | None) -> str:
+        status = ProfilerStatus(
+            1, "svc", "0", 1, "3.11", 10**9, False, 0, 0, 0, None, 0, 0, 0, 0, accelerated
+        )
+        snap = Snapshot(1, status, FuturesDocument(1, 0, 0, 0, []))
+        return render_table(snap, (50.0,), limit=0).splitlines()[0]
+
+    assert header(False).endswith(" · pure-Python hot path")
+    assert "pure-Python" not in header(True) and "pure-Python" not in header(None)
