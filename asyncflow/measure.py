@@ -1,0 +1,415 @@
+"""Timing plain and async functions and blocks: ``@measure`` and ``measure_block(name)``.
+
+The mechanism only: each measured call reads the clock on entry and exit, keeps the nesting of
+measured calls per thread of control, and hands the finished span to the recording interface
+(:mod:`asyncflow.recording`), whose collector implementation aggregates it.
+
+What is measured, and how it is attributed:
+
+- **Total time** is wall time from entry to return (or raise). For an ``async`` function that is
+  from the start of the call to its completion, awaits included: the time a caller waits for it,
+  not the CPU it used (the ``futures`` document has busy time per poll).
+- **Self time** is total time minus the total time of the measured calls and blocks nested in
+  it *in the same thread of control*: the same task for code running in a task, the same thread
+  otherwise. Work a measured coroutine hands to another task or to an executor thread runs
+  beside it, not inside it, and is not subtracted.
+- **Recursion** is counted once per outermost call: a call of a function (or block name) that is
+  already open in the same thread of control is part of the outer call and is not counted again.
+- **Errors**: a call that raised counts once in ``errors``, by exception type (including
+  ``CancelledError``); it is still a call, with its time.
+
+With no profiler running (and no recorder of the user's, see :mod:`asyncflow.recording`), a
+measured function costs one function call and one check; calls started while one runs are
+recorded as soon as it starts. Names are bounded: past ``MAX_NAMES`` distinct labels, new ones
+are counted together under ``"(other names)"``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import itertools
+import sys
+import threading
+from collections.abc import Awaitable, Callable
+from types import TracebackType
+from typing import Any, ParamSpec, TypeVar, overload
+
+from asyncflow import clock as _clock
+from asyncflow import config as _config
+from asyncflow import recording as _recording
+from asyncflow.instrument import _session
+
+__all__ = ["MAX_NAMES", "OTHER_NAMES", "Site", "measure", "measure_block", "sites"]
+
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+
+#: Distinct measured labels kept; past it, new labels are counted under OTHER_NAMES.
+MAX_NAMES = 1024
+OTHER_NAMES = "(other names)"
+
+_site_ids = itertools.count(1)
+
+
+class Site:
+    """What is measured: one function or block label, and the collector's figures for it."""
+
+    __slots__ = (
+        "file",
+        "folded",
+        "id",
+        "is_async",
+        "kind",
+        "line",
+        "lock",
+        "name",
+        "source",
+        "stats",
+    )
+
+    def __init__(self, name: str, kind: str, source: str, file: str, line: int, is_async: bool):
+        self.id = next(_site_ids)
+        self.name = name
+        #: "function", "block", or "other" (the labels past MAX_NAMES)
+        self.kind = kind
+        self.source = source
+        self.file = file
+        self.line = line
+        self.is_async = is_async
+        #: held while the collector's recorder updates ``stats`` (exact counts across threads)
+        self.lock = threading.Lock()
+        #: the collector's aggregate (recording.FunctionStats) of the current session, or None
+        self.stats: Any = None
+        #: labels counted here because the table was full (only on the OTHER_NAMES site)
+        self.folded = 0
+
+    def __repr__(self) -> str:
+        return f"<asyncflow.measure.Site {self.name!r} {self.kind}>"
+
+
+_sites_lock = threading.Lock()
+_sites: dict[str, Site] = {}
+_other: Site | None = None
+
+
+def _site(name: str, kind: str, source: str, file: str, line: int, is_async: bool) -> Site:
+    site = _sites.get(name)
+    if site is not None:
+        return site
+    global _other
+    with _sites_lock:
+        site = _sites.get(name)
+        if site is not None:
+            return site
+        if len(_sites) < MAX_NAMES:
+            site = _sites[name] = Site(name, kind, source, file, line, is_async)
+            return site
+        if _other is None:
+            _other = Site(OTHER_NAMES, "other", "?", "?", 0, False)
+        _other.folded += 1
+        return _other
+
+
+def sites() -> list[Site]:
+    """Every measured label, oldest first, then the one that counts labels past MAX_NAMES."""
+    with _sites_lock:
+        out = list(_sites.values())
+        if _other is not None:
+            out.append(_other)
+        return out
+
+
+# -- threads of control ---------------------------------------------------------------------------
+
+_get_running_loop = asyncio._get_running_loop
+_get_ident = threading.get_ident
+_tasks_now: dict[Any, Any] | None = getattr(asyncio.tasks, "_current_tasks", None)
+if not isinstance(_tasks_now, dict):  # pragma: no cover - an asyncio that keeps it elsewhere
+    _tasks_now = None
+
+
+def _flow_key() -> object:
+    """The thread of control running now: the current task, or the thread outside a task."""
+    loop = _get_running_loop()
+    if loop is not None:
+        task = _tasks_now.get(loop) if _tasks_now is not None else asyncio.current_task(loop)
+        if task is not None:
+            return task
+    return _get_ident()
+
+
+#: thread of control -> its open measured calls, outermost first; each is [site, child_ns].
+#: An entry is removed when its last call ends, so a finished task is not kept alive.
+_open: dict[object, list[list[Any]]] = {}
+
+
+def _enter(site: Site) -> tuple[object, list[list[Any]], list[Any]] | None:
+    """Open a measured call of ``site``; None when it is a recursive call (not counted)."""
+    key = _flow_key()
+    stack = _open.get(key)
+    if stack is None:
+        stack = _open[key] = []
+    else:
+        for frame in stack:
+            if frame[0] is site:
+                return None
+    frame = [site, 0]
+    stack.append(frame)
+    return key, stack, frame
+
+
+def _exit(
+    key: object,
+    stack: list[list[Any]],
+    frame: list[Any],
+    start: int,
+    error: type[BaseException] | None,
+) -> None:
+    """Close a measured call: attribute its time to the call it is nested in, hand it on."""
+    end = _clock.now_ns()
+    try:
+        if stack and stack[-1] is frame:
+            stack.pop()
+            at = len(stack)
+        else:  # closed out of order (a generator finished elsewhere): find it
+            at = next((i for i, f in enumerate(stack) if f is frame), -1)
+            if at >= 0:
+                del stack[at]
+        if at > 0:
+            stack[at - 1][1] += end - start
+        elif not stack and _open.get(key) is stack:
+            del _open[key]
+        _recording.sink.span(frame[0], start, end, frame[1], error)
+    except Exception as exc:  # observing never breaks the program
+        _session.internal_error("measuring a call", exc)
+
+
+# -- @measure --------------------------------------------------------------------------------------
+
+
+def _wrap_sync(fn: Callable[_P, _T], site: Site) -> Callable[_P, _T]:
+    @functools.wraps(fn)
+    def measured(*args: _P.args, **kwargs: _P.kwargs) -> _T:
+        if _session.active is None and not _recording.users:
+            return fn(*args, **kwargs)  # nobody listens
+        opened = _enter(site)
+        if opened is None:
+            return fn(*args, **kwargs)  # recursive: part of the outer call
+        start = _clock.now_ns()
+        try:
+            result = fn(*args, **kwargs)
+        except BaseException as exc:
+            _exit(*opened, start, type(exc))
+            raise
+        _exit(*opened, start, None)
+        return result
+
+    return measured
+
+
+def _wrap_async(fn: Callable[_P, Awaitable[_T]], site: Site) -> Callable[_P, Awaitable[_T]]:
+    @functools.wraps(fn)
+    async def measured(*args: _P.args, **kwargs: _P.kwargs) -> _T:
+        if _session.active is None and not _recording.users:
+            return await fn(*args, **kwargs)  # nobody listens
+        opened = _enter(site)
+        if opened is None:
+            return await fn(*args, **kwargs)  # recursive: part of the outer call
+        start = _clock.now_ns()
+        try:
+            result = await fn(*args, **kwargs)
+        except BaseException as exc:
+            _exit(*opened, start, type(exc))
+            raise
+        _exit(*opened, start, None)
+        return result
+
+    # Its own code object, named as the function: whole-program task tracking groups tasks by
+    # their coroutine's code, and must not lump every measured coroutine together.
+    code = measured.__code__  # type: ignore[attr-defined]
+    measured.__code__ = code.replace(  # type: ignore[attr-defined]
+        co_name=getattr(fn, "__name__", code.co_name),
+        co_qualname=getattr(fn, "__qualname__", code.co_qualname),
+    )
+    return measured
+
+
+def _location(fn: Any) -> tuple[str, str, int]:
+    inner = inspect.unwrap(fn)
+    code = getattr(inner, "__code__", None)
+    qualname = getattr(fn, "__qualname__", None) or getattr(code, "co_qualname", "?")
+    source = f"{getattr(fn, '__module__', None) or '?'}:{qualname}"
+    if code is None:
+        return source, "?", 0
+    return source, code.co_filename, code.co_firstlineno
+
+
+def _decorate(fn: Any, name: str | None) -> Any:
+    if isinstance(fn, (staticmethod, classmethod)):
+        return type(fn)(_decorate(fn.__func__, name))
+    if getattr(fn, "__asyncflow_measured__", False):
+        return fn  # measured already: measuring twice must not count every call twice
+    if not callable(fn):
+        raise TypeError(f"@asyncflow.measure needs a function, got {type(fn).__qualname__}: {fn!r}")
+    if _config.disabled():
+        return fn
+    future_record = getattr(fn, "future_record", None)
+    if future_record is not None and hasattr(fn, "__wrapped__"):
+        # @measure over @asyncflow.future: put the future outermost, so that a task made of a
+        # call is tracked once (as the future), not once more as a task of our wrapper.
+        from asyncflow.instrument.futures import FutureFunction
+
+        inner = _decorate(fn.__wrapped__, name or getattr(fn, "__qualname__", None))
+        tracked = FutureFunction(inner, future_record)
+        # The future's record lives as long as the function it was made for: keep that alive.
+        tracked.__dict__["_asyncflow_future_of"] = fn
+        return tracked
+    is_async = inspect.iscoroutinefunction(fn)
+    label = name or getattr(fn, "__qualname__", None) or repr(fn)
+    source, file, line = _location(fn)
+    site = _site(label, "function", source, file, line, is_async)
+    wrapped: Any = _wrap_async(fn, site) if is_async else _wrap_sync(fn, site)
+    wrapped.__asyncflow_measured__ = True
+    wrapped.measure_site = site
+    return wrapped
+
+
+@overload
+def measure(fn: Callable[_P, _T], /) -> Callable[_P, _T]: ...
+@overload
+def measure(*, name: str | None = None) -> Callable[[Callable[_P, _T]], Callable[_P, _T]]: ...
+def measure(fn: Any = None, /, *, name: str | None = None) -> Any:
+    """Time every call of a function: plain or ``async``, a method, a staticmethod or a
+    classmethod. Use bare (``@asyncflow.measure``) or as ``@asyncflow.measure(name="...")``.
+
+    The function keeps its name, signature, docstring and ``__wrapped__``, and an ``async``
+    function is still one for ``inspect.iscoroutinefunction``. Return values and exceptions
+    pass through untouched. Figures (calls, total/self/mean/max time, percentiles, share of the
+    profile's wall time, errors by type) are in the ``functions`` document.
+
+    Args:
+        fn: the function (when used bare).
+        name: the label; defaults to the function's qualified name. Functions (and blocks)
+            given the same label are counted together.
+
+    Returns:
+        The measured function; with ``ASYNCFLOW_DISABLE=1``, ``fn`` itself.
+
+    Raises:
+        TypeError: ``fn`` is not callable, or ``name`` is not a string.
+        ValueError: ``name`` is empty.
+    """
+    _config.check_type("measure", "name", name, str, optional=True)
+    if name is not None and not name.strip():
+        raise ValueError("asyncflow.measure(name=...) must not be empty")
+    if fn is None:
+        return functools.partial(_decorate, name=name)
+    return _decorate(fn, name)
+
+
+# -- measure_block ---------------------------------------------------------------------------------
+
+
+class _Block:
+    """The context manager ``measure_block`` returns (``with`` and ``async with``)."""
+
+    __slots__ = ("_depth", "_name", "_opened", "_start")
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._opened: tuple[object, list[list[Any]], list[Any]] | None = None
+        self._start = 0
+        self._depth = 0
+
+    def __enter__(self) -> _Block:
+        return self._open(2)
+
+    def _open(self, depth: int) -> _Block:
+        if self._opened is not None or self._depth:
+            self._depth += 1  # re-entered while open: only the outer use is measured
+            return self
+        if _session.active is None and not _recording.users:
+            return self
+        try:
+            site = _sites.get(self._name)
+            if site is None:
+                caller = sys._getframe(depth)
+                module = caller.f_globals.get("__name__", "?")
+                site = _site(
+                    self._name,
+                    "block",
+                    f"{module}:{caller.f_code.co_qualname}",
+                    caller.f_code.co_filename,
+                    caller.f_lineno,
+                    False,
+                )
+            self._opened = _enter(site)
+        except Exception as exc:  # observing never breaks the program
+            _session.internal_error("measuring a block", exc)
+            return self
+        self._start = _clock.now_ns()
+        return self
+
+    def __exit__(
+        self,
+        typ: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._depth:
+            self._depth -= 1
+            return
+        opened, self._opened = self._opened, None
+        if opened is not None:
+            _exit(*opened, self._start, typ)
+
+    async def __aenter__(self) -> _Block:
+        return self._open(2)
+
+    async def __aexit__(
+        self,
+        typ: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.__exit__(typ, exc, tb)
+
+    def __repr__(self) -> str:
+        return f"<asyncflow.measure_block {self._name!r}>"
+
+
+def measure_block(name: str) -> _Block:
+    """Time a block: ``with asyncflow.measure_block("parse"): ...`` (or ``async with``).
+
+    Counted like a measured function of that label (calls, times, errors by the type of the
+    exception that left the block, which is never suppressed). Use one ``measure_block(...)``
+    per ``with``: an object entered again while open measures only its outer use.
+
+    Args:
+        name: the block's label.
+
+    Returns:
+        A context manager for ``with`` and ``async with``.
+
+    Raises:
+        TypeError: ``name`` is not a string.
+        ValueError: ``name`` is empty.
+    """
+    if not isinstance(name, str):
+        raise TypeError(
+            f"asyncflow.measure_block(name) needs a string, got {type(name).__qualname__}: {name!r}"
+        )
+    if not name.strip():
+        raise ValueError("asyncflow.measure_block(name) must not be empty")
+    return _Block(name)
+
+
+def reset_for_tests() -> None:
+    """Forget every label (tests only: real programs keep them for the process's life)."""
+    global _other
+    with _sites_lock:
+        _sites.clear()
+        _other = None
+    _open.clear()

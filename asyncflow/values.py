@@ -1,0 +1,284 @@
+"""Counters, gauges, histograms and value logs the program updates itself: ``asyncflow.counter()``.
+
+Each name gets one handle, made on first use and kept (``counter("hits")`` returns the same
+object every time, so keeping it in a module global saves the lookup). An update checks whether
+anybody listens, then hands the update to the recording interface (:mod:`asyncflow.recording`),
+whose collector implementation keeps the session's figures under the handle's lock: exact from
+any number of threads. With no profiler running an update records nothing and costs a check.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from typing import Any
+
+from asyncflow import clock as _clock
+from asyncflow import recording as _recording
+from asyncflow.instrument import _session
+
+__all__ = [
+    "KINDS",
+    "MAX_METRICS",
+    "OTHER_METRICS",
+    "Counter",
+    "Gauge",
+    "Histogram",
+    "Metric",
+    "ValueLog",
+    "counter",
+    "gauge",
+    "histogram",
+    "metrics",
+    "value",
+]
+
+KINDS = ("counter", "gauge", "histogram", "value")
+#: Distinct metric names kept; past it, new names of a kind are counted under OTHER_METRICS.
+MAX_METRICS = 1024
+OTHER_METRICS = "(other metrics)"
+#: the longest string a value log keeps (longer ones are cut)
+MAX_VALUE_CHARS = 200
+
+
+class Metric:
+    """One named metric: its kind, and the collector's figures for it (``stats``)."""
+
+    __slots__ = ("folded", "id", "kind", "lock", "name", "stats")
+
+    kind: str
+
+    def __init__(self, name: str, metric_id: int) -> None:
+        self.id = metric_id
+        self.name = name
+        self.lock = threading.Lock()
+        #: the collector's aggregate (recording.MetricStats) of the current session, or None
+        self.stats: Any = None
+        #: names counted here because the table was full (only on OTHER_METRICS handles)
+        self.folded = 0
+
+    def __repr__(self) -> str:
+        return f"<asyncflow.{type(self).__name__} {self.name!r}>"
+
+
+def _number(api: str, v: object) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise TypeError(f"asyncflow.{api} needs a number, got {type(v).__qualname__}: {v!r}")
+    if isinstance(v, float) and not math.isfinite(v):
+        raise ValueError(f"asyncflow.{api} needs a finite number, got {v!r}")
+    return v
+
+
+class Counter(Metric):
+    """A count that only goes up: ``asyncflow.counter("requests").add()``."""
+
+    __slots__ = ()
+    kind = "counter"
+
+    def add(self, n: float = 1) -> None:
+        """Add ``n`` (default 1).
+
+        Raises:
+            TypeError: ``n`` is not a number.
+            ValueError: ``n`` is negative or not finite (a counter never goes down).
+        """
+        if _session.active is None and not _recording.users:
+            return
+        if n.__class__ is not int:
+            _number(f"counter({self.name!r}).add(n)", n)
+        if n < 0:
+            raise ValueError(
+                f"asyncflow.counter({self.name!r}).add(n) needs n >= 0, got {n!r}; "
+                "a counter only goes up (use a gauge for a value that goes down)"
+            )
+        _recording.sink.metric(self, "add", n, 0)
+
+
+class Gauge(Metric):
+    """A value that goes up and down: ``asyncflow.gauge("connections").set(12)``."""
+
+    __slots__ = ()
+    kind = "gauge"
+
+    def set(self, v: float) -> None:
+        """Set the gauge to ``v``.
+
+        Raises:
+            TypeError: ``v`` is not a number.
+            ValueError: ``v`` is not finite.
+        """
+        if _session.active is None and not _recording.users:
+            return
+        if v.__class__ is not int:
+            _number(f"gauge({self.name!r}).set(v)", v)
+        _recording.sink.metric(self, "set", v, _clock.now_ns())
+
+    def inc(self, n: float = 1) -> None:
+        """Add ``n`` (default 1) to the gauge."""
+        if _session.active is None and not _recording.users:
+            return
+        if n.__class__ is not int:
+            _number(f"gauge({self.name!r}).inc(n)", n)
+        _recording.sink.metric(self, "add", n, 0)
+
+    def dec(self, n: float = 1) -> None:
+        """Take ``n`` (default 1) from the gauge."""
+        if _session.active is None and not _recording.users:
+            return
+        if n.__class__ is not int:
+            _number(f"gauge({self.name!r}).dec(n)", n)
+        _recording.sink.metric(self, "add", -n, 0)
+
+
+class Histogram(Metric):
+    """A distribution of non-negative samples: ``asyncflow.histogram("batch_size").record(40)``.
+
+    Count, sum, min and max are exact; percentiles come from the project's log-linear
+    histograms (within ~1.6%), at integer resolution: record in units that make the samples
+    whole numbers (bytes, items, microseconds).
+    """
+
+    __slots__ = ()
+    kind = "histogram"
+
+    def record(self, v: float) -> None:
+        """Count one sample ``v`` (>= 0).
+
+        Raises:
+            TypeError: ``v`` is not a number.
+            ValueError: ``v`` is negative or not finite.
+        """
+        if _session.active is None and not _recording.users:
+            return
+        if v.__class__ is not int:
+            _number(f"histogram({self.name!r}).record(v)", v)
+        if v < 0:
+            raise ValueError(
+                f"asyncflow.histogram({self.name!r}).record(v) needs v >= 0, got {v!r}"
+            )
+        _recording.sink.metric(self, "record", v, 0)
+
+
+class ValueLog(Metric):
+    """The last values of something, each with its time: what ``asyncflow.value()`` writes to."""
+
+    __slots__ = ()
+    kind = "value"
+
+    def log(self, v: float | str) -> None:
+        """Log ``v`` (a number or a string; a string is cut at 200 characters) with the time.
+
+        Raises:
+            TypeError: ``v`` is neither a number nor a string.
+            ValueError: ``v`` is a number that is not finite.
+        """
+        if _session.active is None and not _recording.users:
+            return
+        if isinstance(v, str):
+            if len(v) > MAX_VALUE_CHARS:
+                v = v[:MAX_VALUE_CHARS]
+        elif v.__class__ is not int:
+            _number(f"value({self.name!r}, v)", v)
+        _recording.sink.metric(self, "log", v, _clock.now_ns())
+
+
+_CLASSES: dict[str, type[Metric]] = {
+    "counter": Counter,
+    "gauge": Gauge,
+    "histogram": Histogram,
+    "value": ValueLog,
+}
+_lock = threading.Lock()
+_metrics: dict[str, Metric] = {}
+_others: dict[str, Metric] = {}
+_next_id = 1
+
+
+def _get(name: object, kind: str) -> Any:
+    metric = _metrics.get(name) if isinstance(name, str) else None
+    if metric is not None and metric.kind == kind:
+        return metric
+    if not isinstance(name, str):
+        raise TypeError(
+            f"asyncflow.{kind}(name) needs a string, got {type(name).__qualname__}: {name!r}"
+        )
+    if not name.strip():
+        raise ValueError(f"asyncflow.{kind}(name) must not be empty")
+    global _next_id
+    with _lock:
+        metric = _metrics.get(name)
+        if metric is None:
+            if len(_metrics) >= MAX_METRICS:
+                other = _others.get(kind)
+                if other is None:
+                    other = _others[kind] = _CLASSES[kind](OTHER_METRICS, _next_id)
+                    _next_id += 1
+                other.folded += 1
+                return other
+            metric = _metrics[name] = _CLASSES[kind](name, _next_id)
+            _next_id += 1
+    if metric.kind != kind:
+        raise ValueError(
+            f"asyncflow.{kind}({name!r}): {name!r} is already a {metric.kind}; "
+            "give each metric a name of its own"
+        )
+    return metric
+
+
+def counter(name: str) -> Counter:
+    """The counter named ``name`` (made on first use): ``asyncflow.counter("hits").add()``.
+
+    Raises:
+        TypeError: ``name`` is not a string.
+        ValueError: ``name`` is empty, or already names a metric of another kind.
+    """
+    result: Counter = _get(name, "counter")
+    return result
+
+
+def gauge(name: str) -> Gauge:
+    """The gauge named ``name`` (made on first use): ``asyncflow.gauge("open").set(3)``.
+
+    Raises:
+        TypeError: ``name`` is not a string.
+        ValueError: ``name`` is empty, or already names a metric of another kind.
+    """
+    result: Gauge = _get(name, "gauge")
+    return result
+
+
+def histogram(name: str) -> Histogram:
+    """The histogram named ``name`` (made on first use):
+    ``asyncflow.histogram("batch").record(40)``.
+
+    Raises:
+        TypeError: ``name`` is not a string.
+        ValueError: ``name`` is empty, or already names a metric of another kind.
+    """
+    result: Histogram = _get(name, "histogram")
+    return result
+
+
+def value(name: str, v: float | str) -> None:
+    """Log ``v`` under ``name`` with the time, like hotpath's ``val!``: the ``metrics`` document
+    keeps the last 100 values of each name (and their count, min and max).
+
+    Raises:
+        TypeError: ``name`` is not a string, or ``v`` is neither a number nor a string.
+        ValueError: ``name`` is empty or names a metric of another kind, or ``v`` is not finite.
+    """
+    log: ValueLog = _get(name, "value")
+    log.log(v)
+
+
+def metrics() -> list[Metric]:
+    """Every metric, oldest first, then those counting names past MAX_METRICS."""
+    with _lock:
+        return [*_metrics.values(), *_others.values()]
+
+
+def reset_for_tests() -> None:
+    """Forget every metric (tests only: real programs keep them for the process's life)."""
+    with _lock:
+        _metrics.clear()
+        _others.clear()
