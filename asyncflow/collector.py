@@ -13,7 +13,7 @@ import asyncio
 from array import array
 from collections import deque
 
-from asyncflow import clock, lints, stats
+from asyncflow import clock, lints, stats, trace
 from asyncflow.config import Options
 from asyncflow.instrument import _session
 from asyncflow.instrument import channels as _channels
@@ -79,6 +79,10 @@ class Collector:
         self._next_sample = 0
         #: the diagnoses over time: evaluated by views.warnings_document, on this thread
         self.warnings = lints.WarningBook(lints.Thresholds.from_options(options.warn))
+        #: the trace recorder (``trace=``), fed on this tick; None when no trace is recorded
+        self.trace: trace.TraceRecorder | None = None
+        if options.trace:
+            self.trace = trace.TraceRecorder(self, options.trace_events, options.trace_output)
 
     def drain(self) -> int:
         """Fold every finished call waiting in the buffer, then reap what is gone; returns how
@@ -141,6 +145,11 @@ class Collector:
             self.session.tick = now
             self.drain()
             self.sample_live(now)
+            if self.trace is not None:
+                try:
+                    self.trace.tick(now)
+                except Exception as exc:  # observing never breaks the program
+                    _session.internal_error("recording the trace", exc)
             await asyncio.sleep(DRAIN_INTERVAL)
 
 

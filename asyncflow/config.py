@@ -18,6 +18,7 @@ __all__ = [
     "DEFAULT_PERCENTILES",
     "DEFAULT_PORT",
     "DEFAULT_RECENT_LOGS",
+    "DEFAULT_TRACE_EVENTS",
     "FORMATS",
     "MAX_BLOCK_THRESHOLD",
     "MAX_DURATION",
@@ -41,6 +42,9 @@ MAX_RECENT_LOGS = 100_000
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 6780
 DEFAULT_BLOCK_THRESHOLD = 0.1
+#: events the trace recorder keeps (the newest), and the most ``trace_events`` may ask for
+DEFAULT_TRACE_EVENTS = 100_000
+MAX_TRACE_EVENTS = 10_000_000
 #: the block threshold's bounds, in seconds: finer than the loop monitor can see is noise, and
 #: longer than an hour is no threshold at all
 MIN_BLOCK_THRESHOLD = 0.001
@@ -65,6 +69,8 @@ _ENV = {
     "port": "ASYNCFLOW_PORT",
     "token": "ASYNCFLOW_TOKEN",
     "block_threshold": "ASYNCFLOW_BLOCK_THRESHOLD",
+    "trace": "ASYNCFLOW_TRACE",
+    "trace_events": "ASYNCFLOW_TRACE_EVENTS",
     "sampling": "ASYNCFLOW_SAMPLING",
     "allowed_hosts": "ASYNCFLOW_ALLOWED_HOSTS",
     "warn": "ASYNCFLOW_WARN",
@@ -128,6 +134,13 @@ class Options:
     token: str | None = None
     #: a poll (one step of a task) running longer than this many seconds is a blocked loop
     block_threshold: float = DEFAULT_BLOCK_THRESHOLD
+    #: record a trace (polls, blocked loops, queue depths, loop lag, message flows) for
+    #: Perfetto, served at ``/trace``
+    trace: bool = False
+    #: where the trace is written when the profiler stops; None: only served
+    trace_output: str | None = None
+    #: the trace recorder's ring: it keeps the newest this many events
+    trace_events: int = DEFAULT_TRACE_EVENTS
     #: time one message (or stream item) in this many; 0 ("auto") adapts to each one's rate.
     #: Counts are exact either way.
     sampling: int = 0
@@ -335,6 +348,23 @@ def _host(value: object, source: str) -> str:
     return host
 
 
+def _trace(value: object, source: str) -> tuple[bool, str | None]:
+    """``trace=``: True (record, serve at /trace), False, or the file written at exit."""
+    if isinstance(value, bool):
+        return value, None
+    if isinstance(value, str):
+        word = value.strip().lower()
+        if word in ("1", "true", "yes", "on"):
+            return True, None
+        if word in ("0", "false", "no", "off"):
+            return False, None
+    elif not isinstance(value, os.PathLike):
+        raise ValueError(
+            f"{source}={_shown(value)}: expected True, False, or the trace file's path"
+        )
+    return True, _output(value, source)
+
+
 def _port(value: object, source: str) -> int | None:
     if isinstance(value, str) and value.strip().lower() in ("off", "none"):
         return None
@@ -413,6 +443,8 @@ def resolve_options(
         "port",
         "token",
         "block_threshold",
+        "trace",
+        "trace_events",
         "sampling",
         "allowed_hosts",
         "warn",
@@ -460,6 +492,12 @@ def resolve_options(
         fields["token"] = _token(*p)
     if (p := pick("block_threshold")) is not None:
         fields["block_threshold"] = _block_threshold(*p)
+    if (p := pick("trace")) is not None:
+        fields["trace"], fields["trace_output"] = _trace(*p)
+    if (p := pick("trace_events")) is not None:
+        fields["trace_events"] = _int(
+            *p, 1, MAX_TRACE_EVENTS, f"a whole number from 1 to {MAX_TRACE_EVENTS}"
+        )
     if (p := pick("sampling")) is not None:
         fields["sampling"] = _sampling(*p)
     if (p := pick("allowed_hosts")) is not None:

@@ -170,6 +170,8 @@ class Profiler:
                 self._state = "running"
                 self._stopped.clear()
                 _session.active = session
+                if self._collector.trace is not None:
+                    self._collector.trace.attach()  # polls are traced from here on
                 _active = _last = self
                 atexit.register(self.stop)
             except BaseException:
@@ -197,6 +199,8 @@ class Profiler:
         collector = self._collector
         if collector is not None and _session.active is collector.session:
             _session.active = None
+        if collector is not None and collector.trace is not None:
+            collector.trace.detach()
         atexit.unregister(self.stop)
         self._state = "new"
         self.url = None
@@ -343,6 +347,8 @@ class Profiler:
             _session.active = None  # calls created from now on are not recorded
         collector.monitor.stop()
         collector.drain()
+        if collector.trace is not None:
+            collector.trace.finish()  # stops tracing polls; writes the file trace= named
         return views.snapshot(collector, running=False)
 
     def _report(self, snapshot: Snapshot) -> None:
@@ -373,6 +379,9 @@ class Profiler:
         """
         self._state_lock = threading.Lock()  # perhaps held by a thread that is not here
         self._ready_lock = threading.Lock()
+        collector = self._collector
+        if collector is not None and collector.trace is not None:
+            collector.trace.detach()  # the parent's trace: this child's polls are not in it
         atexit.unregister(self.stop)
         if self._state in ("running", "stopping", "new"):
             self._state = "forked"
@@ -436,6 +445,25 @@ class Profiler:
         result: Snapshot = self._call(take)
         return result
 
+    def trace(self) -> dict[str, Any]:
+        """The trace recorded so far, as a Chrome trace event document (what ``GET /trace``
+        serves; ``json.dump`` it to a file that Perfetto opens).
+
+        Raises:
+            AsyncflowError: the profiler is not running, or records no trace (start it with
+                ``trace=True`` or ``trace="file.json"``, or ``ASYNCFLOW_TRACE``).
+        """
+        if self._joined is not None:
+            return self._joined.trace()
+        collector = self._collector
+        if self._state != "running" or collector is None:
+            raise AsyncflowError(f"profiler {self.name!r} is not running: it has no trace to give")
+        recorder = collector.trace
+        if recorder is None:
+            raise AsyncflowError(TRACE_OFF)
+        document: dict[str, Any] = self._call(recorder.document)
+        return document
+
     # -- context managers --------------------------------------------------------------------
 
     def __enter__(self) -> Profiler:
@@ -456,6 +484,13 @@ class Profiler:
 
     def __repr__(self) -> str:
         return f"<asyncflow.Profiler {self.name!r} {self._state}>"
+
+
+#: why there is no trace to serve
+TRACE_OFF = (
+    "no trace is recorded: start the profiler with trace=True (or trace='file.json'), "
+    "ASYNCFLOW_TRACE=1, or asyncflow run --trace FILE"
+)
 
 
 def profile(name: str, **options: Any) -> Profiler:

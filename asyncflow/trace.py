@@ -1,0 +1,551 @@
+"""The trace recorder: polls, blocked loops, queue depths, loop lag and message flows, as a
+Chrome trace event file that Perfetto (ui.perfetto.dev) and ``chrome://tracing`` open.
+
+Opt-in (``trace=`` / ``ASYNCFLOW_TRACE`` / ``asyncflow run --trace FILE``). When on, a poll
+probe (the hot paths' per-poll seam) appends one small tuple per poll to a ring of the last
+``trace_events`` events; everything else is read on the profiler's thread at each collector
+tick, from what the recorders keep anyway: the channels' logs of timed messages, the loop
+monitor's episodes and lags, the channels' depths. Nothing is added to the hot path when the
+recorder is off: no probe is set.
+
+The file has one process per thread that ran tracked polls (named after its event loop), one
+track per task in it (the outermost tracked call of the task: the task's own coroutine in
+whole-program mode), one track per loop for its blocked-loop episodes, and counter tracks for
+loop lag and queue depth. Every timed message becomes a flow arrow (``s`` then ``f``, keyed by
+channel and ``msg_id``) from the poll that sent it to the poll that received it, when both
+polls are still in the ring. The metadata says how many events the ring dropped.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from asyncflow import clock
+from asyncflow._version import __version__
+from asyncflow.instrument import _session
+from asyncflow.instrument.channels import channel_registry
+from asyncflow.instrument.loops import loop_registry
+
+if TYPE_CHECKING:
+    from asyncflow.collector import Collector
+    from asyncflow.instrument.futures import CallRecord
+
+__all__ = ["PENDING_KEPT", "TraceRecorder", "flow_id", "render"]
+
+#: timed sends kept per channel while their receive is not seen yet (a deeper backlog of timed
+#: messages loses its oldest arrows, counted in the metadata)
+PENDING_KEPT = 4096
+
+# Kinds of the cold-path events in the ring (a poll's tuple starts with its start time, an int).
+_MESSAGE = "message"
+_EPISODE = "blocked"
+_DEPTH = "depth"
+_LAG = "lag"
+
+#: process ids of the file: counters of channels first, then one per thread
+_CHANNELS_PID = 1
+#: thread ids start high, so that none is taken for a process's main thread
+_FIRST_TID = 10_000
+
+
+def flow_id(channel_id: int, msg_id: int) -> int:
+    """The id of a message's flow arrow: its channel in the high bits, its ``msg_id`` (modulo
+    2**32) in the low ones; below 2**53 for any channel id a program reaches, so that
+    JavaScript viewers read it exactly."""
+    return (channel_id << 32) | (msg_id & 0xFFFF_FFFF)
+
+
+class _Probe:
+    """The poll probe: ``begin`` does nothing, ``end`` appends the poll to the ring."""
+
+    __slots__ = ("begin", "end")
+
+    def __init__(self, append: Callable[[Any], None], seq: Callable[[], int]) -> None:
+        get_ident = threading.get_ident
+
+        def begin(r: Any) -> None:
+            return None
+
+        def end(r: Any, token: Any, t0: int, dt: int, outcome: str) -> None:
+            append((t0, dt, r, get_ident(), outcome, seq()))
+
+        self.begin = begin
+        self.end = end
+
+
+class _Cursor:
+    """How far the recorder has read one channel's logs."""
+
+    __slots__ = ("depth", "last_received", "last_sent", "pending", "timed")
+
+    def __init__(self) -> None:
+        self.last_sent = 0  # the msg_id of the newest timed send read
+        self.last_received = -1  # the index of the newest timed receive read
+        self.timed = 0  # the channel's timed receives when last read
+        self.depth = -1  # the depth last written as a counter
+        #: timed sends read, not received yet: msg_id -> (sent at, sending call id)
+        self.pending: dict[int, tuple[int, int | None]] = {}
+
+
+@dataclass
+class _Figures:
+    """What the recorder lost, for the file's metadata."""
+
+    messages_missed: int = 0  # timed receives that left the channel's log before a tick read it
+    sends_forgotten: int = 0  # timed sends whose receive came after PENDING_KEPT newer ones
+
+
+class TraceRecorder:
+    """Owns the ring; ``tick`` and ``document`` run on the profiler's thread only."""
+
+    def __init__(self, collector: Collector, capacity: int, output: str | None) -> None:
+        self.collector = collector
+        self.capacity = capacity
+        #: where the trace is written when the profiler stops (None: only served)
+        self.output = output
+        self.ring: deque[tuple[Any, ...]] = deque(maxlen=capacity)
+        self._seq = itertools.count()
+        self.probe = _Probe(self.ring.append, self._seq.__next__)
+        #: whether polls are recorded (the probe seam was there and took the probe)
+        self.polls = False
+        self._attached = False
+        self._cursors: dict[int, _Cursor] = {}
+        self._loops: dict[int, tuple[int, int]] = {}  # loop id -> (last episode id, heartbeats)
+        self.lost = _Figures()
+
+    # -- lifecycle (the profiler's start and stop) ---------------------------------------------
+
+    def attach(self) -> None:
+        """Start recording polls: set the probe on both hot paths."""
+        try:
+            from asyncflow.instrument import futures
+
+            futures.set_poll_probe(self.probe)
+        except Exception as exc:  # no probe seam: the rest of the trace is still recorded
+            _session.internal_error("setting the trace recorder's poll probe", exc)
+            return
+        self._attached = self.polls = True
+
+    def detach(self) -> None:
+        """Stop recording polls (idempotent); removes the probe only if it is still ours."""
+        if not self._attached:
+            return
+        self._attached = False
+        try:
+            from asyncflow.instrument import futures
+
+            current = futures.set_poll_probe(None)
+            if current is not None and current is not self.probe:
+                futures.set_poll_probe(current)  # someone else's: put it back
+        except Exception as exc:
+            _session.internal_error("removing the trace recorder's poll probe", exc)
+
+    def finish(self) -> None:
+        """The profiler stops: stop recording, read what is left, write the file if asked."""
+        self.detach()
+        try:
+            self.tick()
+        except Exception as exc:
+            _session.internal_error("reading the trace's last events", exc)
+        if self.output is None:
+            return
+        try:
+            data = render(self.document())
+            with open(self.output, "wb") as out:
+                out.write(data)
+        except Exception as exc:  # the trace cannot be written: the program goes on
+            _session.internal_error(f"writing the trace to {self.output!r}", exc)
+
+    # -- the collector's tick ------------------------------------------------------------------
+
+    def tick(self, now: int | None = None) -> None:
+        """Move what the recorders keep anyway into the ring: timed messages, finished
+        blocked-loop episodes, depths and lags that changed."""
+        if now is None:
+            now = clock.now_ns()
+        self._messages(now)
+        self._loop_events(now)
+
+    def _append(self, *event: Any) -> None:
+        self.ring.append((event[0], next(self._seq), *event[1:]))
+
+    def _messages(self, now: int) -> None:
+        cursors = self._cursors
+        seen = set()
+        for record in channel_registry():
+            if record.folded:
+                continue  # an aggregate of gone channels
+            cid = record.id
+            seen.add(cid)
+            cursor = cursors.get(cid)
+            if cursor is None:
+                cursor = cursors[cid] = _Cursor()
+            st = record.stats
+            if record.alive:
+                depth = record.size()
+                if depth != cursor.depth:
+                    cursor.depth = depth
+                    self._append(_DEPTH, now, cid, record.label, depth)
+            if st.sampled_send == cursor.last_sent and st.timed == cursor.timed:
+                continue  # nothing timed since the last tick
+            pending = cursor.pending
+            for entry in list(st.sent_log):
+                msg_id, at, call_id = entry[1], entry[2], entry[3]
+                if msg_id > cursor.last_sent:
+                    pending[msg_id] = (at, call_id)
+                    cursor.last_sent = msg_id
+            while len(pending) > PENDING_KEPT:
+                del pending[next(iter(pending))]
+                self.lost.sends_forgotten += 1
+            read = 0
+            for entry in list(st.received_log):
+                index, msg_id, at, call_id = entry[0], entry[1], entry[2], entry[3]
+                if index <= cursor.last_received:
+                    continue
+                cursor.last_received = index
+                read += 1
+                sent = pending.pop(msg_id, None)
+                if sent is None:
+                    continue  # its send was never read (forgotten, or timed before a reset)
+                self._append(_MESSAGE, cid, record.label, msg_id, sent[0], sent[1], at, call_id)
+            timed = st.timed
+            self.lost.messages_missed += max(0, timed - cursor.timed - read)
+            cursor.timed = timed
+        for cid in [c for c in cursors if c not in seen]:
+            del cursors[cid]
+
+    def _loop_events(self, now: int) -> None:
+        monitor = self.collector.monitor
+        for state in list(monitor.states.values()):
+            loop_id = state.record.id
+            last_id, beats = self._loops.get(loop_id, (0, 0))
+            with state.lock:
+                finished = [e for e in state.episodes if e.id > last_id and not e.ongoing]
+                heartbeats, lag = state.heartbeats, state.lag_last
+                thread = state.record.thread
+            for e in sorted(finished, key=lambda e: e.id):
+                self._append(_EPISODE, thread, loop_id, e.since, e.blocked_ns, *_blame(e))
+                last_id = e.id
+            if heartbeats != beats:
+                self._append(_LAG, now, thread, loop_id, lag)
+            self._loops[loop_id] = (last_id, heartbeats)
+
+    # -- the document --------------------------------------------------------------------------
+
+    def document(self) -> dict[str, Any]:
+        """The ring as a Chrome trace event document (call on the profiler's thread)."""
+        self.tick()
+        now = clock.now_ns()
+        return _Builder(self, now).build()
+
+
+def _blame(e: Any) -> tuple[int, str, str, str]:
+    """(call id, future label, task name, innermost line) of a blocked-loop episode."""
+    call = e.call
+    where = ""
+    if e.stack:
+        file, line, function, _ = e.stack[0]
+        where = f"{function} ({os.path.basename(file)}:{line})"
+    if call is None:
+        return 0, "", e.task or "", where
+    return call.call_id, call.future.label, e.task or "", where
+
+
+def _us(ns: int) -> float:
+    """Microseconds, as the format counts them, to the nanosecond."""
+    return round(ns / 1000, 3)
+
+
+def _text(value: str) -> str:
+    """A name without control characters (some viewers refuse them even escaped)."""
+    return value if value.isprintable() else "".join(c if c.isprintable() else "?" for c in value)
+
+
+class _Track:
+    __slots__ = ("call", "ends", "name", "pid", "starts", "tid")
+
+    def __init__(self, pid: int, tid: int, name: str, call: int) -> None:
+        self.pid = pid
+        self.tid = tid
+        self.name = name
+        self.call = call
+        # the outermost polls' bounds, in start order: what a flow's end must fall in
+        self.starts: list[int] = []
+        self.ends: list[int] = []
+
+    def covers(self, at: int) -> bool:
+        i = bisect.bisect_right(self.starts, at) - 1
+        return i >= 0 and at <= self.ends[i]
+
+
+class _Builder:
+    def __init__(self, recorder: TraceRecorder, now: int) -> None:
+        self.recorder = recorder
+        self.now = now
+        self.origin = recorder.collector.session.start_ns
+        self.events: list[dict[str, Any]] = []
+        self.meta: list[dict[str, Any]] = []
+        self._pids: dict[int, int] = {}  # thread ident -> pid
+        self._tids = itertools.count(_FIRST_TID)
+        self._loop_tracks: dict[int, int] = {}  # loop id -> tid
+        self._loops_by_thread: dict[int, Any] = {}
+        self.flows = 0
+        self.flows_unbound = 0
+
+    def build(self) -> dict[str, Any]:
+        recorder = self.recorder
+        ring = list(recorder.ring)  # one copy, taken while the program's threads append
+        recorded = 1 + max((e[5] if type(e[0]) is int else e[1] for e in ring), default=-1)
+        for state in recorder.collector.monitor.states.values():
+            self._loops_by_thread.setdefault(state.record.thread, state.record)
+        for record in loop_registry():
+            self._loops_by_thread.setdefault(record.thread, record)
+        polls = [e for e in ring if type(e[0]) is int]
+        others = [e for e in ring if type(e[0]) is not int]
+        self.meta.append(_meta(_CHANNELS_PID, None, "process_name", "channels"))
+        self.meta.append(_meta(_CHANNELS_PID, None, "process_sort_index", 0, key="sort_index"))
+        by_call = self._polls(polls)
+        for e in others:
+            kind = e[0]
+            if kind == _MESSAGE:
+                self._message(e, by_call)
+            elif kind == _EPISODE:
+                self._episode(e[2], e[3], e[4], e[5], e[6:])
+            elif kind == _DEPTH:
+                _, _, at, cid, label, depth = e
+                self._counter(_CHANNELS_PID, at, f"{_text(label)} (channel {cid})", "depth", depth)
+            elif kind == _LAG:
+                _, _, at, thread, loop_id, lag = e
+                self._counter(self._pid(thread), at, f"loop {loop_id} lag", "ms", lag / 1e6)
+        self._ongoing_episodes()
+        self.events.sort(key=lambda ev: ev["ts"])
+        origin_wall = time.time() - (self.now - self.origin) / 1e9
+        lost = recorder.lost
+        return {
+            "traceEvents": [*self.meta, *self.events],
+            "metadata": {
+                "asyncflow": {
+                    "name": recorder.collector.options.name,
+                    "version": __version__,
+                    "pid": os.getpid(),
+                    "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(origin_wall)),
+                    "capacity": recorder.capacity,
+                    "recorded": recorded,
+                    "kept": len(ring),
+                    "dropped": max(0, recorded - len(ring)),
+                    "polls_recorded": recorder.polls,
+                    "flows": self.flows,
+                    "flows_unbound": self.flows_unbound,
+                    "messages_missed": lost.messages_missed,
+                    "sends_forgotten": lost.sends_forgotten,
+                }
+            },
+        }
+
+    def _pid(self, thread: int) -> int:
+        pid = self._pids.get(thread)
+        if pid is None:
+            pid = self._pids[thread] = len(self._pids) + _CHANNELS_PID + 1
+            loop = self._loops_by_thread.get(thread)
+            name = _thread_name(thread, loop)
+            if loop is not None:
+                name = f"{name} · event loop {loop.id}"
+            self.meta.append(_meta(pid, None, "process_name", _text(name)))
+            self.meta.append(_meta(pid, None, "process_sort_index", pid, key="sort_index"))
+        return pid
+
+    def _new_track(self, pid: int, name: str) -> int:
+        tid = next(self._tids)
+        self.meta.append(_meta(pid, tid, "thread_name", _text(name)))
+        self.meta.append(_meta(pid, tid, "thread_sort_index", tid, key="sort_index"))
+        return tid
+
+    def _polls(self, polls: list[tuple[Any, ...]]) -> dict[int, _Track]:
+        """One X slice per poll, on its task's track; returns the tracks by the call ids that
+        own them (the outermost tracked call of each task)."""
+        by_thread: dict[int, list[tuple[Any, ...]]] = {}
+        for p in polls:
+            by_thread.setdefault(p[3], []).append(p)
+        tracks: dict[tuple[int, int], _Track] = {}
+        by_call: dict[int, _Track] = {}
+        for thread, mine in by_thread.items():
+            pid = self._pid(thread)
+            # Outer polls first: an outer poll starts no later and ends no earlier than the
+            # polls nested in it, and (same bounds, on a fake clock) is recorded after them.
+            mine.sort(key=lambda p: (p[0], -p[1], -p[5]))
+            stack: list[tuple[int, _Track]] = []  # (end, track) of the enclosing polls
+            for t0, dt, r, _, outcome, _ in mine:
+                end = t0 + dt
+                while stack and end > stack[-1][0]:
+                    stack.pop()
+                if stack:
+                    track = stack[-1][1]
+                else:
+                    key = (thread, r.call_id)
+                    track = tracks.get(key)  # type: ignore[assignment]
+                    if track is None:
+                        track = tracks[key] = _Track(pid, 0, _task_name(r), r.call_id)
+                        track.tid = self._new_track(pid, track.name)
+                        by_call[r.call_id] = track
+                    track.starts.append(t0)
+                    track.ends.append(end)
+                stack.append((end, track))
+                args: dict[str, Any] = {"call_id": r.call_id, "future_id": r.future.id}
+                if outcome != "suspended":
+                    args["outcome"] = outcome
+                self.events.append(
+                    {
+                        "name": _text(r.future.label),
+                        "cat": "poll",
+                        "ph": "X",
+                        "ts": _us(t0 - self.origin),
+                        "dur": _us(dt),
+                        "pid": pid,
+                        "tid": track.tid,
+                        "args": args,
+                    }
+                )
+        return by_call
+
+    def _message(self, e: tuple[Any, ...], by_call: dict[int, _Track]) -> None:
+        _, _, cid, label, msg_id, sent_at, sender, received_at, receiver = e
+        source = by_call.get(sender) if sender is not None else None
+        target = by_call.get(receiver) if receiver is not None else None
+        if source is None or target is None or not source.covers(sent_at):
+            self.flows_unbound += 1
+            return
+        if not target.covers(received_at):
+            self.flows_unbound += 1
+            return
+        self.flows += 1
+        ident = flow_id(cid, msg_id)
+        name = "message"
+        args = {"channel": _text(label), "channel_id": cid, "msg_id": msg_id}
+        self.events.append(
+            {
+                "name": name,
+                "cat": "message",
+                "ph": "s",
+                "ts": _us(sent_at - self.origin),
+                "pid": source.pid,
+                "tid": source.tid,
+                "id": ident,
+                "args": args,
+            }
+        )
+        self.events.append(
+            {
+                "name": name,
+                "cat": "message",
+                "ph": "f",
+                "bp": "e",
+                "ts": _us(received_at - self.origin),
+                "pid": target.pid,
+                "tid": target.tid,
+                "id": ident,
+                "args": {**args, "delay_ns": received_at - sent_at},
+            }
+        )
+
+    def _loop_track(self, thread: int, loop_id: int) -> tuple[int, int]:
+        pid = self._pid(thread)
+        tid = self._loop_tracks.get(loop_id)
+        if tid is None:
+            tid = self._loop_tracks[loop_id] = self._new_track(pid, f"event loop {loop_id}")
+        return pid, tid
+
+    def _episode(
+        self,
+        thread: int,
+        loop_id: int,
+        since: int,
+        blocked: int,
+        blame: tuple[Any, ...],
+        ongoing: bool = False,
+    ) -> None:
+        call_id, label, task, where = blame
+        pid, tid = self._loop_track(thread, loop_id)
+        args: dict[str, Any] = {"blocked_ns": blocked}
+        if call_id:
+            args["call_id"] = call_id
+            args["future"] = _text(label)
+        if task:
+            args["task"] = _text(task)
+        if where:
+            args["where"] = _text(where)
+        if ongoing:
+            args["ongoing"] = True
+        self.events.append(
+            {
+                "name": f"blocked: {_text(label or where or 'untracked code')}",
+                "cat": "blocked",
+                "ph": "X",
+                "ts": _us(since - self.origin),
+                "dur": _us(blocked),
+                "pid": pid,
+                "tid": tid,
+                "args": args,
+            }
+        )
+
+    def _ongoing_episodes(self) -> None:
+        """The episode a loop is in now, as long as it has lasted so far."""
+        for state in list(self.recorder.collector.monitor.states.values()):
+            with state.lock:
+                e = state.ongoing
+                if e is None or not e.id:
+                    continue
+                blocked = max(e.blocked_ns, self.now - e.since)
+                blame = _blame(e)
+            self._episode(
+                state.record.thread, state.record.id, e.since, blocked, blame, ongoing=True
+            )
+
+    def _counter(self, pid: int, at: int, name: str, key: str, value: float) -> None:
+        self.events.append(
+            {
+                "name": name,
+                "cat": "counter",
+                "ph": "C",
+                "ts": _us(at - self.origin),
+                "pid": pid,
+                "args": {key: value},
+            }
+        )
+
+
+def _meta(pid: int, tid: int | None, name: str, value: Any, key: str = "name") -> dict[str, Any]:
+    event: dict[str, Any] = {"name": name, "ph": "M", "pid": pid, "args": {key: value}}
+    if tid is not None:
+        event["tid"] = tid
+    return event
+
+
+def _thread_name(thread: int, loop: Any) -> str:
+    name = loop.thread_name if loop is not None and loop.thread == thread else ""
+    if not name:
+        name = next((t.name for t in threading.enumerate() if t.ident == thread), "")
+    return f"thread {name}" if name else f"thread {thread}"
+
+
+def _task_name(r: CallRecord) -> str:
+    task = getattr(r, "task", None)
+    label = r.future.label
+    if task:
+        return f"{task} ({label})"
+    return f"call {r.call_id} ({label})"
+
+
+def render(document: dict[str, Any]) -> bytes:
+    """The document as the bytes of a ``.json`` trace file."""
+    return orjson.dumps(document)
