@@ -37,7 +37,10 @@ static PyObject *session_dict;    /* asyncflow.instrument._session's namespace: 
 static PyObject *perf_counter_ns; /* time.perf_counter_ns: then read CLOCK_MONOTONIC directly */
 static PyObject *call_ids;        /* futures._call_ids, shared with the Python reference */
 static PyObject *cancelled_error; /* asyncio.CancelledError */
-static PyObject *READY, *RETURNED, *CLOSED, *NEVER_AWAITED;
+static PyObject *READY, *RETURNED, *CLOSED, *NEVER_AWAITED, *SUSPENDED, *RAISED, *CANCELLED;
+/* The poll probe (futures.set_poll_probe): the probe and its bound begin and end, or all NULL.
+ * A poll checks probe_end only; see probed_poll. */
+static PyObject *probe_obj, *probe_begin, *probe_end;
 static PyObject *bucket_ints[BUCKETS];
 static PyObject *get_running_loop; /* asyncio.events._get_running_loop */
 static PyObject *current_tasks;    /* 3.11: asyncio.tasks._current_tasks (loop -> task); or NULL */
@@ -50,7 +53,7 @@ static PyObject *s_now_ns, *s_stats, *s_poll_hist, *s_live, *s_created, *s_send,
     *s_busy_done, *s_idle_done, *s_max_poll_done, *s_active, *s_finished, *s_appended,
     *s_append, *s_slot_key, *s_get_running_loop, *s_loops, *s_last_key, *s_see,
     *s_current_tasks, *s_asyncio, *s_current_task, *s_get_name, *s_wrapped, *s_future_record,
-    *s_wrapper_name;
+    *s_wrapper_name, *s_probe_failed;
 
 /* ---- small compatibility helpers ------------------------------------------------------------ */
 
@@ -386,13 +389,14 @@ typedef struct {
     PyObject *cancel_requests;
     PyObject *cancel_to_end;
     PyObject *cancel_outcome;
+    PyObject *probe_data; /* the poll probe's own, never touched here */
 } RecordObject;
 
 static PyTypeObject RecordType;
 
 #define RECORD_OBJECTS(X)                                                                      \
     X(future) X(stats) X(hist) X(state) X(task) X(outcome) X(exc_type) X(exc_message) X(result) \
-    X(cancel_requests) X(cancel_to_end) X(cancel_outcome)
+    X(cancel_requests) X(cancel_to_end) X(cancel_outcome) X(probe_data)
 
 static int
 record_traverse(RecordObject *self, visitproc visit, void *arg)
@@ -496,6 +500,8 @@ static PyMemberDef record_members[] = {
     {"cancel_requests", T_OBJECT_EX, offsetof(RecordObject, cancel_requests), 0, NULL},
     {"cancel_to_end", T_OBJECT_EX, offsetof(RecordObject, cancel_to_end), 0, NULL},
     {"cancel_outcome", T_OBJECT_EX, offsetof(RecordObject, cancel_outcome), 0, NULL},
+    {"probe_data", T_OBJECT_EX, offsetof(RecordObject, probe_data), 0,
+     "owned by the poll probe, never set or read by asyncflow"},
     {NULL},
 };
 
@@ -864,7 +870,7 @@ done:
  * StopIteration of a coroutine that is not a native one). If ``stop`` is not NULL and the call
  * returned, *stop is the StopIteration it would raise (or NULL, to be made by the caller). */
 static PySendResult
-poll(WrapperObject *self, PyObject *arg, PyObject **res, PyObject **stop)
+poll_inner(WrapperObject *self, PyObject *arg, PyObject **res, PyObject **stop, long long *t0_out)
 {
     RecordObject *r = self->r;
     long long t0, now;
@@ -877,7 +883,12 @@ poll(WrapperObject *self, PyObject *arg, PyObject **res, PyObject **stop)
     if (clock == NULL) {
         return PYGEN_ERROR;
     }
-    if (clock_read(clock, &t0) < 0 || (!r->first && first_poll(r, t0) < 0)) {
+    if (clock_read(clock, &t0) < 0) {
+        Py_DECREF(clock);
+        return PYGEN_ERROR;
+    }
+    *t0_out = t0;
+    if (!r->first && first_poll(r, t0) < 0) {
         Py_DECREF(clock);
         return PYGEN_ERROR;
     }
@@ -956,6 +967,123 @@ done:
     return status;
 }
 
+/* ---- the poll probe ------------------------------------------------------------------------- */
+
+/* futures._probe_failed(probe, err): removes the probe (if still set) and counts the error.
+ * Steals ``err``; leaves no exception set. */
+static void
+probe_failed(PyObject *probe, PyObject *err)
+{
+    if (err == NULL) {
+        return;
+    }
+    PyObject *args[2] = {probe, err};
+    PyObject *res = call_helper(s_probe_failed, args, 2);
+    if (res == NULL) {
+        PyErr_WriteUnraisable(probe);
+    }
+    Py_XDECREF(res);
+    Py_DECREF(err);
+}
+
+/* The probe around one poll: taken at its start (so that a probe replaced meanwhile still gets
+ * the end of what it began), called outside the timed part of the poll. */
+typedef struct {
+    PyObject *probe; /* NULL: no probe, or its begin failed */
+    PyObject *end;
+    PyObject *token;
+    long long polls; /* r->polls before the poll */
+    long long t0;
+} ProbeCall;
+
+static void
+probe_enter(ProbeCall *pc, RecordObject *r)
+{
+    pc->probe = Py_NewRef(probe_obj);
+    pc->end = Py_NewRef(probe_end);
+    pc->polls = r->polls;
+    pc->t0 = 0;
+    pc->token = PyObject_CallOneArg(probe_begin, (PyObject *)r);
+    if (pc->token == NULL) {
+        probe_failed(pc->probe, fetch_exc());
+        Py_CLEAR(pc->probe);
+        Py_CLEAR(pc->end);
+    }
+}
+
+/* Call end(record, token, t0_ns, dt_ns, outcome); the poll's own exception (if ``status`` is
+ * PYGEN_ERROR) is set on entry and set again on exit. */
+static void
+probe_exit(ProbeCall *pc, RecordObject *r, PySendResult status)
+{
+    if (pc->probe == NULL) {
+        return;
+    }
+    PyObject *pending = NULL, *outcome;
+    if (status == PYGEN_NEXT) {
+        outcome = SUSPENDED;
+    }
+    else if (status == PYGEN_RETURN) {
+        outcome = RETURNED;
+    }
+    else {
+        pending = fetch_exc();
+        outcome = pending == NULL ? RAISED
+                  : PyErr_GivenExceptionMatches(pending, PyExc_StopIteration) ? RETURNED
+                  : PyErr_GivenExceptionMatches(pending, cancelled_error)     ? CANCELLED
+                                                                               : RAISED;
+    }
+    long long dt;
+    if (r->polls == pc->polls + 1) { /* the poll recorded its duration */
+        dt = r->last;
+    }
+    else if (pc->t0 == 0 || now_ns(&dt) < 0) { /* the call had ended, or the clock failed */
+        PyErr_Clear();
+        dt = 0;
+    }
+    else {
+        dt -= pc->t0;
+    }
+    PyObject *t0 = PyLong_FromLongLong(pc->t0);
+    PyObject *d = PyLong_FromLongLong(dt);
+    PyObject *res = NULL;
+    if (t0 != NULL && d != NULL) {
+        PyObject *args[5] = {(PyObject *)r, pc->token, t0, d, outcome};
+        res = PyObject_Vectorcall(pc->end, args, 5, NULL);
+    }
+    Py_XDECREF(t0);
+    Py_XDECREF(d);
+    if (res == NULL) {
+        probe_failed(pc->probe, fetch_exc());
+    }
+    Py_XDECREF(res);
+    Py_CLEAR(pc->token);
+    Py_CLEAR(pc->end);
+    Py_CLEAR(pc->probe);
+    if (pending != NULL) {
+        restore_exc(pending);
+    }
+}
+
+/* One poll (poll_inner), with the probe's begin before it and its end after it. */
+static PySendResult
+poll(WrapperObject *self, PyObject *arg, PyObject **res, PyObject **stop)
+{
+    long long t0 = 0;
+    if (probe_end == NULL) { /* what the probe seam costs when no probe is set */
+        return poll_inner(self, arg, res, stop, &t0);
+    }
+    ProbeCall pc;
+    Py_INCREF(self);
+    RecordObject *r = (RecordObject *)Py_NewRef(self->r);
+    probe_enter(&pc, r);
+    PySendResult status = poll_inner(self, arg, res, stop, &pc.t0);
+    probe_exit(&pc, r, status);
+    Py_DECREF(r);
+    Py_DECREF(self);
+    return status;
+}
+
 /* What a StopIteration carries (for a coroutine that is not a native one): 1 if the exception
  * set was a StopIteration (cleared, *value set), else 0. */
 static int
@@ -1029,20 +1157,14 @@ wrapper_iternext(WrapperObject *self)
 }
 
 static PyObject *
-wrapper_throw(WrapperObject *self, PyObject *const *args, Py_ssize_t nargs)
+throw_inner(WrapperObject *self, PyObject *typ, PyObject *val, PyObject *tb, long long *t0_out)
 {
-    if (nargs < 1 || nargs > 3) {
-        PyErr_Format(PyExc_TypeError, "throw expected between 1 and 3 arguments, got %zd", nargs);
-        return NULL;
-    }
-    PyObject *typ = args[0];
-    PyObject *val = nargs > 1 ? args[1] : Py_None;
-    PyObject *tb = nargs > 2 ? args[2] : Py_None;
     RecordObject *r = self->r;
     long long t0;
     if (now_ns(&t0) < 0) {
         return NULL;
     }
+    *t0_out = t0;
     if (!r->first && first_poll(r, t0) < 0) {
         return NULL;
     }
@@ -1098,6 +1220,31 @@ wrapper_throw(WrapperObject *self, PyObject *const *args, Py_ssize_t nargs)
     restore_exc(finish_poll(r, t0, fetch_exc()));
     Py_DECREF(self);
     return NULL;
+}
+
+static PyObject *
+wrapper_throw(WrapperObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs < 1 || nargs > 3) {
+        PyErr_Format(PyExc_TypeError, "throw expected between 1 and 3 arguments, got %zd", nargs);
+        return NULL;
+    }
+    PyObject *typ = args[0];
+    PyObject *val = nargs > 1 ? args[1] : Py_None;
+    PyObject *tb = nargs > 2 ? args[2] : Py_None;
+    long long t0 = 0;
+    if (probe_end == NULL) {
+        return throw_inner(self, typ, val, tb, &t0);
+    }
+    ProbeCall pc;
+    Py_INCREF(self);
+    RecordObject *r = (RecordObject *)Py_NewRef(self->r);
+    probe_enter(&pc, r);
+    PyObject *res = throw_inner(self, typ, val, tb, &pc.t0);
+    probe_exit(&pc, r, res != NULL ? PYGEN_NEXT : PYGEN_ERROR);
+    Py_DECREF(r);
+    Py_DECREF(self);
+    return res;
 }
 
 /* futures._close_record(r, outcome), unless the call has ended. */
@@ -1437,10 +1584,17 @@ mod_setup(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     PyObject *returned = get_global(futures_dict, "RETURNED");
     PyObject *closed = get_global(futures_dict, "CLOSED");
     PyObject *never = get_global(futures_dict, "NEVER_AWAITED");
+    PyObject *suspended = get_global(futures_dict, "SUSPENDED");
+    PyObject *raised = get_global(futures_dict, "RAISED");
+    PyObject *outcome_cancelled = get_global(futures_dict, "OUTCOME_CANCELLED");
     PyObject *asyncio = get_global(futures_dict, "asyncio");
     PyObject *cancelled = asyncio ? PyObject_GetAttrString(asyncio, "CancelledError") : NULL;
     Py_XDECREF(asyncio);
-    if (!ids || !ready || !returned || !closed || !never || !cancelled) {
+    if (!ids || !ready || !returned || !closed || !never || !cancelled || !suspended || !raised ||
+        !outcome_cancelled) {
+        Py_XDECREF(suspended);
+        Py_XDECREF(raised);
+        Py_XDECREF(outcome_cancelled);
         Py_XDECREF(ids);
         Py_XDECREF(ready);
         Py_XDECREF(returned);
@@ -1454,6 +1608,9 @@ mod_setup(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Py_XSETREF(RETURNED, returned);
     Py_XSETREF(CLOSED, closed);
     Py_XSETREF(NEVER_AWAITED, never);
+    Py_XSETREF(SUSPENDED, suspended);
+    Py_XSETREF(RAISED, raised);
+    Py_XSETREF(CANCELLED, outcome_cancelled);
     Py_XSETREF(cancelled_error, cancelled);
     if (fields_setup(futures_dict, session_dict) < 0) {
         return NULL;
@@ -1527,6 +1684,35 @@ mod_running_calls(PyObject *module, PyObject *arg)
                          outer->r ? (PyObject *)outer->r : Py_None);
 }
 
+PyDoc_STRVAR(set_poll_probe_doc,
+             "set_poll_probe(probe, begin, end)\n--\n\n"
+             "Call begin(record) before and end(record, token, t0_ns, dt_ns, outcome) after every "
+             "poll (all three None: no probe). Used by futures.set_poll_probe, which is the API.");
+
+static PyObject *
+mod_set_poll_probe(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "set_poll_probe() takes three arguments");
+        return NULL;
+    }
+    int on = args[0] != Py_None;
+    if (on && (!PyCallable_Check(args[1]) || !PyCallable_Check(args[2]))) {
+        PyErr_SetString(PyExc_TypeError, "set_poll_probe(): begin and end must be callable");
+        return NULL;
+    }
+    /* No Python code runs until all three are set (or cleared): a poll, which checks probe_end,
+     * sees all of them or none; the old ones are released last. */
+    PyObject *old[3] = {probe_obj, probe_begin, probe_end};
+    probe_obj = on ? Py_NewRef(args[0]) : NULL;
+    probe_begin = on ? Py_NewRef(args[1]) : NULL;
+    probe_end = on ? Py_NewRef(args[2]) : NULL;
+    for (int i = 0; i < 3; i++) {
+        Py_XDECREF(old[i]);
+    }
+    Py_RETURN_NONE;
+}
+
 static PyObject *
 mod_bucket_of(PyObject *module, PyObject *arg)
 {
@@ -1573,6 +1759,8 @@ mod_clock_read_cost(PyObject *module, PyObject *arg)
 static PyMethodDef module_methods[] = {
     {"setup", (PyCFunction)(void (*)(void))mod_setup, METH_FASTCALL, setup_doc},
     {"running_calls", (PyCFunction)mod_running_calls, METH_O, running_calls_doc},
+    {"set_poll_probe", (PyCFunction)(void (*)(void))mod_set_poll_probe, METH_FASTCALL,
+     set_poll_probe_doc},
     {"bucket_of", (PyCFunction)mod_bucket_of, METH_O,
      "bucket_of(ns): the histogram bucket (as asyncflow.stats.bucket_of) the hot path bumps."},
     {"clock_read_cost", (PyCFunction)mod_clock_read_cost, METH_O,
@@ -1639,6 +1827,7 @@ PyInit__speedups(void)
     INTERN(s_future_record, "future_record");
     INTERN(s_wrapper_name, "InstrumentedCoroutine");
     INTERN(s_slot_key, "asyncflow.running_call");
+    INTERN(s_probe_failed, "_probe_failed");
     for (Py_ssize_t i = 0; i < BUCKETS; i++) {
         bucket_ints[i] = PyLong_FromSsize_t(i);
         if (bucket_ints[i] == NULL) {

@@ -393,6 +393,7 @@ class CallRecord:
         "max",
         "outcome",
         "polls",
+        "probe_data",
         "result",
         "start",
         "state",
@@ -410,6 +411,9 @@ class CallRecord:
     cancel_requests: int
     cancel_to_end: int
     cancel_outcome: str
+    #: owned by the poll probe (asyncflow.instrument.probes), if one wants to keep figures on
+    #: the call itself; never set or read by asyncflow
+    probe_data: Any
 
     def __init__(self, future: FutureRecord, stats: FutureStats, now: int) -> None:
         self.future = future
@@ -623,6 +627,104 @@ def _normalize_throw(typ: Any, val: Any, tb: Any) -> BaseException:
     return exc
 
 
+# ---- the per-poll probe seam (asyncflow.instrument.probes is its public face) ----------------
+
+#: (probe, probe.begin, probe.end) while a poll probe is set, else None: read once per poll
+_poll_probe: tuple[Any, Callable[[Any], Any], Callable[..., Any]] | None = None
+_PROBE_FAILED = object()  # the token of a begin() that raised: its end() is not called
+
+
+def set_poll_probe(probe: Any) -> Any:
+    """Set (or with None remove) the observer of every poll, on both hot paths; returns the
+    previous one. See asyncflow.instrument.probes for the contract."""
+    global _poll_probe
+    previous = _poll_probe[0] if _poll_probe is not None else None
+    if probe is None:
+        _poll_probe = None
+        if _speedups is not None:
+            _speedups.set_poll_probe(None, None, None)
+        return previous
+    begin, end = probe.begin, probe.end
+    _poll_probe = (probe, begin, end)
+    if _speedups is not None:
+        _speedups.set_poll_probe(probe, begin, end)
+    return previous
+
+
+def _probe_failed(probe: Any, err: BaseException) -> None:
+    """A probe raised: it is removed (if it is still the one set) and the error counted, once."""
+    try:
+        if _poll_probe is not None and _poll_probe[0] is probe:
+            set_poll_probe(None)
+        _session.internal_error("a poll probe (removed)", err)
+    except Exception:  # observing never breaks the program
+        pass
+
+
+def _probe_outcome(exc: BaseException) -> str:
+    if isinstance(exc, StopIteration):
+        return RETURNED
+    if isinstance(exc, asyncio.CancelledError):
+        return OUTCOME_CANCELLED
+    return RAISED
+
+
+def _probe_end(
+    probe: tuple[Any, Any, Any], r: CallRecord, token: Any, t0: int, polls: int, outcome: str
+) -> None:
+    if token is _PROBE_FAILED:
+        return
+    # The poll recorded its duration (r.last) unless the call had ended before it.
+    dt = r.last if r.polls == polls + 1 else _clock.now_ns() - t0
+    try:
+        probe[2](r, token, t0, dt, outcome)
+    except Exception as err:
+        _probe_failed(probe[0], err)
+
+
+def _probed_poll(w: InstrumentedCoroutine[Any], value: Any, thrown: Any) -> Any:
+    """One poll, as InstrumentedCoroutine.send (``thrown`` None) or .throw (``thrown`` its
+    arguments) do, between the probe's begin() and end(): outside the timed part."""
+    probe = _poll_probe
+    r = w._r
+    token: Any = _PROBE_FAILED
+    if probe is not None:
+        try:
+            token = probe[1](r)
+        except Exception as err:
+            _probe_failed(probe[0], err)
+    t0 = _clock.now_ns()
+    if not r.first:
+        _first_poll(r, t0)
+    if thrown is not None:
+        typ = thrown[0]
+        if isinstance(typ, asyncio.CancelledError) or (
+            isinstance(typ, type) and issubclass(typ, asyncio.CancelledError)
+        ):
+            _cancel_requested(r, t0)
+        typ = None
+    polls = r.polls
+    r.start = t0
+    try:
+        if thrown is None:
+            out = w._coro.send(value)
+        elif thrown[1] is None and thrown[2] is None:
+            out = w._coro.throw(thrown[0])
+        else:
+            out = w._coro.throw(_normalize_throw(*thrown))
+    except BaseException as exc:
+        _finish_poll(r, t0, exc)
+        if probe is not None:
+            _probe_end(probe, r, token, t0, polls, _probe_outcome(exc))
+        raise
+    finally:
+        thrown = None  # the thrown exception's traceback holds this frame (see throw)
+    _end_poll(r, t0)
+    if probe is not None:
+        _probe_end(probe, r, token, t0, polls, SUSPENDED)
+    return out
+
+
 class InstrumentedCoroutine(Coroutine[Any, Any, _T]):
     """A tracked call: behaves as the coroutine it wraps, and records each poll.
 
@@ -637,6 +739,8 @@ class InstrumentedCoroutine(Coroutine[Any, Any, _T]):
         self._r = CallRecord(future, future.stats, _clock.now_ns())
 
     def send(self, value: Any = None) -> Any:
+        if _poll_probe is not None:  # the only cost of the probe seam when no probe is set
+            return _probed_poll(self, value, None)
         r = self._r
         t0 = _clock.now_ns()
         if not r.first:
@@ -662,6 +766,13 @@ class InstrumentedCoroutine(Coroutine[Any, Any, _T]):
     __next__ = send
 
     def throw(self, typ: Any, val: Any = None, tb: Any = None) -> Any:
+        if _poll_probe is not None:
+            thrown: tuple[Any, Any, Any] | None = (typ, val, tb)
+            typ = val = tb = None
+            try:
+                return _probed_poll(self, None, thrown)
+            finally:
+                thrown = None  # see below: no cycle through this frame's locals
         r = self._r
         t0 = _clock.now_ns()
         if not r.first:
