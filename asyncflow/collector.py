@@ -21,6 +21,7 @@ from asyncflow.instrument import futures as _futures
 from asyncflow.instrument import resources as _resources
 from asyncflow.instrument.futures import CallRecord, FutureRecord, registry
 from asyncflow.monitor import LoopMonitor
+from asyncflow.threads import ThreadSampler
 
 __all__ = ["DRAIN_INTERVAL", "SERIES_INTERVAL_NS", "Collector", "LiveSeries", "live_calls"]
 
@@ -79,6 +80,8 @@ class Collector:
         self._next_sample = 0
         #: the diagnoses over time: evaluated by views.warnings_document, on this thread
         self.warnings = lints.WarningBook(lints.Thresholds.from_options(options.warn))
+        #: every thread of the process, sampled on this tick (``GET /threads``)
+        self.threads = ThreadSampler()
         #: the trace recorder (``trace=``), fed on this tick; None when no trace is recorded
         self.trace: trace.TraceRecorder | None = None
         if options.trace:
@@ -145,6 +148,7 @@ class Collector:
             self.session.tick = now
             self.drain()
             self.sample_live(now)
+            self.threads.tick(now)
             if self.trace is not None:
                 try:
                     self.trace.tick(now)

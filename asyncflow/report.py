@@ -12,6 +12,7 @@ from asyncflow.schema import (
     ResourceEntry,
     Snapshot,
     StreamEntry,
+    ThreadEntry,
     WarningEntry,
     dumps,
 )
@@ -95,6 +96,10 @@ def render_table(snapshot: Snapshot, percentiles: tuple[float, ...], limit: int)
     if streams:
         shown_streams = streams if limit == 0 else streams[:limit]
         lines += ["", *_table([_STREAM_COLUMNS, *(_stream_row(s) for s in shown_streams)])]
+    threads = _threads_shown(snapshot)
+    if threads:
+        shown_threads = threads if limit == 0 else threads[:limit]
+        lines += ["", *_table([_THREAD_COLUMNS, *map(_thread_row, shown_threads)])]
     loops = snapshot.loop.loops if snapshot.loop is not None else []
     if loops:
         lines += ["", *_table([_LOOP_COLUMNS, *(_loop_row(entry) for entry in loops)])]
@@ -277,6 +282,35 @@ def _executor_row(e: ExecutorEntry) -> list[str]:
         format_duration(e.run_ns.get("p50")),
         format_duration(e.max_run_ns),
         f"{e.raised:,}",
+    ]
+
+
+_THREAD_COLUMNS = ["thread", "state", "cpu", "user", "system", "avg cpu", "max cpu", "last"]
+
+
+def _threads_shown(snapshot: Snapshot) -> list[ThreadEntry]:
+    """The threads, when there is more to see than the main thread and asyncflow's own (an
+    executor's workers, a library's threads): a single-threaded program gets no table."""
+    threads = snapshot.threads.threads if snapshot.threads is not None else []
+    others = [t for t in threads if t.name != "MainThread" and not t.asyncflow]
+    return threads if others else []
+
+
+def _share(share: float | None) -> str:
+    return "-" if share is None else f"{share:.0%}"
+
+
+def _thread_row(t: ThreadEntry) -> list[str]:
+    name = f"{t.name} (asyncflow)" if t.asyncflow else t.name
+    return [
+        f"{name} [{t.native_id}]",
+        t.state or "-",
+        format_duration(t.cpu_ns),
+        format_duration(t.user_ns),
+        format_duration(t.system_ns),
+        _share(t.avg_share),
+        _share(t.max_share),
+        _share(t.share),
     ]
 
 

@@ -64,6 +64,8 @@ __all__ = [
     "StreamItemEntry",
     "StreamLogs",
     "StreamsDocument",
+    "ThreadEntry",
+    "ThreadsDocument",
     "TaskEntry",
     "TasksDocument",
     "WaitSummary",
@@ -671,6 +673,64 @@ class ExecutorsDocument:
 
 
 @dataclass(frozen=True, slots=True)
+class ThreadEntry:
+    """One thread of the process, as the collector's last sample saw it."""
+
+    #: the kernel's thread id (``threading.get_native_id()``)
+    native_id: int
+    #: Python's ``threading.get_ident()``; None for a thread Python did not start
+    ident: int | None
+    #: the ``threading.Thread`` name, or the kernel's (15 characters) for a foreign thread
+    name: str
+    #: whether Python runs code in it (a ``threading.Thread``, the main thread...)
+    python: bool
+    #: ``Thread.daemon``; None for a foreign thread
+    daemon: bool | None
+    #: whether it is asyncflow's own (the profiler's thread)
+    asyncflow: bool
+    #: ``running``, ``sleeping``, ``waiting`` (uninterruptible: disk, a blocking kernel call),
+    #: ``stopped``, ``zombie`` (Linux); ``exited`` once gone; None where the platform says not
+    state: str | None
+    #: CPU time used since the thread started (user + system), to the nanosecond on Linux
+    cpu_ns: int | None
+    #: user and system CPU time, at the kernel's tick resolution (10 ms on most systems)
+    user_ns: int | None
+    system_ns: int | None
+    #: CPU time over wall time in the last interval, a fraction of one CPU (1.0: one core busy)
+    share: float | None
+    #: the highest share over any interval since first seen
+    max_share: float | None
+    #: CPU time over wall time since first seen
+    avg_share: float | None
+    #: the length of the last interval
+    interval_ns: int
+    #: when the profiler first saw it, relative to the profiler's start
+    first_seen_ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadsDocument:
+    """``GET /threads``: every thread of the process, the busiest in the last interval first,
+    then the last threads that exited."""
+
+    schema: int
+    #: ``proc`` (Linux: every OS thread, with state and CPU time) or ``threading`` (elsewhere:
+    #: Python's threads, names and ids only)
+    source: str
+    #: when the sample was taken, relative to the profiler's start
+    sampled_ns: int
+    #: samples taken so far (one every ``sample_interval_ns`` on the collector's tick, and one
+    #: before a document when the last is older than 0.1 s)
+    samples: int
+    sample_interval_ns: int
+    #: live threads (the exited ones listed are not counted)
+    total: int
+    #: CPU time over wall time of every live thread together, in the last interval
+    process_share: float | None
+    threads: list[ThreadEntry]
+
+
+@dataclass(frozen=True, slots=True)
 class NeverAwaitedEntry:
     """Coroutines of one function that were created and never awaited."""
 
@@ -743,6 +803,8 @@ class Snapshot:
     resources: ResourcesDocument | None = None
     resource_logs: list[ResourceLogs] = field(default_factory=list)
     tasks: TasksDocument | None = None
+    #: every thread of the process (``GET /threads``)
+    threads: ThreadsDocument | None = None
     #: the diagnoses, as ``GET /warnings`` lists them
     warnings: list[WarningEntry] = field(default_factory=list)
 

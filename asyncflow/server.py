@@ -36,6 +36,7 @@ from asyncflow.instrument.channels import ChannelRecord, channel_registry
 from asyncflow.instrument.futures import FutureRecord, registry
 from asyncflow.instrument.streams import StreamRecord, stream_registry
 from asyncflow.openapi import Param, Route
+from asyncflow.threads import threads_document
 
 __all__ = [
     "DEFAULT_LOGS",
@@ -145,6 +146,11 @@ ROUTES: tuple[Route, ...] = (
         "/executors",
         "Every executor jobs were submitted to, busiest first.",
         schema.ExecutorsDocument,
+    ),
+    Route(
+        "/threads",
+        "Every thread of the process: state, CPU time and CPU share, the busiest first.",
+        schema.ThreadsDocument,
     ),
     Route("/snapshot", "Every document at once.", schema.Snapshot),
     Route("/openapi.json", "This description of the endpoint.", dict[str, Any]),
@@ -477,6 +483,7 @@ class Server:
             "/executors": self._executors,
             "/resources": self._resources,
             "/resources/{id}/logs": self._resource_logs,
+            "/threads": self._threads,
             "/snapshot": self._snapshot,
         }
         for route in ROUTES:
@@ -703,6 +710,10 @@ class Server:
     def _executors(self, query: _Query) -> Any:
         percentiles = self.collector.options.percentiles
         return wait_views.executors_document(percentiles, self.collector.futures())
+
+    def _threads(self, query: _Query) -> Any:
+        collector = self.collector
+        return threads_document(collector.threads, clock.now_ns(), collector.session.start_ns)
 
     def _snapshot(self, query: _Query) -> Any:
         return views.snapshot(self.collector, self._running())

@@ -190,6 +190,10 @@ class View:
         return next(c for c in self.columns if c.name == name)
 
 
+def _percent(share: float | None) -> str:
+    return "-" if share is None else f"{share:.0%}"
+
+
 # futures ---------------------------------------------------------------------------------------
 
 
@@ -622,6 +626,29 @@ VIEWS: tuple[View, ...] = (
         ),
         sort="queued",
         log_lines=_job_lines,
+    ),
+    View(
+        "threads", "h",
+        "one row per thread of the process: its state and the CPU it used, as a share of one "
+        "core (a saturated executor or a busy thread beside the loop shows here)",
+        "/threads", "threads",
+        (
+            _text("thread", 0, lambda t: t["name"] + (" (asyncflow)" if t["asyncflow"] else ""),
+                  "the thread's name", flex=True),
+            _text("state", 1, lambda t: t["state"] or "-", "running, sleeping, waiting (a "
+                  "blocking kernel call), exited"),
+            Column("cpu%", 1, lambda t: t["share"], "CPU over wall time in the last interval "
+                   "(100%: one core busy)", show=_percent),
+            Column("avg%", 2, lambda t: t["avg_share"], "CPU over wall time since first seen",
+                   show=_percent),
+            Column("max%", 2, lambda t: t["max_share"], "the highest cpu% of any interval",
+                   show=_percent),
+            _dur("cpu", 3, lambda t: t["cpu_ns"], "CPU time used since the thread started"),
+            _dur("sys", 4, lambda t: t["system_ns"], "of which in the kernel (system time)"),
+            _count("tid", 5, lambda t: t["native_id"], "the kernel's thread id"),
+        ),
+        sort="cpu%",
+        row_id=lambda t: str(t["native_id"]),
     ),
 )
 # fmt: on

@@ -30,6 +30,7 @@ from asyncflow.instrument.resources import resource_registry
 from asyncflow.instrument.streams import ACTIVE, StreamRecord, stream_registry
 from asyncflow.monitor import Episode, LoopState, running_calls
 from asyncflow.paging import at_most, ordered_page
+from asyncflow.threads import FRESH_NS, threads_document
 from asyncflow.schema import (
     SCHEMA,
     BlockedEpisode,
@@ -598,6 +599,7 @@ def snapshot(collector: Collector, running: bool = True) -> Snapshot:
         executors=executors,
         resources=resources,
         resource_logs=[resource_views.resource_logs(r, origin) for r in resource_registry()],
+        threads=threads_document(collector.threads, now, origin, 0 if not running else FRESH_NS),
         warnings=warnings.warnings,
     )
 

@@ -196,6 +196,7 @@ async def test_at_80_columns_the_columns_people_need_most_fit() -> None:
         "executors": {"executor", "workers", "queued", "running", "q-p95"},
         "warnings": {"warning", "sev", "kind"},
         "resources": {"resource", "kind", "waiting", "waitΣ", "holdΣ"},
+        "threads": {"thread", "state", "cpu%", "avg%"},
     }
     with asyncflow.profile("narrow", format="none", port=0) as prof, stuck():
         await futures_of_every_kind()
