@@ -34,11 +34,29 @@ from asyncflow.profiler import start as start
 from asyncflow.profiler import stop as stop
 
 if TYPE_CHECKING:  # imported when first used: see __getattr__
+    from asyncflow.recording import Recorder as Recorder
     from asyncflow.schema import Snapshot as Snapshot
+    from asyncflow.timing import measure as measure
+    from asyncflow.timing import measure_block as measure_block
+    from asyncflow.values import counter as counter
+    from asyncflow.values import gauge as gauge
+    from asyncflow.values import histogram as histogram
+    from asyncflow.values import value as value
 
 #: names imported only when first used, so that ``import asyncflow`` stays light for a program
 #: that only instruments (the documents' module alone costs more than the rest together)
-_LAZY = {"Snapshot": "asyncflow.schema"}
+_LAZY = {
+    "Snapshot": "asyncflow.schema",
+    # function timing, the program's own metrics, the recording interface (issue 16); the
+    # modules are named apart from the functions, so that importing one never shadows these
+    "Recorder": "asyncflow.recording",
+    "measure": "asyncflow.timing",
+    "measure_block": "asyncflow.timing",
+    "counter": "asyncflow.values",
+    "gauge": "asyncflow.values",
+    "histogram": "asyncflow.values",
+    "value": "asyncflow.values",
+}
 
 __all__ = [
     "AsyncflowError",
@@ -48,12 +66,16 @@ __all__ = [
     "Options",
     "Profiler",
     "QueueInstrumentation",
+    "Recorder",
     "Reporter",
     "Snapshot",
     "TaskInstrumentation",
     "__version__",
     "active_profiler",
+    "counter",
     "future",
+    "gauge",
+    "histogram",
     "instrument",
     "instrument_executors",
     "instrument_lock",
@@ -62,11 +84,14 @@ __all__ = [
     "instrument_queue",
     "instrument_queues",
     "instrument_tasks",
+    "measure",
+    "measure_block",
     "profile",
     "start",
     "stop",
     "stream",
     "track_never_awaited",
+    "value",
 ]
 
 

@@ -36,7 +36,7 @@ from asyncflow import stats as _stats
 from asyncflow.instrument import _session
 
 if TYPE_CHECKING:
-    from asyncflow.measure import Site
+    from asyncflow.timing import Site
     from asyncflow.values import Metric
 
 __all__ = [

@@ -39,6 +39,8 @@ __all__ = [
     "FlowDocument",
     "FlowEdge",
     "FlowNode",
+    "FunctionEntry",
+    "FunctionsDocument",
     "FutureEntry",
     "FutureLogs",
     "FuturesDocument",
@@ -47,6 +49,8 @@ __all__ = [
     "Location",
     "LoopDocument",
     "LoopEntry",
+    "MetricEntry",
+    "MetricsDocument",
     "NeverAwaitedEntry",
     "Outcomes",
     "PermitsInfo",
@@ -68,6 +72,7 @@ __all__ = [
     "ThreadsDocument",
     "TaskEntry",
     "TasksDocument",
+    "ValueSample",
     "WaitSummary",
     "WaitTarget",
     "WarningEntry",
@@ -786,6 +791,97 @@ class WarningsDocument:
 
 
 @dataclass(frozen=True, slots=True)
+class FunctionEntry:
+    """One measured function or block (``@asyncflow.measure``, ``asyncflow.measure_block``).
+
+    Times are wall time; an async function's runs from its call to its completion, awaits
+    included. Recursion is counted once per outermost call.
+    """
+
+    id: int
+    label: str
+    #: ``function``, ``block``, or ``other`` (the labels past the table's size, counted together)
+    kind: str
+    #: ``module:qualname`` of the function, or of the code the block is in
+    source: str
+    location: Location
+    is_async: bool
+    call_count: int
+    #: calls that raised (by exception type in ``errors``)
+    error_count: int
+    errors: dict[str, int]
+    #: wall time of every call, summed
+    total_ns: int
+    #: total time minus that of measured calls nested in the same task (or thread)
+    self_ns: int
+    mean_ns: int
+    max_ns: int
+    #: percentiles of a call's total time
+    duration_ns: dict[str, int]
+    #: ``total_ns`` over the profile's wall time (above 1 when calls overlap)
+    share: float
+
+
+@dataclass(frozen=True, slots=True)
+class FunctionsDocument:
+    """``GET /functions``: every measured function and block, most total time first."""
+
+    schema: int
+    total: int
+    offset: int
+    limit: int
+    #: the profile's wall time, which ``share`` divides by
+    elapsed_ns: int
+    functions: list[FunctionEntry]
+    #: distinct labels counted under ``(other names)`` because the table was full
+    labels_folded: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ValueSample:
+    """One value of a value log (``asyncflow.value(name, v)``) and when it was logged."""
+
+    at_ns: int
+    value: float | int | str
+
+
+@dataclass(frozen=True, slots=True)
+class MetricEntry:
+    """One counter, gauge, histogram or value log the program updates."""
+
+    id: int
+    name: str
+    #: ``counter``, ``gauge``, ``histogram`` or ``value``
+    kind: str
+    #: updates (counter, gauge), samples (histogram), values logged (value)
+    count: int
+    #: the counter's total, the gauge's value now, the last value logged (None for histograms)
+    value: float | int | str | None
+    #: the least and greatest value seen (gauge values, histogram samples, numbers logged)
+    min: float | int | None
+    max: float | int | None
+    #: the sum of a histogram's samples
+    sum: float | int
+    #: a histogram's percentiles, at integer resolution
+    percentiles: dict[str, int]
+    #: a value log's last values, oldest first
+    recent: list[ValueSample]
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsDocument:
+    """``GET /user_metrics``: the program's own counters, gauges, histograms and value logs."""
+
+    schema: int
+    total: int
+    offset: int
+    limit: int
+    metrics: list[MetricEntry]
+    #: distinct names counted under ``(other metrics)`` because the table was full
+    names_folded: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class Snapshot:
     """Everything at once: what ``prof.snapshot()`` returns and the ``json`` report contains."""
 
@@ -807,6 +903,10 @@ class Snapshot:
     threads: ThreadsDocument | None = None
     #: the diagnoses, as ``GET /warnings`` lists them
     warnings: list[WarningEntry] = field(default_factory=list)
+    #: measured functions and blocks (``GET /functions``)
+    functions: FunctionsDocument | None = None
+    #: the program's counters, gauges, histograms and value logs (``GET /user_metrics``)
+    user_metrics: MetricsDocument | None = None
 
 
 @dataclass(frozen=True, slots=True)

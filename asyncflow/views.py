@@ -11,7 +11,7 @@ import os
 import platform
 from typing import TypeVar
 
-from asyncflow import clock, lints, resource_views, stats, wait_views
+from asyncflow import clock, function_views, lints, resource_views, stats, wait_views
 from asyncflow._version import __version__
 from asyncflow.collector import Collector, live_calls
 from asyncflow.instrument import _session
@@ -601,6 +601,8 @@ def snapshot(collector: Collector, running: bool = True) -> Snapshot:
         resource_logs=[resource_views.resource_logs(r, origin) for r in resource_registry()],
         threads=threads_document(collector.threads, now, origin, 0 if not running else FRESH_NS),
         warnings=warnings.warnings,
+        functions=function_views.functions_document(collector, now),
+        user_metrics=function_views.metrics_document(collector, now),
     )
 
 

@@ -86,7 +86,7 @@ class Site:
         self.folded = 0
 
     def __repr__(self) -> str:
-        return f"<asyncflow.measure.Site {self.name!r} {self.kind}>"
+        return f"<asyncflow.timing.Site {self.name!r} {self.kind}>"
 
 
 _sites_lock = threading.Lock()
