@@ -1,4 +1,4 @@
-"""The ``asyncflow`` command: ``run`` a program profiled; ``top``; ``snapshot``; ``report``.
+"""The ``asyncflow`` command: ``run`` a program profiled; ``ps``; ``top``; ``snapshot``; ``report``.
 
 Every mistake a user can make here (a missing program, a bad option, an unreachable endpoint,
 a file that is not a snapshot) ends in one line on standard error and a non-zero exit code,
@@ -35,6 +35,10 @@ from asyncflow.profiler import DISABLED
 __all__ = ["DEFAULT_URL", "main"]
 
 DEFAULT_URL = f"http://{config.DEFAULT_HOST}:{config.DEFAULT_PORT}"
+_URL_HELP = (
+    "the endpoint [the profiler running on this machine, if only one runs (see 'asyncflow ps'); "
+    f"else {DEFAULT_URL}]"
+)
 #: Exit codes: the program's own when it runs; these when asyncflow cannot get that far.
 USAGE = 2
 FAILED = 1
@@ -136,7 +140,7 @@ def _parser() -> argparse.ArgumentParser:
         "q quit.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    top.add_argument("url", nargs="?", default=DEFAULT_URL, help="the endpoint")
+    top.add_argument("url", nargs="?", default=argparse.SUPPRESS, help=_URL_HELP)
     top.add_argument("--token", default=None, help="bearer token [$ASYNCFLOW_TOKEN]")
     top.add_argument("--interval", type=float, default=0.5, help="seconds between refreshes")
     top.set_defaults(handler=_top)
@@ -146,10 +150,20 @@ def _parser() -> argparse.ArgumentParser:
         help="save every document of a running profiler to a JSON file",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    snap.add_argument("url", nargs="?", default=DEFAULT_URL, help="the endpoint")
+    snap.add_argument("url", nargs="?", default=argparse.SUPPRESS, help=_URL_HELP)
     snap.add_argument("-o", "--output", required=True, help="the file to write")
     snap.add_argument("--token", default=None, help="bearer token [$ASYNCFLOW_TOKEN]")
     snap.set_defaults(handler=_snapshot)
+
+    ps = commands.add_parser(
+        "ps",
+        help="list the profilers running on this machine",
+        description="List the profilers with an endpoint that run on this machine for this user "
+        "(each registers itself while it runs): pid, name, endpoint URL, whether it needs a "
+        "token, how long it has run, and its command line.",
+    )
+    ps.add_argument("--json", action="store_true", help="print a JSON array instead of a table")
+    ps.set_defaults(handler=_ps)
 
     report = commands.add_parser(
         "report",
@@ -516,6 +530,7 @@ def _token(args: argparse.Namespace) -> str | None:
 
 
 def _snapshot(args: argparse.Namespace) -> int:
+    args.url = _pick_url(args, "snapshot")
     document = fetch(args.url, "/snapshot", _token(args))
     try:
         schema.load(schema.Snapshot, document)
@@ -592,6 +607,88 @@ def _held_percentiles(snapshot: schema.Snapshot) -> tuple[float, ...]:
     return tuple(sorted(held))
 
 
+# -- asyncflow ps, and finding the endpoint when no URL is given -------------------------------
+
+
+def _age(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    if seconds < 86400:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    return f"{seconds // 86400}d{seconds % 86400 // 3600:02d}h"
+
+
+def _ps_table(running: Sequence[Any], numbered: bool = False) -> str:
+    import shlex
+    import time
+
+    now = time.time()
+    rows: list[list[str]] = [["#"] if numbered else []]
+    rows[0] += ["PID", "NAME", "URL", "TOKEN", "UP", "COMMAND"]
+    for number, entry in enumerate(running, 1):
+        rows.append([str(number)] if numbered else [])
+        rows[-1] += [
+            str(entry.pid),
+            entry.name,
+            entry.url,
+            "yes" if entry.token else "no",
+            _age(now - entry.started),
+            shlex.join(entry.argv),
+        ]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    lines = [
+        "  ".join([*(cell.ljust(w) for cell, w in zip(row, widths, strict=False)), row[-1]])
+        for row in rows
+    ]
+    return "\n".join(line.rstrip() for line in lines) + "\n"
+
+
+def _ps(args: argparse.Namespace) -> int:
+    from asyncflow import registry
+
+    running = registry.entries()
+    if args.json:
+        sys.stdout.write(orjson.dumps(running, option=orjson.OPT_INDENT_2).decode() + "\n")
+    elif running:
+        sys.stdout.write(_ps_table(running))
+    else:
+        print(f"asyncflow: no profiler is running here ({registry.directory()})", file=sys.stderr)
+    return 0
+
+
+def _pick_url(args: argparse.Namespace, command: str) -> str:
+    """The URL given, else that of the one profiler running here, else (none running) the
+    default; several running: the user picks one, or (not at a terminal) is told to give one."""
+    url: str | None = getattr(args, "url", None)
+    if url is not None:
+        return url
+    from asyncflow import registry
+
+    running = registry.entries()
+    if not running:
+        return DEFAULT_URL
+    if len(running) == 1:
+        return str(running[0].url)
+    if not (sys.stdin.isatty() and sys.stderr.isatty()):
+        listed = ", ".join(f"{e.name} (pid {e.pid}) at {e.url}" for e in running[:5])
+        more = f" and {len(running) - 5} more" if len(running) > 5 else ""
+        raise _Usage(
+            f"{len(running)} profilers run here: {listed}{more}; give one's URL "
+            f"(asyncflow {command} URL; 'asyncflow ps' lists them)"
+        )
+    sys.stderr.write(f"{len(running)} profilers run here:\n" + _ps_table(running, numbered=True))
+    try:
+        answer = input(f"which one? [1-{len(running)}] ").strip()
+    except (EOFError, KeyboardInterrupt):
+        raise _Usage("no profiler chosen") from None
+    if not answer.isdigit() or not 1 <= int(answer) <= len(running):
+        raise _Usage(f"{answer!r} is not a number from 1 to {len(running)}")
+    return str(running[int(answer) - 1].url)
+
+
 # -- asyncflow top -----------------------------------------------------------------------------
 
 
@@ -603,6 +700,7 @@ def _top(args: argparse.Namespace) -> int:
             f"'asyncflow top' needs textual ({exc.name or exc}): install asyncflow-profiler "
             "with its [top] extra (pip install '.[top]' in a checkout), or pip install textual"
         ) from None
+    args.url = _pick_url(args, "top")
     _check_url(args.url)
     if not args.interval > 0:
         raise _Usage(f"--interval {args.interval}: expected seconds, a number > 0")

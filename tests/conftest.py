@@ -19,11 +19,15 @@ def anyio_backend() -> tuple[str, dict[str, Any]]:
 
 
 @pytest.fixture(autouse=True)
-def _any_free_port(monkeypatch: pytest.MonkeyPatch) -> None:
+def _any_free_port(
+    monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory
+) -> None:
     """Profilers in tests (and the examples they run) serve on a free port, never a fixed one,
-    and time every message and item, so that figures are exact; the tests of sampling itself
-    ask for it explicitly."""
+    register in a directory of their own (not among the user's running profilers), and time
+    every message and item, so that figures are exact; the tests of sampling itself ask for it
+    explicitly."""
     monkeypatch.setenv("ASYNCFLOW_PORT", "0")
+    monkeypatch.setenv("ASYNCFLOW_RUNTIME_DIR", str(tmp_path_factory.mktemp("runtime")))
     monkeypatch.setenv("ASYNCFLOW_SAMPLING", "1")
     monkeypatch.delenv("ASYNCFLOW_HOST", raising=False)
     monkeypatch.delenv("ASYNCFLOW_TOKEN", raising=False)
