@@ -31,6 +31,7 @@ __all__ = [
     "disabled",
     "no_extensions",
     "resolve_options",
+    "runtime_dir",
 ]
 
 DEFAULT_PERCENTILES: tuple[float, ...] = (50.0, 95.0, 99.0)
@@ -95,6 +96,7 @@ WARN_THRESHOLDS = {
 }
 _DISABLE = "ASYNCFLOW_DISABLE"
 _NO_EXTENSIONS = "ASYNCFLOW_NO_EXTENSIONS"
+_RUNTIME_DIR = "ASYNCFLOW_RUNTIME_DIR"
 
 
 class Reporter(Protocol):
@@ -182,6 +184,13 @@ def no_extensions(environ: Mapping[str, str] | None = None) -> bool:
     compiled one is built (read once, when ``asyncflow`` is imported)."""
     value = (os.environ if environ is None else environ).get(_NO_EXTENSIONS, "").strip().lower()
     return value not in ("", "0", "false", "no", "off")
+
+
+def runtime_dir(environ: Mapping[str, str] | None = None) -> str | None:
+    """``ASYNCFLOW_RUNTIME_DIR``: where running profilers register themselves for
+    ``asyncflow ps``, instead of ``$XDG_RUNTIME_DIR/asyncflow`` or the temporary directory."""
+    value = (os.environ if environ is None else environ).get(_RUNTIME_DIR, "").strip()
+    return value or None
 
 
 def _percentiles(value: object, source: str) -> tuple[float, ...]:

@@ -31,6 +31,7 @@ from asyncflow.instrument.futures import reset_for_session
 
 if TYPE_CHECKING:
     from asyncflow.collector import Collector
+    from asyncflow.registry import Registration
     from asyncflow.schema import Snapshot
     from asyncflow.server import Server
 
@@ -80,6 +81,8 @@ class Profiler:
         #: set by ``asyncflow run``: profilers the program starts itself join this one
         self.hosting = False
         self._joined: Profiler | None = None
+        #: this process's file in the registry of running profilers (``asyncflow ps``)
+        self._registration: Registration | None = None
 
     @property
     def name(self) -> str:
@@ -174,6 +177,12 @@ class Profiler:
                     self._collector.trace.attach()  # polls are traced from here on
                 _active = _last = self
                 atexit.register(self.stop)
+                if self.url is not None:
+                    from asyncflow import registry
+
+                    self._registration = registry.register(
+                        self.name, self.url, options.token is not None
+                    )
             except BaseException:
                 self._abandon(ready)
                 raise
@@ -330,6 +339,9 @@ class Profiler:
                 thread.join(_STARTUP_TIMEOUT)
             self._state = "stopped"
             self.url = None
+            registration, self._registration = self._registration, None
+            if registration is not None:
+                registration.remove()
             # The final snapshot holds everything worth keeping; the rest can go.
             self._collector = self._server = None
             self._stopped.set()
@@ -383,6 +395,7 @@ class Profiler:
         if collector is not None and collector.trace is not None:
             collector.trace.detach()  # the parent's trace: this child's polls are not in it
         atexit.unregister(self.stop)
+        self._registration = None  # the parent's file: the parent removes it
         if self._state in ("running", "stopping", "new"):
             self._state = "forked"
         self.url = None
