@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 from array import array
 from collections import deque
+from typing import TYPE_CHECKING
 
 from asyncflow import clock, lints, stats, trace
 from asyncflow.config import Options
@@ -22,6 +23,9 @@ from asyncflow.instrument import resources as _resources
 from asyncflow.instrument.futures import CallRecord, FutureRecord, registry
 from asyncflow.monitor import LoopMonitor
 from asyncflow.threads import ThreadSampler
+
+if TYPE_CHECKING:
+    from asyncflow.reporters import Reporters
 
 __all__ = ["DRAIN_INTERVAL", "SERIES_INTERVAL_NS", "Collector", "LiveSeries", "live_calls"]
 
@@ -80,6 +84,8 @@ class Collector:
         self._next_sample = 0
         #: the diagnoses over time: evaluated by views.warnings_document, on this thread
         self.warnings = lints.WarningBook(lints.Thresholds.from_options(options.warn))
+        #: the live reporters (asyncflow.reporters), fed after each drain; None when none
+        self.live: Reporters | None = None
         #: every thread of the process, sampled on this tick (``GET /threads``)
         self.threads = ThreadSampler()
         #: the trace recorder (``trace=``), fed on this tick; None when no trace is recorded
@@ -99,6 +105,7 @@ class Collector:
     def _fold_finished(self) -> int:
         take = self.session.finished.popleft
         keep = self.options.recent_logs
+        live = self.live
         folded = 0
         while True:
             try:
@@ -114,6 +121,8 @@ class Collector:
                 st.recent = deque(maxlen=keep)
             st.recent.append(r)
             folded += 1
+            if live is not None:
+                live.add(r)
         return folded
 
     def sample_live(self, now: int) -> None:
@@ -143,11 +152,15 @@ class Collector:
 
     async def run(self) -> None:
         """Drain forever; cancelled when the profiler stops."""
+        if self.live is not None:
+            self.live.open()
         while True:
             now = clock.now_ns()
             self.session.tick = now
             self.drain()
             self.sample_live(now)
+            if self.live is not None:
+                self.live.tick(now)
             self.threads.tick(now)
             if self.trace is not None:
                 try:

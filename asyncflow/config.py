@@ -30,6 +30,7 @@ __all__ = [
     "check_type",
     "disabled",
     "no_extensions",
+    "otel_exporters",
     "resolve_options",
     "runtime_dir",
 ]
@@ -75,6 +76,7 @@ _ENV = {
     "sampling": "ASYNCFLOW_SAMPLING",
     "allowed_hosts": "ASYNCFLOW_ALLOWED_HOSTS",
     "warn": "ASYNCFLOW_WARN",
+    "otel": "ASYNCFLOW_OTEL",
 }
 
 #: The warnings' thresholds that ``warn=`` may set, and what each takes: ``seconds`` (> 0, at
@@ -151,6 +153,10 @@ class Options:
     #: warning thresholds that differ from the defaults, as (name, value) pairs; see
     #: ``WARN_THRESHOLDS``
     warn: tuple[tuple[str, float], ...] = ()
+    #: live reporters fed each collector tick on the profiler's thread (``asyncflow.reporters``)
+    reporters: tuple[Any, ...] = ()
+    #: export the figures as OpenTelemetry metrics (the ``otel`` extra; ``OTEL_*`` configure it)
+    otel: bool = False
 
 
 def check_type(
@@ -416,6 +422,39 @@ def _allowed_hosts(value: object, source: str) -> tuple[str, ...]:
     return hosts
 
 
+def _live_reporters(value: object, source: str) -> tuple[Any, ...]:
+    """``reporters=``: a list of objects with a ``tick(tick)`` method (asyncflow.reporters)."""
+    if isinstance(value, str | bytes) or not isinstance(value, list | tuple):
+        raise ValueError(
+            f"{source}={_shown(value)}: expected a list of live reporters (objects with a "
+            "tick(tick) method)"
+        )
+    for item in value:
+        if not callable(getattr(item, "tick", None)):
+            raise ValueError(f"{source}: {_shown(item)} is not a live reporter: it has no tick()")
+    return tuple(value)
+
+
+def _switch(value: object, source: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        word = value.strip().lower()
+        if word in ("1", "true", "yes", "on"):
+            return True
+        if word in ("0", "false", "no", "off"):
+            return False
+    raise ValueError(f"{source}={_shown(value)}: expected true or false (1/0, yes/no, on/off)")
+
+
+def otel_exporters(environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
+    """``OTEL_METRICS_EXPORTER`` (the OpenTelemetry standard): the metric exporters asyncflow's
+    own meter provider uses, ``otlp`` by default; ``none`` means none."""
+    value = (os.environ if environ is None else environ).get("OTEL_METRICS_EXPORTER", "")
+    names = tuple(n.strip().lower() for n in value.split(",") if n.strip()) or ("otlp",)
+    return () if names == ("none",) else names
+
+
 def _reporter(value: object, source: str) -> Reporter | None:
     if value is None:
         return None
@@ -457,6 +496,8 @@ def resolve_options(
         "sampling",
         "allowed_hosts",
         "warn",
+        "reporters",
+        "otel",
     }
     unknown = sorted(set(given) - known)
     if unknown:
@@ -513,6 +554,10 @@ def resolve_options(
         fields["allowed_hosts"] = _allowed_hosts(*p)
     if (p := pick("warn")) is not None:
         fields["warn"] = _warn(*p)
+    if given.get("reporters") is not None:
+        fields["reporters"] = _live_reporters(given["reporters"], "reporters")
+    if (p := pick("otel")) is not None:
+        fields["otel"] = _switch(*p)
     if given.get("reporter") is not None:
         fields["reporter"] = _reporter(given["reporter"], "reporter")
     return Options(name=name, **fields)

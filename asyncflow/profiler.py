@@ -32,6 +32,7 @@ from asyncflow.instrument.futures import reset_for_session
 if TYPE_CHECKING:
     from asyncflow.collector import Collector
     from asyncflow.registry import Registration
+    from asyncflow.reporters import Reporters
     from asyncflow.schema import Snapshot
     from asyncflow.server import Server
 
@@ -150,6 +151,8 @@ class Profiler:
             coroutines.reset_for_session()
             session = _session.Session(next(_epochs), clock.now_ns(), options.sampling)
             self._collector = Collector(session, options)
+            if options.reporters or options.otel:
+                self._collector.live = _live_reporters(self._collector, options)
             self._failure, self._abandoned = None, False
             ready = threading.Event()
             self._thread = threading.Thread(
@@ -361,7 +364,12 @@ class Profiler:
         collector.drain()
         if collector.trace is not None:
             collector.trace.finish()  # stops tracing polls; writes the file trace= named
-        return views.snapshot(collector, running=False)
+        final = views.snapshot(collector, running=False)
+        if collector.live is not None:  # the live reporters' last tick, then their close()
+            from asyncflow.reporters import figures_of
+
+            collector.live.close(figures_of(final))
+        return final
 
     def _report(self, snapshot: Snapshot) -> None:
         options = self.options
@@ -558,6 +566,18 @@ def stop() -> Snapshot | None:
 def active_profiler() -> Profiler | None:
     """The profiler running in this process, if any."""
     return _active
+
+
+def _live_reporters(collector: Collector, options: Options) -> Reporters:
+    """The live reporters asked for: ``reporters=[...]``, and the OpenTelemetry export."""
+    from asyncflow.reporters import Reporters
+
+    reporters = list(options.reporters)
+    if options.otel:
+        from asyncflow.otel import OtelReporter  # refuses clearly when the extra is missing
+
+        reporters.append(OtelReporter(service_name=options.name))
+    return Reporters(reporters, collector)
 
 
 def _is_loopback(host: str) -> bool:

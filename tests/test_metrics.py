@@ -1,0 +1,344 @@
+"""Live reporters (the seam every export uses) and the Prometheus text exposition."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import anyio
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+import asyncflow
+from asyncflow import prometheus
+from asyncflow.clock import FakeClock
+from asyncflow.instrument import _session
+from asyncflow.reporters import Figures, FinishedCall, Tick, figures_of
+
+_Series = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+def _parse(text: str) -> tuple[dict[str, str], _Series]:
+    """Every family's type, and every sample's value; fails on any line the parser refuses."""
+    types: dict[str, str] = {}
+    series: _Series = {}
+    for family in text_string_to_metric_families(text):
+        types[family.name] = family.type
+        for sample in family.samples:
+            key = (sample.name, frozenset(sample.labels.items()))
+            assert key not in series, f"duplicate series {key}"
+            series[key] = sample.value
+    return types, series
+
+
+def _value(series: _Series, metric: str, /, **labels: str) -> float:
+    return series[(metric, frozenset(labels.items()))]
+
+
+class Recorder:
+    """A user's live reporter: keeps what each tick hands it."""
+
+    def __init__(self) -> None:
+        self.ticks: list[Tick] = []
+        self.calls: list[FinishedCall] = []
+        self.threads: set[str] = set()
+        self.figures: list[Figures] = []
+        self.opened = 0
+        self.closed: list[Figures] = []
+
+    def open(self, source: object) -> None:
+        self.opened += 1
+
+    def tick(self, tick: Tick) -> None:
+        self.ticks.append(tick)
+        self.calls.extend(tick.calls)
+        self.threads.add(threading.current_thread().name)
+
+    def close(self, final: Figures) -> None:
+        self.closed.append(final)
+
+
+class Capture:
+    """Takes the figures of the next tick, when asked."""
+
+    def __init__(self) -> None:
+        self.wanted: asyncio.Future[Figures] | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    def tick(self, tick: Tick) -> None:
+        wanted, loop = self.wanted, self.loop
+        if wanted is not None and loop is not None:
+            self.wanted = None
+            figures = tick.figures()
+            assert tick.figures() is figures  # built once per tick
+            loop.call_soon_threadsafe(wanted.set_result, figures)
+
+    async def next(self) -> Figures:
+        self.loop = asyncio.get_running_loop()
+        self.wanted = self.loop.create_future()
+        with anyio.fail_after(5):
+            return await self.wanted
+
+
+async def _planted(fake_clock: FakeClock) -> None:
+    """10 calls of ``work`` (2 raise), 5 messages through ``jobs``, 3 items of ``numbers``,
+    a lock waited on once; every duration set by the fake clock."""
+
+    @asyncflow.future(name="work")
+    async def work(i: int) -> int:
+        fake_clock.advance(1_000)
+        await asyncio.sleep(0)
+        fake_clock.advance(500)
+        if i >= 8:
+            raise ValueError(i)
+        return i
+
+    @asyncflow.stream(name="numbers")
+    async def numbers() -> AsyncIterator[int]:
+        for i in range(3):
+            fake_clock.advance(2_000)
+            yield i
+
+    q: asyncio.Queue[int] = asyncflow.instrument_queue(asyncio.Queue(), name="jobs")
+    for i in range(5):
+        await q.put(i)
+    fake_clock.advance(3_000)
+    for _ in range(5):
+        await q.get()
+    await asyncio.gather(*(work(i) for i in range(10)), return_exceptions=True)
+    assert [n async for n in numbers()] == [0, 1, 2]
+    lock = asyncflow.instrument_lock(asyncio.Lock(), name="guard")
+    async with lock:
+        waiter = asyncio.create_task(lock.acquire())
+        await asyncio.sleep(0)
+        fake_clock.advance(7_000)
+    await waiter
+    lock.release()
+
+
+async def test_metrics_parse_and_equal_the_documents(fake_clock: FakeClock) -> None:
+    capture = Capture()
+    with asyncflow.profile("metrics", format="none", port=None, reporters=[capture]) as prof:
+        await _planted(fake_clock)
+        figures = await capture.next()
+        snap = prof.snapshot()
+    text = prometheus.render(figures)
+    types, series = _parse(text)
+    # every family documented, with its type (counters lose "_total" in the parser's names)
+    assert {
+        n.removesuffix("_total") if t == "counter" else n: t
+        for n, (t, _) in prometheus.FAMILIES.items()
+    } == types
+    samples = [line for line in text.splitlines() if line and not line.startswith("#")]
+    assert len(samples) == len(series)
+
+    work = next(e for e in snap.futures.futures if e.label == "work")
+    where = f"{work.location.file}:{work.location.line}"
+    lb = {"label": "work", "location": where}
+    assert _value(series, "asyncflow_future_calls_total", **lb) == 10 == work.call_count
+    finished = "asyncflow_future_calls_finished_total"
+    assert _value(series, finished, **lb, outcome="returned") == 8
+    assert _value(series, finished, **lb, outcome="raised") == 2
+    assert _value(series, "asyncflow_future_polls_total", **lb) == 20 == work.total_polls
+    assert _value(series, "asyncflow_future_busy_seconds_total", **lb) == 15_000 / 1e9
+    assert work.busy_ns == 15_000
+    summary = "asyncflow_future_poll_duration_seconds"
+    assert _value(series, summary + "_sum", **lb) == work.busy_ns / 1e9
+    assert _value(series, summary + "_count", **lb) == 20
+    for key, ns in work.poll_duration_ns.items():
+        quantile = repr(float(key[1:]) / 100)
+        assert _value(series, summary, **lb, quantile=quantile) == ns / 1e9
+    assert _value(series, "asyncflow_future_max_poll_duration_seconds", **lb) == 1_000 / 1e9
+    assert _value(series, "asyncflow_future_live_calls", **lb, state="suspended") == 0
+
+    assert snap.channels is not None
+    jobs = next(c for c in snap.channels.channels if c.label == "jobs")
+    cl = {"label": "jobs", "kind": jobs.kind}
+    assert _value(series, "asyncflow_channel_sent_total", **cl) == 5 == jobs.sent_count
+    assert _value(series, "asyncflow_channel_received_total", **cl) == 5
+    assert _value(series, "asyncflow_channel_max_queue_size", **cl) == 5
+    assert _value(series, "asyncflow_channel_max_delay_seconds", **cl) == jobs.max_delay_ns / 1e9
+    assert jobs.max_delay_ns == 3_000
+
+    assert snap.streams is not None
+    stream = next(s for s in snap.streams.streams if s.label == "numbers")
+    sl = {"label": "numbers", "location": f"{stream.location.file}:{stream.location.line}"}
+    assert _value(series, "asyncflow_stream_items_total", **sl) == 3
+    assert _value(series, "asyncflow_stream_wait_seconds_sum", **sl) == stream.total_wait_ns / 1e9
+    assert stream.total_wait_ns == 6_000
+
+    assert snap.resources is not None
+    guard = next(r for r in snap.resources.resources if r.label == "guard")
+    rl = {
+        "label": "guard",
+        "primitive": "lock",
+        "location": f"{guard.location.file}:{guard.location.line}",
+    }
+    assert _value(series, "asyncflow_resource_acquisitions_total", **rl) == 2
+    assert _value(series, "asyncflow_resource_contended_acquisitions_total", **rl) == 1
+    assert _value(series, "asyncflow_resource_wait_seconds_count", **rl) == guard.waits == 1
+    assert _value(series, "asyncflow_resource_wait_seconds_sum", **rl) == 7_000 / 1e9
+    locked = series.get(("asyncflow_resource_locked", frozenset(rl.items())))
+    assert locked == (None if guard.locked is None else int(guard.locked))
+
+    status = snap.status
+    assert _value(series, "asyncflow_uptime_seconds") == status.uptime_ns / 1e9
+    assert _value(series, "asyncflow_events_dropped_total") == 0
+    info = {"name": "metrics", "version": status.version, "python": status.python}
+    assert _value(series, "asyncflow_info", **info) == 1
+
+
+def test_label_values_are_escaped_and_duplicates_told_apart() -> None:
+    weird = 'say "hi"\\there\nnext line'
+
+    async def main() -> None:
+        def make() -> object:
+            @asyncflow.future(name=weird)
+            async def twin() -> None:
+                await asyncio.sleep(0)
+
+            return twin
+
+        first, second = make(), make()  # one function defined twice on one line
+        await first()  # type: ignore[operator]
+        await second()  # type: ignore[operator]
+
+    with asyncflow.profile("escape", format="none", port=None) as prof:
+        asyncio.run(main())
+        snap = prof.snapshot()
+    _types, series = _parse(prometheus.render(figures_of(snap)))
+    twins = [e for e in snap.futures.futures if e.label == weird]
+    assert len(twins) == 2
+    calls = {
+        dict(labels)["location"] + dict(labels).get("id", ""): value
+        for (name, labels), value in series.items()
+        if name == "asyncflow_future_calls_total" and dict(labels)["label"] == weird
+    }
+    where = f"{twins[0].location.file}:{twins[0].location.line}"
+    later = max(e.id for e in twins)
+    assert calls == {where: 1, f"{where}{later}": 1}
+
+
+def test_empty_profile_renders_every_family() -> None:
+    with asyncflow.profile("empty", format="none", port=None) as prof:
+        snap = prof.snapshot()
+    text = prometheus.render(figures_of(snap))
+    types, _series = _parse(text)
+    assert len(types) == len(prometheus.FAMILIES)
+    assert text.endswith("\n")
+    assert prometheus.CONTENT_TYPE.startswith("text/plain; version=0.0.4")
+
+
+async def test_reporters_get_every_finished_call_once_on_the_profilers_thread(
+    fake_clock: FakeClock,
+) -> None:
+    recorder = Recorder()
+    with asyncflow.profile("live", format="none", port=None, reporters=[recorder]) as prof:
+        await _planted(fake_clock)
+        snap = prof.snapshot()
+    assert recorder.opened == 1 and len(recorder.closed) == 1
+    final = recorder.closed[0]
+    assert [e.call_count for e in final.futures.futures] == [
+        e.call_count for e in snap.futures.futures
+    ]
+    work = [c for c in recorder.calls if c.label == "work"]
+    assert len(work) == 10  # the last tick, at stop, hands over what was left
+    assert sorted(c.outcome for c in work) == ["raised"] * 2 + ["returned"] * 8
+    assert {(c.busy_ns, c.polls) for c in work} == {(1_500, 2)}
+    (logs,) = [log for log in snap.future_logs if log.label == "work"]
+    assert sorted(c.duration_ns for c in work) == sorted(
+        c.finished_ns - c.created_ns for c in logs.calls if c.finished_ns is not None
+    )
+    assert all(name.startswith("asyncflow-profiler") for name in recorder.threads)
+    numbers = [t.number for t in recorder.ticks]
+    assert numbers == list(range(1, len(numbers) + 1))
+    assert all(t.dropped == 0 for t in recorder.ticks)
+
+
+class Broken:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def tick(self, tick: Tick) -> None:
+        self.calls += 1
+        raise RuntimeError("reporter bug")
+
+
+async def test_a_reporter_that_raises_is_turned_off_logged_once_and_counted(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    broken, fine = Broken(), Recorder()
+
+    @asyncflow.future
+    async def step() -> int:
+        await asyncio.sleep(0)
+        return 1
+
+    caplog.set_level(logging.ERROR, logger="asyncflow")
+    before = _session.errors.count
+    with asyncflow.profile("broken", format="none", port=None, reporters=[broken, fine]) as prof:
+        for _ in range(3):
+            assert await step() == 1
+            with anyio.fail_after(5):
+                ticks = len(fine.ticks)
+                while len(fine.ticks) < ticks + 2:  # two more collector ticks went by
+                    await asyncio.sleep(0.01)
+        after = prof.snapshot().status.internal_errors
+    assert broken.calls == 1  # turned off at its first failure
+    assert after - before == 1
+    logged = [r for r in caplog.records if "reporter bug" in r.getMessage()]
+    assert len(logged) == 1 and "Broken.tick" in logged[0].getMessage()
+    assert len([c for c in fine.calls if c.label.endswith("step")]) == 3
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("not a list", "expected a list of live reporters"),
+        ([object()], "is not a live reporter"),
+    ],
+)
+def test_bad_reporters_are_refused(value: object, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        asyncflow.profile("bad", reporters=value)
+
+
+def test_textfile_reporter_writes_the_exposition(tmp_path: Path) -> None:
+    path = tmp_path / "asyncflow.prom"
+    reporter = prometheus.TextfileReporter(path, interval=3600)
+
+    async def main() -> None:
+        @asyncflow.future(name="once")
+        async def once() -> None:
+            await asyncio.sleep(0)
+
+        await once()
+
+    with asyncflow.profile("textfile", format="none", port=None, reporters=[reporter]):
+        asyncio.run(main())
+    assert reporter.writes == 2  # the first tick, then the close
+    _types, series = _parse(path.read_text())
+    assert any(
+        name == "asyncflow_future_calls_total" and dict(labels)["label"] == "once" and value == 1
+        for (name, labels), value in series.items()
+    )
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"interval": 0}, "interval=0"),
+        ({"interval": True}, "interval=True"),
+        ({"path": "/no/such/dir/x.prom"}, "directory does not exist"),
+    ],
+)
+def test_textfile_reporter_refuses_bad_arguments(
+    tmp_path: Path, kwargs: dict[str, object], message: str
+) -> None:
+    path = kwargs.pop("path", tmp_path / "x.prom")
+    with pytest.raises(ValueError, match=message):
+        prometheus.TextfileReporter(path, **kwargs)  # type: ignore[arg-type]
