@@ -105,6 +105,19 @@ def _parser() -> argparse.ArgumentParser:
         f"[{config.DEFAULT_BLOCK_THRESHOLD:g}]",
     )
     run.add_argument(
+        "--trace",
+        default=None,
+        metavar="FILE",
+        help="record a trace (polls, blocked loops, queue depths, loop lag, message flows) and "
+        "write it to FILE at exit, for ui.perfetto.dev or chrome://tracing [off]",
+    )
+    run.add_argument(
+        "--trace-events",
+        default=None,
+        metavar="N",
+        help=f"the trace keeps the newest N events [{config.DEFAULT_TRACE_EVENTS}]",
+    )
+    run.add_argument(
         "--no-queues", action="store_true", help="leave the program's asyncio queues alone"
     )
     run.add_argument(
@@ -154,6 +167,19 @@ def _parser() -> argparse.ArgumentParser:
     snap.add_argument("-o", "--output", required=True, help="the file to write")
     snap.add_argument("--token", default=None, help="bearer token [$ASYNCFLOW_TOKEN]")
     snap.set_defaults(handler=_snapshot)
+
+    trace = commands.add_parser(
+        "trace",
+        help="save a running profiler's trace to a file for Perfetto",
+        description="Save the trace a running profiler records (started with trace=..., "
+        "ASYNCFLOW_TRACE or 'asyncflow run --trace') as a Chrome trace event JSON file: open it "
+        "at https://ui.perfetto.dev or in chrome://tracing.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    trace.add_argument("url", nargs="?", default=DEFAULT_URL, help="the endpoint")
+    trace.add_argument("-o", "--output", required=True, help="the file to write")
+    trace.add_argument("--token", default=None, help="bearer token [$ASYNCFLOW_TOKEN]")
+    trace.set_defaults(handler=_trace)
 
     ps = commands.add_parser(
         "ps",
@@ -252,6 +278,8 @@ def _run(args: argparse.Namespace) -> int:
             "duration": args.duration,
             "sampling": args.sampling,
             "block_threshold": args.block_threshold,
+            "trace": args.trace,
+            "trace_events": args.trace_events,
             "warn": args.warn,
         }.items()
         if value is not None
@@ -544,6 +572,24 @@ def _snapshot(args: argparse.Namespace) -> int:
         raise _Usage(f"cannot write {args.output!r}: {exc.strerror or exc}") from None
     futures = document["futures"]["total"]
     print(f"asyncflow: saved {futures} futures from {args.url} to {args.output}", file=sys.stderr)
+    return 0
+
+
+def _trace(args: argparse.Namespace) -> int:
+    document = fetch(args.url, "/trace", _token(args), timeout=60.0)
+    if not isinstance(document, dict) or not isinstance(document.get("traceEvents"), list):
+        raise AsyncflowError(f"{args.url} answered something that is not a trace")
+    try:
+        Path(args.output).write_bytes(orjson.dumps(document))
+    except OSError as exc:
+        raise _Usage(f"cannot write {args.output!r}: {exc.strerror or exc}") from None
+    meta = document.get("metadata", {}).get("asyncflow", {})
+    events = len(document["traceEvents"])
+    print(
+        f"asyncflow: saved {events} trace events ({meta.get('dropped', 0)} dropped) from "
+        f"{args.url} to {args.output}; open it at https://ui.perfetto.dev",
+        file=sys.stderr,
+    )
     return 0
 
 

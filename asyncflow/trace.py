@@ -66,18 +66,24 @@ def flow_id(channel_id: int, msg_id: int) -> int:
 
 
 class _Probe:
-    """The poll probe: ``begin`` does nothing, ``end`` appends the poll to the ring."""
+    """The poll probe: ``begin`` numbers the poll's start, ``end`` appends the poll to the ring.
+
+    Polls are numbered twice, as they begin and as they end (two counters): a poll is nested
+    in another when it began later and ended sooner, which times alone cannot tell when they
+    are equal (a coarse or a fake clock, polls shorter than a tick of it).
+    """
 
     __slots__ = ("begin", "end")
 
     def __init__(self, append: Callable[[Any], None], seq: Callable[[], int]) -> None:
         get_ident = threading.get_ident
+        began = itertools.count().__next__
 
-        def begin(r: Any) -> None:
-            return None
+        def begin(r: Any) -> int:
+            return began()
 
         def end(r: Any, token: Any, t0: int, dt: int, outcome: str) -> None:
-            append((t0, dt, r, get_ident(), outcome, seq()))
+            append((t0, dt, r, get_ident(), outcome, seq(), token))
 
         self.begin = begin
         self.end = end
@@ -380,13 +386,12 @@ class _Builder:
         by_call: dict[int, _Track] = {}
         for thread, mine in by_thread.items():
             pid = self._pid(thread)
-            # Outer polls first: an outer poll starts no later and ends no earlier than the
-            # polls nested in it, and (same bounds, on a fake clock) is recorded after them.
-            mine.sort(key=lambda p: (p[0], -p[1], -p[5]))
-            stack: list[tuple[int, _Track]] = []  # (end, track) of the enclosing polls
-            for t0, dt, r, _, outcome, _ in mine:
+            # In the order they began; a poll that ended before this one did is not around it.
+            mine.sort(key=lambda p: p[6] if type(p[6]) is int else -1)
+            stack: list[tuple[int, _Track]] = []  # (end number, track) of the enclosing polls
+            for t0, dt, r, _, outcome, ended, _ in mine:
                 end = t0 + dt
-                while stack and end > stack[-1][0]:
+                while stack and stack[-1][0] < ended:
                     stack.pop()
                 if stack:
                     track = stack[-1][1]
@@ -399,7 +404,7 @@ class _Builder:
                         by_call[r.call_id] = track
                     track.starts.append(t0)
                     track.ends.append(end)
-                stack.append((end, track))
+                stack.append((ended, track))
                 args: dict[str, Any] = {"call_id": r.call_id, "future_id": r.future.id}
                 if outcome != "suspended":
                     args["outcome"] = outcome

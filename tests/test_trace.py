@@ -1,0 +1,397 @@
+"""The trace recorder: a Chrome trace event file (Perfetto, chrome://tracing) with message flows.
+
+Every trace made here is checked against the trace event format by :func:`check_format`:
+it loads as JSON, slices are complete (``X``) or paired (``B``/``E`` on one track), timestamps
+never go back on a track, slices on a track nest, and every flow has one start and one finish,
+each inside a slice of its track (what Perfetto binds them to).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+import asyncflow
+from asyncflow import config, trace
+from asyncflow.clock import FakeClock
+from asyncflow.errors import AsyncflowError
+from asyncflow.instrument import futures
+
+Event = dict[str, Any]
+TRACKS = ("X", "B", "E", "s", "f", "i", "I")
+
+
+def check_format(document: dict[str, Any]) -> list[Event]:
+    """Assert that ``document`` is a well-formed trace; returns its events."""
+    document = orjson.loads(trace.render(document))  # what a viewer reads
+    events: list[Event] = document["traceEvents"]
+    assert isinstance(events, list) and events
+    known = {"X", "B", "E", "s", "f", "C", "M"}
+    assert {e["ph"] for e in events} <= known
+    last: dict[tuple[int, int], float] = {}
+    open_slices: dict[tuple[int, int], list[str]] = defaultdict(list)
+    slices: dict[tuple[int, int], list[tuple[float, float]]] = defaultdict(list)
+    flows: dict[int, list[Event]] = defaultdict(list)
+    for e in events:
+        assert isinstance(e["pid"], int)
+        if e["ph"] == "M":
+            assert e["name"] in {
+                "process_name",
+                "process_sort_index",
+                "thread_name",
+                "thread_sort_index",
+            }
+            continue
+        assert isinstance(e["ts"], int | float)
+        if e["ph"] == "C":
+            assert e["args"] and all(isinstance(v, int | float) for v in e["args"].values())
+            continue
+        track = (e["pid"], e["tid"])
+        assert e["ts"] >= last.get(track, float("-inf")), f"time goes back on {track}: {e}"
+        last[track] = e["ts"]
+        if e["ph"] == "B":
+            open_slices[track].append(e["name"])
+        elif e["ph"] == "E":
+            assert open_slices[track], f"an E with no B on {track}"
+            open_slices[track].pop()
+        elif e["ph"] == "X":
+            assert e["dur"] >= 0
+            slices[track].append((e["ts"], e["ts"] + e["dur"]))
+        else:
+            flows[e["id"]].append(e)
+    assert not any(open_slices.values()), "a B without its E"
+    for track, spans in slices.items():  # on one track, slices nest or follow each other
+        stack: list[float] = []
+        for begins, ends in spans:
+            while stack and begins >= stack[-1]:
+                stack.pop()
+            assert not stack or ends <= stack[-1], f"slices overlap on {track}"
+            stack.append(ends)
+    for ident, pair in flows.items():
+        assert [e["ph"] for e in pair] in (["s", "f"],), f"flow {ident}: {pair}"
+        start, finish = pair
+        assert (start["cat"], start["name"]) == (finish["cat"], finish["name"])
+        assert start["ts"] <= finish["ts"]
+        assert finish.get("bp") == "e"
+        for point in pair:
+            spans = slices[(point["pid"], point["tid"])]
+            assert any(a <= point["ts"] <= b for a, b in spans), f"flow outside slices: {point}"
+    meta = document["metadata"]["asyncflow"]
+    assert meta["dropped"] == meta["recorded"] - meta["kept"]
+    return events
+
+
+def flows_of(events: list[Event]) -> list[tuple[Event, Event]]:
+    starts = {e["id"]: e for e in events if e["ph"] == "s"}
+    return [(starts[e["id"]], e) for e in events if e["ph"] == "f"]
+
+
+def track_names(events: list[Event]) -> dict[tuple[int, int], str]:
+    return {
+        (e["pid"], e["tid"]): e["args"]["name"]
+        for e in events
+        if e["ph"] == "M" and e["name"] == "thread_name"
+    }
+
+
+# -- a planted producer -> consumer on the fake clock ------------------------------------------
+
+
+async def pipeline(fake: FakeClock, q: asyncio.Queue[int | None], n: int) -> None:
+    async def producer() -> None:
+        for i in range(n):
+            fake.advance(1_000)
+            q.put_nowait(i)  # sent 1 µs into the poll
+            fake.advance(2_000)
+            await asyncio.sleep(0)  # each poll lasts 3 µs
+        q.put_nowait(None)
+
+    async def consumer() -> None:
+        while await q.get() is not None:  # received at the start of the poll
+            fake.advance(500)
+
+    await asyncio.gather(producer(), consumer())
+
+
+def run_pipeline(fake: FakeClock, n: int, **options: Any) -> tuple[dict[str, Any], Any]:
+    with asyncflow.profile("trace", format="none", port=None, trace=True, **options) as prof:
+
+        async def main() -> None:
+            handle = asyncflow.instrument_tasks()
+            try:
+                q: asyncio.Queue[int | None] = asyncflow.instrument_queue(
+                    asyncio.Queue(), name="jobs"
+                )
+                await asyncio.create_task(pipeline(fake, q, n))
+            finally:
+                handle.undo()
+
+        asyncio.run(main())
+        document = prof.trace()
+        snapshot = prof.snapshot()
+    return document, snapshot
+
+
+def test_message_flows_go_from_the_sending_poll_to_the_receiving_one(fake_clock: FakeClock) -> None:
+    document, snap = run_pipeline(fake_clock, 3)
+    events = check_format(document)
+    (channel,) = [c for c in snap.channels.channels if c.label == "jobs"]
+    (logs,) = [log for log in snap.channel_logs if log.channel_id == channel.id]
+    sent = {e.msg_id: e.timestamp_ns for e in logs.sent_logs}
+    received = {e.msg_id: e.timestamp_ns for e in logs.received_logs}
+    flows = flows_of(events)
+    # every timed message is an arrow, keyed by channel and msg_id: 3 items and the None
+    assert sorted(s["args"]["msg_id"] for s, _ in flows) == [1, 2, 3, 4]
+    names = track_names(events)
+    for start, finish in flows:
+        msg_id = start["args"]["msg_id"]
+        assert start["id"] == finish["id"] == trace.flow_id(channel.id, msg_id)
+        assert start["args"]["channel_id"] == channel.id
+        assert start["ts"] == sent[msg_id] / 1000
+        assert finish["ts"] == received[msg_id] / 1000
+        assert finish["args"]["delay_ns"] == received[msg_id] - sent[msg_id]
+        assert "producer" in names[(start["pid"], start["tid"])]
+        assert "consumer" in names[(finish["pid"], finish["tid"])]
+    # exact poll durations: each producer poll that sends lasts 3 µs, the send 1 µs into it
+    polls = [e for e in events if e["ph"] == "X" and e["name"].endswith("producer")]
+    by_start = {p["ts"]: p for p in polls}
+    for start, _ in flows[:3]:
+        poll = by_start[start["ts"] - 1.0]
+        assert poll["dur"] == 3.0
+        assert (poll["pid"], poll["tid"]) == (start["pid"], start["tid"])
+    assert [p["args"].get("outcome") for p in polls][-1] == "returned"
+    consumer_polls = [e for e in events if e["ph"] == "X" and e["name"].endswith("consumer")]
+    assert sorted({p["dur"] for p in consumer_polls}) == [0.0, 0.5]
+    meta = document["metadata"]["asyncflow"]
+    assert (meta["flows"], meta["flows_unbound"], meta["dropped"]) == (4, 0, 0)
+    assert meta["polls_recorded"] is True
+
+
+def test_the_ring_keeps_the_newest_events_and_counts_the_dropped(fake_clock: FakeClock) -> None:
+    async def steps() -> None:
+        for _ in range(40):
+            fake_clock.advance(1_000)
+            await asyncio.sleep(0)
+
+    with asyncflow.profile("ring", format="none", port=None, trace=True, trace_events=10) as prof:
+        coro = asyncflow.instrument(steps())
+        polls = 0
+        with pytest.raises(StopIteration):  # driven by hand: nothing but these polls happens
+            while True:
+                coro.send(None)
+                polls += 1
+        document = prof.trace()
+    events = check_format(document)
+    meta = document["metadata"]["asyncflow"]
+    assert meta["capacity"] == meta["kept"] == 10
+    assert meta["recorded"] >= polls + 1 == 41
+    assert meta["dropped"] == meta["recorded"] - 10
+    kept = [e["ts"] for e in events if e["ph"] == "X"]
+    assert kept and len(kept) <= 10
+    # the newest polls: the last ones, one every µs, up to the poll that returned
+    last = max(kept)
+    assert kept == [last - i for i in range(len(kept) - 1, -1, -1)]
+    newest = next(e for e in events if e["ph"] == "X" and e["ts"] == last)
+    assert newest["args"]["outcome"] == "returned"
+
+
+def test_memory_stays_flat_however_many_polls() -> None:
+    async def steps(n: int) -> None:
+        for _ in range(n):
+            await asyncio.sleep(0)
+
+    with asyncflow.profile("flat", format="none", port=None, trace=True, trace_events=100) as prof:
+        asyncio.run(asyncflow.instrument(steps(5_000)))
+        collector = prof._collector
+        assert collector is not None and collector.trace is not None
+        assert len(collector.trace.ring) == 100
+        meta = prof.trace()["metadata"]["asyncflow"]
+    assert meta["recorded"] > 5_000 and meta["kept"] == 100
+
+
+# -- the real clock: blocked loops, counters, nested calls -------------------------------------
+
+
+@asyncflow.future
+async def inner() -> None:
+    await asyncio.sleep(0)
+
+
+async def blocker(q: asyncio.Queue[int]) -> None:
+    for i in range(5):
+        await inner()
+        await q.put(i)
+    time.sleep(0.1)  # blocks the loop: the planted problem
+
+
+async def reader(q: asyncio.Queue[int]) -> None:
+    for _ in range(5):
+        await q.get()
+        await inner()
+
+
+def test_a_real_program_gives_a_well_formed_trace_with_episodes_and_counters() -> None:
+    with asyncflow.profile(
+        "real", format="none", port=None, trace=True, block_threshold=0.02
+    ) as prof:
+
+        async def main() -> None:
+            handle = asyncflow.instrument_tasks()
+            try:
+                q: asyncio.Queue[int] = asyncflow.instrument_queue(asyncio.Queue(2), name="q")
+                await asyncio.gather(blocker(q), reader(q))
+                await asyncio.sleep(0.06)  # a heartbeat or two after the block
+            finally:
+                handle.undo()
+
+        asyncio.run(main())
+        document = prof.trace()
+    events = check_format(document)
+    names = track_names(events)
+    (episode,) = [e for e in events if e.get("cat") == "blocked"]
+    assert names[(episode["pid"], episode["tid"])].startswith("event loop")
+    assert episode["dur"] >= 0.09 * 1e6
+    assert episode["args"]["future"].endswith("blocker")
+    assert "test_trace.py" in episode["args"]["where"]
+    counters = {e["name"] for e in events if e["ph"] == "C"}
+    assert any(name.startswith("q (channel") for name in counters)
+    assert any(name.endswith("lag") for name in counters)
+    # a decorated call awaited by a task is drawn inside the task's poll, on the task's track
+    nested = [e for e in events if e["ph"] == "X" and e["name"] == "inner"]
+    assert len(nested) == 20  # 10 calls, two polls each
+    assert {names[(e["pid"], e["tid"])].split(" ")[1] for e in nested} <= {
+        "(tests.test_trace:blocker)",
+        "(tests.test_trace:reader)",
+        "(blocker)",
+        "(reader)",
+    }
+    assert len(flows_of(events)) == 5
+
+
+# -- the option, the file at exit, and what it costs when off ----------------------------------
+
+
+def test_off_no_probe_is_set(tmp_path: Path) -> None:
+    with asyncflow.profile("off", format="none", port=None) as prof:
+        assert futures._poll_probe is None
+        with pytest.raises(AsyncflowError, match="no trace is recorded"):
+            prof.trace()
+    path = tmp_path / "t.json"
+    with asyncflow.profile("on", format="none", port=None, trace=str(path)):
+        assert futures._poll_probe is not None
+    assert futures._poll_probe is None  # removed at stop
+    events = check_format(json.loads(path.read_text()))
+    assert any(e["ph"] == "M" for e in events)
+
+
+def test_trace_is_written_at_exit(tmp_path: Path) -> None:
+    path = tmp_path / "trace.json"
+
+    async def main() -> None:
+        q: asyncio.Queue[int] = asyncflow.instrument_queue(asyncio.Queue(), name="q")
+        await asyncio.gather(q.put(1), asyncflow.instrument(q.get()))
+
+    with asyncflow.profile("exit", format="none", port=None, trace=path):
+        asyncio.run(main())
+    check_format(json.loads(path.read_bytes()))
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("1", (True, None)),
+        ("on", (True, None)),
+        ("off", (False, None)),
+        ("0", (False, None)),
+    ],
+)
+def test_trace_from_the_environment(value: str, expected: tuple[bool, str | None]) -> None:
+    options = config.resolve_options("x", {}, {"ASYNCFLOW_TRACE": value})
+    assert (options.trace, options.trace_output) == expected
+
+
+def test_trace_options(tmp_path: Path) -> None:
+    path = str(tmp_path / "t.json")
+    env = {"ASYNCFLOW_TRACE": path, "ASYNCFLOW_TRACE_EVENTS": "500"}
+    options = config.resolve_options("x", {}, env)
+    assert (options.trace, options.trace_output, options.trace_events) == (True, path, 500)
+    # an explicit argument wins over the environment
+    options = config.resolve_options("x", {"trace": False, "trace_events": 7}, env)
+    assert (options.trace, options.trace_events) == (False, 7)
+    assert config.resolve_options("x", {}, {}).trace_events == config.DEFAULT_TRACE_EVENTS
+    with pytest.raises(ValueError, match="trace_events=0: expected a whole number from 1"):
+        config.resolve_options("x", {"trace_events": 0}, {})
+    with pytest.raises(ValueError, match="ASYNCFLOW_TRACE_EVENTS='many'"):
+        config.resolve_options("x", {}, {"ASYNCFLOW_TRACE_EVENTS": "many"})
+    with pytest.raises(ValueError, match="trace=3: expected True, False, or the trace file"):
+        config.resolve_options("x", {"trace": 3}, {})
+    with pytest.raises(ValueError, match="does not exist"):
+        config.resolve_options("x", {"trace": str(tmp_path / "no" / "t.json")}, {})
+
+
+def test_a_failing_write_is_counted_not_raised(tmp_path: Path) -> None:
+    path = tmp_path / "t.json"
+    with asyncflow.profile("gone", format="none", port=None, trace=str(path)) as prof:
+        path.mkdir()  # the file cannot be written now
+    assert prof.snapshot().status.internal_errors >= 1
+
+
+# -- the command line --------------------------------------------------------------------------
+
+PROGRAM = """
+import asyncio
+
+async def produce(q):
+    for i in range(3):
+        await q.put(i)
+
+async def consume(q):
+    for _ in range(3):
+        await q.get()
+
+async def main():
+    q = asyncio.Queue()
+    await asyncio.gather(produce(q), consume(q))
+
+asyncio.run(main())
+"""
+
+
+def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "ASYNCFLOW_PORT": "0"}
+    return subprocess.run(
+        [sys.executable, "-m", "asyncflow", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_run_with_trace_writes_the_file(tmp_path: Path) -> None:
+    (tmp_path / "prog.py").write_text(PROGRAM)
+    done = run_cli("run", "--format", "none", "--trace", "out.json", "prog.py", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    events = check_format(json.loads((tmp_path / "out.json").read_text()))
+    flows = flows_of(events)
+    assert len(flows) == 3
+    names = track_names(events)
+    assert all("produce" in names[(s["pid"], s["tid"])] for s, _ in flows)
+
+
+def test_run_refuses_a_bad_trace_size(tmp_path: Path) -> None:
+    (tmp_path / "prog.py").write_text(PROGRAM)
+    done = run_cli("run", "--trace", "o.json", "--trace-events", "0", "prog.py", cwd=tmp_path)
+    assert done.returncode == 2
+    assert "--trace-events" in done.stderr and len(done.stderr.strip().splitlines()) == 1
