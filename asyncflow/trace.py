@@ -89,6 +89,27 @@ class _Probe:
         self.end = end
 
 
+class _Both:
+    """Two probes in one (there is one probe seam): ``first`` was set before the recorder."""
+
+    __slots__ = ("begin", "end", "first", "second")
+
+    def __init__(self, first: Any, second: _Probe) -> None:
+        self.first = first
+        self.second = second
+        begin1, end1, begin2, end2 = first.begin, first.end, second.begin, second.end
+
+        def begin(r: Any) -> tuple[Any, Any]:
+            return begin1(r), begin2(r)
+
+        def end(r: Any, token: Any, t0: int, dt: int, outcome: str) -> None:
+            end1(r, token[0], t0, dt, outcome)
+            end2(r, token[1], t0, dt, outcome)
+
+        self.begin = begin
+        self.end = end
+
+
 class _Cursor:
     """How far the recorder has read one channel's logs."""
 
@@ -132,27 +153,31 @@ class TraceRecorder:
     # -- lifecycle (the profiler's start and stop) ---------------------------------------------
 
     def attach(self) -> None:
-        """Start recording polls: set the probe on both hot paths."""
+        """Start recording polls: set the probe on both hot paths (beside a probe already set,
+        which keeps its calls)."""
         try:
-            from asyncflow.instrument import futures
+            from asyncflow.instrument import probes
 
-            futures.set_poll_probe(self.probe)
+            other = probes.poll_probe()
+            probes.set_poll_probe(self.probe if other is None else _Both(other, self.probe))
         except Exception as exc:  # no probe seam: the rest of the trace is still recorded
             _session.internal_error("setting the trace recorder's poll probe", exc)
             return
         self._attached = self.polls = True
 
     def detach(self) -> None:
-        """Stop recording polls (idempotent); removes the probe only if it is still ours."""
+        """Stop recording polls (idempotent); leaves any other probe in place."""
         if not self._attached:
             return
         self._attached = False
         try:
-            from asyncflow.instrument import futures
+            from asyncflow.instrument import probes
 
-            current = futures.set_poll_probe(None)
-            if current is not None and current is not self.probe:
-                futures.set_poll_probe(current)  # someone else's: put it back
+            current = probes.poll_probe()
+            if current is self.probe:
+                probes.set_poll_probe(None)
+            elif isinstance(current, _Both) and current.second is self.probe:
+                probes.set_poll_probe(current.first)
         except Exception as exc:
             _session.internal_error("removing the trace recorder's poll probe", exc)
 

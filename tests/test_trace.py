@@ -25,7 +25,7 @@ import asyncflow
 from asyncflow import config, trace
 from asyncflow.clock import FakeClock
 from asyncflow.errors import AsyncflowError
-from asyncflow.instrument import futures
+from asyncflow.instrument import probes
 
 Event = dict[str, Any]
 TRACKS = ("X", "B", "E", "s", "f", "i", "I")
@@ -283,15 +283,45 @@ def test_a_real_program_gives_a_well_formed_trace_with_episodes_and_counters() -
 
 def test_off_no_probe_is_set(tmp_path: Path) -> None:
     with asyncflow.profile("off", format="none", port=None) as prof:
-        assert futures._poll_probe is None
+        assert probes.poll_probe() is None
         with pytest.raises(AsyncflowError, match="no trace is recorded"):
             prof.trace()
     path = tmp_path / "t.json"
     with asyncflow.profile("on", format="none", port=None, trace=str(path)):
-        assert futures._poll_probe is not None
-    assert futures._poll_probe is None  # removed at stop
+        assert probes.poll_probe() is not None
+    assert probes.poll_probe() is None  # removed at stop
     events = check_format(json.loads(path.read_text()))
     assert any(e["ph"] == "M" for e in events)
+
+
+class Counting:
+    def __init__(self) -> None:
+        self.ends = 0
+
+    def begin(self, record: Any) -> str:
+        return "mine"
+
+    def end(self, record: Any, token: Any, t0: int, dt: int, outcome: str) -> None:
+        assert token == "mine"
+        self.ends += 1
+
+
+def test_the_recorder_shares_the_probe_seam_with_a_probe_set_before() -> None:
+    async def steps() -> None:
+        for _ in range(3):
+            await asyncio.sleep(0)
+
+    counting = Counting()
+    probes.set_poll_probe(counting)
+    try:
+        with asyncflow.profile("both", format="none", port=None, trace=True) as prof:
+            asyncio.run(asyncflow.instrument(steps()))
+            document = prof.trace()
+        assert probes.poll_probe() is counting  # left in place at stop
+    finally:
+        probes.set_poll_probe(None)
+    assert counting.ends == 4
+    assert len([e for e in check_format(document) if e["ph"] == "X"]) == 4
 
 
 def test_trace_is_written_at_exit(tmp_path: Path) -> None:
