@@ -32,6 +32,7 @@ import inspect
 import itertools
 import sys
 import threading
+import types
 from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Any, ParamSpec, TypeVar, overload
@@ -41,7 +42,15 @@ from asyncflow import config as _config
 from asyncflow import recording as _recording
 from asyncflow.instrument import _session
 
-__all__ = ["MAX_NAMES", "OTHER_NAMES", "Site", "measure", "measure_block", "sites"]
+__all__ = [
+    "MAX_NAMES",
+    "OTHER_NAMES",
+    "MeasuredCoroutineFunction",
+    "Site",
+    "measure",
+    "measure_block",
+    "sites",
+]
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
@@ -209,17 +218,51 @@ def _wrap_sync(fn: Callable[_P, _T], site: Site) -> Callable[_P, _T]:
     return measured
 
 
-def _wrap_async(fn: Callable[_P, Awaitable[_T]], site: Site) -> Callable[_P, Awaitable[_T]]:
-    @functools.wraps(fn)
-    async def measured(*args: _P.args, **kwargs: _P.kwargs) -> _T:
+class MeasuredCoroutineFunction:
+    """What ``@measure`` makes of an ``async`` function: each call reads the clock and returns
+    a coroutine that times the original's from that moment to its completion.
+
+    A plain ``async def`` wrapper would start timing at its first step, later than the call
+    when the coroutine is given to a task. Like ``@asyncflow.future``'s wrapper, it looks like a
+    coroutine function to ``inspect.iscoroutinefunction`` (also on 3.11, where there is no
+    marker) and binds as a method.
+    """
+
+    __wrapped__: Callable[..., Any]
+
+    def __init__(self, fn: Callable[..., Any], site: Site) -> None:
+        functools.update_wrapper(self, fn)
+        inner = fn.func if isinstance(fn, functools.partial) else fn
+        # What inspect reads to take us for a function (and CO_COROUTINE from).
+        self.__code__ = inner.__code__
+        self.__defaults__ = getattr(inner, "__defaults__", None)
+        self.__kwdefaults__ = getattr(inner, "__kwdefaults__", None)
+        self.measure_site = site
+        self._timed = _timed_for(fn, site)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if _session.active is None and not _recording.users:
-            return await fn(*args, **kwargs)  # nobody listens
+            return self.__wrapped__(*args, **kwargs)  # nobody listens: the coroutine itself
+        start = _clock.now_ns()
+        return self._timed(self.__wrapped__(*args, **kwargs), start)
+
+    def __get__(self, obj: object, objtype: type | None = None) -> Any:
+        if obj is None:
+            return self
+        return types.MethodType(self, obj)
+
+    def __repr__(self) -> str:
+        return f"<asyncflow.measure {self.__module__}.{self.__dict__.get('__qualname__', '?')}>"
+
+
+def _timed_for(fn: Any, site: Site) -> Callable[[Awaitable[Any], int], Awaitable[Any]]:
+    async def timed(coro: Awaitable[Any], start: int) -> Any:
+        # Opened at the first step, in the task that runs it (not the one that called).
         opened = _enter(site)
         if opened is None:
-            return await fn(*args, **kwargs)  # recursive: part of the outer call
-        start = _clock.now_ns()
+            return await coro  # recursive: part of the outer call
         try:
-            result = await fn(*args, **kwargs)
+            result = await coro
         except BaseException as exc:
             _exit(*opened, start, type(exc))
             raise
@@ -228,12 +271,12 @@ def _wrap_async(fn: Callable[_P, Awaitable[_T]], site: Site) -> Callable[_P, Awa
 
     # Its own code object, named as the function: whole-program task tracking groups tasks by
     # their coroutine's code, and must not lump every measured coroutine together.
-    code = measured.__code__  # type: ignore[attr-defined]
-    measured.__code__ = code.replace(  # type: ignore[attr-defined]
+    code = timed.__code__
+    timed.__code__ = code.replace(
         co_name=getattr(fn, "__name__", code.co_name),
         co_qualname=getattr(fn, "__qualname__", code.co_qualname),
     )
-    return measured
+    return timed
 
 
 def _location(fn: Any) -> tuple[str, str, int]:
@@ -253,6 +296,12 @@ def _decorate(fn: Any, name: str | None) -> Any:
         return fn  # measured already: measuring twice must not count every call twice
     if not callable(fn):
         raise TypeError(f"@asyncflow.measure needs a function, got {type(fn).__qualname__}: {fn!r}")
+    if inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
+        raise TypeError(
+            f"@asyncflow.measure times calls, but a call of the generator function {fn!r} only "
+            "makes a generator: its work happens as it is iterated; use asyncflow.measure_block "
+            "inside it (or asyncflow.stream for an async generator)"
+        )
     if _config.disabled():
         return fn
     future_record = getattr(fn, "future_record", None)
@@ -270,7 +319,7 @@ def _decorate(fn: Any, name: str | None) -> Any:
     label = name or getattr(fn, "__qualname__", None) or repr(fn)
     source, file, line = _location(fn)
     site = _site(label, "function", source, file, line, is_async)
-    wrapped: Any = _wrap_async(fn, site) if is_async else _wrap_sync(fn, site)
+    wrapped: Any = MeasuredCoroutineFunction(fn, site) if is_async else _wrap_sync(fn, site)
     wrapped.__asyncflow_measured__ = True
     wrapped.measure_site = site
     return wrapped
@@ -298,7 +347,8 @@ def measure(fn: Any = None, /, *, name: str | None = None) -> Any:
         The measured function; with ``ASYNCFLOW_DISABLE=1``, ``fn`` itself.
 
     Raises:
-        TypeError: ``fn`` is not callable, or ``name`` is not a string.
+        TypeError: ``fn`` is not callable or is a generator function, or ``name`` is not a
+            string.
         ValueError: ``name`` is empty.
     """
     _config.check_type("measure", "name", name, str, optional=True)

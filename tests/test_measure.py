@@ -1,0 +1,554 @@
+"""``@asyncflow.measure`` and ``asyncflow.measure_block``: exact figures on the fake clock,
+nesting, recursion, errors, threads, bounded labels, transparency, the recording interface."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import anyio
+import pytest
+
+import asyncflow
+from asyncflow import recording, stats, timing
+from asyncflow import values as _values
+from asyncflow.clock import FakeClock
+from asyncflow.instrument import _session
+from asyncflow.schema import FunctionEntry, Snapshot
+
+
+@pytest.fixture(autouse=True)
+def _fresh_labels() -> Iterator[None]:
+    timing.reset_for_tests()
+    _values.reset_for_tests()
+    yield
+    timing.reset_for_tests()
+    _values.reset_for_tests()
+    for user in recording.recorders():
+        recording.remove_recorder(user)
+
+
+def _functions(snapshot: Snapshot) -> dict[str, FunctionEntry]:
+    assert snapshot.functions is not None
+    return {f.label: f for f in snapshot.functions.functions}
+
+
+def _p(ns: int) -> int:
+    """What a histogram reports for a duration: its bucket's value."""
+    return stats.bucket_value(stats.bucket_of(ns))
+
+
+def test_sync_function_exact_figures(fake_clock: FakeClock) -> None:
+    @asyncflow.measure
+    def work(ns: int) -> int:
+        fake_clock.advance(ns)
+        return ns * 2
+
+    with asyncflow.profile("t", format="none") as prof:
+        fake_clock.advance(1_000)
+        results = [work(ns) for ns in (100, 300, 5_000)]
+        fake_clock.advance(4_600)
+        snap = prof.snapshot()
+    assert results == [200, 600, 10_000]
+    f = _functions(snap)["test_sync_function_exact_figures.<locals>.work"]
+    assert f.kind == "function" and not f.is_async
+    assert (f.call_count, f.total_ns, f.self_ns, f.mean_ns, f.max_ns) == (
+        3,
+        5_400,
+        5_400,
+        1_800,
+        5_000,
+    )
+    assert f.duration_ns == {"p50": _p(300), "p95": _p(5_000), "p99": _p(5_000)}
+    assert snap.functions is not None and snap.functions.elapsed_ns == 11_000
+    assert f.share == round(5_400 / 11_000, 6)
+    assert f.error_count == 0 and f.errors == {}
+    assert f.source.endswith(":test_sync_function_exact_figures.<locals>.work")
+    assert f.location.file == __file__
+
+
+async def test_async_function_is_timed_from_call_to_completion(fake_clock: FakeClock) -> None:
+    @asyncflow.measure
+    async def fetch(x: int) -> int:
+        fake_clock.advance(10)
+        await asyncio.sleep(0)
+        fake_clock.advance(20)  # another poll: the wait between polls counts too
+        return x + 1
+
+    with asyncflow.profile("t", format="none") as prof:
+        assert await fetch(1) == 2
+        task = asyncio.get_running_loop().create_task(fetch(2))
+        fake_clock.advance(1_000)  # before its first step: part of its time
+        assert await task == 3
+        snap = prof.snapshot()
+    f = _functions(snap)["test_async_function_is_timed_from_call_to_completion.<locals>.fetch"]
+    assert f.is_async
+    assert (f.call_count, f.total_ns, f.max_ns) == (2, 30 + 1_030, 1_030)
+
+
+async def test_async_time_includes_awaits_of_other_tasks(fake_clock: FakeClock) -> None:
+    @asyncflow.measure
+    async def waits(event: asyncio.Event) -> None:
+        await event.wait()
+
+    async def other(event: asyncio.Event) -> None:
+        fake_clock.advance(700)
+        event.set()
+
+    with asyncflow.profile("t", format="none") as prof:
+        event = asyncio.Event()
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(waits(event))
+            tg.create_task(other(event))
+        snap = prof.snapshot()
+    f = _functions(snap)["test_async_time_includes_awaits_of_other_tasks.<locals>.waits"]
+    assert (f.call_count, f.total_ns, f.self_ns) == (1, 700, 700)
+
+
+def test_nesting_self_and_total(fake_clock: FakeClock) -> None:
+    @asyncflow.measure(name="inner")
+    def inner() -> None:
+        fake_clock.advance(5)
+
+    @asyncflow.measure(name="outer")
+    def outer() -> None:
+        fake_clock.advance(10)
+        inner()
+        with asyncflow.measure_block("block"):
+            fake_clock.advance(3)
+            inner()
+        fake_clock.advance(1)
+
+    with asyncflow.profile("t", format="none") as prof:
+        outer()
+        inner()  # on its own: counted, attributed to nothing
+        snap = prof.snapshot()
+    f = _functions(snap)
+    assert (f["outer"].total_ns, f["outer"].self_ns) == (24, 11)
+    assert (f["block"].kind, f["block"].total_ns, f["block"].self_ns) == ("block", 8, 3)
+    assert (f["inner"].call_count, f["inner"].total_ns, f["inner"].self_ns) == (3, 15, 15)
+    assert f["block"].location.file == __file__
+    assert f["block"].source.endswith(":test_nesting_self_and_total.<locals>.outer")
+
+
+def test_recursion_counts_the_outermost_call_once(fake_clock: FakeClock) -> None:
+    @asyncflow.measure(name="fact")
+    def fact(n: int) -> int:
+        fake_clock.advance(1)
+        return 1 if n <= 1 else n * fact(n - 1)
+
+    @asyncflow.measure(name="ping")
+    def ping(n: int) -> int:
+        fake_clock.advance(2)
+        return pong(n - 1) if n else 0
+
+    @asyncflow.measure(name="pong")
+    def pong(n: int) -> int:
+        fake_clock.advance(3)
+        return ping(n - 1) if n else 0
+
+    with asyncflow.profile("t", format="none") as prof:
+        assert fact(10) == 3_628_800
+        assert fact(3) == 6
+        ping(4)  # ping pong ping pong ping: the inner ones belong to the first of each
+        snap = prof.snapshot()
+    f = _functions(snap)
+    assert (f["fact"].call_count, f["fact"].total_ns, f["fact"].max_ns) == (2, 13, 10)
+    assert (f["ping"].call_count, f["ping"].total_ns) == (1, 12)
+    assert (f["pong"].call_count, f["pong"].total_ns) == (1, 10)
+    assert f["ping"].self_ns == 2  # the rest is inside pong's outermost call
+
+
+def test_errors_by_type_and_exceptions_untouched(fake_clock: FakeClock) -> None:
+    raised: list[BaseException] = []
+
+    @asyncflow.measure(name="flaky")
+    def flaky(kind: type[BaseException] | None) -> str:
+        fake_clock.advance(7)
+        if kind is not None:
+            exc = kind("boom")
+            raised.append(exc)
+            raise exc
+        return "ok"
+
+    caught: list[BaseException] = []
+    with asyncflow.profile("t", format="none") as prof:
+        for kind in (ValueError, None, KeyError, ValueError, None):
+            try:
+                flaky(kind)
+            except Exception as exc:
+                caught.append(exc)
+        try:
+            with asyncflow.measure_block("failing block"):
+                raise asyncio.CancelledError
+        except asyncio.CancelledError:
+            pass
+        snap = prof.snapshot()
+    assert caught == raised and all(a is b for a, b in zip(caught, raised, strict=True))
+    assert caught[0].__traceback__ is not None
+    f = _functions(snap)
+    assert (f["flaky"].call_count, f["flaky"].error_count, f["flaky"].total_ns) == (5, 3, 35)
+    assert f["flaky"].errors == {"ValueError": 2, "KeyError": 1}
+    assert f["failing block"].errors == {"asyncio.exceptions.CancelledError": 1}
+
+
+def test_error_types_are_bounded(fake_clock: FakeClock, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(recording, "ERROR_TYPES_KEPT", 2)
+    kinds = [type(f"E{i}", (Exception,), {}) for i in range(4)]
+
+    @asyncflow.measure(name="many")
+    def many(kind: type[Exception]) -> None:
+        raise kind
+
+    with asyncflow.profile("t", format="none") as prof:
+        for kind in kinds:
+            with pytest.raises(kind):
+                many(kind)
+        snap = prof.snapshot()
+    errors = _functions(snap)["many"].errors
+    assert sum(errors.values()) == 4 and errors["(other)"] == 2 and len(errors) == 3
+
+
+def test_exact_counts_across_threads(fake_clock: FakeClock) -> None:
+    @asyncflow.measure(name="shared")
+    def shared() -> None:
+        fake_clock.advance(1)
+
+    threads, calls = 8, 2_000
+    barrier = threading.Barrier(threads)
+
+    def run() -> None:
+        barrier.wait()
+        for _ in range(calls):
+            shared()
+            with asyncflow.measure_block("shared block"):
+                pass
+
+    with asyncflow.profile("t", format="none") as prof:
+        workers = [threading.Thread(target=run) for _ in range(threads)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join(30)
+        snap = prof.snapshot()
+    f = _functions(snap)
+    assert f["shared"].call_count == threads * calls
+    assert f["shared block"].call_count == threads * calls
+    assert not timing._open  # every thread's open calls were closed and forgotten
+
+
+async def test_work_in_other_tasks_and_threads_is_not_subtracted(fake_clock: FakeClock) -> None:
+    @asyncflow.measure(name="blocking")
+    def blocking() -> None:
+        fake_clock.advance(50)
+
+    @asyncflow.measure(name="child")
+    async def child() -> None:
+        fake_clock.advance(20)
+
+    @asyncflow.measure(name="parent")
+    async def parent() -> None:
+        await asyncio.to_thread(blocking)  # runs beside the parent, in a worker thread
+        await asyncio.get_running_loop().create_task(child())  # in a task of its own
+        await child()  # nested in the parent's own task: subtracted
+
+    with asyncflow.profile("t", format="none") as prof:
+        with anyio.fail_after(10):
+            await parent()
+        snap = prof.snapshot()
+    f = _functions(snap)
+    assert f["parent"].total_ns == 90
+    assert f["parent"].self_ns == 70
+    assert (f["blocking"].call_count, f["child"].call_count) == (1, 2)
+
+
+def test_labels_are_bounded(fake_clock: FakeClock, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(timing, "MAX_NAMES", 3)
+    with asyncflow.profile("t", format="none") as prof:
+        for i in range(10):
+            for _ in range(2):
+                with asyncflow.measure_block(f"request {i}"):
+                    fake_clock.advance(1)
+        snap = prof.snapshot()
+    assert snap.functions is not None
+    f = _functions(snap)
+    assert sorted(f) == [timing.OTHER_NAMES, "request 0", "request 1", "request 2"]
+    assert f[timing.OTHER_NAMES].call_count == 14
+    assert f[timing.OTHER_NAMES].kind == "other"
+    assert len(timing.sites()) == 4
+
+
+def test_transparency_of_signatures_and_methods() -> None:
+    def plain(a: int, b: str = "x", *, c: float = 1.0) -> str:
+        """Plain's doc."""
+        return f"{a}{b}{c}"
+
+    async def coro(a: int, /, b: int = 2) -> int:
+        return a + b
+
+    for original in (plain, coro):
+        measured: Any = asyncflow.measure(original)
+        assert measured.__wrapped__ is original
+        assert measured.__name__ == original.__name__
+        assert measured.__qualname__ == original.__qualname__
+        assert measured.__doc__ == original.__doc__
+        assert inspect.signature(measured) == inspect.signature(original)
+        assert inspect.iscoroutinefunction(measured) == inspect.iscoroutinefunction(original)
+        assert asyncio.iscoroutinefunction(measured) == asyncio.iscoroutinefunction(original)
+        assert asyncflow.measure(measured) is measured  # measuring twice counts once
+
+    class Thing:
+        def __init__(self) -> None:
+            self.n = 5
+
+        @asyncflow.measure
+        def method(self, k: int) -> int:
+            return self.n * k
+
+        @asyncflow.measure
+        @staticmethod
+        def static(k: int) -> int:
+            return k + 1
+
+        @asyncflow.measure
+        @classmethod
+        def klass(cls, k: int) -> tuple[type, int]:
+            return cls, k
+
+        @staticmethod
+        @asyncflow.measure
+        async def astatic() -> str:
+            return "a"
+
+    thing = Thing()
+    with asyncflow.profile("t", format="none") as prof:
+        assert thing.method(2) == 10
+        assert Thing.static(1) == 2 and thing.static(1) == 2
+        assert Thing.klass(3) == (Thing, 3)
+        assert asyncio.run(thing.astatic()) == "a"
+        assert inspect.iscoroutinefunction(Thing.astatic)
+        snap = prof.snapshot()
+    calls = {label.rsplit(".", 1)[-1]: f.call_count for label, f in _functions(snap).items()}
+    assert calls == {"method": 1, "static": 2, "klass": 1, "astatic": 1}
+
+
+def test_bad_arguments() -> None:
+    with pytest.raises(TypeError, match="needs a function"):
+        asyncflow.measure(42)  # type: ignore[call-overload]
+    with pytest.raises(TypeError, match="name"):
+        asyncflow.measure(name=3)  # type: ignore[call-overload]
+    with pytest.raises(ValueError, match="empty"):
+        asyncflow.measure(name=" ")
+    with pytest.raises(TypeError, match="needs a string"):
+        asyncflow.measure_block(3)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="empty"):
+        asyncflow.measure_block("")
+
+    def gen() -> Iterator[int]:
+        yield 1
+
+    with pytest.raises(TypeError, match="measure_block"):
+        asyncflow.measure(gen)
+
+
+def test_no_profiler_records_nothing_and_picks_up_when_one_starts(fake_clock: FakeClock) -> None:
+    @asyncflow.measure(name="early")
+    def early() -> int:
+        fake_clock.advance(3)
+        return 1
+
+    assert early() == 1  # nobody listens
+    with asyncflow.measure_block("early block"):
+        pass
+    site = early.measure_site  # type: ignore[attr-defined]
+    assert site.stats is None and not timing._open
+    with asyncflow.profile("t", format="none") as prof:
+        early()
+        snap = prof.snapshot()
+    f = _functions(snap)
+    assert f["early"].call_count == 1 and "early block" not in f
+    with asyncflow.profile("t2", format="none") as prof:  # a new profile starts from zero
+        snap = prof.snapshot()
+    assert _functions(snap) == {}
+
+
+def test_disabled_returns_the_function(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ASYNCFLOW_DISABLE", "1")
+
+    def f() -> None:
+        pass
+
+    assert asyncflow.measure(f) is f
+
+
+async def test_with_future_each_counts_once(fake_clock: FakeClock) -> None:
+    @asyncflow.measure
+    @asyncflow.future
+    async def measured_future() -> int:
+        fake_clock.advance(4)
+        return 1
+
+    @asyncflow.future
+    @asyncflow.measure
+    async def future_measured() -> int:
+        fake_clock.advance(6)
+        return 2
+
+    assert inspect.iscoroutinefunction(measured_future)
+    with asyncflow.profile("t", format="none") as prof:
+        with asyncflow.instrument_tasks():
+            loop = asyncio.get_running_loop()
+            assert await loop.create_task(measured_future()) == 1
+            assert await loop.create_task(future_measured()) == 2
+            assert await measured_future() == 1
+        snap = prof.snapshot()
+    futures = [f for f in snap.futures.futures if f.call_count]
+    by_label = {f.label.rsplit(".", 1)[-1]: (f.call_count, f.tracked_by) for f in futures}
+    assert by_label["measured_future"] == (2, "decorator")
+    assert by_label["future_measured"] == (1, "decorator")
+    functions = {k.rsplit(".", 1)[-1]: v for k, v in _functions(snap).items()}
+    assert (functions["measured_future"].call_count, functions["measured_future"].total_ns) == (
+        2,
+        8,
+    )
+    assert functions["future_measured"].call_count == 1
+    # no future counts the same calls again as tasks of the measuring wrapper
+    assert len(futures) == 2
+
+
+async def test_measured_coroutines_are_separate_futures_as_tasks(fake_clock: FakeClock) -> None:
+    @asyncflow.measure
+    async def one() -> None:
+        pass
+
+    @asyncflow.measure
+    async def two() -> None:
+        pass
+
+    with asyncflow.profile("t", format="none") as prof:
+        with asyncflow.instrument_tasks():
+            loop = asyncio.get_running_loop()
+            await loop.create_task(one())
+            await loop.create_task(two())
+        snap = prof.snapshot()
+    labels = {f.label for f in snap.futures.futures if f.tracked_by == "task" and f.call_count}
+    assert {label.rsplit(".", 1)[-1] for label in labels} >= {"one", "two"}
+
+
+async def test_async_with_block_and_reentry(fake_clock: FakeClock) -> None:
+    with asyncflow.profile("t", format="none") as prof:
+        async with asyncflow.measure_block("io"):
+            fake_clock.advance(9)
+            await asyncio.sleep(0)
+        block = asyncflow.measure_block("reused")
+        with block:
+            fake_clock.advance(2)
+            with block:  # entered again while open: only the outer use counts
+                fake_clock.advance(3)
+        with block:
+            fake_clock.advance(1)
+        snap = prof.snapshot()
+    f = _functions(snap)
+    assert (f["io"].call_count, f["io"].total_ns, f["io"].is_async) == (1, 9, False)
+    assert (f["reused"].call_count, f["reused"].total_ns) == (2, 6)
+    assert f["io"].location.file == __file__
+
+
+class _Spans(recording.Recorder):
+    def __init__(self) -> None:
+        self.spans: list[tuple[str, int, int, int, type[BaseException] | None]] = []
+        self.metrics: list[tuple[str, str, float | str]] = []
+
+    def span(
+        self,
+        site: timing.Site,
+        start_ns: int,
+        end_ns: int,
+        child_ns: int,
+        error: type[BaseException] | None,
+    ) -> None:
+        self.spans.append((site.name, start_ns, end_ns, child_ns, error))
+
+    def metric(self, metric: _values.Metric, op: str, value: float | str, at_ns: int) -> None:
+        self.metrics.append((metric.name, op, value))
+
+
+def test_a_recorder_receives_spans_without_a_profiler(fake_clock: FakeClock) -> None:
+    spans = recording.add_recorder(_Spans())
+    assert recording.recorders() == (spans,)
+
+    @asyncflow.measure(name="a")
+    def a() -> None:
+        fake_clock.advance(2)
+        with asyncflow.measure_block("b"):
+            fake_clock.advance(5)
+
+    t0 = fake_clock()
+    a()
+    with pytest.raises(ZeroDivisionError), asyncflow.measure_block("c"):
+        1 / 0  # noqa: B018
+    asyncflow.counter("n").add(2)
+    asyncflow.gauge("g").dec()
+    assert isinstance(spans, _Spans)
+    assert spans.spans == [
+        ("b", t0 + 2, t0 + 7, 0, None),
+        ("a", t0, t0 + 7, 5, None),
+        ("c", t0 + 7, t0 + 7, 0, ZeroDivisionError),
+    ]
+    assert spans.metrics == [("n", "add", 2), ("g", "add", -1)]
+    assert timing.sites()[0].stats is None  # the collector's share records nothing: no profiler
+    recording.remove_recorder(spans)
+    a()
+    assert len(spans.spans) == 3 and recording.recorders() == ()
+
+
+def test_a_failing_recorder_is_removed_and_counted(fake_clock: FakeClock) -> None:
+    class Broken(recording.Recorder):
+        def span(self, *args: Any) -> None:
+            raise RuntimeError("recorder bug")
+
+    recording.add_recorder(Broken())
+    before = _session.errors.count
+
+    @asyncflow.measure(name="fine")
+    def fine() -> int:
+        return 7
+
+    with asyncflow.profile("t", format="none") as prof:
+        assert fine() == 7  # the program never sees the recorder's error
+        assert fine() == 7
+        snap = prof.snapshot()
+    assert recording.recorders() == ()
+    assert _session.errors.count == before + 1
+    assert _functions(snap)["fine"].call_count == 2
+    with pytest.raises(TypeError, match="Recorder"):
+        recording.add_recorder(object())  # type: ignore[arg-type]
+
+
+def test_final_snapshot_and_json_report(fake_clock: FakeClock, tmp_path: Any) -> None:
+    @asyncflow.measure(name="reported")
+    def reported() -> None:
+        fake_clock.advance(11)
+
+    out = tmp_path / "report.json"
+    with asyncflow.profile("t", format="json", output=str(out)):
+        reported()
+    final = asyncflow.stop()
+    assert final is not None
+    assert _functions(final)["reported"].total_ns == 11
+    assert '"reported"' in out.read_text()
+
+
+def test_wraps_keeps_partial_and_callables() -> None:
+    def add(a: int, b: int) -> int:
+        return a + b
+
+    measured: Any = asyncflow.measure(name="add one")(functools.partial(add, 1))
+    with asyncflow.profile("t", format="none") as prof:
+        assert measured(2) == 3
+        snap = prof.snapshot()
+    assert _functions(snap)["add one"].call_count == 1

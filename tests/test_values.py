@@ -1,0 +1,190 @@
+"""``asyncflow.counter``/``gauge``/``histogram``/``value``: exact figures, threads, bad input,
+bounded names, the ``user_metrics`` document."""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Iterator
+
+import orjson
+import pytest
+
+import asyncflow
+from asyncflow import recording, schema, stats
+from asyncflow import values as _values
+from asyncflow.clock import FakeClock
+from asyncflow.schema import MetricEntry, Snapshot, ValueSample
+
+
+@pytest.fixture(autouse=True)
+def _fresh_metrics() -> Iterator[None]:
+    _values.reset_for_tests()
+    yield
+    _values.reset_for_tests()
+
+
+def _metrics(snapshot: Snapshot) -> dict[str, MetricEntry]:
+    assert snapshot.user_metrics is not None
+    return {m.name: m for m in snapshot.user_metrics.metrics}
+
+
+def test_each_kind_exact(fake_clock: FakeClock) -> None:
+    with asyncflow.profile("t", format="none") as prof:
+        hits = asyncflow.counter("hits")
+        assert asyncflow.counter("hits") is hits
+        hits.add()
+        hits.add(4)
+        hits.add(0.5)
+        conns = asyncflow.gauge("connections")
+        conns.set(10)
+        conns.inc()
+        conns.dec(4)
+        conns.inc(2)
+        sizes = asyncflow.histogram("batch")
+        for v in (1, 2, 3, 100, 1_000):
+            sizes.record(v)
+        fake_clock.advance(50)
+        asyncflow.value("temperature", 21.5)
+        fake_clock.advance(25)
+        asyncflow.value("temperature", "n/a")
+        asyncflow.value("temperature", 19)
+        snap = prof.snapshot()
+    m = _metrics(snap)
+    assert [e.name for e in snap.user_metrics.metrics] == [  # type: ignore[union-attr]
+        "hits",
+        "connections",
+        "batch",
+        "temperature",
+    ]
+    assert (m["hits"].kind, m["hits"].count, m["hits"].value) == ("counter", 3, 5.5)
+    g = m["connections"]
+    assert (g.kind, g.count, g.value, g.min, g.max) == ("gauge", 4, 9, 7, 11)
+    h = m["batch"]
+    assert (h.kind, h.count, h.sum, h.min, h.max, h.value) == (
+        "histogram",
+        5,
+        1_106,
+        1,
+        1_000,
+        None,
+    )
+    assert h.percentiles == {
+        "p50": 3,
+        "p95": stats.bucket_value(stats.bucket_of(1_000)),
+        "p99": stats.bucket_value(stats.bucket_of(1_000)),
+    }
+    t = m["temperature"]
+    assert (t.kind, t.count, t.value, t.min, t.max) == ("value", 3, 19, 19, 21.5)
+    assert t.recent == [ValueSample(50, 21.5), ValueSample(75, "n/a"), ValueSample(75, 19)]
+
+
+def test_exact_from_many_threads() -> None:
+    threads, updates = 8, 5_000
+    barrier = threading.Barrier(threads)
+
+    def run() -> None:
+        c, g, h = asyncflow.counter("c"), asyncflow.gauge("g"), asyncflow.histogram("h")
+        barrier.wait()
+        for i in range(updates):
+            c.add()
+            g.inc()
+            g.dec(2)
+            h.record(i % 10)
+
+    with asyncflow.profile("t", format="none") as prof:
+        workers = [threading.Thread(target=run) for _ in range(threads)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join(30)
+        snap = prof.snapshot()
+    m = _metrics(snap)
+    assert m["c"].value == threads * updates
+    assert (m["g"].value, m["g"].count) == (-threads * updates, 2 * threads * updates)
+    assert (m["h"].count, m["h"].sum) == (threads * updates, threads * updates // 10 * 45)
+
+
+def test_value_log_is_a_bounded_ring(
+    fake_clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(recording, "VALUE_LOG_SIZE", 3)
+    with asyncflow.profile("t", format="none") as prof:
+        for i in range(10):
+            fake_clock.advance(1)
+            asyncflow.value("v", i)
+        asyncflow.value("long", "x" * 1_000)
+        snap = prof.snapshot()
+    v = _metrics(snap)["v"]
+    assert v.count == 10 and (v.min, v.max) == (0, 9)
+    assert v.recent == [ValueSample(8, 7), ValueSample(9, 8), ValueSample(10, 9)]
+    assert _metrics(snap)["long"].value == "x" * _values.MAX_VALUE_CHARS
+
+
+def test_bad_input_is_refused_and_records_nothing() -> None:
+    with asyncflow.profile("t", format="none") as prof:
+        c = asyncflow.counter("c")
+        with pytest.raises(ValueError, match="only goes up"):
+            c.add(-1)
+        with pytest.raises(TypeError, match="needs a number"):
+            c.add("1")  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="needs a number"):
+            c.add(True)
+        with pytest.raises(ValueError, match="finite"):
+            asyncflow.gauge("g").set(math.nan)
+        with pytest.raises(ValueError, match="v >= 0"):
+            asyncflow.histogram("h").record(-0.5)
+        with pytest.raises(TypeError, match="number"):
+            asyncflow.value("v", object())  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="already a counter"):
+            asyncflow.gauge("c")
+        with pytest.raises(TypeError, match="needs a string"):
+            asyncflow.counter(3)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="empty"):
+            asyncflow.histogram(" ")
+        snap = prof.snapshot()
+    assert _metrics(snap) == {}
+
+
+def test_no_profiler_records_nothing() -> None:
+    c = asyncflow.counter("early")
+    c.add(5)
+    asyncflow.value("early value", 1)
+    assert c.stats is None
+    with asyncflow.profile("t", format="none") as prof:
+        c.add(2)
+        snap = prof.snapshot()
+    assert _metrics(snap)["early"].value == 2
+    with asyncflow.profile("t2", format="none") as prof:  # a new profile starts from zero
+        assert _metrics(prof.snapshot()) == {}
+
+
+def test_names_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_values, "MAX_METRICS", 2)
+    with asyncflow.profile("t", format="none") as prof:
+        for i in range(6):
+            asyncflow.counter(f"requests.{i}").add()
+        asyncflow.value("late", 1.0)
+        snap = prof.snapshot()
+    assert snap.user_metrics is not None
+    names = [(e.kind, e.name, e.count) for e in snap.user_metrics.metrics]
+    assert names == [
+        ("counter", _values.OTHER_METRICS, 4),
+        ("counter", "requests.0", 1),
+        ("counter", "requests.1", 1),
+        ("value", _values.OTHER_METRICS, 1),
+    ]
+    others = [e for e in snap.user_metrics.metrics if e.name == _values.OTHER_METRICS]
+    assert sorted((e.kind, e.count) for e in others) == [("counter", 4), ("value", 1)]
+    assert snap.user_metrics.names_folded == 5
+    assert len(_values.metrics()) == 4
+
+
+def test_snapshot_json_round_trip() -> None:
+    with asyncflow.profile("t", format="none") as prof:
+        asyncflow.counter("c").add(2)
+        asyncflow.histogram("h").record(7)
+        asyncflow.value("v", "text")
+        snap = prof.snapshot()
+    back = schema.load(Snapshot, orjson.loads(schema.dumps(snap)))
+    assert back.user_metrics == snap.user_metrics
