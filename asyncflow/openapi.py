@@ -128,7 +128,11 @@ def document(routes: typing.Sequence[Route], token: bool) -> dict[str, Any]:
             "403": _error(
                 "A web page of another origin sent the request (Origin, Sec-Fetch-Site)."
             ),
-            "404": _error("No such route, or no object with that id."),
+            "404": _error(
+                "No trace is recorded: the profiler was started without trace=."
+                if route.path == "/trace"
+                else "No such route, or no object with that id."
+            ),
             "405": _error("A method other than GET or HEAD; the Allow header lists them."),
             "421": _error("The Host header does not name this endpoint (DNS rebinding)."),
             "503": _error("The endpoint holds as many connections as it allows; retry."),
