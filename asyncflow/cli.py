@@ -142,6 +142,12 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="do not count coroutines the program creates and never awaits",
     )
+    run.add_argument(
+        "--otel",
+        action="store_true",
+        help="export the figures as OpenTelemetry metrics, configured by the OTEL_* variables "
+        "(needs the 'otel' extra) [$ASYNCFLOW_OTEL]",
+    )
     run.add_argument("program", nargs=argparse.REMAINDER, help="script.py [args...], or args of -m")
     run.set_defaults(handler=_run)
 
@@ -281,6 +287,7 @@ def _run(args: argparse.Namespace) -> int:
             "trace": args.trace,
             "trace_events": args.trace_events,
             "warn": args.warn,
+            "otel": True if args.otel else None,
         }.items()
         if value is not None
     }

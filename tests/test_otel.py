@@ -1,0 +1,183 @@
+"""The OpenTelemetry export: exact figures through the SDK's in-memory reader, OTEL_* config."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("opentelemetry.sdk.metrics", reason="the 'otel' extra is not installed")
+
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+import asyncflow
+from asyncflow import otel
+from asyncflow.clock import FakeClock
+from asyncflow.errors import AsyncflowError
+
+_Points = dict[tuple[str, frozenset[tuple[str, Any]]], Any]
+
+
+def _points(reader: InMemoryMetricReader) -> tuple[_Points, dict[str, str]]:
+    """Every data point the reader collects now, by (instrument, attributes); and units."""
+    points: _Points = {}
+    units: dict[str, str] = {}
+    data = reader.get_metrics_data()
+    assert data is not None
+    for resource_metrics in data.resource_metrics:
+        for scope in resource_metrics.scope_metrics:
+            assert scope.scope.name == "asyncflow"
+            for metric in scope.metrics:
+                units[metric.name] = metric.unit or ""
+                for point in metric.data.data_points:
+                    key = (metric.name, frozenset((point.attributes or {}).items()))
+                    points[key] = point
+    return points, units
+
+
+def _value(points: _Points, name: str, /, **attrs: str) -> Any:
+    return points[(name, frozenset(attrs.items()))]
+
+
+async def test_exact_figures_through_the_in_memory_reader(fake_clock: FakeClock) -> None:
+    reader = InMemoryMetricReader()
+    reporter = otel.OtelReporter(meter_provider=MeterProvider(metric_readers=[reader]))
+
+    @asyncflow.future(name="work")
+    async def work(i: int) -> int:
+        fake_clock.advance(1_000)
+        await asyncio.sleep(0)
+        fake_clock.advance(500)
+        if i >= 8:
+            raise ValueError(i)
+        return i
+
+    with asyncflow.profile("otel", format="none", port=None, reporters=[reporter]) as prof:
+        q: asyncio.Queue[int] = asyncflow.instrument_queue(asyncio.Queue(), name="jobs")
+        for i in range(5):
+            await q.put(i)
+        await q.get()
+        await asyncio.gather(*(work(i) for i in range(10)), return_exceptions=True)
+        live, units = _points(reader)  # while it runs: the callbacks ask the profiler's thread
+        snap = prof.snapshot()
+    final, final_units = _points(reader)  # once it stopped: the final figures
+
+    (entry,) = [e for e in snap.futures.futures if e.label == "work"]
+    lb = {"label": "work", "location": f"{entry.location.file}:{entry.location.line}"}
+    for points in (live, final):
+        assert _value(points, "asyncflow.future.calls", **lb).value == 10
+        finished = "asyncflow.future.calls.finished"
+        assert _value(points, finished, **lb, outcome="returned").value == 8
+        assert _value(points, finished, **lb, outcome="raised").value == 2
+        assert _value(points, "asyncflow.future.polls", **lb).value == 20
+        assert _value(points, "asyncflow.future.busy.time", **lb).value == 15_000 / 1e9
+        assert _value(points, "asyncflow.future.poll.duration.max", **lb).value == 1_000 / 1e9
+        (jobs,) = [c for c in snap.channels.channels if c.label == "jobs"] if snap.channels else []
+        cl = {"label": "jobs", "kind": jobs.kind}
+        assert _value(points, "asyncflow.channel.sent", **cl).value == 5
+        assert _value(points, "asyncflow.channel.received", **cl).value == 1
+        assert _value(points, "asyncflow.channel.queue_size", **cl).value == 4
+    # every finished call, recorded once as the ticks handed it over: exact count and sum
+    (logs,) = [log for log in snap.future_logs if log.label == "work"]
+    durations = [c.finished_ns - c.created_ns for c in logs.calls if c.finished_ns is not None]
+    returned = _value(final, otel.CALL_DURATION, **lb, outcome="returned")
+    raised = _value(final, otel.CALL_DURATION, **lb, outcome="raised")
+    assert (returned.count, raised.count) == (8, 2)
+    assert returned.sum + raised.sum == pytest.approx(sum(durations) / 1e9, abs=1e-15)
+    assert reporter.recorded == 10
+    assert units["asyncflow.future.busy.time"] == "s"
+    assert final_units[otel.CALL_DURATION] == "s"
+    assert units["asyncflow.future.calls"] == "{call}"
+    assert set(otel.INSTRUMENTS) | {otel.CALL_DURATION} >= set(units)
+
+
+def test_otel_option_builds_a_provider_from_the_otel_variables(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("OTEL_METRICS_EXPORTER", "none")
+    monkeypatch.delenv("OTEL_SERVICE_NAME", raising=False)
+    monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "deployment.environment=test")
+    with asyncflow.profile("svc", format="none", port=None, otel=True) as prof:
+        assert prof.options.otel
+        collector = prof._collector
+        assert collector is not None and collector.live is not None
+        (reporter,) = collector.live.reporters
+        assert isinstance(reporter, otel.OtelReporter)
+    provider = reporter.meter_provider
+    assert isinstance(provider, MeterProvider)
+    attributes = provider._sdk_config.resource.attributes
+    assert attributes["service.name"] == "svc"  # the profiler's name, as none was given
+    assert attributes["deployment.environment"] == "test"
+
+
+def test_otel_service_name_comes_from_the_environment_first(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("OTEL_METRICS_EXPORTER", "none")
+    monkeypatch.setenv("OTEL_SERVICE_NAME", "checkout")
+    monkeypatch.setenv("ASYNCFLOW_OTEL", "1")
+    with asyncflow.profile("svc", format="none", port=None) as prof:
+        assert prof.options.otel
+        collector = prof._collector
+        assert collector is not None and collector.live is not None
+        (reporter,) = collector.live.reporters
+    attributes = reporter.meter_provider._sdk_config.resource.attributes
+    assert attributes["service.name"] == "checkout"
+
+
+def test_an_exporter_that_is_not_installed_is_refused_at_start(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("OTEL_METRICS_EXPORTER", "nosuch")
+    with pytest.raises(AsyncflowError, match=r"'nosuch'.*OTEL_METRICS_EXPORTER=console or none"):
+        asyncflow.start("svc", format="none", port=None, otel=True)
+    assert asyncflow.active_profiler() is None
+
+
+def test_without_the_extra_the_error_says_what_to_install(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(otel, "_INSTALLED", False)
+    with pytest.raises(AsyncflowError, match=r"pip install 'asyncflow-profiler\[otel\]'"):
+        otel.OtelReporter()
+
+
+def test_run_otel_exports_through_the_console_exporter(tmp_path: Path) -> None:
+    """``asyncflow run --otel`` with ``OTEL_METRICS_EXPORTER=console``: the last export, at
+    exit, carries the program's figures."""
+    script = tmp_path / "prog.py"
+    script.write_text(
+        "import asyncio\n"
+        "async def step():\n"
+        "    await asyncio.sleep(0)\n"
+        "async def main():\n"
+        "    await asyncio.gather(*(step() for _ in range(3)))\n"
+        "asyncio.run(main())\n"
+    )
+    env = {
+        **_clean_env(),
+        "OTEL_METRICS_EXPORTER": "console",
+        "ASYNCFLOW_PORT": "off",
+        "ASYNCFLOW_FORMAT": "none",
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "asyncflow", "run", "--otel", str(script)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert '"name": "asyncflow.future.calls"' in done.stdout
+    assert '"service.name": "prog"' in done.stdout
+
+
+def _clean_env() -> dict[str, str]:
+    import os
+
+    return {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "ASYNCFLOW_"))}
