@@ -38,13 +38,15 @@ from asyncflow.instrument.loops import loop_registry
 
 if TYPE_CHECKING:
     from asyncflow.collector import Collector
-    from asyncflow.instrument.futures import CallRecord
 
 __all__ = ["PENDING_KEPT", "TraceRecorder", "flow_id", "render"]
 
 #: timed sends kept per channel while their receive is not seen yet (a deeper backlog of timed
 #: messages loses its oldest arrows, counted in the metadata)
 PENDING_KEPT = 4096
+
+#: calls named beyond the ring's size before the names of calls no longer in it are dropped
+_NAMES_SLACK = 10_000
 
 # Kinds of the cold-path events in the ring (a poll's tuple starts with its start time, an int).
 _MESSAGE = "message"
@@ -56,6 +58,7 @@ _LAG = "lag"
 _CHANNELS_PID = 1
 #: thread ids start high, so that none is taken for a process's main thread
 _FIRST_TID = 10_000
+_UNNAMED: tuple[int, str, str | None] = (0, "?", None)
 
 
 def flow_id(channel_id: int, msg_id: int) -> int:
@@ -75,7 +78,12 @@ class _Probe:
 
     __slots__ = ("begin", "end")
 
-    def __init__(self, append: Callable[[Any], None], seq: Callable[[], int]) -> None:
+    def __init__(
+        self,
+        append: Callable[[Any], None],
+        seq: Callable[[], int],
+        names: dict[int, tuple[int, str, str | None]],
+    ) -> None:
         get_ident = threading.get_ident
         began = itertools.count().__next__
 
@@ -83,7 +91,13 @@ class _Probe:
             return began()
 
         def end(r: Any, token: Any, t0: int, dt: int, outcome: str) -> None:
-            append((t0, dt, r, get_ident(), outcome, seq(), token))
+            # Only numbers and interned strings in the ring: such tuples leave the cyclic GC's
+            # lists at its next young collection, so a full ring costs collections nothing.
+            call_id = r.call_id
+            if call_id not in names:
+                future = r.future
+                names[call_id] = (future.id, future.label, getattr(r, "task", None))
+            append((t0, dt, call_id, get_ident(), outcome, seq(), token))
 
         self.begin = begin
         self.end = end
@@ -142,7 +156,10 @@ class TraceRecorder:
         self.output = output
         self.ring: deque[tuple[Any, ...]] = deque(maxlen=capacity)
         self._seq = itertools.count()
-        self.probe = _Probe(self.ring.append, self._seq.__next__)
+        #: call id -> (future id, future label, task name) of the calls whose polls are in
+        #: the ring (pruned on the tick when it holds many more)
+        self.names: dict[int, tuple[int, str, str | None]] = {}
+        self.probe = _Probe(self.ring.append, self._seq.__next__, self.names)
         #: whether polls are recorded (the probe seam was there and took the probe)
         self.polls = False
         self._attached = False
@@ -206,6 +223,11 @@ class TraceRecorder:
             now = clock.now_ns()
         self._messages(now)
         self._loop_events(now)
+        names = self.names
+        if len(names) > self.capacity + _NAMES_SLACK:
+            polled = {e[2] for e in list(self.ring) if type(e[0]) is int}
+            for call_id in [c for c in list(names) if c not in polled]:
+                names.pop(call_id, None)
 
     def _append(self, *event: Any) -> None:
         self.ring.append((event[0], next(self._seq), *event[1:]))
@@ -409,33 +431,36 @@ class _Builder:
             by_thread.setdefault(p[3], []).append(p)
         tracks: dict[tuple[int, int], _Track] = {}
         by_call: dict[int, _Track] = {}
+        names = self.recorder.names
         for thread, mine in by_thread.items():
             pid = self._pid(thread)
             # In the order they began; a poll that ended before this one did is not around it.
             mine.sort(key=lambda p: p[6] if type(p[6]) is int else -1)
             stack: list[tuple[int, _Track]] = []  # (end number, track) of the enclosing polls
-            for t0, dt, r, _, outcome, ended, _ in mine:
+            for t0, dt, call_id, _, outcome, ended, _ in mine:
+                future_id, label, task = names.get(call_id, _UNNAMED)
                 end = t0 + dt
                 while stack and stack[-1][0] < ended:
                     stack.pop()
                 if stack:
                     track = stack[-1][1]
                 else:
-                    key = (thread, r.call_id)
+                    key = (thread, call_id)
                     track = tracks.get(key)  # type: ignore[assignment]
                     if track is None:
-                        track = tracks[key] = _Track(pid, 0, _task_name(r), r.call_id)
+                        name = f"{task} ({label})" if task else f"call {call_id} ({label})"
+                        track = tracks[key] = _Track(pid, 0, name, call_id)
                         track.tid = self._new_track(pid, track.name)
-                        by_call[r.call_id] = track
+                        by_call[call_id] = track
                     track.starts.append(t0)
                     track.ends.append(end)
                 stack.append((ended, track))
-                args: dict[str, Any] = {"call_id": r.call_id, "future_id": r.future.id}
+                args: dict[str, Any] = {"call_id": call_id, "future_id": future_id}
                 if outcome != "suspended":
                     args["outcome"] = outcome
                 self.events.append(
                     {
-                        "name": _text(r.future.label),
+                        "name": _text(label),
                         "cat": "poll",
                         "ph": "X",
                         "ts": _us(t0 - self.origin),
@@ -566,14 +591,6 @@ def _thread_name(thread: int, loop: Any) -> str:
     if not name:
         name = next((t.name for t in threading.enumerate() if t.ident == thread), "")
     return f"thread {name}" if name else f"thread {thread}"
-
-
-def _task_name(r: CallRecord) -> str:
-    task = getattr(r, "task", None)
-    label = r.future.label
-    if task:
-        return f"{task} ({label})"
-    return f"call {r.call_id} ({label})"
 
 
 def render(document: dict[str, Any]) -> bytes:
