@@ -225,7 +225,7 @@ hist_bump(PyObject *hist, long long ns)
 typedef struct {
     const char *cls;  /* the class's name in its module */
     const char *name; /* the attribute */
-    int in_session;   /* the class is _session's, not futures' */
+    int ns;           /* where the class is: NS_FUTURES, NS_SESSION or NS_STREAMS */
     PyObject *pyname;
     PyTypeObject *type;
     Py_ssize_t offset;
@@ -244,8 +244,15 @@ enum {
     FR_LOG_RESULT,
     SE_FINISHED,
     SE_APPENDED,
+    IT_STATS,
+    IT_YIELDED_AT,
+    IT_ARMING,
+    SS_ITEMS,
+    SS_ARM,
     N_FIELDS
 };
+
+enum { NS_FUTURES, NS_SESSION, NS_STREAMS };
 
 static Field fields[N_FIELDS] = {
     [FS_CREATED] = {"FutureStats", "created", 0},
@@ -258,23 +265,31 @@ static Field fields[N_FIELDS] = {
     [FS_POLL_HIST] = {"FutureStats", "poll_hist", 0},
     [FR_STATS] = {"FutureRecord", "stats", 0},
     [FR_LOG_RESULT] = {"FutureRecord", "log_result", 0},
-    [SE_FINISHED] = {"Session", "finished", 1},
-    [SE_APPENDED] = {"Session", "appended", 1},
+    [SE_FINISHED] = {"Session", "finished", NS_SESSION},
+    [SE_APPENDED] = {"Session", "appended", NS_SESSION},
+    [IT_STATS] = {"_Iteration", "stats", NS_STREAMS},
+    [IT_YIELDED_AT] = {"_Iteration", "yielded_at", NS_STREAMS},
+    [IT_ARMING] = {"_Iteration", "arming", NS_STREAMS},
+    [SS_ITEMS] = {"StreamStats", "items", NS_STREAMS},
+    [SS_ARM] = {"StreamStats", "arm", NS_STREAMS},
 };
 
 /* Find each field's class and offset (setup()); a field whose class or slot is not found is
  * reached through the attribute protocol. */
 static int
-fields_setup(PyObject *futures_ns, PyObject *session_ns)
+fields_setup(int ns, PyObject *dict)
 {
     for (int i = 0; i < N_FIELDS; i++) {
         Field *f = &fields[i];
+        if (f->ns != ns) {
+            continue;
+        }
         if (f->pyname == NULL && (f->pyname = PyUnicode_InternFromString(f->name)) == NULL) {
             return -1;
         }
         Py_CLEAR(f->type);
         f->offset = 0;
-        PyObject *cls = PyDict_GetItemString(f->in_session ? session_ns : futures_ns, f->cls);
+        PyObject *cls = PyDict_GetItemString(dict, f->cls);
         if (cls == NULL || !PyType_Check(cls)) {
             continue;
         }
@@ -1525,6 +1540,592 @@ static PyTypeObject FutureCallType = {
     .tp_repr = future_call_repr,
 };
 
+/* ---- asyncflow.stream(iterable): the wrapped async iterator ---------------------------------
+ *
+ * streams.InstrumentedAsyncIteratorPy is the reference. Here the wrapper's __anext__ (the
+ * am_anext slot) returns a small awaitable, a Step, that asks the wrapped iterator for its next
+ * item only once it is first driven, drives it through am_send, and counts the item in C;
+ * the iteration's bookkeeping (resumed, end, a timed item) calls streams.py's _Iteration and
+ * _timed_item, as the reference does. asend/athrow/aclose, __getattr__, __repr__ and the
+ * finalizer are the reference's own Python methods, inherited by the class streams.py derives
+ * from this one. */
+
+static PyObject *streams_dict; /* asyncflow.instrument.streams' namespace, set by setup_streams */
+static PyObject *s_end, *s_resumed, *s_timed_item, *s_iteration_cls, *s_anext, *s_gi_code,
+    *s_co_flags;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *it;        /* the wrapped async iterator */
+    PyObject *iteration; /* its streams._Iteration */
+} AIterObject;
+
+static PyTypeObject AIterType, StepType;
+
+enum { STEP_FRESH, STEP_STARTED, STEP_DONE };
+
+typedef struct {
+    PyObject_HEAD
+    AIterObject *owner;
+    PyObject *inner; /* the wrapped iterator's __anext__() awaitable, as an iterator */
+    int state;
+} StepObject;
+
+/* streams.<name>: borrowed, or NULL with an exception set */
+static PyObject *
+streams_get(PyObject *name)
+{
+    if (streams_dict == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "asyncflow: the compiled streams are not set up");
+        return NULL;
+    }
+    PyObject *v = PyDict_GetItemWithError(streams_dict, name);
+    if (v == NULL && !PyErr_Occurred()) {
+        PyErr_Format(PyExc_RuntimeError, "asyncflow: streams.%U is missing", name);
+    }
+    return v;
+}
+
+/* it.resumed(), unless there is nothing for it to do (no timed item before, none armed). */
+static int
+iteration_resumed(PyObject *iteration)
+{
+    PyObject *at = field_get(iteration, IT_YIELDED_AT);
+    if (at == NULL) {
+        return -1;
+    }
+    int busy = PyObject_IsTrue(at);
+    Py_DECREF(at);
+    if (busy == 0) {
+        PyObject *arming = field_get(iteration, IT_ARMING);
+        if (arming == NULL) {
+            return -1;
+        }
+        busy = PyObject_IsTrue(arming);
+        Py_DECREF(arming);
+    }
+    if (busy < 0) {
+        return -1;
+    }
+    if (busy) {
+        PyObject *res = PyObject_CallMethodNoArgs(iteration, s_resumed);
+        if (res == NULL) {
+            return -1;
+        }
+        Py_DECREF(res);
+    }
+    return 0;
+}
+
+/* streams._count(it, item): the item is counted, and timed when due. */
+static int
+count_item(PyObject *iteration, PyObject *item)
+{
+    PyObject *st = field_get(iteration, IT_STATS);
+    if (st == NULL) {
+        return -1;
+    }
+    int rc = -1;
+    PyObject *n = NULL, *arm = NULL;
+    if (field_add(st, SS_ITEMS, 1) < 0 || (n = field_get(st, SS_ITEMS)) == NULL ||
+        (arm = field_get(st, SS_ARM)) == NULL) {
+        goto done;
+    }
+    int due = PyObject_RichCompareBool(n, arm, Py_GE);
+    if (due < 0) {
+        goto done;
+    }
+    if (due) {
+        PyObject *fn = streams_get(s_timed_item);
+        PyObject *args[2] = {iteration, item};
+        PyObject *res = fn == NULL ? NULL : PyObject_Vectorcall(fn, args, 2, NULL);
+        if (res == NULL) {
+            goto done;
+        }
+        Py_DECREF(res);
+    }
+    rc = 0;
+done:
+    Py_XDECREF(n);
+    Py_XDECREF(arm);
+    Py_DECREF(st);
+    return rc;
+}
+
+/* it.end(exc): the iteration ended (exc: NULL for exhausted). Leaves no exception set. */
+static void
+iteration_end(PyObject *iteration, PyObject *exc)
+{
+    PyObject *res = PyObject_CallMethodOneArg(iteration, s_end, exc != NULL ? exc : Py_None);
+    if (res == NULL) {
+        internal_error("ending a stream", fetch_exc(), iteration);
+    }
+    Py_XDECREF(res);
+}
+
+/* What ``await aw`` iterates: aw itself for a coroutine, else what its __await__ returns. */
+static PyObject *
+awaitable_iter(PyObject *aw)
+{
+    if (PyCoro_CheckExact(aw)) {
+        return Py_NewRef(aw);
+    }
+    if (PyGen_CheckExact(aw)) { /* a generator-based coroutine (@types.coroutine) */
+        PyObject *code = PyObject_GetAttr(aw, s_gi_code);
+        PyObject *flags = code == NULL ? NULL : PyObject_GetAttr(code, s_co_flags);
+        Py_XDECREF(code);
+        if (flags == NULL) {
+            return NULL;
+        }
+        long f = PyLong_AsLong(flags);
+        Py_DECREF(flags);
+        if (f & CO_ITERABLE_COROUTINE) {
+            return Py_NewRef(aw);
+        }
+    }
+    unaryfunc getter = Py_TYPE(aw)->tp_as_async != NULL ? Py_TYPE(aw)->tp_as_async->am_await
+                                                        : NULL;
+    if (getter == NULL) {
+        PyErr_Format(PyExc_TypeError, "object %.100s can't be used in 'await' expression",
+                     Py_TYPE(aw)->tp_name);
+        return NULL;
+    }
+    PyObject *res = getter(aw);
+    if (res == NULL) {
+        return NULL;
+    }
+    if (PyCoro_CheckExact(res)) {
+        Py_DECREF(res);
+        PyErr_SetString(PyExc_TypeError, "__await__() returned a coroutine");
+        return NULL;
+    }
+    if (!PyIter_Check(res)) {
+        PyErr_Format(PyExc_TypeError, "__await__() returned non-iterator of type '%.100s'",
+                     Py_TYPE(res)->tp_name);
+        Py_DECREF(res);
+        return NULL;
+    }
+    return res;
+}
+
+/* The step ended with ``status``: count the item it returned, or end the iteration with the
+ * exception it raised (kept set). */
+static PySendResult
+step_ended(StepObject *self, PySendResult status, PyObject **result)
+{
+    if (status == PYGEN_NEXT) {
+        return status;
+    }
+    self->state = STEP_DONE;
+    Py_CLEAR(self->inner);
+    PyObject *iteration = self->owner->iteration;
+    if (status == PYGEN_RETURN) {
+        if (count_item(iteration, *result) < 0) {
+            internal_error("counting a stream item", fetch_exc(), iteration);
+        }
+        return status;
+    }
+    PyObject *exc = fetch_exc();
+    if (exc != NULL && PyErr_GivenExceptionMatches(exc, PyExc_StopAsyncIteration)) {
+        iteration_end(iteration, NULL);
+    }
+    else {
+        iteration_end(iteration, exc);
+    }
+    restore_exc(exc);
+    return PYGEN_ERROR;
+}
+
+static PySendResult
+step_am_send(StepObject *self, PyObject *arg, PyObject **result)
+{
+    *result = NULL;
+    if (self->state == STEP_DONE) {
+        PyErr_SetString(PyExc_RuntimeError, "cannot reuse already awaited __anext__()/asend()");
+        return PYGEN_ERROR;
+    }
+    if (self->state == STEP_FRESH) {
+        if (arg != Py_None) {
+            PyErr_SetString(PyExc_TypeError,
+                            "can't send non-None value to a just-started coroutine");
+            return PYGEN_ERROR;
+        }
+        self->state = STEP_STARTED;
+        AIterObject *owner = self->owner;
+        /* As the reference: it.resumed() first, outside the part whose errors end the
+         * iteration; then the wrapped iterator's awaitable, only now. */
+        if (iteration_resumed(owner->iteration) < 0) {
+            internal_error("timing a stream item", fetch_exc(), owner->iteration);
+        }
+        PyObject *it = owner->it;
+        PyAsyncMethods *am = Py_TYPE(it)->tp_as_async;
+        PyObject *aw = am != NULL && am->am_anext != NULL ? am->am_anext(it)
+                                                          : PyObject_CallMethodNoArgs(it, s_anext);
+        if (aw != NULL) {
+            self->inner = awaitable_iter(aw);
+            Py_DECREF(aw);
+        }
+        if (self->inner == NULL) {
+            return step_ended(self, PYGEN_ERROR, result);
+        }
+    }
+    return step_ended(self, PyIter_Send(self->inner, arg, result), result);
+}
+
+static PyObject *
+step_iternext(StepObject *self)
+{
+    PyObject *res;
+    PySendResult status = step_am_send(self, Py_None, &res);
+    if (status == PYGEN_NEXT) {
+        return res;
+    }
+    if (status == PYGEN_RETURN) {
+        if (res != Py_None) {
+            PyObject *stop = new_stop(res);
+            if (stop != NULL) {
+                PyErr_SetObject(PyExc_StopIteration, stop);
+                Py_DECREF(stop);
+            }
+        }
+        Py_DECREF(res);
+    }
+    return NULL;
+}
+
+static PyObject *
+step_send(StepObject *self, PyObject *arg)
+{
+    PyObject *res;
+    PySendResult status = step_am_send(self, arg, &res);
+    if (status == PYGEN_RETURN) {
+        PyObject *stop = new_stop(res);
+        Py_DECREF(res);
+        if (stop != NULL) {
+            PyErr_SetObject(PyExc_StopIteration, stop);
+            Py_DECREF(stop);
+        }
+        return NULL;
+    }
+    return status == PYGEN_NEXT ? res : NULL;
+}
+
+static PyObject *
+step_throw(StepObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs < 1 || nargs > 3) {
+        PyErr_Format(PyExc_TypeError, "throw expected between 1 and 3 arguments, got %zd", nargs);
+        return NULL;
+    }
+    if (self->state != STEP_STARTED) {
+        /* As a coroutine not started, or finished: the exception is raised as it is, and the
+         * step is done (the iteration was never asked for this item). */
+        self->state = STEP_DONE;
+        PyObject *typ = args[0];
+        PyObject *val = nargs > 1 ? args[1] : Py_None;
+        PyObject *tb = nargs > 2 ? args[2] : Py_None;
+        PyObject *nargs3[3] = {typ, val, tb};
+        PyObject *exc = call_helper(s_normalize_throw, nargs3, 3);
+        if (exc != NULL) {
+            restore_exc(exc);
+        }
+        return NULL;
+    }
+    PyObject *meth = PyObject_GetAttr(self->inner, s_throw);
+    PyObject *res = meth == NULL ? NULL : PyObject_Vectorcall(meth, args, (size_t)nargs, NULL);
+    Py_XDECREF(meth);
+    PySendResult status = PYGEN_NEXT;
+    if (res == NULL) {
+        status = take_stop_value(&res) ? PYGEN_RETURN : PYGEN_ERROR;
+    }
+    status = step_ended(self, status, &res);
+    if (status == PYGEN_RETURN) {
+        PyObject *stop = new_stop(res);
+        Py_DECREF(res);
+        if (stop != NULL) {
+            PyErr_SetObject(PyExc_StopIteration, stop);
+            Py_DECREF(stop);
+        }
+        return NULL;
+    }
+    return status == PYGEN_NEXT ? res : NULL;
+}
+
+static PyObject *
+step_close(StepObject *self, PyObject *Py_UNUSED(ignored))
+{
+    if (self->state != STEP_STARTED) {
+        self->state = STEP_DONE;
+        Py_RETURN_NONE;
+    }
+    /* As the reference's coroutine, closed while it awaits: the awaitable is closed, then
+     * GeneratorExit (or what closing raised) ends the iteration. */
+    self->state = STEP_DONE;
+    PyObject *inner = self->inner;
+    self->inner = NULL;
+    PyObject *err = NULL;
+    PyObject *meth = PyObject_GetAttr(inner, s_close);
+    if (meth == NULL) {
+        if (PyErr_ExceptionMatches(PyExc_AttributeError)) {
+            PyErr_Clear();
+        }
+        else {
+            err = fetch_exc();
+        }
+    }
+    else {
+        PyObject *res = PyObject_CallNoArgs(meth);
+        Py_DECREF(meth);
+        if (res == NULL) {
+            err = fetch_exc();
+        }
+        Py_XDECREF(res);
+    }
+    Py_DECREF(inner);
+    PyObject *ended = err != NULL ? Py_NewRef(err) : PyObject_CallNoArgs(PyExc_GeneratorExit);
+    if (ended == NULL) {
+        Py_XDECREF(err);
+        return NULL;
+    }
+    iteration_end(self->owner->iteration, ended);
+    Py_DECREF(ended);
+    if (err != NULL) {
+        restore_exc(err);
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static void
+step_finalize(StepObject *self)
+{
+    if (self->state != STEP_STARTED || self->owner == NULL) {
+        return;
+    }
+    PyObject *pending = fetch_exc();
+    PyObject *res = step_close(self, NULL);
+    if (res == NULL) {
+        PyErr_WriteUnraisable((PyObject *)self);
+    }
+    Py_XDECREF(res);
+    restore_exc(pending);
+}
+
+static int
+step_traverse(StepObject *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->owner);
+    Py_VISIT(self->inner);
+    return 0;
+}
+
+static int
+step_clear(StepObject *self)
+{
+    Py_CLEAR(self->owner);
+    Py_CLEAR(self->inner);
+    return 0;
+}
+
+static void
+step_dealloc(StepObject *self)
+{
+    if (self->state == STEP_STARTED &&
+        PyObject_CallFinalizerFromDealloc((PyObject *)self) < 0) {
+        return; /* resurrected */
+    }
+    PyObject_GC_UnTrack(self);
+    step_clear(self);
+    PyObject_GC_Del(self);
+}
+
+static PyObject *
+step_await(StepObject *self)
+{
+    return Py_NewRef(self);
+}
+
+static PyObject *
+step_repr(StepObject *self)
+{
+    return PyUnicode_FromFormat("<asyncflow stream step of %R>",
+                                self->owner != NULL ? self->owner->it : Py_None);
+}
+
+static PyObject *
+step_get_await(StepObject *self, void *Py_UNUSED(closure))
+{
+    return Py_NewRef(self->inner != NULL ? self->inner : Py_None);
+}
+
+static PyObject *
+step_get_running(StepObject *self, void *Py_UNUSED(closure))
+{
+    return Py_NewRef(Py_False);
+}
+
+static PyObject *
+step_get_none(StepObject *self, void *Py_UNUSED(closure))
+{
+    Py_RETURN_NONE;
+}
+
+static PyGetSetDef step_getset[] = {
+    {"cr_await", (getter)step_get_await, NULL, "the awaitable the step waits on", NULL},
+    {"cr_running", (getter)step_get_running, NULL, NULL, NULL},
+    {"cr_frame", (getter)step_get_none, NULL, "None: a step has no Python frame", NULL},
+    {NULL},
+};
+
+static PyMethodDef step_methods[] = {
+    {"send", (PyCFunction)step_send, METH_O, "Drive the step: send a value into it."},
+    {"throw", (PyCFunction)(void (*)(void))step_throw, METH_FASTCALL,
+     "Raise an exception inside the step."},
+    {"close", (PyCFunction)step_close, METH_NOARGS, "Close the step."},
+    {NULL},
+};
+
+static PyAsyncMethods step_as_async = {
+    .am_await = (unaryfunc)step_await,
+    .am_send = (sendfunc)step_am_send,
+};
+
+static PyTypeObject StepType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "asyncflow.instrument._speedups.StreamStep",
+    .tp_doc = "One __anext__() of a wrapped async iterator: awaits the wrapped iterator's and "
+              "counts the item.",
+    .tp_basicsize = sizeof(StepObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_dealloc = (destructor)step_dealloc,
+    .tp_finalize = (destructor)step_finalize,
+    .tp_traverse = (traverseproc)step_traverse,
+    .tp_clear = (inquiry)step_clear,
+    .tp_as_async = &step_as_async,
+    .tp_iter = PyObject_SelfIter,
+    .tp_iternext = (iternextfunc)step_iternext,
+    .tp_repr = (reprfunc)step_repr,
+    .tp_methods = step_methods,
+    .tp_getset = step_getset,
+};
+
+static PyObject *
+aiter_anext(AIterObject *self)
+{
+    StepObject *step = PyObject_GC_New(StepObject, &StepType);
+    if (step == NULL) {
+        return NULL;
+    }
+    step->owner = (AIterObject *)Py_NewRef(self);
+    step->inner = NULL;
+    step->state = STEP_FRESH;
+    PyObject_GC_Track(step);
+    return (PyObject *)step;
+}
+
+static PyObject *
+aiter_aiter(AIterObject *self)
+{
+    return Py_NewRef(self);
+}
+
+/* InstrumentedAsyncIterator(it, record) */
+static PyObject *
+aiter_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    static char *names[] = {"it", "record", NULL};
+    PyObject *it, *record;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO:InstrumentedAsyncIterator", names, &it,
+                                     &record)) {
+        return NULL;
+    }
+    PyObject *cls = streams_get(s_iteration_cls);
+    if (cls == NULL) {
+        return NULL;
+    }
+    PyObject *iteration = PyObject_CallOneArg(cls, record);
+    if (iteration == NULL) {
+        return NULL;
+    }
+    AIterObject *self = (AIterObject *)type->tp_alloc(type, 0);
+    if (self == NULL) {
+        Py_DECREF(iteration);
+        return NULL;
+    }
+    self->it = Py_NewRef(it);
+    self->iteration = iteration;
+    return (PyObject *)self;
+}
+
+static int
+aiter_traverse(AIterObject *self, visitproc visit, void *arg)
+{
+    /* not Py_TYPE(self): the heap subclass's subtype_traverse visits it */
+    Py_VISIT(self->it);
+    Py_VISIT(self->iteration);
+    return 0;
+}
+
+static int
+aiter_clear(AIterObject *self)
+{
+    Py_CLEAR(self->it);
+    Py_CLEAR(self->iteration);
+    return 0;
+}
+
+static void
+aiter_dealloc(AIterObject *self)
+{
+    PyTypeObject *type = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    aiter_clear(self);
+    type->tp_free((PyObject *)self);
+}
+
+static PyMemberDef aiter_members[] = {
+    {"_it", T_OBJECT, offsetof(AIterObject, it), READONLY, "the wrapped async iterator"},
+    {"_iteration", T_OBJECT, offsetof(AIterObject, iteration), READONLY,
+     "its streams._Iteration"},
+    {NULL},
+};
+
+static PyAsyncMethods aiter_as_async = {
+    .am_aiter = (unaryfunc)aiter_aiter,
+    .am_anext = (unaryfunc)aiter_anext,
+};
+
+static PyTypeObject AIterType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "asyncflow.instrument._speedups.AsyncIteratorBase",
+    .tp_doc = "The compiled part of streams.InstrumentedAsyncIterator: __aiter__ and __anext__.",
+    .tp_basicsize = sizeof(AIterObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_BASETYPE,
+    .tp_new = aiter_new,
+    .tp_dealloc = (destructor)aiter_dealloc,
+    .tp_traverse = (traverseproc)aiter_traverse,
+    .tp_clear = (inquiry)aiter_clear,
+    .tp_as_async = &aiter_as_async,
+    .tp_members = aiter_members,
+};
+
+PyDoc_STRVAR(setup_streams_doc, "setup_streams(streams_namespace)\n--\n\n"
+                                "Connect the compiled stream wrapper to streams.py's helpers.");
+
+static PyObject *
+mod_setup_streams(PyObject *module, PyObject *ns)
+{
+    if (!PyDict_Check(ns)) {
+        PyErr_SetString(PyExc_TypeError, "setup_streams() takes a namespace (a dict)");
+        return NULL;
+    }
+    if (fields_setup(NS_STREAMS, ns) < 0) {
+        return NULL;
+    }
+    Py_XSETREF(streams_dict, Py_NewRef(ns));
+    Py_RETURN_NONE;
+}
+
 /* ---- module functions ----------------------------------------------------------------------- */
 
 static PyObject *
@@ -1612,7 +2213,7 @@ mod_setup(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Py_XSETREF(RAISED, raised);
     Py_XSETREF(CANCELLED, outcome_cancelled);
     Py_XSETREF(cancelled_error, cancelled);
-    if (fields_setup(futures_dict, session_dict) < 0) {
+    if (fields_setup(NS_FUTURES, futures_dict) < 0 || fields_setup(NS_SESSION, session_dict) < 0) {
         return NULL;
     }
     PyObject *grl = get_global(futures_dict, "_get_running_loop");
@@ -1761,6 +2362,7 @@ static PyMethodDef module_methods[] = {
     {"running_calls", (PyCFunction)mod_running_calls, METH_O, running_calls_doc},
     {"set_poll_probe", (PyCFunction)(void (*)(void))mod_set_poll_probe, METH_FASTCALL,
      set_poll_probe_doc},
+    {"setup_streams", (PyCFunction)mod_setup_streams, METH_O, setup_streams_doc},
     {"bucket_of", (PyCFunction)mod_bucket_of, METH_O,
      "bucket_of(ns): the histogram bucket (as asyncflow.stats.bucket_of) the hot path bumps."},
     {"clock_read_cost", (PyCFunction)mod_clock_read_cost, METH_O,
@@ -1828,6 +2430,13 @@ PyInit__speedups(void)
     INTERN(s_wrapper_name, "InstrumentedCoroutine");
     INTERN(s_slot_key, "asyncflow.running_call");
     INTERN(s_probe_failed, "_probe_failed");
+    INTERN(s_end, "end");
+    INTERN(s_resumed, "resumed");
+    INTERN(s_timed_item, "_timed_item");
+    INTERN(s_iteration_cls, "_Iteration");
+    INTERN(s_anext, "__anext__");
+    INTERN(s_gi_code, "gi_code");
+    INTERN(s_co_flags, "co_flags");
     for (Py_ssize_t i = 0; i < BUCKETS; i++) {
         bucket_ints[i] = PyLong_FromSsize_t(i);
         if (bucket_ints[i] == NULL) {
@@ -1835,7 +2444,8 @@ PyInit__speedups(void)
         }
     }
     if (PyType_Ready(&RecordType) < 0 || PyType_Ready(&WrapperType) < 0 ||
-        PyType_Ready(&SlotType) < 0 || PyType_Ready(&FutureCallType) < 0) {
+        PyType_Ready(&SlotType) < 0 || PyType_Ready(&FutureCallType) < 0 ||
+        PyType_Ready(&AIterType) < 0 || PyType_Ready(&StepType) < 0) {
         return NULL;
     }
     FutureCallObject *future_call = PyObject_New(FutureCallObject, &FutureCallType);
@@ -1850,7 +2460,9 @@ PyInit__speedups(void)
     if (PyModule_AddObjectRef(m, "CallRecord", (PyObject *)&RecordType) < 0 ||
         PyModule_AddObjectRef(m, "InstrumentedCoroutine", (PyObject *)&WrapperType) < 0 ||
         PyModule_AddIntConstant(m, "BUCKETS", BUCKETS) < 0 ||
-        PyModule_AddObjectRef(m, "future_call", (PyObject *)future_call) < 0) {
+        PyModule_AddObjectRef(m, "future_call", (PyObject *)future_call) < 0 ||
+        PyModule_AddObjectRef(m, "AsyncIteratorBase", (PyObject *)&AIterType) < 0 ||
+        PyModule_AddObjectRef(m, "StreamStep", (PyObject *)&StepType) < 0) {
         Py_DECREF(future_call);
         Py_DECREF(m);
         return NULL;

@@ -23,14 +23,15 @@ import types
 import warnings
 import weakref
 from collections import deque
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
-from typing import Any, Generic, ParamSpec, TypeVar, overload
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Coroutine
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 
 from asyncflow import clock as _clock
 from asyncflow import config as _config
 from asyncflow.instrument import _session
 from asyncflow.instrument.channels import _message_repr
 from asyncflow.instrument.futures import _normalize_throw
+from asyncflow.instrument.futures import _speedups as _compiled_path
 from asyncflow.stats import SMALL_BUCKET, SMALL_LIMIT, bucket_of, new_histogram
 
 __all__ = ["InstrumentedAsyncIterator", "StreamRecord", "stream", "stream_registry"]
@@ -229,23 +230,14 @@ def _record_for(key: Any, make: Callable[[], StreamRecord], name: str | None) ->
         return record
 
 
-class InstrumentedAsyncIterator(Generic[_T]):
-    """Iterates the wrapped async iterator, counting every item and timing a sample of them;
-    ``asend``/``athrow``/``aclose`` are the wrapped async generator's."""
+class _IteratorMethods(Generic[_T]):
+    """What both implementations of the wrapped iterator share: everything but ``__aiter__``
+    and ``__anext__`` (the hot part), which the compiled one has in C."""
 
-    __slots__ = ("_it", "_iteration")
+    __slots__ = ()
 
-    def __init__(self, it: AsyncIterator[_T], record: StreamRecord) -> None:
-        self._it = it
-        self._iteration = _Iteration(record)
-
-    def __aiter__(self) -> InstrumentedAsyncIterator[_T]:
-        return self
-
-    # Each step asks the wrapped iterator for its awaitable only once the step runs: a step
-    # cancelled before it starts then leaves no never-awaited ``asend`` behind (3.13 warns).
-    def __anext__(self) -> Awaitable[_T]:
-        return self._step(self._it.__anext__)
+    _it: AsyncIterator[_T]
+    _iteration: _Iteration
 
     def asend(self, value: Any) -> Awaitable[_T]:
         return self._step(lambda: self._it.asend(value))  # type: ignore[attr-defined]
@@ -289,6 +281,28 @@ class InstrumentedAsyncIterator(Generic[_T]):
 
     def __repr__(self) -> str:
         return repr(self._it)
+
+
+class InstrumentedAsyncIterator(_IteratorMethods[_T]):
+    """Iterates the wrapped async iterator, counting every item and timing a sample of them;
+    ``asend``/``athrow``/``aclose`` are the wrapped async generator's.
+
+    The pure-Python reference; where the compiled hot path is built, the class of that name is
+    its twin (``__anext__`` in C, these same Python methods for the rest)."""
+
+    __slots__ = ("_it", "_iteration")
+
+    def __init__(self, it: AsyncIterator[_T], record: StreamRecord) -> None:
+        self._it = it
+        self._iteration = _Iteration(record)
+
+    def __aiter__(self) -> InstrumentedAsyncIterator[_T]:
+        return self
+
+    # Each step asks the wrapped iterator for its awaitable only once the step runs: a step
+    # cancelled before it starts then leaves no never-awaited ``asend`` behind (3.13 warns).
+    def __anext__(self) -> Awaitable[_T]:
+        return self._step(self._it.__anext__)
 
 
 # -- @stream on an async generator function: counting compiled into the generator ----------
@@ -827,7 +841,7 @@ def stream(fn: Any = None, /, *, name: str | None = None, log_items: bool = Fals
             f"asyncflow.stream() needs an async iterable or an async generator function, "
             f"got {type(fn).__qualname__}: {fn!r}"
         )
-    if isinstance(fn, InstrumentedAsyncIterator) or _config.disabled():
+    if isinstance(fn, _WRAPPERS) or _config.disabled():
         return fn
     if _session.active is None:
         return fn
@@ -847,3 +861,36 @@ def stream(fn: Any = None, /, *, name: str | None = None, log_items: bool = Fals
         name,
     )
     return InstrumentedAsyncIterator(it, record)
+
+
+# The compiled hot path (asyncflow/instrument/_speedups.c), where it is built and not turned off
+# (ASYNCFLOW_NO_EXTENSIONS=1), gives the wrapped iterator a compiled __anext__: the same records
+# and semantics as the reference above, which stays, and the test suite runs on both.
+InstrumentedAsyncIteratorPy = InstrumentedAsyncIterator
+_WRAPPERS: tuple[type, ...] = (InstrumentedAsyncIteratorPy,)
+
+
+def _load_compiled() -> type | None:
+    if _compiled_path is None or not hasattr(_compiled_path, "AsyncIteratorBase"):
+        return None
+    try:
+        _compiled_path.setup_streams(globals())
+    except (RuntimeError, TypeError) as err:  # out of step with this module: use the reference
+        _session.internal_error("loading the compiled streams", err)
+        return None
+    Coroutine.register(_compiled_path.StreamStep)
+
+    class _Compiled(_compiled_path.AsyncIteratorBase, _IteratorMethods[Any]):  # type: ignore[misc, name-defined]
+        __slots__ = ()
+
+    _Compiled.__name__ = _Compiled.__qualname__ = "InstrumentedAsyncIterator"
+    _Compiled.__module__ = __name__
+    _Compiled.__doc__ = InstrumentedAsyncIteratorPy.__doc__
+    return _Compiled
+
+
+InstrumentedAsyncIteratorC = _load_compiled()
+if InstrumentedAsyncIteratorC is not None:
+    _WRAPPERS = (InstrumentedAsyncIteratorPy, InstrumentedAsyncIteratorC)
+    if not TYPE_CHECKING:
+        InstrumentedAsyncIterator = InstrumentedAsyncIteratorC

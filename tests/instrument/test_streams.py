@@ -19,9 +19,22 @@ import pytest
 
 import asyncflow
 from asyncflow.clock import FakeClock
+from asyncflow.instrument import streams
 from asyncflow.schema import Snapshot, StreamEntry, StreamLogs
 
 Gen = Callable[[], AsyncIterator[int]]
+
+_WRAPPER_IMPLS = [pytest.param(streams.InstrumentedAsyncIteratorPy, id="python-wrapper")]
+if streams.InstrumentedAsyncIteratorC is not None:
+    _WRAPPER_IMPLS.append(pytest.param(streams.InstrumentedAsyncIteratorC, id="compiled-wrapper"))
+
+
+@pytest.fixture(autouse=True, params=_WRAPPER_IMPLS)
+def wrapper_impl(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Every test runs with each implementation of the wrapped iterator: the pure-Python
+    reference and, where it is built, the compiled one."""
+    monkeypatch.setattr(streams, "InstrumentedAsyncIterator", request.param)
+    return request.param
 
 
 def _stream(snap: Snapshot, label: str) -> tuple[StreamEntry, StreamLogs]:
@@ -579,3 +592,161 @@ async def test_the_generator_does_not_keep_a_yielded_item_alive() -> None:
         snap = prof.snapshot()
     assert alive == [False, False]
     assert _mode(snap, "not kept") == ("compiled", None)
+
+
+# -- asyncflow.stream(iterable) driven through __anext__: the step each implementation makes ---
+
+
+async def _observe_next(it: Any, *, skip_asyncflow: bool) -> list[Any]:
+    """Everything a consumer sees driving ``it`` with ``__anext__`` (as ``async for`` does)."""
+    seen: list[Any] = []
+    try:
+        while True:
+            seen.append(await it.__anext__())
+    except StopAsyncIteration:
+        seen.append("stop")
+    except Exception as exc:
+        seen.append((type(exc), str(exc), _frames(exc, skip_asyncflow=skip_asyncflow)))
+    return seen
+
+
+class _Countdown:
+    """An async iterator that is not a generator: ``async def __anext__``."""
+
+    def __init__(self, n: int, fail: bool = False) -> None:
+        self.n = n
+        self.fail = fail
+
+    def __aiter__(self) -> _Countdown:
+        return self
+
+    async def __anext__(self) -> int:
+        await asyncio.sleep(0)
+        if self.n == 0:
+            if self.fail:
+                raise LookupError("counted down")
+            raise StopAsyncIteration
+        self.n -= 1
+        return self.n
+
+
+async def test_wrapped_iterables_behave_exactly_as_before(wrapper_impl: Any) -> None:
+    for make_it in (
+        lambda: _Countdown(3),
+        lambda: _Countdown(2, fail=True),
+        lambda: _raising_items(_identity)(),
+    ):
+        plain = await _observe_next(make_it(), skip_asyncflow=False)
+        with asyncflow.profile("next", format="none"):
+            wrapped_it = asyncflow.stream(make_it(), name="next")
+            assert type(wrapped_it) is wrapper_impl
+            # the compiled step has no Python frame: nothing of asyncflow's in the traceback
+            compiled = wrapper_impl is streams.InstrumentedAsyncIteratorC
+            wrapped = await _observe_next(wrapped_it, skip_asyncflow=not compiled)
+        assert wrapped == plain
+
+
+class _Slow(_Countdown):
+    """Waits on ``gate`` after its first item (not a generator: closing a step midway leaves
+    no generator running for the loop's shutdown to trip on)."""
+
+    def __init__(self, n: int, gate: asyncio.Event) -> None:
+        super().__init__(n)
+        self.gate = gate
+
+    async def __anext__(self) -> int:
+        if self.n < 2:
+            await self.gate.wait()
+        return await super().__anext__()
+
+
+class _Watched(_Countdown):
+    asked: list[int] = []  # noqa: RUF012
+
+    async def __anext__(self) -> int:
+        self.asked.append(self.n)
+        return await super().__anext__()
+
+
+class _Bad:
+    def __aiter__(self) -> _Bad:
+        return self
+
+    def __anext__(self) -> int:
+        return 3  # not awaitable
+
+
+async def test_a_step_cancelled_or_closed_midway_ends_the_iteration() -> None:
+    gate = asyncio.Event()
+
+    def slow() -> _Slow:
+        return _Slow(2, gate)
+
+    with asyncflow.profile("midway", format="none") as prof:
+        it = asyncflow.stream(slow(), name="cancelled midway")
+        assert await it.__anext__() == 1
+        task = asyncio.ensure_future(it.__anext__())
+        await asyncio.sleep(0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        it2 = asyncflow.stream(slow(), name="closed midway")
+        assert await it2.__anext__() == 1
+        step: Any = it2.__anext__()
+        step.send(None)  # suspended inside the generator, at gate.wait()
+        step.close()
+        with pytest.raises(RuntimeError):
+            step.send(None)  # a step is awaited once
+        never: Any = it2.__anext__()  # never driven: asks the generator for nothing
+        never.close()
+        snap = prof.snapshot()
+    cancelled, _ = _stream(snap, "cancelled midway")
+    closed, _ = _stream(snap, "closed midway")
+    assert cancelled.items_yielded == 1 and cancelled.instances["cancelled"] == 1
+    assert closed.items_yielded == 1 and closed.instances["closed"] == 1
+
+
+async def test_a_step_thrown_into_before_it_starts_asks_for_nothing() -> None:
+    asked = _Watched.asked
+    asked.clear()
+    with asyncflow.profile("unstarted", format="none") as prof:
+        it = asyncflow.stream(_Watched(2), name="unstarted")
+        step: Any = it.__anext__()
+        with pytest.raises(KeyError):
+            step.throw(KeyError("before"))
+        assert asked == []
+        assert [i async for i in it] == [1, 0]
+        snap = prof.snapshot()
+    entry, _ = _stream(snap, "unstarted")
+    assert entry.items_yielded == 2 and entry.instances["exhausted"] == 1
+
+
+async def test_a_step_is_a_coroutine_for_asyncio() -> None:
+    with asyncflow.profile("task step", format="none"):
+        it = asyncflow.stream(_Countdown(2), name="task step")
+        step: Any = it.__anext__()
+        assert asyncio.iscoroutine(step)
+        assert await asyncio.create_task(step) == 1
+        assert await asyncio.wait_for(it.__anext__(), 30) == 0
+
+
+async def test_an_invalid_anext_fails_as_await_does() -> None:
+    async def consume(it: Any) -> str:
+        try:
+            async for _ in it:
+                pass
+        except TypeError as exc:
+            return str(exc)
+        return "no error"
+
+    plain = await consume(_Bad())
+    with asyncflow.profile("bad", format="none") as prof:
+        bad: Any = _Bad()
+        wrapped = await consume(asyncflow.stream(bad, name="bad"))
+        snap = prof.snapshot()
+    # The one difference: the error is raised where the wrapper awaits the bad object, so it
+    # reads as await's own message rather than async for's (on both paths).
+    assert plain == "'async for' received an invalid object from __anext__: int"
+    assert wrapped == "object int can't be used in 'await' expression"
+    entry, _ = _stream(snap, "bad")
+    assert entry.items_yielded == 0 and entry.instances["failed"] == 1
