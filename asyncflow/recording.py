@@ -219,7 +219,7 @@ class CollectorRecorder(Recorder):
             if op == "log" and st.recent is not None:
                 st.recent.append((at_ns, value))
             current = value if op == "record" else st.value
-            if isinstance(current, (int, float)):
+            if metric.kind != "counter" and isinstance(current, (int, float)):
                 if st.min is None or current < st.min:
                     st.min = current
                 if st.max is None or current > st.max:

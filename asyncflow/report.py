@@ -80,6 +80,7 @@ def render_table(snapshot: Snapshot, percentiles: tuple[float, ...], limit: int)
             "(no futures were tracked: decorate coroutines with @asyncflow.future or "
             "call asyncflow.instrument_tasks())"
         )
+    lines += _functions_section(snapshot, percentiles, limit)
     channels = snapshot.channels.channels if snapshot.channels is not None else []
     if channels:
         shown_channels = channels if limit == 0 else channels[:limit]
@@ -312,6 +313,76 @@ def _thread_row(t: ThreadEntry) -> list[str]:
         _share(t.max_share),
         _share(t.share),
     ]
+
+
+def _functions_section(
+    snapshot: Snapshot, percentiles: tuple[float, ...], limit: int
+) -> list[str]:
+    """The measured functions and blocks, most total time first, then the program's metrics."""
+    lines: list[str] = []
+    functions = snapshot.functions.functions if snapshot.functions is not None else []
+    if functions:
+        shown = functions if limit == 0 else functions[:limit]
+        columns = [
+            "function",
+            "calls",
+            "errors",
+            "total",
+            "self",
+            "mean",
+            *(percentile_key(q) for q in percentiles),
+            "max",
+            "share",
+        ]
+        rows = [
+            [
+                f.label + (" [block]" if f.kind == "block" else ""),
+                f"{f.call_count:,}",
+                f"{f.error_count:,}",
+                format_duration(f.total_ns),
+                format_duration(f.self_ns),
+                format_duration(f.mean_ns),
+                *(format_duration(f.duration_ns.get(percentile_key(q))) for q in percentiles),
+                format_duration(f.max_ns),
+                f"{f.share:.1%}",
+            ]
+            for f in shown
+        ]
+        lines += ["", *_table([columns, *rows])]
+        if len(shown) < len(functions):
+            lines.append(f"… {len(functions) - len(shown)} more functions (limit={limit})")
+    metrics = snapshot.user_metrics.metrics if snapshot.user_metrics is not None else []
+    if metrics:
+        shown_metrics = metrics if limit == 0 else metrics[:limit]
+        columns = ["metric", "kind", "count", "value", "min", "max", "sum", "p50", "p99"]
+        rows = [
+            [
+                m.name,
+                m.kind,
+                f"{m.count:,}",
+                _number(m.value),
+                _number(m.min),
+                _number(m.max),
+                _number(m.sum) if m.kind == "histogram" else "-",
+                _number(m.percentiles.get("p50")),
+                _number(m.percentiles.get("p99")),
+            ]
+            for m in shown_metrics
+        ]
+        lines += ["", *_table([columns, *rows])]
+        if len(shown_metrics) < len(metrics):
+            lines.append(f"… {len(metrics) - len(shown_metrics)} more metrics (limit={limit})")
+    return lines
+
+
+def _number(v: float | str | None) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, str):
+        return v if len(v) <= 24 else v[:23] + "…"
+    if isinstance(v, float) and not v.is_integer():
+        return f"{v:,.4g}"
+    return f"{int(v):,}"
 
 
 def _table(rows: list[list[str]]) -> list[str]:

@@ -857,7 +857,8 @@ class MetricEntry:
     count: int
     #: the counter's total, the gauge's value now, the last value logged (None for histograms)
     value: float | int | str | None
-    #: the least and greatest value seen (gauge values, histogram samples, numbers logged)
+    #: the least and greatest value seen (gauge values, histogram samples, numbers logged;
+    #: None for counters)
     min: float | int | None
     max: float | int | None
     #: the sum of a histogram's samples

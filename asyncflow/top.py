@@ -415,6 +415,15 @@ def _warning_count(warnings: list[Row]) -> str:
 
 
 # fmt: off
+def _function_errors(document: Row) -> list[str]:
+    """Below the functions: what each one that raised raised, by exception type."""
+    return [
+        f"{f['label']} raised " + ", ".join(f"{name} {n:,}" for name, n in f["errors"].items())
+        for f in document.get("functions", [])
+        if f.get("errors")
+    ][:8]
+
+
 VIEWS: tuple[View, ...] = (
     View(
         "futures", "f",
@@ -649,6 +658,32 @@ VIEWS: tuple[View, ...] = (
         ),
         sort="cpu%",
         row_id=lambda t: str(t["native_id"]),
+    ),
+    View(
+        "functions", "m",
+        "one row per measured function or block (@asyncflow.measure, measure_block): wall time "
+        "per call, from call to return, awaits included",
+        "/functions", "functions",
+        (
+            _text("function", 0, lambda f: f["label"] + (" [block]" if f["kind"] == "block"
+                                                          else ""), "the label", flex=True),
+            _count("calls", 1, lambda f: f["call_count"],
+                   "calls so far (recursion: the outermost call only)"),
+            _dur("totalΣ", 1, lambda f: f["total_ns"], "wall time summed over calls"),
+            _dur("p95", 1, lambda f: _pct(f["duration_ns"], "p95"),
+                 "95th percentile of a call's wall time"),
+            _dur("max", 2, lambda f: f["max_ns"], "the longest call"),
+            Column("share", 2, lambda f: f["share"], "totalΣ over the profile's wall time "
+                   "(above 100% when calls overlap)", show=_percent),
+            _dur("selfΣ", 2, lambda f: f["self_ns"], "totalΣ less the time in measured calls "
+                 "nested in it (same task or thread)"),
+            _count("errors", 3, lambda f: f["error_count"], "calls that raised"),
+            _dur("mean", 4, lambda f: f["mean_ns"], "mean wall time of a call"),
+            _text("where", 6, lambda f: _where(f["location"]),
+                  "where it is defined (file:line)", max_width=28, cut_left=True),
+        ),
+        sort="totalΣ",
+        detail=_function_errors,
     ),
 )
 # fmt: on

@@ -552,3 +552,89 @@ def test_wraps_keeps_partial_and_callables() -> None:
         assert measured(2) == 3
         snap = prof.snapshot()
     assert _functions(snap)["add one"].call_count == 1
+
+
+def test_served_routes(fake_clock: FakeClock) -> None:
+    import json
+    import urllib.request
+
+    @asyncflow.measure(name="served")
+    def served() -> None:
+        fake_clock.advance(12)
+
+    with asyncflow.profile("t", format="none") as prof:
+        served()
+        asyncflow.counter("served.count").add(3)
+        assert prof.url is not None
+
+        def get(path: str) -> Any:
+            with urllib.request.urlopen(prof.url + path, timeout=10) as response:
+                return json.loads(response.read())
+
+        functions = get("/functions?limit=5")
+        metrics = get("/user_metrics")
+        paths = get("/openapi.json")["paths"]
+    assert functions["functions"][0]["label"] == "served"
+    assert functions["functions"][0]["total_ns"] == 12
+    assert functions["limit"] == 5 and functions["total"] == 1
+    assert metrics["metrics"] == [
+        {
+            "id": metrics["metrics"][0]["id"],
+            "name": "served.count",
+            "kind": "counter",
+            "count": 1,
+            "value": 3,
+            "min": 3,
+            "max": 3,
+            "sum": 0,
+            "percentiles": {},
+            "recent": [],
+        }
+    ]
+    assert "/functions" in paths and "/user_metrics" in paths
+
+
+def test_exit_report_has_a_functions_table(fake_clock: FakeClock) -> None:
+    from asyncflow.report import render_table
+
+    @asyncflow.measure(name="reported work")
+    def reported() -> None:
+        fake_clock.advance(2_000)
+
+    with asyncflow.profile("t", format="none") as prof:
+        for _ in range(3):
+            reported()
+        with pytest.raises(KeyError), asyncflow.measure_block("lookup"):
+            raise KeyError("x")
+        asyncflow.counter("hits").add(5)
+        fake_clock.advance(4_000)
+        snap = prof.snapshot()
+    lines = render_table(snap, (50.0,), 0).splitlines()
+    header = next(line for line in lines if line.startswith("function "))
+    assert header.split() == ["function", "calls", "errors", "total", "self", "mean", "p50"] + [
+        "max",
+        "share",
+    ]
+    work = next(line for line in lines if line.startswith("reported work "))
+    assert work.split() == ["reported", "work", "3", "0", "6", "µs", "6", "µs", "2", "µs"] + [
+        "2",
+        "µs",
+        "2",
+        "µs",
+        "60.0%",
+    ]
+    assert next(line for line in lines if line.startswith("lookup [block]")).split()[2:4] == [
+        "1",
+        "1",
+    ]
+    assert next(line for line in lines if line.startswith("hits ")).split() == [
+        "hits",
+        "counter",
+        "1",
+        "5",
+        "-",
+        "-",
+        "-",
+        "-",
+        "-",
+    ]

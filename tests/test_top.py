@@ -111,6 +111,8 @@ def stuck() -> Iterator[asyncio.Task[None]]:
 async def futures_of_every_kind() -> None:
     for _ in range(3):
         await alpha()
+        with asyncflow.measure_block("measured block"):
+            pass
     await beta()
     await workload()
     executors = asyncflow.instrument_executors()
@@ -197,6 +199,7 @@ async def test_at_80_columns_the_columns_people_need_most_fit() -> None:
         "warnings": {"warning", "sev", "kind"},
         "resources": {"resource", "kind", "waiting", "waitΣ", "holdΣ"},
         "threads": {"thread", "state", "cpu%", "avg%"},
+        "functions": {"function", "calls", "totalΣ", "p95"},
     }
     with asyncflow.profile("narrow", format="none", port=0) as prof, stuck():
         await futures_of_every_kind()

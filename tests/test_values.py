@@ -58,6 +58,7 @@ def test_each_kind_exact(fake_clock: FakeClock) -> None:
         "temperature",
     ]
     assert (m["hits"].kind, m["hits"].count, m["hits"].value) == ("counter", 3, 5.5)
+    assert (m["hits"].min, m["hits"].max) == (None, None)
     g = m["connections"]
     assert (g.kind, g.count, g.value, g.min, g.max) == ("gauge", 4, 9, 7, 11)
     h = m["batch"]
