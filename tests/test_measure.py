@@ -565,10 +565,11 @@ def test_served_routes(fake_clock: FakeClock) -> None:
     with asyncflow.profile("t", format="none") as prof:
         served()
         asyncflow.counter("served.count").add(3)
-        assert prof.url is not None
+        url = prof.url
+        assert url is not None
 
         def get(path: str) -> Any:
-            with urllib.request.urlopen(prof.url + path, timeout=10) as response:
+            with urllib.request.urlopen(url + path, timeout=10) as response:
                 return json.loads(response.read())
 
         functions = get("/functions?limit=5")
@@ -611,18 +612,9 @@ def test_exit_report_has_a_functions_table(fake_clock: FakeClock) -> None:
         snap = prof.snapshot()
     lines = render_table(snap, (50.0,), 0).splitlines()
     header = next(line for line in lines if line.startswith("function "))
-    assert header.split() == ["function", "calls", "errors", "total", "self", "mean", "p50"] + [
-        "max",
-        "share",
-    ]
+    assert " ".join(header.split()) == "function calls errors total self mean p50 max share"
     work = next(line for line in lines if line.startswith("reported work "))
-    assert work.split() == ["reported", "work", "3", "0", "6", "µs", "6", "µs", "2", "µs"] + [
-        "2",
-        "µs",
-        "2",
-        "µs",
-        "60.0%",
-    ]
+    assert " ".join(work.split()) == "reported work 3 0 6 µs 6 µs 2 µs 2 µs 2 µs 60.0%"
     assert next(line for line in lines if line.startswith("lookup [block]")).split()[2:4] == [
         "1",
         "1",
