@@ -3,9 +3,12 @@
 :class:`OtelReporter` is a live reporter (:mod:`asyncflow.reporters`). Counters and gauges are
 observable instruments: the SDK's reader calls them on its own thread, and they answer with the
 current figures, built on the profiler's thread (the same values as the JSON documents, taken
-at most ``_FRESH_NS`` apart within one collection). Each finished call is recorded on the
-profiler's thread, as the collector's tick hands it over, into the histogram
-``asyncflow.future.call.duration``: exact counts and sums, bucketed by the SDK.
+at most ``_FRESH_NS`` apart within one collection). The durations of finished calls are summed
+on the profiler's thread as the collector's ticks hand the calls over, into the observable
+counter ``asyncflow.future.call.time`` (exact: a mean call duration is its rate over the rate
+of ``asyncflow.future.calls.finished``). Not an OTel histogram: the SDK's ``record()`` costs
+tens of microseconds a call, which a program making many short calls would feel; the call-
+duration percentiles are exported as gauges instead, as for polls.
 
 Configuration is the OpenTelemetry standard's: with ``otel=True`` (``ASYNCFLOW_OTEL=1``,
 ``asyncflow run --otel``) asyncflow uses the program's global SDK meter provider if it set one,
@@ -39,7 +42,7 @@ except ImportError:  # the extra is not installed: OtelReporter() says so
 else:
     _INSTALLED = True
 
-__all__ = ["INSTRUMENTS", "OtelReporter"]
+__all__ = ["CALL_TIME", "INSTRUMENTS", "OtelReporter"]
 
 #: figures built for one collection serve every instrument's callback for this long
 _FRESH_NS = 500_000_000
@@ -147,8 +150,8 @@ _STATES = ("pending", "running", "suspended")
 _OUTCOMES = ("returned", "raised", "cancelled", "closed", "never_awaited")
 
 #: every observable instrument: name -> (kind, unit, description, points). ``counter`` is an
-#: observable (monotonic, cumulative) counter, ``gauge`` an observable gauge. The histogram
-#: ``asyncflow.future.call.duration`` is fed by the ticks instead. The README lists them all.
+#: observable (monotonic, cumulative) counter, ``gauge`` an observable gauge. ``CALL_TIME`` is
+#: fed by the ticks instead. The README lists them all.
 INSTRUMENTS: dict[str, tuple[str, str, str, Callable[[Figures], _Points]]] = {
     "asyncflow.events.dropped": (
         "counter",
@@ -209,6 +212,12 @@ INSTRUMENTS: dict[str, tuple[str, str, str, Callable[[Figures], _Points]]] = {
         "s",
         "The longest poll",
         _each(_futures, lambda e: _s(e.max_poll_duration_ns)),
+    ),
+    "asyncflow.future.call.duration.quantile": (
+        "gauge",
+        "s",
+        "Call-duration percentiles (finished calls, creation to end)",
+        _quantiles(_futures, lambda e: e.call_duration_ns),
     ),
     "asyncflow.channel.sent": (
         "counter",
@@ -368,8 +377,8 @@ INSTRUMENTS: dict[str, tuple[str, str, str, Callable[[Figures], _Points]]] = {
     ),
 }
 
-#: the histogram the ticks feed: each finished call's duration, creation to end
-CALL_DURATION = "asyncflow.future.call.duration"
+#: the counter the ticks feed: finished calls' durations (creation to end), summed by outcome
+CALL_TIME = "asyncflow.future.call.time"
 
 
 def _exporters(names: Iterable[str]) -> list[Any]:
@@ -427,8 +436,9 @@ class OtelReporter:
         self._lock = threading.Lock()
         self._cached: Figures | None = None
         self._cached_at = 0
-        self._histogram: Any = None
-        #: calls recorded into the duration histogram
+        #: (label, location, outcome) -> durations of the finished calls, summed (ns)
+        self._call_time: dict[tuple[str, str, str], int] = {}
+        #: calls whose duration was summed
         self.recorded = 0
 
     @property
@@ -453,25 +463,32 @@ class OtelReporter:
                 meter.create_observable_counter(name, [callback], unit, description)
             else:
                 meter.create_observable_gauge(name, [callback], unit, description)
-        self._histogram = meter.create_histogram(
-            CALL_DURATION, "s", "Durations of finished calls, creation to end"
+        meter.create_observable_counter(
+            CALL_TIME,
+            [self._call_time_callback],
+            "s",
+            "Durations of finished calls (creation to end), summed, by outcome",
         )
 
     def tick(self, tick: Tick, /) -> None:
-        """Record each call that finished since the previous tick."""
-        histogram = self._histogram
-        if histogram is None:
+        """Sum the durations of the calls that finished since the previous tick."""
+        totals = tick.totals()  # one entry per future and outcome, however many calls
+        if not totals:
             return
-        for call in tick.calls:
-            histogram.record(
-                call.duration_ns / 1e9,
-                {
-                    "label": call.label,
-                    "location": _where(call.location),
-                    "outcome": call.outcome,
-                },
-            )
-        self.recorded += len(tick.calls)
+        with self._lock:  # the reader's thread copies the sums under it
+            sums = self._call_time
+            for t in totals:
+                key = (t.label, _where(t.location), t.outcome)
+                sums[key] = sums.get(key, 0) + t.duration_ns
+                self.recorded += t.calls
+
+    def _call_time_callback(self, options: CallbackOptions) -> Iterable[Observation]:
+        with self._lock:
+            sums = list(self._call_time.items())
+        return [
+            Observation(ns / 1e9, {"label": label, "location": where, "outcome": outcome})
+            for (label, where, outcome), ns in sums
+        ]
 
     def close(self, final: Figures, /) -> None:
         """The profiler stopped: the callbacks answer ``final`` from now on; a provider built

@@ -26,7 +26,9 @@ __all__ = ["CONTENT_TYPE", "FAMILIES", "TextfileReporter", "render"]
 #: what ``GET /metrics`` answers with
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
-_Labels = tuple[tuple[str, str], ...]
+_Pairs = tuple[tuple[str, str], ...]
+#: a label set, rendered once (``label="work",location="app.py:3"``) and reused by every sample
+_Labels = str
 _Sample = tuple[str, _Labels, float | int]
 
 #: every metric family: name -> (type, help). The README's table lists the same.
@@ -129,7 +131,10 @@ def render(figures: Figures) -> str:
         lines.append(f"# HELP {name} {_help(text)}")
         lines.append(f"# TYPE {name} {kind}")
         for sample, labels, value in out[name]:
-            lines.append(f"{sample}{_labels(labels)} {_value(value)}")
+            if labels:
+                lines.append(f"{sample}{{{labels}}} {_value(value)}")
+            else:
+                lines.append(f"{sample} {_value(value)}")
     lines.append("")
     return "\n".join(lines)
 
@@ -142,10 +147,13 @@ def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
-def _labels(labels: _Labels) -> str:
-    if not labels:
-        return ""
-    return "{" + ",".join(f'{key}="{_escape(value)}"' for key, value in labels) + "}"
+def _labels(pairs: _Pairs) -> _Labels:
+    return ",".join(f'{key}="{_escape(value)}"' for key, value in pairs)
+
+
+def _with(labels: _Labels, key: str, value: str) -> _Labels:
+    """``labels`` and one more label (whose value needs no escaping)."""
+    return f'{labels},{key}="{value}"' if labels else f'{key}="{value}"'
 
 
 def _value(value: float | int) -> str:
@@ -166,15 +174,15 @@ def _where(location: Location | None) -> str:
     return f"{location.file}:{location.line}" if location is not None else ""
 
 
-def _distinct(entries: Iterable[tuple[int, _Labels]]) -> dict[int, _Labels]:
+def _distinct(entries: Iterable[tuple[int, _Pairs]]) -> dict[int, _Labels]:
     """Each entry's labels, with ``id`` added to any that another entry already has."""
-    seen: set[_Labels] = set()
+    seen: set[_Pairs] = set()
     out: dict[int, _Labels] = {}
-    for ident, labels in entries:
-        if labels in seen:
-            labels = (*labels, ("id", str(ident)))
-        seen.add(labels)
-        out[ident] = labels
+    for ident, pairs in entries:
+        if pairs in seen:
+            pairs = (*pairs, ("id", str(ident)))
+        seen.add(pairs)
+        out[ident] = _labels(pairs)
     return out
 
 
@@ -202,7 +210,7 @@ def _summary(
     count: int | None = None,
 ) -> None:
     for key, ns in percentiles.items():
-        _add(out, name, (*labels, ("quantile", _quantile(key))), _seconds(ns))
+        _add(out, name, _with(labels, "quantile", _quantile(key)), _seconds(ns))
     if total_ns is not None:
         _add(out, name, labels, _seconds(total_ns), "_sum")
     if count is not None:
@@ -212,11 +220,11 @@ def _summary(
 def _status(f: Figures, out: dict[str, list[_Sample]]) -> None:
     s = f.status
     info = (("name", s.name), ("version", s.version), ("python", s.python))
-    _add(out, "asyncflow_info", info, 1)
-    _add(out, "asyncflow_uptime_seconds", (), _seconds(s.uptime_ns))
-    _add(out, "asyncflow_events_recorded_total", (), s.events_recorded)
-    _add(out, "asyncflow_events_dropped_total", (), s.events_dropped)
-    _add(out, "asyncflow_internal_errors_total", (), s.internal_errors)
+    _add(out, "asyncflow_info", _labels(info), 1)
+    _add(out, "asyncflow_uptime_seconds", "", _seconds(s.uptime_ns))
+    _add(out, "asyncflow_events_recorded_total", "", s.events_recorded)
+    _add(out, "asyncflow_events_dropped_total", "", s.events_dropped)
+    _add(out, "asyncflow_internal_errors_total", "", s.internal_errors)
 
 
 def _futures(f: Figures, out: dict[str, list[_Sample]]) -> None:
@@ -229,11 +237,11 @@ def _futures(f: Figures, out: dict[str, list[_Sample]]) -> None:
         _add(out, "asyncflow_future_calls_total", lb, e.call_count)
         for state in ("pending", "running", "suspended"):
             value = getattr(e.calls, state)
-            _add(out, "asyncflow_future_live_calls", (*lb, ("state", state)), value)
+            _add(out, "asyncflow_future_live_calls", _with(lb, "state", state), value)
         o = e.outcomes
         for outcome in ("returned", "raised", "cancelled", "closed", "never_awaited"):
             value = getattr(o, outcome)
-            _add(out, "asyncflow_future_calls_finished_total", (*lb, ("outcome", outcome)), value)
+            _add(out, "asyncflow_future_calls_finished_total", _with(lb, "outcome", outcome), value)
         _add(out, "asyncflow_future_polls_total", lb, e.total_polls)
         _add(out, "asyncflow_future_busy_seconds_total", lb, _seconds(e.busy_ns))
         _add(out, "asyncflow_future_idle_seconds_total", lb, _seconds(e.idle_ns))
@@ -339,7 +347,7 @@ def _loops(f: Figures, out: dict[str, list[_Sample]]) -> None:
 
 
 def _warnings(f: Figures, out: dict[str, list[_Sample]]) -> None:
-    counts: dict[_Labels, int] = {}
+    counts: dict[_Pairs, int] = {}
     for w in f.warnings.warnings:
         if not w.active:
             continue
@@ -350,8 +358,8 @@ def _warnings(f: Figures, out: dict[str, list[_Sample]]) -> None:
             ("label", w.subject.label),
         )
         counts[key] = counts.get(key, 0) + 1
-    for labels, count in counts.items():
-        _add(out, "asyncflow_warnings_active", labels, count)
+    for pairs, count in counts.items():
+        _add(out, "asyncflow_warnings_active", _labels(pairs), count)
 
 
 class TextfileReporter:

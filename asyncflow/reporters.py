@@ -49,6 +49,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MAX_CALLS_PER_TICK",
+    "CallTotals",
     "Figures",
     "FinishedCall",
     "LiveReporter",
@@ -77,6 +78,21 @@ class FinishedCall:
     #: from the call's creation to its end
     duration_ns: int
     #: the sum of its polls' durations
+    busy_ns: int
+    polls: int
+
+
+@dataclass(frozen=True, slots=True)
+class CallTotals:
+    """The calls of one future that finished since the previous tick with one outcome."""
+
+    future_id: int
+    label: str
+    location: Location
+    outcome: str
+    calls: int
+    #: their durations (creation to end), summed
+    duration_ns: int
     busy_ns: int
     polls: int
 
@@ -144,16 +160,30 @@ def figures_of(snapshot: Snapshot) -> Figures:
 
 
 class Tick:
-    """What one collector tick hands every live reporter (read-only)."""
+    """What one collector tick hands every live reporter (read-only).
 
-    __slots__ = ("_build", "_figures", "calls", "dropped", "interval_ns", "now_ns", "number")
+    ``calls`` and ``totals()`` are built on first use: a reporter that reads neither costs
+    nothing per call.
+    """
+
+    __slots__ = (
+        "_build",
+        "_calls",
+        "_figures",
+        "_records",
+        "_totals",
+        "dropped",
+        "interval_ns",
+        "now_ns",
+        "number",
+    )
 
     def __init__(
         self,
         number: int,
         now_ns: int,
         interval_ns: int,
-        calls: tuple[FinishedCall, ...],
+        records: list[CallRecord],
         dropped: int,
         build: Callable[[], Figures],
     ) -> None:
@@ -163,13 +193,50 @@ class Tick:
         self.now_ns = now_ns
         #: since the previous tick (since the start for the first)
         self.interval_ns = interval_ns
-        #: every call folded since the previous tick, oldest first (exact)
-        self.calls = calls
         #: finished calls left out of ``calls`` since the previous tick: those the recorders'
         #: buffer lost, and those past ``MAX_CALLS_PER_TICK``
         self.dropped = dropped
+        self._records = records
         self._build = build
         self._figures: Figures | None = None
+        self._calls: tuple[FinishedCall, ...] | None = None
+        self._totals: list[CallTotals] | None = None
+
+    @property
+    def calls(self) -> tuple[FinishedCall, ...]:
+        """Every call folded since the previous tick, oldest first (exact)."""
+        if self._calls is None:
+            self._calls = tuple(_finished(r) for r in self._records)
+        return self._calls
+
+    def totals(self) -> list[CallTotals]:
+        """The calls folded since the previous tick, summed by future and outcome (the cheap
+        way to read them: one entry per future and outcome, not one per call)."""
+        if self._totals is None:
+            sums: dict[tuple[Any, str], list[int]] = {}
+            for r in self._records:
+                key = (r.future, call_field(r, "outcome") or "returned")
+                s = sums.get(key)
+                if s is None:
+                    s = sums[key] = [0, 0, 0, 0]
+                s[0] += 1
+                s[1] += r.finished - r.created
+                s[2] += r.busy
+                s[3] += r.polls
+            self._totals = [
+                CallTotals(
+                    future.id,
+                    future.label,
+                    Location(future.file, future.line),
+                    outcome,
+                    calls,
+                    duration,
+                    busy,
+                    polls,
+                )
+                for (future, outcome), (calls, duration, busy, polls) in sums.items()
+            ]
+        return self._totals
 
     def figures(self) -> Figures:
         """The current figures (built on first use, then the same object for this tick)."""
@@ -178,7 +245,7 @@ class Tick:
         return self._figures
 
     def __repr__(self) -> str:
-        return f"<Tick {self.number} at {self.now_ns} ns: {len(self.calls)} calls>"
+        return f"<Tick {self.number} at {self.now_ns} ns: {len(self._records)} calls>"
 
 
 @runtime_checkable
@@ -247,12 +314,11 @@ class Reporters:
         records, self._pending = self._pending, []
         lost, self._lost = self._lost, 0
         dropped = self._collector.dropped
-        calls = tuple(_finished(r) for r in records)
         tick = Tick(
             self._number,
             max(0, now - origin),
             max(0, now - self._last_ns),
-            calls,
+            records,
             lost + max(0, dropped - self._dropped_seen),
             self._build,
         )

@@ -16,7 +16,7 @@ import asyncflow
 from asyncflow import prometheus
 from asyncflow.clock import FakeClock
 from asyncflow.instrument import _session
-from asyncflow.reporters import Figures, FinishedCall, Tick, figures_of
+from asyncflow.reporters import CallTotals, Figures, FinishedCall, Tick, figures_of
 
 _Series = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
@@ -44,6 +44,7 @@ class Recorder:
     def __init__(self) -> None:
         self.ticks: list[Tick] = []
         self.calls: list[FinishedCall] = []
+        self.totals: list[CallTotals] = []
         self.threads: set[str] = set()
         self.figures: list[Figures] = []
         self.opened = 0
@@ -55,6 +56,7 @@ class Recorder:
     def tick(self, tick: Tick) -> None:
         self.ticks.append(tick)
         self.calls.extend(tick.calls)
+        self.totals.extend(tick.totals())
         self.threads.add(threading.current_thread().name)
 
     def close(self, final: Figures) -> None:
@@ -252,6 +254,12 @@ async def test_reporters_get_every_finished_call_once_on_the_profilers_thread(
     assert sorted(c.duration_ns for c in work) == sorted(
         c.finished_ns - c.created_ns for c in logs.calls if c.finished_ns is not None
     )
+    # the same calls summed by future and outcome, tick by tick
+    totals = [t for t in recorder.totals if t.label == "work"]
+    assert sum(t.calls for t in totals if t.outcome == "raised") == 2
+    assert sum(t.calls for t in totals if t.outcome == "returned") == 8
+    assert sum(t.duration_ns for t in totals) == sum(c.duration_ns for c in work)
+    assert sum(t.busy_ns for t in totals) == 15_000 and sum(t.polls for t in totals) == 20
     assert all(name.startswith("asyncflow-profiler") for name in recorder.threads)
     numbers = [t.number for t in recorder.ticks]
     assert numbers == list(range(1, len(numbers) + 1))
