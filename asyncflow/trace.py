@@ -58,7 +58,7 @@ _LAG = "lag"
 _CHANNELS_PID = 1
 #: thread ids start high, so that none is taken for a process's main thread
 _FIRST_TID = 10_000
-_UNNAMED: tuple[int, str, str | None] = (0, "?", None)
+_UNNAMED: tuple[int, str, str | None, int] = (0, "?", None, 0)
 
 
 def flow_id(channel_id: int, msg_id: int) -> int:
@@ -82,7 +82,7 @@ class _Probe:
         self,
         append: Callable[[Any], None],
         seq: Callable[[], int],
-        names: dict[int, tuple[int, str, str | None]],
+        names: dict[int, tuple[int, str, str | None, int]],
     ) -> None:
         get_ident = threading.get_ident
         began = itertools.count().__next__
@@ -93,11 +93,12 @@ class _Probe:
         def end(r: Any, token: Any, t0: int, dt: int, outcome: str) -> None:
             # Only numbers and interned strings in the ring: such tuples leave the cyclic GC's
             # lists at its next young collection, so a full ring costs collections nothing.
+            # A call is polled on one thread (its task's loop's): noted once, with its names.
             call_id = r.call_id
             if call_id not in names:
                 future = r.future
-                names[call_id] = (future.id, future.label, getattr(r, "task", None))
-            append((t0, dt, call_id, get_ident(), outcome, seq(), token))
+                names[call_id] = (future.id, future.label, getattr(r, "task", None), get_ident())
+            append((t0, dt, call_id, outcome, seq(), token))
 
         self.begin = begin
         self.end = end
@@ -156,9 +157,9 @@ class TraceRecorder:
         self.output = output
         self.ring: deque[tuple[Any, ...]] = deque(maxlen=capacity)
         self._seq = itertools.count()
-        #: call id -> (future id, future label, task name) of the calls whose polls are in
-        #: the ring (pruned on the tick when it holds many more)
-        self.names: dict[int, tuple[int, str, str | None]] = {}
+        #: call id -> (future id, future label, task name, thread) of the calls whose polls are
+        #: in the ring (pruned on the tick when it holds many more)
+        self.names: dict[int, tuple[int, str, str | None, int]] = {}
         self.probe = _Probe(self.ring.append, self._seq.__next__, self.names)
         #: whether polls are recorded (the probe seam was there and took the probe)
         self.polls = False
@@ -358,7 +359,7 @@ class _Builder:
     def build(self) -> dict[str, Any]:
         recorder = self.recorder
         ring = list(recorder.ring)  # one copy, taken while the program's threads append
-        recorded = 1 + max((e[5] if type(e[0]) is int else e[1] for e in ring), default=-1)
+        recorded = 1 + max((e[4] if type(e[0]) is int else e[1] for e in ring), default=-1)
         for state in recorder.collector.monitor.states.values():
             self._loops_by_thread.setdefault(state.record.thread, state.record)
         for record in loop_registry():
@@ -426,19 +427,23 @@ class _Builder:
     def _polls(self, polls: list[tuple[Any, ...]]) -> dict[int, _Track]:
         """One X slice per poll, on its task's track; returns the tracks by the call ids that
         own them (the outermost tracked call of each task)."""
+        names = self.recorder.names
         by_thread: dict[int, list[tuple[Any, ...]]] = {}
         for p in polls:
-            by_thread.setdefault(p[3], []).append(p)
+            thread = names.get(p[2], _UNNAMED)[3]
+            by_thread.setdefault(thread, []).append(p)
         tracks: dict[tuple[int, int], _Track] = {}
         by_call: dict[int, _Track] = {}
-        names = self.recorder.names
+        texts: dict[str, str] = {}
+        origin = self.origin
+        append = self.events.append
         for thread, mine in by_thread.items():
             pid = self._pid(thread)
             # In the order they began; a poll that ended before this one did is not around it.
-            mine.sort(key=lambda p: p[6] if type(p[6]) is int else -1)
+            mine.sort(key=lambda p: p[5] if type(p[5]) is int else -1)
             stack: list[tuple[int, _Track]] = []  # (end number, track) of the enclosing polls
-            for t0, dt, call_id, _, outcome, ended, _ in mine:
-                future_id, label, task = names.get(call_id, _UNNAMED)
+            for t0, dt, call_id, outcome, ended, _ in mine:
+                future_id, label, task, _ = names.get(call_id, _UNNAMED)
                 end = t0 + dt
                 while stack and stack[-1][0] < ended:
                     stack.pop()
@@ -458,13 +463,16 @@ class _Builder:
                 args: dict[str, Any] = {"call_id": call_id, "future_id": future_id}
                 if outcome != "suspended":
                     args["outcome"] = outcome
-                self.events.append(
+                shown = texts.get(label)
+                if shown is None:
+                    shown = texts[label] = _text(label)
+                append(
                     {
-                        "name": _text(label),
+                        "name": shown,
                         "cat": "poll",
                         "ph": "X",
-                        "ts": _us(t0 - self.origin),
-                        "dur": _us(dt),
+                        "ts": round((t0 - origin) / 1000, 3),
+                        "dur": round(dt / 1000, 3),
                         "pid": pid,
                         "tid": track.tid,
                         "args": args,
