@@ -37,6 +37,8 @@ class Route:
     summary: str
     returns: type
     params: tuple[Param, ...] = ()
+    #: the Content-Type of its 200 answer (``str`` as ``returns`` for text that is not JSON)
+    media_type: str = "application/json"
 
 
 def _schema_of(tp: Any, components: dict[str, Any]) -> dict[str, Any]:
@@ -119,7 +121,11 @@ def document(routes: typing.Sequence[Route], token: bool) -> dict[str, Any]:
         responses: dict[str, Any] = {
             "200": {
                 "description": route.summary,
-                "content": {"application/json": {"schema": _schema_of(route.returns, components)}},
+                "content": {
+                    route.media_type.split(";")[0].strip(): {
+                        "schema": _schema_of(route.returns, components)
+                    }
+                },
             },
             "400": _error(
                 "A parameter is unknown, given twice, not a whole number in ASCII digits, or "
@@ -137,7 +143,8 @@ def document(routes: typing.Sequence[Route], token: bool) -> dict[str, Any]:
             "421": _error("The Host header does not name this endpoint (DNS rebinding)."),
             "503": _error("The endpoint holds as many connections as it allows; retry."),
         }
-        if token:
+        public = route.path == "/"  # the web page holds no data: it asks for the token itself
+        if token and not public:
             responses["401"] = _error("The bearer token is missing or wrong.")
         operation: dict[str, Any] = {
             "summary": route.summary,
@@ -145,6 +152,8 @@ def document(routes: typing.Sequence[Route], token: bool) -> dict[str, Any]:
             or "root",
             "responses": responses,
         }
+        if token and public:
+            operation["security"] = []
         if route.params:
             operation["parameters"] = [_parameter(p) for p in route.params]
         paths[route.path] = {"get": operation}

@@ -1,31 +1,52 @@
-"""The JSON endpoint: an aiohttp application on the profiler's own thread and event loop.
+"""The endpoint: its route table, the documents it builds, and the HTTP side that serves them.
 
-Every document is built here, on the profiler's thread, from the collector's state; the
-application's loop never runs a line of it, so the endpoint answers while that loop is blocked.
+Two halves, usually in two processes. The *documents* are built in the profiled program, on the
+profiler's own thread, from the collector's state (:class:`Server`): the application's loop never
+runs a line of it, so the endpoint answers while that loop is blocked. The *HTTP side* (parsing,
+``Host``/``Origin`` and token checks, deadlines, the connection cap, the response cache) runs in a
+helper process started at the first connection (``python -m asyncflow._endpoint``), which asks the
+program over a socket pair only for documents its cache does not hold. The program's thread thus
+wakes at most once per distinct request per cache window, with one read and one write, instead of
+several GIL hand-offs per request: the program keeps its speed while clients poll. Where no helper
+process can run (no ``fork``/``exec`` with descriptor passing, no ``sys.executable``, or it keeps
+failing to start), the same HTTP side runs on the profiler's thread instead.
 
-The endpoint lives inside the observed program, so it must never be turned against it: it
+The endpoint lives beside the observed program, so it must never be turned against it: it
 answers only requests whose ``Host`` names the address it serves and refuses cross-origin
 browser requests (DNS rebinding), times out idle and half-sent connections and caps how many it
 holds (file descriptors), parses its parameters canonically and within bounds, keeps a bounded
 cache keyed by the parsed request, and answers every error, the HTTP parser's own included, as
 ``{"error": {"status": ..., "message": ...}}``. Its own troubles go to the ``asyncflow`` logger
 at debug level, never as tracebacks on the program's standard error.
+
+Adding a route: a :class:`~asyncflow.openapi.Route` line in ``ROUTES`` (with ``media_type=`` when
+it is not JSON) and a builder method on :class:`Server` decorated with ``@_builds(path)``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import hmac
 import ipaddress
+import itertools
 import logging
+import os
 import re
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
 import weakref
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from http import HTTPStatus
-from typing import Any, TypeVar, cast
+from typing import IO, Any, TypeVar, cast
 
+import orjson
 from aiohttp import web
 
 from asyncflow import clock, openapi, resource_views, schema, views, wait_views
@@ -49,6 +70,7 @@ __all__ = [
     "Limits",
     "Server",
     "is_loopback",
+    "serve_in_child",
 ]
 
 #: Entries a list returns without ``?limit=``, and the most any ``?limit=`` may ask for.
@@ -78,6 +100,8 @@ class Limits:
     #: cached documents, and their total size in bytes
     cache_entries: int = 64
     cache_bytes: int = 32 * 1024 * 1024
+    #: seconds a document is served again before it is built anew
+    cache_seconds: float = _CACHE_NS / 1e9
 
 
 #: the limits every new server takes (tests replace it with small values)
@@ -155,6 +179,20 @@ ROUTES: tuple[Route, ...] = (
     Route("/snapshot", "Every document at once.", schema.Snapshot),
     Route("/openapi.json", "This description of the endpoint.", dict[str, Any]),
 )
+
+#: path -> name of the :class:`Server` method that builds its document (see ``_builds``)
+_BUILDERS: dict[str, str] = {}
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _builds(path: str) -> Callable[[_F], _F]:
+    """Mark a :class:`Server` method as the builder of ``path``'s document."""
+
+    def mark(method: _F) -> _F:
+        _BUILDERS[path] = method.__name__
+        return method
+
+    return mark
 
 
 class _Refused(Exception):
@@ -241,10 +279,27 @@ def _whole(what: str, raw: str, maximum: int) -> int:
 class _Query:
     """A request, canonical: the route and its parsed parameters (what the cache is keyed by)."""
 
+    #: the route's path as the route table spells it ("/futures/{id}/logs")
     path: str
-    id: int | None
-    offset: int
-    limit: int
+    #: the ``{id}`` in the path, when the route has one
+    id: int | None = None
+    #: every query parameter the route takes, by name, defaults filled in
+    params: tuple[tuple[str, int], ...] = ()
+
+    def get(self, name: str, default: int = 0) -> int:
+        """The value of parameter ``name``."""
+        for key, value in self.params:
+            if key == name:
+                return value
+        return default
+
+    @property
+    def offset(self) -> int:
+        return self.get("offset")
+
+    @property
+    def limit(self) -> int:
+        return self.get("limit")
 
 
 def _query(route: Route, request: web.Request) -> _Query:
@@ -269,15 +324,32 @@ def _query(route: Route, request: web.Request) -> _Query:
         ident = _whole(f"{kind} id", request.match_info["id"], MAX_ID)
         if ident < 1:
             raise _Refused(404, f"no {kind} with id {ident}; ids start at 1")
-    return _Query(route.path, ident, values.get("offset", 0), values.get("limit", 0))
+    return _Query(route.path, ident, tuple(sorted(values.items())))
 
 
 # -- responses ----------------------------------------------------------------------------------
 
+_JSON = "application/json; charset=utf-8"
+
+
+@dataclass(frozen=True, slots=True)
+class _Answer:
+    """What the program answers for one canonical request."""
+
+    status: int
+    media_type: str
+    body: bytes
+    #: nanoseconds it may be served again from the cache (0: not at all)
+    fresh_ns: int = 0
+
+
+def _error_body(status: int, message: str) -> bytes:
+    return schema.dumps(schema.ErrorDocument(schema.ErrorInfo(status, message)))
+
 
 def _error(status: int, message: str, headers: Mapping[str, str] | None = None) -> web.Response:
-    body = schema.dumps(schema.ErrorDocument(schema.ErrorInfo(status, message)))
-    response = web.Response(body=body, status=status, content_type="application/json")
+    response = web.Response(body=_error_body(status, message), status=status)
+    response.headers["Content-Type"] = _JSON
     if status == 401:
         response.headers["WWW-Authenticate"] = "Bearer"
     if headers:
@@ -287,31 +359,31 @@ def _error(status: int, message: str, headers: Mapping[str, str] | None = None) 
 
 def _canned(status: int, message: str) -> bytes:
     """A whole HTTP response that closes its connection, for answers given outside aiohttp."""
-    body = schema.dumps(schema.ErrorDocument(schema.ErrorInfo(status, message)))
+    body = _error_body(status, message)
     head = (
         f"HTTP/1.1 {status} {_phrase(status)}\r\n"
-        "Content-Type: application/json; charset=utf-8\r\n"
+        f"Content-Type: {_JSON}\r\n"
         f"Content-Length: {len(body)}\r\nConnection: close\r\nRetry-After: 1\r\n\r\n"
     )
     return head.encode("ascii") + body
 
 
 class _Cache:
-    """Documents built in the last ``_CACHE_NS``, by canonical request, bounded in entries and
-    bytes: however many clients ask, each document is built at most every 0.1 s (the GIL is
-    shared with the program), and spelling a request differently neither grows it nor
+    """Answers given lately, by canonical request, each for its ``fresh_ns``, bounded in entries
+    and bytes: however many clients ask, each document is built at most once per window (the
+    GIL is shared with the program), and spelling a request differently neither grows it nor
     rebuilds."""
 
     def __init__(self, entries: int, size: int) -> None:
         self.max_entries = entries
         self.max_bytes = size
         self.bytes = 0
-        self._entries: OrderedDict[Hashable, tuple[int, bytes]] = OrderedDict()
+        self._entries: OrderedDict[Hashable, tuple[int, _Answer]] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._entries)
 
-    def get(self, key: Hashable, now: int) -> bytes | None:
+    def get(self, key: Hashable, now: int) -> _Answer | None:
         hit = self._entries.get(key)
         if hit is None:
             return None
@@ -321,23 +393,24 @@ class _Cache:
         self._entries.move_to_end(key)
         return hit[1]
 
-    def put(self, key: Hashable, now: int, body: bytes) -> None:
+    def put(self, key: Hashable, now: int, answer: _Answer) -> None:
         self._drop(key)
-        if len(body) > self.max_bytes or self.max_entries <= 0:
+        size = len(answer.body)
+        if size > self.max_bytes or self.max_entries <= 0 or answer.fresh_ns <= 0:
             return
         for stale in [k for k, (until, _) in self._entries.items() if now >= until]:
             self._drop(stale)
         while self._entries and (
-            len(self._entries) >= self.max_entries or self.bytes + len(body) > self.max_bytes
+            len(self._entries) >= self.max_entries or self.bytes + size > self.max_bytes
         ):
             self._drop(next(iter(self._entries)))  # the least recently used
-        self._entries[key] = (now + _CACHE_NS, body)
-        self.bytes += len(body)
+        self._entries[key] = (now + answer.fresh_ns, answer)
+        self.bytes += size
 
     def _drop(self, key: Hashable) -> None:
         gone = self._entries.pop(key, None)
         if gone is not None:
-            self.bytes -= len(gone[1])
+            self.bytes -= len(gone[1].body)
 
 
 # -- connections: deadlines, the cap, the parser's errors ---------------------------------------
@@ -364,7 +437,7 @@ class _Connection(web.RequestHandler):
     then), and ``response_timeout`` for the response to be built and written.
     """
 
-    def __init__(self, endpoint: Server, manager: web.Server, **kwargs: Any) -> None:
+    def __init__(self, endpoint: _Front, manager: web.Server, **kwargs: Any) -> None:
         super().__init__(manager, **kwargs)
         self._af_endpoint = endpoint
         self._af_loop: asyncio.AbstractEventLoop = kwargs["loop"]
@@ -411,7 +484,7 @@ class _Connection(web.RequestHandler):
             raise ConnectionError("the response was already being sent")
         if status == 500:
             if exc is not None:
-                _session.internal_error("the endpoint", exc)
+                self._af_endpoint.report("the endpoint", exc)
             text = "internal error in asyncflow's endpoint; see /profiler_status"
         elif status == 400:
             kind = type(exc).__name__ if exc is not None else "request"
@@ -435,151 +508,151 @@ class _Overloaded(asyncio.Protocol):
         transport.close()
 
 
-# -- the server ---------------------------------------------------------------------------------
+# -- the HTTP side --------------------------------------------------------------------------------
 
 
-class Server:
-    """Serves the collector's documents; start and stop it on the profiler's loop."""
+@dataclass(frozen=True, slots=True)
+class _FrontConfig:
+    """What the HTTP side needs to know, sent to the endpoint process as its first message."""
+
+    url: str
+    #: the port served: the only one a ``Host`` header may name
+    port: int
+    #: host names (lower case) a ``Host`` header may name, besides loopback addresses
+    names: tuple[str, ...]
+    #: ``allowed_hosts`` has "*": any ``Host`` is answered
+    any_host: bool
+    token: str | None
+    limits: Limits
+
+    def wire(self) -> bytes:
+        return orjson.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_wire(cls, data: bytes) -> _FrontConfig:
+        fields = orjson.loads(data)
+        fields["names"] = tuple(fields["names"])
+        fields["limits"] = Limits(**fields["limits"])
+        return cls(**fields)
+
+
+Fetch = Callable[["_Query"], Awaitable[_Answer]]
+
+
+class _Front:
+    """The HTTP side: an aiohttp application that checks, parses and caches requests, and asks
+    ``fetch`` for the documents its cache does not hold. The same in the endpoint process and,
+    where none can run, on the profiler's thread."""
 
     def __init__(
-        self, collector: Collector, host: str, port: int, token: str | None, running: Any
+        self,
+        config: _FrontConfig,
+        fetch: Fetch,
+        report: Callable[[str, BaseException], None],
     ) -> None:
-        self.collector = collector
-        self.host = host
-        self.port = port
-        self.token = token
-        self.limits = LIMITS
-        self._running: Callable[[], bool] = running
-        self._runner: web.AppRunner | None = None
-        self._listener: asyncio.AbstractServer | None = None
-        self._openapi = schema.dumps(openapi.document(ROUTES, token is not None))
-        #: the address served, once started
-        self.url: str | None = None
-        self.connections: weakref.WeakSet[_Connection] = weakref.WeakSet()
+        self.config = config
+        self.limits = config.limits
+        self.report = report
+        self._fetch = fetch
+        self._names = set(config.names)
+        self._openapi = schema.dumps(openapi.document(ROUTES, config.token is not None))
         self._cache = _Cache(self.limits.cache_entries, self.limits.cache_bytes)
-        allowed = getattr(collector.options, "allowed_hosts", ())
-        self._any_host = "*" in allowed
-        bound = host.lower().strip("[]")
-        self._names = {"localhost", *(name.lower().strip("[]") for name in allowed)}
-        if bound not in ("0.0.0.0", "::", ""):  # a wildcard is no name a client uses
-            self._names.add(bound)
-        self._served_port = port
+        #: requests being answered now: a second client asking the same waits for the first
+        self._pending: dict[_Query, asyncio.Future[_Answer]] = {}
+        self._runner: web.AppRunner | None = None
+        self._manager: web.Server | None = None
+        self._options: dict[str, Any] = {}
+        self._overloaded = _canned(
+            503,
+            f"the endpoint holds {self.limits.max_connections} connections already; close one "
+            "(or retry in a second)",
+        )
+        self.connections: weakref.WeakSet[_Connection] = weakref.WeakSet()
 
     def app(self) -> web.Application:
         """The aiohttp application (also what tests drive with aiohttp's test client)."""
         app = web.Application(middlewares=[self._guard], logger=_AIOHTTP_LOG)
-        builders: dict[str, Callable[[_Query], Any]] = {
-            "/profiler_status": self._status,
-            "/futures": self._futures,
-            "/futures/{id}/logs": self._future_logs,
-            "/channels": self._channels,
-            "/channels/{id}/logs": self._channel_logs,
-            "/streams": self._streams,
-            "/streams/{id}/logs": self._stream_logs,
-            "/flow": self._flow,
-            "/loop": self._loop,
-            "/warnings": self._warnings,
-            "/tasks": self._tasks,
-            "/executors": self._executors,
-            "/resources": self._resources,
-            "/resources/{id}/logs": self._resource_logs,
-            "/threads": self._threads,
-            "/snapshot": self._snapshot,
-        }
         for route in ROUTES:
-            app.router.add_get(route.path, self._endpoint(route, builders.get(route.path)))
+            app.router.add_get(route.path, self._endpoint(route))
         return app
 
-    def _endpoint(
-        self, route: Route, build: Callable[[_Query], Any] | None
-    ) -> Callable[[web.Request], Awaitable[web.Response]]:
+    def _endpoint(self, route: Route) -> Callable[[web.Request], Awaitable[web.Response]]:
         async def endpoint(request: web.Request) -> web.Response:
             query = _query(route, request)
-            if build is None:  # the OpenAPI document, made once
-                return web.Response(body=self._openapi, content_type="application/json")
-            now = clock.now_ns()
-            body = self._cache.get(query, now)
-            if body is None:
-                self.collector.drain()  # before building any document
-                body = schema.dumps(build(query))
-                self._cache.put(query, now, body)
-            return web.Response(body=body, content_type="application/json")
+            if route.path == "/openapi.json":  # made once, here
+                answer = _Answer(200, route.media_type, self._openapi)
+            else:
+                answer = await self._answer(query)
+            response = web.Response(body=answer.body, status=answer.status)
+            response.headers["Content-Type"] = answer.media_type
+            return response
 
         return endpoint
 
-    async def start(self) -> str:
-        """Bind and serve; returns the URL.
+    async def _answer(self, query: _Query) -> _Answer:
+        answer = self._cache.get(query, clock.now_ns())
+        if answer is not None:
+            return answer
+        pending = self._pending.get(query)
+        if pending is None:
+            pending = asyncio.ensure_future(self._ask(query))
+            self._pending[query] = pending
+        # A client that goes away cancels its wait, never the answer others wait for.
+        return await asyncio.shield(pending)
 
-        Raises:
-            AsyncflowError: the port is taken or the address cannot be bound; nothing is left
-                serving.
-        """
+    async def _ask(self, query: _Query) -> _Answer:
+        asked = clock.now_ns()
+        try:
+            answer = await self._fetch(query)
+        finally:
+            del self._pending[query]
+        self._cache.put(query, asked, answer)
+        return answer
+
+    # -- serving --------------------------------------------------------------------------------
+
+    async def setup(self) -> None:
+        """Make the application ready; then serve with :meth:`accept` as protocol factory."""
         loop = asyncio.get_running_loop()
-        if loop.get_exception_handler() is None:
-            loop.set_exception_handler(_loop_error)
         runner = web.AppRunner(
             self.app(), access_log=None, handle_signals=False, shutdown_timeout=0.5
         )
         await runner.setup()
-        manager = runner.server
-        assert manager is not None
-        limits = self.limits
-        options: dict[str, Any] = {
+        assert runner.server is not None
+        self._runner, self._manager = runner, runner.server
+        self._options = {
             "loop": loop,
-            "keepalive_timeout": limits.header_timeout,
+            "keepalive_timeout": self.limits.header_timeout,
             "logger": _AIOHTTP_LOG,
             "access_log": None,
             "lingering_time": 1.0,
         }
-        overloaded = _canned(
-            503,
-            f"the endpoint holds {limits.max_connections} connections already; close one "
-            "(or retry in a second)",
-        )
 
-        def accept() -> asyncio.Protocol:
-            if len(self.connections) >= limits.max_connections:
-                logger.debug("endpoint: refusing a connection beyond the cap")
-                return _Overloaded(overloaded)
-            connection = _Connection(self, manager, **options)
-            self.connections.add(connection)
-            return connection
-
-        try:
-            listener = await loop.create_server(accept, self.host, self.port, backlog=128)
-        except OSError as exc:
-            await runner.cleanup()
-            if exc.errno in (98, 48, 10048):  # EADDRINUSE on Linux, macOS, Windows
-                raise AsyncflowError(
-                    f"port {self.port} on {self.host} is already in use; pass port= another "
-                    "port (or port=0 for any free one), or set ASYNCFLOW_PORT"
-                ) from None
-            raise AsyncflowError(
-                f"cannot serve on {self.host}:{self.port}: {exc.strerror or exc}; pass another "
-                "host= or port= (or set ASYNCFLOW_HOST / ASYNCFLOW_PORT)"
-            ) from None
-        self._runner, self._listener = runner, listener
-        address = listener.sockets[0].getsockname()
-        host, port = address[0], address[1]
-        self._served_port = port
-        self.url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
-        return self.url
+    def accept(self) -> asyncio.Protocol:
+        """A protocol for a new connection: aiohttp's, or a 503 beyond the cap."""
+        if len(self.connections) >= self.limits.max_connections:
+            logger.debug("endpoint: refusing a connection beyond the cap")
+            return _Overloaded(self._overloaded)
+        assert self._manager is not None, "accept() before setup()"
+        connection = _Connection(self, self._manager, **self._options)
+        self.connections.add(connection)
+        return connection
 
     async def stop(self) -> None:
-        """Close every connection and stop listening."""
-        listener, self._listener = self._listener, None
+        """Close every connection."""
         runner, self._runner = self._runner, None
-        if listener is not None:
-            listener.close()
         if runner is not None:
             await runner.cleanup()
         for connection in list(self.connections):
             connection.force_close()
-        if listener is not None:
-            try:
-                await asyncio.wait_for(listener.wait_closed(), 1.0)
-            except TimeoutError:
-                logger.debug("endpoint: connections still closing at stop")
+
+    def loop_error(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        """The serving loop's exception handler: to the ``asyncflow`` logger, not to stderr."""
+        exc = context.get("exception")
+        if isinstance(exc, OSError | asyncio.CancelledError) or exc is None:
+            logger.debug("endpoint: %s", context.get("message"), exc_info=exc)
+        else:
+            self.report(str(context.get("message", "the endpoint's loop")), exc)
 
     # -- middleware: Host and Origin, authentication, errors as JSON ----------------------------
 
@@ -592,11 +665,12 @@ class Server:
         host = _authority(hosts[0])
         if host is None:
             raise _Refused(400, f"malformed Host header {_shown(hosts[0])}")
-        if not self._any_host and not (host[1] == self._served_port and self._names_us(host[0])):
+        port = self.config.port
+        if not self.config.any_host and not (host[1] == port and self._names_us(host[0])):
             raise _Refused(
                 421,
-                f"Host {_shown(hosts[0])} does not name this endpoint: ask {self.url} (or "
-                f"localhost:{self._served_port}); to accept another name, start the profiler "
+                f"Host {_shown(hosts[0])} does not name this endpoint: ask {self.config.url} (or "
+                f"localhost:{port}); to accept another name, start the profiler "
                 "with allowed_hosts= (or ASYNCFLOW_ALLOWED_HOSTS)",
             )
         for origin in request.headers.getall("Origin", []):
@@ -618,12 +692,13 @@ class Server:
             return False
 
     def _check_token(self, request: web.Request) -> None:
-        assert self.token is not None
+        token = self.config.token
+        assert token is not None
         given = request.headers.get("Authorization", "")
         scheme, _, credential = given.partition(" ")
         # aiohttp decodes header bytes that are not UTF-8 as surrogates: compare the bytes
         sent = credential.strip().encode("utf-8", "surrogateescape")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(sent, self.token.encode()):
+        if scheme.lower() != "bearer" or not hmac.compare_digest(sent, token.encode()):
             why = "missing" if not given else "wrong"
             raise _Refused(401, f"the bearer token is {why}; send 'Authorization: Bearer <token>'")
 
@@ -636,7 +711,7 @@ class Server:
             connection.af_arm(self.limits.response_timeout)
         try:
             self._check_host(request)
-            if self.token is not None:
+            if self.config.token is not None:
                 self._check_token(request)
             return await handler(request)
         except _Refused as refused:
@@ -653,53 +728,492 @@ class Server:
                 message = exc.reason
             return _error(exc.status, message, headers)
         except Exception as exc:  # a bug in asyncflow: say so, count it, keep serving
-            _session.internal_error(f"serving {_shown(request.path, 80)}", exc)
+            self.report(f"serving {_shown(request.path, 80)}", exc)
             return _error(500, f"internal error in asyncflow: {type(exc).__name__}: {_safe(exc)}")
+
+
+# -- between the two processes ----------------------------------------------------------------
+#
+# Every message is a 4-byte big-endian length and that many bytes of JSON. The endpoint process
+# sends ["ask", number, path, id, params], ["ready", pid] and ["error", where, text]; the program
+# sends the front's configuration first, then for each "ask" [number, status, media type,
+# fresh_ns, body length] followed by the body's bytes, as they are.
+
+_LENGTH = struct.Struct("!I")
+
+
+def _message(value: Any) -> bytes:
+    data = orjson.dumps(value)
+    return _LENGTH.pack(len(data)) + data
+
+
+class _RemoteError(Exception):
+    """An internal error of the endpoint process, counted in the program."""
+
+
+class _ChildLink(asyncio.Protocol):
+    """The program's end of the socket pair to one endpoint process: answers its requests on
+    the profiler's thread, all those of one read in one write."""
+
+    def __init__(
+        self,
+        server: Server,
+        sock: socket.socket,
+        process: subprocess.Popen[bytes],
+        errors: IO[bytes],
+    ) -> None:
+        self.server = server
+        self.sock = sock
+        self.process = process
+        self.errors = errors
+        self.ready = False
+        self.transport: asyncio.Transport | None = None
+        self._buffer = bytearray()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        config = self.server.front_config
+        assert config is not None
+        wire = config.wire()
+        transport.write(_LENGTH.pack(len(wire)) + wire)  # the process's first message
+
+    def data_received(self, data: bytes) -> None:
+        buffer = self._buffer
+        buffer += data
+        replies: list[bytes] = []
+        try:
+            while len(buffer) >= 4:
+                (size,) = _LENGTH.unpack_from(buffer)
+                if len(buffer) < 4 + size:
+                    break
+                message = orjson.loads(bytes(buffer[4 : 4 + size]))
+                del buffer[: 4 + size]
+                kind = message[0]
+                if kind == "ask":
+                    number, path, ident, params = message[1:]
+                    query = _Query(path, ident, tuple((str(k), int(v)) for k, v in params))
+                    answer = self.server.answer(query)
+                    head = [number, answer.status, answer.media_type, answer.fresh_ns]
+                    replies += [_message([*head, len(answer.body)]), answer.body]
+                elif kind == "ready":
+                    self.ready = True
+                    self.server.failures = 0
+                elif kind == "error":
+                    where, text = message[1:]
+                    _session.internal_error(f"the endpoint process: {where}", _RemoteError(text))
+        except Exception as exc:  # a bug in asyncflow: count it; the process starts afresh
+            _session.internal_error("talking to the endpoint process", exc)
+            if self.transport is not None:
+                self.transport.abort()
+            return
+        if replies and self.transport is not None:
+            self.transport.writelines(replies)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self.server.child_gone(self)
+
+
+class _ParentLink:
+    """The endpoint process's end of the socket pair: asks the program for documents."""
+
+    def __init__(self, writer: asyncio.StreamWriter) -> None:
+        self._writer = writer
+        self._numbers = itertools.count(1)
+        self._waiting: dict[int, asyncio.Future[_Answer]] = {}
+
+    async def ask(self, query: _Query) -> _Answer:
+        number = next(self._numbers)
+        waiter: asyncio.Future[_Answer] = asyncio.get_running_loop().create_future()
+        self._waiting[number] = waiter
+        self.send(["ask", number, query.path, query.id, query.params])
+        try:
+            return await waiter
+        finally:
+            self._waiting.pop(number, None)
+
+    def send(self, value: Any) -> None:
+        self._writer.write(_message(value))
+
+    def report(self, where: str, exc: BaseException) -> None:
+        logger.debug("endpoint: internal error in %s", where, exc_info=exc)
+        self.send(["error", where, f"{type(exc).__name__}: {_safe(exc)}"])
+
+    async def read_answers(self, reader: asyncio.StreamReader) -> None:
+        """Hand each answer to whoever asked, until the program closes its end."""
+        try:
+            while True:
+                (size,) = _LENGTH.unpack(await reader.readexactly(4))
+                number, status, media_type, fresh_ns, length = orjson.loads(
+                    await reader.readexactly(size)
+                )
+                body = await reader.readexactly(length)
+                waiter = self._waiting.pop(number, None)
+                if waiter is not None and not waiter.done():
+                    waiter.set_result(_Answer(status, media_type, body, fresh_ns))
+        except (asyncio.IncompleteReadError, ConnectionError):
+            return  # the program has gone (or stopped its profiler)
+
+
+async def serve_in_child(control: socket.socket, listening: Sequence[socket.socket]) -> None:
+    """The endpoint process's work: serve ``listening`` until the program closes ``control``.
+
+    The program sends the configuration first; connections that arrived before this process
+    was ready waited in the listening sockets' backlog.
+    """
+    loop = asyncio.get_running_loop()
+    reader, writer = await asyncio.open_connection(sock=control)
+    (size,) = _LENGTH.unpack(await reader.readexactly(4))
+    config = _FrontConfig.from_wire(await reader.readexactly(size))
+    link = _ParentLink(writer)
+    front = _Front(config, link.ask, link.report)
+    loop.set_exception_handler(front.loop_error)
+    await front.setup()
+    for sock in listening:
+        await loop.create_server(front.accept, sock=sock, backlog=128)
+    link.send(["ready", os.getpid()])
+    await link.read_answers(reader)
+
+
+# -- the program's side -------------------------------------------------------------------------
+
+#: after this many endpoint processes in a row die before serving, serve on the profiler's thread
+_START_FAILURES = 3
+#: whether HTTP is served from a helper process (tests set it False for the in-process mode)
+PROCESS = os.name == "posix" and bool(sys.executable)
+_servers: weakref.WeakSet[Server] = weakref.WeakSet()
+
+
+class Server:
+    """Builds the collector's documents and serves them; start and stop it on the profiler's
+    loop. HTTP is served by an endpoint process, started at the first connection."""
+
+    def __init__(
+        self, collector: Collector, host: str, port: int, token: str | None, running: Any
+    ) -> None:
+        self.collector = collector
+        self.host = host
+        self.port = port
+        self.token = token
+        self.limits = LIMITS
+        self._running: Callable[[], bool] = running
+        self._listener: asyncio.Server | None = None
+        #: the address served, once started
+        self.url: str | None = None
+        #: what the HTTP side is told, once started
+        self.front_config: _FrontConfig | None = None
+        #: the HTTP side, when it runs on the profiler's thread
+        self.front: _Front | None = None
+        #: the link to the endpoint process, while one runs
+        self.link: _ChildLink | None = None
+        #: documents built (each answer to the HTTP side is one)
+        self.builds = 0
+        #: endpoint processes started, and how many in a row died before serving
+        self.started = 0
+        self.failures = 0
+        self._armed: list[int] = []
+        self._stopping = False
+        self._window_ns = int(self.limits.cache_seconds * 1e9)
+        _servers.add(self)
+
+    # -- answers ----------------------------------------------------------------------------
+
+    def answer(self, query: _Query) -> _Answer:
+        """Build the document ``query`` asks for (on the profiler's thread)."""
+        route = _ROUTE_BY_PATH.get(query.path)
+        name = _BUILDERS.get(query.path)
+        window = self._window_ns
+        self.builds += 1
+        if route is None or name is None:
+            return _Answer(
+                404, _JSON, _error_body(404, f"no route {_shown(query.path, 80)}"), window
+            )
+        try:
+            self.collector.drain()  # before building any document
+            built = getattr(self, name)(query)
+            if isinstance(built, str):
+                body = built.encode("utf-8")
+            elif isinstance(built, bytes | bytearray | memoryview):
+                body = bytes(built)
+            else:
+                body = schema.dumps(built)
+            return _Answer(200, route.media_type, body, window)
+        except _Refused as refused:
+            return _Answer(
+                refused.status, _JSON, _error_body(refused.status, refused.message), window
+            )
+        except Exception as exc:  # a bug in asyncflow: say so, count it, keep serving
+            _session.internal_error(f"serving {_shown(query.path, 80)}", exc)
+            message = f"internal error in asyncflow: {type(exc).__name__}: {_safe(exc)}"
+            return _Answer(500, _JSON, _error_body(500, message))
+
+    async def _answer_here(self, query: _Query) -> _Answer:
+        return self.answer(query)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def start(self) -> str:
+        """Bind and listen; returns the URL. Connections wait in the backlog until the endpoint
+        process, started at the first of them, accepts them.
+
+        Raises:
+            AsyncflowError: the port is taken or the address cannot be bound; nothing is left
+                serving.
+        """
+        loop = asyncio.get_running_loop()
+        if loop.get_exception_handler() is None:
+            loop.set_exception_handler(_loop_error)
+        try:
+            listener = await loop.create_server(
+                self._accept, self.host, self.port, backlog=128, start_serving=False
+            )
+        except OSError as exc:
+            if exc.errno in (98, 48, 10048):  # EADDRINUSE on Linux, macOS, Windows
+                raise AsyncflowError(
+                    f"port {self.port} on {self.host} is already in use; pass port= another "
+                    "port (or port=0 for any free one), or set ASYNCFLOW_PORT"
+                ) from None
+            raise AsyncflowError(
+                f"cannot serve on {self.host}:{self.port}: {exc.strerror or exc}; pass another "
+                "host= or port= (or set ASYNCFLOW_HOST / ASYNCFLOW_PORT)"
+            ) from None
+        self._listener = listener
+        for sock in listener.sockets:  # from now on connections wait in the backlog
+            _listen(sock.fileno())
+        host, port = listener.sockets[0].getsockname()[:2]
+        self.url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+        allowed = getattr(self.collector.options, "allowed_hosts", ())
+        names = {"localhost", *(name.lower().strip("[]") for name in allowed)}
+        bound = self.host.lower().strip("[]")
+        if bound not in ("0.0.0.0", "::", ""):  # a wildcard is no name a client uses
+            names.add(bound)
+        self.front_config = _FrontConfig(
+            self.url, port, tuple(sorted(names)), "*" in allowed, self.token, self.limits
+        )
+        if PROCESS:
+            self._arm()
+        else:
+            await self._serve_here()
+        return self.url
+
+    def _accept(self) -> asyncio.Protocol:
+        assert self.front is not None
+        return self.front.accept()
+
+    async def _serve_here(self) -> None:
+        """Serve HTTP on the profiler's thread (where no endpoint process can run)."""
+        assert self.front_config is not None and self._listener is not None
+        front = _Front(self.front_config, self._answer_here, _session.internal_error)
+        await front.setup()
+        self.front = front
+        await self._listener.start_serving()
+
+    def _arm(self) -> None:
+        """Start an endpoint process when the next connection arrives."""
+        if self._stopping or self._listener is None:
+            return
+        loop = asyncio.get_running_loop()
+        for sock in self._listener.sockets:
+            fd = sock.fileno()
+            loop.add_reader(fd, self._connection_waits)
+            self._armed.append(fd)
+
+    def _disarm(self) -> None:
+        loop = asyncio.get_running_loop()
+        for fd in self._armed:
+            loop.remove_reader(fd)
+        self._armed.clear()
+
+    def _connection_waits(self) -> None:
+        self._disarm()
+        try:
+            self._spawn()
+        except Exception as exc:
+            self.failures += 1
+            _session.internal_error("starting the endpoint process", exc)
+            self._fall_back(f"it could not start: {type(exc).__name__}: {_safe(exc)}")
+
+    def _spawn(self) -> None:
+        assert self._listener is not None and self.front_config is not None
+        loop = asyncio.get_running_loop()
+        fds = [sock.fileno() for sock in self._listener.sockets]
+        ours, theirs = socket.socketpair()
+        errors = tempfile.TemporaryFile()  # noqa: SIM115 (its stderr, kept open while it runs)
+        try:
+            with contextlib.suppress(OSError):  # fewer wakes for a large document
+                ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
+            root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+            env = dict(os.environ)
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+            process = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-P",
+                    "-m",
+                    "asyncflow._endpoint",
+                    str(theirs.fileno()),
+                    *map(str, fds),
+                ],
+                pass_fds=(theirs.fileno(), *fds),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=errors,
+                env=env,
+                process_group=0,  # the terminal's Ctrl-C and Ctrl-Z are the program's, not its
+            )
+        except BaseException:
+            ours.close()
+            errors.close()
+            raise
+        finally:
+            theirs.close()
+        self.started += 1
+        logger.debug("endpoint: process %s serves %s", process.pid, self.url)
+        link = _ChildLink(self, ours, process, errors)
+        self.link = link
+        connecting = loop.create_task(loop.connect_accepted_socket(lambda: link, ours))
+        connecting.add_done_callback(_log_failure)
+
+    def child_gone(self, link: _ChildLink) -> None:
+        """The endpoint process closed its end: it exited, or was stopped."""
+        if self.link is link:
+            self.link = None
+        process = link.process
+        with contextlib.suppress(OSError):
+            process.kill()  # it has closed its end: it is exiting, or must
+        try:
+            code = process.wait(2.0)
+        except subprocess.TimeoutExpired:
+            code = None
+        tail = _tail(link.errors)
+        link.errors.close()
+        if self._stopping:
+            return
+        how = f"with code {code}" if code is None or code >= 0 else f"by signal {-code}"
+        if link.ready:
+            self.failures = 0
+            logger.warning(
+                "asyncflow: the endpoint's process (pid %s) exited %s; another starts at the "
+                "next connection to %s%s", process.pid, how, self.url, tail,
+            )  # fmt: skip
+            self._arm()
+            return
+        self.failures += 1
+        if self.failures >= _START_FAILURES:
+            self._fall_back(f"it exited {how} before serving, {self.failures} times{tail}")
+        else:
+            logger.debug("endpoint: process %s exited %s before serving%s", process.pid, how, tail)
+            self._arm()
+
+    def _fall_back(self, why: str) -> None:
+        if self._stopping or self.front is not None:
+            return
+        logger.error(
+            "asyncflow: the endpoint's process cannot serve %s (%s); serving it from the "
+            "profiler's thread instead, where it slows the program while clients poll",
+            self.url, why,
+        )  # fmt: skip
+        task = asyncio.get_running_loop().create_task(self._serve_here())
+        task.add_done_callback(_log_failure)
+
+    async def stop(self) -> None:
+        """Stop the endpoint process, close every connection and stop listening."""
+        self._stopping = True
+        self._disarm()
+        link = self.link
+        if link is not None:
+            # The process reads the end of its input and exits; it is killed besides, since
+            # nothing it holds is worth waiting for.
+            if link.transport is not None:
+                link.transport.abort()
+            else:
+                link.sock.close()
+            self.child_gone(link)
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            listener.close()
+        front, self.front = self.front, None
+        if front is not None:
+            await front.stop()
+        if listener is not None:
+            try:
+                await asyncio.wait_for(listener.wait_closed(), 1.0)
+            except TimeoutError:
+                logger.debug("endpoint: connections still closing at stop")
+
+    def forsake(self) -> None:
+        """In a forked child of the program: the endpoint process is not this process's."""
+        link, self.link = self.link, None
+        self._stopping = True
+        if link is not None:
+            link.process.returncode = 0  # never waited for, killed or warned about here
+            fd = link.sock.fileno()
+            if fd >= 0:
+                # Its end of the socket pair must not keep the process alive once the program
+                # has gone: point the descriptor elsewhere (the socket object closes it one day).
+                null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+                try:
+                    os.dup2(null, fd, inheritable=False)
+                finally:
+                    os.close(null)
 
     # -- builders: each returns a document of asyncflow.schema ----------------------------------
 
+    @_builds("/profiler_status")
     def _status(self, query: _Query) -> Any:
         return views.status(self.collector, clock.now_ns(), self._running())
 
+    @_builds("/futures")
     def _futures(self, query: _Query) -> Any:
         return views.futures_document(self.collector, clock.now_ns(), query.offset, query.limit)
 
+    @_builds("/futures/{id}/logs")
     def _future_logs(self, query: _Query) -> Any:
         record = _record(query, "future", registry())
         origin = self.collector.session.start_ns
         return views.future_logs(record, clock.now_ns(), origin, query.limit)
 
+    @_builds("/channels")
     def _channels(self, query: _Query) -> Any:
         return views.channels_document(self.collector, query.offset, query.limit)
 
+    @_builds("/channels/{id}/logs")
     def _channel_logs(self, query: _Query) -> Any:
         record = _record(query, "channel", channel_registry())
         return views.channel_logs(record, self.collector.session.start_ns, query.limit)
 
+    @_builds("/streams")
     def _streams(self, query: _Query) -> Any:
         return views.streams_document(self.collector, query.offset, query.limit)
 
+    @_builds("/streams/{id}/logs")
     def _stream_logs(self, query: _Query) -> Any:
         record = _record(query, "stream", stream_registry())
         return views.stream_logs(record, self.collector.session.start_ns, query.limit)
 
+    @_builds("/flow")
     def _flow(self, query: _Query) -> Any:
         return views.flow(self.collector)
 
+    @_builds("/loop")
     def _loop(self, query: _Query) -> Any:
         return views.loop_document(self.collector, clock.now_ns())
 
+    @_builds("/warnings")
     def _warnings(self, query: _Query) -> Any:
         return views.warnings_document(self.collector)
 
+    @_builds("/tasks")
     def _tasks(self, query: _Query) -> Any:
         responsive = wait_views.responsive_loops(self.collector.monitor, clock.now_ns())
         return wait_views.tasks_document(query.offset, query.limit, responsive)
 
+    @_builds("/resources")
     def _resources(self, query: _Query) -> Any:
         now = clock.now_ns()
         return resource_views.resources_document(self.collector, now, query.offset, query.limit)
 
+    @_builds("/resources/{id}/logs")
     def _resource_logs(self, query: _Query) -> Any:
         record = resource_views.find_resource(query.id or 0)
         if record is None:
@@ -707,16 +1221,55 @@ class Server:
         origin = self.collector.session.start_ns
         return resource_views.resource_logs(record, origin, query.limit)
 
+    @_builds("/executors")
     def _executors(self, query: _Query) -> Any:
         percentiles = self.collector.options.percentiles
         return wait_views.executors_document(percentiles, self.collector.futures())
 
+    @_builds("/threads")
     def _threads(self, query: _Query) -> Any:
         collector = self.collector
         return threads_document(collector.threads, clock.now_ns(), collector.session.start_ns)
 
+    @_builds("/snapshot")
     def _snapshot(self, query: _Query) -> Any:
         return views.snapshot(self.collector, self._running())
+
+
+def _listen(fd: int) -> None:
+    sock = socket.socket(fileno=fd)
+    try:
+        sock.listen(128)
+    finally:
+        sock.detach()
+
+
+def _tail(errors: IO[bytes]) -> str:
+    """The end of what an endpoint process wrote on its standard error, to quote in a log."""
+    try:
+        size = errors.seek(0, os.SEEK_END)
+        errors.seek(max(0, size - 2000))
+        text = errors.read().decode("utf-8", "replace").strip()
+    except (OSError, ValueError):
+        return ""
+    return f"; it said: {text}" if text else ""
+
+
+def _log_failure(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        _session.internal_error("the endpoint", cast(BaseException, task.exception()))
+
+
+def _after_fork_in_child() -> None:
+    for server in list(_servers):
+        try:
+            server.forsake()
+        except Exception as exc:  # the child must go on, whatever happens here
+            _session.internal_error("forsaking the endpoint in a forked child", exc)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _loop_error(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
@@ -737,3 +1290,6 @@ def _record(query: _Query, kind: str, records: Sequence[_R]) -> _R:
         if record.id == query.id:
             return record
     raise _Refused(404, f"no {kind} with id {query.id}; GET /{kind}s lists them")
+
+
+_ROUTE_BY_PATH = {route.path: route for route in ROUTES}

@@ -33,10 +33,21 @@ def get(url: str, path: str, token: str | None = None, method: str = "GET") -> R
         request.add_header("Authorization", f"Bearer {token}")
     try:
         with urllib.request.urlopen(request, timeout=10) as response:
-            return response.status, orjson.loads(response.read()), dict(response.headers)
+            return (
+                response.status,
+                decoded(response.read(), response.headers),
+                dict(response.headers),
+            )
     except urllib.error.HTTPError as error:
         with error:
-            return error.code, orjson.loads(error.read()), dict(error.headers)
+            return error.code, decoded(error.read(), error.headers), dict(error.headers)
+
+
+def decoded(body: bytes, headers: Any) -> Any:
+    """A JSON body decoded; any other kind of body as text."""
+    if headers.get("Content-Type", "").startswith("application/json"):
+        return orjson.loads(body)
+    return body.decode("utf-8")
 
 
 @asyncflow.future(name="produce")
@@ -80,7 +91,7 @@ async def workload() -> None:
 
 @pytest.fixture
 def served() -> Iterator[asyncflow.Profiler]:
-    with asyncflow.profile("served", format="none", port=0) as prof:
+    with asyncflow.profile("served", format="none", port=0, trace=True) as prof:
         asyncio.run(workload())
         yield prof
 
@@ -110,18 +121,21 @@ def test_every_route_answers_and_matches_the_openapi_document(served: asyncflow.
     assert {"work", "mem"} <= {c["label"] for c in channels["channels"]}
     assert "numbers" in [s["label"] for s in streams["streams"]]
     paths = [route.path for route in server.ROUTES if "{id}" not in route.path]
-    assert len(paths) == 12  # and the four logs routes below
+    assert len(paths) >= 12  # and the four logs routes below
     paths += [f"/futures/{f['id']}/logs" for f in futures["futures"]]
     paths += [f"/channels/{c['id']}/logs" for c in channels["channels"]]
     paths += [f"/streams/{s['id']}/logs" for s in streams["streams"]]
     assert "gate" in [r["label"] for r in resources["resources"]]
     paths += [f"/resources/{r['id']}/logs" for r in resources["resources"]]
+    media = {route.path: route.media_type for route in server.ROUTES}
     for path in paths:
         status, body, headers = get(url, path)
         assert status == 200, (path, body)
-        assert headers["Content-Type"].startswith("application/json")
         template = path if path in spec["paths"] else "/" + path.split("/")[1] + "/{id}/logs"
-        ref = spec["paths"][template]["get"]["responses"]["200"]["content"]["application/json"]
+        assert headers["Content-Type"] == media[template], path
+        (kind,) = spec["paths"][template]["get"]["responses"]["200"]["content"]
+        assert headers["Content-Type"].startswith(kind)
+        ref = spec["paths"][template]["get"]["responses"]["200"]["content"][kind]
         schema = ref["schema"]
         if "$ref" in schema:
             validator(spec, schema["$ref"].rsplit("/", 1)[1]).validate(body)
@@ -179,7 +193,6 @@ def test_paging_and_its_bounds(served: asyncflow.Profiler) -> None:
         ("/channels/999999/logs", 404, "no channel"),
         ("/streams/999999/logs", 404, "no stream"),
         ("/nothing/here", 404, "no route /nothing/here"),
-        ("/", 404, "openapi.json"),
     ],
 )
 def test_bad_requests_get_json_errors(
@@ -297,6 +310,7 @@ def test_loop_answers_while_the_loop_is_blocked_and_names_the_blocker() -> None:
 
     with asyncflow.profile("blocked", format="none", port=0, block_threshold=0.1) as prof:
         assert prof.url is not None
+        assert get(prof.url, "/profiler_status")[0] == 200  # the endpoint process is up
         thread = threading.Thread(target=probe, args=(prof.url,))
         thread.start()
         asyncio.run(blocker(started, answered))
@@ -369,7 +383,12 @@ def test_loop_reports_lag_and_tasks_alive() -> None:
     assert loop["running"] is None or loop["running"]["label"] == "main"
 
 
-def test_each_document_is_built_at_most_every_tenth_of_a_second(fake_clock: Any) -> None:
+def test_each_document_is_built_at_most_every_tenth_of_a_second(
+    fake_clock: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Served on the profiler's thread, where the fake clock is also the cache's: the window is
+    # exact. (tests/test_server_process.py counts the builds behind an endpoint process.)
+    monkeypatch.setattr(server, "PROCESS", False)
     with asyncflow.profile("cached", format="none", port=0) as prof:
         assert prof.url is not None
         first = get(prof.url, "/profiler_status")[1]

@@ -272,10 +272,19 @@ def test_ids_are_parsed_like_parameters(served: asyncflow.Profiler) -> None:
 
 
 def test_zero_padded_spellings_share_one_cached_document(
-    fake_clock: Any, served: asyncflow.Profiler, monkeypatch: pytest.MonkeyPatch
+    fake_clock: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The reproduction: 255 GETs of /futures/1/logs?limit=00...010000 grew the program from 54
-    # to 905 MiB, and each spelling was rebuilt. Now one spelling is one cache entry.
+    # to 905 MiB, and each spelling was rebuilt. Now one spelling is one cache entry. (Served
+    # on the profiler's thread, so that the fake clock is the cache's too.)
+    monkeypatch.setattr(server, "PROCESS", False)
+    with asyncflow.profile("hardened", format="none", port=0) as served:
+        check_one_cached_document(fake_clock, served, monkeypatch)
+
+
+def check_one_cached_document(
+    fake_clock: Any, served: asyncflow.Profiler, monkeypatch: pytest.MonkeyPatch
+) -> None:
     built: list[int] = []
     real = views.futures_document
 
@@ -295,18 +304,24 @@ def test_zero_padded_spellings_share_one_cached_document(
     assert len(built) == 2  # rebuilt once its 0.1 s are over
 
 
+def answer(body: bytes, fresh_ns: int = 100_000_000) -> server._Answer:
+    return server._Answer(200, "application/json", body, fresh_ns)
+
+
 def test_the_cache_is_bounded_in_entries_and_bytes() -> None:
     cache = server._Cache(entries=3, size=100)
     for key in range(10):
-        cache.put(key, 0, b"x" * 30)
+        cache.put(key, 0, answer(b"x" * 30))
         assert len(cache) <= 3 and cache.bytes <= 100
-    assert [cache.get(key, 1) for key in (7, 8, 9)] == [b"x" * 30] * 3
+    assert [cache.get(key, 1) for key in (7, 8, 9)] == [answer(b"x" * 30)] * 3
     assert cache.get(0, 1) is None
-    cache.put("big", 0, b"y" * 101)  # larger than the whole cache: not kept
+    cache.put("big", 0, answer(b"y" * 101))  # larger than the whole cache: not kept
     assert cache.get("big", 1) is None and cache.bytes == 90
-    cache.put("fresh", 200_000_000, b"z")  # entries past their 0.1 s are dropped first
+    cache.put("fresh", 200_000_000, answer(b"z"))  # entries past their 0.1 s are dropped first
     assert len(cache) == 1 and cache.bytes == 1
     assert cache.get("fresh", 300_000_000) is None and cache.bytes == 0
+    cache.put("unfit", 0, answer(b"w", fresh_ns=0))  # an internal error's 500 is never kept
+    assert cache.get("unfit", 0) is None and len(cache) == 0
 
 
 # -- errors: JSON, and nothing on the program's stderr --------------------------------------------

@@ -1,0 +1,269 @@
+"""The endpoint process: HTTP served beside the program, documents built in it.
+
+The program binds the port and builds documents on the profiler's thread; a helper process,
+started at the first connection, serves HTTP and asks the program only for what its cache does
+not hold. These tests check that it is that process which serves, that it never outlives the
+program or its profiler (also across ``fork``), that a killed one is replaced and said so, that
+its cache saves the program work, and the in-process mode it falls back to.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import asyncflow
+from asyncflow import server, views
+from tests.test_server import get
+from tests.test_server_hardening import address, read_response, request
+
+pytestmark = pytest.mark.skipif(
+    not server.PROCESS or not hasattr(os, "pidfd_open"), reason="no endpoint process here"
+)
+
+
+def endpoint_process(prof: asyncflow.Profiler) -> int:
+    """The pid of the process serving ``prof``'s endpoint (asking once, so that one runs)."""
+    assert prof.url is not None and get(prof.url, "/profiler_status")[0] == 200
+    link = prof._server.link if prof._server is not None else None
+    assert link is not None
+    return link.process.pid
+
+
+def wait_exit(pid: int, seconds: float = 10.0) -> bool:
+    """Whether process ``pid`` has exited (or exits within ``seconds``)."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        return bool(select.select([fd], [], [], seconds)[0])
+    finally:
+        os.close(fd)
+
+
+def serving_pid(prof: asyncflow.Profiler) -> int:
+    """Which process holds the server's end of a live connection to ``prof``'s endpoint,
+    found from the kernel's table of TCP sockets (Linux)."""
+    ip, port = address(prof)
+    with socket.create_connection((ip, port), timeout=10) as sock:
+        sock.sendall(f"GET /flow HTTP/1.1\r\nHost: {ip}:{port}\r\n\r\n".encode())
+        assert read_response(sock)[0] == 200  # accepted and answered: the connection is held
+        near = sock.getsockname()[1]
+        inode = None
+        for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+            fields = line.split()
+            local, remote = fields[1], fields[2]
+            if int(local.split(":")[1], 16) == port and int(remote.split(":")[1], 16) == near:
+                inode = fields[9]
+        assert inode is not None
+        holders = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                fds = os.listdir(f"/proc/{pid}/fd")
+            except OSError:
+                continue
+            for fd in fds:
+                try:
+                    if os.readlink(f"/proc/{pid}/fd/{fd}") == f"socket:[{inode}]":
+                        holders.append(int(pid))
+                except OSError:  # closed meanwhile (the listing's own descriptor, say)
+                    pass
+        assert len(holders) == 1, holders
+        return holders[0]
+
+
+@pytest.fixture
+def served() -> Iterator[asyncflow.Profiler]:
+    with asyncflow.profile("process", format="none", port=0) as prof:
+        yield prof
+
+
+# -- who serves -----------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="needs Linux's /proc")
+def test_a_helper_process_serves_and_the_program_builds(served: asyncflow.Profiler) -> None:
+    assert served._server is not None and served._server.link is None  # none until asked
+    child = endpoint_process(served)
+    assert child != os.getpid()
+    assert serving_pid(served) == child
+    _, status, _ = get(served.url or "", "/profiler_status")
+    assert status["pid"] == os.getpid()  # the documents are the program's
+
+
+@pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="needs Linux's /proc")
+def test_without_a_process_the_profilers_thread_serves(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(server, "PROCESS", False)
+    with asyncflow.profile("here", format="none", port=0) as prof:
+        assert serving_pid(prof) == os.getpid()
+        assert prof._server is not None and prof._server.link is None
+
+
+def test_a_process_that_cannot_start_falls_back_to_the_profilers_thread(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(sys, "executable", "/bin/false")  # every process exits at once
+    with asyncflow.profile("fallback", format="none", port=0) as prof:
+        assert prof.url is not None
+        status, body, _ = get(prof.url, "/profiler_status")  # waits in the backlog meanwhile
+        assert status == 200 and body["pid"] == os.getpid()
+        assert prof._server is not None and prof._server.started == server._START_FAILURES
+    assert "serving it from the profiler's thread instead" in caplog.text
+
+
+# -- its life: never longer than the program's or the profiler's ----------------------------------
+
+
+def test_it_exits_when_the_profiler_stops(served: asyncflow.Profiler) -> None:
+    child = endpoint_process(served)
+    fd = os.pidfd_open(child)
+    try:
+        served.stop()
+        assert select.select([fd], [], [], 0)[0]  # stop() waited for it
+    finally:
+        os.close(fd)
+    assert served.url is None
+
+
+PROGRAM = textwrap.dedent(
+    """
+    import os, sys, urllib.request
+    import asyncflow
+    prof = asyncflow.start("program", format="none", port=0)
+    urllib.request.urlopen(prof.url + "/profiler_status", timeout=30).read()
+    print(prof._server.link.process.pid, flush=True)
+    how = sys.argv[1]
+    if how == "fork":  # a worker forked now lives on after the program has gone
+        hold = int(sys.argv[2])
+        if os.fork() == 0:
+            os.read(hold, 1)
+            os._exit(0)
+        os._exit(0)
+    if how == "exit":
+        sys.exit(0)  # the interpreter's own exit (atexit stops the profiler)
+    if how == "crash":
+        os._exit(3)  # no atexit, nothing: only the end of its socket pair tells the process
+    sys.stdin.read()  # "kill": until killed
+    """
+)
+
+
+@pytest.mark.parametrize("how", ["exit", "crash", "kill", "fork"])
+def test_it_exits_when_the_program_ends_however_it_ends(tmp_path: Path, how: str) -> None:
+    script = tmp_path / "program.py"
+    script.write_text(PROGRAM)
+    hold_r, hold_w = os.pipe()
+    program = subprocess.Popen(
+        [sys.executable, str(script), how, str(hold_r)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        pass_fds=(hold_r,),
+    )
+    os.close(hold_r)
+    try:
+        assert program.stdout is not None
+        line = program.stdout.readline()
+        assert line.strip().isdigit(), line
+        child = int(line)
+        if how == "kill":
+            program.send_signal(signal.SIGKILL)
+        assert wait_exit(child), f"the endpoint process outlived the program ({how})"
+        program.wait(10)
+    finally:
+        os.close(hold_w)  # the forked worker may go now
+        if program.poll() is None:
+            program.kill()
+        program.wait(10)
+        if program.stdin is not None:
+            program.stdin.close()
+        if program.stdout is not None:
+            program.stdout.close()
+
+
+def test_a_killed_process_is_replaced_and_said_so(
+    served: asyncflow.Profiler, caplog: pytest.LogCaptureFixture
+) -> None:
+    first = endpoint_process(served)
+    os.kill(first, signal.SIGKILL)
+    assert wait_exit(first)
+    status, _, _ = get(served.url or "", "/flow")  # waits in the backlog for the next one
+    assert status == 200
+    second = endpoint_process(served)
+    assert second not in (first, os.getpid())
+    assert f"process (pid {first}) exited by signal 9" in caplog.text
+    assert "another starts at the next connection" in caplog.text
+
+
+# -- what the program pays: one build per document per window ------------------------------------
+
+
+def counting_builds(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    built: list[int] = []
+    real = views.futures_document
+
+    def counting(*args: Any) -> Any:
+        built.append(1)
+        return real(*args)
+
+    monkeypatch.setattr(views, "futures_document", counting)
+    return built
+
+
+def test_identical_requests_within_the_window_cost_the_program_one_build(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(server, "LIMITS", server.Limits(cache_seconds=600.0))
+    built = counting_builds(monkeypatch)
+    with asyncflow.profile("cached", format="none", port=0) as prof:
+        assert prof.url is not None and prof._server is not None
+        answers: list[int] = []
+
+        def client(n: int) -> None:
+            for i in range(5):
+                spelled = "0" * (n + i)  # spelled differently, one canonical request
+                answers.append(request(prof, f"/futures?limit={spelled}7")[0])
+
+        clients = [threading.Thread(target=client, args=(n,)) for n in range(8)]
+        for thread in clients:
+            thread.start()
+        for thread in clients:
+            thread.join(30)
+        assert answers == [200] * 40
+        assert len(built) == 1  # 40 requests, 8 at once: one document built in the program
+        assert request(prof, "/futures?limit=8")[0] == 200
+        assert len(built) == 2  # another canonical request: another document
+
+
+def test_with_no_window_every_request_builds(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(server, "LIMITS", server.Limits(cache_seconds=0.0))
+    built = counting_builds(monkeypatch)
+    with asyncflow.profile("uncached", format="none", port=0) as prof:
+        for _ in range(5):
+            assert request(prof, "/futures")[0] == 200
+        assert len(built) == 5
+
+
+def test_an_internal_error_in_a_build_is_not_cached(
+    monkeypatch: pytest.MonkeyPatch, served: asyncflow.Profiler
+) -> None:
+    monkeypatch.setattr(server, "LIMITS", server.Limits(cache_seconds=600.0))
+
+    def broken(*args: object) -> object:
+        raise ZeroDivisionError("a bug")
+
+    monkeypatch.setattr(views, "flow", broken)
+    assert get(served.url or "", "/flow")[0] == 500
+    monkeypatch.undo()
+    assert get(served.url or "", "/flow")[0] == 200
