@@ -139,24 +139,21 @@ if not isinstance(_tasks_now, dict):  # pragma: no cover - an asyncio that keeps
     _tasks_now = None
 
 
-def _flow_key() -> object:
-    """The thread of control running now: the current task, or the thread outside a task."""
-    loop = _get_running_loop()
-    if loop is not None:
-        task = _tasks_now.get(loop) if _tasks_now is not None else asyncio.current_task(loop)
-        if task is not None:
-            return task
-    return _get_ident()
-
-
-#: thread of control -> its open measured calls, outermost first; each is [site, child_ns].
+#: thread of control (the current task, or the thread outside a task) -> its open measured
+#: calls, outermost first (frames: see _enter).
 #: An entry is removed when its last call ends, so a finished task is not kept alive.
 _open: dict[object, list[list[Any]]] = {}
 
 
-def _enter(site: Site) -> tuple[object, list[list[Any]], list[Any]] | None:
-    """Open a measured call of ``site``; None when it is a recursive call (not counted)."""
-    key = _flow_key()
+def _enter(site: Site) -> list[Any] | None:
+    """Open a measured call of ``site`` and start its clock; None when it is a recursive call
+    (not counted). The frame is ``[site, child_ns, flow key, the flow's stack, start_ns]``."""
+    loop = _get_running_loop()
+    key: object = None
+    if loop is not None:
+        key = _tasks_now.get(loop) if _tasks_now is not None else asyncio.current_task(loop)
+    if key is None:
+        key = _get_ident()
     stack = _open.get(key)
     if stack is None:
         stack = _open[key] = []
@@ -164,21 +161,17 @@ def _enter(site: Site) -> tuple[object, list[list[Any]], list[Any]] | None:
         for frame in stack:
             if frame[0] is site:
                 return None
-    frame = [site, 0]
+    frame = [site, 0, key, stack, 0]
     stack.append(frame)
-    return key, stack, frame
+    frame[4] = _clock.now_ns()
+    return frame
 
 
-def _exit(
-    key: object,
-    stack: list[list[Any]],
-    frame: list[Any],
-    start: int,
-    error: type[BaseException] | None,
-) -> None:
+def _exit(frame: list[Any], error: type[BaseException] | None) -> None:
     """Close a measured call: attribute its time to the call it is nested in, hand it on."""
     end = _clock.now_ns()
     try:
+        site, child, key, stack, start = frame
         if stack and stack[-1] is frame:
             stack.pop()
             at = len(stack)
@@ -190,7 +183,7 @@ def _exit(
             stack[at - 1][1] += end - start
         elif not stack and _open.get(key) is stack:
             del _open[key]
-        _recording.sink.span(frame[0], start, end, frame[1], error)
+        _recording.sink.span(site, start, end, child, error)
     except Exception as exc:  # observing never breaks the program
         _session.internal_error("measuring a call", exc)
 
@@ -203,16 +196,15 @@ def _wrap_sync(fn: Callable[_P, _T], site: Site) -> Callable[_P, _T]:
     def measured(*args: _P.args, **kwargs: _P.kwargs) -> _T:
         if _session.active is None and not _recording.users:
             return fn(*args, **kwargs)  # nobody listens
-        opened = _enter(site)
-        if opened is None:
+        frame = _enter(site)
+        if frame is None:
             return fn(*args, **kwargs)  # recursive: part of the outer call
-        start = _clock.now_ns()
         try:
             result = fn(*args, **kwargs)
         except BaseException as exc:
-            _exit(*opened, start, type(exc))
+            _exit(frame, type(exc))
             raise
-        _exit(*opened, start, None)
+        _exit(frame, None)
         return result
 
     return measured
@@ -258,15 +250,16 @@ class MeasuredCoroutineFunction:
 def _timed_for(fn: Any, site: Site) -> Callable[[Awaitable[Any], int], Awaitable[Any]]:
     async def timed(coro: Awaitable[Any], start: int) -> Any:
         # Opened at the first step, in the task that runs it (not the one that called).
-        opened = _enter(site)
-        if opened is None:
+        frame = _enter(site)
+        if frame is None:
             return await coro  # recursive: part of the outer call
+        frame[4] = start  # timed from the call, not from the first step
         try:
             result = await coro
         except BaseException as exc:
-            _exit(*opened, start, type(exc))
+            _exit(frame, type(exc))
             raise
-        _exit(*opened, start, None)
+        _exit(frame, None)
         return result
 
     # Its own code object, named as the function: whole-program task tracking groups tasks by
@@ -365,12 +358,11 @@ def measure(fn: Any = None, /, *, name: str | None = None) -> Any:
 class _Block:
     """The context manager ``measure_block`` returns (``with`` and ``async with``)."""
 
-    __slots__ = ("_depth", "_name", "_opened", "_start")
+    __slots__ = ("_depth", "_name", "_opened")
 
     def __init__(self, name: str) -> None:
         self._name = name
-        self._opened: tuple[object, list[list[Any]], list[Any]] | None = None
-        self._start = 0
+        self._opened: list[Any] | None = None
         self._depth = 0
 
     def __enter__(self) -> _Block:
@@ -399,7 +391,6 @@ class _Block:
         except Exception as exc:  # observing never breaks the program
             _session.internal_error("measuring a block", exc)
             return self
-        self._start = _clock.now_ns()
         return self
 
     def __exit__(
@@ -413,7 +404,7 @@ class _Block:
             return
         opened, self._opened = self._opened, None
         if opened is not None:
-            _exit(*opened, self._start, typ)
+            _exit(opened, typ)
 
     async def __aenter__(self) -> _Block:
         return self._open(2)
