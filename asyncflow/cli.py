@@ -148,6 +148,32 @@ def _parser() -> argparse.ArgumentParser:
         help="export the figures as OpenTelemetry metrics, configured by the OTEL_* variables "
         "(needs the 'otel' extra) [$ASYNCFLOW_OTEL]",
     )
+    run.add_argument(
+        "--include",
+        action="append",
+        metavar="PATTERN",
+        help="track only tasks whose coroutine's module or qualified name matches, e.g. "
+        "'myapp.*' (repeatable, or comma-separated) [every task; $ASYNCFLOW_INCLUDE]",
+    )
+    run.add_argument(
+        "--exclude",
+        action="append",
+        metavar="PATTERN",
+        help="never track tasks whose coroutine's module or qualified name matches, e.g. "
+        "'aiohttp' or 'aiohttp.*' (repeatable; wins over --include) [$ASYNCFLOW_EXCLUDE]",
+    )
+    run.add_argument(
+        "--cpu",
+        action="store_true",
+        help="measure each poll's CPU time beside its busy time (two system calls per poll) "
+        "[$ASYNCFLOW_CPU]",
+    )
+    run.add_argument(
+        "--allocations",
+        action="store_true",
+        help="measure each poll's allocations through tracemalloc (slows the whole program) "
+        "[$ASYNCFLOW_ALLOCATIONS]",
+    )
     run.add_argument("program", nargs=argparse.REMAINDER, help="script.py [args...], or args of -m")
     run.set_defaults(handler=_run)
 
@@ -288,6 +314,10 @@ def _run(args: argparse.Namespace) -> int:
             "trace_events": args.trace_events,
             "warn": args.warn,
             "otel": True if args.otel else None,
+            "include": ",".join(args.include) if args.include else None,
+            "exclude": ",".join(args.exclude) if args.exclude else None,
+            "cpu": True if args.cpu else None,
+            "allocations": True if args.allocations else None,
         }.items()
         if value is not None
     }

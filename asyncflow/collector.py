@@ -25,6 +25,8 @@ from asyncflow.monitor import LoopMonitor
 from asyncflow.threads import ThreadSampler
 
 if TYPE_CHECKING:
+    from asyncflow.cpu import PollFigures
+    from asyncflow.filtering import TargetFilter
     from asyncflow.reporters import Reporters
 
 __all__ = ["DRAIN_INTERVAL", "SERIES_INTERVAL_NS", "Collector", "LiveSeries", "live_calls"]
@@ -88,10 +90,36 @@ class Collector:
         self.live: Reporters | None = None
         #: every thread of the process, sampled on this tick (``GET /threads``)
         self.threads = ThreadSampler()
+        #: CPU time and allocations per poll (``cpu=``, ``allocations=``); None when off
+        self.poll_figures: PollFigures | None = None
+        #: whole-program mode's include/exclude patterns, while they apply
+        self.target_filter: TargetFilter | None = None
         #: the trace recorder (``trace=``), fed on this tick; None when no trace is recorded
         self.trace: trace.TraceRecorder | None = None
         if options.trace:
             self.trace = trace.TraceRecorder(self, options.trace_events, options.trace_output)
+
+    def attach_polls(self) -> None:
+        """The profiler starts: filter tasks, and measure polls, as the options ask."""
+        from asyncflow import cpu, filtering
+
+        options = self.options
+        try:
+            self.target_filter = filtering.install(options.include, options.exclude)
+            self.poll_figures = cpu.attach(options.cpu, options.allocations)
+        except Exception as exc:  # observing never breaks the program
+            _session.internal_error("measuring polls", exc)
+
+    def detach_polls(self) -> None:
+        """The profiler stops (idempotent): the figures stay for the final snapshot."""
+        from asyncflow import cpu, filtering
+
+        try:
+            cpu.detach(self.poll_figures)
+            filtering.uninstall(self.target_filter)
+        except Exception as exc:
+            _session.internal_error("measuring polls", exc)
+        self.target_filter = None
 
     def drain(self) -> int:
         """Fold every finished call waiting in the buffer, then reap what is gone; returns how

@@ -77,6 +77,10 @@ _ENV = {
     "allowed_hosts": "ASYNCFLOW_ALLOWED_HOSTS",
     "warn": "ASYNCFLOW_WARN",
     "otel": "ASYNCFLOW_OTEL",
+    "include": "ASYNCFLOW_INCLUDE",
+    "exclude": "ASYNCFLOW_EXCLUDE",
+    "cpu": "ASYNCFLOW_CPU",
+    "allocations": "ASYNCFLOW_ALLOCATIONS",
 }
 
 #: The warnings' thresholds that ``warn=`` may set, and what each takes: ``seconds`` (> 0, at
@@ -157,6 +161,15 @@ class Options:
     reporters: tuple[Any, ...] = ()
     #: export the figures as OpenTelemetry metrics (the ``otel`` extra; ``OTEL_*`` configure it)
     otel: bool = False
+    #: whole-program mode tracks only tasks whose coroutine's module or qualified name matches
+    #: one of these patterns (empty: every task); see ``asyncflow.filtering``
+    include: tuple[str, ...] = ()
+    #: ... and never those matching one of these (exclude wins over include)
+    exclude: tuple[str, ...] = ()
+    #: measure each poll's CPU time (the polling thread's CPU clock: a system call per poll)
+    cpu: bool = False
+    #: measure each poll's allocations through ``tracemalloc`` (slows the whole program)
+    allocations: bool = False
 
 
 def check_type(
@@ -498,6 +511,10 @@ def resolve_options(
         "warn",
         "reporters",
         "otel",
+        "include",
+        "exclude",
+        "cpu",
+        "allocations",
     }
     unknown = sorted(set(given) - known)
     if unknown:
@@ -558,6 +575,14 @@ def resolve_options(
         fields["reporters"] = _live_reporters(given["reporters"], "reporters")
     if (p := pick("otel")) is not None:
         fields["otel"] = _switch(*p)
+    for option in ("include", "exclude"):
+        if (p := pick(option)) is not None:
+            from asyncflow.filtering import parse_patterns
+
+            fields[option] = parse_patterns(*p)
+    for option in ("cpu", "allocations"):
+        if (p := pick(option)) is not None:
+            fields[option] = _switch(*p)
     if given.get("reporter") is not None:
         fields["reporter"] = _reporter(given["reporter"], "reporter")
     return Options(name=name, **fields)

@@ -178,6 +178,7 @@ class Profiler:
                 _session.active = session
                 if self._collector.trace is not None:
                     self._collector.trace.attach()  # polls are traced from here on
+                self._collector.attach_polls()  # after the trace: its probe is shared
                 _active = _last = self
                 atexit.register(self.stop)
                 if self.url is not None:
@@ -211,6 +212,8 @@ class Profiler:
         collector = self._collector
         if collector is not None and _session.active is collector.session:
             _session.active = None
+        if collector is not None:
+            collector.detach_polls()  # before the trace's detach: it shares the probe
         if collector is not None and collector.trace is not None:
             collector.trace.detach()
         atexit.unregister(self.stop)
@@ -362,6 +365,7 @@ class Profiler:
             _session.active = None  # calls created from now on are not recorded
         collector.monitor.stop()
         collector.drain()
+        collector.detach_polls()  # before the trace's finish: it shares the probe
         if collector.trace is not None:
             collector.trace.finish()  # stops tracing polls; writes the file trace= named
         final = views.snapshot(collector, running=False)
@@ -400,6 +404,8 @@ class Profiler:
         self._state_lock = threading.Lock()  # perhaps held by a thread that is not here
         self._ready_lock = threading.Lock()
         collector = self._collector
+        if collector is not None:
+            collector.detach_polls()
         if collector is not None and collector.trace is not None:
             collector.trace.detach()  # the parent's trace: this child's polls are not in it
         atexit.unregister(self.stop)

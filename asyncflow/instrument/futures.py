@@ -959,6 +959,11 @@ def instrument(
     return InstrumentedCoroutine(coro, record)
 
 
+#: whole-program mode's include/exclude patterns (an ``asyncflow.filtering.TargetFilter``, set
+#: while a profiler with patterns runs): called with a task's coroutine, False leaves it untracked
+task_filter: Callable[[Any], bool] | None = None
+
+
 class _TaskFactory:
     """The task factory ``instrument_tasks`` installs; chains to the one it found."""
 
@@ -973,13 +978,15 @@ class _TaskFactory:
     ) -> asyncio.Future[Any]:
         if self.enabled and _session.active is not None and type(coro) is types.CoroutineType:
             try:
-                record = _by_code.get((id(coro.cr_code), None, "task"))
-                if record is None and not coro.cr_code.co_filename.startswith(_ASYNCIO_DIR):
-                    frame = coro.cr_frame
-                    module = frame.f_globals.get("__name__", "?") if frame is not None else "?"
-                    record = _future_for_code(coro.cr_code, str(module), None, "task")
-                if record is not None:
-                    coro = InstrumentedCoroutine(coro, record)
+                # include/exclude patterns (asyncflow.filtering): decided once per code object
+                if task_filter is None or task_filter(coro):
+                    record = _by_code.get((id(coro.cr_code), None, "task"))
+                    if record is None and not coro.cr_code.co_filename.startswith(_ASYNCIO_DIR):
+                        frame = coro.cr_frame
+                        module = frame.f_globals.get("__name__", "?") if frame else "?"
+                        record = _future_for_code(coro.cr_code, str(module), None, "task")
+                    if record is not None:
+                        coro = InstrumentedCoroutine(coro, record)
             except Exception as err:  # observing never breaks the program
                 _session.internal_error("instrumenting a task", err)
         previous = self.previous

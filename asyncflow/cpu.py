@@ -1,0 +1,240 @@
+"""CPU time and allocations per poll (opt-in): a poll probe beside the busy time.
+
+Busy time says how long a poll held the event loop; CPU time says how much of that the thread
+spent computing. A poll that held the loop 40 ms on 2 ms of CPU was not computing: it was in a
+blocking system call, waiting for the GIL another thread held, or taking page faults. Both are
+opt-in, because each costs system calls on every poll:
+
+- ``cpu=True`` (``ASYNCFLOW_CPU=1``, ``asyncflow run --cpu``): the polling thread's CPU clock
+  (``time.thread_time_ns``, user and system time together) is read before and after each poll:
+  two system calls per poll. The user/system split is per thread, in ``GET /threads``.
+- ``allocations=True`` (``ASYNCFLOW_ALLOCATIONS=1``, ``--allocations``): ``tracemalloc``'s
+  traced memory and the interpreter's count of allocated blocks are read around each poll. It
+  starts ``tracemalloc`` if the program has not (and stops it at the end only then), and
+  ``tracemalloc`` slows every allocation of the whole program, profiled or not. Figures are
+  net: the bytes a poll left allocated, growth and release summed apart. Memory allocated by
+  another thread while a poll runs counts in that poll. The number of allocations is not
+  counted: CPython gives no cheap count (``sys.getallocatedblocks()`` walks every arena, 18 µs
+  a read with a million objects alive, which would be 36 µs added to every poll).
+
+The probe runs outside the timed part of a poll (see ``asyncflow.instrument.probes``); polls
+nest, so the figures are inclusive, like busy time. The figures live on the call's record
+(``probe_data``) and, summed per future, here; the views read them through :func:`call_figures`
+and :func:`future_figures`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import tracemalloc
+from typing import Any
+
+from asyncflow.instrument import _session, probes
+
+__all__ = [
+    "CallFigures",
+    "Composite",
+    "FutureFigures",
+    "PollFigures",
+    "attach",
+    "call_figures",
+    "detach",
+    "future_figures",
+]
+
+
+class CallFigures:
+    """One call's CPU time and allocations so far (its record's ``probe_data``)."""
+
+    __slots__ = ("alloc_bytes", "cpu_ns", "freed_bytes", "max_cpu_ns")
+
+    def __init__(self) -> None:
+        self.cpu_ns = 0
+        #: the CPU time of the call's longest poll (by busy time)
+        self.max_cpu_ns = 0
+        self.alloc_bytes = 0
+        self.freed_bytes = 0
+
+
+class FutureFigures:
+    """A future's CPU time and allocations, summed over every measured poll of its calls."""
+
+    __slots__ = (
+        "alloc_bytes",
+        "cpu_ns",
+        "freed_bytes",
+        "max_alloc_bytes",
+        "max_cpu_ns",
+        "measured_busy_ns",
+        "polls",
+        "worst_busy_ns",
+        "worst_call_id",
+        "worst_cpu_ns",
+    )
+
+    def __init__(self) -> None:
+        #: polls measured, and their busy time (polls before the probe was set are not)
+        self.polls = 0
+        self.measured_busy_ns = 0
+        self.cpu_ns = 0
+        self.max_cpu_ns = 0
+        #: the poll that held the loop longest off the CPU (busy minus CPU): its busy and CPU
+        self.worst_busy_ns = 0
+        self.worst_cpu_ns = 0
+        self.worst_call_id = 0
+        self.alloc_bytes = 0
+        self.freed_bytes = 0
+        self.max_alloc_bytes = 0
+
+
+class PollFigures:
+    """The poll probe: CPU time and/or allocations of every poll of every tracked call.
+
+    Per-future sums are kept here, by future id; a future polled on two threads at once may
+    lose an update to a race between them (each thread's own figures are exact).
+    """
+
+    def __init__(self, *, cpu: bool, allocations: bool) -> None:
+        self.cpu = cpu
+        self.allocations = allocations
+        self.futures: dict[int, FutureFigures] = {}
+        #: whether this probe started tracemalloc (and so stops it)
+        self.started_tracemalloc = False
+        self._thread_time = time.thread_time_ns
+        self._traced = tracemalloc.get_traced_memory
+
+    def begin(self, record: Any) -> Any:
+        if self.allocations:  # the CPU clock read last, nearest the poll
+            traced = self._traced()[0]
+            return (traced, self._thread_time() if self.cpu else 0)
+        return self._thread_time()
+
+    def end(self, record: Any, token: Any, t0_ns: int, dt_ns: int, outcome: str) -> None:
+        if self.allocations:
+            traced0, cpu0 = token
+            cpu = self._thread_time() - cpu0 if self.cpu else 0
+            grown = self._traced()[0] - traced0
+        else:
+            cpu = self._thread_time() - token
+            grown = 0
+        call = getattr(record, "probe_data", None)
+        if call is None:
+            call = record.probe_data = CallFigures()
+        fid = record.future.id
+        fut = self.futures.get(fid)
+        if fut is None:
+            fut = self.futures[fid] = FutureFigures()
+        fut.polls += 1
+        fut.measured_busy_ns += dt_ns
+        if self.cpu:
+            call.cpu_ns += cpu
+            fut.cpu_ns += cpu
+            if dt_ns >= record.max:
+                call.max_cpu_ns = cpu
+            if cpu > fut.max_cpu_ns:
+                fut.max_cpu_ns = cpu
+            if dt_ns - cpu > fut.worst_busy_ns - fut.worst_cpu_ns:
+                fut.worst_busy_ns, fut.worst_cpu_ns = dt_ns, cpu
+                fut.worst_call_id = record.call_id
+        if self.allocations:
+            if grown >= 0:
+                call.alloc_bytes += grown
+                fut.alloc_bytes += grown
+                if grown > fut.max_alloc_bytes:
+                    fut.max_alloc_bytes = grown
+            else:
+                call.freed_bytes -= grown
+                fut.freed_bytes -= grown
+
+
+class Composite:
+    """Two probes where the seam takes one (the trace recorder's and this one): each gets its
+    own begin and end; one that raises is dropped, counted and logged, and the other goes on."""
+
+    __slots__ = ("inner", "outer")
+
+    def __init__(self, outer: Any, inner: Any) -> None:
+        #: the probe that was set first (it stays outermost: its begin first, its end last)
+        self.outer: Any = outer
+        self.inner: Any = inner
+
+    def begin(self, record: Any) -> Any:
+        outer, inner = self.outer, self.inner
+        a = b = None
+        if outer is not None:
+            try:
+                a = outer.begin(record)
+            except Exception as exc:
+                self.outer = None
+                _session.internal_error("a poll probe (removed)", exc)
+        if inner is not None:
+            try:
+                b = inner.begin(record)
+            except Exception as exc:
+                self.inner = None
+                _session.internal_error("a poll probe (removed)", exc)
+        return (outer, a, inner, b)
+
+    def end(self, record: Any, token: Any, t0_ns: int, dt_ns: int, outcome: str) -> None:
+        outer, a, inner, b = token
+        if inner is not None and self.inner is inner:
+            try:
+                inner.end(record, b, t0_ns, dt_ns, outcome)
+            except Exception as exc:
+                self.inner = None
+                _session.internal_error("a poll probe (removed)", exc)
+        if outer is not None and self.outer is outer:
+            try:
+                outer.end(record, a, t0_ns, dt_ns, outcome)
+            except Exception as exc:
+                self.outer = None
+                _session.internal_error("a poll probe (removed)", exc)
+
+
+_lock = threading.Lock()
+
+
+def attach(cpu: bool, allocations: bool) -> PollFigures | None:
+    """Start measuring polls (the profiler's start, after the trace recorder's probe is set);
+    returns the probe, or None when neither figure was asked for."""
+    if not (cpu or allocations):
+        return None
+    probe = PollFigures(cpu=cpu, allocations=allocations)
+    with _lock:
+        if allocations and not tracemalloc.is_tracing():
+            tracemalloc.start()
+            probe.started_tracemalloc = True
+        previous = probes.set_poll_probe(probe)
+        if previous is not None:  # the trace recorder's: both see every poll
+            probes.set_poll_probe(Composite(previous, probe))
+    return probe
+
+
+def detach(probe: PollFigures | None) -> None:
+    """Stop measuring (before the trace recorder takes its probe back); idempotent. The
+    figures stay readable for the final snapshot."""
+    if probe is None:
+        return
+    with _lock:
+        current = probes.poll_probe()
+        if current is probe:
+            probes.set_poll_probe(None)
+        elif isinstance(current, Composite) and current.inner is probe:
+            probes.set_poll_probe(current.outer)  # put the trace recorder's back alone
+        elif isinstance(current, Composite):
+            current.inner = None if current.inner is probe else current.inner
+        if probe.started_tracemalloc and tracemalloc.is_tracing():
+            tracemalloc.stop()
+            probe.started_tracemalloc = False
+
+
+def call_figures(record: Any) -> CallFigures | None:
+    """A call's figures, if its polls were measured."""
+    data = getattr(record, "probe_data", None)
+    return data if isinstance(data, CallFigures) else None
+
+
+def future_figures(probe: PollFigures | None, future_id: int) -> FutureFigures | None:
+    """A future's figures in a profile (``probe``: its collector's), if a poll was measured."""
+    return probe.futures.get(future_id) if probe is not None else None
