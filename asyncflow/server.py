@@ -177,6 +177,12 @@ ROUTES: tuple[Route, ...] = (
         schema.ThreadsDocument,
     ),
     Route("/snapshot", "Every document at once.", schema.Snapshot),
+    Route(
+        "/trace",
+        "The trace recorder's ring (polls, blocked loops, queue depths, loop lag, message flows) "
+        "as Chrome trace event JSON, for ui.perfetto.dev; 404 when no trace is recorded.",
+        dict[str, Any],
+    ),
     Route("/openapi.json", "This description of the endpoint.", dict[str, Any]),
 )
 
@@ -1234,6 +1240,17 @@ class Server:
     @_builds("/snapshot")
     def _snapshot(self, query: _Query) -> Any:
         return views.snapshot(self.collector, self._running())
+
+    @_builds("/trace")
+    def _trace(self, query: _Query) -> Any:
+        recorder = self.collector.trace
+        if recorder is None:
+            from asyncflow.profiler import TRACE_OFF
+
+            raise _Refused(404, TRACE_OFF)
+        from asyncflow import trace
+
+        return trace.render(recorder.document())  # bytes: sent as they are
 
 
 def _listen(fd: int) -> None:

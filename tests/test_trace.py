@@ -14,6 +14,8 @@ import os
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -22,7 +24,7 @@ import orjson
 import pytest
 
 import asyncflow
-from asyncflow import config, trace
+from asyncflow import cli, config, trace
 from asyncflow.clock import FakeClock
 from asyncflow.errors import AsyncflowError
 from asyncflow.instrument import probes
@@ -420,8 +422,64 @@ def test_run_with_trace_writes_the_file(tmp_path: Path) -> None:
     assert all("produce" in names[(s["pid"], s["tid"])] for s, _ in flows)
 
 
-def test_run_refuses_a_bad_trace_size(tmp_path: Path) -> None:
+def test_run_refuses_a_bad_trace_size(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "prog.py").write_text(PROGRAM)
-    done = run_cli("run", "--trace", "o.json", "--trace-events", "0", "prog.py", cwd=tmp_path)
-    assert done.returncode == 2
-    assert "--trace-events" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    out = str(tmp_path / "o.json")
+    code = cli.main(["run", "--trace", out, "--trace-events", "0", str(tmp_path / "prog.py")])
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert line.startswith("asyncflow run: error: --trace-events 0: expected a whole number")
+
+
+# -- on demand: GET /trace and asyncflow trace URL ---------------------------------------------
+
+
+def get(url: str) -> tuple[int, bytes, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=30) as response:
+            return response.status, response.read(), response.headers["Content-Type"]
+    except urllib.error.HTTPError as error:
+        with error:
+            return error.code, error.read(), error.headers["Content-Type"]
+
+
+def test_the_endpoint_serves_the_trace_and_the_command_saves_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with asyncflow.profile("served", format="none", port=0, trace=True) as prof:
+
+        async def main() -> None:
+            handle = asyncflow.instrument_tasks()
+            try:
+                q: asyncio.Queue[int] = asyncflow.instrument_queue(asyncio.Queue(2), name="q")
+                await asyncio.gather(blocker(q), reader(q))
+            finally:
+                handle.undo()
+
+        asyncio.run(main())
+        assert prof.url is not None
+        status, body, media = get(prof.url + "/trace")
+        assert status == 200 and media.startswith("application/json")
+        served = orjson.loads(body)
+        check_format(served)
+        assert len(flows_of(served["traceEvents"])) == 5
+        saved = tmp_path / "saved.json"
+        assert cli.main(["trace", prof.url, "-o", str(saved)]) == 0
+        said = capsys.readouterr().err
+        assert "saved" in said and "ui.perfetto.dev" in said
+        check_format(json.loads(saved.read_text()))
+
+
+def test_without_a_trace_the_endpoint_answers_404_and_the_command_says_why(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with asyncflow.profile("untraced", format="none", port=0) as prof:
+        assert prof.url is not None
+        status, body, media = get(prof.url + "/trace")
+        assert status == 404 and media.startswith("application/json")
+        assert "no trace is recorded" in orjson.loads(body)["error"]["message"]
+        code = cli.main(["trace", prof.url, "-o", str(tmp_path / "saved.json")])
+    assert code == 1
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "/trace answered 404: no trace is recorded" in line
+    assert not (tmp_path / "saved.json").exists()
