@@ -34,9 +34,11 @@ from asyncflow.instrument.futures import CallRecord, call_field
 from asyncflow.schema import (
     ChannelsDocument,
     ExecutorsDocument,
+    FunctionsDocument,
     FuturesDocument,
     Location,
     LoopDocument,
+    MetricsDocument,
     ProfilerStatus,
     ResourcesDocument,
     Snapshot,
@@ -115,11 +117,15 @@ class Figures:
     executors: ExecutorsDocument
     loop: LoopDocument
     warnings: WarningsDocument
+    #: measured functions and blocks, and the program's own metrics (H7: see
+    #: asyncflow/function_views.py; None where a snapshot predates them)
+    functions: FunctionsDocument | None = None
+    user_metrics: MetricsDocument | None = None
 
 
 def figures(collector: Collector, running: bool = True) -> Figures:
     """The current figures, built on the profiler's thread (drain the collector first)."""
-    from asyncflow import clock, resource_views, views, wait_views
+    from asyncflow import clock, function_views, resource_views, views, wait_views
 
     now = clock.now_ns()
     futures = views.futures_document(collector, now)
@@ -138,6 +144,8 @@ def figures(collector: Collector, running: bool = True) -> Figures:
         executors=executors,
         loop=loop,
         warnings=warnings,
+        functions=function_views.functions_document(collector, now),
+        user_metrics=function_views.metrics_document(collector, now),
     )
 
 
@@ -156,6 +164,8 @@ def figures_of(snapshot: Snapshot) -> Figures:
         executors=snapshot.executors or ExecutorsDocument(SCHEMA, []),
         loop=snapshot.loop or LoopDocument(SCHEMA, 0, []),
         warnings=WarningsDocument(SCHEMA, snapshot.status.uptime_ns, list(snapshot.warnings)),
+        functions=snapshot.functions,
+        user_metrics=snapshot.user_metrics,
     )
 
 
