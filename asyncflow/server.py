@@ -178,10 +178,10 @@ ROUTES: tuple[Route, ...] = (
     ),
     Route("/snapshot", "Every document at once.", schema.Snapshot),
     Route(
-        "/trace",
-        "The trace recorder's ring (polls, blocked loops, queue depths, loop lag, message flows) "
-        "as Chrome trace event JSON, for ui.perfetto.dev; 404 when no trace is recorded.",
-        dict[str, Any],
+        "/metrics",
+        "The figures in the Prometheus text exposition format (version 0.0.4).",
+        str,
+        media_type="text/plain; version=0.0.4; charset=utf-8",
     ),
     Route("/openapi.json", "This description of the endpoint.", dict[str, Any]),
 )
@@ -1241,16 +1241,11 @@ class Server:
     def _snapshot(self, query: _Query) -> Any:
         return views.snapshot(self.collector, self._running())
 
-    @_builds("/trace")
-    def _trace(self, query: _Query) -> Any:
-        recorder = self.collector.trace
-        if recorder is None:
-            from asyncflow.profiler import TRACE_OFF
+    @_builds("/metrics")
+    def _metrics(self, query: _Query) -> Any:
+        from asyncflow import prometheus, reporters
 
-            raise _Refused(404, TRACE_OFF)
-        from asyncflow import trace
-
-        return trace.render(recorder.document())  # bytes: sent as they are
+        return prometheus.render(reporters.figures(self.collector, self._running()))
 
 
 def _listen(fd: int) -> None:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import threading
+import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -350,3 +352,33 @@ def test_textfile_reporter_refuses_bad_arguments(
     path = kwargs.pop("path", tmp_path / "x.prom")
     with pytest.raises(ValueError, match=message):
         prometheus.TextfileReporter(path, **kwargs)  # type: ignore[arg-type]
+
+
+def _get(url: str) -> tuple[str, bytes]:
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return response.headers["Content-Type"], response.read()
+
+
+async def test_metrics_route_serves_the_documents_figures(fake_clock: FakeClock) -> None:
+    with asyncflow.profile("route", format="none", port=0) as prof:
+        await _planted(fake_clock)
+        assert prof.url is not None
+        with anyio.fail_after(10):
+            media, body = await anyio.to_thread.run_sync(_get, prof.url + "/metrics")
+            _, futures = await anyio.to_thread.run_sync(_get, prof.url + "/futures")
+            _, channels = await anyio.to_thread.run_sync(_get, prof.url + "/channels")
+            _, spec = await anyio.to_thread.run_sync(_get, prof.url + "/openapi.json")
+    assert media == "text/plain; version=0.0.4; charset=utf-8"
+    _types, series = _parse(body.decode())
+    for entry in json.loads(futures)["futures"]:
+        location = entry["location"]
+        lb = {"label": entry["label"], "location": f"{location['file']}:{location['line']}"}
+        assert _value(series, "asyncflow_future_calls_total", **lb) == entry["call_count"]
+        assert _value(series, "asyncflow_future_polls_total", **lb) == entry["total_polls"]
+        busy = _value(series, "asyncflow_future_busy_seconds_total", **lb)
+        assert busy == entry["busy_ns"] / 1e9
+    for entry in json.loads(channels)["channels"]:
+        cl = {"label": entry["label"], "kind": entry["kind"]}
+        assert _value(series, "asyncflow_channel_sent_total", **cl) == entry["sent_count"]
+        assert _value(series, "asyncflow_channel_queue_size", **cl) == entry["queue_size"]
+    assert "/metrics" in json.loads(spec)["paths"]
