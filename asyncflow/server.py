@@ -183,6 +183,12 @@ ROUTES: tuple[Route, ...] = (
         str,
         media_type="text/plain; version=0.0.4; charset=utf-8",
     ),
+    Route(
+        "/trace",
+        "The trace recorder's ring (polls, blocked loops, queue depths, loop lag, message flows) "
+        "as Chrome trace event JSON, for ui.perfetto.dev; 404 when no trace is recorded.",
+        dict[str, Any],
+    ),
     Route("/openapi.json", "This description of the endpoint.", dict[str, Any]),
 )
 
@@ -1246,6 +1252,17 @@ class Server:
         from asyncflow import prometheus, reporters
 
         return prometheus.render(reporters.figures(self.collector, self._running()))
+
+    @_builds("/trace")
+    def _trace(self, query: _Query) -> Any:
+        recorder = self.collector.trace
+        if recorder is None:
+            from asyncflow.profiler import TRACE_OFF
+
+            raise _Refused(404, TRACE_OFF)
+        from asyncflow import trace
+
+        return trace.render(recorder.document())  # bytes: sent as they are
 
 
 def _listen(fd: int) -> None:
