@@ -630,3 +630,27 @@ def test_exit_report_has_a_functions_table(fake_clock: FakeClock) -> None:
         "-",
         "-",
     ]
+
+
+def test_shop_example_reports_functions_and_metrics() -> None:
+    import orjson
+
+    from tests.test_examples import run_example
+
+    done = run_example("shop_timing.py", "--json")
+    functions_line, metrics_line = done.stdout.strip().splitlines()[-2:]
+    functions = {f["label"]: f for f in orjson.loads(functions_line)["functions"]}
+    assert {k: f["call_count"] for k, f in functions.items()} == {
+        "handle": 200,
+        "fetch": 200,
+        "validate": 192,
+        "parse": 192,
+    }
+    assert functions["fetch"]["errors"] == {"TimeoutError": 8}
+    assert functions["validate"]["kind"] == "block"
+    assert functions["handle"]["self_ns"] < functions["handle"]["total_ns"]
+    metrics = {m["name"]: m for m in orjson.loads(metrics_line)["metrics"]}
+    assert metrics["requests"]["value"] == 200
+    assert (metrics["in_flight"]["value"], metrics["in_flight"]["max"]) == (0, 20)
+    assert (metrics["response_bytes"]["count"], metrics["response_bytes"]["sum"]) == (192, 21_579)
+    assert metrics["last_id"]["count"] == 200 and len(metrics["last_id"]["recent"]) == 100
