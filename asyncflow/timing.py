@@ -355,20 +355,38 @@ def measure(fn: Any = None, /, *, name: str | None = None) -> Any:
 # -- measure_block ---------------------------------------------------------------------------------
 
 
-class _Block:
-    """The context manager ``measure_block`` returns (``with`` and ``async with``)."""
+class measure_block:  # used as a function: ``with asyncflow.measure_block("x")``
+    """Time a block: ``with asyncflow.measure_block("parse"): ...`` (or ``async with``).
+
+    Counted like a measured function of that label (calls, times, errors by the type of the
+    exception that left the block, which is never suppressed). Use one ``measure_block(...)``
+    per ``with``: an object entered again while open measures only its outer use.
+
+    Args:
+        name: the block's label.
+
+    Returns:
+        A context manager for ``with`` and ``async with``.
+
+    Raises:
+        TypeError: ``name`` is not a string.
+        ValueError: ``name`` is empty.
+    """
 
     __slots__ = ("_depth", "_name", "_opened")
 
     def __init__(self, name: str) -> None:
+        # A class rather than a function returning one: a call less on every block.
+        if name.__class__ is not str or not name:
+            _bad_block_name(name)
         self._name = name
         self._opened: list[Any] | None = None
         self._depth = 0
 
-    def __enter__(self) -> _Block:
+    def __enter__(self) -> measure_block:
         return self._open(2)
 
-    def _open(self, depth: int) -> _Block:
+    def _open(self, depth: int) -> measure_block:
         if self._opened is not None or self._depth:
             self._depth += 1  # re-entered while open: only the outer use is measured
             return self
@@ -406,7 +424,7 @@ class _Block:
         if opened is not None:
             _exit(opened, typ)
 
-    async def __aenter__(self) -> _Block:
+    async def __aenter__(self) -> measure_block:
         return self._open(2)
 
     async def __aexit__(
@@ -421,30 +439,13 @@ class _Block:
         return f"<asyncflow.measure_block {self._name!r}>"
 
 
-def measure_block(name: str) -> _Block:
-    """Time a block: ``with asyncflow.measure_block("parse"): ...`` (or ``async with``).
-
-    Counted like a measured function of that label (calls, times, errors by the type of the
-    exception that left the block, which is never suppressed). Use one ``measure_block(...)``
-    per ``with``: an object entered again while open measures only its outer use.
-
-    Args:
-        name: the block's label.
-
-    Returns:
-        A context manager for ``with`` and ``async with``.
-
-    Raises:
-        TypeError: ``name`` is not a string.
-        ValueError: ``name`` is empty.
-    """
+def _bad_block_name(name: object) -> None:
     if not isinstance(name, str):
         raise TypeError(
             f"asyncflow.measure_block(name) needs a string, got {type(name).__qualname__}: {name!r}"
         )
     if not name.strip():
         raise ValueError("asyncflow.measure_block(name) must not be empty")
-    return _Block(name)
 
 
 def reset_for_tests() -> None:
