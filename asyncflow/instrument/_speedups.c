@@ -1558,15 +1558,34 @@ typedef struct {
     PyObject_HEAD
     PyObject *it;        /* the wrapped async iterator */
     PyObject *iteration; /* its streams._Iteration */
+    PyObject *stats;     /* iteration.stats (it never changes): the StreamStats counted in */
 } AIterObject;
+
+static PyObject *small_zero; /* the int 0: ``yielded_at`` is 0 (this very object) when unset */
+
+/* obj.<field> as a borrowed reference when it is read at its slot's offset; NULL otherwise
+ * (also when unset), with no exception set: the caller then takes the slow path. */
+static inline PyObject *
+field_peek(PyObject *obj, int which)
+{
+    Field *f = &fields[which];
+    if (f->offset && Py_IS_TYPE(obj, f->type)) {
+        return *(PyObject **)((char *)obj + f->offset);
+    }
+    return NULL;
+}
 
 static PyTypeObject AIterType, StepType;
 
 enum { STEP_FRESH, STEP_STARTED, STEP_DONE };
 
-typedef struct {
+#define STEP_FREE_MAX 16
+static struct StepObject *step_free[STEP_FREE_MAX];
+static int step_free_count;
+
+typedef struct StepObject {
     PyObject_HEAD
-    AIterObject *owner;
+    AIterObject *owner; /* until the step is done, then NULL */
     PyObject *inner; /* the wrapped iterator's __anext__() awaitable, as an iterator */
     int state;
 } StepObject;
@@ -1590,6 +1609,10 @@ streams_get(PyObject *name)
 static int
 iteration_resumed(PyObject *iteration)
 {
+    if (field_peek(iteration, IT_YIELDED_AT) == small_zero &&
+        field_peek(iteration, IT_ARMING) == Py_False) {
+        return 0; /* the common case, read in place */
+    }
     PyObject *at = field_get(iteration, IT_YIELDED_AT);
     if (at == NULL) {
         return -1;
@@ -1617,14 +1640,29 @@ iteration_resumed(PyObject *iteration)
     return 0;
 }
 
-/* streams._count(it, item): the item is counted, and timed when due. */
+/* streams._count(it, item): the item is counted (in ``st``, the iteration's stats), and timed
+ * when due. */
 static int
-count_item(PyObject *iteration, PyObject *item)
+count_item(PyObject *iteration, PyObject *st, PyObject *item)
 {
-    PyObject *st = field_get(iteration, IT_STATS);
-    if (st == NULL) {
-        return -1;
+    /* The common case, in place: st.items += 1; due = st.items >= st.arm */
+    PyObject *items = field_peek(st, SS_ITEMS), *armed = field_peek(st, SS_ARM);
+    if (items != NULL && armed != NULL && PyLong_CheckExact(items) && PyLong_CheckExact(armed)) {
+        int o1, o2;
+        long long n = PyLong_AsLongLongAndOverflow(items, &o1);
+        long long a = PyLong_AsLongLongAndOverflow(armed, &o2);
+        if (!o1 && !o2 && n != -1 && a != -1 && n < LLONG_MAX && n + 1 < a) {
+            PyObject *bumped = PyLong_FromLongLong(n + 1);
+            if (bumped == NULL) {
+                return -1;
+            }
+            int rc = field_set(st, SS_ITEMS, bumped);
+            Py_DECREF(bumped);
+            return rc;
+        }
+        PyErr_Clear();
     }
+    Py_INCREF(st);
     int rc = -1;
     PyObject *n = NULL, *arm = NULL;
     if (field_add(st, SS_ITEMS, 1) < 0 || (n = field_get(st, SS_ITEMS)) == NULL ||
@@ -1718,11 +1756,14 @@ step_ended(StepObject *self, PySendResult status, PyObject **result)
     }
     self->state = STEP_DONE;
     Py_CLEAR(self->inner);
-    PyObject *iteration = self->owner->iteration;
+    AIterObject *owner = self->owner;
+    self->owner = NULL; /* a done step holds nothing */
+    PyObject *iteration = owner->iteration;
     if (status == PYGEN_RETURN) {
-        if (count_item(iteration, *result) < 0) {
+        if (count_item(iteration, owner->stats, *result) < 0) {
             internal_error("counting a stream item", fetch_exc(), iteration);
         }
+        Py_DECREF(owner);
         return status;
     }
     PyObject *exc = fetch_exc();
@@ -1733,6 +1774,7 @@ step_ended(StepObject *self, PySendResult status, PyObject **result)
         iteration_end(iteration, exc);
     }
     restore_exc(exc);
+    Py_DECREF(owner);
     return PYGEN_ERROR;
 }
 
@@ -1821,6 +1863,7 @@ step_throw(StepObject *self, PyObject *const *args, Py_ssize_t nargs)
         /* As a coroutine not started, or finished: the exception is raised as it is, and the
          * step is done (the iteration was never asked for this item). */
         self->state = STEP_DONE;
+        Py_CLEAR(self->owner);
         PyObject *typ = args[0];
         PyObject *val = nargs > 1 ? args[1] : Py_None;
         PyObject *tb = nargs > 2 ? args[2] : Py_None;
@@ -1856,6 +1899,7 @@ step_close(StepObject *self, PyObject *Py_UNUSED(ignored))
 {
     if (self->state != STEP_STARTED) {
         self->state = STEP_DONE;
+        Py_CLEAR(self->owner);
         Py_RETURN_NONE;
     }
     /* As the reference's coroutine, closed while it awaits: the awaitable is closed, then
@@ -1887,7 +1931,10 @@ step_close(StepObject *self, PyObject *Py_UNUSED(ignored))
         Py_XDECREF(err);
         return NULL;
     }
-    iteration_end(self->owner->iteration, ended);
+    AIterObject *owner = self->owner;
+    self->owner = NULL;
+    iteration_end(owner->iteration, ended);
+    Py_DECREF(owner);
     Py_DECREF(ended);
     if (err != NULL) {
         restore_exc(err);
@@ -1936,6 +1983,12 @@ step_dealloc(StepObject *self)
     }
     PyObject_GC_UnTrack(self);
     step_clear(self);
+    /* A step per item: keep the memory of a few for the next ones, as CPython does for its own
+     * asend objects (the object is dead; aiter_anext initializes it anew). */
+    if (step_free_count < STEP_FREE_MAX && Py_IS_TYPE(self, &StepType)) {
+        step_free[step_free_count++] = self;
+        return;
+    }
     PyObject_GC_Del(self);
 }
 
@@ -2012,8 +2065,12 @@ static PyTypeObject StepType = {
 static PyObject *
 aiter_anext(AIterObject *self)
 {
-    StepObject *step = PyObject_GC_New(StepObject, &StepType);
-    if (step == NULL) {
+    StepObject *step;
+    if (step_free_count > 0) { /* the memory of a step freed before (see step_dealloc) */
+        step = step_free[--step_free_count];
+        PyObject_Init((PyObject *)step, &StepType);
+    }
+    else if ((step = PyObject_GC_New(StepObject, &StepType)) == NULL) {
         return NULL;
     }
     step->owner = (AIterObject *)Py_NewRef(self);
@@ -2047,13 +2104,20 @@ aiter_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     if (iteration == NULL) {
         return NULL;
     }
+    PyObject *stats = field_get(iteration, IT_STATS);
+    if (stats == NULL) {
+        Py_DECREF(iteration);
+        return NULL;
+    }
     AIterObject *self = (AIterObject *)type->tp_alloc(type, 0);
     if (self == NULL) {
         Py_DECREF(iteration);
+        Py_DECREF(stats);
         return NULL;
     }
     self->it = Py_NewRef(it);
     self->iteration = iteration;
+    self->stats = stats;
     return (PyObject *)self;
 }
 
@@ -2063,6 +2127,7 @@ aiter_traverse(AIterObject *self, visitproc visit, void *arg)
     /* not Py_TYPE(self): the heap subclass's subtype_traverse visits it */
     Py_VISIT(self->it);
     Py_VISIT(self->iteration);
+    Py_VISIT(self->stats);
     return 0;
 }
 
@@ -2071,6 +2136,7 @@ aiter_clear(AIterObject *self)
 {
     Py_CLEAR(self->it);
     Py_CLEAR(self->iteration);
+    Py_CLEAR(self->stats);
     return 0;
 }
 
@@ -2314,6 +2380,23 @@ mod_set_poll_probe(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_NONE;
 }
 
+/* fields(): {"Class.attr": True if read at its slot's offset, False if by attribute}. */
+static PyObject *
+mod_fields(PyObject *module, PyObject *Py_UNUSED(ignored))
+{
+    PyObject *out = PyDict_New();
+    for (int i = 0; out != NULL && i < N_FIELDS; i++) {
+        PyObject *key = PyUnicode_FromFormat("%s.%s", fields[i].cls, fields[i].name);
+        if (key == NULL || PyDict_SetItem(out, key, fields[i].offset ? Py_True : Py_False) < 0) {
+            Py_XDECREF(key);
+            Py_CLEAR(out);
+            break;
+        }
+        Py_DECREF(key);
+    }
+    return out;
+}
+
 static PyObject *
 mod_bucket_of(PyObject *module, PyObject *arg)
 {
@@ -2363,6 +2446,9 @@ static PyMethodDef module_methods[] = {
     {"set_poll_probe", (PyCFunction)(void (*)(void))mod_set_poll_probe, METH_FASTCALL,
      set_poll_probe_doc},
     {"setup_streams", (PyCFunction)mod_setup_streams, METH_O, setup_streams_doc},
+    {"fields", (PyCFunction)mod_fields, METH_NOARGS,
+     "fields(): which slots of futures', _session's and streams' classes the compiled path reads "
+     "at their offsets (True) rather than through the attribute protocol (False)."},
     {"bucket_of", (PyCFunction)mod_bucket_of, METH_O,
      "bucket_of(ns): the histogram bucket (as asyncflow.stats.bucket_of) the hot path bumps."},
     {"clock_read_cost", (PyCFunction)mod_clock_read_cost, METH_O,
@@ -2437,6 +2523,10 @@ PyInit__speedups(void)
     INTERN(s_anext, "__anext__");
     INTERN(s_gi_code, "gi_code");
     INTERN(s_co_flags, "co_flags");
+    small_zero = PyLong_FromLong(0);
+    if (small_zero == NULL) {
+        return NULL;
+    }
     for (Py_ssize_t i = 0; i < BUCKETS; i++) {
         bucket_ints[i] = PyLong_FromSsize_t(i);
         if (bucket_ints[i] == NULL) {
