@@ -49,7 +49,7 @@ from typing import IO, Any, TypeVar, cast
 import orjson
 from aiohttp import web
 
-from asyncflow import clock, openapi, resource_views, schema, views, wait_views
+from asyncflow import clock, function_views, openapi, resource_views, schema, views, wait_views
 from asyncflow.collector import Collector
 from asyncflow.errors import AsyncflowError
 from asyncflow.instrument import _session
@@ -175,6 +175,19 @@ ROUTES: tuple[Route, ...] = (
         "/threads",
         "Every thread of the process: state, CPU time and CPU share, the busiest first.",
         schema.ThreadsDocument,
+    ),
+    Route(
+        "/functions",
+        "Every measured function and block (@asyncflow.measure, measure_block), most total "
+        "time first.",
+        schema.FunctionsDocument,
+        _PAGED,
+    ),
+    Route(
+        "/user_metrics",
+        "The program's own counters, gauges, histograms and value logs, by kind then name.",
+        schema.MetricsDocument,
+        _PAGED,
     ),
     Route("/snapshot", "Every document at once.", schema.Snapshot),
     Route(
@@ -1242,6 +1255,16 @@ class Server:
     def _threads(self, query: _Query) -> Any:
         collector = self.collector
         return threads_document(collector.threads, clock.now_ns(), collector.session.start_ns)
+
+    @_builds("/functions")
+    def _functions(self, query: _Query) -> Any:
+        now = clock.now_ns()
+        return function_views.functions_document(self.collector, now, query.offset, query.limit)
+
+    @_builds("/user_metrics")
+    def _user_metrics(self, query: _Query) -> Any:
+        now = clock.now_ns()
+        return function_views.metrics_document(self.collector, now, query.offset, query.limit)
 
     @_builds("/snapshot")
     def _snapshot(self, query: _Query) -> Any:
