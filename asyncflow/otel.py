@@ -90,6 +90,43 @@ def _loops(f: Figures) -> Iterator[tuple[Any, _Attrs]]:
         yield e, {"label": e.label, "thread": e.thread}
 
 
+def _functions(f: Figures) -> Iterator[tuple[Any, _Attrs]]:
+    if f.functions is not None:
+        for e in f.functions.functions:
+            yield e, {"label": e.label, "kind": e.kind, "location": _where(e.location)}
+
+
+def _function_errors(f: Figures) -> _Points:
+    for e, attrs in _functions(f):
+        for error, count in e.errors.items():
+            yield count, {**attrs, "type": error}
+
+
+def _user(kind: str) -> Callable[[Figures], _Points]:
+    """The program's own metrics of one kind: their numeric ``value``, by ``name``."""
+
+    def points(f: Figures) -> _Points:
+        if f.user_metrics is None:
+            return
+        for e in f.user_metrics.metrics:
+            value = e.value
+            if e.kind == kind and isinstance(value, int | float) and not isinstance(value, bool):
+                yield value, {"name": e.name}
+
+    return points
+
+
+def _user_histograms(part: str) -> Callable[[Figures], _Points]:
+    def points(f: Figures) -> _Points:
+        if f.user_metrics is None:
+            return
+        for e in f.user_metrics.metrics:
+            if e.kind == "histogram":
+                yield (e.sum if part == "sum" else e.count), {"name": e.name}
+
+    return points
+
+
 def _each(
     entries: Callable[[Figures], Iterator[tuple[Any, _Attrs]]], value: Callable[[Any], float | int]
 ) -> Callable[[Figures], _Points]:
@@ -374,6 +411,61 @@ INSTRUMENTS: dict[str, tuple[str, str, str, Callable[[Figures], _Points]]] = {
         "{warning}",
         "Warnings that hold now",
         _warnings,
+    ),
+    "asyncflow.function.calls": (
+        "counter",
+        "{call}",
+        "Calls of the measured function or block",
+        _each(_functions, lambda e: e.call_count),
+    ),
+    "asyncflow.function.errors": (
+        "counter",
+        "{call}",
+        "Calls that raised, by exception type",
+        _function_errors,
+    ),
+    "asyncflow.function.time": (
+        "counter",
+        "s",
+        "Wall time in the function, in all",
+        _each(_functions, lambda e: _s(e.total_ns)),
+    ),
+    "asyncflow.function.self_time": (
+        "counter",
+        "s",
+        "Wall time in the function outside measured calls nested in it",
+        _each(_functions, lambda e: _s(e.self_ns)),
+    ),
+    "asyncflow.function.duration.quantile": (
+        "gauge",
+        "s",
+        "Call-duration percentiles of the measured function",
+        _quantiles(_functions, lambda e: e.duration_ns),
+    ),
+    "asyncflow.user.counter": (
+        "counter",
+        "1",
+        "asyncflow.counter(name): its total",
+        _user("counter"),
+    ),
+    "asyncflow.user.gauge": ("gauge", "1", "asyncflow.gauge(name): its value now", _user("gauge")),
+    "asyncflow.user.histogram.sum": (
+        "counter",
+        "1",
+        "asyncflow.histogram(name): the sum of its samples",
+        _user_histograms("sum"),
+    ),
+    "asyncflow.user.histogram.count": (
+        "counter",
+        "{sample}",
+        "asyncflow.histogram(name): its samples",
+        _user_histograms("count"),
+    ),
+    "asyncflow.user.value": (
+        "gauge",
+        "1",
+        "asyncflow.value(name, v): the last number logged",
+        _user("value"),
     ),
 }
 

@@ -4,6 +4,9 @@ A renderer of :class:`asyncflow.reporters.Figures`: the values are the JSON docu
 durations in seconds, percentiles as summaries (``quantile`` label). Every series is labelled
 by what it is about: ``label`` and ``location`` (``file:line``) for futures, streams and
 resources; ``label`` and ``kind`` for channels and executors; ``label`` and ``thread`` for loops.
+Measured functions (``@asyncflow.measure``) carry ``label``, ``kind`` and ``location``; the
+program's own counters, gauges, histograms and value logs one ``name`` label each, in four fixed
+families (``asyncflow_user_*``), so that no name of the program's can make the text invalid.
 Cardinality is that of the documents, which are bounded already (what is gone is folded into
 per-label aggregates). Two entries that would share every label (two definitions of one function
 on one line) are told apart by an ``id`` label on the second.
@@ -112,6 +115,24 @@ FAMILIES: dict[str, tuple[str, str]] = {
         "gauge",
         "Warnings that hold now, by kind, severity and subject.",
     ),
+    "asyncflow_function_calls_total": ("counter", "Calls of the measured function or block."),
+    "asyncflow_function_errors_total": ("counter", "Calls that raised, by exception type."),
+    "asyncflow_function_seconds_total": ("counter", "Wall time in the function, in all."),
+    "asyncflow_function_self_seconds_total": (
+        "counter",
+        "Wall time in the function outside measured calls nested in it.",
+    ),
+    "asyncflow_function_duration_seconds": (
+        "summary",
+        "Durations of its calls; _sum is the total time, _count the calls.",
+    ),
+    "asyncflow_user_counter_total": ("counter", "asyncflow.counter(name): its total."),
+    "asyncflow_user_gauge": ("gauge", "asyncflow.gauge(name): its value now."),
+    "asyncflow_user_histogram": (
+        "summary",
+        "asyncflow.histogram(name): its samples (integer-resolution quantiles), sum and count.",
+    ),
+    "asyncflow_user_value": ("gauge", "asyncflow.value(name, v): the last number logged."),
 }
 
 
@@ -126,6 +147,8 @@ def render(figures: Figures) -> str:
     _executors(figures, out)
     _loops(figures, out)
     _warnings(figures, out)
+    _functions(figures, out)
+    _user_metrics(figures, out)
     lines: list[str] = []
     for name, (kind, text) in FAMILIES.items():
         lines.append(f"# HELP {name} {_help(text)}")
@@ -360,6 +383,47 @@ def _warnings(f: Figures, out: dict[str, list[_Sample]]) -> None:
         counts[key] = counts.get(key, 0) + 1
     for pairs, count in counts.items():
         _add(out, "asyncflow_warnings_active", _labels(pairs), count)
+
+
+def _functions(f: Figures, out: dict[str, list[_Sample]]) -> None:
+    if f.functions is None:
+        return
+    entries = f.functions.functions
+    labelled = _distinct(
+        (e.id, (("label", e.label), ("kind", e.kind), ("location", _where(e.location))))
+        for e in entries
+    )
+    for e in entries:
+        lb = labelled[e.id]
+        _add(out, "asyncflow_function_calls_total", lb, e.call_count)
+        for error, count in sorted(e.errors.items()):
+            _add(out, "asyncflow_function_errors_total", lb + f',type="{_escape(error)}"', count)
+        _add(out, "asyncflow_function_seconds_total", lb, _seconds(e.total_ns))
+        _add(out, "asyncflow_function_self_seconds_total", lb, _seconds(e.self_ns))
+        _summary(
+            out, "asyncflow_function_duration_seconds", lb, e.duration_ns, e.total_ns, e.call_count
+        )
+
+
+def _user_metrics(f: Figures, out: dict[str, list[_Sample]]) -> None:
+    if f.user_metrics is None:
+        return
+    for e in f.user_metrics.metrics:
+        lb = _labels((("name", e.name),))
+        value = e.value
+        number = value if isinstance(value, int | float) and not isinstance(value, bool) else None
+        if e.kind == "counter" and number is not None:
+            _add(out, "asyncflow_user_counter_total", lb, number)
+        elif e.kind == "gauge" and number is not None:
+            _add(out, "asyncflow_user_gauge", lb, number)
+        elif e.kind == "histogram":
+            name = "asyncflow_user_histogram"
+            for key, v in e.percentiles.items():
+                _add(out, name, _with(lb, "quantile", _quantile(key)), v)
+            _add(out, name, lb, e.sum, "_sum")
+            _add(out, name, lb, e.count, "_count")
+        elif e.kind == "value" and number is not None:
+            _add(out, "asyncflow_user_value", lb, number)
 
 
 class TextfileReporter:

@@ -19,6 +19,7 @@ from asyncflow import prometheus
 from asyncflow.clock import FakeClock
 from asyncflow.instrument import _session
 from asyncflow.reporters import CallTotals, Figures, FinishedCall, Tick, figures_of
+from asyncflow.schema import Location
 
 _Series = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
@@ -382,3 +383,50 @@ async def test_metrics_route_serves_the_documents_figures(fake_clock: FakeClock)
         assert _value(series, "asyncflow_channel_sent_total", **cl) == entry["sent_count"]
         assert _value(series, "asyncflow_channel_queue_size", **cl) == entry["queue_size"]
     assert "/metrics" in json.loads(spec)["paths"]
+
+
+async def test_measured_functions_and_the_programs_own_metrics(fake_clock: FakeClock) -> None:
+    @asyncflow.measure(name="crunch")
+    def crunch(n: int) -> int:
+        fake_clock.advance(2_000)
+        if n < 0:
+            raise KeyError(n)
+        return n
+
+    capture = Capture()
+    with asyncflow.profile("user", format="none", port=None, reporters=[capture]) as prof:
+        crunch(1)
+        crunch(2)
+        with pytest.raises(KeyError):
+            crunch(-1)
+        asyncflow.counter("jobs done").add(3)
+        asyncflow.gauge('depth "now"').set(5)
+        for v in (10, 20, 30):
+            asyncflow.histogram("size").record(v)
+        asyncflow.value("temperature", 21.5)
+        figures = await capture.next()
+        snap = prof.snapshot()
+    _types, series = _parse(prometheus.render(figures))
+    assert snap.functions is not None and snap.user_metrics is not None
+    (entry,) = [e for e in snap.functions.functions if e.label == "crunch"]
+    fl = {"label": "crunch", "kind": entry.kind, "location": _where(entry.location)}
+    assert _value(series, "asyncflow_function_calls_total", **fl) == 3 == entry.call_count
+    assert _value(series, "asyncflow_function_errors_total", **fl, type="KeyError") == 1
+    assert _value(series, "asyncflow_function_seconds_total", **fl) == 6_000 / 1e9
+    assert _value(series, "asyncflow_function_duration_seconds_count", **fl) == 3
+    assert _value(series, "asyncflow_user_counter_total", name="jobs done") == 3
+    assert _value(series, "asyncflow_user_gauge", name='depth "now"') == 5
+    assert _value(series, "asyncflow_user_histogram_sum", name="size") == 60
+    assert _value(series, "asyncflow_user_histogram_count", name="size") == 3
+    (size,) = [m for m in snap.user_metrics.metrics if m.name == "size"]
+    for key, v in size.percentiles.items():
+        assert _value(series, "asyncflow_user_histogram", name="size", quantile=_q(key)) == v
+    assert _value(series, "asyncflow_user_value", name="temperature") == 21.5
+
+
+def _where(location: Location) -> str:
+    return f"{location.file}:{location.line}"
+
+
+def _q(key: str) -> str:
+    return repr(float(key[1:]) / 100)

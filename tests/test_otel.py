@@ -182,3 +182,35 @@ def test_run_otel_exports_through_the_console_exporter(tmp_path: Path) -> None:
 
 def _clean_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "ASYNCFLOW_"))}
+
+
+def test_measured_functions_and_the_programs_own_metrics() -> None:
+    reader = InMemoryMetricReader()
+    reporter = otel.OtelReporter(meter_provider=MeterProvider(metric_readers=[reader]))
+
+    @asyncflow.measure(name="crunch")
+    def crunch() -> None:
+        pass
+
+    with asyncflow.profile("user", format="none", port=None, reporters=[reporter]) as prof:
+        for _ in range(4):
+            crunch()
+        asyncflow.counter("jobs").add(2)
+        asyncflow.gauge("depth").set(7)
+        asyncflow.histogram("size").record(5)
+        asyncflow.histogram("size").record(3)
+        snap = prof.snapshot()
+    points, _ = _points(reader)
+    assert snap.functions is not None
+    (entry,) = [e for e in snap.functions.functions if e.label == "crunch"]
+    fl = {
+        "label": "crunch",
+        "kind": entry.kind,
+        "location": f"{entry.location.file}:{entry.location.line}",
+    }
+    assert _value(points, "asyncflow.function.calls", **fl).value == 4
+    assert _value(points, "asyncflow.function.time", **fl).value == entry.total_ns / 1e9
+    assert _value(points, "asyncflow.user.counter", name="jobs").value == 2
+    assert _value(points, "asyncflow.user.gauge", name="depth").value == 7
+    assert _value(points, "asyncflow.user.histogram.sum", name="size").value == 8
+    assert _value(points, "asyncflow.user.histogram.count", name="size").value == 2
