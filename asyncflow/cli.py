@@ -208,7 +208,7 @@ def _parser() -> argparse.ArgumentParser:
         "at https://ui.perfetto.dev or in chrome://tracing.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    trace.add_argument("url", nargs="?", default=DEFAULT_URL, help="the endpoint")
+    trace.add_argument("url", nargs="?", default=argparse.SUPPRESS, help=_URL_HELP)
     trace.add_argument("-o", "--output", required=True, help="the file to write")
     trace.add_argument("--token", default=None, help="bearer token [$ASYNCFLOW_TOKEN]")
     trace.set_defaults(handler=_trace)
@@ -613,6 +613,7 @@ def _snapshot(args: argparse.Namespace) -> int:
 
 
 def _trace(args: argparse.Namespace) -> int:
+    args.url = _pick_url(args, "trace")
     document = fetch(args.url, "/trace", _token(args), timeout=60.0)
     if not isinstance(document, dict) or not isinstance(document.get("traceEvents"), list):
         raise AsyncflowError(f"{args.url} answered something that is not a trace")

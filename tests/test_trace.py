@@ -483,3 +483,13 @@ def test_without_a_trace_the_endpoint_answers_404_and_the_command_says_why(
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert "/trace answered 404: no trace is recorded" in line
     assert not (tmp_path / "saved.json").exists()
+
+
+def test_an_arrow_whose_polls_left_the_ring_is_not_drawn(fake_clock: FakeClock) -> None:
+    document, _ = run_pipeline(fake_clock, 3, trace_events=8)
+    events = check_format(document)  # no arrow without its slices
+    meta = document["metadata"]["asyncflow"]
+    assert meta["dropped"] > 0 and meta["kept"] == 8
+    assert meta["flows"] == len(flows_of(events))
+    assert meta["flows_unbound"] >= 1
+    assert meta["flows"] + meta["flows_unbound"] <= 4
