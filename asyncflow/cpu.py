@@ -47,9 +47,12 @@ __all__ = [
 class CallFigures:
     """One call's CPU time and allocations so far (its record's ``probe_data``)."""
 
-    __slots__ = ("alloc_bytes", "cpu_ns", "freed_bytes", "max_cpu_ns")
+    __slots__ = ("alloc_bytes", "allocations", "cpu", "cpu_ns", "freed_bytes", "max_cpu_ns")
 
-    def __init__(self) -> None:
+    def __init__(self, cpu: bool, allocations: bool) -> None:
+        #: which figures were measured (the others stay 0 and mean nothing)
+        self.cpu = cpu
+        self.allocations = allocations
         self.cpu_ns = 0
         #: the CPU time of the call's longest poll (by busy time)
         self.max_cpu_ns = 0
@@ -120,7 +123,7 @@ class PollFigures:
             grown = 0
         call = getattr(record, "probe_data", None)
         if call is None:
-            call = record.probe_data = CallFigures()
+            call = record.probe_data = CallFigures(self.cpu, self.allocations)
         fid = record.future.id
         fut = self.futures.get(fid)
         if fut is None:

@@ -245,6 +245,32 @@ def long_poll(docs: Documents, th: Thresholds) -> Iterator[Finding]:
         )
 
 
+def off_cpu_poll(docs: Documents, th: Thresholds) -> Iterator[Finding]:
+    """A long poll used little CPU (with ``cpu=True``): it held the loop without computing."""
+    for f in docs.futures:
+        c = f.cpu
+        if c is None or c.worst_poll_busy_ns < th.long_poll_ns:
+            continue
+        if c.worst_poll_cpu_ns * 2 > c.worst_poll_busy_ns:  # mostly computing: long-poll's
+            continue
+        yield Finding(
+            "off-cpu-poll",
+            "warning",
+            _future_subject(f),
+            f"A poll of `{f.label}`{_where(f.location)} held the loop "
+            f"{_duration(c.worst_poll_busy_ns)} but used {_duration(c.worst_poll_cpu_ns)} of "
+            f"CPU: it was blocked in a system call, waiting for the GIL, or not scheduled",
+            "look for blocking I/O or time.sleep in it (run it with asyncio.to_thread), a "
+            "thread holding the GIL (GET /threads), or an overloaded machine",
+            {
+                "busy_ns": c.worst_poll_busy_ns,
+                "cpu_ns": c.worst_poll_cpu_ns,
+                "call_id": c.worst_poll_call_id or 0,
+                "off_cpu_ns": c.off_cpu_ns,
+            },
+        )
+
+
 def cpu_bound(docs: Documents, th: Thresholds) -> Iterator[Finding]:
     """One future holds the loop far more than every other: CPU work on the loop."""
     total = sum(f.busy_ns for f in docs.futures)
@@ -607,6 +633,7 @@ def event_never_set(docs: Documents, th: Thresholds) -> Iterator[Finding]:
 LINTS: tuple[Lint, ...] = (
     blocked_loop,
     long_poll,
+    off_cpu_poll,
     cpu_bound,
     never_awaited,
     unread_channel,

@@ -81,6 +81,9 @@ def render_table(snapshot: Snapshot, percentiles: tuple[float, ...], limit: int)
             "call asyncflow.instrument_tasks())"
         )
     lines += _functions_section(snapshot, percentiles, limit)
+    measured = [f for f in shown if f.cpu is not None or f.allocations is not None]
+    if measured:
+        lines += ["", *_table([_POLL_COLUMNS, *map(_poll_row, measured)])]
     channels = snapshot.channels.channels if snapshot.channels is not None else []
     if channels:
         shown_channels = channels if limit == 0 else channels[:limit]
@@ -283,6 +286,44 @@ def _executor_row(e: ExecutorEntry) -> list[str]:
         format_duration(e.run_ns.get("p50")),
         format_duration(e.max_run_ns),
         f"{e.raised:,}",
+    ]
+
+
+_POLL_COLUMNS = [
+    "future (cpu, allocations)",
+    "busy",
+    "cpu",
+    "off cpu",
+    "worst poll: busy",
+    "cpu",
+    "allocated",
+    "freed",
+    "max/poll",
+]
+
+
+def _bytes(n: int | None) -> str:
+    if n is None:
+        return "-"
+    for scale, unit in ((1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")):
+        if n >= scale:
+            value = n / scale
+            return f"{value:.3g} {unit}" if value < 1000 else f"{value:,.0f} {unit}"
+    return f"{n} B"
+
+
+def _poll_row(f: FutureEntry) -> list[str]:
+    c, a = f.cpu, f.allocations
+    return [
+        f.label,
+        format_duration(c.busy_ns) if c is not None else "-",
+        format_duration(c.cpu_ns) if c is not None else "-",
+        format_duration(c.off_cpu_ns) if c is not None else "-",
+        format_duration(c.worst_poll_busy_ns) if c is not None else "-",
+        format_duration(c.worst_poll_cpu_ns) if c is not None else "-",
+        _bytes(a.allocated_bytes) if a is not None else "-",
+        _bytes(a.freed_bytes) if a is not None else "-",
+        _bytes(a.max_poll_bytes) if a is not None else "-",
     ]
 
 

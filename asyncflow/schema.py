@@ -54,6 +54,8 @@ __all__ = [
     "NeverAwaitedEntry",
     "Outcomes",
     "PermitsInfo",
+    "PollAllocations",
+    "PollCpu",
     "ProfilerStatus",
     "ResourceEntry",
     "ResourceFutureEntry",
@@ -68,10 +70,10 @@ __all__ = [
     "StreamItemEntry",
     "StreamLogs",
     "StreamsDocument",
-    "ThreadEntry",
-    "ThreadsDocument",
     "TaskEntry",
     "TasksDocument",
+    "ThreadEntry",
+    "ThreadsDocument",
     "ValueSample",
     "WaitSummary",
     "WaitTarget",
@@ -176,6 +178,45 @@ class FutureEntry:
     #: live calls over the whole profile, oldest first, in at most 32 samples (about one a
     #: second at first, further apart as the profile grows): a task leak is a steady rise
     live_series: list[LiveSample] = field(default_factory=list)
+    #: CPU time of its polls, with ``cpu=True``; None when not measured
+    cpu: PollCpu | None = None
+    #: memory its polls allocated, with ``allocations=True``; None when not measured
+    allocations: PollAllocations | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PollCpu:
+    """CPU time of a future's measured polls (``cpu=True``): the polling thread's CPU clock
+    (user and system time together) read around each poll."""
+
+    #: polls measured (those that ran while the profiler measured), and their busy time
+    polls: int
+    busy_ns: int
+    #: CPU time the polling thread used in them
+    cpu_ns: int
+    #: busy minus CPU: time the polls held the loop without computing (a blocking system
+    #: call, waiting for the GIL another thread held, page faults)
+    off_cpu_ns: int
+    #: the most CPU time one poll used
+    max_poll_cpu_ns: int
+    #: the poll that held the loop longest off the CPU: its busy and CPU time, and its call
+    worst_poll_busy_ns: int
+    worst_poll_cpu_ns: int
+    worst_poll_call_id: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class PollAllocations:
+    """Memory a future's measured polls allocated (``allocations=True``, through tracemalloc):
+    net per poll, growth and release summed apart."""
+
+    polls: int
+    #: bytes the polls left allocated, summed over polls whose traced memory grew
+    allocated_bytes: int
+    #: bytes released, summed over polls whose traced memory shrank
+    freed_bytes: int
+    #: the most one poll grew the traced memory by
+    max_poll_bytes: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,6 +273,11 @@ class CallEntry:
     cancel_outcome: str | None = None
     #: time from the first request to the call's end
     cancel_to_end_ns: int | None = None
+    #: CPU time its polls used (``cpu=True``); None when not measured
+    cpu_ns: int | None = None
+    #: bytes its polls left allocated, and released (``allocations=True``); None when not
+    allocated_bytes: int | None = None
+    freed_bytes: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

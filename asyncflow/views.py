@@ -9,11 +9,12 @@ from __future__ import annotations
 import asyncio
 import os
 import platform
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from asyncflow import clock, function_views, lints, resource_views, stats, wait_views
 from asyncflow._version import __version__
 from asyncflow.collector import Collector, live_calls
+from asyncflow.cpu import PollFigures, call_figures
 from asyncflow.instrument import _session
 from asyncflow.instrument.channels import ChannelRecord, Edge, channel_registry, edge_counts
 from asyncflow.instrument.executors import executor_registry
@@ -30,7 +31,6 @@ from asyncflow.instrument.resources import resource_registry
 from asyncflow.instrument.streams import ACTIVE, StreamRecord, stream_registry
 from asyncflow.monitor import Episode, LoopState, running_calls
 from asyncflow.paging import at_most, ordered_page
-from asyncflow.threads import FRESH_NS, threads_document
 from asyncflow.schema import (
     SCHEMA,
     BlockedEpisode,
@@ -55,6 +55,8 @@ from asyncflow.schema import (
     LoopDocument,
     LoopEntry,
     Outcomes,
+    PollAllocations,
+    PollCpu,
     ProfilerStatus,
     ResourcesDocument,
     RunningCall,
@@ -66,6 +68,7 @@ from asyncflow.schema import (
     StreamsDocument,
     WarningsDocument,
 )
+from asyncflow.threads import FRESH_NS, threads_document
 
 __all__ = [
     "channel_entry",
@@ -110,8 +113,14 @@ def _busy_now(record: FutureRecord, now: int) -> int:
     return busy
 
 
-def future_entry(record: FutureRecord, now: int, percentiles: tuple[float, ...]) -> FutureEntry:
-    """One future's totals over the session, live calls included up to ``now``."""
+def future_entry(
+    record: FutureRecord,
+    now: int,
+    percentiles: tuple[float, ...],
+    figures: PollFigures | None = None,
+) -> FutureEntry:
+    """One future's totals over the session, live calls included up to ``now`` (and the CPU
+    time and allocations of its polls, when ``figures`` measured them)."""
     st = record.stats
     live = live_calls(record)
     pending = running = 0
@@ -173,7 +182,34 @@ def future_entry(record: FutureRecord, now: int, percentiles: tuple[float, ...])
             LiveSample(max(0, now - at), live, created)
             for at, live, created in (st.series.points() if st.series is not None else ())
         ],
+        **_poll_figures(figures, record.id),
     )
+
+
+def _poll_figures(figures: PollFigures | None, future_id: int) -> dict[str, Any]:
+    f = figures.futures.get(future_id) if figures is not None else None
+    if f is None or figures is None:
+        return {}
+    out: dict[str, Any] = {}
+    if figures.cpu:
+        out["cpu"] = PollCpu(
+            polls=f.polls,
+            busy_ns=f.measured_busy_ns,
+            cpu_ns=f.cpu_ns,
+            off_cpu_ns=max(0, f.measured_busy_ns - f.cpu_ns),
+            max_poll_cpu_ns=f.max_cpu_ns,
+            worst_poll_busy_ns=f.worst_busy_ns,
+            worst_poll_cpu_ns=f.worst_cpu_ns,
+            worst_poll_call_id=f.worst_call_id or None,
+        )
+    if figures.allocations:
+        out["allocations"] = PollAllocations(
+            polls=f.polls,
+            allocated_bytes=f.alloc_bytes,
+            freed_bytes=f.freed_bytes,
+            max_poll_bytes=f.max_alloc_bytes,
+        )
+    return out
 
 
 def call_entry(r: CallRecord, now: int, origin: int) -> CallEntry:
@@ -205,7 +241,20 @@ def call_entry(r: CallRecord, now: int, origin: int) -> CallEntry:
         cancel_requests=call_field(r, "cancel_requests") or 0,
         cancel_outcome=call_field(r, "cancel_outcome"),
         cancel_to_end_ns=call_field(r, "cancel_to_end"),
+        **_call_figures(r),
     )
+
+
+def _call_figures(r: CallRecord) -> dict[str, Any]:
+    figures = call_figures(r)
+    if figures is None:
+        return {}
+    out: dict[str, Any] = {}
+    if figures.cpu:
+        out["cpu_ns"] = figures.cpu_ns
+    if figures.allocations:
+        out["allocated_bytes"], out["freed_bytes"] = figures.alloc_bytes, figures.freed_bytes
+    return out
 
 
 def future_logs(
@@ -234,7 +283,7 @@ def futures_document(
     keys = {f.id: (-_busy_now(f, now), -f.stats.created, f.id) for f in records}
     chosen = ordered_page(records, lambda f: keys[f.id], offset, limit)
     qs = collector.options.percentiles
-    page = [future_entry(f, now, qs) for f in chosen]
+    page = [future_entry(f, now, qs, collector.poll_figures) for f in chosen]
     return FuturesDocument(
         schema=SCHEMA,
         total=len(records),
