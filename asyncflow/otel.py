@@ -46,6 +46,8 @@ __all__ = ["CALL_TIME", "INSTRUMENTS", "OtelReporter"]
 
 #: figures built for one collection serve every instrument's callback for this long
 _FRESH_NS = 500_000_000
+#: seconds stopping the profiler waits for the last export of a provider built here
+_SHUTDOWN_WAIT = 5.0
 _EXTRA = "pip install 'asyncflow-profiler[otel]'"
 
 _Attrs = dict[str, str]
@@ -587,8 +589,16 @@ class OtelReporter:
         here exports once more and shuts down."""
         with self._lock:
             self._final = final
-        if self._own and self._provider is not None:
-            self._provider.shutdown()
+        provider = self._provider
+        if self._own and provider is not None:
+            # The last export may wait on a collector that does not answer: it runs on a
+            # thread of its own, waited for a few seconds at most, so that stopping the
+            # profiler (and writing its report) never hangs on the network.
+            done = threading.Thread(
+                target=provider.shutdown, name="asyncflow-otel-shutdown", daemon=True
+            )
+            done.start()
+            done.join(_SHUTDOWN_WAIT)
 
     def _build(self) -> Any:
         from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader

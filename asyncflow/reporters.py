@@ -2,7 +2,8 @@
 
 The collector drains the recorders every 50 ms on the profiler's thread. After each drain, every
 live reporter is called with a :class:`Tick`: the calls that finished since the previous tick
-(exact, one :class:`FinishedCall` each) and, on demand, the current :class:`Figures` (the JSON
+(exact: ``tick.calls``, one :class:`FinishedCall` each, or ``tick.totals()``, summed by future
+and outcome; both built only when read) and, on demand, the current :class:`Figures` (the JSON
 documents, unpaged). The OpenTelemetry export (:mod:`asyncflow.otel`), the Prometheus textfile
 writer (:mod:`asyncflow.prometheus`) and any object with a ``tick`` method plugged in with
 ``reporters=[...]`` are live reporters; ``GET /metrics`` renders the same :class:`Figures`.

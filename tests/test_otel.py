@@ -6,6 +6,7 @@ import asyncio
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -214,3 +215,38 @@ def test_measured_functions_and_the_programs_own_metrics() -> None:
     assert _value(points, "asyncflow.user.gauge", name="depth").value == 7
     assert _value(points, "asyncflow.user.histogram.sum", name="size").value == 8
     assert _value(points, "asyncflow.user.histogram.count", name="size").value == 2
+
+
+def test_stopping_never_waits_long_for_a_collector_that_hangs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from opentelemetry.sdk.metrics.export import (
+        MetricExporter,
+        MetricExportResult,
+        MetricsData,
+        PeriodicExportingMetricReader,
+    )
+
+    release = threading.Event()
+
+    class Stuck(MetricExporter):
+        def export(self, metrics_data: MetricsData, timeout_millis: float = 0, **kw: Any) -> Any:
+            release.wait(30)  # a collector that never answers
+            return MetricExportResult.SUCCESS
+
+        def force_flush(self, timeout_millis: float = 0) -> bool:
+            return True
+
+        def shutdown(self, timeout_millis: float = 0, **kw: Any) -> None:
+            pass
+
+    monkeypatch.setattr(otel, "_SHUTDOWN_WAIT", 0.2)
+    reader = PeriodicExportingMetricReader(Stuck(), export_interval_millis=3_600_000)
+    reporter = otel.OtelReporter(meter_provider=MeterProvider(metric_readers=[reader]))
+    reporter._own = True  # as if built from OTEL_*: the profiler shuts it down at stop
+    try:
+        prof = asyncflow.start("stuck", format="none", port=None, reporters=[reporter])
+        final = prof.stop()
+        assert final is not None  # the final snapshot was taken: the stop did not time out
+    finally:
+        release.set()
