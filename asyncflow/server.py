@@ -39,6 +39,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import time
 import weakref
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
@@ -102,6 +103,11 @@ class Limits:
     cache_bytes: int = 32 * 1024 * 1024
     #: seconds a document is served again before it is built anew
     cache_seconds: float = _CACHE_NS / 1e9
+    #: a document that takes long to build is served longer, so that building it while clients
+    #: poll costs the program at most this share of its time (0: never longer than
+    #: ``cache_seconds``), and never longer than ``cache_most_seconds``
+    cache_cost_share: float = 0.01
+    cache_most_seconds: float = 2.0
 
 
 #: the limits every new server takes (tests replace it with small values)
@@ -954,7 +960,8 @@ class Server:
                 404, _JSON, _error_body(404, f"no route {_shown(query.path, 80)}"), window
             )
         try:
-            self.collector.drain()  # before building any document
+            self.collector.drain()  # before building any document (work the next tick spares)
+            started = time.thread_time_ns()
             built = getattr(self, name)(query)
             if isinstance(built, str):
                 body = built.encode("utf-8")
@@ -962,7 +969,7 @@ class Server:
                 body = bytes(built)
             else:
                 body = schema.dumps(built)
-            return _Answer(200, route.media_type, body, window)
+            return _Answer(200, route.media_type, body, self._fresh(started))
         except _Refused as refused:
             return _Answer(
                 refused.status, _JSON, _error_body(refused.status, refused.message), window
@@ -971,6 +978,17 @@ class Server:
             _session.internal_error(f"serving {_shown(query.path, 80)}", exc)
             message = f"internal error in asyncflow: {type(exc).__name__}: {_safe(exc)}"
             return _Answer(500, _JSON, _error_body(500, message))
+
+    def _fresh(self, started: int) -> int:
+        """How long a document built since ``started`` (this thread's CPU clock) is served: the
+        GIL is held while it is built, so the program waits; a costly document is rebuilt less
+        often, for at most ``cache_cost_share`` of the program's time."""
+        limits = self.limits
+        if limits.cache_cost_share <= 0:
+            return self._window_ns
+        cost = time.thread_time_ns() - started
+        stretched = min(int(cost / limits.cache_cost_share), int(limits.cache_most_seconds * 1e9))
+        return max(self._window_ns, stretched)
 
     async def _answer_here(self, query: _Query) -> _Answer:
         return self.answer(query)

@@ -389,6 +389,7 @@ def test_each_document_is_built_at_most_every_tenth_of_a_second(
     # Served on the profiler's thread, where the fake clock is also the cache's: the window is
     # exact. (tests/test_server_process.py counts the builds behind an endpoint process.)
     monkeypatch.setattr(server, "PROCESS", False)
+    monkeypatch.setattr(server, "LIMITS", server.Limits(cache_cost_share=0))
     with asyncflow.profile("cached", format="none", port=0) as prof:
         assert prof.url is not None
         first = get(prof.url, "/profiler_status")[1]
@@ -398,6 +399,34 @@ def test_each_document_is_built_at_most_every_tenth_of_a_second(
         fake_clock.advance(50_000_001)
         later = get(prof.url, "/profiler_status")[1]
         assert later["uptime_ns"] == first["uptime_ns"] + 100_000_001
+
+
+def test_a_costly_document_is_served_longer(
+    fake_clock: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Building holds the GIL, so the program waits: a document that costs 5 ms of the
+    # profiler thread's CPU is built at most every 0.5 s (1% of the program's time).
+    monkeypatch.setattr(server, "PROCESS", False)
+    built: list[int] = []
+    real = views.flow
+
+    def costly(*args: Any) -> Any:
+        built.append(1)
+        spent = time.thread_time_ns() + 5_000_000
+        while time.thread_time_ns() < spent:
+            pass
+        return real(*args)
+
+    monkeypatch.setattr(views, "flow", costly)
+    with asyncflow.profile("costly", format="none", port=0) as prof:
+        assert prof.url is not None
+        get(prof.url, "/flow")
+        fake_clock.advance(400_000_000)  # past 0.1 s, within 0.5 s: served again
+        get(prof.url, "/flow")
+        assert len(built) == 1
+        fake_clock.advance(2_000_000_000)  # never longer than cache_most_seconds
+        get(prof.url, "/flow")
+        assert len(built) == 2
 
 
 def test_tasks_route_names_what_a_live_task_waits_on() -> None:

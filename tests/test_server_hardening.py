@@ -278,6 +278,7 @@ def test_zero_padded_spellings_share_one_cached_document(
     # to 905 MiB, and each spelling was rebuilt. Now one spelling is one cache entry. (Served
     # on the profiler's thread, so that the fake clock is the cache's too.)
     monkeypatch.setattr(server, "PROCESS", False)
+    monkeypatch.setattr(server, "LIMITS", server.Limits(cache_cost_share=0))
     with asyncflow.profile("hardened", format="none", port=0) as served:
         check_one_cached_document(fake_clock, served, monkeypatch)
 

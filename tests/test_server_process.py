@@ -247,7 +247,7 @@ def test_identical_requests_within_the_window_cost_the_program_one_build(
 
 
 def test_with_no_window_every_request_builds(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(server, "LIMITS", server.Limits(cache_seconds=0.0))
+    monkeypatch.setattr(server, "LIMITS", server.Limits(cache_seconds=0, cache_cost_share=0))
     built = counting_builds(monkeypatch)
     with asyncflow.profile("uncached", format="none", port=0) as prof:
         for _ in range(5):
