@@ -527,8 +527,9 @@ def profile(name: str, **options: Any) -> Profiler:
         name: names the profiled program in reports and status documents.
         **options: keyword-only options (``percentiles``, ``limit``, ``format``, ``output``,
             ``recent_logs``, ``reporter``, ``duration``, ``host``, ``port``, ``token``,
-            ``block_threshold``, ``sampling``), each also settable by an ``ASYNCFLOW_*``
-            environment variable; see the README.
+            ``block_threshold``, ``sampling``, ``include``, ``exclude``, ``cpu``,
+            ``allocations``...), each also settable by an ``ASYNCFLOW_*`` environment
+            variable; see the README.
 
     Raises:
         ValueError: an option has a bad value (checked here, before anything starts).
