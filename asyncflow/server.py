@@ -51,6 +51,7 @@ import orjson
 from aiohttp import web
 
 from asyncflow import clock, function_views, openapi, resource_views, schema, views, wait_views
+from asyncflow import web as web_page
 from asyncflow.collector import Collector
 from asyncflow.errors import AsyncflowError
 from asyncflow.instrument import _session
@@ -209,6 +210,13 @@ ROUTES: tuple[Route, ...] = (
         dict[str, Any],
     ),
     Route("/openapi.json", "This description of the endpoint.", dict[str, Any]),
+    Route(
+        "/",
+        "A web page over these routes: warnings, the flow graph, futures, channels, resources "
+        "and loops, refreshed live (served without the token, which the page asks for).",
+        str,
+        media_type="text/html; charset=utf-8",
+    ),
 )
 
 #: path -> name of the :class:`Server` method that builds its document (see ``_builds``)
@@ -610,6 +618,8 @@ class _Front:
     def _endpoint(self, route: Route) -> Callable[[web.Request], Awaitable[web.Response]]:
         async def endpoint(request: web.Request) -> web.Response:
             query = _query(route, request)
+            if route.path == "/":  # static, and nothing of the program's: answered here
+                return web.Response(body=web_page.page(), headers=web_page.headers())
             if route.path == "/openapi.json":  # made once, here
                 answer = _Answer(200, route.media_type, self._openapi)
             else:
@@ -742,7 +752,7 @@ class _Front:
             connection.af_arm(self.limits.response_timeout)
         try:
             self._check_host(request)
-            if self.config.token is not None:
+            if self.config.token is not None and request.path != "/":  # the page asks for it
                 self._check_token(request)
             return await handler(request)
         except _Refused as refused:

@@ -1,0 +1,337 @@
+"""The web page at ``GET /``: what a real browser (headless Chromium) renders of a live profile."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import tomllib
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+import asyncflow
+from asyncflow import web
+
+ROOT = Path(__file__).resolve().parent.parent
+TOKEN = "page-t0ken"
+#: bounds a browser run; it takes a few seconds
+BROWSER_TIMEOUT = 60.0
+
+
+def chromium() -> str | None:
+    """A Chromium (or Chrome) to drive headless: Debian's package, else any on PATH."""
+    for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable"):
+        found = shutil.which(name)
+        if found is not None:
+            return found
+    return None
+
+
+needs_chromium = pytest.mark.skipif(
+    chromium() is None,
+    reason="no Chromium here (apt-get install chromium; .ci/run installs it where it can)",
+)
+
+
+# -- a planted program: a pipeline with a bottleneck, and a lock ---------------------------------
+
+
+@asyncflow.future
+async def produce(jobs: asyncio.Queue[int | None]) -> None:
+    for i in range(40):
+        await jobs.put(i)
+    await jobs.put(None)
+
+
+@asyncflow.future
+async def work(
+    jobs: asyncio.Queue[int | None], results: asyncio.Queue[int | None], db: asyncio.Lock
+) -> None:
+    while (item := await jobs.get()) is not None:
+        async with db:
+            await asyncio.sleep(0.001)  # the slow stage: `jobs` fills up behind it
+        await results.put(item)
+    await results.put(None)
+
+
+@asyncflow.future
+async def sink(results: asyncio.Queue[int | None]) -> None:
+    while await results.get() is not None:
+        pass
+
+
+async def pipeline() -> None:
+    jobs: asyncio.Queue[int | None] = asyncflow.instrument_queue(asyncio.Queue(2), name="jobs")
+    results: asyncio.Queue[int | None] = asyncflow.instrument_queue(asyncio.Queue(), name="results")
+    db = asyncflow.instrument_lock(asyncio.Lock(), name="db")
+    await asyncio.wait_for(
+        asyncio.gather(produce(jobs), work(jobs, results, db), sink(results)), 30
+    )
+
+
+@pytest.fixture
+def planted() -> Iterator[asyncflow.Profiler]:
+    with asyncflow.profile("planted", format="none", port=0, token=TOKEN) as prof:
+        asyncio.run(pipeline())
+        yield prof
+
+
+# -- reading what the browser rendered -----------------------------------------------------------
+
+
+@dataclass
+class Element:
+    tag: str
+    attrs: dict[str, str]
+    text: list[str] = field(default_factory=list)
+
+    @property
+    def classes(self) -> list[str]:
+        return self.attrs.get("class", "").split()
+
+    @property
+    def content(self) -> str:
+        return " ".join("".join(self.text).split())
+
+
+class _Dom(HTMLParser):
+    """Every element of a serialised DOM, with its text (that of its descendants included)."""
+
+    VOID = frozenset({"meta", "link", "input", "br", "img", "hr", "col", "source", "wbr"})
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.elements: list[Element] = []
+        self._open: list[Element] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        element = Element(tag, {k: v or "" for k, v in attrs})
+        self.elements.append(element)
+        if tag not in self.VOID:
+            self._open.append(element)
+
+    def handle_endtag(self, tag: str) -> None:
+        for i in range(len(self._open) - 1, -1, -1):
+            if self._open[i].tag == tag:
+                del self._open[i:]
+                return
+
+    def handle_data(self, data: str) -> None:
+        for element in self._open:
+            element.text.append(data)
+
+
+def render(*urls: str, tmp_path: Path) -> list[list[Element]]:
+    """Load each of ``urls`` in a headless Chromium of its own (all at once), let the page's
+    scripts run (and fetch), and parse the DOM each rendered."""
+    browser = chromium()
+    assert browser is not None
+    runs = [
+        subprocess.Popen(
+            command(browser, url, tmp_path / f"chromium-{i}"),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i, url in enumerate(urls)
+    ]
+    rendered = []
+    try:
+        for run in runs:
+            out, err = run.communicate(timeout=BROWSER_TIMEOUT)
+            assert run.returncode == 0, err[-2000:]
+            dom = _Dom()
+            dom.feed(out)
+            rendered.append(dom.elements)
+    finally:
+        for run in runs:
+            if run.poll() is None:
+                run.kill()
+                run.communicate()
+    return rendered
+
+
+def command(browser: str, url: str, profile: Path) -> list[str]:
+    return [
+        browser,
+        "--headless",
+        "--no-sandbox",  # as root (CI containers) Chromium refuses to start sandboxed
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--no-first-run",
+        f"--user-data-dir={profile}",
+        # virtual time: the page's fetches complete and its first refreshes run, at once
+        "--virtual-time-budget=5000",
+        "--dump-dom",
+        url,
+    ]
+
+
+def by_id(elements: list[Element], ident: str) -> Element:
+    (found,) = [e for e in elements if e.attrs.get("id") == ident]
+    return found
+
+
+# -- tests ---------------------------------------------------------------------------------------
+
+
+@needs_chromium
+def test_the_page_renders_warnings_graph_and_tables_of_a_live_profile(
+    planted: asyncflow.Profiler, tmp_path: Path
+) -> None:
+    snapshot = planted.snapshot()
+    assert planted.url is not None and snapshot.flow is not None
+    # The token reaches the page in the fragment, which is never sent to the server.
+    (elements,) = render(f"{planted.url}/#token={TOKEN}", tmp_path=tmp_path)
+    (body,) = [e for e in elements if e.tag == "body"]
+    assert body.attrs["data-state"] == "ready", body.content[:500]
+    assert "hidden" in by_id(elements, "login").classes
+    assert "hidden" in by_id(elements, "problem").classes
+    assert by_id(elements, "name").content == "planted"
+
+    # warnings first, each with its message as the profile says it
+    sections = [e.attrs["id"] for e in elements if e.tag == "section"]
+    assert sections.index("warnings") < sections.index("flow") < sections.index("futures")
+    shown = [e for e in elements if e.tag == "li" and "data-kind" in e.attrs]
+    assert snapshot.warnings, "the planted bottleneck was not diagnosed"
+    assert [e.attrs["data-kind"] for e in shown] == [w.kind for w in snapshot.warnings]
+    spans = {
+        part: [e.content for e in elements if e.tag == "span" and part in e.classes]
+        for part in ("message", "hint")
+    }
+    assert spans["message"] == [" ".join(w.message.split()) for w in snapshot.warnings]
+    assert spans["hint"] == [" ".join(w.hint.split()) for w in snapshot.warnings if w.hint]
+    assert "bottleneck" in [e.attrs["data-kind"] for e in shown]
+
+    # the flow graph: a node per future, channel and resource, an edge per flow edge, drawn
+    nodes = {e.attrs["data-id"]: e for e in elements if e.tag == "g" and "node" in e.classes}
+    assert set(nodes) == {n.id for n in snapshot.flow.nodes}
+    kinds = {n.kind for n in snapshot.flow.nodes}
+    assert {"future", "channel", "resource"} <= kinds
+    for node in snapshot.flow.nodes:
+        assert nodes[node.id].attrs["data-kind"] == node.kind
+        assert node.label in nodes[node.id].content
+        assert re.fullmatch(r"translate\([0-9.]+,[0-9.]+\)", nodes[node.id].attrs["transform"])
+    # a node the warnings name is marked
+    # (ids are process-wide: earlier tests' futures, channels and locks took the first ones)
+    ids = {(n.kind, n.label): n.id for n in snapshot.flow.nodes}
+    jobs, work_id, db = ids["channel", "jobs"], ids["future", "work"], ids["resource", "db"]
+    assert "warned" in nodes[jobs].classes
+    edges = {
+        (e.attrs["data-source"], e.attrs["data-target"])
+        for e in elements
+        if e.tag == "g" and "edge" in e.classes and "data-source" in e.attrs
+    }
+    assert edges == {(e.source, e.target) for e in snapshot.flow.edges}
+    labels = [e.content for e in elements if e.tag == "g" and "label" in e.classes]
+    for edge, label in zip(snapshot.flow.edges, labels, strict=True):
+        unit = "holds" if "resource:" in edge.source + edge.target else "msgs"
+        assert label.startswith(f"{edge.messages:,} {unit}"), (edge, label)
+    # through `jobs`: 40 items and the end marker, with their time in the channel
+    assert any(re.fullmatch(r"41 msgs ?[0-9.]+ [µm]?s / [0-9.]+ [µm]?s", label) for label in labels)
+    paths = [e for e in elements if e.tag == "path" and e.attrs.get("marker-end")]
+    assert len(paths) == len(snapshot.flow.edges)
+
+    # the tables: a row per future, channel, resource and loop
+    def rows(table: str) -> dict[str, list[str]]:
+        """The cells of each row of a table, by the row's ``data-id``."""
+        found: dict[str, list[str]] = {}
+        inside, cells = False, None
+        for e in elements:
+            if e.tag == "table":
+                inside, cells = e.attrs.get("id") == f"{table}-table", None
+            elif inside and e.tag == "tr":
+                cells = found.setdefault(e.attrs["data-id"], []) if "data-id" in e.attrs else None
+            elif e.tag == "td" and cells is not None:
+                cells.append(e.content)
+        return found
+
+    futures = rows("futures")
+    assert set(futures) == {f"future:{f.id}" for f in snapshot.futures.futures}
+    assert futures[work_id][:3] == ["work", "1", "0"]  # label, calls, live
+    assert futures[work_id][-1] == f"test_web_page.py:{work.__code__.co_firstlineno}"
+    assert snapshot.channels is not None and snapshot.resources is not None
+    channels = rows("channels")
+    assert set(channels) == {f"channel:{c.id}" for c in snapshot.channels.channels}
+    assert channels[jobs][:6] == ["jobs", "bounded[2]", "41", "41", "0", "2"]
+    assert channels[jobs][-1] == "produce → work"
+    resources = rows("resources")
+    assert set(resources) == {f"resource:{r.id}" for r in snapshot.resources.resources}
+    assert resources[db][:3] == ["db", "asyncio.Lock", "40"]
+    assert snapshot.loop is not None
+    assert set(rows("loops")) == {f"loop:{loop.id}" for loop in snapshot.loop.loops}
+
+
+@needs_chromium
+def test_without_the_token_the_page_asks_for_it(
+    planted: asyncflow.Profiler, tmp_path: Path
+) -> None:
+    without, wrong = render(f"{planted.url}/", f"{planted.url}/#token=wrong", tmp_path=tmp_path)
+    elements = without
+    (body,) = [e for e in elements if e.tag == "body"]
+    assert body.attrs["data-state"] == "token"
+    login = by_id(elements, "login")
+    assert "hidden" not in login.classes
+    assert "This endpoint needs a token" in login.content
+    # nothing was drawn from documents it could not read
+    assert not [e for e in elements if e.tag == "g" and "node" in e.classes]
+
+    # a wrong token is refused and said so
+    elements = wrong
+    (body,) = [e for e in elements if e.tag == "body"]
+    assert body.attrs["data-state"] == "token"
+    said = by_id(elements, "login-said").content
+    assert said.startswith("refused: the bearer token is wrong")
+
+
+def test_the_page_is_served_without_the_token_with_a_strict_policy(
+    planted: asyncflow.Profiler,
+) -> None:
+    assert planted.url is not None
+    with urllib.request.urlopen(planted.url + "/", timeout=10) as response:
+        assert response.status == 200
+        assert response.headers["Content-Type"] == "text/html; charset=utf-8"
+        body = response.read()
+        policy = response.headers["Content-Security-Policy"]
+        assert response.headers["X-Content-Type-Options"] == "nosniff"
+        assert response.headers["Cache-Control"] == "no-store"
+    assert body == web.page()
+    # the documents it draws still need the token
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(planted.url + "/flow", timeout=10)
+    assert refused.value.code == 401
+    refused.value.close()
+
+    # Only the page's own inline script and style may run, only this endpoint be fetched.
+    directives = dict(d.strip().split(" ", 1) for d in policy.split(";"))
+    assert directives["default-src"] == "'none'"
+    assert directives["connect-src"] == "'self'"
+    for tag in ("script", "style"):
+        (inline,) = re.findall(rf"<{tag}>(.*?)</{tag}>".encode(), body, re.S)
+        digest = base64.b64encode(hashlib.sha256(inline).digest()).decode()
+        assert directives[f"{tag}-src"] == f"'sha256-{digest}'"
+    assert "unsafe" not in policy
+    # self-contained: nothing to load from anywhere, no inline handlers or style attributes
+    text = body.decode()
+    assert not re.search(r"\b(src|href|srcset|action)\s*=", text)
+    assert not re.search(r"\son[a-z]+\s*=|\sstyle\s*=|@import|url\(\s*['\"]?(https?:)?//", text)
+    assert "innerHTML" not in text and "eval(" not in text
+
+
+def test_the_page_is_package_data() -> None:
+    """A non-editable install must carry the page."""
+    with (ROOT / "pyproject.toml").open("rb") as file:
+        package_data = tomllib.load(file)["tool"]["setuptools"]["package-data"]
+    assert "*.html" in package_data["asyncflow.web"]
+    assert (ROOT / "asyncflow" / "web" / "page.html").is_file()
+    assert os.path.basename(web.__file__) == "__init__.py"
