@@ -44,17 +44,18 @@ needs_chromium = pytest.mark.skipif(
 
 
 # -- a planted program: a pipeline with a bottleneck, and a lock ---------------------------------
+# (names of their own: futures are process-wide, and other tests count theirs by label)
 
 
 @asyncflow.future
-async def produce(jobs: asyncio.Queue[int | None]) -> None:
+async def feed_jobs(jobs: asyncio.Queue[int | None]) -> None:
     for i in range(40):
         await jobs.put(i)
     await jobs.put(None)
 
 
 @asyncflow.future
-async def work(
+async def slow_stage(
     jobs: asyncio.Queue[int | None], results: asyncio.Queue[int | None], db: asyncio.Lock
 ) -> None:
     while (item := await jobs.get()) is not None:
@@ -65,7 +66,7 @@ async def work(
 
 
 @asyncflow.future
-async def sink(results: asyncio.Queue[int | None]) -> None:
+async def drain_results(results: asyncio.Queue[int | None]) -> None:
     while await results.get() is not None:
         pass
 
@@ -75,7 +76,7 @@ async def pipeline() -> None:
     results: asyncio.Queue[int | None] = asyncflow.instrument_queue(asyncio.Queue(), name="results")
     db = asyncflow.instrument_lock(asyncio.Lock(), name="db")
     await asyncio.wait_for(
-        asyncio.gather(produce(jobs), work(jobs, results, db), sink(results)), 30
+        asyncio.gather(feed_jobs(jobs), slow_stage(jobs, results, db), drain_results(results)), 30
     )
 
 
@@ -225,7 +226,7 @@ def test_the_page_renders_warnings_graph_and_tables_of_a_live_profile(
     # a node the warnings name is marked
     # (ids are process-wide: earlier tests' futures, channels and locks took the first ones)
     ids = {(n.kind, n.label): n.id for n in snapshot.flow.nodes}
-    jobs, work_id, db = ids["channel", "jobs"], ids["future", "work"], ids["resource", "db"]
+    jobs, work_id, db = ids["channel", "jobs"], ids["future", "slow_stage"], ids["resource", "db"]
     assert "warned" in nodes[jobs].classes
     edges = {
         (e.attrs["data-source"], e.attrs["data-target"])
@@ -258,13 +259,13 @@ def test_the_page_renders_warnings_graph_and_tables_of_a_live_profile(
 
     futures = rows("futures")
     assert set(futures) == {f"future:{f.id}" for f in snapshot.futures.futures}
-    assert futures[work_id][:3] == ["work", "1", "0"]  # label, calls, live
-    assert futures[work_id][-1] == f"test_web_page.py:{work.__code__.co_firstlineno}"
+    assert futures[work_id][:3] == ["slow_stage", "1", "0"]  # label, calls, live
+    assert futures[work_id][-1] == f"test_web_page.py:{slow_stage.__code__.co_firstlineno}"
     assert snapshot.channels is not None and snapshot.resources is not None
     channels = rows("channels")
     assert set(channels) == {f"channel:{c.id}" for c in snapshot.channels.channels}
     assert channels[jobs][:6] == ["jobs", "bounded[2]", "41", "41", "0", "2"]
-    assert channels[jobs][-1] == "produce → work"
+    assert channels[jobs][-1] == "feed_jobs → slow_stage"
     resources = rows("resources")
     assert set(resources) == {f"resource:{r.id}" for r in snapshot.resources.resources}
     assert resources[db][:3] == ["db", "asyncio.Lock", "40"]
