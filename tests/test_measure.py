@@ -654,3 +654,40 @@ def test_shop_example_reports_functions_and_metrics() -> None:
     assert (metrics["in_flight"]["value"], metrics["in_flight"]["max"]) == (0, 20)
     assert (metrics["response_bytes"]["count"], metrics["response_bytes"]["sum"]) == (192, 21_579)
     assert metrics["last_id"]["count"] == 200 and len(metrics["last_id"]["recent"]) == 100
+
+
+async def test_cancelling_a_measured_coroutine_is_transparent(fake_clock: FakeClock) -> None:
+    started = asyncio.Event()
+
+    @asyncflow.measure(name="sleeper")
+    async def sleeper() -> None:
+        started.set()
+        await asyncio.sleep(3600)
+
+    with asyncflow.profile("t", format="none") as prof:
+        task = asyncio.get_running_loop().create_task(sleeper())
+        with anyio.fail_after(10):
+            await started.wait()
+        fake_clock.advance(40)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert task.cancelled() and task.cancelling() == 1
+        snap = prof.snapshot()
+    f = _functions(snap)["sleeper"]
+    assert (f.call_count, f.total_ns) == (1, 40)
+    assert f.errors == {"asyncio.exceptions.CancelledError": 1}
+    assert not timing._open
+
+
+def test_a_call_open_when_the_profiler_stops_is_dropped(fake_clock: FakeClock) -> None:
+    prof = asyncflow.start("t", format="none")
+
+    @asyncflow.measure(name="outlives")
+    def outlives() -> int:
+        asyncflow.stop()
+        return 5
+
+    assert outlives() == 5  # ends after the profiler stopped: not counted, nothing raised
+    assert not timing._open
+    assert "outlives" not in _functions(prof.snapshot())
