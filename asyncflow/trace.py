@@ -292,6 +292,10 @@ class TraceRecorder:
             if heartbeats != beats:
                 self._append(_LAG, now, thread, loop_id, lag)
             self._loops[loop_id] = (last_id, heartbeats)
+        if len(self._loops) > len(monitor.states):  # loops the monitor forgot: so do we
+            known = {state.record.id for state in list(monitor.states.values())}
+            for loop_id in [i for i in self._loops if i not in known]:
+                del self._loops[loop_id]
 
     # -- the document --------------------------------------------------------------------------
 
