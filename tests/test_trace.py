@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -493,3 +494,37 @@ def test_an_arrow_whose_polls_left_the_ring_is_not_drawn(fake_clock: FakeClock) 
     assert meta["flows"] == len(flows_of(events))
     assert meta["flows_unbound"] >= 1
     assert meta["flows"] + meta["flows_unbound"] <= 4
+
+
+def test_tasks_are_grouped_under_their_loops_thread() -> None:
+    async def steps() -> None:
+        for _ in range(3):
+            await asyncio.sleep(0)
+
+    def run_loop() -> None:
+        async def main() -> None:
+            with asyncflow.instrument_tasks():
+                await asyncio.create_task(steps(), name="in-the-other-thread")
+
+        asyncio.run(main())
+
+    with asyncflow.profile("threads", format="none", port=None, trace=True) as prof:
+        other = threading.Thread(target=run_loop, name="second-loop")
+        other.start()
+        other.join(30)
+        run_loop()  # and one on this thread
+        document = prof.trace()
+    events = check_format(document)
+    processes = {
+        e["pid"]: e["args"]["name"]
+        for e in events
+        if e["ph"] == "M" and e["name"] == "process_name"
+    }
+    names = track_names(events)
+    tasks = {(pid, name) for (pid, _), name in names.items() if "in-the-other-thread" in name}
+    assert len(tasks) == 2  # one task on each loop, each under its own thread's process
+    groups = sorted(processes[pid] for pid, _ in tasks)
+    assert groups[0].startswith("thread MainThread · event loop ")
+    assert groups[1].startswith("thread second-loop · event loop ")
+    polls = [e for e in events if e["ph"] == "X" and e["name"].endswith("steps")]
+    assert len(polls) == 8 and len({e["pid"] for e in polls}) == 2
