@@ -356,8 +356,10 @@ def _rss_mib() -> float:
 
 def leaks(calls: int, checkpoints: int = 10) -> None:
     """Drive ``calls`` tracked calls through every path (return, raise, cancel, close, throw,
-    never awaited) on the chosen hot paths, printing the resident memory as it goes: it must
-    stay flat, the records of finished calls being folded and dropped as they go."""
+    never awaited) and as many stream items through wrapped iterables (exhausted, failed,
+    cancelled midway, abandoned) on the chosen hot paths, printing the resident memory as it
+    goes: it must stay flat, the records of finished calls being folded and dropped as they
+    go."""
 
     @asyncflow.future
     async def returns(i: int) -> int:
@@ -373,7 +375,44 @@ def leaks(calls: int, checkpoints: int = 10) -> None:
     async def hangs() -> None:
         await asyncio.Event().wait()
 
+    async def items(n: int) -> Any:
+        for i in range(n):
+            yield i
+
+    async def fails(n: int) -> Any:
+        for i in range(n):
+            yield i
+        raise KeyError(n)
+
+    async def stalls() -> Any:
+        yield 0
+        await asyncio.Event().wait()
+        yield 1
+
+    async def stream_paths(n: int) -> int:
+        """About ``n`` items through wrapped iterables, on every path an iteration can end."""
+        seen = 0
+        for _ in range(max(1, n // 20)):
+            seen += sum([i async for i in asyncflow.stream(items(10), name="items")])
+            with contextlib.suppress(KeyError):
+                async for _i in asyncflow.stream(fails(5), name="fails"):
+                    seen += 1
+            it: Any = asyncflow.stream(stalls(), name="stalls")
+            await it.__anext__()
+            task = asyncio.ensure_future(it.__anext__())
+            await asyncio.sleep(0)
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            await it.aclose()
+            abandoned: Any = asyncflow.stream(items(10), name="abandoned")
+            await abandoned.__anext__()
+            await abandoned.aclose()
+            del abandoned
+        return seen
+
     async def chunk(n: int) -> None:
+        await stream_paths(n)
         for i in range(n // 6):
             await returns(i)
             with contextlib.suppress(KeyError):
@@ -407,7 +446,10 @@ def leaks(calls: int, checkpoints: int = 10) -> None:
                 print(
                     f"  {path:<9} {(k + 1) * step:>10,} calls: RSS {seen[-1]:.1f} MiB", flush=True
                 )
-            print(f"  {path}: RSS grew {seen[-1] - seen[0]:+.1f} MiB after the first checkpoint")
+            print(
+                f"  {path}: RSS grew {seen[-1] - seen[0]:+.1f} MiB after the first checkpoint "
+                f"({calls:,} calls and about as many stream items)"
+            )
 
 
 def main(argv: list[str] | None = None) -> int:
