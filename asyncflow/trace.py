@@ -72,9 +72,9 @@ def flow_id(channel_id: int, msg_id: int) -> int:
 class _Probe:
     """The poll probe: ``begin`` numbers the poll's start, ``end`` appends the poll to the ring.
 
-    Polls are numbered twice, as they begin and as they end (two counters): a poll is nested
-    in another when it began later and ended sooner, which times alone cannot tell when they
-    are equal (a coarse or a fake clock, polls shorter than a tick of it).
+    Polls are numbered as they begin, and enter the ring as they end: a poll is nested in
+    another when it began later and entered the ring sooner, which times alone cannot tell when
+    they are equal (a coarse or a fake clock, polls shorter than a tick of it).
     """
 
     __slots__ = ("begin", "end")
@@ -82,7 +82,6 @@ class _Probe:
     def __init__(
         self,
         append: Callable[[Any], None],
-        seq: Callable[[], int],
         names: dict[int, tuple[int, str, str | None, int]],
     ) -> None:
         get_ident = threading.get_ident
@@ -97,7 +96,7 @@ class _Probe:
             if call_id not in names:
                 future = r.future
                 names[call_id] = (future.id, future.label, getattr(r, "task", None), get_ident())
-            append((t0, dt, call_id, outcome, seq(), token))
+            append((t0, dt, call_id, outcome, token))
 
         self.begin = begin
         self.end = end
@@ -159,7 +158,9 @@ class TraceRecorder:
         #: call id -> (future id, future label, task name, thread) of the calls whose polls are
         #: in the ring (pruned on the tick when it holds many more)
         self.names: dict[int, tuple[int, str, str | None, int]] = {}
-        self.probe = _Probe(self.ring.append, self._seq.__next__, self.names)
+        self.probe = _Probe(self.ring.append, self.names)
+        #: events the collector's tick appended (the polls' own numbers count the polls)
+        self.cold = 0
         #: whether polls are recorded (the probe seam was there and took the probe)
         self.polls = False
         self._attached = False
@@ -230,6 +231,7 @@ class TraceRecorder:
                 names.pop(call_id, None)
 
     def _append(self, *event: Any) -> None:
+        self.cold += 1
         self.ring.append((event[0], next(self._seq), *event[1:]))
 
     def _messages(self, now: int) -> None:
@@ -362,12 +364,14 @@ class _Builder:
     def build(self) -> dict[str, Any]:
         recorder = self.recorder
         ring = list(recorder.ring)  # one copy, taken while the program's threads append
-        recorded = 1 + max((e[4] if type(e[0]) is int else e[1] for e in ring), default=-1)
+        # Polls are numbered as they begin, from 0: the newest kept says how many there were
+        # (less any still running now, which are not in the ring yet).
+        polls = [(*e, i) for i, e in enumerate(ring) if type(e[0]) is int]
+        recorded = recorder.cold + 1 + max((p[4] for p in polls), default=-1)
         for state in recorder.collector.monitor.states.values():
             self._loops_by_thread.setdefault(state.record.thread, state.record)
         for record in loop_registry():
             self._loops_by_thread.setdefault(record.thread, record)
-        polls = [e for e in ring if type(e[0]) is int]
         others = [e for e in ring if type(e[0]) is not int]
         self.meta.append(_meta(_CHANNELS_PID, None, "process_name", "channels"))
         self.meta.append(_meta(_CHANNELS_PID, None, "process_sort_index", 0, key="sort_index"))
@@ -442,10 +446,11 @@ class _Builder:
         append = self.events.append
         for thread, mine in by_thread.items():
             pid = self._pid(thread)
-            # In the order they began; a poll that ended before this one did is not around it.
-            mine.sort(key=lambda p: p[5] if type(p[5]) is int else -1)
+            # In the order they began; a poll that ended (entered the ring) before this one did
+            # is not around it.
+            mine.sort(key=lambda p: p[4])
             stack: list[tuple[int, _Track]] = []  # (end number, track) of the enclosing polls
-            for t0, dt, call_id, outcome, ended, _ in mine:
+            for t0, dt, call_id, outcome, _, ended in mine:
                 future_id, label, task, _ = names.get(call_id, _UNNAMED)
                 end = t0 + dt
                 while stack and stack[-1][0] < ended:

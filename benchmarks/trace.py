@@ -1,7 +1,7 @@
 """What the trace recorder costs: time per poll and per message, memory, and export.
 
 Time: the stepping and pipeline workloads of ``benchmarks/run.py`` (tasks, and queues, tracked
-whole-program), each run in three modes in alternating order, ``pairs`` times, in one process:
+whole-program), on each hot path (compiled where built, pure Python), each run in three modes in alternating order, ``pairs`` times, in one process:
 plain (no profiler), profiler without a trace ("off"), profiler with ``trace=True`` ("on").
 The figures are medians over the pairs of on/off and of each to plain.
 
@@ -24,7 +24,7 @@ import time
 import tracemalloc
 from typing import Any
 
-from run import Workload, make_pipeline, make_steps  # benchmarks/run.py: the same workloads
+from run import PATHS, Workload, hot_path, make_pipeline, make_steps  # benchmarks/run.py
 
 import asyncflow
 from asyncflow import config, trace
@@ -60,7 +60,7 @@ def _run(mode: str, main: Workload, plain: Workload) -> float:
 
 
 def time_cost(
-    name: str, main: Workload, plain: Workload, events: int, unit: str, pairs: int
+    name: str, main: Workload, plain: Workload, events: int, unit: str, pairs: int, path: str
 ) -> None:
     modes = ("plain", "off", "on")
     runs: dict[str, list[float]] = {m: [] for m in modes}
@@ -68,14 +68,15 @@ def time_cost(
     for i in range(pairs):
         order = modes if i % 2 == 0 else modes[::-1]
         for mode in order:
-            runs[mode].append(_run(mode, main, plain))
+            with hot_path(path):
+                runs[mode].append(_run(mode, main, plain))
     on_off = statistics.median(on / off for on, off in zip(runs["on"], runs["off"], strict=True))
     off_plain = statistics.median(o / p for o, p in zip(runs["off"], runs["plain"], strict=True))
     on_plain = statistics.median(o / p for o, p in zip(runs["on"], runs["plain"], strict=True))
     base = statistics.median(runs["off"])
     extra = (on_off - 1) * base / events * 1e9
     print(
-        f"{name:<9} {events:>8,} {unit}s  plain {statistics.median(runs['plain']) * 1e3:6.1f} ms"
+        f"{name:<9} {path:<8} {events:>6,} {unit}s  plain {statistics.median(runs['plain']) * 1e3:6.1f} ms"
         f"  profiler off-trace {off_plain:4.2f}x  with trace {on_plain:4.2f}x"
         f"  |  trace on/off {on_off:4.2f}x (+{extra:,.0f} ns per {unit})  [{pairs} pairs]"
     )
@@ -124,10 +125,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     print("time (the trace keeps its default ring; medians of paired runs)")
     steps, polls = make_steps(_identity, 1000, 20)
-    time_cost("stepping", steps, steps, polls, "poll", args.pairs)
     pipeline, messages = make_pipeline(asyncflow.future, 5000)  # its queues instrumented
     bare, _ = make_pipeline(_identity, 5000)
-    time_cost("pipeline", pipeline, bare, messages, "message", args.pairs)
+    for path in PATHS:  # the compiled hot path where it is built, then the pure-Python one
+        time_cost("stepping", steps, steps, polls, "poll", args.pairs, path)
+        time_cost("pipeline", pipeline, bare, messages, "message", args.pairs, path)
     memory_cost(args.events)
     return 0
 
