@@ -1,8 +1,9 @@
 """What the trace recorder costs: time per poll and per message, memory, and export.
 
 Time: the stepping and pipeline workloads of ``benchmarks/run.py`` (tasks, and queues, tracked
-whole-program), on each hot path (compiled where built, pure Python), each run in three modes in alternating order, ``pairs`` times, in one process:
-plain (no profiler), profiler without a trace ("off"), profiler with ``trace=True`` ("on").
+whole-program), on each hot path (compiled where built, pure Python), each run in three modes
+in alternating order, ``pairs`` times, in one process: plain (no profiler), profiler without a
+trace ("off"), profiler with ``trace=True`` ("on").
 The figures are medians over the pairs of on/off and of each to plain.
 
 Memory: a profiler with ``trace_events=N`` runs the stepping workload until the ring has been
@@ -76,7 +77,8 @@ def time_cost(
     base = statistics.median(runs["off"])
     extra = (on_off - 1) * base / events * 1e9
     print(
-        f"{name:<9} {path:<8} {events:>6,} {unit}s  plain {statistics.median(runs['plain']) * 1e3:6.1f} ms"
+        f"{name:<9} {path:<8} {events:>6,} {unit}s"
+        f"  plain {statistics.median(runs['plain']) * 1e3:6.1f} ms"
         f"  profiler off-trace {off_plain:4.2f}x  with trace {on_plain:4.2f}x"
         f"  |  trace on/off {on_off:4.2f}x (+{extra:,.0f} ns per {unit})  [{pairs} pairs]"
     )
