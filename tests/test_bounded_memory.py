@@ -206,9 +206,11 @@ async def test_a_page_of_futures_builds_only_its_own_entries(
     built: list[int] = []
     original = views.future_entry
 
-    def counting(record: futures.FutureRecord, now: int, qs: tuple[float, ...]) -> FutureEntry:
+    def counting(
+        record: futures.FutureRecord, now: int, qs: tuple[float, ...], *more: Any
+    ) -> FutureEntry:
         built.append(record.id)
-        return original(record, now, qs)
+        return original(record, now, qs, *more)
 
     monkeypatch.setattr(views, "future_entry", counting)
     collector = prof._collector
