@@ -44,7 +44,7 @@ __all__ = ["PENDING_KEPT", "TraceRecorder", "flow_id", "render"]
 
 #: timed sends kept per channel while their receive is not seen yet (a deeper backlog of timed
 #: messages loses its oldest arrows, counted in the metadata)
-PENDING_KEPT = 4096
+PENDING_KEPT = 1024
 
 #: calls named beyond the ring's size before the names of calls no longer in it are dropped
 _NAMES_SLACK = 10_000
