@@ -47,12 +47,25 @@ __all__ = [
 class CallFigures:
     """One call's CPU time and allocations so far (its record's ``probe_data``)."""
 
-    __slots__ = ("alloc_bytes", "allocations", "cpu", "cpu_ns", "freed_bytes", "max_cpu_ns")
+    __slots__ = (
+        "alloc_bytes",
+        "allocations",
+        "cpu",
+        "cpu_ns",
+        "freed_bytes",
+        "future",
+        "max_cpu_ns",
+        "owner",
+    )
 
-    def __init__(self, cpu: bool, allocations: bool) -> None:
+    def __init__(self, owner: PollFigures, future: FutureFigures) -> None:
+        #: the probe that measured it (a call that outlives its profiler is measured afresh
+        #: by the next one), and its future's sums there
+        self.owner = owner
+        self.future = future
         #: which figures were measured (the others stay 0 and mean nothing)
-        self.cpu = cpu
-        self.allocations = allocations
+        self.cpu = owner.cpu
+        self.allocations = owner.allocations
         self.cpu_ns = 0
         #: the CPU time of the call's longest poll (by busy time)
         self.max_cpu_ns = 0
@@ -106,6 +119,41 @@ class PollFigures:
         self.started_tracemalloc = False
         self._thread_time = time.thread_time_ns
         self._traced = tracemalloc.get_traced_memory
+        if cpu and not allocations:  # the common case, without a branch it does not need
+            self.begin = self._begin_cpu  # type: ignore[method-assign]
+            self.end = self._end_cpu  # type: ignore[method-assign]
+
+    def _call(self, record: Any) -> CallFigures:
+        """The call's figures, made at its first measured poll."""
+        call = getattr(record, "probe_data", None)
+        if call is None or call.owner is not self:
+            fid = record.future.id
+            fut = self.futures.get(fid)
+            if fut is None:
+                fut = self.futures[fid] = FutureFigures()
+            call = record.probe_data = CallFigures(self, fut)
+        return call
+
+    def _begin_cpu(self, record: Any) -> int:
+        return self._thread_time()
+
+    def _end_cpu(self, record: Any, token: int, t0_ns: int, dt_ns: int, outcome: str) -> None:
+        cpu = self._thread_time() - token
+        call = getattr(record, "probe_data", None)
+        if call is None or call.owner is not self:
+            call = self._call(record)
+        fut = call.future
+        call.cpu_ns += cpu
+        fut.polls += 1
+        fut.measured_busy_ns += dt_ns
+        fut.cpu_ns += cpu
+        if dt_ns >= record.max:
+            call.max_cpu_ns = cpu
+        if cpu > fut.max_cpu_ns:
+            fut.max_cpu_ns = cpu
+        if dt_ns - cpu > fut.worst_busy_ns - fut.worst_cpu_ns:
+            fut.worst_busy_ns, fut.worst_cpu_ns = dt_ns, cpu
+            fut.worst_call_id = record.call_id
 
     def begin(self, record: Any) -> Any:
         if self.allocations:  # the CPU clock read last, nearest the poll
@@ -121,13 +169,8 @@ class PollFigures:
         else:
             cpu = self._thread_time() - token
             grown = 0
-        call = getattr(record, "probe_data", None)
-        if call is None:
-            call = record.probe_data = CallFigures(self.cpu, self.allocations)
-        fid = record.future.id
-        fut = self.futures.get(fid)
-        if fut is None:
-            fut = self.futures[fid] = FutureFigures()
+        call = self._call(record)
+        fut = call.future
         fut.polls += 1
         fut.measured_busy_ns += dt_ns
         if self.cpu:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import threading
 import time
@@ -198,9 +199,15 @@ def test_a_single_threaded_program_gets_no_thread_table() -> None:
     with asyncflow.profile("alone", format="none", port=None) as prof:
         pass
     snap = prof.snapshot()
-    assert snap.threads is not None and snap.threads.threads  # the document has them all
-    if all(t.name == "MainThread" or t.asyncflow for t in snap.threads.threads):
-        assert "avg cpu" not in render_table(snap, (50.0,), 0)
+    assert snap.threads is not None
+    entries = {t.name: t for t in snap.threads.threads}
+    own = next(t for t in snap.threads.threads if t.asyncflow)
+    alone = dataclasses.replace(snap.threads, threads=[entries["MainThread"], own])
+    assert "avg cpu" not in render_table(dataclasses.replace(snap, threads=alone), (50.0,), 0)
+    worker = dataclasses.replace(own, name="worker", asyncflow=False, native_id=1)
+    more = dataclasses.replace(alone, threads=[*alone.threads, worker])
+    text = render_table(dataclasses.replace(snap, threads=more), (50.0,), 0)
+    assert "avg cpu" in text and "worker [1]" in text and "(asyncflow)" in text
 
 
 def test_other_platforms_list_pythons_threads_without_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
