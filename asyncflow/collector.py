@@ -22,7 +22,7 @@ from asyncflow.instrument import futures as _futures
 from asyncflow.instrument import resources as _resources
 from asyncflow.instrument.futures import CallRecord, FutureRecord, registry
 from asyncflow.monitor import LoopMonitor
-from asyncflow.threads import ThreadSampler
+from asyncflow.threads import ThreadSampler, loop_threads
 
 if TYPE_CHECKING:
     from asyncflow.cpu import PollFigures
@@ -89,7 +89,7 @@ class Collector:
         #: the live reporters (asyncflow.reporters), fed after each drain; None when none
         self.live: Reporters | None = None
         #: every thread of the process, sampled on this tick (``GET /threads``)
-        self.threads = ThreadSampler()
+        self.threads = ThreadSampler(loops=lambda: loop_threads(self.monitor))
         #: CPU time and allocations per poll (``cpu=``, ``allocations=``); None when off
         self.poll_figures: PollFigures | None = None
         #: whole-program mode's include/exclude patterns, while they apply

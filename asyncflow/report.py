@@ -344,6 +344,8 @@ def _share(share: float | None) -> str:
 
 def _thread_row(t: ThreadEntry) -> list[str]:
     name = f"{t.name} (asyncflow)" if t.asyncflow else t.name
+    if t.loop_ids:
+        name += f" (loop {', '.join(map(str, t.loop_ids))})"
     return [
         f"{name} [{t.native_id}]",
         t.state or "-",

@@ -757,6 +757,9 @@ class ThreadEntry:
     interval_ns: int
     #: when the profiler first saw it, relative to the profiler's start
     first_seen_ns: int
+    #: ids of the instrumented event loops it runs (``GET /loop``); empty for a thread beside
+    #: the loops (an executor's worker, a library's thread)
+    loop_ids: list[int] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)

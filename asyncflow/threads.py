@@ -26,8 +26,9 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from asyncflow.instrument import _session
 from asyncflow.schema import SCHEMA, ThreadEntry, ThreadsDocument
@@ -40,6 +41,7 @@ __all__ = [
     "ThreadReading",
     "ThreadSampler",
     "ThreadState",
+    "loop_threads",
     "read_threads",
     "threads_document",
 ]
@@ -163,6 +165,7 @@ class ThreadState:
         "ident",
         "interval_ns",
         "last_wall_ns",
+        "loop_ids",
         "max_share",
         "name",
         "native_id",
@@ -196,6 +199,8 @@ class ThreadState:
         self.interval_ns = 0
         self.share: float | None = None
         self.max_share: float | None = None
+        #: ids of the instrumented event loops it runs (as ``/loop`` numbers them)
+        self.loop_ids: list[int] = []
 
     def update(self, reading: ThreadReading, now: int) -> None:
         """Take a new sample at wall time ``now``; the share is over the time since the
@@ -237,6 +242,8 @@ class ThreadSampler:
 
     Args:
         read: what lists the threads (:func:`read_threads`; tests give a fake one).
+        loops: what maps a Python thread ident to the ids of the event loops it runs (the
+            collector's loop monitor knows).
         wall: the clock CPU time is divided by: the real one, even where the profiler's
             clock is faked, since CPU clocks cannot be (tests give a fake one with ``read``).
         python_threads: what lists Python's threads, for names, idents and daemon flags.
@@ -249,9 +256,11 @@ class ThreadSampler:
         python_threads: Callable[[], Iterable[threading.Thread]] = threading.enumerate,
         interval_ns: int = THREAD_INTERVAL_NS,
         wall: Callable[[], int] = time.perf_counter_ns,
+        loops: Callable[[], Mapping[int, list[int]]] | None = None,
     ) -> None:
         self._read = read
         self._wall = wall
+        self._loops = loops
         self._python_threads = python_threads
         self.interval_ns = interval_ns
         self.live: dict[int, ThreadState] = {}
@@ -285,6 +294,7 @@ class ThreadSampler:
         readings = self._read()
         wall = self._wall()
         python = {t.native_id: t for t in self._python_threads() if t.native_id is not None}
+        loops = self._loops() if self._loops is not None else {}
         seen: set[int] = set()
         live = self.live
         for reading in readings:
@@ -303,12 +313,23 @@ class ThreadSampler:
             if thread is not None:
                 state.python = True
                 state.ident, state.name, state.daemon = thread.ident, thread.name, thread.daemon
+                state.loop_ids = loops.get(thread.ident or 0, [])
         for tid in [t for t in live if t not in seen]:
             gone = live.pop(tid)
             gone.state = "exited"
             self.exited.append(gone)
         self.sampled_ns = now
         self.samples += 1
+
+
+def loop_threads(monitor: Any) -> dict[int, list[int]]:
+    """Python thread ident -> ids of the open instrumented loops it runs (``LoopMonitor``)."""
+    out: dict[int, list[int]] = {}
+    for state in list(monitor.states.values()):
+        record = state.record
+        if record.thread and not state.closed:
+            out.setdefault(record.thread, []).append(record.id)
+    return out
 
 
 def _entry(t: ThreadState, origin: int) -> ThreadEntry:
@@ -328,6 +349,7 @@ def _entry(t: ThreadState, origin: int) -> ThreadEntry:
         avg_share=t.avg_share,
         interval_ns=t.interval_ns,
         first_seen_ns=max(0, t.first_ns - origin),
+        loop_ids=list(t.loop_ids),
     )
 
 

@@ -190,6 +190,12 @@ class View:
         return next(c for c in self.columns if c.name == name)
 
 
+def _thread_name(t: Row) -> str:
+    name = str(t["name"]) + (" (asyncflow)" if t["asyncflow"] else "")
+    loops = t.get("loop_ids") or []
+    return name + (f" (loop {', '.join(map(str, loops))})" if loops else "")
+
+
 def _percent(share: float | None) -> str:
     return "-" if share is None else f"{share:.0%}"
 
@@ -642,8 +648,8 @@ VIEWS: tuple[View, ...] = (
         "core (a saturated executor or a busy thread beside the loop shows here)",
         "/threads", "threads",
         (
-            _text("thread", 0, lambda t: t["name"] + (" (asyncflow)" if t["asyncflow"] else ""),
-                  "the thread's name", flex=True),
+            _text("thread", 0, _thread_name, "the thread's name; (loop N) when it runs an "
+                  "instrumented event loop", flex=True),
             _text("state", 1, lambda t: t["state"] or "-", "running, sleeping, waiting (a "
                   "blocking kernel call), exited"),
             Column("cpu%", 1, lambda t: t["share"], "CPU over wall time in the last interval "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import sys
 import threading
@@ -216,3 +217,21 @@ def test_other_platforms_list_pythons_threads_without_cpu(monkeypatch: pytest.Mo
     ids = {r.native_id for r in readings}
     assert threading.main_thread().native_id in ids
     assert all(r.cpu_ns is None and r.state is None for r in readings)
+
+
+async def test_the_threads_running_instrumented_loops_are_named() -> None:
+    async def step() -> None:
+        await asyncio.sleep(0)
+
+    with asyncflow.profile("loops", format="none", port=None) as prof:
+        with asyncflow.instrument_tasks():
+            await asyncio.create_task(step())
+        snap = prof.snapshot()
+    assert snap.threads is not None and snap.loop is not None
+    by_id = {t.native_id: t for t in snap.threads.threads}
+    here = by_id[threading.get_native_id()]
+    (mine,) = [
+        entry.id for entry in snap.loop.loops if entry.thread == threading.current_thread().name
+    ]
+    assert here.loop_ids == [mine]
+    assert all(not t.loop_ids for t in snap.threads.threads if t is not here)
