@@ -103,6 +103,7 @@ WARN_THRESHOLDS = {
 _DISABLE = "ASYNCFLOW_DISABLE"
 _NO_EXTENSIONS = "ASYNCFLOW_NO_EXTENSIONS"
 _RUNTIME_DIR = "ASYNCFLOW_RUNTIME_DIR"
+_ENDPOINT_PROCESS = "ASYNCFLOW_ENDPOINT_PROCESS"
 
 
 class Reporter(Protocol):
@@ -203,6 +204,14 @@ def no_extensions(environ: Mapping[str, str] | None = None) -> bool:
     compiled one is built (read once, when ``asyncflow`` is imported)."""
     value = (os.environ if environ is None else environ).get(_NO_EXTENSIONS, "").strip().lower()
     return value not in ("", "0", "false", "no", "off")
+
+
+def endpoint_process(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether the endpoint's HTTP is served from a helper process (the default), not on the
+    profiler's thread (``ASYNCFLOW_ENDPOINT_PROCESS=0``: where starting a process is unwelcome,
+    at the cost of slowing the program while clients poll)."""
+    value = (os.environ if environ is None else environ).get(_ENDPOINT_PROCESS, "").strip().lower()
+    return value not in ("0", "false", "no", "off")
 
 
 def runtime_dir(environ: Mapping[str, str] | None = None) -> str | None:

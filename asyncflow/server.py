@@ -50,7 +50,16 @@ from typing import IO, Any, TypeVar, cast
 import orjson
 from aiohttp import web
 
-from asyncflow import clock, function_views, openapi, resource_views, schema, views, wait_views
+from asyncflow import (
+    clock,
+    config,
+    function_views,
+    openapi,
+    resource_views,
+    schema,
+    views,
+    wait_views,
+)
 from asyncflow import web as web_page
 from asyncflow.collector import Collector
 from asyncflow.errors import AsyncflowError
@@ -1043,7 +1052,7 @@ class Server:
         self.front_config = _FrontConfig(
             self.url, port, tuple(sorted(names)), "*" in allowed, self.token, self.limits
         )
-        if PROCESS:
+        if PROCESS and config.endpoint_process():
             self._arm()
         else:
             await self._serve_here()
@@ -1125,7 +1134,13 @@ class Server:
         link = _ChildLink(self, ours, process, errors)
         self.link = link
         connecting = loop.create_task(loop.connect_accepted_socket(lambda: link, ours))
-        connecting.add_done_callback(_log_failure)
+        connecting.add_done_callback(self._connected)
+
+    def _connected(self, task: asyncio.Future[Any]) -> None:
+        if not self._stopping:
+            _log_failure(task)
+        elif not task.cancelled():
+            task.exception()  # stopped before it was connected: its socket is closed, as meant
 
     def child_gone(self, link: _ChildLink) -> None:
         """The endpoint process closed its end: it exited, or was stopped."""
@@ -1298,12 +1313,6 @@ class Server:
     def _snapshot(self, query: _Query) -> Any:
         return views.snapshot(self.collector, self._running())
 
-    @_builds("/metrics")
-    def _metrics(self, query: _Query) -> Any:
-        from asyncflow import prometheus, reporters
-
-        return prometheus.render(reporters.figures(self.collector, self._running()))
-
     @_builds("/trace")
     def _trace(self, query: _Query) -> Any:
         recorder = self.collector.trace
@@ -1314,6 +1323,12 @@ class Server:
         from asyncflow import trace
 
         return trace.render(recorder.document())  # bytes: sent as they are
+
+    @_builds("/metrics")
+    def _metrics(self, query: _Query) -> Any:
+        from asyncflow import prometheus, reporters
+
+        return prometheus.render(reporters.figures(self.collector, self._running()))
 
 
 def _listen(fd: int) -> None:

@@ -25,8 +25,11 @@ def _any_free_port(
     """Profilers in tests (and the examples they run) serve on a free port, never a fixed one,
     register in a directory of their own (not among the user's running profilers), and time
     every message and item, so that figures are exact; the tests of sampling itself ask for it
-    explicitly."""
+    explicitly. Their endpoints serve HTTP on the profiler's thread
+    (``ASYNCFLOW_ENDPOINT_PROCESS=0``), sparing each test the start of an endpoint process (a
+    Python that imports aiohttp); tests/test_server*.py serve from the process, as programs do."""
     monkeypatch.setenv("ASYNCFLOW_PORT", "0")
+    monkeypatch.setenv("ASYNCFLOW_ENDPOINT_PROCESS", "0")
     monkeypatch.setenv("ASYNCFLOW_RUNTIME_DIR", str(tmp_path_factory.mktemp("runtime")))
     monkeypatch.setenv("ASYNCFLOW_SAMPLING", "1")
     monkeypatch.delenv("ASYNCFLOW_HOST", raising=False)

@@ -23,6 +23,14 @@ from asyncflow import server, views
 from asyncflow.instrument import loops
 from asyncflow.report import format_duration, render_table
 
+
+@pytest.fixture(autouse=True)
+def _from_the_endpoint_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """HTTP served from the endpoint process, as in programs (conftest.py serves the other
+    tests' endpoints on the profiler's thread)."""
+    monkeypatch.setenv("ASYNCFLOW_ENDPOINT_PROCESS", "1")
+
+
 Reply = tuple[int, Any, dict[str, str]]
 
 

@@ -28,6 +28,14 @@ from asyncflow.instrument import _session
 from tests.test_server import workload
 from tests.test_server_hardening import address, read_response
 
+
+@pytest.fixture(autouse=True)
+def _from_the_endpoint_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """HTTP served from the endpoint process, as in programs (conftest.py serves the other
+    tests' endpoints on the profiler's thread)."""
+    monkeypatch.setenv("ASYNCFLOW_ENDPOINT_PROCESS", "1")
+
+
 Drawn = tuple[str, str, list[tuple[str, str]], dict[str, str]]
 FUZZ = settings(
     max_examples=200,

@@ -20,6 +20,14 @@ import asyncflow
 from asyncflow import server, views
 from asyncflow.instrument import _session
 
+
+@pytest.fixture(autouse=True)
+def _from_the_endpoint_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """HTTP served from the endpoint process, as in programs (conftest.py serves the other
+    tests' endpoints on the profiler's thread)."""
+    monkeypatch.setenv("ASYNCFLOW_ENDPOINT_PROCESS", "1")
+
+
 Raw = tuple[int, dict[str, str], Any]
 
 

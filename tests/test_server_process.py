@@ -28,6 +28,14 @@ from asyncflow import server, views
 from tests.test_server import get
 from tests.test_server_hardening import address, read_response, request
 
+
+@pytest.fixture(autouse=True)
+def _from_the_endpoint_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """HTTP served from the endpoint process, as in programs (conftest.py serves the other
+    tests' endpoints on the profiler's thread)."""
+    monkeypatch.setenv("ASYNCFLOW_ENDPOINT_PROCESS", "1")
+
+
 pytestmark = pytest.mark.skipif(
     not server.PROCESS or not hasattr(os, "pidfd_open"), reason="no endpoint process here"
 )
@@ -104,8 +112,14 @@ def test_a_helper_process_serves_and_the_program_builds(served: asyncflow.Profil
 
 
 @pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="needs Linux's /proc")
-def test_without_a_process_the_profilers_thread_serves(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(server, "PROCESS", False)
+@pytest.mark.parametrize("how", ["ASYNCFLOW_ENDPOINT_PROCESS=0", "no process here"])
+def test_without_a_process_the_profilers_thread_serves(
+    monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    if how == "no process here":
+        monkeypatch.setattr(server, "PROCESS", False)
+    else:
+        monkeypatch.setenv("ASYNCFLOW_ENDPOINT_PROCESS", "0")
     with asyncflow.profile("here", format="none", port=0) as prof:
         assert serving_pid(prof) == os.getpid()
         assert prof._server is not None and prof._server.link is None
