@@ -186,8 +186,11 @@ async def test_metrics_parse_and_equal_the_documents(fake_clock: FakeClock) -> N
     assert _value(series, "asyncflow_resource_contended_acquisitions_total", **rl) == 1
     assert _value(series, "asyncflow_resource_wait_seconds_count", **rl) == guard.waits == 1
     assert _value(series, "asyncflow_resource_wait_seconds_sum", **rl) == 7_000 / 1e9
+    # whether it is locked is read live: None once the lock is freed, which may happen between
+    # the tick's figures and the snapshot; compare with the figures the text was rendered from
+    (then,) = [r for r in figures.resources.resources if r.label == "guard"]
     locked = series.get(("asyncflow_resource_locked", frozenset(rl.items())))
-    assert locked == (None if guard.locked is None else int(guard.locked))
+    assert locked == (None if then.locked is None else int(then.locked))
 
     status = snap.status
     assert _value(series, "asyncflow_uptime_seconds") == status.uptime_ns / 1e9
