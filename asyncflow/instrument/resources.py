@@ -549,18 +549,48 @@ def _lock_busy(primitive: Any) -> Callable[[], bool]:
     return locked
 
 
-#: how an acquire hook reads, in two attribute loads, whether the full check is needed
+#: Which of asyncio's own fast paths a hook runs in place of calling the method. On 3.11 to 3.13
+#: (read there) ``Lock.acquire`` begins ``if not locked and no live waiter: _locked = True;
+#: return True``, ``Semaphore.acquire`` ``if not locked(): _value -= 1; return True``, the
+#: releases wake a waiter only when there is one, and ``Event.wait`` returns True when set.
+#: Running those few lines here spares the path nobody contends a coroutine (its frame, its
+#: StopIteration) and a call; anything else (a subclass's own method, a version not read,
+#: a state where it may wait) goes through the primitive's own method, as before.
+_INLINE = (3, 11) <= sys.version_info < (3, 14)
 _GENERIC, _STD_LOCK, _STD_SEMAPHORE = 0, 1, 2
 
 
-def _quick_kind(lock: Any) -> int:
+def _bound(method: Any, func: Any, obj: Any) -> bool:
+    """Whether ``method`` is ``func`` bound to ``obj`` (and so runs exactly its lines)."""
+    return getattr(method, "__func__", None) is func and getattr(method, "__self__", None) is obj
+
+
+def _inline_acquire(lock: Any, acquire: Any) -> int:
+    """Whose fast path an acquire hook may run inline: _STD_LOCK, _STD_SEMAPHORE or _GENERIC."""
+    if not _INLINE:
+        return _GENERIC
+    if _bound(acquire, asyncio.Lock.acquire, lock):
+        return _STD_LOCK
+    if _bound(acquire, asyncio.Semaphore.acquire, lock) and (
+        type(lock).locked is asyncio.Semaphore.locked
+    ):
+        return _STD_SEMAPHORE
+    return _GENERIC
+
+
+def _inline_release(lock: Any, release: Any) -> int:
+    """Whose release a release hook may run inline: _STD_LOCK, _STD_SEMAPHORE or _GENERIC."""
+    if not _INLINE:
+        return _GENERIC
     cls = type(lock)
-    if issubclass(cls, asyncio.Lock) and cls.acquire is asyncio.Lock.acquire:
+    if (
+        _bound(release, asyncio.Lock.release, lock)
+        and cls._wake_up_first is vars(asyncio.Lock)["_wake_up_first"]
+    ):
         return _STD_LOCK
     if (
-        issubclass(cls, asyncio.Semaphore)
-        and cls.acquire is asyncio.Semaphore.acquire
-        and cls.locked is asyncio.Semaphore.locked
+        _bound(release, asyncio.Semaphore.release, lock)
+        and cls._wake_up_next is vars(asyncio.Semaphore)["_wake_up_next"]
     ):
         return _STD_SEMAPHORE
     return _GENERIC
@@ -577,21 +607,39 @@ def _lock_hooks(
     slot = record.slot
     holds = record.holds
     busy = _lock_busy(lock)
-    quick = _quick_kind(lock)
     exclusive = not record.match
     loops: list[Any] = [None]  # the loop this primitive ran on last (dies with the hooks)
 
-    async def acquire_hook() -> Any:
+    def note_hold(session: _session.Session) -> None:
+        """Open the hold of an acquisition that did not wait: who holds it, and since when.
+
+        Only a hold that will be timed needs the clock; the others note when they began to the
+        collector's last tick, negated to say so (holds_of() reads it back).
+        """
+        now = _clock.now_ns() if st.hold_count >= st.next_hold - 1 else -session.tick
+        task = _tasks_get(loops[0])  # _running_task(), inlined
+        if task is None:
+            task = _running_task(loops)
+        call = None
+        if task is not None:
+            coro = task.get_coro()
+            if type(coro) is InstrumentedCoroutine:  # not isinstance: an ABC check costs more
+                call = coro._r
+        if exclusive:
+            slot[1] = call
+            slot[0] = now
+        elif len(holds) < HOLDS_KEPT:
+            holds.append((now, id(task), call))
+        else:
+            st.untracked += 1
+
+    async def acquire_may_wait() -> Any:
+        """The primitive's own acquire, timed as a wait if it is about to wait."""
         session = _session.active
         if session is None:
             return await acquire()
         try:
-            if quick == _STD_LOCK:
-                waits = (lock._locked or lock._waiters) and busy()
-            elif quick == _STD_SEMAPHORE:
-                waits = (lock._value == 0 or lock._waiters) and busy()
-            else:
-                waits = busy()
+            waits = busy()
         except Exception as err:
             _broken("reading a lock's state", err)
             waits = False
@@ -599,52 +647,122 @@ def _lock_hooks(
             return await _contended(record, acquire, loops)
         result = await acquire()
         try:
-            # Only a hold that will be timed needs the clock; the others note when they began
-            # to the collector's last tick, negated to say so (holds_of() reads it back).
-            now = _clock.now_ns() if st.hold_count >= st.next_hold - 1 else -session.tick
-            task = _tasks_get(loops[0])  # _running_task(), inlined
-            if task is None:
-                task = _running_task(loops)
-            call = None
-            if task is not None:
-                coro = task.get_coro()
-                if type(coro) is InstrumentedCoroutine:
-                    call = coro._r
-            if exclusive:
-                slot[1] = call
-                slot[0] = now
-            elif len(holds) < HOLDS_KEPT:
-                holds.append((now, id(task), call))
-            else:
-                st.untracked += 1
+            note_hold(session)
         except Exception as err:  # observing never breaks the program
             _broken("recording an acquisition", err)
         return result
 
-    def release_hook() -> None:
-        release()  # first: a release that raises (not acquired, too many times) releases nothing
-        if _session.active is None:
+    def note_release() -> None:
+        """Close the hold a release ends (a profiler is running); time it if it is sampled."""
+        if exclusive:
+            since = slot[0]
+            if since is None:
+                _unmatched(st)
+                return
+            call = slot[1]
+            slot[0] = slot[1] = None
+        elif not holds:
+            _unmatched(st)
             return
-        try:
-            if exclusive:
+        elif len(holds) == 1:
+            since, _, call = holds.pop()
+        else:
+            since, _, call = holds.pop(_own_hold(holds, id(_running_task(loops))))
+        st.hold_count = count = st.hold_count + 1
+        if count >= st.next_hold and since > 0:  # (a hold not timed waits for the next)
+            _sample_hold(st, since, call)
+
+    quick_acquire = _inline_acquire(lock, acquire)
+    quick_release = _inline_release(lock, release)
+
+    if quick_acquire == _STD_LOCK:
+
+        async def acquire_hook() -> Any:
+            if lock._locked or lock._waiters:  # it may wait: Lock.acquire decides
+                return await acquire_may_wait()
+            lock._locked = True  # Lock.acquire's fast path
+            session = _session.active
+            if session is not None:
+                # note_hold(session), written out: this runs on every `async with`
+                try:
+                    now = _clock.now_ns() if st.hold_count >= st.next_hold - 1 else -session.tick
+                    task = _tasks_get(loops[0])
+                    if task is None:
+                        task = _running_task(loops)
+                    call = None
+                    if task is not None:
+                        coro = task.get_coro()
+                        if type(coro) is InstrumentedCoroutine:
+                            call = coro._r
+                    slot[1] = call
+                    slot[0] = now
+                except Exception as err:  # observing never breaks the program
+                    _broken("recording an acquisition", err)
+            return True
+
+    elif quick_acquire == _STD_SEMAPHORE:
+
+        async def acquire_hook() -> Any:
+            if lock._value == 0 or lock._waiters:  # it may wait: Semaphore.acquire decides
+                return await acquire_may_wait()
+            lock._value -= 1  # Semaphore.acquire's fast path
+            session = _session.active
+            if session is not None:
+                try:
+                    note_hold(session)
+                except Exception as err:
+                    _broken("recording an acquisition", err)
+            return True
+
+    else:
+        acquire_hook = acquire_may_wait
+
+    if quick_release == _STD_LOCK:
+
+        def release_hook() -> None:
+            if lock._locked:  # Lock.release
+                lock._locked = False
+                if lock._waiters:
+                    lock._wake_up_first()
+            else:
+                release()  # its RuntimeError, from its own frame
+            if _session.active is None:
+                return
+            # note_release(), written out for a lock: this runs on every `async with`
+            try:
                 since = slot[0]
                 if since is None:
                     _unmatched(st)
                     return
                 call = slot[1]
                 slot[0] = slot[1] = None
-            elif not holds:
-                _unmatched(st)
-                return
-            elif len(holds) == 1:
-                since, _, call = holds.pop()
-            else:
-                since, _, call = holds.pop(_own_hold(holds, id(_running_task(loops))))
-            st.hold_count = count = st.hold_count + 1
-            if count >= st.next_hold and since > 0:  # (a hold not timed waits for the next)
-                _sample_hold(st, since, call)
-        except Exception as err:
-            _broken("recording a release", err)
+                st.hold_count = count = st.hold_count + 1
+                if count >= st.next_hold and since > 0:
+                    _sample_hold(st, since, call)
+            except Exception as err:
+                _broken("recording a release", err)
+
+    elif quick_release == _STD_SEMAPHORE:
+
+        def release_hook() -> None:
+            lock._value += 1  # Semaphore.release
+            if lock._waiters:
+                lock._wake_up_next()
+            if _session.active is not None:
+                try:
+                    note_release()
+                except Exception as err:
+                    _broken("recording a release", err)
+
+    else:
+
+        def release_hook() -> None:
+            release()  # first: one that raises (not acquired, too many times) releases nothing
+            if _session.active is not None:
+                try:
+                    note_release()
+                except Exception as err:
+                    _broken("recording a release", err)
 
     return acquire_hook, release_hook
 
@@ -728,14 +846,25 @@ def _event_wait_hook(
     st = record.stats
     timed = _timed_wait_hook(record, wait, None)
 
-    async def wait_hook() -> Any:
-        if event._value:
+    if not (_INLINE and _bound(wait, asyncio.Event.wait, event)):
+
+        async def wait_hook() -> Any:
+            if event._value:
+                if _session.active is not None:
+                    st.immediate += 1
+                return await wait()
+            return await timed()
+
+        return wait_hook
+
+    async def inline_wait_hook() -> Any:
+        if event._value:  # Event.wait's fast path
             if _session.active is not None:
                 st.immediate += 1
-            return await wait()
+            return True
         return await timed()
 
-    return wait_hook
+    return inline_wait_hook
 
 
 def _signal_hook(
