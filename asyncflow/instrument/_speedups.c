@@ -247,6 +247,8 @@ enum {
     IT_STATS,
     IT_YIELDED_AT,
     IT_ARMING,
+    SS_ITEMS,
+    SS_ARM,
     N_FIELDS
 };
 
@@ -268,6 +270,8 @@ static Field fields[N_FIELDS] = {
     [IT_STATS] = {"_Iteration", "stats", NS_STREAMS},
     [IT_YIELDED_AT] = {"_Iteration", "yielded_at", NS_STREAMS},
     [IT_ARMING] = {"_Iteration", "arming", NS_STREAMS},
+    [SS_ITEMS] = {"StreamStats", "items", NS_STREAMS},
+    [SS_ARM] = {"StreamStats", "arm", NS_STREAMS},
 };
 
 /* Find each field's class and offset (setup()); a field whose class or slot is not found is
@@ -1548,7 +1552,7 @@ static PyTypeObject FutureCallType = {
 
 static PyObject *streams_dict; /* asyncflow.instrument.streams' namespace, set by setup_streams */
 static PyObject *s_end, *s_resumed, *s_timed_item, *s_iteration_cls, *s_anext, *s_gi_code,
-    *s_co_flags, *s_count;
+    *s_co_flags;
 
 typedef struct {
     PyObject_HEAD
@@ -1636,56 +1640,54 @@ iteration_resumed(PyObject *iteration)
     return 0;
 }
 
-/* The C part of streams.StreamStats: the two figures every item touches, as C integers (the
- * class streams.py derives from this one adds the rest as slots). */
-typedef struct {
-    PyObject_HEAD
-    long long items; /* items yielded, exact */
-    long long arm;   /* the item number from which the next items take the timed path */
-} StatsObject;
-
-static PyMemberDef stats_members[] = {
-    {"items", T_LONGLONG, offsetof(StatsObject, items), 0, "items yielded (exact)"},
-    {"arm", T_LONGLONG, offsetof(StatsObject, arm), 0,
-     "the item number from which the next items take the timed path"},
-    {NULL},
-};
-
-static PyTypeObject StatsType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "asyncflow.instrument._speedups.StreamStatsBase",
-    .tp_doc = "The counters of streams.StreamStats that every item bumps, kept in C.",
-    .tp_basicsize = sizeof(StatsObject),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
-    .tp_new = PyType_GenericNew,
-    .tp_members = stats_members,
-};
-
 /* streams._count(it, item): the item is counted (in ``st``, the iteration's stats), and timed
  * when due. */
 static int
 count_item(PyObject *iteration, PyObject *st, PyObject *item)
 {
-    if (PyObject_TypeCheck(st, &StatsType)) {
-        StatsObject *c = (StatsObject *)st;
-        if (c->items < LLONG_MAX) {
-            c->items += 1;
-            if (c->items < c->arm) {
-                return 0; /* the common case: counted, not timed */
+    /* The common case, in place: st.items += 1; due = st.items >= st.arm */
+    PyObject *items = field_peek(st, SS_ITEMS), *armed = field_peek(st, SS_ARM);
+    if (items != NULL && armed != NULL && PyLong_CheckExact(items) && PyLong_CheckExact(armed)) {
+        int o1, o2;
+        long long n = PyLong_AsLongLongAndOverflow(items, &o1);
+        long long a = PyLong_AsLongLongAndOverflow(armed, &o2);
+        if (!o1 && !o2 && n != -1 && a != -1 && n < LLONG_MAX && n + 1 < a) {
+            PyObject *bumped = PyLong_FromLongLong(n + 1);
+            if (bumped == NULL) {
+                return -1;
             }
-            PyObject *fn = streams_get(s_timed_item);
-            PyObject *args[2] = {iteration, item};
-            PyObject *res = fn == NULL ? NULL : PyObject_Vectorcall(fn, args, 2, NULL);
-            Py_XDECREF(res);
-            return res == NULL ? -1 : 0;
+            int rc = field_set(st, SS_ITEMS, bumped);
+            Py_DECREF(bumped);
+            return rc;
         }
+        PyErr_Clear();
     }
-    /* stats of another kind: as the reference does it */
-    PyObject *fn = streams_get(s_count);
-    PyObject *args[2] = {iteration, item};
-    PyObject *res = fn == NULL ? NULL : PyObject_Vectorcall(fn, args, 2, NULL);
-    Py_XDECREF(res);
-    return res == NULL ? -1 : 0;
+    Py_INCREF(st);
+    int rc = -1;
+    PyObject *n = NULL, *arm = NULL;
+    if (field_add(st, SS_ITEMS, 1) < 0 || (n = field_get(st, SS_ITEMS)) == NULL ||
+        (arm = field_get(st, SS_ARM)) == NULL) {
+        goto done;
+    }
+    int due = PyObject_RichCompareBool(n, arm, Py_GE);
+    if (due < 0) {
+        goto done;
+    }
+    if (due) {
+        PyObject *fn = streams_get(s_timed_item);
+        PyObject *args[2] = {iteration, item};
+        PyObject *res = fn == NULL ? NULL : PyObject_Vectorcall(fn, args, 2, NULL);
+        if (res == NULL) {
+            goto done;
+        }
+        Py_DECREF(res);
+    }
+    rc = 0;
+done:
+    Py_XDECREF(n);
+    Py_XDECREF(arm);
+    Py_DECREF(st);
+    return rc;
 }
 
 /* it.end(exc): the iteration ended (exc: NULL for exhausted). Leaves no exception set. */
@@ -2523,7 +2525,6 @@ PyInit__speedups(void)
     INTERN(s_anext, "__anext__");
     INTERN(s_gi_code, "gi_code");
     INTERN(s_co_flags, "co_flags");
-    INTERN(s_count, "_count");
     small_zero = PyLong_FromLong(0);
     if (small_zero == NULL) {
         return NULL;
@@ -2536,8 +2537,7 @@ PyInit__speedups(void)
     }
     if (PyType_Ready(&RecordType) < 0 || PyType_Ready(&WrapperType) < 0 ||
         PyType_Ready(&SlotType) < 0 || PyType_Ready(&FutureCallType) < 0 ||
-        PyType_Ready(&AIterType) < 0 || PyType_Ready(&StepType) < 0 ||
-        PyType_Ready(&StatsType) < 0) {
+        PyType_Ready(&AIterType) < 0 || PyType_Ready(&StepType) < 0) {
         return NULL;
     }
     FutureCallObject *future_call = PyObject_New(FutureCallObject, &FutureCallType);
@@ -2554,8 +2554,7 @@ PyInit__speedups(void)
         PyModule_AddIntConstant(m, "BUCKETS", BUCKETS) < 0 ||
         PyModule_AddObjectRef(m, "future_call", (PyObject *)future_call) < 0 ||
         PyModule_AddObjectRef(m, "AsyncIteratorBase", (PyObject *)&AIterType) < 0 ||
-        PyModule_AddObjectRef(m, "StreamStep", (PyObject *)&StepType) < 0 ||
-        PyModule_AddObjectRef(m, "StreamStatsBase", (PyObject *)&StatsType) < 0) {
+        PyModule_AddObjectRef(m, "StreamStep", (PyObject *)&StepType) < 0) {
         Py_DECREF(future_call);
         Py_DECREF(m);
         return NULL;

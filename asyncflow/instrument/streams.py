@@ -50,18 +50,7 @@ COMPILED = "compiled"  # a decorated function compiled again, counting inside it
 WRAPPED = "wrapped"  # each generator (or iterable) wrapped by an InstrumentedAsyncIterator
 
 
-# Where the compiled hot path is built, ``items`` and ``arm`` (what every item touches) are C
-# integers of a base class, so that counting an item allocates nothing; the Python path reads
-# and writes them as it would slots.
-if _compiled_path is not None and hasattr(_compiled_path, "StreamStatsBase"):
-    _StatsBase: type = _compiled_path.StreamStatsBase
-    _STATS_SLOTS: tuple[str, ...] = ()
-else:
-    _StatsBase = object
-    _STATS_SLOTS = ("arm", "items")
-
-
-class StreamStats(_StatsBase):  # type: ignore[misc]
+class StreamStats:
     """One session's figures for one stream definition.
 
     ``items`` is bumped inline at every item; ``arm`` is the item number from which the next
@@ -69,10 +58,11 @@ class StreamStats(_StatsBase):  # type: ignore[misc]
     """
 
     __slots__ = (
-        *_STATS_SLOTS,
+        "arm",
         "between_ns",
         "instances",
         "interval",
+        "items",
         "last_ns",
         "log",
         "sampled",
@@ -81,9 +71,6 @@ class StreamStats(_StatsBase):  # type: ignore[misc]
         "wait_max",
         "wait_ns",
     )
-
-    items: int
-    arm: int
 
     def __init__(self) -> None:
         self.items = 0
