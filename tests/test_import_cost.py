@@ -1,0 +1,87 @@
+"""``import asyncflow`` stays light: what a program that only instruments never loads."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from asyncflow import stats
+
+#: loaded only when a profiler serves, reports or exports, never by ``import asyncflow``
+HEAVY = (
+    "aiohttp",
+    "anyio",
+    "orjson",
+    "sortedcontainers",
+    "yarl",
+    "multidict",
+    "opentelemetry",
+    "asyncflow.server",
+    "asyncflow.views",
+    "asyncflow.schema",
+    "asyncflow.collector",
+    "asyncflow.report",
+    "asyncflow.cli",
+)
+
+_PROBE = """
+import json, sys
+{code}
+print(json.dumps(sorted(m for m in {heavy!r} if m in sys.modules)))
+"""
+
+
+def _loaded_after(code: str, **env: str) -> list[str]:
+    out = subprocess.run(
+        [sys.executable, "-c", _PROBE.format(code=code, heavy=HEAVY)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **env},
+        check=True,
+    ).stdout
+    loaded: list[str] = json.loads(out.splitlines()[-1])
+    return loaded
+
+
+@pytest.mark.parametrize("no_extensions", ["0", "1"], ids=["compiled", "pure Python"])
+def test_import_asyncflow_loads_nothing_heavy(no_extensions: str) -> None:
+    assert _loaded_after("import asyncflow", ASYNCFLOW_NO_EXTENSIONS=no_extensions) == []
+
+
+def test_instrumenting_without_a_profiler_loads_nothing_heavy() -> None:
+    code = """
+import asyncio, asyncflow
+
+@asyncflow.future
+async def work(lock):
+    async with lock:
+        await asyncio.sleep(0)
+
+async def main():
+    lock = asyncflow.instrument_lock(asyncio.Lock())
+    q = asyncflow.instrument_queue(asyncio.Queue())
+    q.put_nowait(1)
+    await q.get()
+    await asyncio.gather(work(lock), work(lock))
+
+asyncio.run(main())
+"""
+    assert _loaded_after(code) == []
+
+
+def test_the_lazy_names_still_resolve() -> None:
+    # the documents' module loads when first asked for, and only then
+    loaded = _loaded_after("import asyncflow; asyncflow.Snapshot")
+    assert "asyncflow.schema" in loaded
+    assert not {"aiohttp", "asyncflow.server", "asyncflow.collector"} & set(loaded)
+
+
+def test_the_small_bucket_table_is_bucket_of() -> None:
+    # built a run at a time at import, it must agree with bucket_of everywhere
+    assert len(stats.SMALL_BUCKET) == stats.SMALL_LIMIT
+    assert [stats.bucket_of(ns) for ns in range(stats.SMALL_LIMIT)] == stats.SMALL_BUCKET
