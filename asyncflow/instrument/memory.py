@@ -4,7 +4,11 @@ The streams the user holds are left as they are. asyncflow instruments the state
 their clones) share: its buffer becomes a ``deque`` subclass that pairs messages in FIFO order,
 and its maps of waiting senders and receivers note when a blocked send is taken, when it is
 withdrawn (a cancelled or broken send is never counted), and when an item is handed straight to
-a waiting receiver (a rendezvous, delay 0). Waits are timed there too. The waiting maps are
+a waiting receiver. Such a hand-off is sent by the sender's call when it happens, and received
+by the consumer's call when its ``receive()`` wakes up and takes the item out of its slot (anyio
+then takes its entry out of the map once more, in the consumer's task): the receive is the
+consumer's, and the time in channel is the time the item waited for it. Waits are timed there
+too. The waiting maps are
 wrappers over the real ones rather than subclasses, so that no anyio version can take an entry
 out by a path asyncflow does not see (tested on the lowest and the newest anyio allowed).
 """
@@ -86,7 +90,8 @@ class _WaitingMap(MutableMapping[Any, Any]):
         #: key -> what was noted when it started waiting
         self.since: dict[Any, Any] = {}
         for key, value in dict(items).items():
-            self[key] = value
+            self._map[key] = self._wrap(key, value, adopted=True)
+            self.since[key] = self._started()
 
     # -- reads: straight to the real map ---------------------------------------------------------
 
@@ -111,7 +116,7 @@ class _WaitingMap(MutableMapping[Any, Any]):
     # -- every mutator -----------------------------------------------------------------------
 
     def __setitem__(self, key: Any, value: Any) -> None:
-        self._map[key] = self._wrap(value)
+        self._map[key] = self._wrap(key, value, adopted=False)
         try:
             self.since[key] = self._started()
         except Exception as err:  # observing never breaks the program
@@ -159,7 +164,8 @@ class _WaitingMap(MutableMapping[Any, Any]):
 
     # -- what each kind of map notes ---------------------------------------------------------
 
-    def _wrap(self, value: Any) -> Any:
+    def _wrap(self, key: Any, value: Any, adopted: bool) -> Any:
+        """What the map holds for ``value``; ``adopted``: it was waiting before instrumenting."""
         return value
 
     def _started(self) -> Any:
@@ -191,11 +197,14 @@ class _Senders(_WaitingMap):
 class _Receiver:
     """Stands in for a waiting receiver in the shared map, to see items handed to it directly."""
 
-    __slots__ = ("_real", "_record")
+    __slots__ = ("_key", "_real", "_receivers", "_waiter")
 
-    def __init__(self, real: Any, record: ChannelRecord) -> None:
+    def __init__(self, real: Any, receivers: _Receivers, key: Any, waiter: Any) -> None:
         self._real = real
-        self._record = record
+        self._receivers = receivers
+        self._key = key
+        #: caller() of the task that waits, or _ANYONE when it was waiting before instrumenting
+        self._waiter = waiter
 
     @property
     def task_info(self) -> Any:
@@ -208,20 +217,58 @@ class _Receiver:
     @item.setter
     def item(self, item: Any) -> None:
         self._real.item = item
-        try:  # a rendezvous: sent and received at the same instant
-            now = _clock.now_ns()
-            self._record.receive(self._record.send(item, at=now), item, at=now)
+        try:  # a hand-off, in the sender's task: sent now, received when the consumer wakes
+            receivers = self._receivers
+            msg_id = receivers.record.send(item)
+            receivers.handed[self._key] = (msg_id, self._real, self._waiter)
         except Exception as err:
             _session.internal_error("recording a memory stream hand-off", err)
 
 
+#: the waiter of a receiver that was waiting before the stream was instrumented: any task's
+#: pop of its entry after the hand-off is taken to be its own
+_ANYONE = object()
+
+
 class _Receivers(_WaitingMap):
-    """Waiting receivers: times how long consumers starve."""
+    """Waiting receivers: times how long consumers starve, and receives what was handed over.
 
-    __slots__ = ()
+    ``handed``: event -> (msg_id, anyio's receiver, waiter) of each item handed to a receiver
+    that has not woken up yet. anyio's ``receive()``, once woken, takes its event out of the map
+    again (``pop(event, None)``, a no-op for anyio since the sender took it already), in the
+    consumer's own task, just before it returns the item: that is when the item is received.
+    Another task's pop of the same event (a ``close()`` of the receive stream meanwhile) is not
+    the consumer's and is passed over.
+    """
 
-    def _wrap(self, receiver: Any) -> Any:
-        return receiver if isinstance(receiver, _Receiver) else _Receiver(receiver, self.record)
+    __slots__ = ("handed",)
+
+    def __init__(self, items: Any, record: ChannelRecord) -> None:
+        self.handed: dict[Any, tuple[int, Any, Any]] = {}
+        super().__init__(items, record)
+
+    def _wrap(self, key: Any, receiver: Any, adopted: bool) -> Any:
+        if isinstance(receiver, _Receiver):
+            return receiver
+        return _Receiver(receiver, self, key, _ANYONE if adopted else caller())
+
+    def pop(self, key: Any, *default: Any) -> Any:
+        if self.handed and key not in self._map:
+            self._received(key)
+        return super().pop(key, *default)
+
+    def _received(self, key: Any) -> None:
+        try:
+            handed = self.handed.get(key)
+            if handed is None:
+                return
+            msg_id, receiver, waiter = handed
+            if waiter is not _ANYONE and caller() != waiter:
+                return  # not the consumer's own task: it takes the item when it wakes
+            del self.handed[key]
+            self.record.receive(msg_id, receiver.item)
+        except Exception as err:  # observing never breaks the program
+            _session.internal_error("recording a memory stream receive", err)
 
     def _ended(self, started: Any, receiver: Any, taken: bool) -> None:
         self.record.waited(False, started)
