@@ -375,6 +375,46 @@ async def test_adaptive_sampling_times_all_of_a_quiet_channel_and_less_of_a_busy
     assert busy_entry.max_queue_size == 5_000
 
 
+@pytest.mark.parametrize("make", KINDS)
+@pytest.mark.parametrize("nowait", [False, True])
+async def test_a_put_with_a_getter_waiting_is_received_by_the_getter(
+    fake_clock: FakeClock, make: QueueFactory, nowait: bool
+) -> None:
+    """asyncio hands nothing over: a put with a getter waiting stores the item and wakes the
+    getter, whose get takes it. The receive is the consumer's, timed when it takes the item."""
+    label = f"put-to-getter-{make.__name__}-{nowait}"
+    with asyncflow.profile(label, format="none", sampling=1) as prof:
+        q = asyncflow.instrument_queue(make(0), name=label)
+        got: list[int] = []
+
+        @asyncflow.future(name=f"{label}-consumer")
+        async def consumer() -> None:
+            for _ in range(4):
+                got.append(await q.get())
+
+        @asyncflow.future(name=f"{label}-producer")
+        async def producer() -> None:
+            for i in range(4):
+                while not q._getters:  # type: ignore[attr-defined]
+                    await asyncio.sleep(0)
+                if nowait:
+                    q.put_nowait(i)
+                else:
+                    await q.put(i)
+                fake_clock.advance(700)  # before the consumer runs again
+
+        async with asyncio.timeout(5):
+            await asyncio.gather(asyncio.create_task(consumer()), asyncio.create_task(producer()))
+        assert got == [0, 1, 2, 3]
+        snap = prof.snapshot()
+    ids = {f.label: f.id for f in snap.futures.futures}
+    entry, logs = _channel(snap, label)
+    assert (entry.sent_count, entry.received_count) == (4, 4)
+    assert {e.future_id for e in logs.sent_logs} == {ids[f"{label}-producer"]}
+    assert {e.future_id for e in logs.received_logs} == {ids[f"{label}-consumer"]}
+    assert [e.delay_ns for e in logs.received_logs] == [700] * 4
+
+
 async def test_a_queue_freed_with_unread_items_counts_them_as_lost() -> None:
     with asyncflow.profile("lost", format="none") as prof:
         q: asyncio.Queue[int] = asyncflow.instrument_queue(asyncio.Queue(), name="dropped")
