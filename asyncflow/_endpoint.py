@@ -14,6 +14,7 @@ import os
 import signal
 import socket
 import sys
+import traceback
 
 __all__ = ["main"]
 
@@ -29,10 +30,14 @@ def main(argv: list[str] | None = None) -> int:
     loop = asyncio.new_event_loop()
     try:
         loop.run_until_complete(serve_in_child(control, listening))
-    finally:
-        # Nothing here is worth a clean shutdown: connections die with the process.
-        sys.stdout.flush()
-        os._exit(0)
+    except BaseException:
+        # Its standard error is a file the program reads and quotes on its logger when this
+        # process dies before serving: say why there.
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)
+    # Nothing here is worth a clean shutdown: connections die with the process.
+    os._exit(0)
 
 
 if __name__ == "__main__":
