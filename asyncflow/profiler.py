@@ -488,7 +488,10 @@ class Profiler:
         recorder = collector.trace
         if recorder is None:
             raise AsyncflowError(TRACE_OFF)
-        document: dict[str, Any] = self._call(recorder.document)
+        import orjson
+
+        # Built on the profiler's thread; parsed on the caller's, which asked for the dicts.
+        document: dict[str, Any] = orjson.loads(self._call(recorder.data))
         return document
 
     # -- context managers --------------------------------------------------------------------

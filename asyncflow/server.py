@@ -1320,9 +1320,7 @@ class Server:
             from asyncflow.profiler import TRACE_OFF
 
             raise _Refused(404, TRACE_OFF)
-        from asyncflow import trace
-
-        return trace.render(recorder.document())  # bytes: sent as they are
+        return recorder.data()  # bytes: sent as they are
 
     @_builds("/metrics")
     def _metrics(self, query: _Query) -> Any:

@@ -209,7 +209,7 @@ class TraceRecorder:
         if self.output is None:
             return
         try:
-            data = render(self.document())
+            data = self.data()
             with open(self.output, "wb") as out:
                 out.write(data)
         except Exception as exc:  # the trace cannot be written: the program goes on
@@ -301,11 +301,17 @@ class TraceRecorder:
 
     # -- the document --------------------------------------------------------------------------
 
-    def document(self) -> dict[str, Any]:
-        """The ring as a Chrome trace event document (call on the profiler's thread)."""
+    def data(self) -> bytes:
+        """The ring as the bytes of a Chrome trace event file (call on the profiler's thread):
+        what ``GET /trace`` serves and the file ``trace=`` names holds."""
         self.tick()
         now = clock.now_ns()
         return _Builder(self, now).build()
+
+    def document(self) -> dict[str, Any]:
+        """The ring as a Chrome trace event document: :meth:`data`, parsed."""
+        document: dict[str, Any] = orjson.loads(self.data())
+        return document
 
 
 def _blame(e: Any) -> tuple[int, str, str, str]:
@@ -348,11 +354,19 @@ class _Track:
 
 
 class _Builder:
+    """Writes the file's JSON text directly: one line of text per poll from a format made once
+    per track and label (a full ring is about a hundred thousand polls; a dict per event, then
+    serialising the tree, took seconds of the profiler's thread and made the collector run).
+    The rarer events (arrows, episodes, counters) are dicts serialised one by one."""
+
     def __init__(self, recorder: TraceRecorder, now: int) -> None:
         self.recorder = recorder
         self.now = now
         self.origin = recorder.collector.session.start_ns
-        self.events: list[dict[str, Any]] = []
+        #: the events' JSON texts and, beside them, their times (ns since the origin): the
+        #: file lists them in time order
+        self.texts: list[bytes] = []
+        self.times: list[int] = []
         self.meta: list[dict[str, Any]] = []
         self._pids: dict[int, int] = {}  # thread ident -> pid
         self._tids = itertools.count(_FIRST_TID)
@@ -361,21 +375,23 @@ class _Builder:
         self.flows = 0
         self.flows_unbound = 0
 
-    def build(self) -> dict[str, Any]:
+    def build(self) -> bytes:
         recorder = self.recorder
         ring = list(recorder.ring)  # one copy, taken while the program's threads append
         # Polls are numbered as they begin, from 0: the newest kept says how many there were
         # (less any still running now, which are not in the ring yet).
-        polls = [(*e, i) for i, e in enumerate(ring) if type(e[0]) is int]
-        recorded = recorder.cold + 1 + max((p[4] for p in polls), default=-1)
+        polls = [i for i, e in enumerate(ring) if type(e[0]) is int]
+        recorded = recorder.cold + 1 + max((ring[i][4] for i in polls), default=-1)
         for state in recorder.collector.monitor.states.values():
             self._loops_by_thread.setdefault(state.record.thread, state.record)
         for record in loop_registry():
             self._loops_by_thread.setdefault(record.thread, record)
         others = [e for e in ring if type(e[0]) is not int]
+        kept = len(ring)
         self.meta.append(_meta(_CHANNELS_PID, None, "process_name", "channels"))
         self.meta.append(_meta(_CHANNELS_PID, None, "process_sort_index", 0, key="sort_index"))
-        by_call = self._polls(polls)
+        by_call = self._polls(ring, polls)
+        del polls
         for e in others:
             kind = e[0]
             if kind == _MESSAGE:
@@ -389,29 +405,39 @@ class _Builder:
                 _, _, at, thread, loop_id, lag = e
                 self._counter(self._pid(thread), at, f"loop {loop_id} lag", "ms", lag / 1e6)
         self._ongoing_episodes()
-        self.events.sort(key=lambda ev: ev["ts"])
+        del ring, others
         origin_wall = time.time() - (self.now - self.origin) / 1e9
         lost = recorder.lost
-        return {
-            "traceEvents": [*self.meta, *self.events],
-            "metadata": {
-                "asyncflow": {
-                    "name": recorder.collector.options.name,
-                    "version": __version__,
-                    "pid": os.getpid(),
-                    "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(origin_wall)),
-                    "capacity": recorder.capacity,
-                    "recorded": recorded,
-                    "kept": len(ring),
-                    "dropped": max(0, recorded - len(ring)),
-                    "polls_recorded": recorder.polls,
-                    "flows": self.flows,
-                    "flows_unbound": self.flows_unbound,
-                    "messages_missed": lost.messages_missed,
-                    "sends_forgotten": lost.sends_forgotten,
-                }
-            },
+        metadata = {
+            "asyncflow": {
+                "name": recorder.collector.options.name,
+                "version": __version__,
+                "pid": os.getpid(),
+                "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(origin_wall)),
+                "capacity": recorder.capacity,
+                "recorded": recorded,
+                "kept": kept,
+                "dropped": max(0, recorded - kept),
+                "polls_recorded": recorder.polls,
+                "flows": self.flows,
+                "flows_unbound": self.flows_unbound,
+                "messages_missed": lost.messages_missed,
+                "sends_forgotten": lost.sends_forgotten,
+            }
         }
+        texts, times = self.texts, self.times
+        # In time order (stable: what began at the same time stays in the order it was made).
+        # The polls of each thread come in the order they began already; sorting the numbers
+        # and then picking the texts is cheaper than sorting pairs.
+        order = sorted(range(len(times)), key=times.__getitem__)
+        head = orjson.dumps(self.meta)[1:-1]
+        body = b",".join([texts[i] for i in order])
+        del order, self.texts, self.times
+        parts = [b'{"traceEvents":[', head]
+        if head and body:
+            parts.append(b",")
+        parts += [body, b'],"metadata":', orjson.dumps(metadata), b"}"]
+        return b"".join(parts)
 
     def _pid(self, thread: int) -> int:
         pid = self._pids.get(thread)
@@ -431,62 +457,109 @@ class _Builder:
         self.meta.append(_meta(pid, tid, "thread_sort_index", tid, key="sort_index"))
         return tid
 
-    def _polls(self, polls: list[tuple[Any, ...]]) -> dict[int, _Track]:
-        """One X slice per poll, on its task's track; returns the tracks by the call ids that
-        own them (the outermost tracked call of each task)."""
+    def _event(self, at: int, event: dict[str, Any]) -> None:
+        """One of the rarer events, at ``at`` (ns since the origin)."""
+        self.times.append(at)
+        self.texts.append(orjson.dumps(event))
+
+    def _polls(self, ring: list[tuple[Any, ...]], polls: list[int]) -> dict[int, _Track]:
+        """One X slice per poll (``polls``: their places in ``ring``, which is the order they
+        ended), on its task's track; returns the tracks by the call ids that own them (the
+        outermost tracked call of each task). The loop runs once per poll of a full ring: it
+        is kept to a few lookups and one ``%`` of a format made once per call and track."""
         names = self.recorder.names
-        by_thread: dict[int, list[tuple[Any, ...]]] = {}
-        for p in polls:
-            thread = names.get(p[2], _UNNAMED)[3]
-            by_thread.setdefault(thread, []).append(p)
-        tracks: dict[tuple[int, int], _Track] = {}
+        by_thread: dict[int, list[int]] = {}
+        thread_of: dict[int, int] = {}  # call id -> thread
+        for i in polls:
+            call_id = ring[i][2]
+            thread = thread_of.get(call_id)
+            if thread is None:
+                thread = thread_of[call_id] = names.get(call_id, _UNNAMED)[3]
+            mine = by_thread.get(thread)
+            if mine is None:
+                mine = by_thread[thread] = []
+            mine.append(i)
+        del thread_of
         by_call: dict[int, _Track] = {}
-        texts: dict[str, str] = {}
+        #: (track id, future id, label) -> the format of that future's polls on that track
+        formats: dict[tuple[int, Any, str], bytes] = {}
         origin = self.origin
-        append = self.events.append
+        texts, times = self.texts, self.times
         for thread, mine in by_thread.items():
             pid = self._pid(thread)
             # In the order they began; a poll that ended (entered the ring) before this one did
             # is not around it.
-            mine.sort(key=lambda p: p[4])
+            begun = [ring[i][4] for i in mine]
+            mine = [mine[j] for j in sorted(range(len(mine)), key=begun.__getitem__)]
+            del begun
+            tracks: dict[int, _Track] = {}  # outermost call id -> its track, in this thread
+            #: call id -> (its track, the format of its polls there)
+            call_formats: dict[int, tuple[_Track, bytes]] = {}
             stack: list[tuple[int, _Track]] = []  # (end number, track) of the enclosing polls
-            for t0, dt, call_id, outcome, _, ended in mine:
-                future_id, label, task, _ = names.get(call_id, _UNNAMED)
-                end = t0 + dt
+            for ended in mine:
+                t0, dt, call_id, outcome, _ = ring[ended]
                 while stack and stack[-1][0] < ended:
                     stack.pop()
                 if stack:
                     track = stack[-1][1]
                 else:
-                    key = (thread, call_id)
-                    track = tracks.get(key)  # type: ignore[assignment]
+                    track = tracks.get(call_id)  # type: ignore[assignment]
                     if track is None:
-                        name = f"{task} ({label})" if task else f"call {call_id} ({label})"
-                        track = tracks[key] = _Track(pid, 0, name, call_id)
-                        track.tid = self._new_track(pid, track.name)
+                        track = tracks[call_id] = self._track(pid, call_id)
                         by_call[call_id] = track
                     track.starts.append(t0)
-                    track.ends.append(end)
+                    track.ends.append(t0 + dt)
                 stack.append((ended, track))
-                args: dict[str, Any] = {"call_id": call_id, "future_id": future_id}
-                if outcome != "suspended":
-                    args["outcome"] = outcome
-                shown = texts.get(label)
-                if shown is None:
-                    shown = texts[label] = _text(label)
-                append(
-                    {
-                        "name": shown,
-                        "cat": "poll",
-                        "ph": "X",
-                        "ts": round((t0 - origin) / 1000, 3),
-                        "dur": round(dt / 1000, 3),
-                        "pid": pid,
-                        "tid": track.tid,
-                        "args": args,
-                    }
-                )
+                known = call_formats.get(call_id)
+                if known is None or known[0] is not track:
+                    future_id, label, _, _ = names.get(call_id, _UNNAMED)
+                    key = (track.tid, future_id, label)
+                    fmt = formats.get(key)
+                    if fmt is None:
+                        fmt = formats[key] = _poll_format(pid, track.tid, future_id, label)
+                    call_formats[call_id] = (track, fmt)
+                else:
+                    fmt = known[1]
+                at = t0 - origin
+                try:
+                    if at < 0 or dt < 0:
+                        raise ValueError(at)  # a number "%d.%03d" cannot write
+                    if outcome == "suspended":
+                        text = fmt % (at // 1000, at % 1000, dt // 1000, dt % 1000, call_id, b"")
+                    else:
+                        more = b',"outcome":' + orjson.dumps(outcome)
+                        text = fmt % (at // 1000, at % 1000, dt // 1000, dt % 1000, call_id, more)
+                except (TypeError, ValueError):  # not the numbers a poll has: as a dict
+                    text = self._poll_dict(pid, track.tid, call_id, t0, dt, outcome)
+                texts.append(text)
+                times.append(at)
         return by_call
+
+    def _track(self, pid: int, call_id: int) -> _Track:
+        """The track of a task whose outermost tracked call is ``call_id``."""
+        _, label, task, _ = self.recorder.names.get(call_id, _UNNAMED)
+        name = f"{task} ({label})" if task else f"call {call_id} ({label})"
+        track = _Track(pid, 0, name, call_id)
+        track.tid = self._new_track(pid, name)
+        return track
+
+    def _poll_dict(self, pid: int, tid: int, call_id: int, t0: int, dt: int, outcome: str) -> bytes:
+        future_id, label, _, _ = self.recorder.names.get(call_id, _UNNAMED)
+        args: dict[str, Any] = {"call_id": call_id, "future_id": future_id}
+        if outcome != "suspended":
+            args["outcome"] = outcome
+        return orjson.dumps(
+            {
+                "name": _text(label),
+                "cat": "poll",
+                "ph": "X",
+                "ts": _us(t0 - self.origin),
+                "dur": _us(dt),
+                "pid": pid,
+                "tid": tid,
+                "args": args,
+            }
+        )
 
     def _message(self, e: tuple[Any, ...], by_call: dict[int, _Track]) -> None:
         _, _, cid, label, msg_id, sent_at, sender, received_at, receiver = e
@@ -502,7 +575,8 @@ class _Builder:
         ident = flow_id(cid, msg_id)
         name = "message"
         args = {"channel": _text(label), "channel_id": cid, "msg_id": msg_id}
-        self.events.append(
+        self._event(
+            sent_at - self.origin,
             {
                 "name": name,
                 "cat": "message",
@@ -512,9 +586,10 @@ class _Builder:
                 "tid": source.tid,
                 "id": ident,
                 "args": args,
-            }
+            },
         )
-        self.events.append(
+        self._event(
+            received_at - self.origin,
             {
                 "name": name,
                 "cat": "message",
@@ -525,7 +600,7 @@ class _Builder:
                 "tid": target.tid,
                 "id": ident,
                 "args": {**args, "delay_ns": received_at - sent_at},
-            }
+            },
         )
 
     def _loop_track(self, thread: int, loop_id: int) -> tuple[int, int]:
@@ -556,7 +631,8 @@ class _Builder:
             args["where"] = _text(where)
         if ongoing:
             args["ongoing"] = True
-        self.events.append(
+        self._event(
+            since - self.origin,
             {
                 "name": f"blocked: {_text(label or where or 'untracked code')}",
                 "cat": "blocked",
@@ -566,7 +642,7 @@ class _Builder:
                 "pid": pid,
                 "tid": tid,
                 "args": args,
-            }
+            },
         )
 
     def _ongoing_episodes(self) -> None:
@@ -583,7 +659,8 @@ class _Builder:
             )
 
     def _counter(self, pid: int, at: int, name: str, key: str, value: float) -> None:
-        self.events.append(
+        self._event(
+            at - self.origin,
             {
                 "name": name,
                 "cat": "counter",
@@ -591,8 +668,20 @@ class _Builder:
                 "ts": _us(at - self.origin),
                 "pid": pid,
                 "args": {key: value},
-            }
+            },
         )
+
+
+def _poll_format(pid: int, tid: int, future_id: Any, label: str) -> bytes:
+    """The JSON text of a poll of future ``future_id`` on track ``tid`` but for its start and
+    duration (each ``%d.%03d`` µs), its call id (``%d``) and its extra args (``%s``)."""
+    fixed = orjson.dumps({"name": _text(label), "cat": "poll", "ph": "X", "pid": pid, "tid": tid})
+    return (
+        fixed[:-1].replace(b"%", b"%%")
+        + b',"ts":%d.%03d,"dur":%d.%03d,"args":{"call_id":%d,"future_id":'
+        + orjson.dumps(future_id).replace(b"%", b"%%")
+        + b"%s}}"
+    )
 
 
 def _meta(pid: int, tid: int | None, name: str, value: Any, key: str = "name") -> dict[str, Any]:

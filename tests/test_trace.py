@@ -43,7 +43,7 @@ def check_format(document: dict[str, Any]) -> list[Event]:
     assert {e["ph"] for e in events} <= known
     last: dict[tuple[int, int], float] = {}
     open_slices: dict[tuple[int, int], list[str]] = defaultdict(list)
-    slices: dict[tuple[int, int], list[tuple[float, float]]] = defaultdict(list)
+    slices: dict[tuple[int, int], list[tuple[int, int]]] = defaultdict(list)  # in ns
     flows: dict[int, list[Event]] = defaultdict(list)
     for e in events:
         assert isinstance(e["pid"], int)
@@ -69,12 +69,14 @@ def check_format(document: dict[str, Any]) -> list[Event]:
             open_slices[track].pop()
         elif e["ph"] == "X":
             assert e["dur"] >= 0
-            slices[track].append((e["ts"], e["ts"] + e["dur"]))
+            # in ns: µs with 3 decimals added as floats can be off by an ulp
+            at = round(e["ts"] * 1000)
+            slices[track].append((at, at + round(e["dur"] * 1000)))
         else:
             flows[e["id"]].append(e)
     assert not any(open_slices.values()), "a B without its E"
     for track, spans in slices.items():  # on one track, slices nest or follow each other
-        stack: list[float] = []
+        stack: list[int] = []
         for begins, ends in spans:
             while stack and begins >= stack[-1]:
                 stack.pop()
@@ -88,7 +90,8 @@ def check_format(document: dict[str, Any]) -> list[Event]:
         assert finish.get("bp") == "e"
         for point in pair:
             spans = slices[(point["pid"], point["tid"])]
-            assert any(a <= point["ts"] <= b for a, b in spans), f"flow outside slices: {point}"
+            at = round(point["ts"] * 1000)
+            assert any(a <= at <= b for a, b in spans), f"flow outside slices: {point}"
     meta = document["metadata"]["asyncflow"]
     assert meta["dropped"] == meta["recorded"] - meta["kept"]
     return events
@@ -528,3 +531,46 @@ def test_tasks_are_grouped_under_their_loops_thread() -> None:
     assert groups[1].startswith("thread second-loop · event loop ")
     polls = [e for e in events if e["ph"] == "X" and e["name"].endswith("steps")]
     assert len(polls) == 8 and len({e["pid"] for e in polls}) == 2
+
+
+def test_polls_are_written_exactly_whatever_their_names(fake_clock: FakeClock) -> None:
+    """Poll slices are written as text from a format per call and track (not as dicts): names
+    with %, quotes, backslashes, non-ASCII and control characters, times to the nanosecond,
+    outcomes, and a poll that began before the profiler did (written the slow way)."""
+    label = 'odd %d %s "quoted" \\ é\x07'
+
+    @asyncflow.future(name=label)
+    async def odd() -> int:
+        fake_clock.advance(1_234_567)
+        await asyncio.sleep(0)
+        fake_clock.advance(1)
+        return 1
+
+    async def main() -> None:
+        assert await odd() == 1
+
+    with asyncflow.profile("trace-text", format="none", port=None, trace=True) as prof:
+        fake_clock.advance(5)
+        asyncio.run(main())
+        recorder = prof._collector.trace  # type: ignore[union-attr]
+        assert recorder is not None
+        data = prof._call(recorder.data)
+        document = prof.trace()
+        origin = prof._collector.session.start_ns  # type: ignore[union-attr]
+        t0, _, call_id, _, _ = recorder.ring[0]
+        begun = max(e[4] for e in recorder.ring) + 1
+        recorder.ring.append((origin - 2_500, 1_001, call_id, "raised", begun))  # before it
+        early = [e for e in check_format(prof.trace()) if e.get("args", {}).get("outcome")]
+    assert orjson.loads(data)["traceEvents"] == document["traceEvents"]
+    events = check_format(document)
+    polls = [e for e in events if e["ph"] == "X"]
+    assert [p["name"] for p in polls] == ['odd %d %s "quoted" \\ é?'] * 2
+    assert [p["dur"] for p in polls] == [1234.567, 0.001]
+    assert polls[1]["ts"] == (t0 - origin + 1_234_567) / 1000
+    assert polls[0]["ts"] == (t0 - origin) / 1000
+    assert [p["args"].get("outcome") for p in polls] == [None, "returned"]
+    assert {p["args"]["call_id"] for p in polls} == {call_id}
+    assert [(e["ts"], e["dur"], e["args"]["outcome"]) for e in early] == [
+        (-2.5, 1.001, "raised"),
+        (polls[1]["ts"], 0.001, "returned"),
+    ]
