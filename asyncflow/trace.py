@@ -481,8 +481,9 @@ class _Builder:
             mine.append(i)
         del thread_of
         by_call: dict[int, _Track] = {}
-        #: (track id, future id, label) -> the format of that future's polls on that track
-        formats: dict[tuple[int, Any, str], bytes] = {}
+        #: (track id, future id, label) -> the format of that future's polls on that track, in
+        #: two parts: the call id goes between them
+        formats: dict[tuple[int, Any, str], tuple[bytes, bytes]] = {}
         origin = self.origin
         texts, times = self.texts, self.times
         for thread, mine in by_thread.items():
@@ -514,9 +515,10 @@ class _Builder:
                 if known is None or known[0] is not track:
                     future_id, label, _, _ = names.get(call_id, _UNNAMED)
                     key = (track.tid, future_id, label)
-                    fmt = formats.get(key)
-                    if fmt is None:
-                        fmt = formats[key] = _poll_format(pid, track.tid, future_id, label)
+                    parts = formats.get(key)
+                    if parts is None:
+                        parts = formats[key] = _poll_format(pid, track.tid, future_id, label)
+                    fmt = parts[0] + orjson.dumps(call_id) + parts[1]
                     call_formats[call_id] = (track, fmt)
                 else:
                     fmt = known[1]
@@ -525,10 +527,10 @@ class _Builder:
                     if at < 0 or dt < 0:
                         raise ValueError(at)  # a number "%d.%03d" cannot write
                     if outcome == "suspended":
-                        text = fmt % (at // 1000, at % 1000, dt // 1000, dt % 1000, call_id, b"")
+                        text = fmt % (at // 1000, at % 1000, dt // 1000, dt % 1000, b"")
                     else:
                         more = b',"outcome":' + orjson.dumps(outcome)
-                        text = fmt % (at // 1000, at % 1000, dt // 1000, dt % 1000, call_id, more)
+                        text = fmt % (at // 1000, at % 1000, dt // 1000, dt % 1000, more)
                 except (TypeError, ValueError):  # not the numbers a poll has: as a dict
                     text = self._poll_dict(pid, track.tid, call_id, t0, dt, outcome)
                 texts.append(text)
@@ -672,16 +674,14 @@ class _Builder:
         )
 
 
-def _poll_format(pid: int, tid: int, future_id: Any, label: str) -> bytes:
-    """The JSON text of a poll of future ``future_id`` on track ``tid`` but for its start and
-    duration (each ``%d.%03d`` µs), its call id (``%d``) and its extra args (``%s``)."""
+def _poll_format(pid: int, tid: int, future_id: Any, label: str) -> tuple[bytes, bytes]:
+    """The JSON text of a poll of future ``future_id`` on track ``tid``, in two parts that its
+    call id goes between; the start and duration are left to write (each ``%d.%03d`` µs), and
+    its extra args (``%s``)."""
     fixed = orjson.dumps({"name": _text(label), "cat": "poll", "ph": "X", "pid": pid, "tid": tid})
-    return (
-        fixed[:-1].replace(b"%", b"%%")
-        + b',"ts":%d.%03d,"dur":%d.%03d,"args":{"call_id":%d,"future_id":'
-        + orjson.dumps(future_id).replace(b"%", b"%%")
-        + b"%s}}"
-    )
+    head = fixed[:-1].replace(b"%", b"%%") + b',"ts":%d.%03d,"dur":%d.%03d,"args":{"call_id":'
+    tail = b',"future_id":' + orjson.dumps(future_id).replace(b"%", b"%%") + b"%s}}"
+    return head, tail
 
 
 def _meta(pid: int, tid: int | None, name: str, value: Any, key: str = "name") -> dict[str, Any]:
