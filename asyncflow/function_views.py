@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from asyncflow import recording as _recording
 from asyncflow import stats
 from asyncflow import timing as _measure
 from asyncflow import values as _values
+from asyncflow.instrument import _session
 from asyncflow.schema import (
     SCHEMA,
     FunctionEntry,
@@ -27,27 +29,18 @@ if TYPE_CHECKING:
 __all__ = ["function_entry", "functions_document", "metric_entry", "metrics_document"]
 
 
-def _copy(lock: Any, fn: Any) -> Any:
-    with lock:  # the recorder updates these under the same lock: a consistent copy
-        return fn()
-
-
 def function_entry(
-    site: _measure.Site, st: Any, elapsed_ns: int, qs: tuple[float, ...]
+    site: _measure.Site,
+    st: Any,
+    elapsed_ns: int,
+    qs: tuple[float, ...],
+    running: tuple[int, int] | None = None,
+    now: int = 0,
 ) -> FunctionEntry:
-    """One measured function or block, from its aggregate ``st`` (recording.FunctionStats)."""
-    calls, total, self_ns, max_ns, errors, types, hist = _copy(
-        site.lock,
-        lambda: (
-            st.calls,
-            st.total_ns,
-            st.self_ns,
-            st.max_ns,
-            st.errors,
-            dict(st.error_types),
-            dict(st.hist),
-        ),
-    )
+    """One measured function or block, from its figures ``st`` (a recording.FunctionStats
+    summed over threads by :func:`asyncflow.recording.function_totals`: nobody writes it)."""
+    calls, total, self_ns, max_ns, errors = st.calls, st.total_ns, st.self_ns, st.max_ns, st.errors
+    types, hist = st.error_types, st.hist
     return FunctionEntry(
         id=site.id,
         label=site.name,
@@ -64,24 +57,30 @@ def function_entry(
         max_ns=max_ns,
         duration_ns=stats.percentiles(hist, qs),
         share=round(total / elapsed_ns, 6) if elapsed_ns > 0 else 0.0,
+        running_count=running[0] if running else 0,
+        current_elapsed_ns=max(0, now - running[1]) if running else 0,
     )
 
 
 def functions_document(
     collector: Collector, now: int, offset: int = 0, limit: int | None = None
 ) -> FunctionsDocument:
-    """``GET /functions``: every function and block measured in this session, most total time
-    first (then most calls, then label)."""
-    epoch = collector.session.epoch
+    """``GET /functions``: every function and block measured in this session (or running now),
+    most total time first (then most calls, then label)."""
     elapsed = max(0, now - collector.session.start_ns)
     qs = collector.options.percentiles
+    totals = _recording.function_totals(collector.session)
+    running = _measure.running_now() if collector.session is _session.active else {}
     entries = []
     folded = 0
     for site in _measure.sites():
-        st = site.stats
-        if st is None or st.epoch != epoch or not st.calls:
+        st = totals.get(site)
+        now_running = running.get(site)
+        if now_running is None and (st is None or not st.calls):
             continue
-        entries.append(function_entry(site, st, elapsed, qs))
+        entries.append(
+            function_entry(site, st or _recording.FunctionStats(), elapsed, qs, now_running, now)
+        )
         if site.kind == "other":
             folded = site.folded
     entries.sort(key=lambda e: (-e.total_ns, -e.call_count, e.label))
@@ -100,20 +99,12 @@ def functions_document(
 def metric_entry(
     metric: _values.Metric, st: Any, qs: tuple[float, ...], origin: int = 0
 ) -> MetricEntry:
-    """One metric, from its aggregate ``st`` (recording.MetricStats); the times of a value
-    log's values count from ``origin`` (the profiler's start)."""
-    count, value, low, high, total, hist, recent = _copy(
-        metric.lock,
-        lambda: (
-            st.count,
-            st.value,
-            st.min,
-            st.max,
-            st.sum,
-            dict(st.hist) if st.hist is not None else None,
-            list(st.recent) if st.recent is not None else [],
-        ),
-    )
+    """One metric, from its figures ``st`` (a recording.MetricStats summed over threads by
+    :func:`asyncflow.recording.metric_totals`: nobody writes it); the times of a value log's
+    values count from ``origin`` (the profiler's start)."""
+    count, value, low, high, total = st.count, st.value, st.min, st.max, st.sum
+    hist = st.hist
+    recent = list(st.recent) if st.recent is not None else []
     return MetricEntry(
         id=metric.id,
         name=metric.name,
@@ -133,15 +124,22 @@ def metrics_document(
 ) -> MetricsDocument:
     """``GET /user_metrics``: the program's counters, gauges, histograms and value logs updated
     in this session, by kind then name. ``recent`` times count from the profiler's start."""
-    epoch = collector.session.epoch
-    origin = collector.session.start_ns
+    session = collector.session
+    origin = session.start_ns
     qs = collector.options.percentiles
     order = {kind: i for i, kind in enumerate(_values.KINDS)}
+    totals = _recording.metric_totals(session)
     entries = []
     folded = 0
     for metric in _values.metrics():
-        st = metric.stats
-        if st is None or st.epoch != epoch or not st.count:
+        st = totals.get(metric)
+        if st is None and metric.kind == "gauge":  # kept on the gauge, under its lock
+            with metric.lock:
+                own = metric.stats
+                if own is not None and own.epoch == session.epoch:
+                    st = _recording.MetricStats(own.epoch, "gauge")
+                    st.count, st.value, st.min, st.max = own.count, own.value, own.min, own.max
+        if st is None or not st.count:
             continue
         entries.append(metric_entry(metric, st, qs, origin))
         folded += metric.folded

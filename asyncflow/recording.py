@@ -27,10 +27,12 @@ must not block.
 
 from __future__ import annotations
 
+import heapq
 import logging
 import threading
+import weakref
 from collections import deque
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from asyncflow import stats as _stats
 from asyncflow.instrument import _session
@@ -106,10 +108,12 @@ class Recorder:
 
 
 class FunctionStats:
-    """The collector's aggregate of one measured function or block, for one session."""
+    """The figures of one measured function or block: one thread's share (a shard's), or the
+    sum over threads that the documents are built from."""
 
     __slots__ = (
         "calls",
+        "child_ns",
         "epoch",
         "error_types",
         "errors",
@@ -119,10 +123,14 @@ class FunctionStats:
         "total_ns",
     )
 
-    def __init__(self, epoch: int) -> None:
+    def __init__(self, epoch: int = 0) -> None:
         self.epoch = epoch
+        #: calls (in a shard: 0, the calls are the histogram's total: an update less per call)
         self.calls = 0
         self.total_ns = 0
+        #: time in measured calls nested in these (a shard keeps this; self = total - child)
+        self.child_ns = 0
+        #: total_ns - child_ns (in the sums over shards)
         self.self_ns = 0
         self.max_ns = 0
         self.errors = 0
@@ -132,16 +140,20 @@ class FunctionStats:
 
 
 class MetricStats:
-    """The collector's aggregate of one metric, for one session."""
+    """The figures of one metric: one thread's share (a shard's; a gauge's are kept on the
+    gauge itself, under its lock, since its value depends on the order of updates across
+    threads), or the sum over threads that the documents are built from."""
 
-    __slots__ = ("count", "epoch", "hist", "max", "min", "recent", "sum", "value")
+    __slots__ = ("at_ns", "count", "epoch", "hist", "max", "min", "recent", "sum", "value")
 
     def __init__(self, epoch: int, kind: str) -> None:
         self.epoch = epoch
         #: updates (counter, gauge), samples (histogram) or values logged
         self.count = 0
         #: the counter's total, the gauge's value now, the last value logged
-        self.value: float | str | None = 0 if kind in ("counter", "gauge") else None
+        self.value: Any = 0 if kind in ("counter", "gauge") else None
+        #: when the last value was logged (value logs: the latest over threads is the value)
+        self.at_ns = 0
         self.sum: float = 0
         self.min: float | None = None
         self.max: float | None = None
@@ -158,10 +170,254 @@ def _error_name(error: type[BaseException]) -> str:
     return name if module in ("builtins", None) else f"{module}.{name}"
 
 
+# -- per-thread shards ----------------------------------------------------------------------------
+#
+# Each thread folds what it records into a shard of its own (one per thread and session): no
+# lock on the hot path, and no update is lost however many threads record at once, since only
+# the owning thread writes its shard. The cold side (the documents, on the profiler's thread)
+# sums the shards of the session; a shard whose thread has ended is folded into the session's
+# ``retired`` shard and dropped, so that threads that come and go cost no memory.
+
+
+class Shard:
+    """One thread's figures for one session: site -> FunctionStats, metric -> MetricStats."""
+
+    __slots__ = ("functions", "metrics", "session", "thread")
+
+    def __init__(self, session: object, thread: threading.Thread | None) -> None:
+        self.session = session
+        self.functions: dict[Any, FunctionStats] = {}
+        self.metrics: dict[Any, MetricStats] = {}
+        #: the thread writing it (None: the retired shard, which nobody writes)
+        self.thread = weakref.ref(thread) if thread is not None else None
+
+
+#: per-thread: ``LOCAL.shard`` is the calling thread's shard (the mechanism reads it inline)
+LOCAL = threading.local()
+_shards_lock = threading.Lock()
+#: every live shard of the current session, and the retired one (threads gone), by session
+_shards: list[Shard] = []
+_retired: dict[object, Shard] = {}
+
+
+def new_shard(session: object) -> Shard:
+    """The calling thread's shard for ``session``, made now (the mechanism calls this when
+    ``LOCAL.shard`` is missing or belongs to another session)."""
+    shard = Shard(session, threading.current_thread())
+    with _shards_lock:
+        # Shards of earlier sessions are no longer read: drop them with this session's first.
+        if any(s.session is not session for s in _shards):
+            _shards[:] = [s for s in _shards if s.session is session]
+        for old in [k for k in _retired if k is not session]:
+            del _retired[old]
+        _shards.append(shard)
+    LOCAL.shard = shard
+    return shard
+
+
+def _session_shards(session: object) -> list[Shard]:
+    """The shards of ``session`` (threads that ended folded into its retired shard first)."""
+    with _shards_lock:
+        out = []
+        for shard in list(_shards):
+            if shard.session is not session:
+                continue
+            ref = shard.thread
+            thread = ref() if ref is not None else None
+            if thread is None or not thread.is_alive():
+                retired = _retired.get(session)
+                if retired is None:
+                    retired = _retired[session] = Shard(session, None)
+                _fold_shard(retired, shard)
+                _shards.remove(shard)
+                continue
+            out.append(shard)
+        retired = _retired.get(session)
+        if retired is not None:
+            out.append(retired)
+        return out
+
+
+def _add_function(into: FunctionStats, st: FunctionStats) -> None:
+    # One tuple display, one dict copy each: a consistent enough copy of a shard another thread
+    # may be writing (each field is exact; a call finishing meanwhile may show in some only).
+    total, child, max_ns, errors = st.total_ns, st.child_ns, st.max_ns, st.errors
+    hist = dict(st.hist)
+    types = dict(st.error_types)
+    into.calls += sum(hist.values())
+    into.total_ns += total
+    into.child_ns += child
+    into.self_ns = into.total_ns - into.child_ns
+    if max_ns > into.max_ns:
+        into.max_ns = max_ns
+    into.errors += errors
+    _stats.merge(into.hist, hist)
+    for name, n in types.items():
+        if name not in into.error_types and len(into.error_types) >= ERROR_TYPES_KEPT:
+            name = "(other)"
+        into.error_types[name] = into.error_types.get(name, 0) + n
+
+
+def _add_metric(into: MetricStats, st: MetricStats) -> None:
+    count, value, at_ns, total = st.count, st.value, st.at_ns, st.sum
+    low, high = st.min, st.max
+    hist = dict(st.hist) if st.hist is not None else None
+    recent = list(st.recent) if st.recent is not None else None
+    if not count:
+        return
+    first = not into.count
+    into.count += count
+    if into.recent is not None:  # a value log: the latest value logged is its value
+        if first or at_ns >= into.at_ns:
+            into.value, into.at_ns = value, at_ns
+        if recent:  # the latest over both, in time order (a stable merge: ties keep order)
+            merged = list(heapq.merge(list(into.recent), recent, key=_at))
+            into.recent.clear()
+            into.recent.extend(merged)
+    elif into.hist is None:  # a counter: the sum of the threads' totals
+        into.value += value
+    into.sum += total
+    if low is not None and (into.min is None or low < into.min):
+        into.min = low
+    if high is not None and (into.max is None or high > into.max):
+        into.max = high
+    if hist is not None and into.hist is not None:
+        _stats.merge(into.hist, hist)
+
+
+def _at(sample: tuple[int, Any]) -> int:
+    return sample[0]
+
+
+def _fold_shard(into: Shard, shard: Shard) -> None:
+    for site, st in list(shard.functions.items()):
+        total = into.functions.get(site)
+        if total is None:
+            total = into.functions[site] = FunctionStats()
+        _add_function(total, st)
+    for metric, mst in list(shard.metrics.items()):
+        mtotal = into.metrics.get(metric)
+        if mtotal is None:
+            mtotal = into.metrics[metric] = MetricStats(0, metric.kind)
+        _add_metric(mtotal, mst)
+
+
+def function_totals(session: object) -> dict[Any, FunctionStats]:
+    """Cold side: site -> its figures in ``session``, summed over every thread's shard."""
+    out: dict[Any, FunctionStats] = {}
+    for shard in _session_shards(session):
+        for site, st in list(shard.functions.items()):
+            total = out.get(site)
+            if total is None:
+                total = out[site] = FunctionStats()
+            _add_function(total, st)
+    return out
+
+
+def metric_totals(session: Any) -> dict[Any, MetricStats]:
+    """Cold side: metric -> its figures in ``session``, summed over every thread's shard (a
+    gauge's are kept on the gauge, under its lock, and copied from there)."""
+    out: dict[Any, MetricStats] = {}
+    for shard in _session_shards(session):
+        for metric, st in list(shard.metrics.items()):
+            total = out.get(metric)
+            if total is None:
+                total = out[metric] = MetricStats(0, metric.kind)
+            _add_metric(total, st)
+    return out
+
+
+def fold_span(
+    shard: Shard,
+    site: Site,
+    start_ns: int,
+    end_ns: int,
+    child_ns: int,
+    error: type[BaseException] | None,
+) -> None:
+    """Fold one finished span into ``shard`` (the calling thread's own)."""
+    st = shard.functions.get(site)
+    if st is None:
+        st = shard.functions[site] = FunctionStats()
+    total = end_ns - start_ns
+    st.total_ns += total
+    if child_ns:
+        st.child_ns += child_ns
+    if total > st.max_ns:
+        st.max_ns = total
+    st.hist[_SMALL_BUCKET[total] if 0 <= total < _SMALL_LIMIT else _stats.bucket_of(total)] += 1
+    if error is not None:
+        count_error(st, error)
+
+
+def count_error(st: FunctionStats, error: type[BaseException]) -> None:
+    """Count one call of ``st`` that raised ``error``."""
+    st.errors += 1
+    name = _error_name(error)
+    types = st.error_types
+    if name not in types and len(types) >= ERROR_TYPES_KEPT:
+        name = "(other)"
+    types[name] = types.get(name, 0) + 1
+
+
+_SMALL_BUCKET = _stats.SMALL_BUCKET
+_SMALL_LIMIT = _stats.SMALL_LIMIT
+
+
+def fold_metric(metric: Metric, op: str, value: Any, at_ns: int) -> None:
+    """Fold one metric update into the current session (the calling thread's shard; a gauge's
+    own figures under its lock). Records nothing while no profiler runs."""
+    session = _session.active
+    if session is None:
+        return
+    if metric.kind == "gauge":
+        with metric.lock:
+            st = metric.stats
+            if st is None or st.epoch != session.epoch:
+                st = metric.stats = MetricStats(session.epoch, "gauge")
+            st.count += 1
+            st.value = st.value + value if op == "add" else value
+            current = st.value
+            if st.min is None or current < st.min:
+                st.min = current
+            if st.max is None or current > st.max:
+                st.max = current
+        return
+    try:
+        shard = LOCAL.shard
+    except AttributeError:
+        shard = None
+    if shard is None or shard.session is not session:
+        shard = new_shard(session)
+    st = shard.metrics.get(metric)
+    if st is None:
+        st = shard.metrics[metric] = MetricStats(0, metric.kind)
+    st.count += 1
+    if op == "add":
+        st.value += value
+        return
+    if op == "record":
+        st.sum += value
+        assert st.hist is not None
+        st.hist[_stats.bucket_of(int(value))] += 1
+    else:  # "log" (or "set" on something that is not a gauge)
+        st.value = value
+        st.at_ns = at_ns
+        if st.recent is not None:
+            st.recent.append((at_ns, value))
+        if value.__class__ is str:
+            return
+    if st.min is None or value < st.min:
+        st.min = value
+    if st.max is None or value > st.max:
+        st.max = value
+
+
 class CollectorRecorder(Recorder):
     """asyncflow's own recorder (the policy): folds spans and metric updates into the current
-    session's aggregates, under each site's lock so that counts from many threads are exact.
-    Records nothing while no profiler runs."""
+    session's figures, in the calling thread's shard (no lock: only that thread writes it).
+    Records nothing while no profiler runs. The mechanism does the same inline, without the
+    call through this object; it is here for code that hands events to recorders itself."""
 
     def span(
         self,
@@ -174,60 +430,45 @@ class CollectorRecorder(Recorder):
         session = _session.active
         if session is None:
             return
-        total = end_ns - start_ns
-        with site.lock:
-            st = site.stats
-            if st is None or st.epoch != session.epoch:
-                st = site.stats = FunctionStats(session.epoch)
-            st.calls += 1
-            st.total_ns += total
-            st.self_ns += total - child_ns
-            if total > st.max_ns:
-                st.max_ns = total
-            st.hist[
-                _stats.SMALL_BUCKET[total]
-                if 0 <= total < _stats.SMALL_LIMIT
-                else _stats.bucket_of(total)
-            ] += 1
-            if error is not None:
-                st.errors += 1
-                name = _error_name(error)
-                types = st.error_types
-                if name not in types and len(types) >= ERROR_TYPES_KEPT:
-                    name = "(other)"
-                types[name] = types.get(name, 0) + 1
+        try:
+            shard = LOCAL.shard
+        except AttributeError:
+            shard = None
+        if shard is None or shard.session is not session:
+            shard = new_shard(session)
+        fold_span(shard, site, start_ns, end_ns, child_ns, error)
 
     def metric(self, metric: Metric, op: str, value: float | str, at_ns: int) -> None:
-        session = _session.active
-        if session is None:
-            return
-        with metric.lock:
-            st = metric.stats
-            if st is None or st.epoch != session.epoch:
-                st = metric.stats = MetricStats(session.epoch, metric.kind)
-            st.count += 1
-            if op == "add":
-                st.value = st.value + value
-            elif op == "set" or op == "log":
-                st.value = value
-            if op == "record":
-                v: float = value  # type: ignore[assignment]
-                st.sum += v
-                n = int(v)
-                assert st.hist is not None
-                st.hist[_stats.bucket_of(n)] += 1
-            if op == "log" and st.recent is not None:
-                st.recent.append((at_ns, value))
-            current = value if op == "record" else st.value
-            if metric.kind != "counter" and isinstance(current, (int, float)):
-                if st.min is None or current < st.min:
-                    st.min = current
-                if st.max is None or current > st.max:
-                    st.max = current
+        fold_metric(metric, op, value, at_ns)
 
 
 #: the collector's recorder; always first in line
 COLLECTOR = CollectorRecorder()
+
+
+def to_users_span(
+    site: Site,
+    start_ns: int,
+    end_ns: int,
+    child_ns: int,
+    error: type[BaseException] | None,
+) -> None:
+    """Hand one span to each user's recorder (the mechanism calls this when ``users``)."""
+    for user in users:
+        try:
+            user.span(site, start_ns, end_ns, child_ns, error)
+        except Exception as exc:
+            _failed(user, exc)
+
+
+def to_users_metric(metric: Metric, op: str, value: Any, at_ns: int) -> None:
+    """Hand one metric update to each user's recorder (the mechanism calls this when
+    ``users``)."""
+    for user in users:
+        try:
+            user.metric(metric, op, value, at_ns)
+        except Exception as exc:
+            _failed(user, exc)
 
 
 class _Tee(Recorder):
@@ -262,9 +503,11 @@ class _Tee(Recorder):
 
 _lock = threading.Lock()
 #: the users' recorders; empty (falsy) when only the collector listens. The mechanism's "does
-#: anybody listen?" check is ``_session.active is None and not users``.
+#: anybody listen?" check is ``_session.active is None and not users``; it folds into the
+#: calling thread's shard inline (what COLLECTOR does) and calls ``to_users_*`` when ``users``.
 users: tuple[Recorder, ...] = ()
-#: what the mechanism calls: the collector's recorder, or a tee to the users' as well
+#: the collector's recorder, or a tee to the users' as well: one object to hand events to, for
+#: code outside the mechanism
 sink: Recorder = COLLECTOR
 
 

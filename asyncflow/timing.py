@@ -33,6 +33,7 @@ import itertools
 import sys
 import threading
 import types
+import weakref
 from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Any, ParamSpec, TypeVar, overload
@@ -40,6 +41,7 @@ from typing import Any, ParamSpec, TypeVar, overload
 from asyncflow import clock as _clock
 from asyncflow import config as _config
 from asyncflow import recording as _recording
+from asyncflow import stats as _stats
 from asyncflow.instrument import _session
 
 __all__ = [
@@ -49,6 +51,7 @@ __all__ = [
     "Site",
     "measure",
     "measure_block",
+    "running_now",
     "sites",
 ]
 
@@ -60,6 +63,8 @@ MAX_NAMES = 1024
 OTHER_NAMES = "(other names)"
 
 _site_ids = itertools.count(1)
+#: per thread: ``.stack`` (timing's) and ``.shard`` (the recording interface's)
+_LOCAL = _recording.LOCAL
 
 
 class Site:
@@ -72,10 +77,8 @@ class Site:
         "is_async",
         "kind",
         "line",
-        "lock",
         "name",
         "source",
-        "stats",
     )
 
     def __init__(self, name: str, kind: str, source: str, file: str, line: int, is_async: bool):
@@ -87,10 +90,6 @@ class Site:
         self.file = file
         self.line = line
         self.is_async = is_async
-        #: held while the collector's recorder updates ``stats`` (exact counts across threads)
-        self.lock = threading.Lock()
-        #: the collector's aggregate (recording.FunctionStats) of the current session, or None
-        self.stats: Any = None
         #: labels counted here because the table was full (only on the OTHER_NAMES site)
         self.folded = 0
 
@@ -133,34 +132,55 @@ def sites() -> list[Site]:
 # -- threads of control ---------------------------------------------------------------------------
 
 _get_running_loop = asyncio._get_running_loop
-_get_ident = threading.get_ident
 _tasks_now: dict[Any, Any] | None = getattr(asyncio.tasks, "_current_tasks", None)
-if not isinstance(_tasks_now, dict):  # pragma: no cover - an asyncio that keeps it elsewhere
-    _tasks_now = None
+#: the task running on a loop now, or None: a C dict lookup where asyncio keeps them there
+_current_task: Callable[[Any], Any] = (
+    _tasks_now.get if isinstance(_tasks_now, dict) else asyncio.current_task
+)
 
 
-#: thread of control (the current task, or the thread outside a task) -> its open measured
-#: calls, outermost first (frames: see _enter).
-#: An entry is removed when its last call ends, so a finished task is not kept alive.
+#: task -> its open measured calls, outermost first (frames: see _enter). An entry is removed
+#: when its last call ends, so a finished task is not kept alive. Outside a task, a thread's
+#: open calls are on its own stack (``_LOCAL.stack``, kept for the thread's life, and listed
+#: in ``_thread_stacks`` for the cold side), with ``None`` as the frame's key.
 _open: dict[object, list[list[Any]]] = {}
+_thread_stacks_lock = threading.Lock()
+_thread_stacks: list[tuple[weakref.ref[threading.Thread], list[list[Any]]]] = []
+
+
+def _thread_stack() -> list[list[Any]]:
+    """The calling thread's stack of open measured calls, made on its first measured call."""
+    stack: list[list[Any]] = []
+    _LOCAL.stack = stack
+    with _thread_stacks_lock:
+        # Forget the stacks of threads that ended (their calls can no longer be open).
+        _thread_stacks[:] = [(t, s) for t, s in _thread_stacks if _alive(t)]
+        _thread_stacks.append((weakref.ref(threading.current_thread()), stack))
+    return stack
+
+
+def _alive(ref: weakref.ref[threading.Thread]) -> bool:
+    thread = ref()
+    return thread is not None and thread.is_alive()
 
 
 def _enter(site: Site) -> list[Any] | None:
     """Open a measured call of ``site`` and start its clock; None when it is a recursive call
     (not counted). The frame is ``[site, child_ns, flow key, the flow's stack, start_ns]``."""
     loop = _get_running_loop()
-    key: object = None
-    if loop is not None:
-        key = _tasks_now.get(loop) if _tasks_now is not None else asyncio.current_task(loop)
-    if key is None:
-        key = _get_ident()
-    stack = _open.get(key)
-    if stack is None:
-        stack = _open[key] = []
+    key: object = None if loop is None else _current_task(loop)
+    if key is None:  # outside a task: the thread's own stack, kept
+        try:
+            stack = _LOCAL.stack
+        except AttributeError:
+            stack = _thread_stack()
     else:
-        for frame in stack:
-            if frame[0] is site:
-                return None
+        stack = _open.get(key)
+        if stack is None:
+            stack = _open[key] = []
+    for frame in stack:
+        if frame[0] is site:
+            return None
     frame = [site, 0, key, stack, 0]
     stack.append(frame)
     frame[4] = _clock.now_ns()
@@ -168,24 +188,52 @@ def _enter(site: Site) -> list[Any] | None:
 
 
 def _exit(frame: list[Any], error: type[BaseException] | None) -> None:
-    """Close a measured call: attribute its time to the call it is nested in, hand it on."""
+    """Close a measured call: attribute its time to the call it is nested in, fold it into the
+    calling thread's shard (the collector's share, inline: no lock, no call through a
+    recorder), hand it to the users' recorders if there are any. (The sync wrapper and
+    ``measure_block`` do the same inline, on their way out without an exception.)"""
     end = _clock.now_ns()
     try:
         site, child, key, stack, start = frame
         if stack and stack[-1] is frame:
             stack.pop()
-            at = len(stack)
-        else:  # closed out of order (a generator finished elsewhere): find it
-            at = next((i for i, f in enumerate(stack) if f is frame), -1)
-            if at >= 0:
-                del stack[at]
-        if at > 0:
-            stack[at - 1][1] += end - start
-        elif not stack and _open.get(key) is stack:
-            del _open[key]
-        _recording.sink.span(site, start, end, child, error)
+            if stack:
+                stack[-1][1] += end - start
+            elif key is not None and _open.get(key) is stack:
+                del _open[key]
+        else:
+            _close(frame, key, stack, end - start)
+        session = _session.active
+        if session is not None:
+            try:
+                shard = _LOCAL.shard
+            except AttributeError:
+                shard = None
+            if shard is None or shard.session is not session:
+                shard = _recording.new_shard(session)
+            _recording.fold_span(shard, site, start, end, child, error)
+        if _recording.users:
+            _recording.to_users_span(site, start, end, child, error)
     except Exception as exc:  # observing never breaks the program
         _session.internal_error("measuring a call", exc)
+
+
+def _close(frame: list[Any], key: object, stack: list[Any], total: int) -> None:
+    """Take ``frame`` off its stack (also when closed out of order: a generator finished
+    elsewhere) and add its time to the call it was nested in."""
+    at = next((i for i, f in enumerate(stack) if f is frame), -1)
+    if at >= 0:
+        del stack[at]
+    if at > 0:
+        stack[at - 1][1] += total
+    elif not stack and key is not None and _open.get(key) is stack:
+        del _open[key]
+
+
+_FunctionStats = _recording.FunctionStats
+_SMALL_BUCKET = _stats.SMALL_BUCKET
+_SMALL_LIMIT = _stats.SMALL_LIMIT
+_bucket_of = _stats.bucket_of
 
 
 # -- @measure --------------------------------------------------------------------------------------
@@ -196,15 +244,65 @@ def _wrap_sync(fn: Callable[_P, _T], site: Site) -> Callable[_P, _T]:
     def measured(*args: _P.args, **kwargs: _P.kwargs) -> _T:
         if _session.active is None and not _recording.users:
             return fn(*args, **kwargs)  # nobody listens
-        frame = _enter(site)
-        if frame is None:
-            return fn(*args, **kwargs)  # recursive: part of the outer call
+        # _enter(site), inline: a Python call less on every measured call
+        loop = _get_running_loop()
+        key: object = None if loop is None else _current_task(loop)
+        if key is None:  # outside a task: the thread's own stack, kept
+            try:
+                stack = _LOCAL.stack
+            except AttributeError:
+                stack = _thread_stack()
+        else:
+            stack = _open.get(key)
+            if stack is None:
+                stack = _open[key] = []
+        for frame in stack:
+            if frame[0] is site:
+                return fn(*args, **kwargs)  # recursive: part of the outer call
+        frame = [site, 0, key, stack, 0]
+        stack.append(frame)
+        frame[4] = start = _clock.now_ns()
         try:
             result = fn(*args, **kwargs)
         except BaseException as exc:
             _exit(frame, type(exc))
             raise
-        _exit(frame, None)
+        # _exit(frame, None), inline: a Python call less on every measured call
+        end = _clock.now_ns()
+        try:
+            total = end - start
+            if stack and stack[-1] is frame:
+                stack.pop()
+                if stack:
+                    stack[-1][1] += total
+                elif key is not None and _open.get(key) is stack:
+                    del _open[key]
+            else:
+                _close(frame, key, stack, total)
+            session = _session.active
+            if session is not None:
+                try:
+                    shard = _LOCAL.shard
+                except AttributeError:
+                    shard = None
+                if shard is None or shard.session is not session:
+                    shard = _recording.new_shard(session)
+                st = shard.functions.get(site)
+                if st is None:
+                    st = shard.functions[site] = _FunctionStats()
+                st.total_ns += total
+                child = frame[1]
+                if child:
+                    st.child_ns += child
+                if total > st.max_ns:
+                    st.max_ns = total
+                st.hist[
+                    _SMALL_BUCKET[total] if 0 <= total < _SMALL_LIMIT else _bucket_of(total)
+                ] += 1
+            if _recording.users:
+                _recording.to_users_span(site, start, end, frame[1], None)
+        except Exception as exc:  # observing never breaks the program
+            _session.internal_error("measuring a call", exc)
         return result
 
     return measured
@@ -384,7 +482,37 @@ class measure_block:  # used as a function: ``with asyncflow.measure_block("x")`
         self._depth = 0
 
     def __enter__(self) -> measure_block:
-        return self._open(2)
+        if self._opened is not None or self._depth:
+            self._depth += 1  # re-entered while open: only the outer use is measured
+            return self
+        if _session.active is None and not _recording.users:
+            return self
+        try:
+            site = _sites.get(self._name)
+            if site is None:
+                site = self._new_site(2)
+            # _enter(site), inline: a Python call less on every block
+            loop = _get_running_loop()
+            key: object = None if loop is None else _current_task(loop)
+            if key is None:  # outside a task: the thread's own stack, kept
+                try:
+                    stack = _LOCAL.stack
+                except AttributeError:
+                    stack = _thread_stack()
+            else:
+                stack = _open.get(key)
+                if stack is None:
+                    stack = _open[key] = []
+            for frame in stack:
+                if frame[0] is site:
+                    return self  # recursive: part of the outer use
+            frame = [site, 0, key, stack, 0]
+            stack.append(frame)
+            self._opened = frame
+            frame[4] = _clock.now_ns()
+        except Exception as exc:  # observing never breaks the program
+            _session.internal_error("measuring a block", exc)
+        return self
 
     def _open(self, depth: int) -> measure_block:
         if self._opened is not None or self._depth:
@@ -395,21 +523,24 @@ class measure_block:  # used as a function: ``with asyncflow.measure_block("x")`
         try:
             site = _sites.get(self._name)
             if site is None:
-                caller = sys._getframe(depth)
-                module = caller.f_globals.get("__name__", "?")
-                site = _site(
-                    self._name,
-                    "block",
-                    f"{module}:{caller.f_code.co_qualname}",
-                    caller.f_code.co_filename,
-                    caller.f_lineno,
-                    False,
-                )
+                site = self._new_site(depth + 1)
             self._opened = _enter(site)
         except Exception as exc:  # observing never breaks the program
             _session.internal_error("measuring a block", exc)
             return self
         return self
+
+    def _new_site(self, depth: int) -> Site:
+        caller = sys._getframe(depth)
+        module = caller.f_globals.get("__name__", "?")
+        return _site(
+            self._name,
+            "block",
+            f"{module}:{caller.f_code.co_qualname}",
+            caller.f_code.co_filename,
+            caller.f_lineno,
+            False,
+        )
 
     def __exit__(
         self,
@@ -420,9 +551,49 @@ class measure_block:  # used as a function: ``with asyncflow.measure_block("x")`
         if self._depth:
             self._depth -= 1
             return
-        opened, self._opened = self._opened, None
-        if opened is not None:
-            _exit(opened, typ)
+        frame = self._opened
+        if frame is None:
+            return
+        self._opened = None
+        if typ is not None:
+            _exit(frame, typ)
+            return
+        # _exit(frame, None), inline: a Python call less on every block
+        end = _clock.now_ns()
+        try:
+            site, child, key, stack, start = frame
+            total = end - start
+            if stack and stack[-1] is frame:
+                stack.pop()
+                if stack:
+                    stack[-1][1] += total
+                elif key is not None and _open.get(key) is stack:
+                    del _open[key]
+            else:
+                _close(frame, key, stack, total)
+            session = _session.active
+            if session is not None:
+                try:
+                    shard = _LOCAL.shard
+                except AttributeError:
+                    shard = None
+                if shard is None or shard.session is not session:
+                    shard = _recording.new_shard(session)
+                st = shard.functions.get(site)
+                if st is None:
+                    st = shard.functions[site] = _FunctionStats()
+                st.total_ns += total
+                if child:
+                    st.child_ns += child
+                if total > st.max_ns:
+                    st.max_ns = total
+                st.hist[
+                    _SMALL_BUCKET[total] if 0 <= total < _SMALL_LIMIT else _bucket_of(total)
+                ] += 1
+            if _recording.users:
+                _recording.to_users_span(site, start, end, child, None)
+        except Exception as exc:  # observing never breaks the program
+            _session.internal_error("measuring a block", exc)
 
     async def __aenter__(self) -> measure_block:
         return self._open(2)
@@ -448,6 +619,23 @@ def _bad_block_name(name: object) -> None:
         raise ValueError("asyncflow.measure_block(name) must not be empty")
 
 
+def running_now() -> dict[Site, tuple[int, int]]:
+    """Cold side: site -> (calls of it entered and not left now, the earliest start among
+    them), read from the open calls of every thread of control (recursive calls are not
+    opened, so each outermost call counts once)."""
+    out: dict[Site, tuple[int, int]] = {}
+    with _thread_stacks_lock:
+        stacks = [s for _, s in _thread_stacks]
+    for stack in stacks + list(_open.values()):  # copies in C: safe while others record
+        for frame in list(stack):
+            site, start = frame[0], frame[4]
+            if not start:
+                continue  # opened, its clock not read yet
+            seen = out.get(site)
+            out[site] = (1, start) if seen is None else (seen[0] + 1, min(seen[1], start))
+    return out
+
+
 def reset_for_tests() -> None:
     """Forget every label (tests only: real programs keep them for the process's life)."""
     global _other
@@ -455,3 +643,6 @@ def reset_for_tests() -> None:
         _sites.clear()
         _other = None
     _open.clear()
+    with _thread_stacks_lock:
+        for _, stack in _thread_stacks:
+            stack.clear()

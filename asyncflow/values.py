@@ -15,6 +15,7 @@ from typing import Any
 
 from asyncflow import clock as _clock
 from asyncflow import recording as _recording
+from asyncflow import stats as _stats
 from asyncflow.instrument import _session
 
 __all__ = [
@@ -82,7 +83,8 @@ class Counter(Metric):
             TypeError: ``n`` is not a number.
             ValueError: ``n`` is negative or not finite (a counter never goes down).
         """
-        if _session.active is None and not _recording.users:
+        session = _session.active
+        if session is None and not _recording.users:
             return
         if n.__class__ is not int:
             _number(f"counter({self.name!r}).add(n)", n)
@@ -91,7 +93,21 @@ class Counter(Metric):
                 f"asyncflow.counter({self.name!r}).add(n) needs n >= 0, got {n!r}; "
                 "a counter only goes up (use a gauge for a value that goes down)"
             )
-        _recording.sink.metric(self, "add", n, 0)
+        if session is not None:
+            # Inline, into the calling thread's own cell: no lock, no update lost.
+            try:
+                shard = _LOCAL.shard
+            except AttributeError:
+                shard = None
+            if shard is None or shard.session is not session:
+                shard = _recording.new_shard(session)
+            st = shard.metrics.get(self)
+            if st is None:
+                st = shard.metrics[self] = _MetricStats(0, "counter")
+            st.count += 1
+            st.value += n
+        if _recording.users:
+            _recording.to_users_metric(self, "add", n, 0)
 
 
 class Gauge(Metric):
@@ -111,7 +127,7 @@ class Gauge(Metric):
             return
         if v.__class__ is not int:
             _number(f"gauge({self.name!r}).set(v)", v)
-        _recording.sink.metric(self, "set", v, _clock.now_ns())
+        _emit(self, "set", v, _clock.now_ns())
 
     def inc(self, n: float = 1) -> None:
         """Add ``n`` (default 1) to the gauge."""
@@ -119,7 +135,7 @@ class Gauge(Metric):
             return
         if n.__class__ is not int:
             _number(f"gauge({self.name!r}).inc(n)", n)
-        _recording.sink.metric(self, "add", n, 0)
+        _emit(self, "add", n, 0)
 
     def dec(self, n: float = 1) -> None:
         """Take ``n`` (default 1) from the gauge."""
@@ -127,7 +143,7 @@ class Gauge(Metric):
             return
         if n.__class__ is not int:
             _number(f"gauge({self.name!r}).dec(n)", n)
-        _recording.sink.metric(self, "add", -n, 0)
+        _emit(self, "add", -n, 0)
 
 
 class Histogram(Metric):
@@ -148,7 +164,8 @@ class Histogram(Metric):
             TypeError: ``v`` is not a number.
             ValueError: ``v`` is negative or not finite.
         """
-        if _session.active is None and not _recording.users:
+        session = _session.active
+        if session is None and not _recording.users:
             return
         if v.__class__ is not int:
             _number(f"histogram({self.name!r}).record(v)", v)
@@ -156,7 +173,27 @@ class Histogram(Metric):
             raise ValueError(
                 f"asyncflow.histogram({self.name!r}).record(v) needs v >= 0, got {v!r}"
             )
-        _recording.sink.metric(self, "record", v, 0)
+        if session is not None:
+            try:
+                shard = _LOCAL.shard
+            except AttributeError:
+                shard = None
+            if shard is None or shard.session is not session:
+                shard = _recording.new_shard(session)
+            st = shard.metrics.get(self)
+            if st is None:
+                st = shard.metrics[self] = _MetricStats(0, "histogram")
+            st.count += 1
+            st.sum += v
+            st.hist[
+                _SMALL_BUCKET[v] if v.__class__ is int and v < _SMALL_LIMIT else _bucket_of(int(v))
+            ] += 1
+            if st.min is None or v < st.min:
+                st.min = v
+            if st.max is None or v > st.max:
+                st.max = v
+        if _recording.users:
+            _recording.to_users_metric(self, "record", v, 0)
 
 
 class ValueLog(Metric):
@@ -179,8 +216,22 @@ class ValueLog(Metric):
                 v = v[:MAX_VALUE_CHARS]
         elif v.__class__ is not int:
             _number(f"value({self.name!r}, v)", v)
-        _recording.sink.metric(self, "log", v, _clock.now_ns())
+        _emit(self, "log", v, _clock.now_ns())
 
+
+def _emit(metric: Metric, op: str, v: Any, at_ns: int) -> None:
+    if _session.active is not None:
+        _fold(metric, op, v, at_ns)
+    if _recording.users:
+        _recording.to_users_metric(metric, op, v, at_ns)
+
+
+_LOCAL = _recording.LOCAL
+_MetricStats = _recording.MetricStats
+_fold = _recording.fold_metric
+_SMALL_BUCKET = _stats.SMALL_BUCKET
+_SMALL_LIMIT = _stats.SMALL_LIMIT
+_bucket_of = _stats.bucket_of
 
 _CLASSES: dict[str, type[Metric]] = {
     "counter": Counter,

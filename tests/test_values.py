@@ -189,3 +189,42 @@ def test_snapshot_json_round_trip() -> None:
         snap = prof.snapshot()
     back = schema.load(Snapshot, orjson.loads(schema.dumps(snap)))
     assert back.user_metrics == snap.user_metrics
+
+
+def test_threads_shards_merge_in_time_order_and_survive_their_threads(
+    fake_clock: FakeClock,
+) -> None:
+    # Each thread records into a shard of its own; the document sums them, puts the value
+    # logs of all threads in time order, and keeps the figures of threads that have ended.
+    def log(values: list[int]) -> None:
+        for v in values:
+            asyncflow.value("v", v)
+            asyncflow.counter("n").add(v)
+            asyncflow.histogram("h").record(v)
+
+    with asyncflow.profile("t", format="none") as prof:
+        fake_clock.advance(10)
+        first = threading.Thread(target=log, args=([1, 2],))
+        first.start()
+        first.join(30)
+        fake_clock.advance(10)
+        log([30])  # this thread, later
+        fake_clock.advance(10)
+        second = threading.Thread(target=log, args=([4],))
+        second.start()
+        second.join(30)
+        snap = prof.snapshot()
+        again = prof.snapshot()  # the ended threads' shards, folded once, stay counted
+        threads = [shard.thread() for shard in recording._shards if shard.thread is not None]
+        assert first not in threads and second not in threads  # folded into the retired one
+        assert threading.current_thread() in threads
+    for m in (_metrics(snap), _metrics(again)):
+        assert m["v"].recent == [
+            ValueSample(10, 1),
+            ValueSample(10, 2),
+            ValueSample(20, 30),
+            ValueSample(30, 4),
+        ]
+        assert (m["v"].count, m["v"].value, m["v"].min, m["v"].max) == (4, 4, 1, 30)
+        assert (m["n"].count, m["n"].value) == (4, 37)
+        assert (m["h"].count, m["h"].sum, m["h"].min, m["h"].max) == (4, 37, 1, 30)
