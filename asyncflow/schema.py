@@ -869,6 +869,11 @@ class FunctionEntry:
     duration_ns: dict[str, int]
     #: ``total_ns`` over the profile's wall time (above 1 when calls overlap)
     share: float
+    #: calls entered and not left now (recursion: the outermost only): a call that never
+    #: returns shows here, and in ``current_elapsed_ns``, while it runs
+    running_count: int = 0
+    #: how long the oldest of the ``running_count`` calls has been running
+    current_elapsed_ns: int = 0
 
 
 @dataclass(frozen=True, slots=True)
