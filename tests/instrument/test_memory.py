@@ -392,3 +392,49 @@ async def test_a_hand_off_is_received_by_the_consumer_even_if_the_stream_is_clos
             (ids["handoff-close-consumer"], 500)
         ]
     assert receive._state.waiting_receivers.handed == {}  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("how", ["receive", "receive_nowait", "iterate"])
+async def test_a_blocked_send_taken_by_a_receiver_is_the_consumers_receive(
+    fake_clock: FakeClock, how: Receive
+) -> None:
+    """The other way round: the producer waits in send() until the consumer takes its item
+    (receive_nowait, receive or iteration): sent by the producer when it began to wait,
+    received by the consumer when it took it."""
+    label = f"blocked-send-{how}"
+    with asyncflow.profile(label, format="none", sampling=1) as prof:
+        send, receive = asyncflow.instrument_memory_stream(
+            *anyio.create_memory_object_stream[int](0), name=label
+        )
+        got: list[int] = []
+
+        @asyncflow.future(name=f"{label}-producer")
+        async def producer() -> None:
+            with send:
+                for i in range(4):
+                    await send.send(i)  # waits: nobody receives yet
+
+        @asyncflow.future(name=f"{label}-consumer")
+        async def consumer() -> None:
+            with receive:
+                for _ in range(4):
+                    while not send.statistics().tasks_waiting_send:
+                        await anyio.sleep(0)
+                    fake_clock.advance(900)  # the item waits in the producer's send
+                    if how == "receive_nowait":
+                        got.append(receive.receive_nowait())
+                    elif how == "receive":
+                        got.append(await receive.receive())
+                    else:
+                        got.append(await receive.__anext__())
+
+        with anyio.fail_after(5):
+            await asyncio.gather(asyncio.create_task(producer()), asyncio.create_task(consumer()))
+        assert got == [0, 1, 2, 3]
+        snap = prof.snapshot()
+    ids = {f.label: f.id for f in snap.futures.futures}
+    entry, logs = _channel(snap, label)
+    assert (entry.sent_count, entry.received_count, entry.unpaired_count) == (4, 4, 0)
+    assert {e.future_id for e in logs.sent_logs} == {ids[f"{label}-producer"]}
+    assert {e.future_id for e in logs.received_logs} == {ids[f"{label}-consumer"]}
+    assert [e.delay_ns for e in logs.received_logs] == [900] * 4
