@@ -1,5 +1,8 @@
 """Warnings: each planted problem gets exactly its warning, naming the culprit; a healthy
-program gets none above ``info``. Time is the fake clock's: shares and durations are exact."""
+program gets none above ``info``. Time is the fake clock's: shares and durations are exact. Every
+test of a running program runs on it, even one that asserts no duration: on real time a loaded
+machine can keep the loop off the CPU past the block threshold, and the loop monitor then rightly
+adds a loop-blocked warning that the test did not plant."""
 
 from __future__ import annotations
 
@@ -128,7 +131,9 @@ async def test_starved_consumers_name_the_producer_as_info_only(
     assert finding.message.startswith("`slow_source` sets the pace")
 
 
-async def test_a_queue_written_and_never_read(prof: asyncflow.Profiler) -> None:
+async def test_a_queue_written_and_never_read(
+    fake_clock: FakeClock, prof: asyncflow.Profiler
+) -> None:
     outbox = asyncflow.instrument_queue(asyncio.Queue[int](), name="outbox")
 
     @asyncflow.future(name="notify")
@@ -142,7 +147,7 @@ async def test_a_queue_written_and_never_read(prof: asyncflow.Profiler) -> None:
     assert "`notify`" in finding.message and "25" in finding.message
 
 
-async def test_lost_messages(prof: asyncflow.Profiler) -> None:
+async def test_lost_messages(fake_clock: FakeClock, prof: asyncflow.Profiler) -> None:
     with asyncflow.instrument_queues():
         doomed: asyncio.Queue[int] | None = asyncio.Queue()
     assert doomed is not None
@@ -156,7 +161,7 @@ async def test_lost_messages(prof: asyncflow.Profiler) -> None:
     assert findings[0].severity == "error" and findings[0].evidence["lost"] == 2
 
 
-async def test_a_cancellation_storm(prof: asyncflow.Profiler) -> None:
+async def test_a_cancellation_storm(fake_clock: FakeClock, prof: asyncflow.Profiler) -> None:
     never = asyncio.Event()
 
     @asyncflow.future(name="lookup")
@@ -194,7 +199,7 @@ async def test_a_long_poll_and_cpu_work_on_the_loop(
     ]
 
 
-async def test_never_awaited_calls(prof: asyncflow.Profiler) -> None:
+async def test_never_awaited_calls(fake_clock: FakeClock, prof: asyncflow.Profiler) -> None:
     @asyncflow.future(name="send_mail")
     async def send_mail() -> None:
         pass
@@ -289,7 +294,7 @@ def test_the_book_keeps_one_warning_per_subject_and_remembers() -> None:
     assert (held.last_seen_ns, held.active) == (200, False)
 
 
-async def test_a_swallowed_cancellation(prof: asyncflow.Profiler) -> None:
+async def test_a_swallowed_cancellation(fake_clock: FakeClock, prof: asyncflow.Profiler) -> None:
     never = asyncio.Event()
 
     @asyncflow.future(name="poll_forever")
@@ -409,7 +414,7 @@ async def test_a_lock_that_serialises_its_workers(
     assert lines[header + 1].split()[:6] == ["cache", "lock", "20", "19", "190", "ms"]
 
 
-async def test_permits_never_given_back(prof: asyncflow.Profiler) -> None:
+async def test_permits_never_given_back(fake_clock: FakeClock, prof: asyncflow.Profiler) -> None:
     pool = asyncflow.instrument_lock(asyncio.Semaphore(2), name="db_pool")
 
     @asyncflow.future(name="query")
@@ -429,7 +434,9 @@ async def test_permits_never_given_back(prof: asyncflow.Profiler) -> None:
     assert "(2 raised)" in finding.message and "none is left" in finding.message
 
 
-async def test_an_event_nobody_sets_is_info(prof: asyncflow.Profiler) -> None:
+async def test_an_event_nobody_sets_is_info(
+    fake_clock: FakeClock, prof: asyncflow.Profiler
+) -> None:
     gc.collect()  # primitives of earlier tests are gone, not merely unreferenced
     ready = asyncflow.instrument_lock(asyncio.Event(), name="config_loaded")
     waiting = [asyncio.create_task(ready.wait()) for _ in range(3)]
