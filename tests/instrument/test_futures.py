@@ -21,7 +21,9 @@ from asyncflow.schema import CallEntry, FutureEntry, Snapshot
 
 
 def _future(snap: Snapshot, label: str) -> FutureEntry:
-    matches = [f for f in snap.futures.futures if f.label == label]
+    # Futures are process-wide: a decorated function of an earlier test that is still alive (not
+    # yet garbage collected) is listed too, with fresh stats. This test's future has calls.
+    matches = [f for f in snap.futures.futures if f.label == label and f.call_count]
     assert len(matches) == 1, [f.label for f in snap.futures.futures]
     return matches[0]
 
