@@ -274,7 +274,11 @@ def test_durations_and_counts_are_compact() -> None:
 
 
 def numbers(app: TopApp, column: str) -> list[int]:
-    return [int(row(app, r[0])[column].replace(",", "")) for r in app.table_text()]
+    """The column's numbers, row by row as shown. Read from each row itself, not found again by
+    its label: futures are process-wide, and a still-alive function of an earlier test may share
+    a label with one of this test's (``work``), with other figures."""
+    i = [name.rstrip("▲▼") for name in app.header()].index(column)
+    return [int(r[i].replace(",", "")) for r in app.table_text()]
 
 
 async def test_sort_by_a_chosen_column_reverse_it_or_click_its_header() -> None:
