@@ -13,6 +13,11 @@ many records the registry keeps.
     python benchmarks/resources.py                 # both, 15 pairs, 10,000 primitives
     python benchmarks/resources.py --pairs 5 --objects 2000
     python benchmarks/resources.py --only time     # or --only memory
+    python benchmarks/resources.py --instructions  # instructions per operation (callgrind)
+
+Instructions: each case and mode runs in its own process under ``valgrind --tool=callgrind``,
+which counts only inside ``sys.call_tracing`` (the operations, driven to completion without
+the loop: none of them suspends), so the figures repeat on a noisy machine where times do not.
 """
 
 from __future__ import annotations
@@ -22,7 +27,10 @@ import asyncio
 import contextlib
 import gc
 import os
+import re
 import statistics
+import subprocess
+import sys
 import time
 import tracemalloc
 from collections.abc import Callable
@@ -167,12 +175,85 @@ def memory_figures(n: int) -> None:
     print(f"  records kept        {kept} (the last {resources.GONE_KEPT} gone, plus aggregates)")
 
 
+_MODES = ("plain", "instrumented", "profiler", "instrumented+profiler")
+
+
+def _drive(coro: Any) -> None:
+    try:
+        coro.send(None)
+    except StopIteration:
+        return
+    raise RuntimeError("an uncontended operation suspended")  # pragma: no cover
+
+
+def one_run(case: str, mode: str, n: int) -> None:
+    """n operations of one case in one mode, inside sys.call_tracing (what callgrind counts)."""
+    make, use = CASES[case]
+
+    async def run() -> None:
+        primitive = make()
+        if mode.startswith("instrumented"):
+            instrument_lock(primitive)
+        await use(primitive, 200)  # warm up
+        sys.call_tracing(_drive, (use(primitive, n),))
+
+    with contextlib.ExitStack() as stack:
+        if mode.endswith("profiler"):
+            stack.enter_context(asyncflow.profile("bench", format="none"))
+        asyncio.run(run())
+
+
+def instruction_figures(n: int) -> None:
+    """Print instructions per operation for each case in each mode, counted by callgrind."""
+    print(f"instructions per operation (callgrind, {n} operations inside sys.call_tracing)")
+    print(f"{'case':<28} " + " ".join(f"{m:>22}" for m in _MODES) + "  ratio (profiler)")
+    for case in CASES:
+        counts = []
+        for mode in _MODES:
+            done = subprocess.run(
+                [
+                    "valgrind",
+                    "--tool=callgrind",
+                    "--callgrind-out-file=/dev/null",
+                    "--collect-atstart=no",
+                    "--toggle-collect=sys_call_tracing",
+                    sys.executable,
+                    __file__,
+                    "--one",
+                    case,
+                    mode,
+                    str(n),
+                ],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
+            found = re.search(r"Collected : (\d+)", done.stderr)
+            assert found is not None, done.stderr
+            counts.append(int(found.group(1)) / n)
+        print(
+            f"{case:<28} "
+            + " ".join(f"{c:>22.0f}" for c in counts)
+            + f"  {counts[3] / counts[2]:.2f}x"
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pairs", type=int, default=15, help="alternating pairs (default 15)")
     parser.add_argument("--objects", type=int, default=10_000, help="primitives for memory")
     parser.add_argument("--only", choices=("time", "memory"), help="one of the two figures")
+    parser.add_argument(
+        "--instructions", action="store_true", help="instructions per operation (callgrind)"
+    )
+    parser.add_argument("--one", nargs=3, help=argparse.SUPPRESS)  # case mode n: one run
     args = parser.parse_args(argv)
+    if args.one:
+        one_run(args.one[0], args.one[1], int(args.one[2]))
+        return 0
+    if args.instructions:
+        instruction_figures(5_000)
+        return 0
     if args.only != "memory":
         time_figures(args.pairs)
         creation_figures(args.pairs)
