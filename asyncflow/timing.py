@@ -348,10 +348,23 @@ class MeasuredCoroutineFunction:
 def _timed_for(fn: Any, site: Site) -> Callable[[Awaitable[Any], int], Awaitable[Any]]:
     async def timed(coro: Awaitable[Any], start: int) -> Any:
         # Opened at the first step, in the task that runs it (not the one that called).
-        frame = _enter(site)
-        if frame is None:
-            return await coro  # recursive: part of the outer call
-        frame[4] = start  # timed from the call, not from the first step
+        # _enter(site), inline; timed from the call, not from the first step.
+        loop = _get_running_loop()
+        key: object = None if loop is None else _current_task(loop)
+        if key is None:  # outside a task: the thread's own stack, kept
+            try:
+                stack = _LOCAL.stack
+            except AttributeError:
+                stack = _thread_stack()
+        else:
+            stack = _open.get(key)
+            if stack is None:
+                stack = _open[key] = []
+        for frame in stack:
+            if frame[0] is site:
+                return await coro  # recursive: part of the outer call
+        frame = [site, 0, key, stack, start]
+        stack.append(frame)
         try:
             result = await coro
         except BaseException as exc:

@@ -127,7 +127,7 @@ class Gauge(Metric):
             return
         if v.__class__ is not int:
             _number(f"gauge({self.name!r}).set(v)", v)
-        _emit(self, "set", v, _clock.now_ns())
+        _gauge(self, "set", v)
 
     def inc(self, n: float = 1) -> None:
         """Add ``n`` (default 1) to the gauge."""
@@ -135,7 +135,7 @@ class Gauge(Metric):
             return
         if n.__class__ is not int:
             _number(f"gauge({self.name!r}).inc(n)", n)
-        _emit(self, "add", n, 0)
+        _gauge(self, "add", n)
 
     def dec(self, n: float = 1) -> None:
         """Take ``n`` (default 1) from the gauge."""
@@ -143,7 +143,7 @@ class Gauge(Metric):
             return
         if n.__class__ is not int:
             _number(f"gauge({self.name!r}).dec(n)", n)
-        _emit(self, "add", -n, 0)
+        _gauge(self, "add", -n)
 
 
 class Histogram(Metric):
@@ -217,6 +217,25 @@ class ValueLog(Metric):
         elif v.__class__ is not int:
             _number(f"value({self.name!r}, v)", v)
         _emit(self, "log", v, _clock.now_ns())
+
+
+def _gauge(gauge: Gauge, op: str, v: Any) -> None:
+    """Fold one gauge update under its lock: its value depends on the order of updates
+    across threads (a set, then increments), which per-thread shards would lose."""
+    session = _session.active
+    if session is not None:
+        with gauge.lock:
+            st = gauge.stats
+            if st is None or st.epoch != session.epoch:
+                st = gauge.stats = _MetricStats(session.epoch, "gauge")
+            st.count += 1
+            current = st.value = st.value + v if op == "add" else v
+            if st.min is None or current < st.min:
+                st.min = current
+            if st.max is None or current > st.max:
+                st.max = current
+    if _recording.users:
+        _recording.to_users_metric(gauge, op, v, _clock.now_ns() if op == "set" else 0)
 
 
 def _emit(metric: Metric, op: str, v: Any, at_ns: int) -> None:

@@ -693,3 +693,36 @@ def test_a_call_open_when_the_profiler_stops_is_dropped(fake_clock: FakeClock) -
     assert outlives() == 5  # ends after the profiler stopped: not counted, nothing raised
     assert not timing._open
     assert "outlives" not in _functions(prof.snapshot())
+
+
+async def test_running_now_shows_calls_that_have_not_returned(fake_clock: FakeClock) -> None:
+    started = asyncio.Event()
+    inside: list[Snapshot] = []
+
+    @asyncflow.measure(name="stuck")
+    async def stuck() -> None:
+        started.set()
+        await asyncio.sleep(3600)
+
+    @asyncflow.measure(name="looks")
+    def looks(prof: Any) -> None:
+        fake_clock.advance(5)
+        inside.append(prof.snapshot())  # taken while this very call runs
+
+    with asyncflow.profile("t", format="none") as prof:
+        tasks = [asyncio.get_running_loop().create_task(stuck()) for _ in range(2)]
+        with anyio.fail_after(10):
+            await started.wait()
+        fake_clock.advance(30)
+        looks(prof)
+        running = _functions(inside[0])
+        assert (running["stuck"].running_count, running["stuck"].call_count) == (2, 0)
+        assert running["stuck"].current_elapsed_ns == 35
+        assert (running["looks"].running_count, running["looks"].current_elapsed_ns) == (1, 5)
+        for task in tasks:
+            task.cancel()
+        with anyio.fail_after(10):
+            await asyncio.gather(*tasks, return_exceptions=True)
+        after = _functions(prof.snapshot())
+    assert (after["stuck"].running_count, after["stuck"].call_count) == (0, 2)
+    assert (after["looks"].running_count, after["looks"].current_elapsed_ns) == (0, 0)
