@@ -34,6 +34,8 @@ import itertools
 import logging
 import os
 import re
+import select
+import signal
 import socket
 import struct
 import subprocess
@@ -801,6 +803,61 @@ class _RemoteError(Exception):
     """An internal error of the endpoint process, counted in the program."""
 
 
+#: The intermediate: run as ``python -I -S -c _DETACH COMMAND...``, it forks the endpoint process,
+#: writes its pid on its standard output and exits at once; the endpoint process leaves the
+#: program's session and runs COMMAND. Its parent is then init (or a subreaper), never the program.
+_DETACH = (
+    "import os, sys\n"
+    "pid = os.fork()\n"
+    "if pid:\n"
+    "    os.write(1, str(pid).encode())\n"
+    "    os._exit(0)\n"
+    "os.setsid()\n"
+    "null = os.open(os.devnull, os.O_WRONLY)\n"
+    "os.dup2(null, 1)\n"
+    "os.close(null)\n"
+    "os.execv(sys.argv[1], sys.argv[1:])\n"
+)
+
+
+class _Detached:
+    """An endpoint process, which is not the program's child: the program's ``os.wait()``,
+    ``waitpid(-1, ...)``, SIGCHLD handlers and reapers never meet it. Known by its pid (None when
+    it never started) and a pidfd where the system has them; its exit status is not ours to read.
+    """
+
+    def __init__(self, pid: int | None) -> None:
+        self.pid = pid
+        self._fd: int | None = None
+        if pid is not None and hasattr(os, "pidfd_open"):
+            try:
+                self._fd = os.pidfd_open(pid)  # at once: from now on the pid cannot be reused
+            except ProcessLookupError:
+                self.pid = None  # already gone
+
+    def end(self, seconds: float) -> bool:
+        """Kill it (it has closed its end, or must) and wait up to ``seconds`` for it to go;
+        whether it has gone (True where there is no pidfd to wait on)."""
+        fd, self._fd = self._fd, None
+        if fd is None:
+            if self.pid is not None and not hasattr(os, "pidfd_open"):
+                with contextlib.suppress(OSError):
+                    os.kill(self.pid, signal.SIGKILL)
+            return True
+        try:
+            with contextlib.suppress(ProcessLookupError):
+                signal.pidfd_send_signal(fd, signal.SIGKILL)
+            return bool(select.select([fd], [], [], seconds)[0])
+        finally:
+            os.close(fd)
+
+    def forsake(self) -> None:
+        """In a forked child of the program: never killed or waited for from here."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
+
+
 class _ChildLink(asyncio.Protocol):
     """The program's end of the socket pair to one endpoint process: answers its requests on
     the profiler's thread, all those of one read in one write."""
@@ -809,7 +866,7 @@ class _ChildLink(asyncio.Protocol):
         self,
         server: Server,
         sock: socket.socket,
-        process: subprocess.Popen[bytes],
+        process: _Detached,
         errors: IO[bytes],
     ) -> None:
         self.server = server
@@ -1107,22 +1164,30 @@ class Server:
             root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
             env = dict(os.environ)
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
-            process = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-P",
-                    "-m",
-                    "asyncflow._endpoint",
-                    str(theirs.fileno()),
-                    *map(str, fds),
-                ],
+            command = [sys.executable, "-P", "-m", "asyncflow._endpoint"]
+            command += [str(theirs.fileno()), *map(str, fds)]
+            # Through an intermediate that exits at once, reaped here at once: the endpoint
+            # process is no child of the program, whose generic reaping must never meet it.
+            intermediate = subprocess.Popen(
+                [sys.executable, "-I", "-S", "-c", _DETACH, *command],
                 pass_fds=(theirs.fileno(), *fds),
                 stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
                 stderr=errors,
                 env=env,
                 process_group=0,  # the terminal's Ctrl-C and Ctrl-Z are the program's, not its
             )
+            try:
+                # A program that reaps its children may reap it first: Popen takes that (ECHILD)
+                # as an exit with code 0, and its output is read all the same.
+                said, _ = intermediate.communicate(timeout=10.0)
+            except subprocess.TimeoutExpired:
+                intermediate.kill()
+                intermediate.wait()
+                raise
+            text = said.decode("ascii", "replace")
+            # No pid: it failed, said why on its stderr; the socket pair's end tells the rest.
+            process = _Detached(int(text) if text.isdigit() else None)
         except BaseException:
             ours.close()
             errors.close()
@@ -1147,30 +1212,24 @@ class Server:
         if self.link is link:
             self.link = None
         process = link.process
-        with contextlib.suppress(OSError):
-            process.kill()  # it has closed its end: it is exiting, or must
-        try:
-            code = process.wait(2.0)
-        except subprocess.TimeoutExpired:
-            code = None
+        process.end(2.0)  # it has closed its end: it is exiting, or must
         tail = _tail(link.errors)
         link.errors.close()
         if self._stopping:
             return
-        how = f"with code {code}" if code is None or code >= 0 else f"by signal {-code}"
         if link.ready:
             self.failures = 0
             logger.warning(
-                "asyncflow: the endpoint's process (pid %s) exited %s; another starts at the "
-                "next connection to %s%s", process.pid, how, self.url, tail,
+                "asyncflow: the endpoint's process (pid %s) exited; another starts at the "
+                "next connection to %s%s", process.pid, self.url, tail,
             )  # fmt: skip
             self._arm()
             return
         self.failures += 1
         if self.failures >= _START_FAILURES:
-            self._fall_back(f"it exited {how} before serving, {self.failures} times{tail}")
+            self._fall_back(f"it exited before serving, {self.failures} times{tail}")
         else:
-            logger.debug("endpoint: process %s exited %s before serving%s", process.pid, how, tail)
+            logger.debug("endpoint: process %s exited before serving%s", process.pid, tail)
             self._arm()
 
     def _fall_back(self, why: str) -> None:
@@ -1214,7 +1273,7 @@ class Server:
         link, self.link = self.link, None
         self._stopping = True
         if link is not None:
-            link.process.returncode = 0  # never waited for, killed or warned about here
+            link.process.forsake()  # never killed or waited for here
             fd = link.sock.fileno()
             if fd >= 0:
                 # Its end of the socket pair must not keep the process alive once the program
