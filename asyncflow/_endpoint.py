@@ -1,10 +1,12 @@
 """The endpoint process: serves a profiled program's endpoint over HTTP, beside the program.
 
 Started by :class:`asyncflow.server.Server` at the first connection, as
-``python -m asyncflow._endpoint CONTROL LISTENING...``: CONTROL is its end of a socket pair to
-the program, LISTENING the sockets the program bound. It asks the program for the documents its
-cache does not hold, and exits when the program closes its end (the program stopped its
-profiler, or exited, however it ended). Ctrl-C in a terminal is the program's business, not its.
+``python -m asyncflow._endpoint CONTROL LISTENING...``, through an intermediate that exits at
+once (``server._DETACH``), so that it is no child of the program, in a session of its own.
+CONTROL is its end of a socket pair to the program, LISTENING the sockets the program bound.
+It asks the program for the documents its cache does not hold, and exits when the program
+closes its end (the program stopped its profiler, or exited, however it ended). Ctrl-C in a
+terminal is the program's business, not its.
 """
 
 from __future__ import annotations
