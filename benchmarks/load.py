@@ -129,8 +129,9 @@ class Clocks:
     def read(self) -> dict[str, float]:
         endpoint = self.prof._server
         process = 0.0
-        if endpoint is not None and endpoint.link is not None:
-            process = _process_cpu(endpoint.link.process.pid)
+        link = endpoint.link if endpoint is not None else None
+        if link is not None and link.process.pid is not None:
+            process = _process_cpu(link.process.pid)
         return {
             "wall": time.perf_counter(),
             "main": time.thread_time(),
