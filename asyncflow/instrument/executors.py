@@ -18,6 +18,7 @@ import concurrent.futures
 import contextvars
 import functools
 import itertools
+import sys
 import threading
 import weakref
 from collections import deque
@@ -395,28 +396,83 @@ def _anyio_hook(original: Callable[..., Any]) -> Callable[..., Any]:
     return run_sync_in_worker_thread
 
 
+#: anyio's asyncio backend. asyncflow never imports it: an import on the program's running loop
+#: blocks it (100 ms and more on a loaded machine). It is hooked once the program has loaded it.
+_ANYIO_BACKEND = "anyio._backends._asyncio"
+
+
 def _anyio_backend() -> Any:
-    try:
-        from anyio._backends._asyncio import AsyncIOBackend
-    except Exception:  # another anyio layout: its threads are not followed
-        return None
-    return AsyncIOBackend if "run_sync_in_worker_thread" in vars(AsyncIOBackend) else None
+    module = sys.modules.get(_ANYIO_BACKEND)
+    backend = getattr(module, "AsyncIOBackend", None)  # (None while the module is loading)
+    if backend is None or "run_sync_in_worker_thread" not in vars(backend):
+        return None  # not loaded (yet), or another anyio layout: its threads are not followed
+    return backend
+
+
+class _HookAnyioOnImport:
+    """On ``sys.meta_path`` while the hook is wanted and anyio's backend is not loaded: when the
+    program loads it, the hook is installed right after the module has run."""
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        if name != _ANYIO_BACKEND:
+            return None
+        try:
+            for finder in list(sys.meta_path):
+                find = getattr(finder, "find_spec", None)
+                if finder is self or find is None:
+                    continue
+                spec = find(name, path, target)
+                if spec is not None:
+                    break
+            else:
+                return None
+            loader = spec.loader
+            run = getattr(loader, "exec_module", None)
+            if run is None:
+                return None
+
+            def exec_module(module: Any) -> None:
+                run(module)
+                with _anyio_lock:
+                    _sync_anyio_hook()
+
+            loader.exec_module = exec_module
+            return spec
+        except Exception as err:  # observing never breaks the program: the import goes on
+            _session.internal_error("watching for anyio's import", err)
+            return None
+
+
+_anyio_watch = _HookAnyioOnImport()
+
+
+def _sync_anyio_hook() -> None:
+    """Install the hook while it has users, remove it with the last (under _anyio_lock)."""
+    global _anyio_original
+    backend = _anyio_backend()
+    watching = _anyio_watch in sys.meta_path
+    if backend is None:
+        if _anyio_users > 0 and not watching and _ANYIO_BACKEND not in sys.modules:
+            sys.meta_path.insert(0, _anyio_watch)
+        elif _anyio_users == 0 and watching:
+            sys.meta_path.remove(_anyio_watch)
+        return
+    if watching:
+        sys.meta_path.remove(_anyio_watch)
+    if _anyio_users > 0 and _anyio_original is None:
+        _anyio_original = vars(backend)["run_sync_in_worker_thread"]
+        backend.run_sync_in_worker_thread = classmethod(_anyio_hook(_anyio_original.__func__))
+    elif _anyio_users == 0 and _anyio_original is not None:
+        backend.run_sync_in_worker_thread = _anyio_original
+        _anyio_original = None
 
 
 def _use_anyio(delta: int) -> None:
     """Count users of the anyio hook: installed by the first, removed with the last."""
-    global _anyio_users, _anyio_original
-    backend = _anyio_backend()
-    if backend is None:
-        return
+    global _anyio_users
     with _anyio_lock:
         _anyio_users += delta
-        if delta > 0 and _anyio_original is None:
-            _anyio_original = vars(backend)["run_sync_in_worker_thread"]
-            backend.run_sync_in_worker_thread = classmethod(_anyio_hook(_anyio_original.__func__))
-        elif _anyio_users == 0 and _anyio_original is not None:
-            backend.run_sync_in_worker_thread = _anyio_original
-            _anyio_original = None
+        _sync_anyio_hook()
 
 
 class ExecutorInstrumentation:

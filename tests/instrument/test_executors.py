@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 
@@ -176,3 +178,37 @@ async def test_anyio_worker_threads_wait_for_the_limiter(
     assert record.workers() == (1, 0)
     assert list(st.by_function) == [f"{__name__}.{scan.__qualname__}"]
     assert vars(AsyncIOBackend)["run_sync_in_worker_thread"] is anyio_own  # undone
+
+
+def test_anyio_is_never_imported_on_the_loop_and_hooked_once_the_program_loads_it() -> None:
+    """instrument_executors() inside a running loop imports nothing of anyio (an import there
+    blocks the program's loop: 100 ms and more on a loaded machine); anyio's worker threads are
+    still followed once the program itself loads anyio, and given back after."""
+    program = """if True:
+        import asyncio, sys
+        import asyncflow
+        from asyncflow.instrument import executors
+
+        async def main() -> None:
+            before = set(sys.modules)
+            with asyncflow.instrument_executors():
+                assert not {m for m in set(sys.modules) - before if m.startswith("anyio")}
+                import anyio.to_thread
+
+                assert await anyio.to_thread.run_sync(sum, [1, 2]) == 3
+            from anyio._backends._asyncio import AsyncIOBackend
+
+            own = vars(AsyncIOBackend)["run_sync_in_worker_thread"]
+            assert own.__func__.__module__ == "anyio._backends._asyncio"  # given back
+            assert executors._anyio_watch not in sys.meta_path
+
+        with asyncflow.profile("anyio-late", format="none", port=None) as prof:
+            asyncio.run(main())
+            labels = [r.label for r in executors.executor_registry()]
+        assert "anyio worker threads" in labels, labels
+        print("ok")
+    """
+    done = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0 and done.stdout == "ok\n", done.stderr
