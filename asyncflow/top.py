@@ -684,12 +684,37 @@ VIEWS: tuple[View, ...] = (
             _dur("selfΣ", 2, lambda f: f["self_ns"], "totalΣ less the time in measured calls "
                  "nested in it (same task or thread)"),
             _count("errors", 3, lambda f: f["error_count"], "calls that raised"),
+            _count("run", 3, lambda f: f.get("running_count", 0), "calls entered and not "
+                   "returned now: a call that never returns shows here"),
             _dur("mean", 4, lambda f: f["mean_ns"], "mean wall time of a call"),
             _text("where", 6, lambda f: _where(f["location"]),
                   "where it is defined (file:line)", max_width=28, cut_left=True),
         ),
         sort="totalΣ",
         detail=_function_errors,
+    ),
+    View(
+        "user metrics", "u",
+        "one row per counter, gauge, histogram or value log the program updates "
+        "(asyncflow.counter, gauge, histogram, value)",
+        "/user_metrics", "metrics",
+        (
+            _text("metric", 0, lambda m: m["name"], "the metric's name", flex=True),
+            _text("kind", 1, lambda m: m["kind"], "counter, gauge, histogram or value"),
+            Column("value", 1, lambda m: m["value"], "a counter's total, a gauge's value now, "
+                   "the last value logged", show=lambda v: "-" if v is None else
+                   (compact_count(v) if isinstance(v, int) else str(v)[:12]), numeric=False,
+                   sortable=False),
+            _count("updates", 1, lambda m: m["count"],
+                   "updates, samples or values logged so far"),
+            Column("p50", 2, lambda m: _pct(m["percentiles"], "p50"), "a histogram's median",
+                   show=lambda v: "-" if v is None else compact_count(v)),
+            Column("max", 2, lambda m: m["max"], "the highest value (not counters)",
+                   show=lambda v: "-" if v is None else f"{v:g}"),
+            Column("min", 3, lambda m: m["min"], "the lowest value (not counters)",
+                   show=lambda v: "-" if v is None else f"{v:g}"),
+        ),
+        sort="updates",
     ),
 )
 # fmt: on

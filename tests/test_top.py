@@ -113,6 +113,7 @@ async def futures_of_every_kind() -> None:
         await alpha()
         with asyncflow.measure_block("measured block"):
             pass
+        asyncflow.counter("top.requests").add()
     await beta()
     await workload()
     executors = asyncflow.instrument_executors()
@@ -200,6 +201,7 @@ async def test_at_80_columns_the_columns_people_need_most_fit() -> None:
         "resources": {"resource", "kind", "waiting", "waitΣ", "holdΣ"},
         "threads": {"thread", "state", "cpu%", "avg%"},
         "functions": {"function", "calls", "totalΣ", "p95"},
+        "user metrics": {"metric", "kind", "value", "updates"},
     }
     with asyncflow.profile("narrow", format="none", port=0) as prof, stuck():
         await futures_of_every_kind()
