@@ -94,7 +94,18 @@ def test_run_a_script_with_its_arguments_and_every_task_tracked(tmp_path: Path) 
     assert not any(label.startswith("BaseEventLoop.") for label in futures)  # asyncio's own
 
 
-@pytest.mark.parametrize("example", ["memory_stream.py", "blocked_loop.py", "pipeline.py"])
+@pytest.mark.parametrize(
+    "example",
+    [
+        "memory_stream.py",
+        "blocked_loop.py",
+        "pipeline.py",
+        # these turn whole-program modes on themselves, as `run` does: the modes nest
+        "connection_pool.py",
+        "slow_service.py",
+        "every_problem.py",
+    ],
+)
 def test_run_every_other_example(example: str) -> None:
     done = asyncflow_cmd("run", str(EXAMPLES / example))
     assert done.returncode == 0, done.stderr

@@ -302,24 +302,32 @@ def _paired_hooks(
 class QueueInstrumentation:
     """Handle returned by :func:`instrument_queues`; ``undo()`` (or leaving ``with``) restores."""
 
-    __slots__ = ("_originals",)
+    __slots__ = ("_logs", "_on")
 
-    def __init__(self, originals: dict[type[Any], Any]) -> None:
-        self._originals = originals
+    def __init__(self, on: bool, logs: bool) -> None:
+        self._on = on
+        self._logs = logs
 
     @property
     def active(self) -> bool:
         """Whether queues created now are instrumented through this handle."""
-        return bool(self._originals)
+        return self._on
 
     def undo(self) -> None:
-        """Stop instrumenting new queues; queues already instrumented keep recording."""
-        global _patched
-        originals, self._originals = self._originals, {}
-        for cls, init in originals.items():
-            cls.__init__ = init
-        if originals:
-            _patched = False
+        """Stop instrumenting new queues, once every handle in use has been undone (whole-program
+        mode nests: a program that calls ``instrument_queues()`` itself under ``asyncflow run``
+        shares the mode ``run`` turned on); queues already instrumented keep recording.
+        Idempotent."""
+        global _users, _log_users, _original
+        with _instrument_lock:
+            if not self._on:
+                return
+            self._on = False
+            _log_users -= self._logs
+            _users -= 1
+            if _users == 0 and _original is not None:
+                asyncio.Queue.__init__ = _original  # type: ignore[method-assign]
+                _original = None
 
     def __enter__(self) -> QueueInstrumentation:
         return self
@@ -328,26 +336,34 @@ class QueueInstrumentation:
         self.undo()
 
 
-_patched = False
+#: handles of instrument_queues() not undone yet, and how many of them asked for message logs
+_users = 0
+_log_users = 0
+#: asyncio.Queue's own __init__ while whole-program mode is on
+_original: Callable[..., None] | None = None
 
 
 def instrument_queues(*, log_messages: bool = False) -> QueueInstrumentation:
     """Whole-program mode for queues: every asyncio queue created from now on is instrumented,
     labelled by where it was created (``file:line``).
 
+    Calls nest: while one handle is in use, another call (the program's own, under
+    ``asyncflow run``) shares the same mode, and queues log their messages while any handle in
+    use asked for it. New queues are left alone again once every handle is undone.
+
     Returns:
         A handle whose ``undo()`` stops instrumenting new queues.
-
-    Raises:
-        RuntimeError: whole-program queue mode is already on.
     """
-    global _patched
+    global _users, _log_users, _original
     _config.check_type("instrument_queues", "log_messages", log_messages, bool)
     if _config.disabled():
-        return QueueInstrumentation({})
-    if _patched:
-        raise RuntimeError("asyncflow.instrument_queues() is already active; undo() it first")
-    original = asyncio.Queue.__init__
+        return QueueInstrumentation(False, False)
+    with _instrument_lock:
+        _users += 1
+        _log_users += log_messages
+        if _original is not None:
+            return QueueInstrumentation(True, log_messages)
+        original = _original = asyncio.Queue.__init__
 
     def __init__(self: asyncio.Queue[Any], *args: Any, **kwargs: Any) -> None:
         original(self, *args, **kwargs)
@@ -363,13 +379,12 @@ def instrument_queues(*, log_messages: bool = False) -> QueueInstrumentation:
             label = site_label(frame)
             with _instrument_lock:
                 if _record_of(self) is None:
-                    _instrument(self, label, log_messages, capacity)
+                    _instrument(self, label, _log_users > 0, capacity)
         except Exception as err:
             _session.internal_error("instrumenting a new queue", err)
 
     asyncio.Queue.__init__ = __init__  # type: ignore[method-assign]
-    _patched = True
-    return QueueInstrumentation({asyncio.Queue: original})
+    return QueueInstrumentation(True, log_messages)
 
 
 #: opcodes that call something: a line with more than one of them gets a column in its label

@@ -1351,17 +1351,24 @@ class LockInstrumentation:
         return bool(self._originals)
 
     def undo(self) -> None:
-        """Stop instrumenting new primitives; those already instrumented keep recording."""
-        global _patched
+        """Stop instrumenting new primitives, once every handle in use has been undone
+        (whole-program mode nests: a program that calls ``instrument_locks()`` itself under
+        ``asyncflow run`` shares the mode ``run`` turned on); those already instrumented keep
+        recording. Idempotent."""
+        global _patched, _users
         with _instrument_lock:
-            originals, self._originals = self._originals, {}
+            if not self._originals:
+                return
+            self._originals = {}
+            _users -= 1
+            if _users or _patched is None:
+                return
+            originals, _patched = _patched, None
             for cls, init in originals.items():
                 if init is None:  # it had none of its own: inherited again
                     del cls.__init__
                 else:
                     cls.__init__ = init
-            if originals:
-                _patched = False
 
     def __enter__(self) -> LockInstrumentation:
         return self
@@ -1370,7 +1377,9 @@ class LockInstrumentation:
         self.undo()
 
 
-_patched = False
+#: the classes' own __init__ while whole-program mode is on, and the handles not undone yet
+_patched: dict[type[Any], Any] | None = None
+_users = 0
 _LOCKS_FILE = asyncio.locks.__file__
 _ANYIO_DIR: str | None = None
 #: anyio's constructor chain: a primitive made through these is the caller's
@@ -1441,18 +1450,20 @@ def instrument_locks() -> LockInstrumentation:
     created (``file:line``). Primitives asyncio or anyio make for their own use (a Condition's
     lock, a Barrier's condition) are part of the primitive that made them.
 
+    Calls nest: while one handle is in use, another call (the program's own, under
+    ``asyncflow run``) shares the same mode; new primitives are left alone again once every
+    handle is undone.
+
     Returns:
         A handle whose ``undo()`` stops instrumenting new primitives.
-
-    Raises:
-        RuntimeError: whole-program primitive mode is already on.
     """
-    global _patched, _ANYIO_DIR
+    global _patched, _users, _ANYIO_DIR
     if _config.disabled():
         return LockInstrumentation({})
     with _instrument_lock:
-        if _patched:
-            raise RuntimeError("asyncflow.instrument_locks() is already active; undo() it first")
+        _users += 1
+        if _patched is not None:
+            return LockInstrumentation(_patched)
         originals: dict[type[Any], Any] = {}
         for cls in (
             asyncio.Lock,
@@ -1475,7 +1486,7 @@ def instrument_locks() -> LockInstrumentation:
             for cls in classes.values():
                 originals[cls] = cls.__dict__.get("__init__")
                 cls.__init__ = _init_hook(cls.__init__, _anyio_primitive)
-        _patched = True
+        _patched = originals
         return LockInstrumentation(originals)
 
 

@@ -298,18 +298,28 @@ async def test_instrument_queues_labels_new_queues_by_where_they_were_made() -> 
         with asyncflow.instrument_queues():
             made: asyncio.Queue[int] = asyncio.Queue()
             lifo: asyncio.LifoQueue[int] = asyncio.LifoQueue()
-            with pytest.raises(RuntimeError, match="already active"):
-                asyncflow.instrument_queues()
+            # A nested call (the program's own, under `asyncflow run`) shares the mode, and
+            # undoing it leaves the mode of the handle still in use on.
+            inner = asyncflow.instrument_queues()
+            assert inner.active
+            inner.undo()
+            inner.undo()
+            assert not inner.active
+            still: asyncio.PriorityQueue[int] = asyncio.PriorityQueue()
         after: asyncio.Queue[int] = asyncio.Queue()
-        for q in (made, lifo, after):
+        for q in (made, lifo, still, after):
             q.put_nowait(1)
             q.get_nowait()
         snap = prof.snapshot()
     assert snap.channels is not None
     labels = {c.label: c for c in snap.channels.channels}
     mine = [label for label in labels if label.startswith("test_queues.py:")]
-    assert len(mine) == 2
-    assert {labels[label].kind for label in mine} == {"asyncio.Queue", "asyncio.LifoQueue"}
+    assert len(mine) == 3
+    assert {labels[label].kind for label in mine} == {
+        "asyncio.Queue",
+        "asyncio.LifoQueue",
+        "asyncio.PriorityQueue",
+    }
     assert all(labels[label].sent_count == 1 for label in mine)
     assert asyncio.Queue.__init__ is not None and "_asyncflow_channel" not in vars(after)
 
