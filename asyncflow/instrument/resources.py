@@ -1380,7 +1380,7 @@ class LockInstrumentation:
 #: the classes' own __init__ while whole-program mode is on, and the handles not undone yet
 _patched: dict[type[Any], Any] | None = None
 _users = 0
-_LOCKS_FILE = asyncio.locks.__file__
+_ASYNCIO_DIR = os.path.dirname(asyncio.__file__) + os.sep
 _ANYIO_DIR: str | None = None
 #: anyio's constructor chain: a primitive made through these is the caller's
 _ANYIO_CHAIN = frozenset(
@@ -1417,8 +1417,8 @@ def _creation_site(obj: Any) -> tuple[tuple[str, int], str] | None:
                 frame = frame.f_back
                 continue
             return None  # made by anyio (an adapter's primitive takes the adapter's record)
-        if filename == _LOCKS_FILE:
-            return None
+        if filename.startswith(_ASYNCIO_DIR):
+            return None  # made by asyncio for its own use (a Condition's lock, a Queue's Event)
         return (filename, frame.f_lineno), _site_label(frame)
     return None
 

@@ -596,6 +596,11 @@ async def test_primitives_made_by_libraries_for_their_own_use_are_left_out(
         assert await receive.receive() == 1
     send.close()
     receive.close()
+    queue: asyncio.Queue[int] = asyncio.Queue()  # its join() waits on an asyncio-internal Event
+    queue.put_nowait(1)
+    queue.get_nowait()
+    queue.task_done()
+    await queue.join()
     made = [r for r in resources.resource_registry() if r.id not in before]
     assert made == []
 
