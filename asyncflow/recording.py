@@ -4,9 +4,13 @@ The mechanism (``@measure``, ``measure_block``, the metric handles of :mod:`asyn
 decides *what* happened and *when*: it reads the clock, keeps nesting and recursion per thread of
 control, and then calls a :class:`Recorder` with one finished span or one metric update. The
 recorder is the policy: what to keep. asyncflow's own recorder, :data:`COLLECTOR`, folds them into
-the aggregates the profiler serves (``functions`` and ``metrics`` documents); a user's recorder,
-added with :func:`add_recorder`, receives the same calls and may route them anywhere (a tracing
-system, a log, a test). Two methods, both called on the thread where the event happened, inline:
+the calling thread's shard (no lock; the ``functions`` and ``metrics`` documents sum the shards on
+the cold side); a user's recorder, added with :func:`add_recorder`, receives the same calls and may
+route them anywhere (a tracing system, a log, a test). Two methods, both called on the thread where
+the event happened, inline:
+
+(For speed the mechanism does what :data:`COLLECTOR` does inline, without the call through it,
+and calls the users' recorders only when there are some: ``to_users_span``/``to_users_metric``.)
 
 ``span(site, start_ns, end_ns, child_ns, error)``
     one measured call or block finished (for recursion, only the outermost call).
