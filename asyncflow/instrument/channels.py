@@ -20,15 +20,18 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import sys
 import threading
 import weakref
 from collections import deque
 from collections.abc import Callable
+from types import FrameType
 from typing import Any
 
 from asyncflow import clock as _clock
 from asyncflow.instrument import _session
-from asyncflow.instrument.futures import InstrumentedCoroutine, _current_tasks, _get_running_loop
+from asyncflow.instrument import futures as _futures
+from asyncflow.instrument.futures import InstrumentedCoroutinePy
 from asyncflow.stats import SMALL_BUCKET, SMALL_LIMIT, bucket_of, merge, new_histogram
 
 __all__ = [
@@ -349,26 +352,41 @@ class ChannelRecord:
 
 
 def caller() -> tuple[int | None, int | None]:
-    """(call id, future id) of the tracked call whose task is running now, if any.
+    """(call id, future id) of the innermost tracked call running on this thread now, if any.
 
-    Messages are attributed to the task's own call: the coroutine the task drives, when it is
-    tracked (decorated, or whole-program mode).
+    The call that is actually sending or receiving: not the task's own coroutine, which is
+    often someone else's wrapper around the tracked call (anyio's task group on some versions,
+    ``wait_for``, a tracked caller that awaits it). The compiled hot path keeps the calls being
+    polled on each thread in a slot; the pure-Python one is found from its ``send``/``throw``
+    frame, as the blocked-loop monitor finds it. Both cost the polls nothing: only the sampled
+    messages and the waits ask.
     """
-    loop = _get_running_loop()  # current_task(), inlined: this runs twice per message
-    if loop is None:
-        return _NOBODY
-    task = _current_tasks.get(loop) if _current_tasks is not None else _current_task(loop)
-    if task is None:
-        return _NOBODY
-    coro = task.get_coro()
-    if type(coro) is InstrumentedCoroutine:  # not isinstance: an ABC check costs ~0.5 µs
-        r = coro._r
-        return r.call_id, r.future.id
+    if _running_on_thread is not None:
+        r = _running_on_thread(_get_ident())[0]
+        return _NOBODY if r is None else (r.call_id, r.future.id)
+    frame: FrameType | None = _getframe(1)
+    while frame is not None:
+        code = frame.f_code
+        if code in _POLL_CODES:
+            r = getattr(frame.f_locals.get("self"), "_r", None)
+            if r is not None and r.start:
+                return r.call_id, r.future.id
+        elif code is _HANDLE_RUN:  # the loop's own frames below: no tracked call is running
+            break
+        frame = frame.f_back
     return _NOBODY
 
 
 _NOBODY: tuple[int | None, int | None] = (None, None)
-_current_task = asyncio.current_task
+_running_on_thread = _futures.running_on_thread
+_get_ident = threading.get_ident
+_getframe = sys._getframe
+# The pure-Python path's polls (the same set as asyncflow.monitor's), and where a loop runs a
+# callback or a task's step: the walk from a sender up to its poll stops there.
+_POLL_CODES = frozenset(
+    {InstrumentedCoroutinePy.send.__code__, InstrumentedCoroutinePy.throw.__code__}
+)
+_HANDLE_RUN = asyncio.events.Handle._run.__code__
 
 
 def _message_repr(item: Any) -> str:
