@@ -248,8 +248,9 @@ async def test_a_loop_blocked_in_a_callback_is_blocked(
     assert episode.call is None and episode.stack[0][0] == threading.__file__
 
 
-def sync_client(selector: selectors.BaseSelector) -> None:
+def sync_client(selector: selectors.BaseSelector, returned: threading.Event) -> None:
     selector.select(timeout=10)  # a synchronous client waiting for its own socket
+    returned.set()
 
 
 async def test_code_waiting_in_a_selector_of_its_own_is_blocking_the_loop(
@@ -257,14 +258,19 @@ async def test_code_waiting_in_a_selector_of_its_own_is_blocking_the_loop(
 ) -> None:
     loop, thread = loop_thread
     left, right = socket.socketpair()
+    returned = threading.Event()
     with left, right, selectors.DefaultSelector() as selector:
         selector.register(left, selectors.EVENT_READ)
-        loop.call_soon_threadsafe(sync_client, selector)
+        loop.call_soon_threadsafe(sync_client, selector, returned)
         try:
             await until_frame(thread, "select", "sync_client")
             state = late_look(loop)
         finally:
             right.send(b"x")
+            # Close nothing before the client has woken: closing its socket first takes it out
+            # of the selector, the wake-up is lost, and the loop's thread sleeps the whole 10 s
+            # (under load, past the fixture's join: the loop is then left running, unclosed).
+            await asyncio.to_thread(returned.wait, 10)
     assert state.late_wakeups == 0 and state.episode_count == 1
     (episode,) = state.episodes
     assert [frame[2] for frame in episode.stack[:2]] == ["select", "sync_client"]
