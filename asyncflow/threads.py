@@ -288,6 +288,20 @@ class ThreadSampler:
         except Exception as exc:  # a thread list that cannot be read must not stop the collector
             _session.internal_error("sampling the threads", exc)
 
+    def name_loops(self) -> None:
+        """Which loops each thread runs, as of now: a sample may be older than a loop's
+        registration, and a document must name a loop the monitor already shows."""
+        if self._loops is None:
+            return
+        try:
+            loops = self._loops()
+        except Exception as exc:
+            _session.internal_error("reading the loops' threads", exc)
+            return
+        for state in self.live.values():
+            if state.python:
+                state.loop_ids = loops.get(state.ident or 0, [])
+
     def sample(self, now: int) -> None:
         """Read every thread now and fold the readings in (``now``: the profiler's clock)."""
         self._tried = now
@@ -363,6 +377,7 @@ def threads_document(
     """``GET /threads``: a fresh sample unless the last is younger than ``within_ns`` (0: a
     fresh one always, as the final snapshot takes), the busiest first."""
     sampler.fresh(now, within_ns)
+    sampler.name_loops()
     live = sorted(sampler.live.values(), key=_busiest)
     shares = [t.share for t in live if t.share is not None]
     return ThreadsDocument(
