@@ -169,8 +169,9 @@ class Options:
     exclude: tuple[str, ...] = ()
     #: measure each poll's CPU time (the polling thread's CPU clock: a system call per poll)
     cpu: bool = False
-    #: measure each poll's allocations through ``tracemalloc`` (slows the whole program)
-    allocations: bool = False
+    #: measure each poll's allocations through ``tracemalloc`` (slows the whole program);
+    #: ``"blocks"`` also counts the net blocks each poll left in use (slower still)
+    allocations: bool | str = False
 
 
 def check_type(
@@ -591,7 +592,10 @@ def resolve_options(
             fields[option] = parse_patterns(*p)
     for option in ("cpu", "allocations"):
         if (p := pick(option)) is not None:
-            fields[option] = _switch(*p)
+            if option == "allocations" and isinstance(p[0], str) and p[0].strip() == "blocks":
+                fields[option] = "blocks"
+            else:
+                fields[option] = _switch(*p)
     if given.get("reporter") is not None:
         fields["reporter"] = _reporter(given["reporter"], "reporter")
     return Options(name=name, **fields)

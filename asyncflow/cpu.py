@@ -5,17 +5,27 @@ spent computing. A poll that held the loop 40 ms on 2 ms of CPU was not computin
 blocking system call, waiting for the GIL another thread held, or taking page faults. Both are
 opt-in, because each costs system calls on every poll:
 
-- ``cpu=True`` (``ASYNCFLOW_CPU=1``, ``asyncflow run --cpu``): the polling thread's CPU clock
-  (``time.thread_time_ns``, user and system time together) is read before and after each poll:
-  two system calls per poll. The user/system split is per thread, in ``GET /threads``.
+- ``cpu=True`` (``ASYNCFLOW_CPU=1``, ``asyncflow run --cpu``): the polling thread's CPU time
+  is read before and after each poll: two system calls per poll. Where the platform gives a
+  thread's user and system time apart (Linux: ``getrusage(RUSAGE_THREAD)``, microsecond
+  resolution; the kernel splits the thread's exact run time in proportion to its tick samples,
+  so a short poll's split is an estimate) that call is the one read, and the figures say how
+  much of the CPU time was the program's own code (user) and how much the kernel working for
+  it (system: system calls, page faults); it costs a little more than ``time.thread_time_ns``
+  alone (about 1.6 µs a poll, measured in ``benchmarks/panel.py``).
+  Elsewhere ``time.thread_time_ns`` (user and system together) is read and the split is null.
 - ``allocations=True`` (``ASYNCFLOW_ALLOCATIONS=1``, ``--allocations``): ``tracemalloc``'s
-  traced memory and the interpreter's count of allocated blocks are read around each poll. It
+  traced memory is read around each poll. It
   starts ``tracemalloc`` if the program has not (and stops it at the end only then), and
   ``tracemalloc`` slows every allocation of the whole program, profiled or not. Figures are
   net: the bytes a poll left allocated, growth and release summed apart. Memory allocated by
-  another thread while a poll runs counts in that poll. The number of allocations is not
-  counted: CPython gives no cheap count (``sys.getallocatedblocks()`` walks every arena, 18 µs
-  a read with a million objects alive, which would be 36 µs added to every poll).
+  another thread while a poll runs counts in that poll. The COUNT is net too: CPython has no
+  counter of allocations made, only of blocks in use (``sys.getallocatedblocks()``, the small
+  object allocator's blocks: objects up to 512 bytes; larger ones are in the bytes only), so
+  ``allocated_blocks`` is the blocks a poll left in use (allocated minus freed during it; can
+  be negative). It is opt-in on its own (``allocations="blocks"``), because each read walks
+  every arena: measured in ``benchmarks/panel.py``, it adds about as much to a poll as
+  tracemalloc itself (more with a large heap).
 
 The probe runs outside the timed part of a poll (see ``asyncflow.instrument.probes``); polls
 nest, so the figures are inclusive, like busy time. The figures live on the call's record
@@ -25,9 +35,12 @@ and :func:`future_figures`.
 
 from __future__ import annotations
 
+import functools
+import sys
 import threading
 import time
 import tracemalloc
+from collections.abc import Callable
 from typing import Any
 
 from asyncflow.instrument import _session, probes
@@ -50,12 +63,15 @@ class CallFigures:
     __slots__ = (
         "alloc_bytes",
         "allocations",
+        "blocks",
         "cpu",
         "cpu_ns",
         "freed_bytes",
         "future",
         "max_cpu_ns",
         "owner",
+        "system_ns",
+        "user_ns",
     )
 
     def __init__(self, owner: PollFigures, future: FutureFigures) -> None:
@@ -67,10 +83,15 @@ class CallFigures:
         self.cpu = owner.cpu
         self.allocations = owner.allocations
         self.cpu_ns = 0
+        #: user and system parts of cpu_ns (meaningful when the owner's ``split``)
+        self.user_ns = 0
+        self.system_ns = 0
         #: the CPU time of the call's longest poll (by busy time)
         self.max_cpu_ns = 0
         self.alloc_bytes = 0
         self.freed_bytes = 0
+        #: net small-object blocks its polls left in use (allocated minus freed)
+        self.blocks = 0
 
 
 class FutureFigures:
@@ -78,12 +99,15 @@ class FutureFigures:
 
     __slots__ = (
         "alloc_bytes",
+        "blocks",
         "cpu_ns",
         "freed_bytes",
         "max_alloc_bytes",
         "max_cpu_ns",
         "measured_busy_ns",
         "polls",
+        "system_ns",
+        "user_ns",
         "worst_busy_ns",
         "worst_call_id",
         "worst_cpu_ns",
@@ -94,6 +118,8 @@ class FutureFigures:
         self.polls = 0
         self.measured_busy_ns = 0
         self.cpu_ns = 0
+        self.user_ns = 0
+        self.system_ns = 0
         self.max_cpu_ns = 0
         #: the poll that held the loop longest off the CPU (busy minus CPU): its busy and CPU
         self.worst_busy_ns = 0
@@ -102,6 +128,25 @@ class FutureFigures:
         self.alloc_bytes = 0
         self.freed_bytes = 0
         self.max_alloc_bytes = 0
+        self.blocks = 0
+
+
+def thread_rusage() -> Callable[[], Any] | None:
+    """A call giving the calling thread's user and system time apart, or None where the
+    platform has none (``resource.RUSAGE_THREAD`` is Linux's)."""
+    try:
+        import resource
+
+        who = resource.RUSAGE_THREAD
+        resource.getrusage(who)
+    except (ImportError, AttributeError, OSError, ValueError):
+        return None
+    return functools.partial(resource.getrusage, who)
+
+
+def _us_ns(seconds: float) -> int:
+    """A getrusage time difference (seconds, microsecond resolution) in nanoseconds."""
+    return round(seconds * 1_000_000) * 1000
 
 
 class PollFigures:
@@ -111,17 +156,24 @@ class PollFigures:
     lose an update to a race between them (each thread's own figures are exact).
     """
 
-    def __init__(self, *, cpu: bool, allocations: bool) -> None:
+    def __init__(self, *, cpu: bool, allocations: bool, blocks: bool = False) -> None:
         self.cpu = cpu
-        self.allocations = allocations
+        self.allocations = allocations or blocks
         self.futures: dict[int, FutureFigures] = {}
         #: whether this probe started tracemalloc (and so stops it)
         self.started_tracemalloc = False
         self._thread_time = time.thread_time_ns
+        #: getrusage(RUSAGE_THREAD) where there is one: user and system time apart
+        self._rusage = thread_rusage()
+        self.split = self._rusage is not None
         self._traced = tracemalloc.get_traced_memory
+        #: ``allocations="blocks"``: count the net blocks too (two arena walks per poll)
+        self.count_blocks = blocks
+        self._blocks = sys.getallocatedblocks
         if cpu and not allocations:  # the common case, without a branch it does not need
-            self.begin = self._begin_cpu  # type: ignore[method-assign]
-            self.end = self._end_cpu  # type: ignore[method-assign]
+            split = self.split
+            self.begin = self._begin_split if split else self._begin_cpu  # type: ignore[method-assign]
+            self.end = self._end_split if split else self._end_cpu  # type: ignore[method-assign]
 
     def _call(self, record: Any) -> CallFigures:
         """The call's figures, made at its first measured poll."""
@@ -137,8 +189,11 @@ class PollFigures:
     def _begin_cpu(self, record: Any) -> int:
         return self._thread_time()
 
-    def _end_cpu(self, record: Any, token: int, t0_ns: int, dt_ns: int, outcome: str) -> None:
-        cpu = self._thread_time() - token
+    def _end_cpu(
+        self, record: Any, token: int, t0_ns: int, dt_ns: int, outcome: str, cpu: int = -1
+    ) -> None:
+        if cpu < 0:
+            cpu = self._thread_time() - token
         call = getattr(record, "probe_data", None)
         if call is None or call.owner is not self:
             call = self._call(record)
@@ -155,20 +210,46 @@ class PollFigures:
             fut.worst_busy_ns, fut.worst_cpu_ns = dt_ns, cpu
             fut.worst_call_id = record.call_id
 
+    def _begin_split(self, record: Any) -> Any:
+        return self._rusage()  # type: ignore[misc]
+
+    def _end_split(self, record: Any, token: Any, t0_ns: int, dt_ns: int, outcome: str) -> None:
+        now = self._rusage()  # type: ignore[misc]
+        user = _us_ns(now.ru_utime - token.ru_utime)
+        system = _us_ns(now.ru_stime - token.ru_stime)
+        self._end_cpu(record, 0, t0_ns, dt_ns, outcome, user + system)
+        call = record.probe_data
+        call.user_ns += user
+        call.system_ns += system
+        call.future.user_ns += user
+        call.future.system_ns += system
+
+    def _cpu_now(self) -> Any:
+        return self._rusage() if self.split else self._thread_time()  # type: ignore[misc]
+
     def begin(self, record: Any) -> Any:
         if self.allocations:  # the CPU clock read last, nearest the poll
             traced = self._traced()[0]
-            return (traced, self._thread_time() if self.cpu else 0)
-        return self._thread_time()
+            blocks = self._blocks() if self.count_blocks else 0
+            return (traced, blocks, self._cpu_now() if self.cpu else 0)
+        return self._cpu_now()
 
     def end(self, record: Any, token: Any, t0_ns: int, dt_ns: int, outcome: str) -> None:
+        cpu0 = token[2] if self.allocations else token
+        user = system = cpu = 0
+        if self.cpu:
+            if self.split:
+                now = self._rusage()  # type: ignore[misc]
+                user = _us_ns(now.ru_utime - cpu0.ru_utime)
+                system = _us_ns(now.ru_stime - cpu0.ru_stime)
+                cpu = user + system
+            else:
+                cpu = self._thread_time() - cpu0
+        grown = blocks = 0
         if self.allocations:
-            traced0, cpu0 = token
-            cpu = self._thread_time() - cpu0 if self.cpu else 0
-            grown = self._traced()[0] - traced0
-        else:
-            cpu = self._thread_time() - token
-            grown = 0
+            if self.count_blocks:
+                blocks = self._blocks() - token[1]
+            grown = self._traced()[0] - token[0]
         call = self._call(record)
         fut = call.future
         fut.polls += 1
@@ -176,6 +257,10 @@ class PollFigures:
         if self.cpu:
             call.cpu_ns += cpu
             fut.cpu_ns += cpu
+            call.user_ns += user
+            call.system_ns += system
+            fut.user_ns += user
+            fut.system_ns += system
             if dt_ns >= record.max:
                 call.max_cpu_ns = cpu
             if cpu > fut.max_cpu_ns:
@@ -184,6 +269,8 @@ class PollFigures:
                 fut.worst_busy_ns, fut.worst_cpu_ns = dt_ns, cpu
                 fut.worst_call_id = record.call_id
         if self.allocations:
+            call.blocks += blocks
+            fut.blocks += blocks
             if grown >= 0:
                 call.alloc_bytes += grown
                 fut.alloc_bytes += grown
@@ -241,12 +328,13 @@ class Composite:
 _lock = threading.Lock()
 
 
-def attach(cpu: bool, allocations: bool) -> PollFigures | None:
+def attach(cpu: bool, allocations: bool | str) -> PollFigures | None:
     """Start measuring polls (the profiler's start, after the trace recorder's probe is set);
-    returns the probe, or None when neither figure was asked for."""
+    returns the probe, or None when neither figure was asked for. ``allocations="blocks"``
+    counts the net allocated blocks too."""
     if not (cpu or allocations):
         return None
-    probe = PollFigures(cpu=cpu, allocations=allocations)
+    probe = PollFigures(cpu=cpu, allocations=bool(allocations), blocks=allocations == "blocks")
     with _lock:
         if allocations and not tracemalloc.is_tracing():
             tracemalloc.start()

@@ -293,12 +293,15 @@ _POLL_COLUMNS = [
     "future (cpu, allocations)",
     "busy",
     "cpu",
+    "user",
+    "system",
     "off cpu",
     "worst poll: busy",
     "cpu",
     "allocated",
     "freed",
     "max/poll",
+    "blocks",
 ]
 
 
@@ -318,12 +321,15 @@ def _poll_row(f: FutureEntry) -> list[str]:
         f.label,
         format_duration(c.busy_ns) if c is not None else "-",
         format_duration(c.cpu_ns) if c is not None else "-",
+        format_duration(c.user_ns) if c is not None else "-",
+        format_duration(c.system_ns) if c is not None else "-",
         format_duration(c.off_cpu_ns) if c is not None else "-",
         format_duration(c.worst_poll_busy_ns) if c is not None else "-",
         format_duration(c.worst_poll_cpu_ns) if c is not None else "-",
         _bytes(a.allocated_bytes) if a is not None else "-",
         _bytes(a.freed_bytes) if a is not None else "-",
         _bytes(a.max_poll_bytes) if a is not None else "-",
+        f"{a.allocated_blocks:+,}" if a is not None and a.allocated_blocks is not None else "-",
     ]
 
 

@@ -203,6 +203,10 @@ class PollCpu:
     worst_poll_busy_ns: int
     worst_poll_cpu_ns: int
     worst_poll_call_id: int | None
+    #: cpu_ns split into the thread's user time and system time (the kernel working for it:
+    #: system calls, page faults), where the platform gives them apart (Linux); null elsewhere
+    user_ns: int | None = None
+    system_ns: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,6 +221,9 @@ class PollAllocations:
     freed_bytes: int
     #: the most one poll grew the traced memory by
     max_poll_bytes: int
+    #: net small-object blocks (``sys.getallocatedblocks()``: objects up to 512 bytes) the
+    #: polls left in use: allocated minus freed during each poll, summed; can be negative
+    allocated_blocks: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -275,9 +282,14 @@ class CallEntry:
     cancel_to_end_ns: int | None = None
     #: CPU time its polls used (``cpu=True``); None when not measured
     cpu_ns: int | None = None
+    #: its user and system parts, where the platform gives them apart (Linux); else None
+    user_ns: int | None = None
+    system_ns: int | None = None
     #: bytes its polls left allocated, and released (``allocations=True``); None when not
     allocated_bytes: int | None = None
     freed_bytes: int | None = None
+    #: net small-object blocks its polls left in use (allocated minus freed; can be negative)
+    allocated_blocks: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -201,6 +201,8 @@ def _poll_figures(figures: PollFigures | None, future_id: int) -> dict[str, Any]
             worst_poll_busy_ns=f.worst_busy_ns,
             worst_poll_cpu_ns=f.worst_cpu_ns,
             worst_poll_call_id=f.worst_call_id or None,
+            user_ns=f.user_ns if figures.split else None,
+            system_ns=f.system_ns if figures.split else None,
         )
     if figures.allocations:
         out["allocations"] = PollAllocations(
@@ -208,6 +210,7 @@ def _poll_figures(figures: PollFigures | None, future_id: int) -> dict[str, Any]
             allocated_bytes=f.alloc_bytes,
             freed_bytes=f.freed_bytes,
             max_poll_bytes=f.max_alloc_bytes,
+            allocated_blocks=f.blocks if figures.count_blocks else None,
         )
     return out
 
@@ -252,8 +255,12 @@ def _call_figures(r: CallRecord) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if figures.cpu:
         out["cpu_ns"] = figures.cpu_ns
+        if figures.owner.split:
+            out["user_ns"], out["system_ns"] = figures.user_ns, figures.system_ns
     if figures.allocations:
         out["allocated_bytes"], out["freed_bytes"] = figures.alloc_bytes, figures.freed_bytes
+        if figures.owner.count_blocks:
+            out["allocated_blocks"] = figures.blocks
     return out
 
 

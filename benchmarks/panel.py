@@ -9,12 +9,17 @@ sampling the threads.
   mode tracking them. Prints the time per task and the ratio to plain, median over pairs.
 - ``cpu``: 1,000 tracked tasks stepping through ``await asyncio.sleep(0)``, profiled with
   ``cpu=True``, with ``allocations=True``, and with neither (the baseline): the ratio of each to
-  the baseline, median over pairs, and the time added per poll.
+  the baseline, median over pairs, and the time added per poll. ``cpu`` reads
+  getrusage(RUSAGE_THREAD) where there is one (user and system apart), ``cpu-total`` forces
+  time.thread_time_ns (the total alone); ``alloc-blocks`` is
+  ``allocations="blocks"`` (net blocks too, sys.getallocatedblocks), ``allocations`` is not.
+  ``--heap N`` keeps N more objects alive (the block count walks the arenas: its cost grows
+  with the heap).
 - ``threads``: the time one sample of every thread takes (the collector's tick does one every
   0.5 s, off the program's threads), with T idle threads alive.
 
     python benchmarks/panel.py                    # all three, 9 pairs
-    python benchmarks/panel.py --only cpu --pairs 15
+    python benchmarks/panel.py --only cpu --pairs 15 --heap 1000000
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import time
 from typing import Any
 
 import asyncflow
+from asyncflow import cpu
 from asyncflow.threads import ThreadSampler
 
 TASKS = 20_000
@@ -94,17 +100,28 @@ async def _steppers() -> float:
 
 
 def _timed_steps(options: dict[str, Any]) -> float:
-    with asyncflow.profile("bench", format="none", port=None, **options):
-        return asyncio.run(_steppers())
+    options = dict(options)
+    split = options.pop("split", True)
+    rusage = cpu.thread_rusage
+    if not split:
+        cpu.thread_rusage = lambda: None
+    try:
+        with asyncflow.profile("bench", format="none", port=None, **options):
+            return asyncio.run(_steppers())
+    finally:
+        cpu.thread_rusage = rusage
 
 
-def cpu_figures(pairs: int) -> None:
+def cpu_figures(pairs: int, heap: int = 0) -> None:
     modes: dict[str, dict[str, Any]] = {
         "off": {},
         "cpu": {"cpu": True},
+        "cpu-total": {"cpu": True, "split": False},
         "allocations": {"allocations": True},
+        "alloc-blocks": {"allocations": "blocks"},
         "both": {"cpu": True, "allocations": True},
     }
+    alive = [object() for _ in range(heap)]
     runs: dict[str, list[float]] = {m: [] for m in modes}
     _timed_steps({})
     names = list(modes)
@@ -114,7 +131,8 @@ def cpu_figures(pairs: int) -> None:
     polls = STEPPERS * (STEPS + 1)
     base = runs["off"]
     print(
-        f"cpu/allocations: {STEPPERS:,} tracked tasks x {STEPS} sleep(0); median of {pairs} pairs"
+        f"cpu/allocations: {STEPPERS:,} tracked tasks x {STEPS} sleep(0), {len(alive):,} more "
+        f"objects alive; median of {pairs} pairs"
     )
     for name in names:
         ratio = statistics.median(r / b for r, b in zip(runs[name], base, strict=True))
@@ -149,11 +167,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pairs", type=int, default=9)
     parser.add_argument("--only", choices=("filter", "cpu", "threads"))
+    parser.add_argument("--heap", type=int, default=0, help="objects kept alive (cpu)")
     args = parser.parse_args(argv)
     if args.only in (None, "filter"):
         filter_figures(args.pairs)
     if args.only in (None, "cpu"):
-        cpu_figures(args.pairs)
+        cpu_figures(args.pairs, args.heap)
     if args.only in (None, "threads"):
         thread_figures(args.pairs)
     return 0

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import sys
+from types import SimpleNamespace
 from typing import Any
 
 import anyio
@@ -18,13 +20,34 @@ MS = 1_000_000
 
 
 class FakeCpu:
-    """A thread CPU clock that moves only when told to."""
+    """A thread CPU clock that moves only when told to: ``now`` (user + system, what
+    time.thread_time_ns gives) and, apart, what getrusage(RUSAGE_THREAD) gives (seconds at
+    microsecond resolution). Moving ``now`` moves the user time."""
 
     def __init__(self) -> None:
-        self.now = 0
+        self.user = 0
+        self.system = 0
+
+    @property
+    def now(self) -> int:
+        return self.user + self.system
+
+    @now.setter
+    def now(self, value: int) -> None:
+        self.user = value - self.system
 
     def __call__(self) -> int:
         return self.now
+
+    def rusage(self) -> Any:
+        return SimpleNamespace(ru_utime=self.user / 1e9, ru_stime=self.system / 1e9)
+
+
+def _use(figures: cpu.PollFigures, fake: FakeCpu) -> None:
+    """Both clocks the probe may read (which one depends on the platform) read ``fake``."""
+    figures._thread_time = fake
+    if figures.split:
+        figures._rusage = fake.rusage
 
 
 @pytest.fixture
@@ -53,7 +76,7 @@ async def test_cpu_time_per_poll_is_exact_and_names_a_poll_off_the_cpu(
     fake_clock: clock.FakeClock, fake_cpu: FakeCpu
 ) -> None:
     with asyncflow.profile("cpu", format="none", port=None, cpu=True) as prof:
-        _poll_figures(prof)._thread_time = fake_cpu
+        _use(_poll_figures(prof), fake_cpu)
         with anyio.fail_after(10):
             assert await stuck(fake_clock, fake_cpu, 3) == "done"
         snap = prof.snapshot()
@@ -71,7 +94,7 @@ async def test_cpu_time_per_poll_is_exact_and_names_a_poll_off_the_cpu(
     # 40 ms is under the long-poll threshold (100 ms): no warning yet; at 30 ms there is one.
     assert "off-cpu-poll" not in {w.kind for w in snap.warnings}
     with asyncflow.profile("cpu", format="none", port=None, cpu=True, warn="long_poll=0.03") as p2:
-        _poll_figures(p2)._thread_time = fake_cpu
+        _use(_poll_figures(p2), fake_cpu)
         await stuck(fake_clock, fake_cpu, 1)
         snap = p2.snapshot()
     (warning,) = [w for w in snap.warnings if w.kind == "off-cpu-poll"]
@@ -93,7 +116,7 @@ async def test_a_computing_poll_is_not_called_off_the_cpu(
         fake_cpu.now += 190 * MS
 
     with asyncflow.profile("cpu", format="none", port=None, cpu=True) as prof:
-        _poll_figures(prof)._thread_time = fake_cpu
+        _use(_poll_figures(prof), fake_cpu)
         await busy()
         snap = prof.snapshot()
     kinds = {w.kind for w in snap.warnings}
@@ -134,6 +157,7 @@ async def test_allocations_per_poll_are_exact(fake_clock: clock.FakeClock) -> No
     (log,) = [g for g in snap.future_logs if g.future_id == entry.id]
     assert (log.calls[0].allocated_bytes, log.calls[0].freed_bytes) == (5700, 3000)
     assert log.calls[0].cpu_ns is None
+    assert a.allocated_blocks is None and log.calls[0].allocated_blocks is None  # not asked
 
 
 async def test_tracemalloc_is_started_and_stopped_only_when_asyncflow_started_it() -> None:
@@ -156,6 +180,10 @@ async def test_off_by_default_and_no_probe_is_set() -> None:
     assert resolve_options("x", {}, {}).cpu is False
     assert resolve_options("x", {}, {}).allocations is False
     assert resolve_options("x", {}, {"ASYNCFLOW_CPU": "1"}).cpu is True
+    blocks = resolve_options("x", {}, {"ASYNCFLOW_ALLOCATIONS": "blocks"})
+    assert blocks.allocations == "blocks"
+    with pytest.raises(ValueError, match="ASYNCFLOW_ALLOCATIONS"):
+        resolve_options("x", {}, {"ASYNCFLOW_ALLOCATIONS": "many"})
     explicit = resolve_options("x", {"allocations": False}, {"ASYNCFLOW_ALLOCATIONS": "yes"})
     assert explicit.allocations is False
     with pytest.raises(ValueError, match="ASYNCFLOW_CPU"):
@@ -239,3 +267,107 @@ def test_a_probe_that_fails_is_dropped_and_the_other_goes_on() -> None:
     token = both.begin(record)
     both.end(record, token, 0, 5, probes.SUSPENDED)
     assert both.outer is None and figures.futures[7].polls == 1
+
+
+@asyncflow.future(name="syscalls")
+async def syscalls(fake: clock.FakeClock, cpu_clock: FakeCpu) -> None:
+    """Two polls, each 10 ms busy on 3 ms of user and 1 ms of system time (fake)."""
+    for i in range(2):
+        fake.advance(10 * MS)
+        cpu_clock.user += 3 * MS
+        cpu_clock.system += 1 * MS
+        if i == 0:
+            await asyncio.sleep(0)
+
+
+@pytest.mark.parametrize("allocations", [False, True], ids=["cpu", "cpu+allocations"])
+async def test_user_and_system_time_apart_where_the_platform_gives_them(
+    fake_clock: clock.FakeClock, fake_cpu: FakeCpu, allocations: bool
+) -> None:
+    with asyncflow.profile(
+        "split", format="none", port=None, cpu=True, allocations=allocations
+    ) as prof:
+        figures = _poll_figures(prof)
+        _use(figures, fake_cpu)
+        await syscalls(fake_clock, fake_cpu)
+        snap = prof.snapshot()
+    assert figures.split is sys.platform.startswith("linux")
+    (entry,) = [f for f in snap.futures.futures if f.label == "syscalls"]
+    c = entry.cpu
+    assert c is not None and (c.polls, c.cpu_ns, c.off_cpu_ns) == (2, 8 * MS, 12 * MS)
+    (log,) = [g for g in snap.future_logs if g.future_id == entry.id]
+    (call,) = log.calls
+    assert call.cpu_ns == 8 * MS
+    if figures.split:
+        assert (c.user_ns, c.system_ns) == (6 * MS, 2 * MS)
+        assert (call.user_ns, call.system_ns) == (6 * MS, 2 * MS)
+    else:
+        assert c.user_ns is c.system_ns is call.user_ns is call.system_ns is None
+
+
+async def test_without_a_split_clock_the_total_alone_and_null_parts(
+    fake_clock: clock.FakeClock, fake_cpu: FakeCpu, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(cpu, "thread_rusage", lambda: None)  # a platform without RUSAGE_THREAD
+    with asyncflow.profile("total", format="none", port=None, cpu=True) as prof:
+        figures = _poll_figures(prof)
+        assert not figures.split
+        _use(figures, fake_cpu)
+        await syscalls(fake_clock, fake_cpu)
+        snap = prof.snapshot()
+    (entry,) = [f for f in snap.futures.futures if f.label == "syscalls"]
+    assert entry.cpu is not None and entry.cpu.cpu_ns == 8 * MS
+    assert entry.cpu.user_ns is None and entry.cpu.system_ns is None
+    (log,) = [g for g in snap.future_logs if g.future_id == entry.id]
+    assert log.calls[0].cpu_ns == 8 * MS and log.calls[0].user_ns is None
+
+
+async def test_allocated_blocks_are_net_and_exact_on_a_fake_count() -> None:
+    blocks = SimpleNamespace(n=50_000)
+
+    @asyncflow.future(name="blocks")
+    async def grows() -> None:
+        blocks.n += 1200  # first poll: 1200 blocks left in use
+        await asyncio.sleep(0)
+        blocks.n -= 1500  # second: 1500 freed
+
+    with asyncflow.profile("blocks", format="none", port=None, allocations="blocks") as prof:
+        figures = _poll_figures(prof)
+        figures._blocks = lambda: blocks.n
+        await grows()
+        snap = prof.snapshot()
+    (entry,) = [f for f in snap.futures.futures if f.label == "blocks"]
+    assert entry.allocations is not None and entry.allocations.allocated_blocks == -300
+    (log,) = [g for g in snap.future_logs if g.future_id == entry.id]
+    assert log.calls[0].allocated_blocks == -300
+
+
+KEPT: list[object] = []
+
+
+@asyncflow.future(name="keeps")
+async def keeps() -> None:
+    KEPT.extend([object() for _ in range(1000)])  # 1,000 new objects, alive after the poll
+
+
+@asyncflow.future(name="churns")
+async def churns() -> None:
+    garbage = [object() for _ in range(1000)]  # 1,000 new objects, freed within the poll
+    del garbage
+
+
+async def test_allocated_blocks_count_real_objects_a_poll_keeps_alive() -> None:
+    with asyncflow.profile("real", format="none", port=None, allocations="blocks") as prof:
+        await keeps()
+        await churns()
+        snap = prof.snapshot()
+    KEPT.clear()
+    by_label = {f.label: f.allocations for f in snap.futures.futures}
+    kept, churned = by_label["keeps"], by_label["churns"]
+    assert kept is not None and churned is not None
+    assert kept.allocated_blocks is not None and churned.allocated_blocks is not None
+    # Not exact: the count is the interpreter's, and within the poll CPython itself allocates
+    # (the list, its growth, the coroutine's frame state, the probe's own token) and the event
+    # loop frees and makes handles; those are a few dozen blocks at most, next to 1,000.
+    assert 1000 <= kept.allocated_blocks < 1100
+    assert -100 < churned.allocated_blocks < 100
