@@ -39,7 +39,8 @@ def address(prof: asyncflow.Profiler) -> tuple[str, int]:
 
 
 def read_response(sock: socket.socket) -> Raw:
-    """One HTTP response from ``sock``: status, headers (lower-cased names), decoded JSON body."""
+    """One HTTP response from ``sock``: status, headers (lower-cased names), the JSON body
+    decoded (any other body as bytes)."""
     data = b""
     while b"\r\n\r\n" not in data:
         chunk = sock.recv(65536)
@@ -57,6 +58,8 @@ def read_response(sock: socket.socket) -> Raw:
         chunk = sock.recv(65536)
         assert chunk, "closed in the middle of a body"
         body += chunk
+    if body and not headers.get("content-type", "").startswith("application/json"):
+        return status, headers, body  # a page or text route's body, as sent
     return status, headers, orjson.loads(body) if body else None
 
 
