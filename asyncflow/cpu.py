@@ -5,15 +5,15 @@ spent computing. A poll that held the loop 40 ms on 2 ms of CPU was not computin
 blocking system call, waiting for the GIL another thread held, or taking page faults. Both are
 opt-in, because each costs system calls on every poll:
 
-- ``cpu=True`` (``ASYNCFLOW_CPU=1``, ``asyncflow run --cpu``): the polling thread's CPU time
-  is read before and after each poll: two system calls per poll. Where the platform gives a
-  thread's user and system time apart (Linux: ``getrusage(RUSAGE_THREAD)``, microsecond
-  resolution; the kernel splits the thread's exact run time in proportion to its tick samples,
-  so a short poll's split is an estimate) that call is the one read, and the figures say how
-  much of the CPU time was the program's own code (user) and how much the kernel working for
-  it (system: system calls, page faults); it costs a little more than ``time.thread_time_ns``
-  alone (about 1.6 µs a poll, measured in ``benchmarks/panel.py``).
-  Elsewhere ``time.thread_time_ns`` (user and system together) is read and the split is null.
+- ``cpu=True`` (``ASYNCFLOW_CPU=1``, ``asyncflow run --cpu``): the polling thread's CPU clock
+  (``time.thread_time_ns``, exact) is read before and after each poll: two system calls per
+  poll. Where the platform gives a thread's user and system time apart (Linux:
+  ``getrusage(RUSAGE_THREAD)``) it is read too, two more system calls, for the split: how much
+  was the program's own code (user) and how much the kernel working for it (system: system
+  calls, page faults). getrusage cannot replace the clock: for the running thread it is only
+  brought up to date at the scheduler's tick or a context switch (a 500 µs poll reads 28 µs or
+  2 ms), so per poll the split is coarse; summed over many polls it converges, and it need
+  not add up to ``cpu_ns`` exactly. Elsewhere the split is null.
 - ``allocations=True`` (``ASYNCFLOW_ALLOCATIONS=1``, ``--allocations``): ``tracemalloc``'s
   traced memory is read around each poll. It
   starts ``tracemalloc`` if the program has not (and stops it at the end only then), and
@@ -211,13 +211,14 @@ class PollFigures:
             fut.worst_call_id = record.call_id
 
     def _begin_split(self, record: Any) -> Any:
-        return self._rusage()  # type: ignore[misc]
+        return (self._rusage(), self._thread_time())  # type: ignore[misc]
 
     def _end_split(self, record: Any, token: Any, t0_ns: int, dt_ns: int, outcome: str) -> None:
-        now = self._rusage()  # type: ignore[misc]
-        user = _us_ns(now.ru_utime - token.ru_utime)
-        system = _us_ns(now.ru_stime - token.ru_stime)
-        self._end_cpu(record, 0, t0_ns, dt_ns, outcome, user + system)
+        cpu = self._thread_time() - token[1]
+        now, before = self._rusage(), token[0]  # type: ignore[misc]
+        user = _us_ns(now.ru_utime - before.ru_utime)
+        system = _us_ns(now.ru_stime - before.ru_stime)
+        self._end_cpu(record, 0, t0_ns, dt_ns, outcome, cpu)
         call = record.probe_data
         call.user_ns += user
         call.system_ns += system
@@ -225,7 +226,9 @@ class PollFigures:
         call.future.system_ns += system
 
     def _cpu_now(self) -> Any:
-        return self._rusage() if self.split else self._thread_time()  # type: ignore[misc]
+        if self.split:
+            return (self._rusage(), self._thread_time())  # type: ignore[misc]
+        return self._thread_time()
 
     def begin(self, record: Any) -> Any:
         if self.allocations:  # the CPU clock read last, nearest the poll
@@ -239,10 +242,10 @@ class PollFigures:
         user = system = cpu = 0
         if self.cpu:
             if self.split:
+                cpu = self._thread_time() - cpu0[1]
                 now = self._rusage()  # type: ignore[misc]
-                user = _us_ns(now.ru_utime - cpu0.ru_utime)
-                system = _us_ns(now.ru_stime - cpu0.ru_stime)
-                cpu = user + system
+                user = _us_ns(now.ru_utime - cpu0[0].ru_utime)
+                system = _us_ns(now.ru_stime - cpu0[0].ru_stime)
             else:
                 cpu = self._thread_time() - cpu0
         grown = blocks = 0

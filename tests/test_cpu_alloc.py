@@ -371,3 +371,27 @@ async def test_allocated_blocks_count_real_objects_a_poll_keeps_alive() -> None:
     # loop frees and makes handles; those are a few dozen blocks at most, next to 1,000.
     assert 1000 <= kept.allocated_blocks < 1100
     assert -100 < churned.allocated_blocks < 100
+
+
+async def test_cpu_time_is_the_exact_clock_even_when_getrusage_lags(
+    fake_clock: clock.FakeClock, fake_cpu: FakeCpu
+) -> None:
+    """Linux brings a running thread's getrusage up to date only at the scheduler's tick: a
+    short poll may read no time there. CPU time comes from the thread's CPU clock."""
+    stale = SimpleNamespace(ru_utime=0.0, ru_stime=0.0)
+
+    @asyncflow.future(name="short")
+    async def short() -> None:
+        fake_clock.advance(1 * MS)
+        fake_cpu.now += 500_000  # 0.5 ms of CPU that getrusage has not seen yet
+
+    with asyncflow.profile("lag", format="none", port=None, cpu=True) as prof:
+        figures = _poll_figures(prof)
+        _use(figures, fake_cpu)
+        figures._rusage = lambda: stale
+        await short()
+        snap = prof.snapshot()
+    (entry,) = [f for f in snap.futures.futures if f.label == "short"]
+    assert entry.cpu is not None and entry.cpu.cpu_ns == 500_000
+    if figures.split:
+        assert (entry.cpu.user_ns, entry.cpu.system_ns) == (0, 0)
