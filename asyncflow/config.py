@@ -594,6 +594,14 @@ def resolve_options(
         if (p := pick(option)) is not None:
             if option == "allocations" and isinstance(p[0], str) and p[0].strip() == "blocks":
                 fields[option] = "blocks"
+            elif option == "allocations":
+                try:
+                    fields[option] = _switch(*p)
+                except ValueError:
+                    raise ValueError(
+                        f"{p[1]}={_shown(p[0])}: expected true, false or blocks "
+                        "(1/0, yes/no, on/off)"
+                    ) from None
             else:
                 fields[option] = _switch(*p)
     if given.get("reporter") is not None:

@@ -182,7 +182,7 @@ async def test_off_by_default_and_no_probe_is_set() -> None:
     assert resolve_options("x", {}, {"ASYNCFLOW_CPU": "1"}).cpu is True
     blocks = resolve_options("x", {}, {"ASYNCFLOW_ALLOCATIONS": "blocks"})
     assert blocks.allocations == "blocks"
-    with pytest.raises(ValueError, match="ASYNCFLOW_ALLOCATIONS"):
+    with pytest.raises(ValueError, match=r"ASYNCFLOW_ALLOCATIONS='many': .* or blocks"):
         resolve_options("x", {}, {"ASYNCFLOW_ALLOCATIONS": "many"})
     explicit = resolve_options("x", {"allocations": False}, {"ASYNCFLOW_ALLOCATIONS": "yes"})
     assert explicit.allocations is False
