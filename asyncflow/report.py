@@ -364,9 +364,7 @@ def _thread_row(t: ThreadEntry) -> list[str]:
     ]
 
 
-def _functions_section(
-    snapshot: Snapshot, percentiles: tuple[float, ...], limit: int
-) -> list[str]:
+def _functions_section(snapshot: Snapshot, percentiles: tuple[float, ...], limit: int) -> list[str]:
     """The measured functions and blocks, most total time first, then the program's metrics."""
     lines: list[str] = []
     functions = snapshot.functions.functions if snapshot.functions is not None else []
