@@ -179,9 +179,7 @@ class Collector:
         return registry()
 
     async def run(self) -> None:
-        """Drain forever; cancelled when the profiler stops."""
-        if self.live is not None:
-            self.live.open()
+        """Drain forever; cancelled when the profiler stops (the live reporters are open)."""
         while True:
             now = clock.now_ns()
             self.session.tick = now

@@ -231,6 +231,8 @@ class Profiler:
             options = self.options
             if options.port is not None:
                 self.url = loop.run_until_complete(self._serve(loop, collector))
+            if collector.live is not None:
+                collector.live.open(loop)  # before ready: start() returns with them open
             tasks.append(loop.create_task(collector.run(), name="asyncflow-collector"))
             tasks.append(loop.create_task(collector.monitor.run(), name="asyncflow-monitor"))
             if options.duration is not None:

@@ -302,12 +302,16 @@ class Reporters:
         else:
             self._lost += 1
 
-    def open(self) -> None:
-        """Call each reporter's ``open(source)``; on the profiler's thread, before any tick."""
-        try:
-            self._loop = asyncio.get_running_loop()
-        except RuntimeError:
-            self._loop = None
+    def open(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        """Call each reporter's ``open(source)``; on the profiler's thread (whose loop is
+        ``loop``), before start() returns: a reporter's instruments exist once the profiler
+        runs, and its source answers from any thread."""
+        if loop is None:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                loop = None
+        self._loop = loop
         self._thread = threading.current_thread()
         self._last_ns = self._collector.session.start_ns
         for reporter in list(self._reporters):

@@ -6,6 +6,7 @@ import asyncio
 import json
 import logging
 import threading
+import time
 import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -55,6 +56,7 @@ class Recorder:
 
     def open(self, source: object) -> None:
         self.opened += 1
+        self.threads.add(threading.current_thread().name)
 
     def tick(self, tick: Tick) -> None:
         self.ticks.append(tick)
@@ -269,6 +271,25 @@ async def test_reporters_get_every_finished_call_once_on_the_profilers_thread(
     numbers = [t.number for t in recorder.ticks]
     assert numbers == list(range(1, len(numbers) + 1))
     assert all(t.dropped == 0 for t in recorder.ticks)
+
+
+def test_reporters_are_open_when_start_returns() -> None:
+    # A reporter's instruments must exist as soon as the profiler runs: the OTel SDK's
+    # reader, collecting right after start(), found no instruments when open() waited for
+    # the collector's first turn on the profiler's thread.
+    class SlowToOpen(Recorder):  # as a provider that builds its exporters is
+        def open(self, source: object) -> None:
+            time.sleep(0.1)  # whatever it takes, start() waits for it: no timing depends on it
+            super().open(source)
+
+    recorder = SlowToOpen()
+    prof = asyncflow.start("open", format="none", port=None, reporters=[recorder])
+    try:
+        assert recorder.opened == 1  # no wait, no await: start() itself saw to it
+        assert {name.split("[")[0] for name in recorder.threads} == {"asyncflow-profiler"}
+    finally:
+        prof.stop()
+    assert len(recorder.closed) == 1
 
 
 class Broken:
