@@ -44,6 +44,8 @@ USAGE = 2
 FAILED = 1
 #: how long a SIGTERM waits for the exit report before the program dies anyway
 SIGNAL_REPORT_TIMEOUT = 5.0
+#: how long the interrupted main thread waits in the handler before it is let go on
+SIGNAL_HOLD = 1.0
 
 
 class _Usage(Exception):
@@ -451,7 +453,13 @@ def _report_on_sigterm(stop: Callable[[], object]) -> Callable[[], None]:
     Installed only where SIGTERM would kill the program outright (its handler is SIG_DFL), so
     a program that handles SIGTERM itself, or ignores it, keeps doing so; one that installs a
     handler later replaces this one. The program is not unwound (no ``finally`` runs, no
-    ``atexit``), exactly as under the default action. Returns the undo.
+    ``atexit``), exactly as under the default action. A second SIGTERM ends it at once.
+    Returns the undo.
+
+    The report is written by another thread while the main thread waits in the handler. The
+    main thread may have been interrupted holding a lock the report needs (inside a write to
+    a full stderr pipe, say): after :data:`SIGNAL_HOLD` the handler returns and lets it go on,
+    and SIGTERM is raised again once the report is written, or at the deadline.
     """
     try:
         if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
@@ -459,16 +467,36 @@ def _report_on_sigterm(stop: Callable[[], object]) -> Callable[[], None]:
     except ValueError:  # not the main thread: signals cannot be handled here
         return lambda: None
     pid = os.getpid()
+    reported = threading.Event()
+    started = False
 
-    def handler(signum: int, frame: FrameType | None) -> None:
-        if os.getpid() == pid:  # not in a forked child, which has no profiler thread
-            # From another thread, bounded: the main thread, interrupted here, may hold a lock
-            # that stopping needs; past the timeout the program dies without its report.
-            reporting = threading.Thread(target=stop, name="asyncflow-sigterm", daemon=True)
-            reporting.start()
-            reporting.join(SIGNAL_REPORT_TIMEOUT)
+    def die(signum: int) -> None:
         signal.signal(signum, signal.SIG_DFL)
         signal.raise_signal(signum)  # returns only where SIGTERM is ignored (pid 1 in a container)
+
+    def report() -> None:
+        try:
+            stop()
+        finally:
+            reported.set()
+
+    def wake(signum: int) -> None:
+        reported.wait(SIGNAL_REPORT_TIMEOUT - SIGNAL_HOLD)
+        os.kill(pid, signum)  # the handler, started already, dies
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        nonlocal started
+        if os.getpid() != pid or started:  # a forked child (no profiler thread), or again
+            die(signum)
+            return
+        started = True
+        threading.Thread(target=report, name="asyncflow-sigterm", daemon=True).start()
+        if not reported.wait(SIGNAL_HOLD):
+            threading.Thread(
+                target=wake, args=(signum,), name="asyncflow-sigterm-wake", daemon=True
+            ).start()
+            return
+        die(signum)
 
     signal.signal(signal.SIGTERM, handler)
 

@@ -289,6 +289,32 @@ def test_sigterm_reports_then_ends_the_program_as_sigterm_does(tmp_path: Path) -
     assert "\nmain " in done.stderr and "Traceback" not in done.stderr
 
 
+def test_sigterm_reports_when_it_interrupts_the_main_thread_holding_a_lock(
+    tmp_path: Path,
+) -> None:
+    # SIGTERM's handler runs on the main thread wherever it was interrupted: in a heartbeat
+    # of the loop monitor (which holds the loop's lock), in a lazy import. Stopping needs that
+    # lock, and the program used to die without its report, held 5 s in the handler. The
+    # program here holds the lock until the handler has let it go on (a state, not a time).
+    script = write(
+        tmp_path / "held.py",
+        "import asyncio, threading\nimport asyncflow\n\nasync def main():\n"
+        "    profiler = asyncflow.active_profiler()\n"
+        "    (state,) = profiler._collector.monitor.states.values()\n"
+        "    with state.lock:  # as a heartbeat holds it\n"
+        "        print('ready', flush=True)\n"
+        "        names = lambda: {t.name for t in threading.enumerate()}\n"
+        "        while 'asyncflow-sigterm-wake' not in names():\n"
+        "            pass\n"
+        "    print('let go', flush=True)\n"
+        "    await asyncio.Event().wait()\n\nasyncio.run(main())\n",
+    )
+    done = signalled([*ASYNCFLOW, "run", str(script)], signal.SIGTERM)
+    assert done.returncode == -signal.SIGTERM, done.stderr
+    assert done.stdout == "ready\nlet go\n"
+    assert done.stderr.count("asyncflow · held · elapsed") == 1, done.stderr
+
+
 def test_sigterm_reaches_a_handler_the_program_installs(tmp_path: Path) -> None:
     script = write(
         tmp_path / "graceful.py",
@@ -572,6 +598,7 @@ WAITING_PROGRAM = """\
 import asyncio
 import concurrent.futures
 import threading
+import time
 
 go = threading.Event()
 
