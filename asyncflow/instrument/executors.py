@@ -27,7 +27,7 @@ from typing import Any
 
 from asyncflow import clock as _clock
 from asyncflow import stats
-from asyncflow.instrument import _session
+from asyncflow.instrument import _imports, _session
 from asyncflow.instrument.channels import caller
 
 __all__ = [
@@ -358,9 +358,12 @@ def _untimed_end(
     return end
 
 
-_anyio_lock = threading.Lock()
+#: reentrant: a hook asked for after an import that just happened runs at once, in the call
+_anyio_lock = threading.RLock()
 _anyio_users = 0
 _anyio_original: Any = None
+#: cancels the hook waiting for anyio's backend to be imported
+_anyio_pending: Callable[[], None] | None = None
 
 
 def _anyio_hook(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -409,62 +412,36 @@ def _anyio_backend() -> Any:
     return backend
 
 
-class _HookAnyioOnImport:
-    """On ``sys.meta_path`` while the hook is wanted and anyio's backend is not loaded: when the
-    program loads it, the hook is installed right after the module has run."""
-
-    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
-        if name != _ANYIO_BACKEND:
-            return None
-        try:
-            for finder in list(sys.meta_path):
-                find = getattr(finder, "find_spec", None)
-                if finder is self or find is None:
-                    continue
-                spec = find(name, path, target)
-                if spec is not None:
-                    break
-            else:
-                return None
-            loader = spec.loader
-            run = getattr(loader, "exec_module", None)
-            if run is None:
-                return None
-
-            def exec_module(module: Any) -> None:
-                run(module)
-                with _anyio_lock:
-                    _sync_anyio_hook()
-
-            loader.exec_module = exec_module
-            return spec
-        except Exception as err:  # observing never breaks the program: the import goes on
-            _session.internal_error("watching for anyio's import", err)
-            return None
-
-
-_anyio_watch = _HookAnyioOnImport()
-
-
 def _sync_anyio_hook() -> None:
-    """Install the hook while it has users, remove it with the last (under _anyio_lock)."""
-    global _anyio_original
+    """Install the hook while it has users, remove it with the last (under _anyio_lock).
+
+    Until the program loads anyio's backend, a hook waits for its import instead."""
+    global _anyio_original, _anyio_pending
     backend = _anyio_backend()
-    watching = _anyio_watch in sys.meta_path
     if backend is None:
-        if _anyio_users > 0 and not watching and _ANYIO_BACKEND not in sys.modules:
-            sys.meta_path.insert(0, _anyio_watch)
-        elif _anyio_users == 0 and watching:
-            sys.meta_path.remove(_anyio_watch)
+        if _anyio_users > 0 and _anyio_pending is None and _ANYIO_BACKEND not in sys.modules:
+            _anyio_pending = _imports.after_import(_ANYIO_BACKEND, _anyio_loaded)
+        elif _anyio_users == 0 and _anyio_pending is not None:
+            _anyio_pending()
+            _anyio_pending = None
         return
-    if watching:
-        sys.meta_path.remove(_anyio_watch)
+    if _anyio_pending is not None:
+        _anyio_pending()
+        _anyio_pending = None
     if _anyio_users > 0 and _anyio_original is None:
         _anyio_original = vars(backend)["run_sync_in_worker_thread"]
         backend.run_sync_in_worker_thread = classmethod(_anyio_hook(_anyio_original.__func__))
     elif _anyio_users == 0 and _anyio_original is not None:
         backend.run_sync_in_worker_thread = _anyio_original
         _anyio_original = None
+
+
+def _anyio_loaded(module: object) -> None:
+    """The program loaded anyio's backend: install the hook if it is still wanted."""
+    global _anyio_pending
+    with _anyio_lock:
+        _anyio_pending = None
+        _sync_anyio_hook()
 
 
 def _use_anyio(delta: int) -> None:

@@ -187,7 +187,7 @@ def test_anyio_is_never_imported_on_the_loop_and_hooked_once_the_program_loads_i
     program = """if True:
         import asyncio, sys
         import asyncflow
-        from asyncflow.instrument import executors
+        from asyncflow.instrument import _imports, executors
 
         async def main() -> None:
             before = set(sys.modules)
@@ -200,7 +200,7 @@ def test_anyio_is_never_imported_on_the_loop_and_hooked_once_the_program_loads_i
 
             own = vars(AsyncIOBackend)["run_sync_in_worker_thread"]
             assert own.__func__.__module__ == "anyio._backends._asyncio"  # given back
-            assert executors._anyio_watch not in sys.meta_path
+            assert _imports._watch not in sys.meta_path
 
         with asyncflow.profile("anyio-late", format="none", port=None) as prof:
             asyncio.run(main())
