@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 
 from asyncflow import clock as _clock
 from asyncflow import config as _config
-from asyncflow.instrument import _session, loops
+from asyncflow.instrument import _imports, _session, loops
 from asyncflow.stats import SMALL_BUCKET, SMALL_LIMIT, bucket_of, merge, new_histogram
 
 __all__ = [
@@ -902,6 +902,7 @@ def future(
             )
         if _config.disabled():
             return f
+        _accept_tracked_in_anyio()
         inner = inspect.unwrap(f.func if isinstance(f, functools.partial) else f)
         code: types.CodeType = inner.__code__
         qualname = getattr(f, "__qualname__", code.co_qualname)
@@ -1128,3 +1129,34 @@ if _speedups is not None:
         InstrumentedCoroutine = _speedups.InstrumentedCoroutine
         CallRecord = _speedups.CallRecord
         FutureFunction.__call__ = _speedups.future_call  # the same, without a Python frame
+
+
+#: the types of a tracked call: the compiled one where there is one
+_TRACKED: tuple[type, ...] = (
+    (InstrumentedCoroutinePy, _speedups.InstrumentedCoroutine)
+    if _speedups is not None
+    else (InstrumentedCoroutinePy,)
+)
+_ANYIO_BACKEND = "anyio._backends._asyncio"
+_anyio_adapted = False
+
+
+def iscoroutine(obj: object) -> bool:
+    """``inspect.iscoroutine``, and true of a tracked call too: it stands for a coroutine."""
+    return inspect.iscoroutine(obj) or isinstance(obj, _TRACKED)
+
+
+def _accept_tracked_in_anyio() -> None:
+    """anyio 4.4 to 4.13 start a task group's task only from a native coroutine (their
+    ``_spawn`` checks ``inspect.iscoroutine``): ``tg.start_soon(tracked)`` raised TypeError
+    where it ran untracked. Once the program imports anyio's asyncio backend (asyncflow never
+    does), its check accepts tracked calls too. Asked for by the first ``@asyncflow.future``."""
+    global _anyio_adapted
+    if not _anyio_adapted:
+        _anyio_adapted = True
+        _imports.after_import(_ANYIO_BACKEND, _adapt_anyio)
+
+
+def _adapt_anyio(module: types.ModuleType) -> None:
+    if getattr(module, "iscoroutine", None) is inspect.iscoroutine:  # (4.16 has no such check)
+        module.iscoroutine = iscoroutine  # type: ignore[attr-defined]

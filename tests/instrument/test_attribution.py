@@ -10,7 +10,6 @@ channel (an asyncio queue, an anyio memory stream) name them, on both hot paths.
 from __future__ import annotations
 
 import asyncio
-import importlib.metadata
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
@@ -28,12 +27,6 @@ Body = Callable[..., Coroutine[Any, Any, None]]
 Start = Callable[[Body, Body], Awaitable[None]]
 
 ITEMS = 4
-_ANYIO = tuple(int(part) for part in importlib.metadata.version("anyio").split(".")[:2])
-#: anyio 4.4's task group refuses a coroutine that is not a native one (``inspect.iscoroutine``):
-#: a tracked call cannot be started with start_soon/start there (4.16 wraps it in a coroutine of
-#: its own instead, and accepts it). Versions in between are not tested here.
-_REFUSES_TRACKED = _ANYIO < (4, 5)
-_THROUGH_ANYIO = {"start_soon", "start", "nested tracked call"}
 
 
 async def _start_soon(producer: Body, consumer: Body) -> None:
@@ -152,8 +145,6 @@ async def test_sender_and_receiver_edges_name_the_tracked_calls(
     how: str, channel: Callable[[str], tuple[Send, Receive]]
 ) -> None:
     label = f"attribution-{how}-{channel.__name__}"
-    if _REFUSES_TRACKED and how in _THROUGH_ANYIO:  # (a TypeError from start_soon/start)
-        pytest.xfail("this anyio's task group refuses tracked coroutines")
     snap = await _run(label, STARTS[how], channel)
     ids = {f.label: f.id for f in snap.futures.futures}
     producer, consumer = ids[f"{label}-producer"], ids[f"{label}-consumer"]
