@@ -120,6 +120,11 @@ class Limits:
     #: ``cache_seconds``), and never longer than ``cache_most_seconds``
     cache_cost_share: float = 0.01
     cache_most_seconds: float = 2.0
+    #: a request for a document being rebuilt waits this long for it; then, while the program
+    #: is too busy to build it sooner, the previous one is served (with an ``Age`` header),
+    #: if it went out of date at most ``cache_stale_seconds`` ago
+    answer_within: float = 0.15
+    cache_stale_seconds: float = 10.0
 
 
 #: the limits every new server takes (tests replace it with small values)
@@ -418,49 +423,61 @@ def _canned(status: int, message: str) -> bytes:
     return head.encode("ascii") + body
 
 
+@dataclass(frozen=True, slots=True)
+class _Held:
+    """An answer the cache holds: until when it is fresh, and when it was asked for."""
+
+    answer: _Answer
+    until: int
+    asked: int
+
+
 class _Cache:
-    """Answers given lately, by canonical request, each for its ``fresh_ns``, bounded in entries
-    and bytes: however many clients ask, each document is built at most once per window (the
-    GIL is shared with the program), and spelling a request differently neither grows it nor
+    """Answers given lately, by canonical request, each fresh for its ``fresh_ns`` and kept
+    ``stale_ns`` longer (to be served while its successor is built), bounded in entries and
+    bytes: however many clients ask, each document is built at most once per window (the GIL
+    is shared with the program), and spelling a request differently neither grows it nor
     rebuilds."""
 
-    def __init__(self, entries: int, size: int) -> None:
+    def __init__(self, entries: int, size: int, stale_ns: int = 0) -> None:
         self.max_entries = entries
         self.max_bytes = size
+        self.stale_ns = stale_ns
         self.bytes = 0
-        self._entries: OrderedDict[Hashable, tuple[int, _Answer]] = OrderedDict()
+        self._entries: OrderedDict[Hashable, _Held] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._entries)
 
-    def get(self, key: Hashable, now: int) -> _Answer | None:
-        hit = self._entries.get(key)
-        if hit is None:
+    def get(self, key: Hashable, now: int) -> _Held | None:
+        """What is held for ``key``, fresh or not (``now < until``); None past the stale time."""
+        held = self._entries.get(key)
+        if held is None:
             return None
-        if now >= hit[0]:
+        if now >= held.until + self.stale_ns:
             self._drop(key)
             return None
         self._entries.move_to_end(key)
-        return hit[1]
+        return held
 
     def put(self, key: Hashable, now: int, answer: _Answer) -> None:
         self._drop(key)
         size = len(answer.body)
         if size > self.max_bytes or self.max_entries <= 0 or answer.fresh_ns <= 0:
             return
-        for stale in [k for k, (until, _) in self._entries.items() if now >= until]:
-            self._drop(stale)
+        for old in [k for k, h in self._entries.items() if now >= h.until + self.stale_ns]:
+            self._drop(old)
         while self._entries and (
             len(self._entries) >= self.max_entries or self.bytes + size > self.max_bytes
         ):
             self._drop(next(iter(self._entries)))  # the least recently used
-        self._entries[key] = (now + answer.fresh_ns, answer)
+        self._entries[key] = _Held(answer, now + answer.fresh_ns, now)
         self.bytes += size
 
     def _drop(self, key: Hashable) -> None:
         gone = self._entries.pop(key, None)
         if gone is not None:
-            self.bytes -= len(gone[1].body)
+            self.bytes -= len(gone.answer.body)
 
 
 # -- connections: deadlines, the cap, the parser's errors ---------------------------------------
@@ -606,7 +623,13 @@ class _Front:
         self._fetch = fetch
         self._names = set(config.names)
         self._openapi = schema.dumps(openapi.document(ROUTES, config.token is not None))
-        self._cache = _Cache(self.limits.cache_entries, self.limits.cache_bytes)
+        self._cache = _Cache(
+            self.limits.cache_entries,
+            self.limits.cache_bytes,
+            int(self.limits.cache_stale_seconds * 1e9),
+        )
+        #: answers served out of date because their successor took longer than answer_within
+        self.stale_served = 0
         #: requests being answered now: a second client asking the same waits for the first
         self._pending: dict[_Query, asyncio.Future[_Answer]] = {}
         self._runner: web.AppRunner | None = None
@@ -631,26 +654,39 @@ class _Front:
             query = _query(route, request)
             if route.path == "/":  # static, and nothing of the program's: answered here
                 return web.Response(body=web_page.page(), headers=web_page.headers())
+            age: int | None = None
             if route.path == "/openapi.json":  # made once, here
                 answer = _Answer(200, route.media_type, self._openapi)
             else:
-                answer = await self._answer(query)
+                answer, age = await self._answer(query)
             response = web.Response(body=answer.body, status=answer.status)
             response.headers["Content-Type"] = answer.media_type
+            if age is not None:
+                response.headers["Age"] = str(age)
             return response
 
         return endpoint
 
-    async def _answer(self, query: _Query) -> _Answer:
-        answer = self._cache.get(query, clock.now_ns())
-        if answer is not None:
-            return answer
+    async def _answer(self, query: _Query) -> tuple[_Answer, int | None]:
+        """The answer, and its age in whole seconds if it was held (the HTTP ``Age``)."""
+        now = clock.now_ns()
+        held = self._cache.get(query, now)
+        if held is not None and now < held.until:
+            return held.answer, (now - held.asked) // 1_000_000_000
         pending = self._pending.get(query)
         if pending is None:
             pending = asyncio.ensure_future(self._ask(query))
             self._pending[query] = pending
         # A client that goes away cancels its wait, never the answer others wait for.
-        return await asyncio.shield(pending)
+        if held is None:
+            return await asyncio.shield(pending), None
+        # An answer out of date is at hand: the new one, if the program builds it soon;
+        # else the old one, and the new one serves the requests after this.
+        try:
+            return await asyncio.wait_for(asyncio.shield(pending), self.limits.answer_within), None
+        except TimeoutError:
+            self.stale_served += 1
+            return held.answer, (clock.now_ns() - held.asked) // 1_000_000_000
 
     async def _ask(self, query: _Query) -> _Answer:
         asked = clock.now_ns()

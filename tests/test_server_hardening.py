@@ -325,7 +325,8 @@ def test_the_cache_is_bounded_in_entries_and_bytes() -> None:
     for key in range(10):
         cache.put(key, 0, answer(b"x" * 30))
         assert len(cache) <= 3 and cache.bytes <= 100
-    assert [cache.get(key, 1) for key in (7, 8, 9)] == [answer(b"x" * 30)] * 3
+    held = [cache.get(key, 1) for key in (7, 8, 9)]
+    assert [h.answer if h else None for h in held] == [answer(b"x" * 30)] * 3
     assert cache.get(0, 1) is None
     cache.put("big", 0, answer(b"y" * 101))  # larger than the whole cache: not kept
     assert cache.get("big", 1) is None and cache.bytes == 90
@@ -334,6 +335,19 @@ def test_the_cache_is_bounded_in_entries_and_bytes() -> None:
     assert cache.get("fresh", 300_000_000) is None and cache.bytes == 0
     cache.put("unfit", 0, answer(b"w", fresh_ns=0))  # an internal error's 500 is never kept
     assert cache.get("unfit", 0) is None and len(cache) == 0
+
+
+def test_the_cache_keeps_an_answer_out_of_date_for_its_stale_time() -> None:
+    cache = server._Cache(entries=3, size=100, stale_ns=1_000)
+    cache.put("doc", 0, answer(b"x", fresh_ns=100))
+    held = cache.get("doc", 99)
+    assert held is not None and held.until == 100 and held.asked == 0  # fresh: 99 < until
+    held = cache.get("doc", 1_099)
+    assert held is not None and held.answer == answer(b"x", fresh_ns=100)  # out of date, kept
+    assert cache.get("doc", 1_100) is None and cache.bytes == 0  # past its stale time: gone
+    cache.put("old", 0, answer(b"y", fresh_ns=100))
+    cache.put("new", 1_100, answer(b"z", fresh_ns=100))  # putting drops what is past it too
+    assert len(cache) == 1 and cache.bytes == 1
 
 
 # -- errors: JSON, and nothing on the program's stderr --------------------------------------------

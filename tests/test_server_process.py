@@ -260,6 +260,43 @@ def test_identical_requests_within_the_window_cost_the_program_one_build(
         assert len(built) == 2  # another canonical request: another document
 
 
+def test_while_the_program_is_slow_to_rebuild_the_previous_document_is_served(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The program's thread busy (here: a build held at a gate), a client still gets an answer
+    # within answer_within: the document built before, with its Age; the new one, once built,
+    # serves the requests after it.
+    monkeypatch.setattr(
+        server,
+        "LIMITS",
+        server.Limits(cache_seconds=1e-9, cache_cost_share=0, answer_within=0.05),
+    )
+    gate = threading.Event()
+    gate.set()
+    built: list[int] = []
+    real = views.futures_document
+
+    rebuilt = threading.Event()
+
+    def gated(*args: Any) -> Any:
+        assert gate.wait(30)
+        built.append(1)
+        if len(built) == 2:
+            rebuilt.set()
+        return real(*args)
+
+    monkeypatch.setattr(views, "futures_document", gated)
+    with asyncflow.profile("stale", format="none", port=0) as prof:
+        status, headers, first = request(prof, "/futures")
+        assert status == 200 and "age" not in headers and len(built) == 1
+        gate.clear()  # the next build waits: out of date at once (1 ns), the first is served
+        status, headers, second = request(prof, "/futures")
+        assert status == 200 and second == first and headers["age"] == "0"
+        assert len(built) == 1  # answered while the program had not built the new one
+        gate.set()
+        assert rebuilt.wait(30) and len(built) == 2  # the rebuild went on without a client
+
+
 def test_with_no_window_every_request_builds(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(server, "LIMITS", server.Limits(cache_seconds=0, cache_cost_share=0))
     built = counting_builds(monkeypatch)
