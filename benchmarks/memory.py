@@ -1,12 +1,16 @@
 """Memory benchmark: what thousands of short-lived objects leave behind in the profiler.
 
-Four cases, each in a fresh process with a profiler running (port 0), each making N objects
+Eight cases, each in a fresh process with a profiler running (port 0), each making N objects
 that are used once and dropped:
 
     exec        N functions made with ``exec``, each run once as a task (``instrument_tasks``)
     decorator   one ``@asyncflow.future`` applied N times inside a factory, each result called once
     queues      N queues made under ``instrument_queues()``, one message through each
     streams     N anyio memory object streams, instrumented, one message through each
+    locks       N ``asyncio.Lock`` made under ``instrument_locks()``, each acquired once
+    executors   N thread-pool executors under ``instrument_executors()``, one job each
+    measured    N functions made with ``exec``, each ``@asyncflow.measure``-d and called once
+    metrics     N counters of distinct names, each incremented once
 
 For each case it prints the growth of the process's resident memory (RSS) and of the Python
 heap (tracemalloc, in a second process: tracing inflates RSS), per object made, and what the
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
 import gc
 import json
 import os
@@ -36,7 +41,7 @@ import anyio
 
 import asyncflow
 
-CASES = ("exec", "decorator", "queues", "streams")
+CASES = ("exec", "decorator", "queues", "streams", "locks", "executors", "measured", "metrics")
 WARM_UP = 200
 
 
@@ -87,11 +92,44 @@ async def _streams(n: int, tag: str) -> None:
             await receive.receive()
 
 
+async def _locks(n: int, tag: str) -> None:
+    with asyncflow.instrument_locks():
+        for _ in range(n):
+            lock = asyncio.Lock()
+            async with lock:
+                await asyncio.sleep(0)
+
+
+async def _executors(n: int, tag: str) -> None:
+    loop = asyncio.get_running_loop()
+    with asyncflow.instrument_executors():
+        for i in range(n):
+            with concurrent.futures.ThreadPoolExecutor(1) as pool:
+                await loop.run_in_executor(pool, abs, i)
+
+
+async def _measured(n: int, tag: str) -> None:
+    for i in range(n):
+        namespace: dict[str, Any] = {}
+        exec(f"def {tag}{i}(x):\n    return x\n", namespace)
+        asyncflow.measure(namespace[f"{tag}{i}"])(i)
+        del namespace
+
+
+async def _metrics(n: int, tag: str) -> None:
+    for i in range(n):
+        asyncflow.counter(f"{tag}.requests.{i}").add()
+
+
 _MAKE: dict[str, Callable[[int, str], Coroutine[Any, Any, None]]] = {
     "exec": _exec_functions,
     "decorator": _decorated,
     "queues": _queues,
     "streams": _streams,
+    "locks": _locks,
+    "executors": _executors,
+    "measured": _measured,
+    "metrics": _metrics,
 }
 
 
@@ -108,6 +146,7 @@ def one(case: str, objects: int, trace: bool) -> dict[str, float]:
     with asyncflow.profile(f"memory-{case}", format="none", port=0) as prof:
         assert prof.url is not None
         asyncio.run(make(WARM_UP, "w"))  # the first objects of a kind allocate shared state
+        _get(f"{prof.url}/profiler_status")  # the endpoint process starts at the first request
         gc.collect()
         prof.snapshot()
         if trace:
@@ -126,13 +165,22 @@ def one(case: str, objects: int, trace: bool) -> dict[str, float]:
         page_s, _ = _get(f"{prof.url}/futures?limit=10")
         final = prof.snapshot()
     assert final.channels is not None
+    assert final.resources is not None and final.executors is not None
+    assert final.functions is not None and final.user_metrics is not None
+    listed = {
+        "queues": len(final.channels.channels),
+        "streams": len(final.channels.channels),
+        "locks": final.resources.total,
+        "executors": len(final.executors.executors),
+        "measured": final.functions.total,
+        "metrics": final.user_metrics.total,
+    }
     return {
         "objects": objects,
         "made_s": made_s,
         "rss_per_object": rss_growth / objects,
         "heap_per_object": heap_growth / objects,
-        "futures_listed": len(final.futures.futures),
-        "channels_listed": len(final.channels.channels),
+        "listed": listed.get(case, len(final.futures.futures)),
         "snapshot_bytes": snapshot_bytes,
         "snapshot_s": snapshot_s,
         "futures_page_s": page_s,
@@ -169,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     for case in CASES:
         rss = _run(case, args.objects, trace=False)
         heap = _run(case, args.objects, trace=True)
-        listed = rss["channels_listed"] if case in ("queues", "streams") else rss["futures_listed"]
+        listed = rss["listed"]
         print(
             f"{case:<10} {rss['rss_per_object'] / 1024:>8.2f} KB {heap['heap_per_object']:>9.0f} B"
             f" {listed:>7.0f} {rss['snapshot_bytes'] / 1024:>7.0f} KB "
