@@ -356,25 +356,32 @@ def caller() -> tuple[int | None, int | None]:
 
     The call that is actually sending or receiving: not the task's own coroutine, which is
     often someone else's wrapper around the tracked call (anyio's task group on some versions,
-    ``wait_for``, a tracked caller that awaits it). The compiled hot path keeps the calls being
-    polled on each thread in a slot; the pure-Python one is found from its ``send``/``throw``
-    frame, as the blocked-loop monitor finds it. Both cost the polls nothing: only the sampled
-    messages and the waits ask.
+    ``wait_for``, a tracked caller that awaits it). See :func:`running_call`.
+    """
+    r = running_call()
+    return _NOBODY if r is None else (r.call_id, r.future.id)
+
+
+def running_call() -> Any:
+    """The record of the innermost tracked call running on this thread now, or None.
+
+    The compiled hot path keeps the calls being polled on each thread in a slot; the
+    pure-Python one is found from its ``send``/``throw`` frame, as the blocked-loop monitor
+    finds it. Both cost the polls nothing: only the sampled messages and the waits ask.
     """
     if _running_on_thread is not None:
-        r = _running_on_thread(_get_ident())[0]
-        return _NOBODY if r is None else (r.call_id, r.future.id)
+        return _running_on_thread(_get_ident())[0]
     frame: FrameType | None = _getframe(1)
     while frame is not None:
         code = frame.f_code
         if code in _POLL_CODES:
             r = getattr(frame.f_locals.get("self"), "_r", None)
             if r is not None and r.start:
-                return r.call_id, r.future.id
+                return r
         elif code is _HANDLE_RUN:  # the loop's own frames below: no tracked call is running
             break
         frame = frame.f_back
-    return _NOBODY
+    return None
 
 
 _NOBODY: tuple[int | None, int | None] = (None, None)

@@ -36,9 +36,10 @@ from typing import Any, NamedTuple, TypeVar
 from asyncflow import clock as _clock
 from asyncflow import config as _config
 from asyncflow.instrument import _session
+from asyncflow.instrument import futures as _futures_module
+from asyncflow.instrument.channels import running_call as _running_call
 from asyncflow.instrument.futures import (
     CallRecord,
-    InstrumentedCoroutine,
     _current_tasks,
     _get_running_loop,
 )
@@ -344,14 +345,17 @@ def _running_task(loops: list[Any]) -> Any:
     return None if loop is None else _current_task(loop)
 
 
+_running_on_thread = _futures_module.running_on_thread
+_get_ident = threading.get_ident
+
+
 def _call_of(task: Any) -> CallRecord | None:
+    """The call that waits or holds for ``task``, the one running now: the innermost tracked
+    call on this thread, as for channels (not the task's own coroutine, often a wrapper)."""
     if task is None:
         return None
-    coro = task.get_coro()
-    if type(coro) is InstrumentedCoroutine:  # not isinstance: an ABC check costs ~0.5 µs
-        r: CallRecord = coro._r
-        return r
-    return None
+    r: CallRecord | None = _running_call()
+    return r
 
 
 def _whom() -> tuple[int, CallRecord | None]:
@@ -621,10 +625,11 @@ def _lock_hooks(
         if task is None:
             task = _running_task(loops)
         call = None
-        if task is not None:
-            coro = task.get_coro()
-            if type(coro) is InstrumentedCoroutine:  # not isinstance: an ABC check costs more
-                call = coro._r
+        if task is not None:  # the innermost tracked call running (see _call_of), inlined
+            if _running_on_thread is not None:
+                call = _running_on_thread(_get_ident())[0]
+            else:
+                call = _running_call()
         if exclusive:
             slot[1] = call
             slot[0] = now
@@ -691,9 +696,10 @@ def _lock_hooks(
                         task = _running_task(loops)
                     call = None
                     if task is not None:
-                        coro = task.get_coro()
-                        if type(coro) is InstrumentedCoroutine:
-                            call = coro._r
+                        if _running_on_thread is not None:
+                            call = _running_on_thread(_get_ident())[0]
+                        else:
+                            call = _running_call()
                     slot[1] = call
                     slot[0] = now
                 except Exception as err:  # observing never breaks the program

@@ -167,3 +167,48 @@ async def test_sender_and_receiver_edges_name_the_tracked_calls(
         (f"future:{producer}", node),
         (node, f"future:{consumer}"),
     }
+
+
+async def _run_on_a_lock(label: str, start: Start) -> Snapshot:
+    with asyncflow.profile(label, format="none", sampling=1) as prof:
+        lock = asyncflow.instrument_lock(asyncio.Lock(), name=label)
+
+        async def take_turns() -> None:
+            for _ in range(ITEMS):
+                async with lock:  # the other waits: contended acquisitions, waits and holds
+                    await asyncio.sleep(0)
+
+        @asyncflow.future(name=f"{label}-producer")
+        async def producer(
+            *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+        ) -> None:
+            task_status.started()
+            await take_turns()
+
+        @asyncflow.future(name=f"{label}-consumer")
+        async def consumer(
+            *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+        ) -> None:
+            task_status.started()
+            await take_turns()
+
+        with anyio.fail_after(5):
+            await start(producer, consumer)
+        return prof.snapshot()
+
+
+@pytest.mark.parametrize("how", list(STARTS))
+async def test_waits_and_holds_of_a_lock_name_the_tracked_calls(how: str) -> None:
+    # As channels do: the innermost tracked call running, not the task's own coroutine (anyio's
+    # wrapper, wait_for's, or a tracked caller's), is the one that waits and holds.
+    label = f"attribution-lock-{how}"
+    snap = await _run_on_a_lock(label, STARTS[how])
+    ids = {f.label: f.id for f in snap.futures.futures}
+    producer, consumer = ids[f"{label}-producer"], ids[f"{label}-consumer"]
+    assert snap.resources is not None
+    (entry,) = [r for r in snap.resources.resources if r.label == label]
+    assert entry.acquisitions == 2 * ITEMS
+    by_future = {f.future_id: f for f in entry.futures}
+    assert set(by_future) == {producer, consumer}, by_future  # nobody untracked
+    assert sum(f.holds for f in entry.futures) == 2 * ITEMS
+    assert all(f.holds == ITEMS for f in entry.futures)
