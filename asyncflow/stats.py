@@ -16,7 +16,7 @@ measured side by side); percentiles sort the few filled buckets on the cold path
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, MutableMapping, Sequence
 from typing import TypeAlias
 
 __all__ = [
@@ -92,7 +92,7 @@ def record(histogram: Histogram, ns: int, weight: int = 1) -> None:
     histogram[SMALL_BUCKET[ns] if 0 <= ns < SMALL_LIMIT else bucket_of(ns)] += weight
 
 
-def merge(into: Histogram, other: Mapping[int, int]) -> None:
+def merge(into: MutableMapping[int, int], other: Mapping[int, int]) -> None:
     """Add every count of ``other`` to ``into`` (folding a gone object into an aggregate)."""
     for bucket, count in list(other.items()):
         if count:

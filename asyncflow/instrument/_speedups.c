@@ -105,11 +105,70 @@ new_stop(PyObject *value)
 
 /* ---- the clock ------------------------------------------------------------------------------ */
 
+/* ---- module globals read on the hot path ---------------------------------------------------
+ *
+ * clock.now_ns, _session.active, loops.last_key and futures.InstrumentedCoroutine may be
+ * rebound at any time (set_clock, a profiler starting, a test's monkeypatch), so every poll or
+ * call reads them again: through a one-entry cache per global, valid while the module's dict
+ * keeps the version it had when the value was looked up (CPython gives a dict a new version
+ * on every change). A hit costs one comparison where a lookup cost ~60 instructions. */
+
+#if PY_VERSION_HEX < 0x030E0000
+#define HAVE_DICT_VERSION 1
+#else
+#define HAVE_DICT_VERSION 0 /* 3.14 dropped ma_version_tag: every read is a lookup */
+#endif
+
+typedef struct {
+    PyObject *dict;     /* the namespace the entry was read from (borrowed) */
+    uint64_t version;   /* its version then */
+    PyObject *value;    /* what it held (borrowed from the dict); NULL: missing */
+} GlobalCache;
+
+#if HAVE_DICT_VERSION
+static inline uint64_t
+dict_version(PyObject *dict)
+{
+#if defined(__GNUC__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+#endif
+    return ((PyDictObject *)dict)->ma_version_tag;
+#if defined(__GNUC__)
+#pragma GCC diagnostic pop
+#endif
+}
+#endif
+
+/* dict[key], borrowed; NULL with no exception set when missing, NULL with one on error. */
+static inline PyObject *
+global_get(GlobalCache *c, PyObject *dict, PyObject *key)
+{
+#if HAVE_DICT_VERSION
+    uint64_t version = dict_version(dict);
+    if (c->dict == dict && c->version == version) {
+        return c->value;
+    }
+#endif
+    PyObject *value = PyDict_GetItemWithError(dict, key);
+    if (value == NULL && PyErr_Occurred()) {
+        return NULL;
+    }
+#if HAVE_DICT_VERSION
+    c->dict = dict;
+    c->version = version;
+    c->value = value;
+#endif
+    return value;
+}
+
+static GlobalCache clock_cache, active_cache, last_key_cache, wrapper_cache;
+
 /* clock.now_ns, as a new reference: looked up once per poll, for both of its readings. */
 static inline PyObject *
 clock_get(void)
 {
-    PyObject *fn = PyDict_GetItemWithError(clock_dict, s_now_ns);
+    PyObject *fn = global_get(&clock_cache, clock_dict, s_now_ns);
     if (fn == NULL) {
         if (!PyErr_Occurred()) {
             PyErr_SetString(PyExc_AttributeError, "asyncflow.clock has no now_ns");
@@ -169,10 +228,360 @@ bucket_of(long long ns)
                                                          ((1 << SUB_BITS) - 1));
 }
 
+/* ---- PollHistogram: a future's poll histogram, bumped in place without a Python object ----
+ *
+ * futures.FutureStats.poll_hist on the compiled path (stats.new_histogram's defaultdict on the
+ * pure-Python one): the same buckets and counts, read by the cold path as a Mapping (bucket ->
+ * count, only the filled buckets), so that stats.percentiles and stats.merge give the same
+ * figures from either. A poll adds one to a C counter: no dict lookup, no int allocated. The
+ * counters come in rows of 32 (one power of two), allocated when first filled, so a future's
+ * histogram stays as small as the few powers of two its polls span. */
+
+#define HIST_ROWS (BUCKETS >> SUB_BITS)
+#define HIST_COLS (1 << SUB_BITS)
+
+typedef struct {
+    PyObject_HEAD
+    Py_ssize_t filled;                /* buckets whose count is not 0 */
+    unsigned long long *rows[HIST_ROWS]; /* NULL: a row of zeros */
+} HistObject;
+
+static PyTypeObject HistType;
+
+/* h[bucket] += n (bucket in range); 0, or -1 with MemoryError set. */
+static inline int
+hist_add(HistObject *h, Py_ssize_t bucket, unsigned long long n)
+{
+    unsigned long long *row = h->rows[bucket >> SUB_BITS];
+    if (row == NULL) {
+        if (n == 0) {
+            return 0;
+        }
+        row = PyMem_Calloc(HIST_COLS, sizeof(unsigned long long));
+        if (row == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        h->rows[bucket >> SUB_BITS] = row;
+    }
+    unsigned long long *cell = &row[bucket & (HIST_COLS - 1)];
+    if (*cell == 0 && n != 0) {
+        h->filled++;
+    }
+    *cell += n;
+    return 0;
+}
+
+static inline unsigned long long
+hist_count(HistObject *h, Py_ssize_t bucket)
+{
+    unsigned long long *row = h->rows[bucket >> SUB_BITS];
+    return row == NULL ? 0 : row[bucket & (HIST_COLS - 1)];
+}
+
+/* The bucket a key names: 0..BUCKETS-1, or -1 with KeyError (TypeError: not an int) set. */
+static Py_ssize_t
+hist_key(PyObject *key)
+{
+    if (!PyLong_Check(key)) {
+        PyErr_Format(PyExc_TypeError, "a histogram bucket is an int, not %.100s",
+                     Py_TYPE(key)->tp_name);
+        return -1;
+    }
+    int overflow;
+    long long b = PyLong_AsLongLongAndOverflow(key, &overflow);
+    if (b == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    if (overflow || b < 0 || b >= BUCKETS) {
+        PyErr_SetObject(PyExc_KeyError, key);
+        return -1;
+    }
+    return (Py_ssize_t)b;
+}
+
+static PyObject *
+hist_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    if (PyTuple_GET_SIZE(args) != 0 || (kwds != NULL && PyDict_GET_SIZE(kwds) != 0)) {
+        PyErr_SetString(PyExc_TypeError, "PollHistogram() takes no arguments");
+        return NULL;
+    }
+    HistObject *h = (HistObject *)type->tp_alloc(type, 0);
+    if (h != NULL) {
+        h->filled = 0;
+        memset(h->rows, 0, sizeof(h->rows));
+    }
+    return (PyObject *)h;
+}
+
+static void
+hist_dealloc(HistObject *h)
+{
+    for (int i = 0; i < HIST_ROWS; i++) {
+        PyMem_Free(h->rows[i]);
+    }
+    Py_TYPE(h)->tp_free((PyObject *)h);
+}
+
+static Py_ssize_t
+hist_length(HistObject *h)
+{
+    return h->filled;
+}
+
+/* h[bucket]: its count, 0 for an empty bucket (as the defaultdict(int) of stats.py reads). */
+static PyObject *
+hist_subscript(HistObject *h, PyObject *key)
+{
+    Py_ssize_t b = hist_key(key);
+    return b < 0 ? NULL : PyLong_FromUnsignedLongLong(hist_count(h, b));
+}
+
+static int
+hist_ass_subscript(HistObject *h, PyObject *key, PyObject *value)
+{
+    Py_ssize_t b = hist_key(key);
+    if (b < 0) {
+        return -1;
+    }
+    unsigned long long old = hist_count(h, b);
+    if (value == NULL) { /* del h[bucket] */
+        if (old == 0) {
+            PyErr_SetObject(PyExc_KeyError, key);
+            return -1;
+        }
+        h->rows[b >> SUB_BITS][b & (HIST_COLS - 1)] = 0;
+        h->filled--;
+        return 0;
+    }
+    if (!PyLong_Check(value)) {
+        PyErr_Format(PyExc_TypeError, "a histogram count is an int, not %.100s",
+                     Py_TYPE(value)->tp_name);
+        return -1;
+    }
+    unsigned long long n = PyLong_AsUnsignedLongLong(value);
+    if (n == (unsigned long long)-1 && PyErr_Occurred()) {
+        if (PyErr_ExceptionMatches(PyExc_OverflowError)) {
+            PyErr_Format(PyExc_ValueError, "a histogram count is from 0 to 2**64-1, not %R",
+                         value);
+        }
+        return -1;
+    }
+    if (old != 0) {
+        h->rows[b >> SUB_BITS][b & (HIST_COLS - 1)] = 0;
+        h->filled--;
+    }
+    return hist_add(h, b, n);
+}
+
+static int
+hist_contains(HistObject *h, PyObject *key)
+{
+    if (!PyLong_Check(key)) {
+        return 0;
+    }
+    int overflow;
+    long long b = PyLong_AsLongLongAndOverflow(key, &overflow);
+    if (b == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    return !overflow && b >= 0 && b < BUCKETS && hist_count(h, (Py_ssize_t)b) != 0;
+}
+
+enum { HIST_KEYS, HIST_VALUES, HIST_ITEMS };
+
+/* The filled buckets in bucket order, as a list of keys, counts or (bucket, count) pairs: a
+ * copy taken at once (no other thread can bump it meanwhile). */
+static PyObject *
+hist_list(HistObject *h, int what)
+{
+    PyObject *out = PyList_New(h->filled);
+    if (out == NULL) {
+        return NULL;
+    }
+    Py_ssize_t i = 0;
+    for (Py_ssize_t b = 0; b < BUCKETS && i < h->filled; b++) {
+        unsigned long long n = hist_count(h, b);
+        if (n == 0) {
+            continue;
+        }
+        PyObject *item;
+        if (what == HIST_KEYS) {
+            item = Py_NewRef(bucket_ints[b]);
+        }
+        else {
+            PyObject *count = PyLong_FromUnsignedLongLong(n);
+            if (count == NULL) {
+                Py_DECREF(out);
+                return NULL;
+            }
+            item = what == HIST_VALUES ? count : PyTuple_Pack(2, bucket_ints[b], count);
+            if (what == HIST_ITEMS) {
+                Py_DECREF(count);
+            }
+        }
+        if (item == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, i++, item);
+    }
+    return out;
+}
+
+static PyObject *
+hist_keys(HistObject *h, PyObject *Py_UNUSED(ignored))
+{
+    return hist_list(h, HIST_KEYS);
+}
+
+static PyObject *
+hist_values(HistObject *h, PyObject *Py_UNUSED(ignored))
+{
+    return hist_list(h, HIST_VALUES);
+}
+
+static PyObject *
+hist_items(HistObject *h, PyObject *Py_UNUSED(ignored))
+{
+    return hist_list(h, HIST_ITEMS);
+}
+
+static PyObject *
+hist_iter(HistObject *h)
+{
+    PyObject *keys = hist_list(h, HIST_KEYS);
+    if (keys == NULL) {
+        return NULL;
+    }
+    PyObject *it = PyObject_GetIter(keys);
+    Py_DECREF(keys);
+    return it;
+}
+
+/* {bucket: count} of the filled buckets */
+static PyObject *
+hist_as_dict(HistObject *h)
+{
+    PyObject *d = PyDict_New();
+    for (Py_ssize_t b = 0; d != NULL && b < BUCKETS; b++) {
+        unsigned long long n = hist_count(h, b);
+        if (n == 0) {
+            continue;
+        }
+        PyObject *count = PyLong_FromUnsignedLongLong(n);
+        if (count == NULL || PyDict_SetItem(d, bucket_ints[b], count) < 0) {
+            Py_CLEAR(d);
+        }
+        Py_XDECREF(count);
+    }
+    return d;
+}
+
+static PyObject *
+hist_get(HistObject *h, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs < 1 || nargs > 2) {
+        PyErr_Format(PyExc_TypeError, "get expected 1 or 2 arguments, got %zd", nargs);
+        return NULL;
+    }
+    int has = hist_contains(h, args[0]);
+    if (has < 0) {
+        return NULL;
+    }
+    if (!has) {
+        return Py_NewRef(nargs > 1 ? args[1] : Py_None);
+    }
+    return hist_subscript(h, args[0]);
+}
+
+/* Equal to a mapping with the same filled buckets and counts (a dict, another histogram). */
+static PyObject *
+hist_richcompare(HistObject *h, PyObject *other, int op)
+{
+    if ((op != Py_EQ && op != Py_NE) || !(PyDict_Check(other) || Py_IS_TYPE(other, &HistType))) {
+        Py_RETURN_NOTIMPLEMENTED;
+    }
+    PyObject *mine = hist_as_dict(h);
+    PyObject *theirs = Py_IS_TYPE(other, &HistType) ? hist_as_dict((HistObject *)other)
+                                                     : Py_NewRef(other);
+    PyObject *res = mine && theirs ? PyObject_RichCompare(mine, theirs, op) : NULL;
+    Py_XDECREF(mine);
+    Py_XDECREF(theirs);
+    return res;
+}
+
+static PyObject *
+hist_repr(HistObject *h)
+{
+    PyObject *d = hist_as_dict(h);
+    if (d == NULL) {
+        return NULL;
+    }
+    PyObject *res = PyUnicode_FromFormat("PollHistogram(%R)", d);
+    Py_DECREF(d);
+    return res;
+}
+
+static PyObject *
+hist_sizeof(HistObject *h, PyObject *Py_UNUSED(ignored))
+{
+    Py_ssize_t size = Py_TYPE(h)->tp_basicsize;
+    for (int i = 0; i < HIST_ROWS; i++) {
+        if (h->rows[i] != NULL) {
+            size += HIST_COLS * (Py_ssize_t)sizeof(unsigned long long);
+        }
+    }
+    return PyLong_FromSsize_t(size);
+}
+
+static PyMappingMethods hist_as_mapping = {
+    .mp_length = (lenfunc)hist_length,
+    .mp_subscript = (binaryfunc)hist_subscript,
+    .mp_ass_subscript = (objobjargproc)hist_ass_subscript,
+};
+
+static PySequenceMethods hist_as_sequence = {
+    .sq_contains = (objobjproc)hist_contains,
+};
+
+static PyMethodDef hist_methods[] = {
+    {"keys", (PyCFunction)hist_keys, METH_NOARGS, "The filled buckets, in order (a list)."},
+    {"values", (PyCFunction)hist_values, METH_NOARGS, "Their counts, in bucket order (a list)."},
+    {"items", (PyCFunction)hist_items, METH_NOARGS,
+     "(bucket, count) of the filled buckets, in bucket order (a list: a consistent copy)."},
+    {"get", (PyCFunction)(void (*)(void))hist_get, METH_FASTCALL,
+     "get(bucket, default=None): its count if filled, else default."},
+    {"__sizeof__", (PyCFunction)hist_sizeof, METH_NOARGS, NULL},
+    {NULL},
+};
+
+static PyTypeObject HistType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "asyncflow.instrument._speedups.PollHistogram",
+    .tp_doc = "A future's poll histogram on the compiled path: bucket -> count (as "
+              "asyncflow.stats' sparse histograms; only filled buckets are keys), bumped in C.",
+    .tp_basicsize = sizeof(HistObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = hist_new,
+    .tp_dealloc = (destructor)hist_dealloc,
+    .tp_as_mapping = &hist_as_mapping,
+    .tp_as_sequence = &hist_as_sequence,
+    .tp_iter = (getiterfunc)hist_iter,
+    .tp_richcompare = (richcmpfunc)hist_richcompare,
+    .tp_hash = PyObject_HashNotImplemented,
+    .tp_repr = (reprfunc)hist_repr,
+    .tp_methods = hist_methods,
+};
+
 /* hist[bucket_of(ns)] += 1 */
 static int
 hist_bump(PyObject *hist, long long ns)
 {
+    if (Py_IS_TYPE(hist, &HistType)) { /* the common case: no Python object made or looked up */
+        return hist_add((HistObject *)hist, bucket_of(ns), 1);
+    }
     PyObject *key = bucket_ints[bucket_of(ns)];
     PyObject *bumped;
     if (PyDict_Check(hist)) { /* a defaultdict(int) (stats.new_histogram) */
@@ -708,7 +1117,7 @@ end_returned(RecordObject *r, long long t0, PyObject *clock)
             return -1;
         }
     }
-    PyObject *session = PyDict_GetItemWithError(session_dict, s_active); /* borrowed */
+    PyObject *session = global_get(&active_cache, session_dict, s_active); /* borrowed */
     if (session == NULL && PyErr_Occurred()) {
         return -1;
     }
@@ -837,7 +1246,7 @@ first_poll(RecordObject *r, long long t0)
     int rc = -1;
     PyObject *task = NULL;
     /* if id(loop) != loops.last_key: loops.see(loop) */
-    PyObject *last = PyDict_GetItemWithError(loops_dict, s_last_key); /* borrowed */
+    PyObject *last = global_get(&last_key_cache, loops_dict, s_last_key); /* borrowed */
     if (last == NULL) {
         if (!PyErr_Occurred()) {
             PyErr_SetString(PyExc_RuntimeError, "asyncflow: loops.last_key is missing");
@@ -1488,7 +1897,7 @@ future_call_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf,
     if (coro == NULL) {
         return NULL;
     }
-    PyObject *active = PyDict_GetItemWithError(session_dict, s_active); /* borrowed */
+    PyObject *active = global_get(&active_cache, session_dict, s_active); /* borrowed */
     if (active == NULL || active == Py_None) { /* nobody listens */
         if (active == NULL && PyErr_Occurred()) {
             Py_DECREF(coro);
@@ -1497,7 +1906,8 @@ future_call_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf,
         return coro;
     }
     PyObject *record = PyObject_GetAttr(self, s_future_record);
-    PyObject *cls = record == NULL ? NULL : PyDict_GetItemWithError(futures_dict, s_wrapper_name);
+    PyObject *cls =
+        record == NULL ? NULL : global_get(&wrapper_cache, futures_dict, s_wrapper_name);
     PyObject *res = NULL;
     if (cls != NULL) {
         PyObject *wargs[2] = {coro, record};
@@ -2536,6 +2946,7 @@ PyInit__speedups(void)
         }
     }
     if (PyType_Ready(&RecordType) < 0 || PyType_Ready(&WrapperType) < 0 ||
+        PyType_Ready(&HistType) < 0 ||
         PyType_Ready(&SlotType) < 0 || PyType_Ready(&FutureCallType) < 0 ||
         PyType_Ready(&AIterType) < 0 || PyType_Ready(&StepType) < 0) {
         return NULL;
@@ -2554,7 +2965,8 @@ PyInit__speedups(void)
         PyModule_AddIntConstant(m, "BUCKETS", BUCKETS) < 0 ||
         PyModule_AddObjectRef(m, "future_call", (PyObject *)future_call) < 0 ||
         PyModule_AddObjectRef(m, "AsyncIteratorBase", (PyObject *)&AIterType) < 0 ||
-        PyModule_AddObjectRef(m, "StreamStep", (PyObject *)&StepType) < 0) {
+        PyModule_AddObjectRef(m, "StreamStep", (PyObject *)&StepType) < 0 ||
+        PyModule_AddObjectRef(m, "PollHistogram", (PyObject *)&HistType) < 0) {
         Py_DECREF(future_call);
         Py_DECREF(m);
         return NULL;

@@ -20,7 +20,7 @@ import threading
 import types
 import weakref
 from collections import OrderedDict, deque
-from collections.abc import Callable, Coroutine, Generator
+from collections.abc import Callable, Coroutine, Generator, Mapping, MutableMapping
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 
 from asyncflow import clock as _clock
@@ -61,6 +61,9 @@ CLOSED = "closed"
 NEVER_AWAITED = "never_awaited"
 
 _RESULT_REPR_LIMIT = 200
+
+#: makes a future's poll histogram: stats.new_histogram's dict, or the compiled path's own
+_new_poll_histogram: Callable[[], MutableMapping[int, int]] = new_histogram
 
 
 class FutureStats:
@@ -106,7 +109,8 @@ class FutureStats:
         self.busy_done = 0
         self.idle_done = 0
         self.max_poll_done = 0
-        self.poll_hist = new_histogram()  # bumped in place by every poll
+        #: bumped in place by every poll: a PollHistogram (counted in C) on the compiled path
+        self.poll_hist: MutableMapping[int, int] = _new_poll_histogram()
         self.call_hist = new_histogram()  # folded by the collector from finished calls
         self.recent: Any = None  # deque of recent finished calls, owned by the collector
         self.series: Any = None  # live calls over time (collector.LiveSeries), owned by it
@@ -1117,6 +1121,7 @@ def _load_speedups() -> Any:
     except (ImportError, RuntimeError):  # not built (no compiler at install), or out of step
         return None
     Coroutine.register(speedups.InstrumentedCoroutine)
+    Mapping.register(speedups.PollHistogram)
     return speedups
 
 
@@ -1125,6 +1130,7 @@ _speedups = _load_speedups()
 if _speedups is not None:
     accelerated = True
     running_on_thread = _speedups.running_calls
+    _new_poll_histogram = _speedups.PollHistogram
     if not TYPE_CHECKING:
         InstrumentedCoroutine = _speedups.InstrumentedCoroutine
         CallRecord = _speedups.CallRecord
