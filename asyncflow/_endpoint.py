@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     control = socket.socket(fileno=int(args[0]))
     listening = [socket.socket(fileno=int(fd)) for fd in args[1:]]
-    from asyncflow.server import serve_in_child
+    from asyncflow._http import serve_in_child
 
     loop = asyncio.new_event_loop()
     try:

@@ -297,6 +297,29 @@ def test_while_the_program_is_slow_to_rebuild_the_previous_document_is_served(
         assert rebuilt.wait(30) and len(built) == 2  # the rebuild went on without a client
 
 
+def test_the_program_never_imports_aiohttp_when_the_endpoint_process_serves() -> None:
+    # HTTP is the endpoint process's business: the program builds documents only, and pays
+    # neither aiohttp's import (on the profiler's thread, holding the GIL) nor its memory.
+    program = textwrap.dedent(
+        """
+        import json, sys, urllib.request
+        import asyncflow
+        with asyncflow.profile("light", format="none", port=0) as prof:
+            with urllib.request.urlopen(prof.url + "/futures", timeout=30) as answer:
+                assert json.load(answer)["futures"] is not None
+        http = ("aiohttp", "yarl", "multidict")
+        loaded = sorted(m for m in sys.modules if m.split(".")[0] in http)
+        print(loaded, "asyncflow._http" in sys.modules)
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=60,
+        env={**os.environ, "ASYNCFLOW_ENDPOINT_PROCESS": "1"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "[] False\n", done.stdout
+
+
 def test_with_no_window_every_request_builds(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(server, "LIMITS", server.Limits(cache_seconds=0, cache_cost_share=0))
     built = counting_builds(monkeypatch)
