@@ -262,6 +262,9 @@ class _Front:
         pending = self._pending.get(query)
         if pending is None:
             pending = asyncio.ensure_future(self._ask(query))
+            # A client served the previous answer does not wait for this one: what it raises
+            # (the program gone) is read here, never reported as unretrieved.
+            pending.add_done_callback(_retrieve)
             self._pending[query] = pending
         # A client that goes away cancels its wait, never the answer others wait for.
         if held is None:
@@ -404,6 +407,11 @@ class _Front:
         except Exception as exc:  # a bug in asyncflow: say so, count it, keep serving
             self.report(f"serving {_shown(request.path, 80)}", exc)
             return _error(500, f"internal error in asyncflow: {type(exc).__name__}: {_safe(exc)}")
+
+
+def _retrieve(done: asyncio.Future[Any]) -> None:
+    if not done.cancelled():
+        done.exception()
 
 
 # -- the endpoint process's end of the socket pair -----------------------------------------------
