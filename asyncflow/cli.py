@@ -329,6 +329,7 @@ def _run(args: argparse.Namespace) -> int:
         raise _Usage(_flagged(str(exc), options)) from None
     _check_host(profiler.options, "--host" if args.host is not None else "ASYNCFLOW_HOST")
     profiler.hosting = True  # the program's own asyncflow.profile() joins this one
+    profiler.adopts_name = args.name is None  # and names the profile, unless --name did
     try:
         profiler.start()
     except PortInUseError as exc:

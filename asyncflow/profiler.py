@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import dataclasses
 import errno
 import itertools
 import logging
@@ -81,6 +82,8 @@ class Profiler:
         self._ready_lock = threading.Lock()
         #: set by ``asyncflow run``: profilers the program starts itself join this one
         self.hosting = False
+        #: hosting, take the name of the first profiler that joins (it named itself)
+        self.adopts_name = False
         self._joined: Profiler | None = None
         #: this process's file in the registry of running profilers (``asyncflow ps``)
         self._registration: Registration | None = None
@@ -103,6 +106,23 @@ class Profiler:
         loop = self._loop
         return [fd for fd, _, _ in loop.listening] if loop is not None else []
 
+    def _rename(self, name: str) -> None:
+        """Take the name a joining profiler gave (under ``_lock``, once): the report, the
+        status document and ``asyncflow ps`` show the program's own name."""
+        self.adopts_name = False
+        if name == self.options.name:
+            return
+        self.options = dataclasses.replace(self.options, name=name)
+        collector = self._collector
+        if collector is not None:
+            collector.options = self.options
+        registration = self._registration
+        if registration is not None and self.url is not None:
+            from asyncflow import registry
+
+            registration.remove()
+            self._registration = registry.register(name, self.url, self.options.token is not None)
+
     # -- lifecycle ---------------------------------------------------------------------------
 
     def start(self) -> Profiler:
@@ -120,6 +140,8 @@ class Profiler:
                 # The program runs under `asyncflow run`: its own profiler joins that one, so
                 # it neither fails nor reports twice; snapshots and url are the host's.
                 self._joined, self._state, self.url = _active, "joined", _active.url
+                if _active.adopts_name:  # `asyncflow run` without --name: the program's name
+                    _active._rename(self.name)
                 return self
             if _active is not None:
                 raise AsyncflowError(

@@ -202,6 +202,18 @@ def test_a_program_that_profiles_itself_joins_the_run(tmp_path: Path) -> None:
     assert "\nraw pages " in done.stderr  # the program's own queue names win
 
 
+def test_the_run_takes_the_name_the_program_gives_its_profile(tmp_path: Path) -> None:
+    # The program names its profile; `run` without --name reports (and lists) it by that
+    # name, not by the script's file name. --name still wins.
+    done = asyncflow_cmd("run", str(EXAMPLES / "blocked_loop.py"))
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.count("asyncflow · blocked-loop · elapsed") == 1, done.stderr
+    assert "asyncflow · blocked_loop ·" not in done.stderr
+    named = asyncflow_cmd("run", "--name", "mine", str(EXAMPLES / "blocked_loop.py"))
+    assert named.returncode == 0, named.stderr
+    assert named.stderr.count("asyncflow · mine · elapsed") == 1, named.stderr
+
+
 def test_a_program_that_stops_the_profiler_does_not_end_the_run(tmp_path: Path) -> None:
     script = write(
         tmp_path / "stopper.py",
