@@ -78,7 +78,11 @@ def _parser() -> argparse.ArgumentParser:
         ),
     )
     run.add_argument("-m", dest="module", metavar="MODULE", help="run a module, as python -m")
-    run.add_argument("--name", help="the profile's name [the script or module name]")
+    run.add_argument(
+        "--name",
+        help="the profile's name [the name the program gives its own profile, else the script "
+        "or module name]",
+    )
     run.add_argument("--host", default=None, help=f"endpoint address [{config.DEFAULT_HOST}]")
     run.add_argument(
         "--port",
