@@ -47,15 +47,21 @@ def _row(entry: FutureEntry, percentiles: tuple[float, ...]) -> list[str]:
     ]
 
 
+#: futures never called, named on one line under the table
+_NEVER_NAMED = 8
+
+
 def render_table(snapshot: Snapshot, percentiles: tuple[float, ...], limit: int) -> str:
     """The top ``limit`` futures by busy time (0 = all), with a header line."""
     status = snapshot.status
-    futures = snapshot.futures.futures
+    every = snapshot.futures.futures
+    futures = [f for f in every if f.call_count]  # one never called is a name, not a row
+    never = [f.label for f in every if not f.call_count]
     shown = futures if limit == 0 else futures[:limit]
     calls = sum(f.call_count for f in futures)
     header = (
         f"asyncflow · {status.name} · elapsed {format_duration(status.uptime_ns)} · "
-        f"{len(futures)} futures · {calls:,} calls · {status.events_dropped:,} events dropped"
+        f"{len(every)} futures · {calls:,} calls · {status.events_dropped:,} events dropped"
     )
     if status.internal_errors:
         header += f" · {status.internal_errors} internal errors"
@@ -72,13 +78,20 @@ def render_table(snapshot: Snapshot, percentiles: tuple[float, ...], limit: int)
         "max poll",
     ]
     lines = [header, "", *_warnings(snapshot.warnings)]
-    lines += _table([columns, *(_row(f, percentiles) for f in shown)])
+    if futures:
+        lines += _table([columns, *(_row(f, percentiles) for f in shown)])
     if len(shown) < len(futures):
-        lines.append(f"… {len(futures) - len(shown)} more futures (limit={limit}; 0 shows all)")
-    if not futures:
+        more = len(futures) - len(shown)
+        lines.append(f"… {more} more futures (limit={limit}; limit=0 shows all)")
+    if never:
+        names = ", ".join(never[:_NEVER_NAMED])
+        if len(never) > _NEVER_NAMED:
+            names += f" and {len(never) - _NEVER_NAMED} more"
+        lines.append(f"never called: {names}")
+    if not every:
         lines.append(
-            "(no futures were tracked: decorate coroutines with @asyncflow.future or "
-            "call asyncflow.instrument_tasks())"
+            "(no futures were tracked: no call of an @asyncflow.future coroutine, and no task "
+            "under asyncflow.instrument_tasks() or asyncflow run)"
         )
     lines += _functions_section(snapshot, percentiles, limit)
     measured = [f for f in shown if f.cpu is not None or f.allocations is not None]

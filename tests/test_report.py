@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from asyncflow.report import format_duration, render, render_table
@@ -93,8 +95,24 @@ def test_table_header_columns_rows_and_limit() -> None:
         "500",
         "µs",
     ]
-    assert lines[4] == "… 1 more futures (limit=1; 0 shows all)"
+    assert lines[4] == "… 1 more futures (limit=1; limit=0 shows all)"
     assert "parse" in render_table(snap, (50.0,), limit=0)
+
+
+def test_futures_never_called_are_named_not_listed_as_rows() -> None:
+    # A program that ended before calling anything (a usage error, say) showed a table of
+    # zeros: the futures it defined are named on one line instead.
+    idle = [dataclasses.replace(_entry(i, f"never{i}", 0), call_count=0) for i in range(1, 11)]
+    text = render_table(_snapshot([_entry(1, "fetch", 5_000_000), *idle]), (50.0,), limit=0)
+    lines = text.splitlines()
+    assert lines[0].startswith("asyncflow · svc · elapsed 2 s · 11 futures · 10 calls")
+    assert [line.split()[0] for line in lines[3:4]] == ["fetch"]
+    assert lines[4] == "never called: " + ", ".join(f"never{i}" for i in range(1, 9)) + (
+        " and 2 more"
+    )
+    assert not any(line.startswith("never1 ") for line in lines)
+    only_idle = render_table(_snapshot(idle[:2]), (50.0,), limit=0).splitlines()
+    assert only_idle[2:] == ["never called: never1, never2"]
 
 
 def test_empty_table_says_how_to_track_something() -> None:
