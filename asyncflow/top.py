@@ -395,8 +395,21 @@ def _warning_subject(w: Row) -> str:
 
 def _warning_lines(w: Row, ctx: Context) -> list[str]:
     lines = textwrap.wrap(w["message"], 78) + textwrap.wrap(f"→ {w['hint']}", 78)
-    lines.append("evidence: " + ", ".join(f"{k}={v}" for k, v in w["evidence"].items()))
+    lines.append("evidence: " + _evidence(w["evidence"]))
     return lines
+
+
+def _evidence(evidence: Row) -> str:
+    """A warning's evidence in words and units: ``producers blocked 28s, in use 7.07s``."""
+    parts = []
+    for key, value in evidence.items():
+        if key.endswith("_ns") and isinstance(value, int):
+            parts.append(f"{key[:-3].replace('_', ' ')} {dur(value)}")
+        elif isinstance(value, int) and not isinstance(value, bool):
+            parts.append(f"{key.replace('_', ' ')} {value:,}")
+        else:
+            parts.append(f"{key.replace('_', ' ')} {value}")
+    return ", ".join(parts)
 
 
 _SEVERITY = {"error": 3, "warning": 2, "info": 1}
@@ -780,6 +793,17 @@ def _clip(text: str, width: int, left: bool = False) -> str:
 # -- the app ------------------------------------------------------------------------------------
 
 
+def _why(exc: BaseException) -> str:
+    """What went wrong asking the endpoint, in words first (the status line is one line)."""
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return "the profiler does not answer (the program ended or stopped profiling?)"
+    if isinstance(exc, TimeoutError):
+        return "the profiler did not answer in time"
+    if isinstance(exc, aiohttp.ClientError):
+        return f"the connection failed ({type(exc).__name__})"
+    return str(exc) or type(exc).__name__
+
+
 class HelpScreen(ModalScreen[None]):
     """What every key does and what every column means, one line each."""
 
@@ -973,9 +997,7 @@ class TopApp(App[None]):
             elif selected is not None:  # a view without logs shows the row itself
                 logs = next(row for row in rows if row[_KEY] == selected)
         except (aiohttp.ClientError, TimeoutError, RuntimeError, ValueError, KeyError) as exc:
-            self.error = (
-                f"{self.url}: {exc or type(exc).__name__}; retrying every {self.interval:g} s"
-            )
+            self.error = f"{_why(exc)} · {self.url} · retrying every {self.interval:g} s"
             self._status()
             return
         if view.name != self.view or self.selected != asked:

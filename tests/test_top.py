@@ -444,6 +444,7 @@ async def test_top_says_what_is_wrong_and_keeps_retrying() -> None:
             while "retrying" not in status(app):
                 await pilot.pause(0.02)  # the timer's own refreshes
         assert f"127.0.0.1:{port}" in status(app)
+        assert status(app).startswith("the profiler does not answer")  # words first, not aiohttp's
         assert app.is_running
 
     with asyncflow.profile("guarded", format="none", port=0, token="right") as prof:
@@ -455,3 +456,16 @@ async def test_top_says_what_is_wrong_and_keeps_retrying() -> None:
         async with app.run_test(size=SIZE) as pilot:
             await until(pilot, lambda: "guarded" in status(app), "ok")
         await asyncio.sleep(0)
+
+
+def test_a_warnings_evidence_reads_in_units() -> None:
+    evidence = {
+        "producers_blocked_ns": 28_005_701_306,
+        "consumers_starved_ns": 1_344_012,
+        "producers": 4,
+        "share": 0.97,
+        "stage": "store",
+    }
+    assert top._evidence(evidence) == (
+        "producers blocked 28s, consumers starved 1.34ms, producers 4, share 0.97, stage store"
+    )
