@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import textwrap
 
 from asyncflow.schema import (
@@ -181,6 +182,18 @@ def _loop_row(entry: LoopEntry) -> list[str]:
     ]
 
 
+def _path(file: str) -> str:
+    """A source file as the user would type it: relative to the working directory when it is
+    under it (a script run as ``python x.py`` has an absolute path in its code objects)."""
+    if not os.path.isabs(file):
+        return file
+    try:
+        relative = os.path.relpath(file)
+    except ValueError:  # another drive (Windows)
+        return file
+    return file if relative.startswith(os.pardir) else relative
+
+
 def _episodes(entry: LoopEntry, shown: int = 3) -> list[str]:
     """The longest blocked-loop episodes, each with the line that blocked, and what is left out.
 
@@ -195,7 +208,7 @@ def _episodes(entry: LoopEntry, shown: int = 3) -> list[str]:
         where = ""
         if e.stack:
             top = e.stack[0]
-            where = f" at {top.file}:{top.line} ({top.function})"
+            where = f" at {_path(top.file)}:{top.line} ({top.function})"
             if top.code:
                 where += f": {top.code}"
         lines.append(f"  loop {entry.id} blocked {format_duration(e.blocked_ns)} by {who}{where}")

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import os
+from pathlib import Path
 
 import pytest
 
+from asyncflow import report
 from asyncflow.report import format_duration, render, render_table
 from asyncflow.schema import (
     CallStates,
@@ -122,3 +125,16 @@ def test_empty_table_says_how_to_track_something() -> None:
 def test_unknown_format() -> None:
     with pytest.raises(ValueError, match="format"):
         render(_snapshot([]), "xml", (50.0,), 15)
+
+
+def test_source_files_are_shown_relative_to_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `python examples/x.py` gives the script's code an absolute path, `asyncflow run` a
+    # relative one: the report says examples/x.py for both.
+    monkeypatch.chdir(tmp_path)
+    inside = tmp_path / "examples" / "every_problem.py"
+    assert report._path(str(inside)) == os.path.join("examples", "every_problem.py")
+    assert report._path("examples/every_problem.py") == "examples/every_problem.py"
+    elsewhere = str(tmp_path.parent / "lib" / "site.py")
+    assert report._path(elsewhere) == elsewhere
