@@ -13,6 +13,7 @@ from asyncflow import stats
 from asyncflow import timing as _measure
 from asyncflow import values as _values
 from asyncflow.instrument import _session
+from asyncflow.paging import at_most, within
 from asyncflow.schema import (
     SCHEMA,
     FunctionEntry,
@@ -55,7 +56,7 @@ def function_entry(
         self_ns=self_ns,
         mean_ns=total // calls if calls else 0,
         max_ns=max_ns,
-        duration_ns=stats.percentiles(hist, qs),
+        duration_ns=at_most(stats.percentiles(hist, qs), max_ns),
         share=round(total / elapsed_ns, 6) if elapsed_ns > 0 else 0.0,
         running_count=running[0] if running else 0,
         current_elapsed_ns=max(0, now - running[1]) if running else 0,
@@ -114,7 +115,7 @@ def metric_entry(
         min=low,
         max=high,
         sum=total,
-        percentiles=stats.percentiles(hist, qs) if hist is not None else {},
+        percentiles=within(stats.percentiles(hist, qs), low, high) if hist is not None else {},
         recent=[ValueSample(max(0, at - origin), v) for at, v in recent],
     )
 

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-__all__ = ["at_most", "ordered_page"]
+__all__ = ["at_most", "ordered_page", "within"]
 
 _R = TypeVar("_R")
 
@@ -25,3 +26,18 @@ def ordered_page(
 def at_most(percentiles: dict[str, int], ceiling: int) -> dict[str, int]:
     """Percentiles never above the largest sample: a bucket's midpoint can lie above it."""
     return {key: min(value, ceiling) for key, value in percentiles.items()}
+
+
+def within(
+    percentiles: dict[str, int], low: float | int | None, high: float | int | None
+) -> dict[str, int]:
+    """Percentiles between the smallest and the largest sample (as integers): a bucket's
+    midpoint can lie outside them."""
+    out = {}
+    for key, value in percentiles.items():
+        if high is not None and value > high:
+            value = math.floor(high)
+        if low is not None and value < low:
+            value = math.ceil(low)
+        out[key] = value
+    return out

@@ -405,7 +405,7 @@ def _functions_section(snapshot: Snapshot, percentiles: tuple[float, ...], limit
             "mean",
             *(percentile_key(q) for q in percentiles),
             "max",
-            "share",
+            "of wall",
         ]
         rows = [
             [

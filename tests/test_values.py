@@ -80,6 +80,21 @@ def test_each_kind_exact(fake_clock: FakeClock) -> None:
     assert t.recent == [ValueSample(50, 21.5), ValueSample(75, "n/a"), ValueSample(75, 19)]
 
 
+def test_percentiles_stay_between_the_smallest_and_largest_value() -> None:
+    # A bucket's midpoint can lie past the samples in it: 208 falls in a bucket whose value
+    # is 210, and a histogram of response sizes showed p99 210 beside max 208.
+    with asyncflow.profile("t", format="none") as prof:
+        sizes = asyncflow.histogram("response_bytes")
+        for v in (23, 109, 208, 208):
+            sizes.record(v)
+        snap = prof.snapshot()
+    h = _metrics(snap)["response_bytes"]
+    assert stats.bucket_value(stats.bucket_of(208)) > 208  # the case: the bucket's value is past
+    assert (h.min, h.max) == (23, 208)
+    assert h.percentiles["p99"] == 208 and h.percentiles["p50"] == 109
+    assert all(23 <= v <= 208 for v in h.percentiles.values())
+
+
 def test_exact_from_many_threads() -> None:
     threads, updates = 8, 5_000
     barrier = threading.Barrier(threads)
