@@ -616,7 +616,7 @@ def test_exit_report_has_a_functions_table(fake_clock: FakeClock) -> None:
         snap = prof.snapshot()
     lines = render_table(snap, (50.0,), 0).splitlines()
     header = next(line for line in lines if line.startswith("function "))
-    assert " ".join(header.split()) == "function calls errors total self mean p50 max share"
+    assert " ".join(header.split()) == "function calls errors total self mean p50 max of wall"
     work = next(line for line in lines if line.startswith("reported work "))
     assert " ".join(work.split()) == "reported work 3 0 6 µs 6 µs 2 µs 2 µs 2 µs 60.0%"
     assert next(line for line in lines if line.startswith("lookup [block]")).split()[2:4] == [
