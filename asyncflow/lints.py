@@ -28,6 +28,7 @@ from asyncflow.schema import (
     NeverAwaitedEntry,
     ResourceEntry,
     Snapshot,
+    StackFrame,
     WarningEntry,
     WarningsDocument,
     WarningSubject,
@@ -63,6 +64,9 @@ class Thresholds:
     blocked_share: float = 0.2
     #: consumers waiting this share of the elapsed time on an empty channel
     starved_share: float = 0.5
+    #: a channel's producers (for a bottleneck) or consumers (for starvation) waited at least
+    #: this long in all: a share of a few milliseconds of a short run is noise, not a finding
+    min_wait_ns: int = 100_000_000
     #: a channel written this many times and never read
     unread_messages: int = 10
     #: a future whose finished calls ended cancelled in this share, at least this many
@@ -83,8 +87,8 @@ class Thresholds:
         """The defaults, with what the ``warn`` option sets (seconds become nanoseconds)."""
         values: dict[str, Any] = {}
         for name, value in pairs:
-            if name == "long_poll":
-                values["long_poll_ns"] = round(value * 1e9)
+            if name in ("long_poll", "min_wait"):  # seconds
+                values[f"{name}_ns"] = round(value * 1e9)
             elif isinstance(getattr(cls, name, None), int):
                 values[name] = int(value)
             else:
@@ -159,11 +163,52 @@ def _where(location: Location | None) -> str:
 
 
 def _names(edges: Iterable[EdgeEntry], limit: int = 3) -> str:
+    return _named(edges, limit)[0]
+
+
+def _named(edges: Iterable[EdgeEntry], limit: int = 3) -> tuple[str, int]:
+    """The futures of ``edges`` that moved messages, busiest first, and how many they are."""
     labels = [e.label for e in sorted(edges, key=lambda e: -e.messages) if e.messages]
     if not labels or labels == ["(untracked)"]:
-        return "untracked code"
+        return "untracked code", 1
     shown = ", ".join(f"`{label}`" for label in labels[:limit])
-    return shown if len(labels) <= limit else f"{shown} and {len(labels) - limit} more"
+    return (shown if len(labels) <= limit else f"{shown} and {len(labels) - limit} more"), len(
+        labels
+    )
+
+
+def _calls_at_once(
+    edges: Iterable[EdgeEntry], futures: dict[int, FutureEntry], in_use_ns: int
+) -> int:
+    """How many calls stand on one side of a channel at once: for each future that moved
+    messages, its calls' lifetimes (busy and idle time, summed) over the time the channel was
+    in use, rounded up, at most its call count; one for untracked code. Eight workers that
+    live through the crawl are eight consumers, each of which may wait the whole time; a
+    thousand short handlers, a few at a time, are a few."""
+    total = 0
+    for e in edges:
+        if not e.messages:
+            continue
+        f = futures.get(e.future_id) if e.future_id is not None else None
+        if f is None or in_use_ns <= 0:
+            total += 1
+            continue
+        total += max(1, min(f.call_count, -(-(f.busy_ns + f.idle_ns) // in_use_ns)))
+    return max(1, total)
+
+
+def _self_fed(c: ChannelEntry) -> bool:
+    """Whether the channel's consumers sent most of its messages themselves: a work queue that
+    its workers feed (a crawler's frontier), where no other stage sets the pace or waits."""
+    readers = {e.future_id for e in c.receivers if e.messages and e.future_id is not None}
+    sent = sum(e.messages for e in c.senders)
+    own = sum(e.messages for e in c.senders if e.future_id in readers)
+    return bool(readers) and sent > 0 and 2 * own >= sent
+
+
+def _who(count: int, names: str, role: str) -> str:
+    """``its producer `parse```, ``its 4 producers `parse```."""
+    return f"its {role} {names}" if count == 1 else f"its {count} {role}s {names}"
 
 
 def _future_subject(f: FutureEntry) -> WarningSubject:
@@ -228,12 +273,50 @@ def blocked_loop(docs: Documents, th: Thresholds) -> Iterator[Finding]:
         )
 
 
+def _frame_of(f: FutureEntry, frame: StackFrame) -> bool:
+    """Whether a stack frame runs the code of future ``f`` (its file, its function)."""
+    function = f.source.rpartition(":")[2].rpartition(".")[2]
+    return (
+        frame.function == function
+        and bool(f.location.file)
+        and os.path.basename(frame.file) == os.path.basename(f.location.file)
+    )
+
+
+def _callers_of_long_polls(docs: Documents, long: Sequence[FutureEntry]) -> dict[int, int]:
+    """Futures whose long poll only contained a callee's: a caller that awaits a callee in the
+    same task polls it inside its own poll, so the callee's blocking makes the caller's poll
+    just as long. A blocked loop's stack shows who called whom: the innermost tracked call is
+    the culprit, and a long-polling future whose frame encloses it is left out unless its
+    longest poll exceeds the callee's by the threshold itself. Returns each such caller's id
+    with its callees' longest poll."""
+    by_id = {f.id: f for f in long}
+    callers: dict[int, int] = {}
+    for loop in docs.loops:
+        for episode in [*loop.episodes, *loop.worst_episodes]:
+            inner = by_id.get(episode.call.future_id) if episode.call is not None else None
+            if inner is None:
+                continue
+            frames = episode.stack  # innermost first
+            at = next((i for i, fr in enumerate(frames) if _frame_of(inner, fr)), None)
+            if at is None:
+                continue
+            for outer in long:
+                if outer.id != inner.id and any(_frame_of(outer, fr) for fr in frames[at + 1 :]):
+                    callee = max(callers.get(outer.id, 0), inner.max_poll_duration_ns)
+                    callers[outer.id] = callee
+    return callers
+
+
 def long_poll(docs: Documents, th: Thresholds) -> Iterator[Finding]:
-    """A poll ran longer than the threshold without yielding to the loop."""
-    for f in docs.futures:
+    """A poll ran longer than the threshold without yielding to the loop: the innermost
+    future's, not its callers' too."""
+    long = [f for f in docs.futures if f.max_poll_duration_ns >= th.long_poll_ns]
+    callers = _callers_of_long_polls(docs, long)
+    for f in long:
         longest = f.max_poll_duration_ns
-        if longest < th.long_poll_ns:
-            continue
+        if f.id in callers and longest - callers[f.id] < th.long_poll_ns:
+            continue  # its longest poll was its callee's
         yield Finding(
             "long-poll",
             "warning",
@@ -368,16 +451,25 @@ def _active_ns(c: ChannelEntry, elapsed_ns: int) -> int:
     return elapsed_ns
 
 
-def _blocked_share(c: ChannelEntry, docs: Documents, th: Thresholds) -> float | None:
+def _blocked_share(
+    c: ChannelEntry, docs: Documents, th: Thresholds, futures: dict[int, FutureEntry]
+) -> float | None:
     """The share of the time a bounded channel held each producer waiting, when it is a
     backlog (producers blocked long enough, and longer than consumers starved); else None."""
     if c.channel_type == "unbounded" or docs.elapsed_ns <= 0 or not c.received_count:
         return None
-    producers = max(1, len([e for e in c.senders if e.messages]))
-    share = c.producers_blocked_ns / producers / _active_ns(c, docs.elapsed_ns)
+    if c.producers_blocked_ns < th.min_wait_ns or _self_fed(c):
+        return None
+    in_use = _active_ns(c, docs.elapsed_ns)
+    producers = _calls_at_once(c.senders, futures, in_use)
+    share = c.producers_blocked_ns / producers / in_use
     if share < th.blocked_share or c.producers_blocked_ns <= c.consumers_starved_ns:
         return None
     return share
+
+
+def _by_id(docs: Documents) -> dict[int, FutureEntry]:
+    return {f.id: f for f in docs.futures}
 
 
 def bottleneck(docs: Documents, th: Thresholds) -> Iterator[Finding]:
@@ -385,9 +477,13 @@ def bottleneck(docs: Documents, th: Thresholds) -> Iterator[Finding]:
 
     In a chain of stages, a slow last stage backs up every channel before it; a stage that is
     itself held up by a full output is not the slow one, so only the channel whose consumers
-    are not blocked producers elsewhere is named.
+    are not blocked producers elsewhere is named. The share is per producing call: four
+    ``parse`` calls blocked the whole second make 100%, not 400%.
     """
-    backed_up = {c.id: s for c in docs.channels if (s := _blocked_share(c, docs, th)) is not None}
+    futures = _by_id(docs)
+    backed_up = {
+        c.id: s for c in docs.channels if (s := _blocked_share(c, docs, th, futures)) is not None
+    }
     held_up = {
         e.future_id
         for c in docs.channels
@@ -402,61 +498,116 @@ def bottleneck(docs: Documents, th: Thresholds) -> Iterator[Finding]:
         readers = {e.future_id for e in c.receivers if e.messages}
         if readers and readers <= held_up:
             continue  # its consumers wait on a full output themselves: the slow stage is later
-        consumers = _names(c.receivers)
+        consumers, stages = _named(c.receivers)
+        in_use = _active_ns(c, docs.elapsed_ns)
+        producers = _calls_at_once(c.senders, futures, in_use)
+        percent = min(100, round(share * 100))
         yield Finding(
             "bottleneck",
             "warning",
             _channel_subject(c),
-            f"{consumers} is the bottleneck: its input `{c.label}` ({c.channel_type}) was full "
-            f"and held its producers {_names(c.senders)} waiting "
-            f"{_duration(c.producers_blocked_ns)} in all, over the "
-            f"{_duration(_active_ns(c, docs.elapsed_ns))} it was in use",
+            f"{consumers} {'is' if stages == 1 else 'are'} the bottleneck: its input "
+            f"`{c.label}` ({c.channel_type}) was full, and "
+            f"{_who(producers, _names(c.senders), 'producer')} "
+            f"{'was' if producers == 1 else 'were'} blocked {percent}% of the "
+            f"{_duration(in_use)} it was in use ({_duration(c.producers_blocked_ns)} in all)",
             "speed up or add consumers of this channel; the producers can go no faster",
             {
                 "producers_blocked_ns": c.producers_blocked_ns,
                 "consumers_starved_ns": c.consumers_starved_ns,
-                "in_use_ns": _active_ns(c, docs.elapsed_ns),
+                "in_use_ns": in_use,
+                "producers": producers,
+                "blocked_percent": percent,
                 "max_queue_size": c.max_queue_size,
             },
         )
 
 
 def starved(docs: Documents, th: Thresholds) -> Iterator[Finding]:
-    """Consumers waiting on an empty channel most of the time: the producers set the pace."""
+    """Consumers waiting on an empty channel most of the time: the producers set the pace.
+
+    The share is per consuming call (eight workers waiting the whole second make 100%, not
+    800%). A work queue its own consumers feed has no other stage to name: its workers wait
+    on each other's output, which is how it ends, not a pace set from outside.
+    """
+    futures = _by_id(docs)
     for c in docs.channels:
         if docs.elapsed_ns <= 0 or not c.received_count or c.producers_blocked_ns:
             continue
-        consumers = max(1, len([e for e in c.receivers if e.messages]))
-        share = c.consumers_starved_ns / consumers / _active_ns(c, docs.elapsed_ns)
+        if c.consumers_starved_ns < th.min_wait_ns or _self_fed(c):
+            continue
+        in_use = _active_ns(c, docs.elapsed_ns)
+        consumers = _calls_at_once(c.receivers, futures, in_use)
+        share = c.consumers_starved_ns / consumers / in_use
         if share < th.starved_share:
             continue
+        producers, stages = _named(c.senders)
+        percent = min(100, round(share * 100))
         yield Finding(
             "starved",
             "info",
             _channel_subject(c),
-            f"{_names(c.senders)} sets the pace of `{c.label}`: its consumers {_names(c.receivers)}"
-            f" waited for messages {min(100, round(share * 100))}% of the time",
+            f"{producers} {'sets' if stages == 1 else 'set'} the pace of `{c.label}`: "
+            f"{_who(consumers, _names(c.receivers), 'consumer')} waited for messages "
+            f"{percent}% of the time ({_duration(c.consumers_starved_ns)} in all)",
             "fine for a service waiting for work; in a batch pipeline, the producers are the "
             "stage to speed up",
-            {"consumers_starved_ns": c.consumers_starved_ns, "starved_percent": round(share * 100)},
+            {
+                "consumers_starved_ns": c.consumers_starved_ns,
+                "consumers": consumers,
+                "starved_percent": percent,
+            },
         )
 
 
+def _swept_at_the_end(f: FutureEntry) -> int:
+    """Calls that ended together at the end after long lives: a shutdown cancelling its
+    long-lived tasks (subscribers, workers, pollers), not a storm.
+
+    The live series says when calls ended, to within one of its samples (about a second
+    apart at first). In the last interval in which calls of the future ended (the one since
+    the last sample included), those that were already alive at its start and ended in it
+    are swept, provided no call of the future was created after it. A storm of timeouts is
+    short calls ending interval after interval: few of them outlive a sample boundary, and
+    they keep coming. (Fewer than ``cancel_min`` swept calls are not a sweep.)"""
+    live_now = f.calls.pending + f.calls.running + f.calls.suspended
+    points = [(0, 0), *((s.created, s.live) for s in f.live_series), (f.call_count, live_now)]
+    for (created_before, live_before), (created, live) in zip(
+        reversed(points[:-1]), reversed(points[1:]), strict=True
+    ):
+        ended = (created - live) - (created_before - live_before)
+        if ended <= 0:
+            if created != created_before:
+                return 0  # calls created after the last ones ended: not the end of anything
+            continue
+        new = created - created_before
+        return max(0, min(ended - new, live_before))
+    return 0
+
+
 def cancellation_storm(docs: Documents, th: Thresholds) -> Iterator[Finding]:
-    """Most calls of a future end cancelled (timeouts, usually)."""
+    """Most calls of a future end cancelled (timeouts, usually); calls cancelled in one sweep
+    at the end after long lives (a shutdown) are left out."""
     for f in docs.futures:
         o = f.outcomes
-        finished = o.returned + o.raised + o.cancelled
-        if o.cancelled < th.cancel_min or o.cancelled < th.cancel_share * finished:
+        swept = min(o.cancelled, _swept_at_the_end(f))
+        if swept < th.cancel_min:
+            swept = 0  # a call or two that outlived a sample: too few to call it a sweep
+        cancelled = o.cancelled - swept
+        finished = o.returned + o.raised + o.cancelled - swept
+        if cancelled < th.cancel_min or cancelled < th.cancel_share * finished:
             continue
+        also = f" (and {swept} more at the end, in one sweep)" if swept else ""
         yield Finding(
             "cancellation-storm",
             "warning",
             _future_subject(f),
-            f"{o.cancelled} of {finished} finished calls of `{f.label}`{_where(f.location)} "
-            "ended cancelled: their work was thrown away",
+            f"{cancelled} of {finished} finished calls of `{f.label}`{_where(f.location)} "
+            f"ended cancelled{also}: their work was thrown away",
             "check the timeouts around it against its call durations",
-            {"cancelled": o.cancelled, "finished": finished},
+            {"cancelled": cancelled, "finished": finished, "swept": swept}
+            if swept
+            else {"cancelled": cancelled, "finished": finished},
         )
 
 
@@ -560,29 +711,61 @@ def _waiters(r: ResourceEntry, limit: int = 3) -> str:
 _ACQUIRED = ("lock", "semaphore", "capacity_limiter", "condition")
 
 
+def _leaked_holds(r: ResourceEntry) -> int:
+    return len([h for h in r.holders if h.outcome is not None]) + r.abandoned_holds
+
+
+def _failed(r: ResourceEntry) -> str:
+    n = r.failed_waits
+    return f"{n} wait{' was' if n == 1 else 's were'} given up (timed out or cancelled)"
+
+
 def contention(docs: Documents, th: Thresholds) -> Iterator[Finding]:
-    """A lock or semaphore that its callers queue for far longer than anyone holds it."""
+    """A lock or semaphore that its callers queue for far longer than anyone holds it.
+
+    Judged on the waits that acquired it: waits that were given up (timed out, cancelled) got
+    nothing to hold, and when holds were never given back (see permits-leaked) they waited
+    for permits that no longer existed, which holding it for less would not cure. Where most
+    waits were given up, the warning says so instead.
+    """
     for r in docs.resources:
         if r.primitive not in _ACQUIRED or r.contended_acquisitions < th.contention_min_waits:
             continue
-        if r.total_wait_ns <= 2 * r.total_hold_ns:
+        if r.total_wait_ns <= 2 * r.total_hold_ns or (_leaked_holds(r) and r.state != "gone"):
+            continue  # (leaked permits: permits-leaked says why the waits were long)
+        name = f"{r.primitive.replace('_', ' ').capitalize()} `{r.label}`"
+        evidence = {
+            "contended": r.contended_acquisitions,
+            "acquisitions": r.acquisitions,
+            "failed_waits": r.failed_waits,
+            "wait_ns": r.total_wait_ns,
+            "hold_ns": r.total_hold_ns,
+            "max_waiters": r.max_waiters,
+        }
+        if r.failed_waits >= r.contended_acquisitions:
+            yield Finding(
+                "lock-contention",
+                "warning",
+                _resource_subject(r),
+                f"{name} is held longer than {_waiters(r)} will wait: {_failed(r)} against "
+                f"{r.contended_acquisitions} that waited and got it, {_duration(r.total_wait_ns)}"
+                f" of waiting in all, while it was held {_duration(r.total_hold_ns)}"
+                f" (up to {r.max_waiters} waiting at once)",
+                "find what holds it so long (the holders in /resources), or give its callers "
+                "longer timeouts",
+                evidence,
+            )
             continue
+        also = f", and {_failed(r)}" if r.failed_waits else ""
         yield Finding(
             "lock-contention",
             "warning",
             _resource_subject(r),
-            f"{r.primitive.replace('_', ' ').capitalize()} `{r.label}` serialises "
-            f"{_waiters(r)}: {r.contended_acquisitions} of {r.acquisitions} acquisitions waited,"
-            f" {_duration(r.total_wait_ns)} in all, to hold it {_duration(r.total_hold_ns)}"
-            f" (up to {r.max_waiters} waiting at once)",
+            f"{name} serialises {_waiters(r)}: {r.contended_acquisitions} of {r.acquisitions}"
+            f" acquisitions waited{also}, {_duration(r.total_wait_ns)} in all, to hold it "
+            f"{_duration(r.total_hold_ns)} (up to {r.max_waiters} waiting at once)",
             "hold it for less (no await while holding it), or split what it guards",
-            {
-                "contended": r.contended_acquisitions,
-                "acquisitions": r.acquisitions,
-                "wait_ns": r.total_wait_ns,
-                "hold_ns": r.total_hold_ns,
-                "max_waiters": r.max_waiters,
-            },
+            evidence,
         )
 
 
@@ -593,24 +776,45 @@ def permits_leaked(docs: Documents, th: Thresholds) -> Iterator[Finding]:
         leaked = len(ended) + r.abandoned_holds
         if not leaked or r.primitive not in _ACQUIRED or r.state == "gone":
             continue  # (once the primitive is gone, its permits no longer hold anyone up)
-        outcomes: dict[str, int] = {}
+        calls: dict[tuple[str, str], int] = {}
         for h in ended:
-            outcomes[h.outcome or "?"] = outcomes.get(h.outcome or "?", 0) + 1
-        how = ", ".join(f"{n} {outcome}" for outcome, n in sorted(outcomes.items()))
-        whom = ", ".join(sorted({f"`{h.label}`" for h in ended})) or "calls gone by now"
+            key = (h.label, h.outcome or "ended")
+            calls[key] = calls.get(key, 0) + 1
+        who = [
+            f"{n} call{'' if n == 1 else 's'} of `{label}` {outcome}"
+            for (label, outcome), n in sorted(calls.items(), key=lambda kv: (-kv[1], kv[0]))
+        ]
+        if r.abandoned_holds:
+            who.append(f"{r.abandoned_holds} more whose calls are gone")
         exhausted = r.permits is not None and r.permits.available == 0
         words = "permit" if leaked == 1 else "permits"
+        if exhausted and r.failed_waits:
+            after = (
+                f"; none is left, so callers wait until they give up: {_failed(r)}, "
+                f"{_duration(r.total_wait_ns)} of waiting in all"
+            )
+        elif exhausted:
+            after = "; none is left, so every caller now waits forever"
+        else:
+            after = ""
         yield Finding(
             "permits-leaked",
             "error" if exhausted else "warning",
             _resource_subject(r),
             f"{r.primitive.replace('_', ' ').capitalize()} `{r.label}` has {leaked} {words} "
-            f"never given back: taken by {whom}, which ended without releasing"
-            + (f" ({how})" if how else "")
-            + ("; none is left, so every caller now waits forever" if exhausted else ""),
+            f"never given back: {_and(who)} without releasing it{after}",
             "release in a finally block, or use `async with`",
-            {"leaked": leaked, "available": -1 if r.permits is None else r.permits.available or 0},
+            {
+                "leaked": leaked,
+                "available": -1 if r.permits is None else r.permits.available or 0,
+                "failed_waits": r.failed_waits,
+                "wait_ns": r.total_wait_ns,
+            },
         )
+
+
+def _and(parts: Sequence[str]) -> str:
+    return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
 
 
 def event_never_set(docs: Documents, th: Thresholds) -> Iterator[Finding]:
