@@ -92,6 +92,7 @@ WARN_THRESHOLDS = {
     "cpu_wall_share": "share",
     "blocked_share": "share",
     "starved_share": "share",
+    "min_wait": "seconds",
     "unread_messages": "count",
     "cancel_share": "share",
     "cancel_min": "count",

@@ -143,7 +143,7 @@ def test_connection_pool_example_names_the_leaked_permits(tmp_path: Path) -> Non
     document = orjson.loads(report.read_bytes())
     leaked = [w for w in document["warnings"] if w["kind"] == "permits-leaked"]
     assert [(w["severity"], w["subject"]["kind"]) for w in leaked] == [("error", "resource")]
-    assert "taken by `handle`" in leaked[0]["message"]
+    assert "calls of `handle` returned without releasing it" in leaked[0]["message"]
     (pool,) = [r for r in document["resources"]["resources"] if r["primitive"] == "semaphore"]
     assert pool["permits"]["available"] == 0 and len(pool["holders"]) == 4
 
