@@ -60,7 +60,7 @@ async def slow_stage(
 ) -> None:
     while (item := await jobs.get()) is not None:
         async with db:
-            await asyncio.sleep(0.001)  # the slow stage: `jobs` fills up behind it
+            await asyncio.sleep(0.005)  # the slow stage: `jobs` fills up behind it (0.2 s)
         await results.put(item)
     await results.put(None)
 
