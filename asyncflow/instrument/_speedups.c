@@ -46,13 +46,15 @@ static PyObject *get_running_loop; /* asyncio.events._get_running_loop */
 static PyObject *current_tasks;    /* 3.11: asyncio.tasks._current_tasks (loop -> task); or NULL */
 static PyObject *current_task;     /* asyncio.current_task */
 static PyObject *loops_module, *loops_dict; /* asyncflow.instrument.loops (last_key, see) */
+static PyTypeObject *deque_type; /* collections.deque: the session's buffer of finished calls */
+static PyObject *deque_append;   /* deque.append, called unbound */
 
 static PyObject *s_now_ns, *s_stats, *s_poll_hist, *s_live, *s_created, *s_send, *s_throw,
     *s_close, *s_first_poll, *s_finish_poll, *s_cancel_requested, *s_normalize_throw,
     *s_close_record, *s_session, *s_internal_error, *s_log_result, *s_returned, *s_polls_done,
     *s_busy_done, *s_idle_done, *s_max_poll_done, *s_active, *s_finished, *s_appended,
     *s_append, *s_slot_key, *s_get_running_loop, *s_loops, *s_last_key, *s_see,
-    *s_current_tasks, *s_asyncio, *s_current_task, *s_get_name, *s_wrapped, *s_future_record,
+    *s_current_tasks, *s_asyncio, *s_current_task, *s_get_name,
     *s_wrapper_name, *s_probe_failed;
 
 /* ---- small compatibility helpers ------------------------------------------------------------ */
@@ -651,6 +653,8 @@ enum {
     FS_POLL_HIST,
     FR_STATS,
     FR_LOG_RESULT,
+    FF_WRAPPED,
+    FF_RECORD,
     SE_FINISHED,
     SE_APPENDED,
     IT_STATS,
@@ -674,6 +678,8 @@ static Field fields[N_FIELDS] = {
     [FS_POLL_HIST] = {"FutureStats", "poll_hist", 0},
     [FR_STATS] = {"FutureRecord", "stats", 0},
     [FR_LOG_RESULT] = {"FutureRecord", "log_result", 0},
+    [FF_WRAPPED] = {"FutureFunction", "__wrapped__", 0},
+    [FF_RECORD] = {"FutureFunction", "future_record", 0},
     [SE_FINISHED] = {"Session", "finished", NS_SESSION},
     [SE_APPENDED] = {"Session", "appended", NS_SESSION},
     [IT_STATS] = {"_Iteration", "stats", NS_STREAMS},
@@ -814,13 +820,14 @@ typedef struct {
     PyObject *cancel_to_end;
     PyObject *cancel_outcome;
     PyObject *probe_data; /* the poll probe's own, never touched here */
+    PyObject *key;        /* call_id as an int: the record's key in stats.live */
 } RecordObject;
 
 static PyTypeObject RecordType;
 
 #define RECORD_OBJECTS(X)                                                                      \
     X(future) X(stats) X(hist) X(state) X(task) X(outcome) X(exc_type) X(exc_message) X(result) \
-    X(cancel_requests) X(cancel_to_end) X(cancel_outcome) X(probe_data)
+    X(cancel_requests) X(cancel_to_end) X(cancel_outcome) X(probe_data) X(key)
 
 static int
 record_traverse(RecordObject *self, visitproc visit, void *arg)
@@ -881,7 +888,7 @@ record_setup(RecordObject *self, PyObject *future, PyObject *stats, long long no
              : PyDict_CheckExact(live) ? PyDict_SetItem(live, id, (PyObject *)self)
                                        : PyObject_SetItem(live, id, (PyObject *)self);
     Py_XDECREF(live);
-    Py_DECREF(id);
+    Py_XSETREF(self->key, id); /* to find the call again in ``live`` when it ends */
     if (rc < 0) {
         return -1;
     }
@@ -1124,8 +1131,14 @@ end_returned(RecordObject *r, long long t0, PyObject *clock)
     if (session != NULL && session != Py_None) {
         Py_INCREF(session);
         PyObject *finished = field_get(session, SE_FINISHED);
-        PyObject *res =
-            finished == NULL ? NULL : PyObject_CallMethodOneArg(finished, s_append, (PyObject *)r);
+        PyObject *res = NULL;
+        if (finished != NULL && deque_append != NULL && Py_IS_TYPE(finished, deque_type)) {
+            PyObject *args[2] = {finished, (PyObject *)r}; /* deque.append(finished, r) */
+            res = PyObject_Vectorcall(deque_append, args, 2, NULL);
+        }
+        else if (finished != NULL) {
+            res = PyObject_CallMethodOneArg(finished, s_append, (PyObject *)r);
+        }
         Py_XDECREF(finished);
         int rc = res == NULL ? -1 : field_add(session, SE_APPENDED, 1);
         Py_XDECREF(res);
@@ -1139,7 +1152,7 @@ end_returned(RecordObject *r, long long t0, PyObject *clock)
     if (live == NULL) {
         return -1;
     }
-    PyObject *id = PyLong_FromLongLong(r->call_id);
+    PyObject *id = r->key != NULL ? Py_NewRef(r->key) : PyLong_FromLongLong(r->call_id);
     int rc = -1;
     if (id != NULL) {
         rc = PyDict_Check(live) ? PyDict_DelItem(live, id) : PyObject_DelItem(live, id);
@@ -1357,7 +1370,7 @@ poll_inner(WrapperObject *self, PyObject *arg, PyObject **res, PyObject **stop, 
         goto done;
     }
     if (status == PYGEN_RETURN) {
-        if (stop == NULL && plain_return(r)) { /* the common end, in C */
+        if (plain_return(r)) { /* the common end, in C (send() makes its StopIteration) */
             if (end_returned(r, t0, clock) < 0) {
                 internal_error("recording a finished call", fetch_exc(), (PyObject *)self);
             }
@@ -1888,7 +1901,7 @@ future_call_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf,
         return NULL;
     }
     PyObject *self = args[0];
-    PyObject *fn = PyObject_GetAttr(self, s_wrapped); /* coro = self.__wrapped__(*args, **kw) */
+    PyObject *fn = field_get(self, FF_WRAPPED); /* coro = self.__wrapped__(*args, **kw) */
     if (fn == NULL) {
         return NULL;
     }
@@ -1905,7 +1918,7 @@ future_call_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf,
         }
         return coro;
     }
-    PyObject *record = PyObject_GetAttr(self, s_future_record);
+    PyObject *record = field_get(self, FF_RECORD);
     PyObject *cls =
         record == NULL ? NULL : global_get(&wrapper_cache, futures_dict, s_wrapper_name);
     PyObject *res = NULL;
@@ -2719,6 +2732,18 @@ mod_setup(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Py_XSETREF(current_task, ct);
     Py_XSETREF(loops_dict, Py_NewRef(PyModule_GetDict(loops)));
     Py_XSETREF(loops_module, loops);
+    PyObject *deque = get_global(futures_dict, "deque");
+    PyObject *append = deque == NULL ? NULL : PyObject_GetAttr(deque, s_append);
+    if (append == NULL || !PyType_Check(deque)) {
+        Py_XDECREF(deque);
+        Py_XDECREF(append);
+        if (!PyErr_Occurred()) {
+            PyErr_SetString(PyExc_RuntimeError, "asyncflow: futures.deque is not a class");
+        }
+        return NULL;
+    }
+    Py_XSETREF(deque_type, (PyTypeObject *)deque);
+    Py_XSETREF(deque_append, append);
     Py_RETURN_NONE;
 }
 
@@ -2923,8 +2948,6 @@ PyInit__speedups(void)
     INTERN(s_asyncio, "asyncio");
     INTERN(s_current_task, "current_task");
     INTERN(s_get_name, "get_name");
-    INTERN(s_wrapped, "__wrapped__");
-    INTERN(s_future_record, "future_record");
     INTERN(s_wrapper_name, "InstrumentedCoroutine");
     INTERN(s_slot_key, "asyncflow.running_call");
     INTERN(s_probe_failed, "_probe_failed");

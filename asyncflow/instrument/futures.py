@@ -836,7 +836,12 @@ class FutureFunction(Generic[_P, _T]):
     there is no marker), binds as a method, pickles by name and keeps the function's metadata.
     """
 
+    # The two attributes every call reads are slots, which the compiled __call__ reads at their
+    # offsets; the rest of the function's metadata goes to __dict__ (functools.update_wrapper).
+    __slots__ = ("__dict__", "__weakref__", "__wrapped__", "future_record")
+
     __wrapped__: Callable[_P, Coroutine[Any, Any, _T]]
+    future_record: FutureRecord
 
     def __init__(self, fn: Callable[_P, Coroutine[Any, Any, _T]], record: FutureRecord) -> None:
         functools.update_wrapper(self, fn)

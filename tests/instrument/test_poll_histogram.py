@@ -170,3 +170,51 @@ async def test_a_profiler_started_after_the_first_call_is_seen_at_once() -> None
     coro = job()  # the profiler stopped: not tracked any more
     assert type(coro) is not futures._speedups.InstrumentedCoroutine
     assert await coro == 1
+
+
+def _driven_by_hand(impl: Any, log_result: bool) -> tuple[list[Any], dict[str, Any]]:
+    """A tracked call driven with send() (as trio or a hand-written driver does), on a fake
+    clock: what the driver saw, and what the call's record and its future's stats say."""
+    fake = FakeClock()
+    previous = clock.set_clock(fake)
+    try:
+        future = FutureRecord("h", "m:h", "m.py", 1, log_result, "decorator")
+
+        async def sleeps() -> None:
+            await asyncio.sleep(0)
+
+        async def body() -> str:
+            fake.advance(30)
+            await sleeps()  # a bare yield: driven by hand, there is no loop
+            fake.advance(5_000)
+            return "done"
+
+        with asyncflow.profile("by-hand", format="none"):
+            w = impl(body(), future)
+            seen: list[Any] = [w.send(None)]
+            try:
+                w.send(None)
+            except StopIteration as stop:
+                seen.append(stop.value)
+        r, st = w._r, future.stats
+        record = {
+            name: getattr(r, name, None)
+            for name in ("polls", "busy", "max", "last", "outcome", "result", "state")
+        }
+        record["finished"] = r.finished - r.created
+        record.update((name, getattr(st, name)) for name in ("returned", "polls_done", "busy_done"))
+        record["poll_hist"] = dict(st.poll_hist)
+        return seen, record
+    finally:
+        clock.set_clock(previous)
+
+
+@compiled
+@pytest.mark.parametrize("log_result", [False, True])
+def test_a_call_driven_by_send_records_as_the_reference(log_result: bool) -> None:
+    python = _driven_by_hand(futures.InstrumentedCoroutinePy, log_result)
+    c = _driven_by_hand(futures._speedups.InstrumentedCoroutine, log_result)
+    assert c == python
+    assert python[0] == [None, "done"] and python[1]["outcome"] == "returned"
+    assert python[1]["result"] == ("'done'" if log_result else None)
+    assert python[1]["poll_hist"] == {30: 1, stats.bucket_of(5_000): 1}
