@@ -12,7 +12,7 @@ work, not a problem, so starvation is only ``info``.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -110,6 +110,9 @@ class Documents:
     resources: Sequence[ResourceEntry] = ()
     never_awaited: Sequence[NeverAwaitedEntry] = ()
     block_threshold_ns: int = 100_000_000
+    #: future id -> (created_ns, finished_ns, outcome) of its recent finished calls, in
+    #: nanoseconds since the profile's start, oldest first
+    recent_ends: Mapping[int, Sequence[tuple[int, int, str]]] = field(default_factory=dict)
 
 
 def documents_of(snapshot: Snapshot, now_ns: int = 0) -> Documents:
@@ -125,6 +128,14 @@ def documents_of(snapshot: Snapshot, now_ns: int = 0) -> Documents:
         resources=snapshot.resources.resources if snapshot.resources is not None else (),
         never_awaited=snapshot.futures.never_awaited,
         block_threshold_ns=loop.block_threshold_ns if loop is not None else 100_000_000,
+        recent_ends={
+            logs.future_id: [
+                (c.created_ns, c.finished_ns, c.outcome or "returned")
+                for c in logs.calls
+                if c.finished_ns is not None
+            ]
+            for logs in snapshot.future_logs
+        },
     )
 
 
@@ -585,12 +596,39 @@ def _swept_at_the_end(f: FutureEntry) -> int:
     return 0
 
 
+#: cancelled calls that ended within this of the future's last call to end, with no call ending
+#: otherwise among them, ended in one sweep (a shutdown cancels its tasks in one loop turn or two)
+SWEEP_NS = 50_000_000
+
+
+def _swept_together(ends: Sequence[tuple[int, int, str]]) -> int:
+    """Long-lived calls of the recent log cancelled in one burst at its very end: what a
+    shutdown (a server closing its kept-alive connections, a task group torn down) looks like
+    in a run too short for the live series to say it. Every call that ended in the burst
+    ended cancelled, or it is no burst; and only calls that had lived at least half the time
+    the log spans count (a timeout cuts calls short, a shutdown ends calls that were meant to
+    last)."""
+    if not ends:
+        return 0
+    first = min(created for created, _, _ in ends)
+    last = max(finished for _, finished, _ in ends)
+    burst = [(c, f, outcome) for c, f, outcome in ends if f >= last - SWEEP_NS]
+    if any(outcome != "cancelled" for _, _, outcome in burst):
+        return 0
+    return sum(
+        1
+        for created, finished, _ in burst
+        if finished > created and finished - created >= (finished - first) / 2
+    )
+
+
 def cancellation_storm(docs: Documents, th: Thresholds) -> Iterator[Finding]:
     """Most calls of a future end cancelled (timeouts, usually); calls cancelled in one sweep
     at the end after long lives (a shutdown) are left out."""
     for f in docs.futures:
         o = f.outcomes
-        swept = min(o.cancelled, _swept_at_the_end(f))
+        at_end = max(_swept_at_the_end(f), _swept_together(docs.recent_ends.get(f.id, ())))
+        swept = min(o.cancelled, at_end)
         if swept < th.cancel_min:
             swept = 0  # a call or two that outlived a sample: too few to call it a sweep
         cancelled = o.cancelled - swept

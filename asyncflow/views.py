@@ -681,9 +681,25 @@ def _warnings(
         resources=resources.resources,
         never_awaited=futures.never_awaited,
         block_threshold_ns=loop.block_threshold_ns,
+        recent_ends=_recent_ends(collector),
     )
     collector.warnings.update(docs)
     return collector.warnings.document(collector.session.start_ns)
+
+
+def _recent_ends(collector: Collector) -> dict[int, list[tuple[int, int, str]]]:
+    """When each future's recent finished calls began and ended (since the profile's start),
+    and how: for the cancellation lint, of the futures with cancelled calls."""
+    origin = collector.session.start_ns
+    ends: dict[int, list[tuple[int, int, str]]] = {}
+    for record in collector.futures():
+        recent = record.stats.recent
+        if recent and record.stats.cancelled:
+            ends[record.id] = [
+                (r.created - origin, r.finished - origin, call_field(r, "outcome") or "returned")
+                for r in list(recent)
+            ]
+    return ends
 
 
 def warnings_document(collector: Collector) -> WarningsDocument:

@@ -305,6 +305,41 @@ async def test_long_lived_tasks_cancelled_at_shutdown_are_not_a_storm(
     assert storms[0].evidence == {"cancelled": 20, "finished": 20}
 
 
+async def test_a_server_closing_its_connections_in_a_short_run_is_not_a_storm(
+    fake_clock: FakeClock, prof: asyncflow.Profiler
+) -> None:
+    """A server's connection handlers live from the first requests to the shutdown, which
+    cancels them in one loop turn; the run is shorter than a sample of live calls, so only the
+    recent calls' log can tell. (aiohttp's ``RequestHandler.start`` under asyncflow run.)
+    Requests cancelled by a timeout before the shutdown still are a storm."""
+    closing = asyncio.Event()
+
+    @asyncflow.future(name="serve_connection")
+    async def serve_connection() -> None:
+        await closing.wait()  # kept alive between requests
+
+    @asyncflow.future(name="query")
+    async def query() -> None:
+        await closing.wait()
+
+    fake_clock.advance(200_000_000)  # the program's imports, before it serves
+    connections = [asyncio.create_task(serve_connection()) for _ in range(20)]
+    await asyncio.sleep(0)
+    for _ in range(12):  # requests that time out, one after another
+        call = asyncio.create_task(query())
+        await asyncio.sleep(0)
+        fake_clock.advance(10_000_000)
+        call.cancel()
+        await asyncio.gather(call, return_exceptions=True)
+    fake_clock.advance(30_000_000)
+    for task in connections:  # the shutdown
+        task.cancel()
+    await asyncio.gather(*connections, return_exceptions=True)
+    storms = [f for f in _only(_findings(prof)) if f.kind == "cancellation-storm"]
+    assert _kinds(storms) == [("cancellation-storm", "query")]
+    assert storms[0].evidence == {"cancelled": 12, "finished": 12}
+
+
 def test_a_sweep_is_the_last_thing_that_happened() -> None:
     """Calls cancelled together and followed by new calls of the same future are not the end
     of anything: a mass timeout in a running service stays a storm."""
