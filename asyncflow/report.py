@@ -253,13 +253,13 @@ def _warnings(warnings: list[WarningEntry]) -> list[str]:
 _RESOURCE_COLUMNS = [
     "resource",
     "kind",
-    "acquired",
+    "acquired/set",
     "waited",
     "wait total",
     "max wait",
     "hold total",
     "max hold",
-    "waiting/max",
+    "waiting now/max",
     "held by",
 ]
 
