@@ -974,6 +974,21 @@ def instrument(
 task_filter: Callable[[Any], bool] | None = None
 
 
+def _anyio_task_coro(coro: Any) -> Any:
+    """anyio 4.14 and later start each task group task from ``TaskHandle._run_coro()``, which
+    awaits the coroutine the program gave: that one names the task (else every anyio task
+    would be one future, ``TaskHandle._run_coro``). None when it is a tracked call already,
+    which tracks itself; the wrapper itself if it holds no plain coroutine."""
+    if "anyio" not in coro.cr_code.co_filename:
+        return coro
+    frame = coro.cr_frame
+    handle = frame.f_locals.get("self") if frame is not None else None
+    inner = getattr(handle, "_coro", None)
+    if isinstance(inner, _TRACKED):
+        return None
+    return inner if type(inner) is types.CoroutineType else coro
+
+
 class _TaskFactory:
     """The task factory ``instrument_tasks`` installs; chains to the one it found."""
 
@@ -988,13 +1003,17 @@ class _TaskFactory:
     ) -> asyncio.Future[Any]:
         if self.enabled and _session.active is not None and type(coro) is types.CoroutineType:
             try:
+                named = coro  # the coroutine whose function names the task
+                if coro.cr_code.co_qualname == "TaskHandle._run_coro":
+                    named = _anyio_task_coro(coro)
                 # include/exclude patterns (asyncflow.filtering): decided once per code object
-                if task_filter is None or task_filter(coro):
-                    record = _by_code.get((id(coro.cr_code), None, "task"))
-                    if record is None and not coro.cr_code.co_filename.startswith(_ASYNCIO_DIR):
-                        frame = coro.cr_frame
+                if named is not None and (task_filter is None or task_filter(named)):
+                    code = named.cr_code
+                    record = _by_code.get((id(code), None, "task"))
+                    if record is None and not code.co_filename.startswith(_ASYNCIO_DIR):
+                        frame = named.cr_frame
                         module = frame.f_globals.get("__name__", "?") if frame else "?"
-                        record = _future_for_code(coro.cr_code, str(module), None, "task")
+                        record = _future_for_code(code, str(module), None, "task")
                     if record is not None:
                         coro = InstrumentedCoroutine(coro, record)
             except Exception as err:  # observing never breaks the program

@@ -212,3 +212,27 @@ async def test_waits_and_holds_of_a_lock_name_the_tracked_calls(how: str) -> Non
     assert set(by_future) == {producer, consumer}, by_future  # nobody untracked
     assert sum(f.holds for f in entry.futures) == 2 * ITEMS
     assert all(f.holds == ITEMS for f in entry.futures)
+
+
+async def test_anyio_tasks_are_named_by_the_coroutine_the_program_gave() -> None:
+    # anyio 4.14 and later run each task group task as TaskHandle._run_coro(), awaiting the
+    # program's coroutine: whole-program mode names the task by the program's function (not
+    # every anyio task as one `TaskHandle._run_coro`), and a decorated one is tracked once.
+    async def crawl(n: int) -> None:
+        await asyncio.sleep(0)
+
+    @asyncflow.future(name="index")
+    async def index(n: int) -> None:
+        await asyncio.sleep(0)
+
+    with asyncflow.profile("anyio-names", format="none", port=None) as prof:
+        with asyncflow.instrument_tasks():
+            async with anyio.create_task_group() as tg:
+                for n in range(3):
+                    tg.start_soon(crawl, n)
+                    tg.start_soon(index, n)
+        snap = prof.snapshot()
+    calls = {f.label: f.call_count for f in snap.futures.futures}
+    label = "test_anyio_tasks_are_named_by_the_coroutine_the_program_gave.<locals>.crawl"
+    assert calls[label] == 3 and calls["index"] == 3, calls
+    assert not any("_run_coro" in label for label in calls), calls
