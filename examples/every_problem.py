@@ -91,7 +91,7 @@ async def main() -> None:
     await asyncio.gather(fetch_pages(raw), enrich(raw), notify(outbox))
     for _ in range(12):  # each lookup times out: its work is thrown away
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(lookup(), 0.005)
+            await asyncio.wait_for(asyncio.create_task(lookup()), 0.005)
     stubborn = asyncio.create_task(poll_forever())
     await asyncio.sleep(0)
     stubborn.cancel()
