@@ -138,6 +138,7 @@ class Clocks:
             "profiler": time.clock_gettime(self._profiler_clock),
             "endpoint": process,
             "builds": float(endpoint.builds if endpoint is not None else 0),
+            "building": endpoint.build_ns / 1e9 if endpoint is not None else 0.0,
         }
 
 
@@ -233,7 +234,8 @@ def _where(spent: list[dict[str, float]]) -> str:
     return (
         f"main {rate('main'):.0f}, profiler thread {rate('profiler'):.1f}, endpoint process "
         f"{rate('endpoint'):.0f}, clients {rate('clients'):.0f} ms/s; main off-CPU {off:.0f} "
-        f"ms/s; {rate('builds', 1):.1f} builds/s"
+        f"ms/s; {rate('builds', 1):.1f} builds/s taking {rate('building'):.1f} ms/s of the "
+        "profiler thread"
     )
 
 
