@@ -30,7 +30,7 @@ from collections.abc import Callable, Coroutine, Iterator
 from typing import Any
 
 import asyncflow
-from asyncflow.instrument import futures, streams
+from asyncflow.instrument import futures, queues, streams
 
 Workload = Callable[[], Coroutine[Any, Any, object]]
 Deco = Callable[[Any], Any]
@@ -257,6 +257,9 @@ def hot_path(path: str) -> Iterator[None]:
     if streams.InstrumentedAsyncIteratorC is not None:
         swapped.append((streams, "InstrumentedAsyncIterator", streams.InstrumentedAsyncIterator))
         streams.InstrumentedAsyncIterator = streams.InstrumentedAsyncIteratorPy  # type: ignore[misc]
+    if queues._FifoHook is not None:  # the compiled _put/_get of FIFO queues
+        swapped.append((queues, "_FifoHook", queues._FifoHook))
+        queues._FifoHook = None
     running, futures.running_on_thread = futures.running_on_thread, None
     call = vars(futures.FutureFunction)["__call__"]
     futures.FutureFunction.__call__ = futures._py_future_call  # type: ignore[method-assign]

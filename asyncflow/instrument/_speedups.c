@@ -2877,6 +2877,250 @@ mod_clock_read_cost(PyObject *module, PyObject *arg)
     return PyFloat_FromDouble(spent / (double)n);
 }
 
+/* ---- FifoHook: a plain FIFO queue's _put and _get --------------------------------------------
+ *
+ * queues._fifo_hooks is the reference; the compiled hooks do its common path in C (the integer
+ * updates of the channel's figures, one vectorcall to the storage's append or popleft) and call
+ * back into Python for the rest: a timed send (record.sample_send) and every get from the one
+ * that takes a timed message (queues' _timed_get). The figures are ChannelStats' slots, read at
+ * their offsets (found once, when the hook is made; through the attribute protocol otherwise). */
+
+enum { FH_SENT, FH_TAKEN, FH_MAX_SIZE, FH_NEXT_SEND, FH_NEXT_RECV, FH_N };
+static const char *fh_names[FH_N] = {"sent", "taken", "max_size", "next_send", "next_recv"};
+
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    int is_put;
+    PyObject *storage; /* the queue's deque */
+    PyObject *move;    /* storage.append (put) or storage.popleft (get) */
+    PyObject *stats;   /* the channel's ChannelStats, reset in place, never replaced */
+    PyObject *slow;    /* record.sample_send(msg_id, item) (put) or _timed_get() (get) */
+    PyTypeObject *stats_type;
+    Py_ssize_t offsets[FH_N]; /* 0: not a slot of stats_type */
+    PyObject *names[FH_N];
+} FifoHookObject;
+
+static PyTypeObject FifoHookType;
+static PyObject *fh_pynames[FH_N];
+
+/* stats.<figure> as a C integer; -1 with an exception set on failure (not an int, too big). */
+static int
+fh_get(FifoHookObject *h, int which, long long *out)
+{
+    PyObject *v = NULL;
+    if (h->offsets[which] && Py_IS_TYPE(h->stats, h->stats_type)) {
+        v = Py_XNewRef(*(PyObject **)((char *)h->stats + h->offsets[which]));
+    }
+    if (v == NULL && (v = PyObject_GetAttr(h->stats, fh_pynames[which])) == NULL) {
+        return -1; /* an unset slot: AttributeError, as Python */
+    }
+    if (!PyLong_CheckExact(v)) {
+        PyErr_Format(PyExc_TypeError, "ChannelStats.%s is not an int", fh_names[which]);
+        Py_DECREF(v);
+        return -1;
+    }
+    *out = PyLong_AsLongLong(v);
+    Py_DECREF(v);
+    return *out == -1 && PyErr_Occurred() ? -1 : 0;
+}
+
+static int
+fh_set(FifoHookObject *h, int which, long long value)
+{
+    PyObject *v = PyLong_FromLongLong(value);
+    if (v == NULL) {
+        return -1;
+    }
+    if (h->offsets[which] && Py_IS_TYPE(h->stats, h->stats_type)) {
+        PyObject **slot = (PyObject **)((char *)h->stats + h->offsets[which]);
+        PyObject *old = *slot;
+        *slot = v;
+        Py_XDECREF(old);
+        return 0;
+    }
+    int rc = PyObject_SetAttr(h->stats, fh_pynames[which], v);
+    Py_DECREF(v);
+    return rc;
+}
+
+static PyObject *
+fifo_put(FifoHookObject *h, PyObject *item)
+{
+    PyObject *res = PyObject_CallOneArg(h->move, item); /* first: a refused item was not sent */
+    if (res == NULL) {
+        return NULL;
+    }
+    Py_DECREF(res);
+    long long msg_id, max_size, next_send;
+    Py_ssize_t size;
+    if (fh_get(h, FH_SENT, &msg_id) < 0 || fh_set(h, FH_SENT, ++msg_id) < 0 ||
+        (size = PyObject_Size(h->storage)) < 0 || fh_get(h, FH_MAX_SIZE, &max_size) < 0 ||
+        (size > max_size && fh_set(h, FH_MAX_SIZE, size) < 0) ||
+        fh_get(h, FH_NEXT_SEND, &next_send) < 0) {
+        goto error;
+    }
+    if (msg_id >= next_send) {
+        PyObject *id = PyLong_FromLongLong(msg_id);
+        if (id == NULL) {
+            goto error;
+        }
+        PyObject *args[2] = {id, item};
+        res = PyObject_Vectorcall(h->slow, args, 2, NULL);
+        Py_DECREF(id);
+        if (res == NULL) {
+            goto error;
+        }
+        Py_DECREF(res);
+    }
+    Py_RETURN_NONE;
+error: /* observing never breaks the program */
+    internal_error("recording a queue put", fetch_exc(), (PyObject *)h);
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+fifo_get(FifoHookObject *h)
+{
+    long long taken, next_recv;
+    if (fh_get(h, FH_TAKEN, &taken) < 0 || fh_get(h, FH_NEXT_RECV, &next_recv) < 0) {
+        /* not as the hook left them: the reference's _timed_get reads them again, as Python */
+        PyErr_Clear();
+        return PyObject_CallNoArgs(h->slow);
+    }
+    if (taken + 1 >= next_recv) {
+        return PyObject_CallNoArgs(h->slow);
+    }
+    if (fh_set(h, FH_TAKEN, taken + 1) < 0) {
+        return NULL;
+    }
+    return PyObject_CallNoArgs(h->move);
+}
+
+static PyObject *
+fifo_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    FifoHookObject *h = (FifoHookObject *)self;
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if ((kwnames != NULL && PyTuple_GET_SIZE(kwnames)) || nargs != h->is_put) {
+        PyErr_Format(PyExc_TypeError, h->is_put ? "_put() takes exactly one argument (%zd given)"
+                                                : "_get() takes no arguments (%zd given)",
+                     nargs + (kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames)));
+        return NULL;
+    }
+    return h->is_put ? fifo_put(h, args[0]) : fifo_get(h);
+}
+
+static PyObject *
+fifo_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    static char *names[] = {"kind", "storage", "stats", "slow", NULL};
+    const char *kind;
+    PyObject *storage, *stats, *slow;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "sOOO:FifoHook", names, &kind, &storage,
+                                     &stats, &slow)) {
+        return NULL;
+    }
+    int is_put = strcmp(kind, "put") == 0;
+    if (!is_put && strcmp(kind, "get") != 0) {
+        PyErr_Format(PyExc_ValueError, "FifoHook: kind must be 'put' or 'get', got %R",
+                     PyTuple_GET_ITEM(args, 0));
+        return NULL;
+    }
+    PyObject *move = PyObject_GetAttrString(storage, is_put ? "append" : "popleft");
+    if (move == NULL) {
+        return NULL;
+    }
+    FifoHookObject *h = PyObject_GC_New(FifoHookObject, type);
+    if (h == NULL) {
+        Py_DECREF(move);
+        return NULL;
+    }
+    h->vectorcall = fifo_vectorcall;
+    h->is_put = is_put;
+    h->storage = Py_NewRef(storage);
+    h->move = move;
+    h->stats = Py_NewRef(stats);
+    h->slow = Py_NewRef(slow);
+    h->stats_type = (PyTypeObject *)Py_NewRef((PyObject *)Py_TYPE(stats));
+    for (int i = 0; i < FH_N; i++) {
+        h->offsets[i] = 0;
+        PyObject *descr = _PyType_Lookup(h->stats_type, fh_pynames[i]); /* borrowed */
+        if (descr != NULL && Py_IS_TYPE(descr, &PyMemberDescr_Type)) {
+            PyMemberDef *member = ((PyMemberDescrObject *)descr)->d_member;
+            if (member->type == T_OBJECT_EX && !(member->flags & READONLY)) {
+                h->offsets[i] = member->offset;
+            }
+        }
+    }
+    PyObject_GC_Track(h);
+    return (PyObject *)h;
+}
+
+static int
+fifo_traverse(FifoHookObject *h, visitproc visit, void *arg)
+{
+    Py_VISIT(h->storage);
+    Py_VISIT(h->move);
+    Py_VISIT(h->stats);
+    Py_VISIT(h->slow);
+    return 0;
+}
+
+static int
+fifo_clear(FifoHookObject *h)
+{
+    Py_CLEAR(h->storage);
+    Py_CLEAR(h->move);
+    Py_CLEAR(h->stats);
+    Py_CLEAR(h->slow);
+    return 0;
+}
+
+static void
+fifo_dealloc(FifoHookObject *h)
+{
+    PyObject_GC_UnTrack(h);
+    fifo_clear(h);
+    Py_CLEAR(h->stats_type);
+    PyObject_GC_Del(h);
+}
+
+static PyObject *
+fifo_offsets(FifoHookObject *h, PyObject *Py_UNUSED(ignored))
+{
+    PyObject *d = PyDict_New();
+    for (int i = 0; d != NULL && i < FH_N; i++) {
+        if (PyDict_SetItem(d, fh_pynames[i], h->offsets[i] ? Py_True : Py_False) < 0) {
+            Py_CLEAR(d);
+        }
+    }
+    return d;
+}
+
+static PyMethodDef fifo_methods[] = {
+    {"fields", (PyCFunction)fifo_offsets, METH_NOARGS,
+     "fields(): which figures the hook reads at their slot's offset (True) rather than through "
+     "the attribute protocol (False)."},
+    {NULL},
+};
+
+static PyTypeObject FifoHookType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "asyncflow.instrument._speedups.FifoHook",
+    .tp_doc = "FifoHook(kind, storage, stats, slow): a plain FIFO queue's compiled _put ('put': "
+              "slow is record.sample_send) or _get ('get': slow is the reference's timed get).",
+    .tp_basicsize = sizeof(FifoHookObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_vectorcall_offset = offsetof(FifoHookObject, vectorcall),
+    .tp_call = PyVectorcall_Call,
+    .tp_new = fifo_new,
+    .tp_dealloc = (destructor)fifo_dealloc,
+    .tp_traverse = (traverseproc)fifo_traverse,
+    .tp_clear = (inquiry)fifo_clear,
+    .tp_methods = fifo_methods,
+};
+
 static PyMethodDef module_methods[] = {
     {"setup", (PyCFunction)(void (*)(void))mod_setup, METH_FASTCALL, setup_doc},
     {"running_calls", (PyCFunction)mod_running_calls, METH_O, running_calls_doc},
@@ -2958,6 +3202,9 @@ PyInit__speedups(void)
     INTERN(s_anext, "__anext__");
     INTERN(s_gi_code, "gi_code");
     INTERN(s_co_flags, "co_flags");
+    for (int i = 0; i < FH_N; i++) {
+        INTERN(fh_pynames[i], fh_names[i]);
+    }
     small_zero = PyLong_FromLong(0);
     if (small_zero == NULL) {
         return NULL;
@@ -2971,7 +3218,8 @@ PyInit__speedups(void)
     if (PyType_Ready(&RecordType) < 0 || PyType_Ready(&WrapperType) < 0 ||
         PyType_Ready(&HistType) < 0 ||
         PyType_Ready(&SlotType) < 0 || PyType_Ready(&FutureCallType) < 0 ||
-        PyType_Ready(&AIterType) < 0 || PyType_Ready(&StepType) < 0) {
+        PyType_Ready(&AIterType) < 0 || PyType_Ready(&StepType) < 0 ||
+        PyType_Ready(&FifoHookType) < 0) {
         return NULL;
     }
     FutureCallObject *future_call = PyObject_New(FutureCallObject, &FutureCallType);
@@ -2989,7 +3237,8 @@ PyInit__speedups(void)
         PyModule_AddObjectRef(m, "future_call", (PyObject *)future_call) < 0 ||
         PyModule_AddObjectRef(m, "AsyncIteratorBase", (PyObject *)&AIterType) < 0 ||
         PyModule_AddObjectRef(m, "StreamStep", (PyObject *)&StepType) < 0 ||
-        PyModule_AddObjectRef(m, "PollHistogram", (PyObject *)&HistType) < 0) {
+        PyModule_AddObjectRef(m, "PollHistogram", (PyObject *)&HistType) < 0 ||
+        PyModule_AddObjectRef(m, "FifoHook", (PyObject *)&FifoHookType) < 0) {
         Py_DECREF(future_call);
         Py_DECREF(m);
         return NULL;
