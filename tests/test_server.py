@@ -20,7 +20,7 @@ import pytest
 
 import asyncflow
 from asyncflow import server, views
-from asyncflow.instrument import loops
+from asyncflow.instrument import _session, loops
 from asyncflow.report import format_duration, render_table
 
 
@@ -230,6 +230,7 @@ def test_an_internal_error_answers_500_and_is_counted(
         raise ZeroDivisionError("a bug")
 
     monkeypatch.setattr(views, "flow", broken)
+    monkeypatch.setattr(_session.errors, "logged", set())  # (an earlier test may have logged it)
     status, body, _ = get(served.url, "/flow")
     assert status == 500 and "ZeroDivisionError: a bug" in body["error"]["message"]
     _, status_doc, _ = get(served.url, "/profiler_status")
