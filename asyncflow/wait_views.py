@@ -14,6 +14,7 @@ from asyncflow.instrument.executors import ExecutorRecord, JobFigures, executor_
 from asyncflow.instrument.futures import FutureRecord
 from asyncflow.instrument.loops import LoopRecord, loop_registry
 from asyncflow.monitor import LoopMonitor
+from asyncflow.paging import at_most
 from asyncflow.schema import (
     SCHEMA,
     AwaitFrame,
@@ -76,10 +77,10 @@ def executor_entry(
             completed=st.completed,
             raised=st.raised,
             cancelled=st.cancelled,
-            queued_ns=stats.percentiles(st.queued_hist, percentiles),
+            queued_ns=at_most(stats.percentiles(st.queued_hist, percentiles), st.max_queued_ns),
             total_queued_ns=st.queued_ns,
             max_queued_ns=st.max_queued_ns,
-            run_ns=stats.percentiles(st.run_hist, percentiles),
+            run_ns=at_most(stats.percentiles(st.run_hist, percentiles), st.max_run_ns),
             total_run_ns=st.run_ns,
             max_run_ns=st.max_run_ns,
             functions=[_group(name, None, f) for name, f in functions],

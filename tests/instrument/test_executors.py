@@ -68,6 +68,12 @@ async def test_a_saturated_pool_shows_queued_and_run_time(
     assert record.label == "ThreadPoolExecutor db"
     functions = {name: f.jobs for name, f in st.by_function.items()}
     assert functions == {f"{__name__}.resize": 2, f"{__name__}.{slow.__qualname__}": 2}
+    snap = prof.snapshot()
+    assert snap.executors is not None
+    (entry,) = [e for e in snap.executors.executors if e.label == "ThreadPoolExecutor db"]
+    # 5,000 ns lies in a bucket whose value is 5,056: percentiles never pass the max
+    assert entry.run_ns["p99"] == entry.max_run_ns == 5_000
+    assert entry.queued_ns["p99"] == entry.max_queued_ns == 5_000
 
 
 async def test_to_thread_counts_the_function_and_the_future_that_submitted_it(
