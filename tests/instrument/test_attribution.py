@@ -236,3 +236,30 @@ async def test_anyio_tasks_are_named_by_the_coroutine_the_program_gave() -> None
     label = "test_anyio_tasks_are_named_by_the_coroutine_the_program_gave.<locals>.crawl"
     assert calls[label] == 3 and calls["index"] == 3, calls
     assert not any("_run_coro" in label for label in calls), calls
+
+
+async def test_anyio_still_refuses_what_it_refused_without_asyncflow() -> None:
+    # asyncflow lets anyio 4.4-4.13's task group accept a tracked call; anything else it
+    # refused (a function that returns no coroutine) it refuses as before, with its own error.
+    def not_async() -> int:
+        return 1
+
+    async def refused() -> str:
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(not_async)  # type: ignore[arg-type]
+        except BaseException as exc:  # (a TypeError, or a group holding one, by version)
+            return f"{type(exc).__name__}: {exc}"
+        return "accepted"
+
+    plain = await refused()
+
+    @asyncflow.future(name="tracked")  # asks for the adaptation of anyio's check
+    async def tracked() -> None:
+        await asyncio.sleep(0)
+
+    with asyncflow.profile("refused", format="none", port=None):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(tracked)
+        observed = await refused()
+    assert plain != "accepted" and observed == plain
