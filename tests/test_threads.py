@@ -100,6 +100,37 @@ def test_threads_that_end_are_kept_a_while_and_a_reused_id_is_a_new_thread() -> 
     assert first[1].native_id == 1 and first[1].state == "exited" and first[1].share == 0.5
 
 
+class _FakePythonThread:
+    def __init__(self, native_id: int, name: str) -> None:
+        self.native_id, self.ident, self.name, self.daemon = native_id, native_id, name, False
+
+
+def test_a_python_thread_that_was_joined_is_not_running_while_the_os_ends_it() -> None:
+    # join() returns before the kernel has taken the thread down: /proc may still list it,
+    # "running", for a moment. Python has finished with it: the document must not call it
+    # running (a final report showed a joined worker "running").
+    fake = FakeThreads()
+    fake.cpu, fake.state = {1: 0, 2: 0}, {2: "running"}
+    alive: list[Any] = [_FakePythonThread(1, "MainThread"), _FakePythonThread(2, "flusher")]
+    sampler = ThreadSampler(fake.read, lambda: list(alive), wall=lambda: fake.wall)
+    sampler.sample(0)
+    fake.wall, fake.cpu[2] = 1000 * MS, 300 * MS
+    del alive[1]  # joined: gone from threading.enumerate(), still in /proc
+    sampler.sample(1000 * MS)
+    doc = threads_document(sampler, 1000 * MS, 0)
+    flusher = next(t for t in doc.threads if t.name == "flusher")
+    assert (flusher.state, flusher.share, flusher.cpu_ns) == ("exited", 0.3, 300 * MS)
+    assert [t.state for t in doc.threads if t.name == "MainThread"] == ["sleeping"]
+    # Once the kernel drops it, it is listed once, exited, with its last figures.
+    fake.wall = 2000 * MS
+    del fake.cpu[2]
+    sampler.sample(2000 * MS)
+    doc = threads_document(sampler, 2000 * MS, 0)
+    assert [(t.name, t.state, t.cpu_ns) for t in doc.threads if t.name == "flusher"] == [
+        ("flusher", "exited", 300 * MS)
+    ]
+
+
 def test_a_thread_list_that_cannot_be_read_is_counted_never_raised() -> None:
     def broken() -> list[ThreadReading]:
         raise RuntimeError("no /proc today")
@@ -230,8 +261,11 @@ async def test_the_threads_running_instrumented_loops_are_named() -> None:
     assert snap.threads is not None and snap.loop is not None
     by_id = {t.native_id: t for t in snap.threads.threads}
     here = by_id[threading.get_native_id()]
+    # Loops an earlier test closed on this thread may still be listed (closed): ours runs.
     (mine,) = [
-        entry.id for entry in snap.loop.loops if entry.thread == threading.current_thread().name
+        entry.id
+        for entry in snap.loop.loops
+        if entry.thread == threading.current_thread().name and entry.state == "running"
     ]
     assert here.loop_ids == [mine]
     assert all(not t.loop_ids for t in snap.threads.threads if t is not here)
