@@ -328,6 +328,10 @@ class ThreadSampler:
                 state.python = True
                 state.ident, state.name, state.daemon = thread.ident, thread.name, thread.daemon
                 state.loop_ids = loops.get(thread.ident or 0, [])
+            elif state.python:
+                # Joined, and gone from Python's list, but the kernel has not taken it down
+                # yet (join returns first): /proc may still say "running" for a moment.
+                state.state, state.loop_ids = "exited", []
         for tid in [t for t in live if t not in seen]:
             gone = live.pop(tid)
             gone.state = "exited"
