@@ -488,7 +488,7 @@ class measure_block:  # used as a function: ``with asyncflow.measure_block("x")`
 
     def __init__(self, name: str) -> None:
         # A class rather than a function returning one: a call less on every block.
-        if name.__class__ is not str or not name:
+        if name.__class__ is not str or not name or name.isspace():
             _bad_block_name(name)
         self._name = name
         self._opened: list[Any] | None = None

@@ -349,6 +349,8 @@ def test_bad_arguments() -> None:
         asyncflow.measure_block(3)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="empty"):
         asyncflow.measure_block("")
+    with pytest.raises(ValueError, match="empty"):
+        asyncflow.measure_block(" \t")  # as measure(name=" ") and counter(" ") refuse it
 
     def gen() -> Iterator[int]:
         yield 1
