@@ -40,7 +40,7 @@ def parse_patterns(value: object, source: str) -> tuple[str, ...]:
     if isinstance(value, str):
         items: list[object] = [p.strip() for p in value.split(",")]
         items = [p for p in items if p]
-    elif isinstance(value, Iterable):
+    elif isinstance(value, Iterable) and not isinstance(value, (bytes, bytearray)):
         items = list(value)
     else:
         raise ValueError(
@@ -57,12 +57,34 @@ def parse_patterns(value: object, source: str) -> tuple[str, ...]:
                 f"{source}: {pattern[:40]!r} is not a module or qualified-name pattern "
                 f"(printable, no spaces, at most {MAX_PATTERN} characters)"
             )
-        if pattern.count("[") != pattern.count("]"):
-            raise ValueError(f"{source}: {pattern!r} has an unclosed '[' (a glob's character set)")
+        _check_sets(pattern, source)
         patterns.append(pattern)
     if len(patterns) > MAX_PATTERNS:
         raise ValueError(f"{source}: at most {MAX_PATTERNS} patterns, got {len(patterns)}")
     return tuple(dict.fromkeys(patterns))  # in order, without repeats
+
+
+def _check_sets(pattern: str, source: str) -> None:
+    """Refuse a ``[`` that opens no character set and a ``]`` that closes none, read as
+    fnmatch reads them (``[]x]`` and ``[!]x]`` are sets holding ``]``): fnmatch would take
+    them as literal characters, which no module or qualified name contains."""
+    i, n = 0, len(pattern)
+    while i < n:
+        c = pattern[i]
+        i += 1
+        if c == "]":
+            raise ValueError(
+                f"{source}: {pattern!r} has a ']' without its '[' (a glob's character set)"
+            )
+        if c != "[":
+            continue
+        j = i + 1 if i < n and pattern[i] == "!" else i
+        if j < n and pattern[j] == "]":
+            j += 1  # a ']' first in the set is one of its characters
+        end = pattern.find("]", j)
+        if end < 0:
+            raise ValueError(f"{source}: {pattern!r} has an unclosed '[' (a glob's character set)")
+        i = end + 1
 
 
 def _names(module: str, qualname: str) -> tuple[str, str, str]:

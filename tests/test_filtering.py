@@ -94,12 +94,16 @@ def test_options_environment_and_their_errors() -> None:
         ("my app", "not a module or qualified-name pattern"),
         (["ok", 3], "non-empty strings"),
         (7, "expected module or qualified-name patterns"),
+        (b"ab", "expected module or qualified-name patterns"),  # not the patterns 97 and 98
+        ("app]", "a ']' without its '['"),  # not "an unclosed '['": it has none
+        ("a[b]c]", "a ']' without its '['"),
     ]:
         with pytest.raises(ValueError, match=r"exclude.*" + said.replace("[", r"\[")):
             resolve_options("x", {"exclude": bad}, {})
     with pytest.raises(ValueError, match="ASYNCFLOW_INCLUDE"):
         resolve_options("x", {}, {"ASYNCFLOW_INCLUDE": "x" * 2000})
     assert parse_patterns(" a , ,b ", "include") == ("a", "b")
+    assert parse_patterns("app[0-9].*,[!_]*,[]x]", "include") == ("app[0-9].*", "[!_]*", "[]x]")
 
 
 async def _run_mixed(library: types.ModuleType) -> tuple[list[Any], list[asyncio.Task[Any]]]:
