@@ -9,7 +9,9 @@ timer...) and from the task's ``_fut_waiter`` (another task, a gather, an execut
 The walk reads objects that belong to the loop's thread. It is consistent when that thread is
 parked (its loop waits in ``select()`` or runs the callback that asked), so the profiler asks the
 loop to run it (:func:`walk_on_loop`); a blocked loop cannot, and is then read from outside, with
-the document saying so.
+the document saying so. From outside, ``asyncio.all_tasks(loop)`` lists the loop's tasks (on
+3.14 it walks every thread's task list) and the task the loop is stuck in is found where asyncio
+notes it: a dict up to 3.13, each thread's state on 3.14 (:func:`tasks_by_loop`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import os
+import sys
 import sysconfig
 import threading
 from collections import Counter
@@ -38,6 +41,7 @@ __all__ = [
     "describe_future",
     "is_library_file",
     "summarise",
+    "tasks_by_loop",
     "walk_loop",
     "walk_on_loop",
     "walk_task",
@@ -382,9 +386,28 @@ def walk_loop(record: LoopRecord) -> list[TaskWalk]:
     return walks
 
 
+def tasks_by_loop() -> dict[Any, Any] | None:
+    """The dict in which asyncio's own tasks note the task each loop runs now, if they keep one.
+
+    On 3.11 to 3.13 ``asyncio.tasks._current_tasks`` is the C accelerator's dict
+    (``_asyncio._current_tasks``), written by every step of a task and readable from any
+    thread. 3.14 keeps the running task on each thread's state instead: ``_asyncio`` has no
+    ``_current_tasks``, and ``asyncio.tasks._current_tasks`` is a dict only pure-Python tasks
+    write, empty under the C ones; ``asyncio.current_task(loop)`` then finds a loop's task by
+    searching the threads' states, from any thread. Returns None when that is the way.
+    """
+    tasks = getattr(asyncio.tasks, "_current_tasks", None)
+    if not isinstance(tasks, dict):
+        return None
+    accelerator = sys.modules.get("_asyncio")
+    if accelerator is None:  # pure-Python asyncio: its own _enter_task writes this dict
+        return tasks
+    return tasks if getattr(accelerator, "_current_tasks", None) is tasks else None
+
+
 def _running_task(loop: asyncio.AbstractEventLoop) -> asyncio.Task[Any] | None:
-    current = getattr(asyncio.tasks, "_current_tasks", None)
-    if isinstance(current, dict):
+    current = tasks_by_loop()
+    if current is not None:
         task = current.get(loop)
         return task if isinstance(task, asyncio.Task) else None
     try:
