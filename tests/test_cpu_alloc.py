@@ -395,3 +395,40 @@ async def test_cpu_time_is_the_exact_clock_even_when_getrusage_lags(
     assert entry.cpu is not None and entry.cpu.cpu_ns == 500_000
     if figures.split:
         assert (entry.cpu.user_ns, entry.cpu.system_ns) == (0, 0)
+
+
+async def test_served_figures_match_the_openapi_document() -> None:
+    # test_server validates every route with both opt-ins off (their fields null): here the
+    # futures' ``cpu`` and ``allocations`` and the calls' figures are filled.
+    import json
+    import urllib.request
+
+    import jsonschema
+
+    @asyncflow.future
+    async def work() -> int:
+        keep = [object() for _ in range(100)]
+        await asyncio.sleep(0)
+        return len(keep)
+
+    def get(url: str) -> Any:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return json.loads(response.read())
+
+    with asyncflow.profile("t", format="none", port=0, cpu=True, allocations="blocks") as prof:
+        assert await work() == 100
+        url = prof.url
+        assert url is not None
+        with anyio.fail_after(30):
+            futures = await anyio.to_thread.run_sync(get, url + "/futures")
+            (entry,) = [f for f in futures["futures"] if f["label"].endswith("<locals>.work")]
+            logs = await anyio.to_thread.run_sync(get, f"{url}/futures/{entry['id']}/logs")
+            spec = await anyio.to_thread.run_sync(get, url + "/openapi.json")
+    assert entry["cpu"]["polls"] == 2 and entry["allocations"]["polls"] == 2
+    (call,) = logs["calls"]
+    assert call["cpu_ns"] is not None and call["allocated_blocks"] is not None
+    for path, body in (("/futures", futures), ("/futures/{id}/logs", logs)):
+        (media,) = spec["paths"][path]["get"]["responses"]["200"]["content"].values()
+        jsonschema.Draft202012Validator(
+            {**media["schema"], "components": spec["components"]}
+        ).validate(body)

@@ -4,6 +4,7 @@ nesting, recursion, errors, threads, bounded labels, transparency, the recording
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import inspect
 import threading
@@ -599,6 +600,59 @@ def test_served_routes(fake_clock: FakeClock) -> None:
         }
     ]
     assert "/functions" in paths and "/user_metrics" in paths
+
+
+def test_served_documents_with_every_field_filled_match_the_openapi_document(
+    fake_clock: FakeClock,
+) -> None:
+    # test_server validates every route, but there nothing is measured: the entries' schemas
+    # (errors by type, a call running now, each metric kind, a value log of numbers and
+    # strings) are checked here, on documents that fill them.
+    import json
+    import urllib.request
+
+    import jsonschema
+
+    @asyncflow.measure(name="served")
+    def served(fail: bool) -> None:
+        fake_clock.advance(12)
+        if fail:
+            raise KeyError("x")
+
+    with asyncflow.profile("t", format="none", port=0) as prof:
+        url = prof.url
+        assert url is not None
+        for fail in (False, True):
+            with pytest.raises(KeyError) if fail else contextlib.nullcontext():
+                served(fail)
+        asyncflow.counter("c").add(2.5)
+        asyncflow.gauge("g").set(-1.5)
+        asyncflow.histogram("h").record(40)
+        asyncflow.value("v", "text")
+        asyncflow.value("v", 2.5)
+
+        def get(path: str) -> Any:
+            with urllib.request.urlopen(url + path, timeout=10) as response:
+                return json.loads(response.read())
+
+        with asyncflow.measure_block("open now"):
+            bodies = {path: get(path) for path in ("/functions", "/user_metrics")}
+        spec = get("/openapi.json")
+    assert {f["label"]: f["running_count"] for f in bodies["/functions"]["functions"]} == {
+        "served": 0,
+        "open now": 1,
+    }
+    assert [m["kind"] for m in bodies["/user_metrics"]["metrics"]] == [
+        "counter",
+        "gauge",
+        "histogram",
+        "value",
+    ]
+    for path, body in bodies.items():
+        (media,) = spec["paths"][path]["get"]["responses"]["200"]["content"].values()
+        jsonschema.Draft202012Validator(
+            {**media["schema"], "components": spec["components"]}
+        ).validate(body)
 
 
 def test_exit_report_has_a_functions_table(fake_clock: FakeClock) -> None:
