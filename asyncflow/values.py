@@ -3,8 +3,10 @@
 Each name gets one handle, made on first use and kept (``counter("hits")`` returns the same
 object every time, so keeping it in a module global saves the lookup). An update checks whether
 anybody listens, then hands the update to the recording interface (:mod:`asyncflow.recording`),
-whose collector implementation keeps the session's figures under the handle's lock: exact from
-any number of threads. With no profiler running an update records nothing and costs a check.
+whose collector implementation keeps the session's figures in the calling thread's shard (a
+gauge's under its lock): exact from any number of threads. With no profiler running an update
+records nothing and costs the check of its argument (done first, so that a bad one is refused
+whether anybody listens or not) and one more.
 """
 
 from __future__ import annotations
@@ -62,12 +64,17 @@ class Metric:
         return f"<asyncflow.{type(self).__name__} {self.name!r}>"
 
 
-def _number(api: str, v: object) -> float:
+def _number(v: object, api: str, name: str) -> None:
+    """Raise unless ``v`` is a finite number (not a bool). The callers test the common cases
+    inline first (an int; a float, finite when ``v - v`` is 0.0), and ``api`` is formatted
+    with the metric's name only for the message: an f-string per update cost more than the
+    update."""
     if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise TypeError(f"asyncflow.{api} needs a number, got {type(v).__qualname__}: {v!r}")
+        raise TypeError(
+            f"asyncflow.{api.format(name)} needs a number, got {type(v).__qualname__}: {v!r}"
+        )
     if isinstance(v, float) and not math.isfinite(v):
-        raise ValueError(f"asyncflow.{api} needs a finite number, got {v!r}")
-    return v
+        raise ValueError(f"asyncflow.{api.format(name)} needs a finite number, got {v!r}")
 
 
 class Counter(Metric):
@@ -83,16 +90,18 @@ class Counter(Metric):
             TypeError: ``n`` is not a number.
             ValueError: ``n`` is negative or not finite (a counter never goes down).
         """
-        session = _session.active
-        if session is None and not _recording.users:
-            return
-        if n.__class__ is not int:
-            _number(f"counter({self.name!r}).add(n)", n)
+        # Checked first, whether anybody listens or not: a program must not start raising
+        # because a profiler was turned on.
+        if n.__class__ is not int and (n.__class__ is not float or n - n):
+            _number(n, "counter({!r}).add(n)", self.name)
         if n < 0:
             raise ValueError(
                 f"asyncflow.counter({self.name!r}).add(n) needs n >= 0, got {n!r}; "
                 "a counter only goes up (use a gauge for a value that goes down)"
             )
+        session = _session.active
+        if session is None and not _recording.users:
+            return
         if session is not None:
             # Inline, into the calling thread's own cell: no lock, no update lost.
             try:
@@ -123,26 +132,26 @@ class Gauge(Metric):
             TypeError: ``v`` is not a number.
             ValueError: ``v`` is not finite.
         """
+        if v.__class__ is not int and (v.__class__ is not float or v - v):
+            _number(v, "gauge({!r}).set(v)", self.name)
         if _session.active is None and not _recording.users:
             return
-        if v.__class__ is not int:
-            _number(f"gauge({self.name!r}).set(v)", v)
         _gauge(self, "set", v)
 
     def inc(self, n: float = 1) -> None:
         """Add ``n`` (default 1) to the gauge."""
+        if n.__class__ is not int and (n.__class__ is not float or n - n):
+            _number(n, "gauge({!r}).inc(n)", self.name)
         if _session.active is None and not _recording.users:
             return
-        if n.__class__ is not int:
-            _number(f"gauge({self.name!r}).inc(n)", n)
         _gauge(self, "add", n)
 
     def dec(self, n: float = 1) -> None:
         """Take ``n`` (default 1) from the gauge."""
+        if n.__class__ is not int and (n.__class__ is not float or n - n):
+            _number(n, "gauge({!r}).dec(n)", self.name)
         if _session.active is None and not _recording.users:
             return
-        if n.__class__ is not int:
-            _number(f"gauge({self.name!r}).dec(n)", n)
         _gauge(self, "add", -n)
 
 
@@ -164,15 +173,15 @@ class Histogram(Metric):
             TypeError: ``v`` is not a number.
             ValueError: ``v`` is negative or not finite.
         """
-        session = _session.active
-        if session is None and not _recording.users:
-            return
-        if v.__class__ is not int:
-            _number(f"histogram({self.name!r}).record(v)", v)
+        if v.__class__ is not int and (v.__class__ is not float or v - v):
+            _number(v, "histogram({!r}).record(v)", self.name)
         if v < 0:
             raise ValueError(
                 f"asyncflow.histogram({self.name!r}).record(v) needs v >= 0, got {v!r}"
             )
+        session = _session.active
+        if session is None and not _recording.users:
+            return
         if session is not None:
             try:
                 shard = _LOCAL.shard
@@ -209,13 +218,16 @@ class ValueLog(Metric):
             TypeError: ``v`` is neither a number nor a string.
             ValueError: ``v`` is a number that is not finite.
         """
+        if (
+            v.__class__ is not int
+            and not isinstance(v, str)
+            and (v.__class__ is not float or v - v)
+        ):
+            _number(v, "value({!r}, v)", self.name)
         if _session.active is None and not _recording.users:
             return
-        if isinstance(v, str):
-            if len(v) > MAX_VALUE_CHARS:
-                v = v[:MAX_VALUE_CHARS]
-        elif v.__class__ is not int:
-            _number(f"value({self.name!r}, v)", v)
+        if isinstance(v, str) and len(v) > MAX_VALUE_CHARS:
+            v = v[:MAX_VALUE_CHARS]
         _emit(self, "log", v, _clock.now_ns())
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import orjson
 import pytest
@@ -14,6 +14,7 @@ import asyncflow
 from asyncflow import recording, schema, stats
 from asyncflow import values as _values
 from asyncflow.clock import FakeClock
+from asyncflow.instrument import _session
 from asyncflow.schema import MetricEntry, Snapshot, ValueSample
 
 
@@ -160,6 +161,29 @@ def test_bad_input_is_refused_and_records_nothing() -> None:
             asyncflow.histogram(" ")
         snap = prof.snapshot()
     assert _metrics(snap) == {}
+
+
+def test_bad_input_is_refused_the_same_with_no_profiler_running() -> None:
+    # A program must not start raising because a profiler was turned on: a bad update is an
+    # error whether anybody listens or not (it was silently taken while nobody did).
+    assert _session.active is None and not recording.recorders()
+    c, g, h = asyncflow.counter("c"), asyncflow.gauge("g"), asyncflow.histogram("h")
+    cases: list[tuple[Callable[[], None], type[Exception], str]] = [
+        (lambda: c.add(-1), ValueError, "only goes up"),
+        (lambda: c.add("1"), TypeError, "needs a number"),  # type: ignore[arg-type]
+        (lambda: c.add(math.inf), ValueError, "finite"),
+        (lambda: g.set(math.nan), ValueError, "finite"),
+        (lambda: g.inc(None), TypeError, "needs a number"),  # type: ignore[arg-type]
+        (lambda: g.dec(True), TypeError, "needs a number"),
+        (lambda: h.record(-0.5), ValueError, "v >= 0"),
+        (lambda: h.record("3"), TypeError, "needs a number"),  # type: ignore[arg-type]
+        (lambda: asyncflow.value("v", object()), TypeError, "number"),  # type: ignore[arg-type]
+        (lambda: asyncflow.value("v", math.nan), ValueError, "finite"),
+    ]
+    for bad, error, said in cases:
+        with pytest.raises(error, match=said):
+            bad()
+    assert not any(m in shard.metrics for shard in recording._shards for m in (c, g, h))
 
 
 def test_no_profiler_records_nothing() -> None:
