@@ -453,11 +453,14 @@ def measure(fn: Any = None, /, *, name: str | None = None) -> Any:
     Raises:
         TypeError: ``fn`` is not callable or is a generator function, or ``name`` is not a
             string.
-        ValueError: ``name`` is empty.
+        ValueError: ``name`` is empty or not printable (a newline, a tab, a control
+            character).
     """
     _config.check_type("measure", "name", name, str, optional=True)
     if name is not None and not name.strip():
         raise ValueError("asyncflow.measure(name=...) must not be empty")
+    if name is not None and not name.isprintable():
+        raise ValueError(f"asyncflow.measure(name={name!r}): {_UNPRINTABLE}")
     if fn is None:
         return functools.partial(_decorate, name=name)
     return _decorate(fn, name)
@@ -481,14 +484,15 @@ class measure_block:  # used as a function: ``with asyncflow.measure_block("x")`
 
     Raises:
         TypeError: ``name`` is not a string.
-        ValueError: ``name`` is empty.
+        ValueError: ``name`` is empty or not printable (a newline, a tab, a control
+            character).
     """
 
     __slots__ = ("_depth", "_name", "_opened")
 
     def __init__(self, name: str) -> None:
         # A class rather than a function returning one: a call less on every block.
-        if name.__class__ is not str or not name or name.isspace():
+        if name.__class__ is not str or not name or name.isspace() or not name.isprintable():
             _bad_block_name(name)
         self._name = name
         self._opened: list[Any] | None = None
@@ -630,6 +634,15 @@ def _bad_block_name(name: object) -> None:
         )
     if not name.strip():
         raise ValueError("asyncflow.measure_block(name) must not be empty")
+    if not name.isprintable():
+        raise ValueError(f"asyncflow.measure_block({name!r}): {_UNPRINTABLE}")
+
+
+#: why a label with a newline, a tab or an escape sequence is refused
+_UNPRINTABLE = (
+    "a label must be printable (no newlines, tabs or control characters): the report and "
+    "top print it as it is"
+)
 
 
 def running_now() -> dict[Site, tuple[int, int]]:

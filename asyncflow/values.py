@@ -286,6 +286,11 @@ def _get(name: object, kind: str) -> Any:
         )
     if not name.strip():
         raise ValueError(f"asyncflow.{kind}(name) must not be empty")
+    if not name.isprintable():
+        raise ValueError(
+            f"asyncflow.{kind}({name!r}): a name must be printable (no newlines, tabs or "
+            "control characters): the report and top print it as it is"
+        )
     global _next_id
     with _lock:
         metric = _metrics.get(name)
@@ -312,7 +317,8 @@ def counter(name: str) -> Counter:
 
     Raises:
         TypeError: ``name`` is not a string.
-        ValueError: ``name`` is empty, or already names a metric of another kind.
+        ValueError: ``name`` is empty or not printable, or already names a metric of
+            another kind.
     """
     result: Counter = _get(name, "counter")
     return result
@@ -323,7 +329,8 @@ def gauge(name: str) -> Gauge:
 
     Raises:
         TypeError: ``name`` is not a string.
-        ValueError: ``name`` is empty, or already names a metric of another kind.
+        ValueError: ``name`` is empty or not printable, or already names a metric of
+            another kind.
     """
     result: Gauge = _get(name, "gauge")
     return result
@@ -335,7 +342,8 @@ def histogram(name: str) -> Histogram:
 
     Raises:
         TypeError: ``name`` is not a string.
-        ValueError: ``name`` is empty, or already names a metric of another kind.
+        ValueError: ``name`` is empty or not printable, or already names a metric of
+            another kind.
     """
     result: Histogram = _get(name, "histogram")
     return result
@@ -347,7 +355,8 @@ def value(name: str, v: float | str) -> None:
 
     Raises:
         TypeError: ``name`` is not a string, or ``v`` is neither a number nor a string.
-        ValueError: ``name`` is empty or names a metric of another kind, or ``v`` is not finite.
+        ValueError: ``name`` is empty, not printable or names a metric of another kind, or
+            ``v`` is not finite.
     """
     log: ValueLog = _get(name, "value")
     log.log(v)

@@ -352,6 +352,14 @@ def test_bad_arguments() -> None:
         asyncflow.measure_block("")
     with pytest.raises(ValueError, match="empty"):
         asyncflow.measure_block(" \t")  # as measure(name=" ") and counter(" ") refuse it
+    # A label is printed in the exit report and in top: a newline would break its table, an
+    # escape sequence would reach the user's terminal.
+    for odd in ("two\nlines", "red\x1b[31m", "tab\there", "flip\u202e"):
+        with pytest.raises(ValueError, match="printable"):
+            asyncflow.measure(name=odd)
+        with pytest.raises(ValueError, match="printable"):
+            asyncflow.measure_block(odd)
+    assert asyncflow.measure_block("café: parse (v2)") is not None  # spaces, accents are fine
 
     def gen() -> Iterator[int]:
         yield 1

@@ -159,6 +159,12 @@ def test_bad_input_is_refused_and_records_nothing() -> None:
             asyncflow.counter(3)  # type: ignore[arg-type]
         with pytest.raises(ValueError, match="empty"):
             asyncflow.histogram(" ")
+        for odd in ("two\nlines", "red\x1b[31m"):  # printed in the report and top as they are
+            with pytest.raises(ValueError, match="printable"):
+                asyncflow.counter(odd)
+            with pytest.raises(ValueError, match="printable"):
+                asyncflow.value(odd, 1)
+        assert asyncflow.gauge("café: queue (v2)").kind == "gauge"  # spaces, accents are fine
         snap = prof.snapshot()
     assert _metrics(snap) == {}
 
