@@ -400,6 +400,13 @@ def _decorate(fn: Any, name: str | None) -> Any:
         return fn  # measured already: measuring twice must not count every call twice
     if not callable(fn):
         raise TypeError(f"@asyncflow.measure needs a function, got {type(fn).__qualname__}: {fn!r}")
+    if isinstance(fn, type):
+        # Wrapped, the class would become a function: isinstance, subclassing and its
+        # attributes would break.
+        raise TypeError(
+            f"@asyncflow.measure times function calls, but {fn.__qualname__} is a class: "
+            "measure its methods (or __init__) instead"
+        )
     if inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
         raise TypeError(
             f"@asyncflow.measure times calls, but a call of the generator function {fn!r} only "
@@ -451,8 +458,8 @@ def measure(fn: Any = None, /, *, name: str | None = None) -> Any:
         The measured function; with ``ASYNCFLOW_DISABLE=1``, ``fn`` itself.
 
     Raises:
-        TypeError: ``fn`` is not callable or is a generator function, or ``name`` is not a
-            string.
+        TypeError: ``fn`` is not callable, is a class or a generator function, or ``name``
+            is not a string.
         ValueError: ``name`` is empty or not printable (a newline, a tab, a control
             character).
     """

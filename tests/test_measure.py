@@ -367,6 +367,14 @@ def test_bad_arguments() -> None:
     with pytest.raises(TypeError, match="measure_block"):
         asyncflow.measure(gen)
 
+    class Thing:  # measured, it was a function: isinstance(x, Thing) raised TypeError
+        pass
+
+    with pytest.raises(TypeError, match="a class"):
+        asyncflow.measure(Thing)
+    with pytest.raises(TypeError, match="a class"):
+        asyncflow.measure(name="thing")(Thing)
+
 
 def test_no_profiler_records_nothing_and_picks_up_when_one_starts(fake_clock: FakeClock) -> None:
     @asyncflow.measure(name="early")
