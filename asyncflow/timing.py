@@ -132,10 +132,23 @@ def sites() -> list[Site]:
 # -- threads of control ---------------------------------------------------------------------------
 
 _get_running_loop = asyncio._get_running_loop
-_tasks_now: dict[Any, Any] | None = getattr(asyncio.tasks, "_current_tasks", None)
-#: the task running on a loop now, or None: a C dict lookup where asyncio keeps them there
-_current_task: Callable[[Any], Any] = (
-    _tasks_now.get if isinstance(_tasks_now, dict) else asyncio.current_task
+
+
+def _task_lookup(tasks: object, accelerator: object) -> Callable[[Any], Any]:
+    """How to find the task a loop runs now: a C dict lookup where asyncio's tasks note it in
+    ``asyncio.tasks._current_tasks`` (3.11 to 3.13, where that is ``_asyncio``'s own dict),
+    else ``asyncio.current_task``. On 3.14 the C tasks keep the running task on the thread's
+    state and never write that dict: reading it, every call would look like the same task's."""
+    if not isinstance(tasks, dict):
+        return asyncio.current_task
+    if accelerator is not None and getattr(accelerator, "_current_tasks", None) is not tasks:
+        return asyncio.current_task
+    return tasks.get
+
+
+#: the task running on a loop now, or None
+_current_task: Callable[[Any], Any] = _task_lookup(
+    getattr(asyncio.tasks, "_current_tasks", None), sys.modules.get("_asyncio")
 )
 
 

@@ -9,7 +9,7 @@ import functools
 import inspect
 import threading
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, ClassVar
 
 import anyio
 import pytest
@@ -800,3 +800,43 @@ async def test_running_now_shows_calls_that_have_not_returned(fake_clock: FakeCl
         after = _functions(prof.snapshot())
     assert (after["stuck"].running_count, after["stuck"].call_count) == (0, 2)
     assert (after["looks"].running_count, after["looks"].current_elapsed_ns) == (0, 0)
+
+
+def test_the_running_task_is_found_where_asyncio_keeps_it() -> None:
+    """3.11-3.13: asyncio.tasks._current_tasks is _asyncio's own dict, read directly. 3.14's C
+    tasks keep the running task on the thread's state and never write that dict (then empty):
+    asyncio.current_task must be asked instead."""
+
+    class Accelerator:  # _asyncio as 3.11-3.13 has it
+        _current_tasks: ClassVar[dict[Any, Any]] = {}
+
+    shared = Accelerator._current_tasks
+    assert timing._task_lookup(shared, Accelerator()) == shared.get
+    assert timing._task_lookup({}, object()) is asyncio.current_task  # 3.14: no such dict
+    assert timing._task_lookup({}, Accelerator()) is asyncio.current_task  # not _asyncio's
+    assert timing._task_lookup(None, None) is asyncio.current_task
+    pure: dict[Any, Any] = {}
+    assert timing._task_lookup(pure, None) == pure.get  # pure-Python asyncio writes its own
+
+
+def test_concurrent_calls_are_not_taken_for_recursion_where_asyncio_keeps_no_dict(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With 3.14's layout (the dict left empty by C tasks), concurrent calls of one measured
+    function in ten tasks are ten calls, not one outermost call and nine recursions."""
+    monkeypatch.setattr(timing, "_current_task", timing._task_lookup({}, object()))
+
+    @asyncflow.measure
+    async def work() -> None:
+        await asyncio.sleep(0)
+
+    async def main() -> None:
+        await asyncio.gather(*(work() for _ in range(10)))
+
+    with asyncflow.profile("t", format="none") as prof:
+        asyncio.run(main())
+        snap = prof.snapshot()
+    f = _functions(snap)[
+        "test_concurrent_calls_are_not_taken_for_recursion_where_asyncio_keeps_no_dict.<locals>.work"
+    ]
+    assert f.call_count == 10
