@@ -15,6 +15,7 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 from asyncflow import clock, lints, stats, trace
+from asyncflow import recording as _recording
 from asyncflow.config import Options
 from asyncflow.instrument import _session
 from asyncflow.instrument import channels as _channels
@@ -22,6 +23,7 @@ from asyncflow.instrument import futures as _futures
 from asyncflow.instrument import resources as _resources
 from asyncflow.instrument.futures import CallRecord, FutureRecord, registry
 from asyncflow.monitor import LoopMonitor
+from asyncflow.reporters import finished_call
 from asyncflow.threads import ThreadSampler, loop_threads
 
 if TYPE_CHECKING:
@@ -151,6 +153,8 @@ class Collector:
             folded += 1
             if live is not None:
                 live.add(r)
+            if _recording.users:
+                _to_users_call(r)
         return folded
 
     def sample_live(self, now: int) -> None:
@@ -194,6 +198,16 @@ class Collector:
                 except Exception as exc:  # observing never breaks the program
                     _session.internal_error("recording the trace", exc)
             await asyncio.sleep(DRAIN_INTERVAL)
+
+
+def _to_users_call(r: CallRecord) -> None:
+    """Hand one folded call to each user's recorder (``Recorder.call``)."""
+    call = finished_call(r)
+    for user in _recording.users:
+        try:
+            user.call(call)
+        except Exception as exc:  # the recorder is removed; the program never sees it
+            _recording._failed(user, exc)
 
 
 def live_calls(record: FutureRecord) -> list[CallRecord]:

@@ -6,7 +6,7 @@ control, and then calls a :class:`Recorder` with one finished span or one metric
 recorder is the policy: what to keep. asyncflow's own recorder, :data:`COLLECTOR`, folds them into
 the calling thread's shard (no lock; the ``functions`` and ``metrics`` documents sum the shards on
 the cold side); a user's recorder, added with :func:`add_recorder`, receives the same calls and may
-route them anywhere (a tracing system, a log, a test). Two methods, both called on the thread where
+route them anywhere (a tracing system, a log, a test). Two methods are called on the thread where
 the event happened, inline:
 
 (For speed the mechanism does what :data:`COLLECTOR` does inline, without the call through it,
@@ -17,11 +17,19 @@ and calls the users' recorders only when there are some: ``to_users_span``/``to_
 ``metric(metric, op, value, at_ns)``
     one update of a counter, gauge, histogram or value log.
 
-How the other hooks map onto it (they keep their own, cheaper, in-place records today; the
-mapping says what a user's recorder would receive if they were routed through it): a tracked
-call of a future is a span (``created`` to ``finished``; its polls are spans nested in time); a
-channel's send and receive are ``add`` updates of its sent/received counters and a ``record``
-of the message's delay; a resource's wait and hold are spans; a loop's lag is a ``record``.
+and a third, for the tracked calls of futures, by the collector:
+
+``call(call)``
+    one call of a tracked future ended (a :class:`asyncflow.reporters.FinishedCall`: its start
+    and end, outcome, error, busy time and polls).
+
+The coroutine wrappers count into a record of the call in place (in C where compiled: a call
+through a Python method per call would cost more than all the rest of their work), and hand the
+finished record to the collector's buffer; the collector folds it, then gives it to the users'
+recorders, on the profiler's thread, within one drain (50 ms) of the call's end, oldest first,
+while a profiler runs. Those calls are the spans asyncflow records; the other hooks keep only
+counts and aggregates in place (a channel's sent/received counters and sampled delays, a
+resource's waits and holds, a loop's lag), which the documents and the live reporters read.
 
 The live reporters of the exports (Prometheus, OpenTelemetry, issue 15) sit *downstream* of the
 collector: they read each collector tick's figures on the profiler's thread. A recorder sits
@@ -42,6 +50,7 @@ from asyncflow import stats as _stats
 from asyncflow.instrument import _session
 
 if TYPE_CHECKING:
+    from asyncflow.reporters import FinishedCall
     from asyncflow.timing import Site
     from asyncflow.values import Metric
 
@@ -108,6 +117,17 @@ class Recorder:
             value: the number (a value log may also log a string).
             at_ns: the clock when it happened, for ``"log"`` and ``"set"``; 0 for the others
                 (not read, to keep them cheap).
+        """
+
+    def call(self, call: FinishedCall) -> None:
+        """One call of a tracked future (``@asyncflow.future``, a task in whole-program mode)
+        ended: a span from ``call.start_ns`` to ``call.end_ns``, with its ``outcome``,
+        ``error``, ``busy_ns`` and ``polls``.
+
+        Unlike ``span`` and ``metric``, it is called from the collector, on the profiler's
+        thread, within 50 ms of the call's end, oldest first, and only while a profiler runs:
+        the coroutine wrappers count in place on the program's thread (in C where compiled),
+        and the collector hands each call it folds to the users' recorders.
         """
 
 

@@ -60,6 +60,7 @@ __all__ = [
     "Tick",
     "figures",
     "figures_of",
+    "finished_call",
 ]
 
 #: Finished calls handed over in one tick at most; past it they are counted in ``Tick.dropped``
@@ -83,6 +84,12 @@ class FinishedCall:
     #: the sum of its polls' durations
     busy_ns: int
     polls: int
+    #: the clock (:mod:`asyncflow.clock`, monotonic ns) when the call was created, and when it
+    #: ended: where the span lies in time, for a recorder that sends it on
+    start_ns: int = 0
+    end_ns: int = 0
+    #: the qualified name of the exception type it raised (``outcome`` ``raised``), else None
+    error: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,7 +224,7 @@ class Tick:
     def calls(self) -> tuple[FinishedCall, ...]:
         """Every call folded since the previous tick, oldest first (exact)."""
         if self._calls is None:
-            self._calls = tuple(_finished(r) for r in self._records)
+            self._calls = tuple(finished_call(r) for r in self._records)
         return self._calls
 
     def totals(self) -> list[CallTotals]:
@@ -402,7 +409,8 @@ class Reporters:
             _session.internal_error(f"live reporter {_name(reporter)}.{what} (turned off)", exc)
 
 
-def _finished(r: CallRecord) -> FinishedCall:
+def finished_call(r: CallRecord) -> FinishedCall:
+    """The public view of one finished call's record."""
     future = r.future
     return FinishedCall(
         future_id=future.id,
@@ -412,4 +420,7 @@ def _finished(r: CallRecord) -> FinishedCall:
         duration_ns=max(0, r.finished - r.created),
         busy_ns=r.busy,
         polls=r.polls,
+        start_ns=r.created,
+        end_ns=r.finished,
+        error=call_field(r, "exc_type"),
     )

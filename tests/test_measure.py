@@ -19,6 +19,7 @@ from asyncflow import recording, stats, timing
 from asyncflow import values as _values
 from asyncflow.clock import FakeClock
 from asyncflow.instrument import _session
+from asyncflow.reporters import FinishedCall
 from asyncflow.schema import FunctionEntry, Snapshot
 
 
@@ -550,6 +551,63 @@ def test_a_failing_recorder_is_removed_and_counted(fake_clock: FakeClock) -> Non
     assert _functions(snap)["fine"].call_count == 2
     with pytest.raises(TypeError, match="Recorder"):
         recording.add_recorder(object())  # type: ignore[arg-type]
+
+
+def test_a_recorder_receives_each_tracked_call(fake_clock: FakeClock) -> None:
+    """The calls of tracked futures reach a user's recorder too (``Recorder.call``), from the
+    collector's drain: exact start, end, outcome, error, busy time and polls."""
+    calls: list[FinishedCall] = []
+
+    class Calls(recording.Recorder):
+        def call(self, call: FinishedCall) -> None:
+            calls.append(call)
+
+    @asyncflow.future(name="fetch")
+    async def fetch(ms: int) -> int:
+        fake_clock.advance(ms)
+        await asyncio.sleep(0)
+        fake_clock.advance(1)
+        if ms == 3:
+            raise KeyError(ms)
+        return ms
+
+    async def main() -> Any:
+        return await asyncio.gather(fetch(5), fetch(3), return_exceptions=True)
+
+    recording.add_recorder(Calls())
+    with asyncflow.profile("t", format="none") as prof:
+        t0 = fake_clock()
+        results = asyncio.run(main())
+        prof.snapshot()  # drains: the calls are handed over by now
+    assert results[0] == 5 and isinstance(results[1], KeyError)
+    assert [(c.label, c.outcome, c.error, c.polls) for c in calls] == [
+        ("fetch", "returned", None, 2),
+        ("fetch", "raised", "KeyError", 2),
+    ]
+    first, second = calls
+    assert (first.start_ns, first.end_ns, first.busy_ns) == (t0, t0 + 9, 6)
+    assert first.duration_ns == first.end_ns - first.start_ns
+    assert (second.start_ns, second.end_ns, second.busy_ns) == (t0, t0 + 10, 4)
+
+
+def test_a_recorder_failing_on_a_call_is_removed(fake_clock: FakeClock) -> None:
+    class Broken(recording.Recorder):
+        def call(self, call: FinishedCall) -> None:
+            raise RuntimeError("recorder bug")
+
+    @asyncflow.future
+    async def job() -> int:
+        return 1
+
+    recording.add_recorder(Broken())
+    before = _session.errors.count
+    with asyncflow.profile("t", format="none") as prof:
+        assert asyncio.run(job()) == 1
+        assert asyncio.run(job()) == 1
+        snap = prof.snapshot()
+    assert recording.recorders() == ()
+    assert _session.errors.count == before + 1
+    assert sum(f.call_count for f in snap.futures.futures if f.label.endswith("job")) == 2
 
 
 def test_final_snapshot_and_json_report(fake_clock: FakeClock, tmp_path: Any) -> None:
