@@ -89,6 +89,7 @@ def test_options_environment_and_their_errors() -> None:
     options = resolve_options("x", {"exclude": ["anyio", "anyio"]}, env)  # explicit wins
     assert options.exclude == ("anyio",) and options.include == ("myapp.*", "__main__")
     assert resolve_options("x", {}, {}).include == ()
+    assert resolve_options("x", {}, {"ASYNCFLOW_INCLUDE": " "}).include == ()  # an empty var: unset
     for bad, said in [
         ("a[b", "unclosed '['"),
         ("my app", "not a module or qualified-name pattern"),
@@ -97,6 +98,8 @@ def test_options_environment_and_their_errors() -> None:
         (b"ab", "expected module or qualified-name patterns"),  # not the patterns 97 and 98
         ("app]", "a ']' without its '['"),  # not "an unclosed '['": it has none
         ("a[b]c]", "a ']' without its '['"),
+        ("", "names no pattern"),  # given but empty: not "track every task"
+        (" , ", "names no pattern"),
     ]:
         with pytest.raises(ValueError, match=r"exclude.*" + said.replace("[", r"\[")):
             resolve_options("x", {"exclude": bad}, {})
