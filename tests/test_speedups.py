@@ -287,11 +287,15 @@ async def not_a_native_coroutine(wrap: Wrap, clock: FakeClock) -> list[Any]:
     return [await wrap(legacy()), await wrap(odd), odd.sent]
 
 
-def _drive(impl: Any, scn: Scenario, log_result: bool) -> tuple[list[Any], list[Any], Any]:
+def _drive(
+    impl: Any, scn: Scenario, log_result: bool, stats_cls: Any = None
+) -> tuple[list[Any], list[Any], Any]:
     clock = FakeClock()
     previous = asyncflow.clock.set_clock(clock)
     try:
         future = FutureRecord("scn", "m:scn", "m.py", 1, log_result, "decorator")
+        if stats_cls is not None:
+            future.stats = stats_cls()
         calls: list[Any] = []
 
         def wrap(coro: Coroutine[Any, Any, Any]) -> Any:
@@ -314,12 +318,19 @@ def _drive(impl: Any, scn: Scenario, log_result: bool) -> tuple[list[Any], list[
 @pytest.mark.parametrize("log_result", [False, True])
 @pytest.mark.parametrize("scn", SCENARIOS, ids=lambda s: s.__name__)
 def test_same_records_as_the_reference(scn: Scenario, log_result: bool) -> None:
-    python = _drive(futures.InstrumentedCoroutinePy, scn, log_result)
-    c = _drive(futures._speedups.InstrumentedCoroutine, scn, log_result)
-    assert c[0] == python[0]  # what the program saw
-    assert c[1] == python[1]  # every call's record
-    assert c[2] == python[2]  # the future's stats and poll histogram
+    python = _drive(futures.InstrumentedCoroutinePy, scn, log_result, futures.FutureStatsPy)
     assert python[1] and all(r["state"] != "running" for r in python[1])
+    # The compiled wrapper with the compiled stats (C counters), and either with the other's
+    # stats (the compiled wrapper's fallback to Python ints, the Python helpers on C counters).
+    for impl, stats_cls in [
+        (futures._speedups.InstrumentedCoroutine, futures._speedups.FutureStats),
+        (futures._speedups.InstrumentedCoroutine, futures.FutureStatsPy),
+        (futures.InstrumentedCoroutinePy, futures._speedups.FutureStats),
+    ]:
+        c = _drive(impl, scn, log_result, stats_cls)
+        assert c[0] == python[0]  # what the program saw
+        assert c[1] == python[1]  # every call's record
+        assert c[2] == python[2]  # the future's stats and poll histogram
 
 
 def test_the_implementation_is_chosen_at_import() -> None:

@@ -55,7 +55,7 @@ static PyObject *s_now_ns, *s_stats, *s_poll_hist, *s_live, *s_created, *s_send,
     *s_busy_done, *s_idle_done, *s_max_poll_done, *s_active, *s_finished, *s_appended,
     *s_append, *s_slot_key, *s_get_running_loop, *s_loops, *s_last_key, *s_see,
     *s_current_tasks, *s_asyncio, *s_current_task, *s_get_name,
-    *s_wrapper_name, *s_probe_failed;
+    *s_wrapper_name, *s_probe_failed, *s_new_poll_histogram, *s_new_histogram;
 
 /* ---- small compatibility helpers ------------------------------------------------------------ */
 
@@ -792,6 +792,181 @@ field_add(PyObject *obj, int which, long long delta)
     return rc;
 }
 
+/* ---- FutureStats: a future's figures, counted in C ------------------------------------------
+ *
+ * futures.FutureStatsPy is the reference: the same attributes, which the pure-Python path keeps
+ * as Python ints in slots. Here the counters are C integers: a call's creation and its common
+ * end add to them in place, where a Python int had to be read, made again and freed for each
+ * (~1,300 instructions a call for the six of them). Python reads and writes them as ints (the
+ * cold path, the Python helpers of the rare ends, futures._fold), so nothing else changes. */
+
+typedef struct {
+    PyObject_HEAD
+    long long created, returned, raised, cancelled, closed, never_awaited;
+    long long cancel_requested, cancel_swallowed, cancel_raised, max_cancel_to_end;
+    long long polls_done, busy_done, idle_done, max_poll_done;
+    PyObject *live;      /* unfinished calls, by call id: a dict */
+    PyObject *poll_hist; /* bumped in place by every poll */
+    PyObject *call_hist; /* folded by the collector from finished calls */
+    PyObject *recent;    /* owned by the collector */
+    PyObject *series;    /* owned by the collector */
+} StatsObject;
+
+static PyTypeObject StatsType;
+
+#define STATS_OBJECTS(X) X(live) X(poll_hist) X(call_hist) X(recent) X(series)
+
+static int
+stats_traverse(StatsObject *self, visitproc visit, void *arg)
+{
+#define VISIT(name) Py_VISIT(self->name);
+    STATS_OBJECTS(VISIT)
+#undef VISIT
+    return 0;
+}
+
+static int
+stats_clear(StatsObject *self)
+{
+#define CLEAR(name) Py_CLEAR(self->name);
+    STATS_OBJECTS(CLEAR)
+#undef CLEAR
+    return 0;
+}
+
+static void
+stats_dealloc(StatsObject *self)
+{
+    PyObject_GC_UnTrack(self);
+    Py_TRASHCAN_BEGIN(self, stats_dealloc)
+    stats_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+    Py_TRASHCAN_END
+}
+
+static PyObject *call_helper(PyObject *name, PyObject *const *args, Py_ssize_t nargs);
+
+/* FutureStats(): zeros, an empty ``live``, and the histograms futures.py makes
+ * (_new_poll_histogram(), new_histogram()). */
+static PyObject *
+stats_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    if (PyTuple_GET_SIZE(args) != 0 || (kwds != NULL && PyDict_GET_SIZE(kwds) != 0)) {
+        PyErr_SetString(PyExc_TypeError, "FutureStats() takes no arguments");
+        return NULL;
+    }
+    if (futures_dict == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "asyncflow: FutureStats() before setup()");
+        return NULL;
+    }
+    StatsObject *self = (StatsObject *)type->tp_alloc(type, 0); /* zeros */
+    if (self == NULL) {
+        return NULL;
+    }
+    self->recent = Py_NewRef(Py_None);
+    self->series = Py_NewRef(Py_None);
+    if ((self->live = PyDict_New()) == NULL ||
+        (self->poll_hist = call_helper(s_new_poll_histogram, NULL, 0)) == NULL ||
+        (self->call_hist = call_helper(s_new_histogram, NULL, 0)) == NULL) {
+        Py_DECREF(self);
+        return NULL;
+    }
+    return (PyObject *)self;
+}
+
+/* A counter, read and set as an int (a getset rather than a T_LONGLONG member: 3.11's member
+ * stores -1 before it refuses an int too large for it). */
+static PyObject *
+stats_int_get(StatsObject *self, void *offset)
+{
+    return PyLong_FromLongLong(*(long long *)((char *)self + (Py_ssize_t)offset));
+}
+
+static int
+stats_int_set(StatsObject *self, PyObject *value, void *offset)
+{
+    if (value == NULL) {
+        PyErr_SetString(PyExc_TypeError, "a FutureStats counter cannot be deleted");
+        return -1;
+    }
+    if (!PyLong_Check(value)) {
+        PyErr_Format(PyExc_TypeError, "a FutureStats counter is an int, not %.100s",
+                     Py_TYPE(value)->tp_name);
+        return -1;
+    }
+    long long n = PyLong_AsLongLong(value);
+    if (n == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    *(long long *)((char *)self + (Py_ssize_t)offset) = n;
+    return 0;
+}
+
+#define STATS_INT(name, doc)                                                                   \
+    {#name, (getter)stats_int_get, (setter)stats_int_set, doc,                                 \
+     (void *)offsetof(StatsObject, name)},
+
+static PyGetSetDef stats_getset[] = {
+    STATS_INT(created, NULL)
+    STATS_INT(returned, NULL)
+    STATS_INT(raised, NULL)
+    STATS_INT(cancelled, NULL)
+    STATS_INT(closed, NULL)
+    STATS_INT(never_awaited, NULL)
+    STATS_INT(cancel_requested, "calls that received at least one cancellation request")
+    STATS_INT(cancel_swallowed, "... and returned normally while their task was cancelling")
+    STATS_INT(cancel_raised, "... and raised something else (TimeoutError, say)")
+    STATS_INT(max_cancel_to_end, "the longest time from a call's first request to its end")
+    STATS_INT(polls_done, "sums over finished calls; live calls are added at snapshot time")
+    STATS_INT(busy_done, NULL)
+    STATS_INT(idle_done, NULL)
+    STATS_INT(max_poll_done, NULL)
+    {NULL},
+};
+
+#define STATS_OBJ(name, doc) {#name, T_OBJECT_EX, offsetof(StatsObject, name), 0, doc},
+
+static PyMemberDef stats_members[] = {
+    STATS_OBJ(live, "unfinished calls, by call id")
+    STATS_OBJ(poll_hist, "bumped in place by every poll")
+    STATS_OBJ(call_hist, "folded by the collector from finished calls")
+    STATS_OBJ(recent, "deque of recent finished calls, owned by the collector")
+    STATS_OBJ(series, "live calls over time (collector.LiveSeries), owned by it")
+    {NULL},
+};
+
+#undef STATS_INT
+#undef STATS_OBJ
+
+static PyTypeObject StatsType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "asyncflow.instrument._speedups.FutureStats",
+    .tp_doc = "One session's aggregates for one future (the compiled twin of "
+              "futures.FutureStats: its counters are C integers, read and set as ints).",
+    .tp_basicsize = sizeof(StatsObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_new = stats_new,
+    .tp_dealloc = (destructor)stats_dealloc,
+    .tp_traverse = (traverseproc)stats_traverse,
+    .tp_clear = (inquiry)stats_clear,
+    .tp_members = stats_members,
+    .tp_getset = stats_getset,
+};
+
+/* stats.live or stats.poll_hist (FS_LIVE, FS_POLL_HIST), as a new reference */
+static inline PyObject *
+stats_field(PyObject *stats, int which)
+{
+    if (Py_IS_TYPE(stats, &StatsType)) {
+        PyObject *v = which == FS_LIVE ? ((StatsObject *)stats)->live
+                                       : ((StatsObject *)stats)->poll_hist;
+        if (v != NULL) {
+            return Py_NewRef(v);
+        }
+    }
+    return field_get(stats, which);
+}
+
 /* ---- CallRecord ----------------------------------------------------------------------------- */
 
 typedef struct {
@@ -847,19 +1022,51 @@ record_clear(RecordObject *self)
     return 0;
 }
 
+/* Records freed (when the collector's log of recent calls lets them go) are kept for the next
+ * calls, up to RECORD_FREE_MAX of them (0.9 MB): a record taken from them costs no allocation
+ * and, above all, does not advance the cyclic GC's count of new objects. Every new record did,
+ * and lived on until the collector's next drain (every 50 ms): a decorated fan-out made the GC
+ * run about twice as often as uninstrumented and once in a while fully, which cost more than
+ * all the rest of a call's recording. The list holds what a drain of a busy program frees.
+ * A CallRecord has no finalizer, so its GC header is as new once it is untracked. */
+#ifndef Py_GIL_DISABLED
+#define RECORD_FREE_MAX 4096
+#else
+#define RECORD_FREE_MAX 0 /* a free-threaded build: no list shared between threads */
+#endif
+static RecordObject *record_free[RECORD_FREE_MAX + 1];
+static int record_free_count;
+
 static void
 record_dealloc(RecordObject *self)
 {
     PyObject_GC_UnTrack(self);
     record_clear(self);
+    if (Py_IS_TYPE(self, &RecordType) && record_free_count < RECORD_FREE_MAX) {
+        record_free[record_free_count++] = self;
+        return;
+    }
     Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* A new, untracked-then-tracked record with every object field NULL (record_setup fills it). */
+static RecordObject *
+record_alloc(void)
+{
+    if (record_free_count == 0) {
+        return (RecordObject *)RecordType.tp_alloc(&RecordType, 0);
+    }
+    RecordObject *r = record_free[--record_free_count];
+    PyObject_Init((PyObject *)r, &RecordType); /* (cleared by record_clear when it was freed) */
+    PyObject_GC_Track(r);
+    return r;
 }
 
 /* What CallRecord.__init__(future, stats, now) does: a new call, registered live. */
 static int
 record_setup(RecordObject *self, PyObject *future, PyObject *stats, long long now)
 {
-    PyObject *hist = field_get(stats, FS_POLL_HIST);
+    PyObject *hist = stats_field(stats, FS_POLL_HIST);
     if (hist == NULL) {
         return -1;
     }
@@ -883,7 +1090,7 @@ record_setup(RecordObject *self, PyObject *future, PyObject *stats, long long no
     self->start = self->polls = self->busy = self->max = self->last = 0;
     self->first = self->finished = self->cancel_at = 0;
     self->created = now;
-    PyObject *live = field_get(stats, FS_LIVE);
+    PyObject *live = stats_field(stats, FS_LIVE);
     int rc = live == NULL                ? -1
              : PyDict_CheckExact(live) ? PyDict_SetItem(live, id, (PyObject *)self)
                                        : PyObject_SetItem(live, id, (PyObject *)self);
@@ -891,6 +1098,10 @@ record_setup(RecordObject *self, PyObject *future, PyObject *stats, long long no
     Py_XSETREF(self->key, id); /* to find the call again in ``live`` when it ends */
     if (rc < 0) {
         return -1;
+    }
+    if (Py_IS_TYPE(stats, &StatsType)) {
+        ((StatsObject *)stats)->created += 1;
+        return 0;
     }
     return field_add(stats, FS_CREATED, 1);
 }
@@ -1072,30 +1283,10 @@ plain_return(RecordObject *r)
     return 1;
 }
 
-/* What futures._finish_poll does for a StopIteration, and _retire. */
+/* The counters end_returned adds to, on a Python FutureStats (futures.FutureStatsPy). */
 static int
-end_returned(RecordObject *r, long long t0, PyObject *clock)
+retire_py(RecordObject *r, PyObject *st, long long now)
 {
-    long long now;
-    if (clock_read(clock, &now) < 0) {
-        return -1;
-    }
-    long long dt = now - t0;
-    r->start = 0;
-    r->polls += 1;
-    r->busy += dt;
-    r->last = dt;
-    if (dt > r->max) {
-        r->max = dt;
-    }
-    if (hist_bump(r->hist, dt) < 0) {
-        return -1;
-    }
-    Py_INCREF(READY);
-    Py_XSETREF(r->state, READY);
-    Py_INCREF(RETURNED);
-    Py_XSETREF(r->outcome, RETURNED);
-    PyObject *st = r->stats;
     if (field_add(st, FS_RETURNED, 1) < 0) {
         return -1;
     }
@@ -1124,6 +1315,50 @@ end_returned(RecordObject *r, long long t0, PyObject *clock)
             return -1;
         }
     }
+    return 0;
+}
+
+/* What futures._finish_poll does for a StopIteration, and _retire. */
+static int
+end_returned(RecordObject *r, long long t0, PyObject *clock)
+{
+    long long now;
+    if (clock_read(clock, &now) < 0) {
+        return -1;
+    }
+    long long dt = now - t0;
+    r->start = 0;
+    r->polls += 1;
+    r->busy += dt;
+    r->last = dt;
+    if (dt > r->max) {
+        r->max = dt;
+    }
+    if (hist_bump(r->hist, dt) < 0) {
+        return -1;
+    }
+    Py_INCREF(READY);
+    Py_XSETREF(r->state, READY);
+    Py_INCREF(RETURNED);
+    Py_XSETREF(r->outcome, RETURNED);
+    PyObject *st = r->stats;
+    if (Py_IS_TYPE(st, &StatsType)) { /* counted in C: the common case */
+        StatsObject *s = (StatsObject *)st;
+        s->returned += 1;
+        /* _retire(r, now) */
+        r->finished = now;
+        s->polls_done += r->polls;
+        s->busy_done += r->busy;
+        if (r->first) {
+            s->idle_done += now - r->first - r->busy;
+        }
+        if (r->max > s->max_poll_done) {
+            s->max_poll_done = r->max;
+        }
+    }
+    else if (retire_py(r, st, now) < 0) { /* the Python FutureStats */
+        return -1;
+    }
     PyObject *session = global_get(&active_cache, session_dict, s_active); /* borrowed */
     if (session == NULL && PyErr_Occurred()) {
         return -1;
@@ -1148,7 +1383,7 @@ end_returned(RecordObject *r, long long t0, PyObject *clock)
         }
     }
     /* Last: once a gone future's ``live`` is empty, the reaper may fold its figures. */
-    PyObject *live = field_get(st, FS_LIVE);
+    PyObject *live = stats_field(st, FS_LIVE);
     if (live == NULL) {
         return -1;
     }
@@ -1243,12 +1478,106 @@ get_slot(void)
 
 static PyTypeObject WrapperType;
 
+/* ---- the running loop and the current task's name, read at each call's first poll ----------
+ *
+ * 3.11's asyncio._get_running_loop() calls getpid() every time (a check against forks): a
+ * system call, ~230 ns here, once per tracked call. It reads a holder asyncio keeps in the
+ * thread state's dict; so does running_loop(), once a call of _get_running_loop() has shown that
+ * the holder there has the layout expected (its loop is the loop returned, its pid ours). Our
+ * pid is cached, and forgotten in a forked child. 3.12 reads the loop without a system call. */
+#if PY_VERSION_HEX < 0x030C0000 && !defined(MS_WINDOWS)
+#define FAST_RUNNING_LOOP 1
+#include <pthread.h>
+#include <unistd.h>
+
+typedef struct { /* _asynciomodule.c's PyRunningLoopHolder (3.11) */
+    PyObject_HEAD
+    PyObject *rl_loop;
+    pid_t rl_pid;
+} LoopHolder;
+
+static PyTypeObject *holder_type; /* asyncio's holder type, once learned; NULL: not (yet) */
+static PyObject *s_holder_key;    /* the thread state dict's key for it */
+static pid_t my_pid;              /* getpid(), cached; 0: not read since a fork */
+
+static void
+forked_child(void)
+{
+    my_pid = 0;
+}
+
+/* After _get_running_loop() returned ``loop`` (not None): learn the holder's type if the entry
+ * of this thread's dict is laid out as expected. */
+static void
+learn_holder(PyObject *loop)
+{
+    PyObject *tsd = PyThreadState_GetDict();
+    if (tsd == NULL || !PyCFunction_Check(get_running_loop)) {
+        return;
+    }
+    PyObject *h = PyDict_GetItemWithError(tsd, s_holder_key);
+    if (h == NULL) {
+        PyErr_Clear();
+        return;
+    }
+    if (Py_TYPE(h)->tp_basicsize == (Py_ssize_t)sizeof(LoopHolder) &&
+        strcmp(Py_TYPE(h)->tp_name, "_RunningLoopHolder") == 0 &&
+        ((LoopHolder *)h)->rl_loop == loop && ((LoopHolder *)h)->rl_pid == getpid()) {
+        holder_type = Py_TYPE(h);
+    }
+}
+#else
+#define FAST_RUNNING_LOOP 0
+#endif
+
+/* asyncio.events._get_running_loop(): a new reference (None outside a loop), NULL on error. */
+static PyObject *
+running_loop(void)
+{
+#if FAST_RUNNING_LOOP
+    if (holder_type != NULL) {
+        PyObject *tsd = PyThreadState_GetDict();
+        PyObject *h = tsd == NULL ? NULL : PyDict_GetItemWithError(tsd, s_holder_key);
+        if (h == NULL) {
+            return PyErr_Occurred() ? NULL : Py_NewRef(Py_None); /* never set on this thread */
+        }
+        if (Py_IS_TYPE(h, holder_type)) {
+            if (my_pid == 0) {
+                my_pid = getpid();
+            }
+            LoopHolder *lh = (LoopHolder *)h;
+            return Py_NewRef(lh->rl_pid == my_pid ? lh->rl_loop : Py_None);
+        }
+    }
+    PyObject *loop = PyObject_CallNoArgs(get_running_loop);
+    if (holder_type == NULL && loop != NULL && loop != Py_None) {
+        learn_holder(loop);
+    }
+    return loop;
+#else
+    return PyObject_CallNoArgs(get_running_loop);
+#endif
+}
+
+static PyTypeObject *task_type; /* asyncio.Task, when its methods cannot be replaced */
+static PyObject *task_get_name; /* asyncio.Task.get_name, then */
+
+/* task.get_name(): a new reference, or NULL with an exception set. */
+static inline PyObject *
+task_name(PyObject *task)
+{
+    if (Py_IS_TYPE(task, task_type)) { /* no method lookup */
+        return PyObject_Vectorcall(task_get_name, &task, 1, NULL);
+    }
+    return PyObject_CallMethodNoArgs(task, s_get_name);
+}
+
 /* futures._first_poll(r, t0), in C: the call's first poll notes its loop and its task. */
 static int
 first_poll(RecordObject *r, long long t0)
 {
     r->first = t0;
-    PyObject *loop = PyObject_CallNoArgs(get_running_loop);
+    PyObject *loop = running_loop();
     if (loop == NULL) {
         return -1;
     }
@@ -1288,7 +1617,7 @@ first_poll(RecordObject *r, long long t0)
         goto done;
     }
     if (task != NULL && task != Py_None) {
-        PyObject *name = PyObject_CallMethodNoArgs(task, s_get_name);
+        PyObject *name = task_name(task);
         if (name == NULL) {
             goto done;
         }
@@ -1783,7 +2112,7 @@ wrapper_vectorcall(PyObject *type, PyObject *const *args, size_t nargsf, PyObjec
     if (stats == NULL) {
         return NULL;
     }
-    RecordObject *r = (RecordObject *)RecordType.tp_alloc(&RecordType, 0);
+    RecordObject *r = record_alloc();
     if (r == NULL || now_ns(&now) < 0 || record_setup(r, future, stats, now) < 0) {
         Py_DECREF(stats);
         Py_XDECREF(r);
@@ -2730,6 +3059,26 @@ mod_setup(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         Py_DECREF(tasks);
     }
     Py_XSETREF(current_task, ct);
+    Py_CLEAR(task_type);
+    Py_CLEAR(task_get_name);
+    asyncio = get_global(futures_dict, "asyncio");
+    PyObject *tt = asyncio ? PyObject_GetAttrString(asyncio, "Task") : NULL;
+    Py_XDECREF(asyncio);
+    if (tt == NULL) {
+        return NULL;
+    }
+    if (PyType_Check(tt) && PyType_HasFeature((PyTypeObject *)tt, Py_TPFLAGS_IMMUTABLETYPE)) {
+        PyObject *gn = PyDict_GetItemWithError(((PyTypeObject *)tt)->tp_dict, s_get_name);
+        if (gn != NULL && Py_IS_TYPE(gn, &PyMethodDescr_Type)) {
+            task_type = (PyTypeObject *)Py_NewRef(tt);
+            task_get_name = Py_NewRef(gn);
+        }
+        else if (PyErr_Occurred()) {
+            Py_DECREF(tt);
+            return NULL;
+        }
+    }
+    Py_DECREF(tt);
     Py_XSETREF(loops_dict, Py_NewRef(PyModule_GetDict(loops)));
     Py_XSETREF(loops_module, loops);
     PyObject *deque = get_global(futures_dict, "deque");
@@ -2840,6 +3189,21 @@ mod_bucket_of(PyObject *module, PyObject *arg)
         return NULL;
     }
     return PyLong_FromSsize_t(bucket_of(ns));
+}
+
+static PyObject *
+mod_running_loop(PyObject *module, PyObject *Py_UNUSED(ignored))
+{
+    PyObject *loop = running_loop();
+    if (loop == NULL) {
+        return NULL;
+    }
+#if FAST_RUNNING_LOOP
+    PyObject *fast = holder_type != NULL ? Py_True : Py_False;
+#else
+    PyObject *fast = Py_False;
+#endif
+    return Py_BuildValue("(NO)", loop, fast);
 }
 
 static PyObject *
@@ -3135,6 +3499,9 @@ static PyMethodDef module_methods[] = {
     {"clock_read_cost", (PyCFunction)mod_clock_read_cost, METH_O,
      "clock_read_cost(n): the mean cost in ns of one monotonic clock read in C, over n reads, "
      "in the thread's CPU time (the floor the benchmarks compare the hot path with)."},
+    {"running_loop", (PyCFunction)mod_running_loop, METH_NOARGS,
+     "running_loop(): asyncio's running loop as a call's first poll reads it (after setup()); "
+     "True as a second item once it reads asyncio's holder without a system call."},
     {"now_ns", (PyCFunction)mod_now_ns, METH_NOARGS,
      "now_ns(): asyncflow.clock.now_ns() as the hot path reads it (after setup())."},
     {NULL},
@@ -3195,6 +3562,15 @@ PyInit__speedups(void)
     INTERN(s_wrapper_name, "InstrumentedCoroutine");
     INTERN(s_slot_key, "asyncflow.running_call");
     INTERN(s_probe_failed, "_probe_failed");
+    INTERN(s_new_poll_histogram, "_new_poll_histogram");
+    INTERN(s_new_histogram, "new_histogram");
+#if FAST_RUNNING_LOOP
+    INTERN(s_holder_key, "__asyncio_running_event_loop__");
+    if (pthread_atfork(NULL, NULL, forked_child) != 0) {
+        PyErr_SetString(PyExc_RuntimeError, "asyncflow: pthread_atfork failed");
+        return NULL;
+    }
+#endif
     INTERN(s_end, "end");
     INTERN(s_resumed, "resumed");
     INTERN(s_timed_item, "_timed_item");
@@ -3216,7 +3592,7 @@ PyInit__speedups(void)
         }
     }
     if (PyType_Ready(&RecordType) < 0 || PyType_Ready(&WrapperType) < 0 ||
-        PyType_Ready(&HistType) < 0 ||
+        PyType_Ready(&HistType) < 0 || PyType_Ready(&StatsType) < 0 ||
         PyType_Ready(&SlotType) < 0 || PyType_Ready(&FutureCallType) < 0 ||
         PyType_Ready(&AIterType) < 0 || PyType_Ready(&StepType) < 0 ||
         PyType_Ready(&FifoHookType) < 0) {
@@ -3238,6 +3614,7 @@ PyInit__speedups(void)
         PyModule_AddObjectRef(m, "AsyncIteratorBase", (PyObject *)&AIterType) < 0 ||
         PyModule_AddObjectRef(m, "StreamStep", (PyObject *)&StepType) < 0 ||
         PyModule_AddObjectRef(m, "PollHistogram", (PyObject *)&HistType) < 0 ||
+        PyModule_AddObjectRef(m, "FutureStats", (PyObject *)&StatsType) < 0 ||
         PyModule_AddObjectRef(m, "FifoHook", (PyObject *)&FifoHookType) < 0) {
         Py_DECREF(future_call);
         Py_DECREF(m);

@@ -142,7 +142,7 @@ class FutureRecord:
         self.line = line
         self.log_result = log_result
         self.tracked_by = tracked_by
-        self.stats = FutureStats()
+        self.stats = _new_stats()
         #: what the future stands for (its function, code or coroutine type), weakly; None when
         #: nothing is watched (an aggregate, or a record made elsewhere): never reaped
         self.owner: _Owner | None = None
@@ -1117,7 +1117,7 @@ def reset_for_session() -> None:
         _gone_ids.clear()
         for fid, record in list(_registry.items()):
             if record.alive:
-                record.stats = FutureStats()
+                record.stats = _new_stats()
             else:
                 del _registry[fid]
 
@@ -1129,11 +1129,21 @@ def reset_for_session() -> None:
 # the reference; the test suite runs on both.
 InstrumentedCoroutinePy = InstrumentedCoroutine
 CallRecordPy = CallRecord
+FutureStatsPy = FutureStats
 #: whether the compiled hot path records calls (``accelerated`` in /profiler_status)
 accelerated = False
 #: thread id -> the innermost and outermost calls being polled on that thread now, kept by the
 #: compiled path; None on the Python path, whose polls are found from its send/throw frames
 running_on_thread: Callable[[int], tuple[Any, Any]] | None = None
+
+
+def _new_stats() -> FutureStats:
+    """A future's fresh figures: counted in C (``_speedups.FutureStats``) while the compiled
+    CallRecord records the calls, in Python ints while the Python one does (no extension, or
+    benchmarks/run.py's pure-Python column, which swaps CallRecord back for a while)."""
+    if CallRecord is CallRecordPy:
+        return FutureStatsPy()
+    return FutureStats()
 
 
 def _load_speedups() -> Any:
@@ -1158,6 +1168,7 @@ if _speedups is not None:
     if not TYPE_CHECKING:
         InstrumentedCoroutine = _speedups.InstrumentedCoroutine
         CallRecord = _speedups.CallRecord
+        FutureStats = _speedups.FutureStats  # its counters are C integers
         FutureFunction.__call__ = _speedups.future_call  # the same, without a Python frame
 
 
