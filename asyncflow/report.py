@@ -19,7 +19,7 @@ from asyncflow.schema import (
 )
 from asyncflow.stats import percentile_key
 
-__all__ = ["format_duration", "render", "render_table"]
+__all__ = ["format_duration", "printable", "render", "render_table"]
 
 
 def format_duration(ns: int | None) -> str:
@@ -469,10 +469,18 @@ def _table(rows: list[list[str]]) -> list[str]:
     ]
 
 
+def printable(text: str) -> str:
+    """``text`` with every control character but the line breaks shown escaped (``\\x1b``):
+    names the program chose (a thread's, a value logged) never drive the terminal."""
+    if all(c == "\n" or c.isprintable() for c in text):
+        return text
+    return "".join(c if c == "\n" or c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def render(snapshot: Snapshot, format: str, percentiles: tuple[float, ...], limit: int) -> str:
     """A snapshot in one of the report formats (``table``, ``json``, ``json-pretty``)."""
     if format == "table":
-        return render_table(snapshot, percentiles, limit)
+        return printable(render_table(snapshot, percentiles, limit))
     if format in ("json", "json-pretty"):
         return dumps(snapshot, pretty=format == "json-pretty").decode() + "\n"
     raise ValueError(f"format={format!r}: expected table, json or json-pretty")

@@ -138,3 +138,26 @@ def test_source_files_are_shown_relative_to_the_working_directory(
     assert report._path("examples/every_problem.py") == "examples/every_problem.py"
     elsewhere = str(tmp_path.parent / "lib" / "site.py")
     assert report._path(elsewhere) == elsewhere
+
+
+def test_names_the_program_chose_cannot_drive_the_terminal(tmp_path: Path) -> None:
+    """A thread's name and a value logged are the program's strings: the table report shows
+    their control characters escaped, never raw (an ESC would recolour or clear the screen)."""
+    import threading
+
+    import asyncflow
+
+    out = tmp_path / "report.txt"
+    gate = threading.Event()
+    worker = threading.Thread(target=gate.wait, args=(10,), name="pool\x1b[2J-1", daemon=True)
+    worker.start()
+    try:
+        with asyncflow.profile("escapes", format="table", output=str(out)):
+            asyncflow.value("state", "\x1b[31mred\x07")
+    finally:  # the thread lives until the report is written
+        gate.set()
+        worker.join()
+    text = out.read_text()
+    assert "pool\\x1b[2J-1" in text  # the thread is listed, its name escaped
+    assert "\x1b" not in text and "\x07" not in text
+    assert report.printable("a\tb\nc") == "a\\tb\nc"  # line breaks stay, tabs are shown
