@@ -5,7 +5,9 @@ both alike); the figure is the median over pairs of instrumented time / uninstru
 asyncflow's modes run with a profiler started and its collector draining, on each hot path side
 by side: the compiled one (asyncflow/instrument/_speedups.c, when built) and the pure-Python
 reference, swapped in the same process pair by pair. Other profilers (cProfile always; yappi,
-pyinstrument when installed) run on the same workload for scale.
+pyinstrument when installed) run on the same workload for scale. The aiohttp workload serves
+a load from a child process (whose CPU time is not counted), with everything ``asyncflow run``
+turns on (mode ``run``).
 
     python benchmarks/run.py [--pairs N] [--quick] [--no-others] [--only NAME]
     python benchmarks/run.py --leaks CALLS    (resident memory over CALLS tracked calls)
@@ -117,6 +119,59 @@ def make_pipeline(deco: Deco, items: int) -> tuple[Workload, int]:
     return main, items * 2  # put/get pairs: two queues
 
 
+#: the load for the aiohttp workload, run in a child process so that only the service's own work
+#: is timed (a run is timed by this process's CPU time): ``clients`` keep-alive connections, each
+#: sending its share of ``requests`` GETs one after another
+_LOOPBACK_CLIENT = """
+import asyncio, sys
+
+async def client(port, count):
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    for i in range(count):
+        writer.write(b"GET /items/%d HTTP/1.1\\r\\nHost: 127.0.0.1\\r\\n\\r\\n" % i)
+        length = 0
+        while (line := await reader.readline()) != b"\\r\\n":
+            if line.lower().startswith(b"content-length:"):
+                length = int(line.split(b":")[1])
+        await reader.readexactly(length)
+    writer.close()
+
+async def main(port, requests, clients):
+    await asyncio.gather(*(client(port, requests // clients) for _ in range(clients)))
+
+asyncio.run(main(*map(int, sys.argv[1:4])))
+"""
+
+
+def make_aiohttp(deco: Deco, requests: int, clients: int = 8) -> tuple[Workload, int]:
+    """An aiohttp service on loopback answering ``requests`` small JSON GETs from ``clients``
+    keep-alive connections of a child process: the cost on a real service, where each request
+    is a few polls of aiohttp's tasks among much library work."""
+    from aiohttp import web
+
+    async def item(request: web.Request) -> web.Response:
+        await asyncio.sleep(0)  # a handler that awaits something once
+        return web.json_response({"id": int(request.match_info["n"]), "ok": True})
+
+    async def main() -> object:
+        app = web.Application()
+        app.router.add_get("/items/{n}", item)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = runner.addresses[0][1]
+        try:
+            load = await asyncio.create_subprocess_exec(
+                sys.executable, "-c", _LOOPBACK_CLIENT, str(port), str(requests), str(clients)
+            )
+            return await load.wait()
+        finally:
+            await runner.cleanup()
+
+    return main, requests // clients * clients
+
+
 def _wrapped(fn: Any) -> Any:
     """Marks the chain whose iterables are wrapped with ``asyncflow.stream(it)``."""
     return fn
@@ -170,9 +225,21 @@ def make_agen_chain(deco: Deco, items: int) -> tuple[Workload, int]:
 # -- running ---------------------------------------------------------------------------------
 
 
-def _time(main: Workload, tasks: bool) -> float:
+def _time(main: Workload, tasks: bool, everything: bool = False) -> float:
+    """One run's time; ``tasks``: in whole-program mode, ``everything``: with all that
+    ``asyncflow run`` turns on (tasks, executors, queues, primitives, never-awaited)."""
+
     async def runner() -> None:
-        if tasks:
+        if everything:
+            with (
+                asyncflow.instrument_tasks(),
+                asyncflow.instrument_executors(),
+                asyncflow.instrument_queues(),
+                asyncflow.instrument_locks(),
+                asyncflow.track_never_awaited(),
+            ):
+                await main()
+        elif tasks:
             with asyncflow.instrument_tasks():
                 await main()
         else:
@@ -230,7 +297,15 @@ def _available(kind: str) -> bool:
 #: the hot paths to compare: the compiled one where it is built, then the pure-Python one
 PATHS = ["compiled", "python"] if futures._speedups is not None else ["python"]
 #: modes that run asyncflow (the others are other profilers)
-ASYNCFLOW_MODES = ("decorator", "tasks", "tasks+queues", "streams", "streams-wrap", "wrapped")
+ASYNCFLOW_MODES = (
+    "decorator",
+    "tasks",
+    "tasks+queues",
+    "run",
+    "streams",
+    "streams-wrap",
+    "wrapped",
+)
 
 
 @contextlib.contextmanager
@@ -283,7 +358,9 @@ def measure(
     alternating pairs; also printed: the ratio of the fastest runs of each (``best``), which
     is what a machine shared with other work still measures well."""
     plain, events = build(_identity)
-    workloads = {"tasks": plain, "tasks+queues": build(asyncflow.future)[0]}
+    workloads = {"tasks": plain, "run": plain}
+    if "tasks+queues" in modes:
+        workloads["tasks+queues"] = build(asyncflow.future)[0]
     for mode, deco in (
         ("decorator", asyncflow.future),
         ("streams", asyncflow.future),
@@ -302,7 +379,7 @@ def measure(
             base = _time(plain, False)
             if mode in ASYNCFLOW_MODES:
                 with hot_path(path), asyncflow.profile("bench", format="none", port=0):
-                    spent = _time(workloads[mode], mode in ("tasks", "tasks+queues"))
+                    spent = _time(workloads[mode], mode in ("tasks", "tasks+queues"), mode == "run")
             else:
                 spent = _with_profiler(mode, plain)
             ratios[(mode, path)].append(spent / base)
@@ -475,7 +552,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--only",
-        choices=["steps", "fan-out", "pipeline", "chain"],
+        choices=["steps", "fan-out", "pipeline", "chain", "aiohttp"],
         action="append",
         help="run only these workloads (repeatable)",
     )
@@ -492,7 +569,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.leaks:
         leaks(args.leaks)
         return 0
-    only = set(args.only or ["steps", "fan-out", "pipeline", "chain"])
+    only = set(args.only or ["steps", "fan-out", "pipeline", "chain", "aiohttp"])
     pairs = 3 if args.quick else args.pairs
     scale = 4 if args.quick else 1
     others = [] if args.no_others else ["cProfile", "yappi", "pyinstrument"]
@@ -541,6 +618,15 @@ def main(argv: list[str] | None = None) -> int:
             ["streams", "streams-wrap", "wrapped", *others],
             pairs,
             "item",
+        )
+    if "aiohttp" in only:
+        measure(
+            "aiohttp on loopback: 8 keep-alive clients (a child process) x small JSON GETs "
+            "(run: all that asyncflow run turns on)",
+            lambda deco: make_aiohttp(deco, 4000 // scale),
+            ["run", *others],
+            pairs,
+            "request",
         )
     return 0
 
