@@ -40,17 +40,17 @@ def parse_patterns(value: object, source: str) -> tuple[str, ...]:
     if isinstance(value, str):
         items: list[object] = [p.strip() for p in value.split(",")]
         items = [p for p in items if p]
-        if not items:  # given, but naming nothing: a mistake, not "every task"
-            raise ValueError(
-                f"{source}={value!r}: names no pattern; give one, such as 'myapp.*', or leave "
-                "the option out to track every task"
-            )
     elif isinstance(value, Iterable) and not isinstance(value, (bytes, bytearray)):
         items = list(value)
     else:
         raise ValueError(
             f"{source}={value!r}: expected module or qualified-name patterns, such as "
             "'myapp.*,worker.run' (a string) or a list of them"
+        )
+    if not items:  # given, but naming nothing: a mistake, not "every task"
+        raise ValueError(
+            f"{source}={value!r}: names no pattern; give one, such as 'myapp.*', or leave "
+            "the option out to track every task"
         )
     patterns: list[str] = []
     for item in items:

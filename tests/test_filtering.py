@@ -100,6 +100,8 @@ def test_options_environment_and_their_errors() -> None:
         ("a[b]c]", "a ']' without its '['"),
         ("", "names no pattern"),  # given but empty: not "track every task"
         (" , ", "names no pattern"),
+        ([], "names no pattern"),
+        ((), "names no pattern"),
     ]:
         with pytest.raises(ValueError, match=r"exclude.*" + said.replace("[", r"\[")):
             resolve_options("x", {"exclude": bad}, {})
