@@ -1151,14 +1151,27 @@ def _load_speedups() -> Any:
         return None
     try:
         speedups = importlib.import_module("asyncflow.instrument._speedups")
+        for name in _SPEEDUPS_NAMES:  # an extension built from older sources lacks some
+            getattr(speedups, name)
         speedups.setup(globals(), vars(_clock), vars(_session))
-    except (ImportError, RuntimeError):  # not built (no compiler at install), or out of step
+    except (ImportError, RuntimeError, AttributeError):  # not built, or out of step
         return None
     Coroutine.register(speedups.InstrumentedCoroutine)
     Mapping.register(speedups.PollHistogram)
     return speedups
 
 
+#: what this module takes from the extension (checked before it is set up)
+_SPEEDUPS_NAMES = (
+    "CallRecord",
+    "FutureStats",
+    "InstrumentedCoroutine",
+    "PollHistogram",
+    "future_call",
+    "running_calls",
+    "set_poll_probe",
+    "setup",
+)
 _py_future_call = FutureFunction.__call__
 _speedups = _load_speedups()
 if _speedups is not None:

@@ -129,3 +129,28 @@ def test_gone_futures_fold_alike_whatever_their_stats(
         assert folded[name] == expected, name
     assert folded["poll_hist"] == {stats.bucket_of(1_000): 3}
     assert folded["call_hist"] == {stats.bucket_of(50_000): 6}
+
+
+def test_an_extension_out_of_step_is_left_for_the_pure_python_path(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An extension built from older sources (a stale in-place build) lacks types this code
+    needs: asyncflow then runs in pure Python rather than failing to import."""
+    import types
+
+    from asyncflow.instrument import futures
+
+    set_up: list[object] = []
+    stale = types.SimpleNamespace(
+        setup=lambda *args: set_up.append(args),
+        InstrumentedCoroutine=object,
+        CallRecord=object,  # no FutureStats, no PollHistogram...
+    )
+    import importlib
+
+    from asyncflow import config
+
+    monkeypatch.setattr(config, "no_extensions", lambda: False)
+    monkeypatch.setattr(importlib, "import_module", lambda name: stale)
+    assert futures._load_speedups() is None
+    assert set_up == []  # not set up half-way either
