@@ -140,13 +140,13 @@ class Collector:
         live = self.live
         users = _recording.users
         small, limit, bucket_of = stats.SMALL_BUCKET, stats.SMALL_LIMIT, stats.bucket_of
-        folded = taken = 0
+        folded = 0
         while True:
             try:
                 r: CallRecord = take()
             except IndexError:
                 break
-            taken += 1
+            self.taken += 1  # before anything that may fail: ``dropped`` counts on it
             st = r.stats
             if st is not r.future.stats:
                 continue  # a call from an earlier session finished late: not ours to count
@@ -161,7 +161,6 @@ class Collector:
                 live.add(r)
             if users:
                 _to_users_call(r)
-        self.taken += taken
         return folded
 
     def sample_live(self, now: int) -> None:
@@ -208,10 +207,14 @@ class Collector:
 
 
 def _to_users_call(r: CallRecord) -> None:
-    """Hand one folded call to each user's recorder (``Recorder.call``)."""
-    call = finished_call(r)
+    """Hand one folded call to each user's recorder (``Recorder.call``) that has one."""
+    call = None
     for user in _recording.users:
+        if type(user).call is _recording.Recorder.call:
+            continue  # it keeps the default: no need to build the call for it
         try:
+            if call is None:
+                call = finished_call(r)
             user.call(call)
         except Exception as exc:  # the recorder is removed; the program never sees it
             _recording._failed(user, exc)
