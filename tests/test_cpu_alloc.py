@@ -368,9 +368,10 @@ async def test_allocated_blocks_count_real_objects_a_poll_keeps_alive() -> None:
     assert kept.allocated_blocks is not None and churned.allocated_blocks is not None
     # Not exact: the count is the interpreter's, and within the poll CPython itself allocates
     # (the list, its growth, the coroutine's frame state, the probe's own token) and the event
-    # loop frees and makes handles; those are a few dozen blocks at most, next to 1,000.
-    assert 1000 <= kept.allocated_blocks < 1100
-    assert -100 < churned.allocated_blocks < 100
+    # loop frees and makes handles; the profiler's threads allocate meanwhile too (seen: 122
+    # more on a loaded machine); a few hundred blocks at most, next to 1,000.
+    assert 1000 <= kept.allocated_blocks < 1400
+    assert -400 < churned.allocated_blocks < 400
 
 
 async def test_cpu_time_is_the_exact_clock_even_when_getrusage_lags(

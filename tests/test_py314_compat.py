@@ -52,7 +52,9 @@ class _BlockedLoop:
         self.loop = asyncio.new_event_loop()
         self.started = threading.Event()
         self.release = threading.Event()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="blocked-loop")
+        self.thread = threading.Thread(
+            target=self.loop.run_forever, name="blocked-loop", daemon=True
+        )
         self.tasks: list[asyncio.Task[Any]] = []
         self.gate: asyncio.Event | None = None
 
