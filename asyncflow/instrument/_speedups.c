@@ -3065,6 +3065,7 @@ mod_setup(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     PyObject *tt = asyncio ? PyObject_GetAttrString(asyncio, "Task") : NULL;
     Py_XDECREF(asyncio);
     if (tt == NULL) {
+        Py_DECREF(loops);
         return NULL;
     }
     if (PyType_Check(tt) && PyType_HasFeature((PyTypeObject *)tt, Py_TPFLAGS_IMMUTABLETYPE)) {
@@ -3075,6 +3076,7 @@ mod_setup(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         }
         else if (PyErr_Occurred()) {
             Py_DECREF(tt);
+            Py_DECREF(loops);
             return NULL;
         }
     }
