@@ -437,19 +437,26 @@ async def test_the_running_slot_names_the_calls_being_polled(prof: asyncflow.Pro
     me = threading.get_ident()
     seen: list[tuple[Any, Any]] = []
 
+    here: list[Any] = []  # running_call(): this thread's innermost, without the lookups
+    assert futures.running_call_here is not None
+
     @asyncflow.future
     async def inner() -> None:
         seen.append(futures.running_on_thread(me))  # type: ignore[misc]
+        here.append(futures.running_call_here())  # type: ignore[misc]
 
     @asyncflow.future
     async def outer() -> None:
         await inner()
         seen.append(futures.running_on_thread(me))  # type: ignore[misc]
+        here.append(futures.running_call_here())  # type: ignore[misc]
 
     task = asyncio.create_task(outer())
     await task
     (inner_now, outer_now), (alone, also_alone) = seen
     assert outer_now is alone is also_alone and inner_now is not alone
+    assert here == [inner_now, alone]
+    assert futures.running_call_here() is None  # nothing polled now
     assert call_field(inner_now, "outcome") == "returned"
     assert "outer" in alone.future.label and "inner" in inner_now.future.label
     assert futures.running_on_thread(me) == (None, None)  # nothing polled now (no call runs us)

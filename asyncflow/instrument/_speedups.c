@@ -3098,6 +3098,21 @@ mod_setup(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_NONE;
 }
 
+PyDoc_STRVAR(running_call_doc,
+             "running_call() -> CallRecord | None\n--\n\n"
+             "The record of the innermost tracked call being polled on this thread now, or\n"
+             "None: running_calls(threading.get_ident())[0], without the lookups.");
+
+static PyObject *
+mod_running_call(PyObject *module, PyObject *Py_UNUSED(unused))
+{
+    SlotObject *slot = tls_slot; /* NULL: no call was ever polled on this thread */
+    if (slot != NULL && slot->inner != NULL && slot->inner->r != NULL) {
+        return Py_NewRef((PyObject *)slot->inner->r);
+    }
+    Py_RETURN_NONE;
+}
+
 PyDoc_STRVAR(running_calls_doc,
              "running_calls(thread_id) -> (inner, outer)\n--\n\n"
              "The innermost and the outermost tracked calls being polled on a thread now (their "
@@ -3489,6 +3504,7 @@ static PyTypeObject FifoHookType = {
 
 static PyMethodDef module_methods[] = {
     {"setup", (PyCFunction)(void (*)(void))mod_setup, METH_FASTCALL, setup_doc},
+    {"running_call", (PyCFunction)mod_running_call, METH_NOARGS, running_call_doc},
     {"running_calls", (PyCFunction)mod_running_calls, METH_O, running_calls_doc},
     {"set_poll_probe", (PyCFunction)(void (*)(void))mod_set_poll_probe, METH_FASTCALL,
      set_poll_probe_doc},

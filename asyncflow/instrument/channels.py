@@ -369,8 +369,8 @@ def running_call() -> Any:
     pure-Python one is found from its ``send``/``throw`` frame, as the blocked-loop monitor
     finds it. Both cost the polls nothing: only the sampled messages and the waits ask.
     """
-    if _running_on_thread is not None:
-        return _running_on_thread(_get_ident())[0]
+    if _running_call_here is not None:
+        return _running_call_here()
     frame: FrameType | None = _getframe(1)
     while frame is not None:
         code = frame.f_code
@@ -385,8 +385,7 @@ def running_call() -> Any:
 
 
 _NOBODY: tuple[int | None, int | None] = (None, None)
-_running_on_thread = _futures.running_on_thread
-_get_ident = threading.get_ident
+_running_call_here = _futures.running_call_here
 _getframe = sys._getframe
 # The pure-Python path's polls (the same set as asyncflow.monitor's), and where a loop runs a
 # callback or a task's step: the walk from a sender up to its poll stops there.

@@ -1135,6 +1135,9 @@ accelerated = False
 #: thread id -> the innermost and outermost calls being polled on that thread now, kept by the
 #: compiled path; None on the Python path, whose polls are found from its send/throw frames
 running_on_thread: Callable[[int], tuple[Any, Any]] | None = None
+#: the compiled path's innermost call being polled on the calling thread (its record, or
+#: None); None on the pure-Python path
+running_call_here: Callable[[], Any] | None = None
 
 
 def _new_stats() -> FutureStats:
@@ -1168,6 +1171,7 @@ _SPEEDUPS_NAMES = (
     "InstrumentedCoroutine",
     "PollHistogram",
     "future_call",
+    "running_call",
     "running_calls",
     "set_poll_probe",
     "setup",
@@ -1177,6 +1181,7 @@ _speedups = _load_speedups()
 if _speedups is not None:
     accelerated = True
     running_on_thread = _speedups.running_calls
+    running_call_here = _speedups.running_call
     _new_poll_histogram = _speedups.PollHistogram
     if not TYPE_CHECKING:
         InstrumentedCoroutine = _speedups.InstrumentedCoroutine

@@ -345,8 +345,7 @@ def _running_task(loops: list[Any]) -> Any:
     return None if loop is None else _current_task(loop)
 
 
-_running_on_thread = _futures_module.running_on_thread
-_get_ident = threading.get_ident
+_running_call_here = _futures_module.running_call_here
 
 
 def _call_of(task: Any) -> CallRecord | None:
@@ -626,10 +625,7 @@ def _lock_hooks(
             task = _running_task(loops)
         call = None
         if task is not None:  # the innermost tracked call running (see _call_of), inlined
-            if _running_on_thread is not None:
-                call = _running_on_thread(_get_ident())[0]
-            else:
-                call = _running_call()
+            call = _running_call_here() if _running_call_here is not None else _running_call()
         if exclusive:
             slot[1] = call
             slot[0] = now
@@ -691,15 +687,13 @@ def _lock_hooks(
                 # note_hold(session), written out: this runs on every `async with`
                 try:
                     now = _clock.now_ns() if st.hold_count >= st.next_hold - 1 else -session.tick
-                    task = _tasks_get(loops[0])
-                    if task is None:
-                        task = _running_task(loops)
-                    call = None
-                    if task is not None:
-                        if _running_on_thread is not None:
-                            call = _running_on_thread(_get_ident())[0]
-                        else:
-                            call = _running_call()
+                    if _running_call_here is not None:  # the call polled on this thread now
+                        call = _running_call_here()
+                    else:
+                        task = _tasks_get(loops[0])
+                        if task is None:
+                            task = _running_task(loops)
+                        call = None if task is None else _running_call()
                     slot[1] = call
                     slot[0] = now
                 except Exception as err:  # observing never breaks the program
