@@ -61,9 +61,21 @@ def console_script(directory: Path) -> list[str]:
 def signalled(
     command: list[str], signum: int, cwd: Path | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """Start ``command``, wait for it to print ``ready``, send it ``signum``; bounded."""
+    """Start ``command``, wait for it to print ``ready``, send it ``signum``; bounded.
+
+    The command starts with ``signum``'s default disposition: a background job of a
+    non-interactive shell (a CI runner's) inherits SIGINT ignored, and Python then keeps
+    ignoring it, so neither a plain run nor ``asyncflow run`` would see the Ctrl-C."""
+    reset = (
+        f"import os, signal, sys; signal.signal({int(signum)}, signal.SIG_DFL); "
+        "os.execv(sys.argv[1], sys.argv[1:])"
+    )
     process = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd
+        [sys.executable, "-c", reset, *command],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=cwd,
     )
     try:
         assert process.stdout is not None
