@@ -28,11 +28,8 @@ from asyncflow import stats
 from asyncflow.clock import FakeClock
 from asyncflow.instrument import futures
 from asyncflow.instrument.futures import FutureRecord, call_field, call_state
-
-compiled = pytest.mark.skipif(
-    futures._speedups is None,
-    reason="the compiled hot path is not built here, or ASYNCFLOW_NO_EXTENSIONS=1",
-)
+from tests.compiled_path import STATS_COUNTERS as _STATS_FIELDS
+from tests.compiled_path import compiled
 
 Wrap = Callable[[Coroutine[Any, Any, Any]], Any]
 
@@ -45,22 +42,6 @@ _OPTIONAL_FIELDS = (
     "cancel_requests",
     "cancel_to_end",
     "cancel_outcome",
-)
-_STATS_FIELDS = (
-    "created",
-    "returned",
-    "raised",
-    "cancelled",
-    "closed",
-    "never_awaited",
-    "cancel_requested",
-    "cancel_swallowed",
-    "cancel_raised",
-    "max_cancel_to_end",
-    "polls_done",
-    "busy_done",
-    "idle_done",
-    "max_poll_done",
 )
 
 

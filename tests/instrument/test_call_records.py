@@ -14,11 +14,7 @@ import pytest
 import asyncflow
 from asyncflow.instrument import futures
 from asyncflow.instrument.futures import FutureRecord, call_field
-
-compiled = pytest.mark.skipif(
-    futures._speedups is None,
-    reason="the compiled hot path is not built here, or ASYNCFLOW_NO_EXTENSIONS=1",
-)
+from tests.compiled_path import compiled
 
 _SET_WHEN_THEY_HAPPEN = (
     "task",

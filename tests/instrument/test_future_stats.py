@@ -11,28 +11,8 @@ import pytest
 from asyncflow import stats
 from asyncflow.instrument import futures
 from asyncflow.instrument.futures import FutureRecord
-
-compiled = pytest.mark.skipif(
-    futures._speedups is None,
-    reason="the compiled hot path is not built here, or ASYNCFLOW_NO_EXTENSIONS=1",
-)
-
-COUNTERS = (
-    "created",
-    "returned",
-    "raised",
-    "cancelled",
-    "closed",
-    "never_awaited",
-    "cancel_requested",
-    "cancel_swallowed",
-    "cancel_raised",
-    "max_cancel_to_end",
-    "polls_done",
-    "busy_done",
-    "idle_done",
-    "max_poll_done",
-)
+from tests.compiled_path import STATS_COUNTERS as COUNTERS
+from tests.compiled_path import compiled
 
 
 def _kinds() -> list[Any]:
