@@ -26,7 +26,7 @@ import pytest
 import asyncflow
 from asyncflow import stats
 from asyncflow.clock import FakeClock
-from asyncflow.instrument import futures
+from asyncflow.instrument import futures, streams
 from asyncflow.instrument.futures import FutureRecord, call_field, call_state
 from tests.compiled_path import STATS_COUNTERS as _STATS_FIELDS
 from tests.compiled_path import compiled
@@ -642,3 +642,51 @@ def test_no_reference_is_leaked_by_wrapped_iterables(prof: asyncflow.Profiler) -
     assert after_no_gc == before[:2]  # nothing waited for the cyclic GC to let go of them
     assert after[:2] == before[:2]
     assert after[2] - before[2] < 200, (before, after)
+
+
+@compiled
+def test_a_streams_counters_are_c_integers_read_as_ints() -> None:
+    """On the compiled path a stream's ``items`` and ``arm`` are C integers (StreamCounter),
+    read and set from Python as ints, beside the reference's other attributes."""
+    assert streams.StreamStatsC is not None
+    st = streams.StreamStatsC()
+    reference = streams.StreamStatsPy()
+    assert set(streams.StreamStatsPy.__slots__) <= set(dir(st))
+    assert (st.items, st.arm, st.interval) == (reference.items, reference.arm, 1)
+    st.items = 2**40
+    st.items += 1
+    assert st.items == 2**40 + 1 and type(st.items) is int
+    with pytest.raises(TypeError, match="counter is an int, not str"):
+        st.arm = "1"
+    with pytest.raises(TypeError, match="cannot be deleted"):
+        del st.items
+    with pytest.raises(OverflowError):
+        st.items = 2**70
+    assert st.items == 2**40 + 1
+
+
+@compiled
+@pytest.mark.parametrize("counted_in", ["c", "python"])
+def test_the_compiled_wrapper_counts_in_either_kind_of_stats(counted_in: str) -> None:
+    """The compiled wrapper counts and samples alike in C counters and in the reference's
+    Python ints (benchmarks/run.py swaps them for its pure-Python column)."""
+
+    async def numbers(n: int) -> Any:
+        for i in range(n):
+            yield i
+
+    async def main() -> list[int]:
+        it: Any = asyncflow.stream(numbers(30), name=f"counted in {counted_in}")
+        if counted_in == "python":
+            it._iteration.record.stats = streams.StreamStatsPy()
+            fresh = streams.InstrumentedAsyncIterator(numbers(30), it._iteration.record)
+            it = fresh
+        return [i async for i in it]
+
+    with asyncflow.profile("counters", format="none", sampling=4) as prof:
+        assert streams.InstrumentedAsyncIterator is streams.InstrumentedAsyncIteratorC
+        assert asyncio.run(main()) == list(range(30))
+        snap = prof.snapshot()
+    assert snap.streams is not None
+    (entry,) = [s for s in snap.streams.streams if s.label == f"counted in {counted_in}"]
+    assert (entry.items_yielded, entry.timed_count, entry.sampling_interval) == (30, 8, 4)

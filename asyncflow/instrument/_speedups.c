@@ -874,24 +874,25 @@ stats_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     return (PyObject *)self;
 }
 
-/* A counter, read and set as an int (a getset rather than a T_LONGLONG member: 3.11's member
- * stores -1 before it refuses an int too large for it). */
+/* A C counter of an object (FutureStats, StreamCounter), read and set as an int (a getset rather
+ * than a T_LONGLONG member: 3.11's member stores -1 before it refuses an int too large for it). */
 static PyObject *
-stats_int_get(StatsObject *self, void *offset)
+stats_int_get(PyObject *self, void *offset)
 {
     return PyLong_FromLongLong(*(long long *)((char *)self + (Py_ssize_t)offset));
 }
 
 static int
-stats_int_set(StatsObject *self, PyObject *value, void *offset)
+stats_int_set(PyObject *self, PyObject *value, void *offset)
 {
     if (value == NULL) {
-        PyErr_SetString(PyExc_TypeError, "a FutureStats counter cannot be deleted");
+        PyErr_Format(PyExc_TypeError, "a %s counter cannot be deleted",
+                     _PyType_Name(Py_TYPE(self)));
         return -1;
     }
     if (!PyLong_Check(value)) {
-        PyErr_Format(PyExc_TypeError, "a FutureStats counter is an int, not %.100s",
-                     Py_TYPE(value)->tp_name);
+        PyErr_Format(PyExc_TypeError, "a %s counter is an int, not %.100s",
+                     _PyType_Name(Py_TYPE(self)), Py_TYPE(value)->tp_name);
         return -1;
     }
     long long n = PyLong_AsLongLong(value);
@@ -2306,12 +2307,57 @@ static PyObject *streams_dict; /* asyncflow.instrument.streams' namespace, set b
 static PyObject *s_end, *s_resumed, *s_timed_item, *s_iteration_cls, *s_anext, *s_gi_code,
     *s_co_flags;
 
+/* ---- StreamCounter: the two figures every stream item touches, as C integers ---------------
+ *
+ * The base of streams.py's StreamStats on the compiled path (the reference keeps them as Python
+ * ints in slots): an item adds one to ``items`` in place and compares it with ``arm``, where a
+ * Python int had to be read, made again and freed for each item. Python reads and sets both as
+ * ints. */
+
 typedef struct {
     PyObject_HEAD
-    PyObject *it;        /* the wrapped async iterator */
-    PyObject *iteration; /* its streams._Iteration */
-    PyObject *stats;     /* iteration.stats (it never changes): the StreamStats counted in */
+    long long items; /* items counted, exact */
+    long long arm;   /* from this item number on, items take the timed path */
+} CounterObject;
+
+static void
+counter_dealloc(PyObject *self)
+{
+    Py_TYPE(self)->tp_free(self);
+}
+
+static PyGetSetDef counter_getset[] = {
+    {"items", (getter)stats_int_get, (setter)stats_int_set, "items counted, exact",
+     (void *)offsetof(CounterObject, items)},
+    {"arm", (getter)stats_int_get, (setter)stats_int_set,
+     "the item number from which the next items take the timed path",
+     (void *)offsetof(CounterObject, arm)},
+    {NULL},
+};
+
+static PyTypeObject CounterType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "asyncflow.instrument._speedups.StreamCounter",
+    .tp_doc = "The C counters of a stream's figures (the base of streams.StreamStats on the "
+              "compiled path).",
+    .tp_basicsize = sizeof(CounterObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    .tp_new = PyType_GenericNew,
+    .tp_dealloc = counter_dealloc,
+    .tp_getset = counter_getset,
+};
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *it;           /* the wrapped async iterator */
+    PyObject *iteration;    /* its streams._Iteration */
+    PyObject *stats;        /* iteration.stats (it never changes): the StreamStats counted in */
+    CounterObject *counter; /* stats, when its counters are C integers; else NULL (borrowed) */
 } AIterObject;
+
+/* The type of an async generator's __anext__() awaitable (CPython's asend): its am_await
+ * returns itself, so a step awaits it as it is. Learned from the first async generator seen. */
+static PyTypeObject *asend_type;
 
 static PyObject *small_zero; /* the int 0: ``yielded_at`` is 0 (this very object) when unset */
 
@@ -2395,9 +2441,19 @@ iteration_resumed(PyObject *iteration)
 /* streams._count(it, item): the item is counted (in ``st``, the iteration's stats), and timed
  * when due. */
 static int
-count_item(PyObject *iteration, PyObject *st, PyObject *item)
+count_item(PyObject *iteration, PyObject *st, CounterObject *counter, PyObject *item)
 {
-    /* The common case, in place: st.items += 1; due = st.items >= st.arm */
+    if (counter != NULL) { /* counted in C: st.items += 1; due = st.items >= st.arm */
+        if (++counter->items < counter->arm) {
+            return 0;
+        }
+        PyObject *fn = streams_get(s_timed_item);
+        PyObject *args[2] = {iteration, item};
+        PyObject *res = fn == NULL ? NULL : PyObject_Vectorcall(fn, args, 2, NULL);
+        Py_XDECREF(res);
+        return res == NULL ? -1 : 0;
+    }
+    /* A Python StreamStats, in place: st.items += 1; due = st.items >= st.arm */
     PyObject *items = field_peek(st, SS_ITEMS), *armed = field_peek(st, SS_ARM);
     if (items != NULL && armed != NULL && PyLong_CheckExact(items) && PyLong_CheckExact(armed)) {
         int o1, o2;
@@ -2512,7 +2568,7 @@ step_ended(StepObject *self, PySendResult status, PyObject **result)
     self->owner = NULL; /* a done step holds nothing */
     PyObject *iteration = owner->iteration;
     if (status == PYGEN_RETURN) {
-        if (count_item(iteration, owner->stats, *result) < 0) {
+        if (count_item(iteration, owner->stats, owner->counter, *result) < 0) {
             internal_error("counting a stream item", fetch_exc(), iteration);
         }
         Py_DECREF(owner);
@@ -2555,7 +2611,13 @@ step_am_send(StepObject *self, PyObject *arg, PyObject **result)
         PyAsyncMethods *am = Py_TYPE(it)->tp_as_async;
         PyObject *aw = am != NULL && am->am_anext != NULL ? am->am_anext(it)
                                                           : PyObject_CallMethodNoArgs(it, s_anext);
-        if (aw != NULL) {
+        if (aw != NULL && asend_type == NULL && PyAsyncGen_CheckExact(it)) {
+            asend_type = (PyTypeObject *)Py_NewRef(Py_TYPE(aw));
+        }
+        if (aw != NULL && Py_IS_TYPE(aw, asend_type)) {
+            self->inner = aw; /* its own awaitable */
+        }
+        else if (aw != NULL) {
             self->inner = awaitable_iter(aw);
             Py_DECREF(aw);
         }
@@ -2870,6 +2932,7 @@ aiter_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     self->it = Py_NewRef(it);
     self->iteration = iteration;
     self->stats = stats;
+    self->counter = PyObject_TypeCheck(stats, &CounterType) ? (CounterObject *)stats : NULL;
     return (PyObject *)self;
 }
 
@@ -2886,6 +2949,7 @@ aiter_traverse(AIterObject *self, visitproc visit, void *arg)
 static int
 aiter_clear(AIterObject *self)
 {
+    self->counter = NULL;
     Py_CLEAR(self->it);
     Py_CLEAR(self->iteration);
     Py_CLEAR(self->stats);
@@ -3613,6 +3677,7 @@ PyInit__speedups(void)
         PyType_Ready(&HistType) < 0 || PyType_Ready(&StatsType) < 0 ||
         PyType_Ready(&SlotType) < 0 || PyType_Ready(&FutureCallType) < 0 ||
         PyType_Ready(&AIterType) < 0 || PyType_Ready(&StepType) < 0 ||
+        PyType_Ready(&CounterType) < 0 ||
         PyType_Ready(&FifoHookType) < 0) {
         return NULL;
     }
@@ -3631,6 +3696,7 @@ PyInit__speedups(void)
         PyModule_AddObjectRef(m, "future_call", (PyObject *)future_call) < 0 ||
         PyModule_AddObjectRef(m, "AsyncIteratorBase", (PyObject *)&AIterType) < 0 ||
         PyModule_AddObjectRef(m, "StreamStep", (PyObject *)&StepType) < 0 ||
+        PyModule_AddObjectRef(m, "StreamCounter", (PyObject *)&CounterType) < 0 ||
         PyModule_AddObjectRef(m, "PollHistogram", (PyObject *)&HistType) < 0 ||
         PyModule_AddObjectRef(m, "FutureStats", (PyObject *)&StatsType) < 0 ||
         PyModule_AddObjectRef(m, "FifoHook", (PyObject *)&FifoHookType) < 0) {

@@ -197,7 +197,7 @@ class StreamRecord:
         self.file = file
         self.line = line
         self.log_items = log_items
-        self.stats = StreamStats()
+        self.stats = _new_stats()
         self.mode = WRAPPED
         self.fallback_reason: str | None = None
 
@@ -218,7 +218,7 @@ def reset_for_session() -> None:
     """Give every stream fresh figures: a new profiler starts from zero."""
     with _lock:
         for record in _registry:
-            record.stats = StreamStats()
+            record.stats = _new_stats()
 
 
 def _record_for(key: Any, make: Callable[[], StreamRecord], name: str | None) -> StreamRecord:
@@ -870,6 +870,32 @@ InstrumentedAsyncIteratorPy = InstrumentedAsyncIterator
 _WRAPPERS: tuple[type, ...] = (InstrumentedAsyncIteratorPy,)
 
 
+StreamStatsPy = StreamStats
+
+
+def _new_stats() -> StreamStats:
+    """A stream's fresh figures: ``items`` and ``arm`` counted in C while the compiled wrapper
+    counts (the others stay Python objects), in Python ints while the reference does."""
+    if InstrumentedAsyncIterator is InstrumentedAsyncIteratorPy or StreamStatsC is None:
+        return StreamStatsPy()
+    return StreamStatsC()  # type: ignore[no-any-return]
+
+
+def _load_compiled_stats() -> type | None:
+    if _compiled_path is None or not hasattr(_compiled_path, "StreamCounter"):
+        return None
+    counted_in_c = ("items", "arm")
+    # The reference's attributes but the two the C base keeps, set up by the same __init__.
+    namespace = {
+        "__slots__": tuple(n for n in StreamStatsPy.__slots__ if n not in counted_in_c),
+        "__init__": StreamStatsPy.__init__,
+        "__doc__": StreamStatsPy.__doc__,
+        "__module__": __name__,
+        "__qualname__": "StreamStats",
+    }
+    return type("StreamStats", (_compiled_path.StreamCounter,), namespace)
+
+
 def _load_compiled() -> type | None:
     if _compiled_path is None or not hasattr(_compiled_path, "AsyncIteratorBase"):
         return None
@@ -890,6 +916,7 @@ def _load_compiled() -> type | None:
 
 
 InstrumentedAsyncIteratorC = _load_compiled()
+StreamStatsC = _load_compiled_stats() if InstrumentedAsyncIteratorC is not None else None
 if InstrumentedAsyncIteratorC is not None:
     _WRAPPERS = (InstrumentedAsyncIteratorPy, InstrumentedAsyncIteratorC)
     if not TYPE_CHECKING:
