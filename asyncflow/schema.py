@@ -449,11 +449,11 @@ class StreamEntry:
     timed_count: int = 0
     #: one item in this many is timed now (1: all of them)
     sampling_interval: int = 1
-    #: ``compiled``: a decorated function compiled again with the counting inside, after its
-    #: source was proved to compile to the very code that was loaded; ``wrapped``: each
-    #: generator is wrapped (iterables, and decorated functions that could not be compiled)
+    #: always ``wrapped``: every generator of a decorated function, and every iterable, is
+    #: iterated through asyncflow's wrapper. Kept for readers of schema 1, which also knew
+    #: ``compiled`` (a decorated function compiled again from its source, retired since)
     mode: str = "wrapped"
-    #: why a decorated function is wrapped rather than compiled again; None otherwise
+    #: always None (it said why a decorated function was not compiled again); kept likewise
     fallback_reason: str | None = None
 
 

@@ -518,8 +518,6 @@ def stream_entry(record: StreamRecord, qs: tuple[float, ...]) -> StreamEntry:
         consumer_ns=st.between_ns,
         timed_count=st.timed,
         sampling_interval=st.interval,
-        mode=record.mode,
-        fallback_reason=record.fallback_reason,
     )
 
 

@@ -8,20 +8,13 @@ the consumer spent between items, and keeps a bounded log of recent items.
 """
 
 from __future__ import annotations
-import __future__
 
-import ast
 import asyncio
-import copy
 import functools
 import inspect
 import itertools
-import linecache
 import threading
-import tokenize
 import types
-import warnings
-import weakref
 from collections import deque
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
@@ -46,8 +39,6 @@ CANCELLED = "cancelled"
 FAILED = "failed"
 STATES = (ACTIVE, EXHAUSTED, CLOSED, CANCELLED, FAILED)
 STREAM_LOG_SIZE = 100
-COMPILED = "compiled"  # a decorated function compiled again, counting inside its generators
-WRAPPED = "wrapped"  # each generator (or iterable) wrapped by an InstrumentedAsyncIterator
 
 
 class StreamStats:
@@ -170,25 +161,19 @@ def _timed_item(it: _Iteration, item: Any) -> Any:
     return item
 
 
+def _count(it: _Iteration, item: Any) -> Any:
+    """Count an item of a wrapped iterator (and time it when due)."""
+    st = it.stats
+    st.items = n = st.items + 1
+    if n >= st.arm:
+        _timed_item(it, item)
+    return item
+
+
 class StreamRecord:
-    """A tracked stream definition.
+    """A tracked stream definition."""
 
-    ``mode`` is how a decorated function runs: ``compiled`` (compiled again with counting
-    inside) or ``wrapped`` (each generator wrapped, as iterables are); ``fallback_reason`` says
-    why a decorated function is wrapped (None when it is compiled, or for wrapped iterables).
-    """
-
-    __slots__ = (
-        "fallback_reason",
-        "file",
-        "id",
-        "label",
-        "line",
-        "log_items",
-        "mode",
-        "source",
-        "stats",
-    )
+    __slots__ = ("file", "id", "label", "line", "log_items", "source", "stats")
 
     def __init__(self, label: str, source: str, file: str, line: int, log_items: bool) -> None:
         self.id = next(_stream_ids)
@@ -198,8 +183,6 @@ class StreamRecord:
         self.line = line
         self.log_items = log_items
         self.stats = _new_stats()
-        self.mode = WRAPPED
-        self.fallback_reason: str | None = None
 
 
 _stream_ids = itertools.count(1)
@@ -305,450 +288,6 @@ class InstrumentedAsyncIterator(_IteratorMethods[_T]):
         return self._step(self._it.__anext__)
 
 
-# -- @stream on an async generator function: counting compiled into the generator ----------
-#
-# A wrapper object around each generator costs more than the budget on its own (a Python-level
-# ``__anext__`` adds ~350 ns per item on 3.11, measured), so the decorator compiles the function
-# again from its source with two integer operations at each ``yield`` and a try/except around
-# the body: the result is a real async generator function, and its generators are real async
-# generators. The timed path (``_timed_item``) runs for the item before a timed one and for the
-# timed one.
-#
-# It must run exactly the code that was loaded. The source can lie (a file edited after import,
-# a stale ``linecache`` entry for an ``exec``'d cell), and compiling a function outside its
-# class or module can change it (name mangling), so the source, parsed at its own columns, is
-# first compiled untransformed in the same enclosing scopes as the counting version, and that
-# code object must be identical to the loaded one (bytecode, constants, names, flags, line and
-# column table, nested code objects). Only then is the counting version used; otherwise, or
-# when the source cannot be had (REPL, ``exec``), the wrapper above is used, and the stream
-# entry says which (``mode``) and why (``fallback_reason``). Both outcomes are kept per code
-# object, so decorating the same nested generator on every call compiles it once.
-
-_NO_SOURCE = "its source is not available"
-_NOT_ONE_FUNCTION = "its source is not one async generator function"
-_SOURCE_DIFFERS = "its source does not compile to the loaded code"
-_RESERVED = "it uses names that start with _asyncflow_"
-_NOT_A_FUNCTION = "it is not a plain function"
-_FAILED = "compiling it again failed"
-
-_PROLOGUE = """
-_asyncflow_it = _asyncflow_begin(_asyncflow_record)
-_asyncflow_stats = _asyncflow_it.stats
-"""
-_BODY = """
-try:
-    pass
-except BaseException as _asyncflow_exc:
-    _asyncflow_it.end(_asyncflow_exc)
-    raise
-finally:
-    _asyncflow_it.end(None)
-"""
-# ``yield x``: counted once ``x`` has been evaluated (an expression that raises yields nothing).
-# A constant or a name is substituted as it is (a name is read once by itself first, so that an
-# unbound one raises before the count). Anything else is evaluated into ``_asyncflow_item``
-# first, and taken out of it as it is yielded, so that the generator does not keep the item
-# alive while it waits: ``(_asyncflow_item, (_asyncflow_item := None))[0]`` (cheaper than
-# counting it in a call: 20 to 35 ns an item here, measured).
-_YIELD = """
-_asyncflow_stats.items += 1
-if _asyncflow_stats.items >= _asyncflow_stats.arm:
-    _asyncflow_target = yield _asyncflow_timed(_asyncflow_it, _asyncflow_value)
-    _asyncflow_it.resumed()
-else:
-    _asyncflow_target = yield _asyncflow_value
-"""
-_EVALUATE = "_asyncflow_item = _asyncflow_value"
-_TAKE = "(_asyncflow_item, (_asyncflow_item := None))[0]"
-_FACTORY = "_asyncflow_factory"
-_FUTURE_FLAGS = 0
-for _feature in __future__.all_feature_names:
-    _FUTURE_FLAGS |= getattr(__future__, _feature).compiler_flag
-_CO_NESTED = inspect.CO_NESTED
-
-
-def _count(it: _Iteration, item: Any) -> Any:
-    """Count an item (and time it when due): a wrapped iterator's, or a ``yield`` inside an
-    expression of a decorated generator (a ``yield`` statement has this inlined)."""
-    st = it.stats
-    st.items = n = st.items + 1
-    if n >= st.arm:
-        _timed_item(it, item)
-    return item
-
-
-def _resumed(it: _Iteration, value: Any) -> Any:
-    it.resumed()
-    return value
-
-
-#: what the compiled-again generator refers to, by the names it uses for them
-_HELPERS: dict[str, Any] = {
-    "_asyncflow_begin": _Iteration,
-    "_asyncflow_count": _count,
-    "_asyncflow_timed": _timed_item,
-    "_asyncflow_resumed": _resumed,
-}
-_HELPER_CELLS = {name: types.CellType(value) for name, value in _HELPERS.items()}
-
-
-def _template(text: str, like: ast.AST) -> list[ast.stmt]:
-    body = ast.parse(text).body
-    for stmt in body:
-        for node in ast.walk(stmt):
-            if "lineno" in node._attributes:
-                ast.copy_location(node, like)
-    return body
-
-
-class _Substitute(ast.NodeTransformer):
-    def __init__(self, names: dict[str, ast.expr]) -> None:
-        self.names = names
-
-    def visit_Name(self, node: ast.Name) -> ast.expr:
-        found = self.names.get(node.id)
-        return node if found is None else copy.deepcopy(found)
-
-
-class _Yields(ast.NodeTransformer):
-    """Counts every ``yield`` of one function body; nested scopes keep their own."""
-
-    def _skip(self, node: ast.AST) -> ast.AST:
-        return node
-
-    visit_FunctionDef = visit_AsyncFunctionDef = visit_Lambda = visit_ClassDef = _skip
-
-    def _statement(self, stmt: ast.stmt, yielded: ast.Yield, target: ast.expr | None) -> Any:
-        value = self.visit(yielded.value) if yielded.value else ast.Constant(None)
-        first: list[ast.stmt] = []
-        if isinstance(value, ast.Name):
-            first = [ast.copy_location(ast.Expr(copy.deepcopy(value)), value)]
-        elif not isinstance(value, ast.Constant):
-            first = [_Substitute({"_asyncflow_value": value}).visit(_template(_EVALUATE, stmt)[0])]
-            value = ast.parse(_TAKE, mode="eval").body
-            for node in ast.walk(value):
-                ast.copy_location(node, stmt)
-        body = _template(_YIELD, stmt)
-        if target is None:  # a plain ``yield x`` statement: no assignment
-            for branch in (body[1].body, body[1].orelse):  # type: ignore[attr-defined]
-                assign = branch[0]
-                branch[0] = ast.copy_location(ast.Expr(assign.value), assign)
-        names = {"_asyncflow_value": value, "_asyncflow_target": target or value}
-        return first + [_Substitute(names).visit(s) for s in body]
-
-    def visit_Expr(self, node: ast.Expr) -> Any:
-        if isinstance(node.value, ast.Yield):
-            return self._statement(node, node.value, None)
-        return self.generic_visit(node)
-
-    def visit_Assign(self, node: ast.Assign) -> Any:
-        if isinstance(node.value, ast.Yield) and len(node.targets) == 1:
-            return self._statement(node, node.value, node.targets[0])
-        return self.generic_visit(node)
-
-    def visit_Yield(self, node: ast.Yield) -> ast.expr:
-        value = self.visit(node.value) if node.value else ast.Constant(None)
-        call = ast.Call(ast.Name("_asyncflow_count", ast.Load()), [_it(), value], [])
-        inner = ast.Yield(call)
-        outer = ast.Call(ast.Name("_asyncflow_resumed", ast.Load()), [_it(), inner], [])
-        for n in (call, call.func, call.args[0], inner, outer, outer.func, outer.args[0]):
-            ast.copy_location(n, node)
-        return outer
-
-
-def _it() -> ast.expr:
-    return ast.Name("_asyncflow_it", ast.Load())
-
-
-def _source_tree(fn: types.FunctionType, code: types.CodeType) -> ast.AsyncFunctionDef | str:
-    """The function's definition parsed from its source at its own lines and columns."""
-    lines = linecache.getlines(code.co_filename, fn.__globals__)
-    first = code.co_firstlineno  # its first decorator's line, if it has any
-    if not 0 < first <= len(lines):
-        return _NO_SOURCE
-    try:
-        block = inspect.getblock(lines[first - 1 :])
-    except (SyntaxError, tokenize.TokenError):
-        return _NOT_ONE_FUNCTION
-    # Parsed where it stands, never dedented: an indented definition goes inside an ``if``
-    # block, so that string contents and column offsets stay exactly those of the file.
-    indented = block[0][:1].isspace()
-    text = "".join(["if 1:\n", *block] if indented else block)
-    try:
-        with warnings.catch_warnings():  # the user saw the source's warnings once already
-            warnings.simplefilter("ignore")
-            tree = ast.parse(text, code.co_filename)
-    except (SyntaxError, ValueError):
-        return _NOT_ONE_FUNCTION
-    body = tree.body
-    if indented:
-        if len(body) != 1 or not isinstance(body[0], ast.If):
-            return _NOT_ONE_FUNCTION
-        body = body[0].body
-    if len(body) != 1:
-        return _NOT_ONE_FUNCTION
-    node = body[0]
-    if not isinstance(node, ast.AsyncFunctionDef) or node.name != code.co_name:
-        return _NOT_ONE_FUNCTION
-    ast.increment_lineno(node, first - (2 if indented else 1))
-    return node
-
-
-def _enclosing_class(qualname: str) -> str | None:
-    """The class whose name private names are mangled with: the innermost class in
-    ``co_qualname`` (a function there is followed by ``<locals>``, a class is not)."""
-    parts = qualname.split(".")
-    for i in range(len(parts) - 2, -1, -1):
-        if parts[i] != "<locals>" and parts[i + 1] != "<locals>":
-            return parts[i] if parts[i].isidentifier() else None
-    return None
-
-
-def _imported_names(node: ast.AsyncFunctionDef, fn: types.FunctionType) -> tuple[str, ...]:
-    """The names ``node`` calls methods on that its module most likely bound by ``import``.
-
-    The compiler calls ``name.attr()`` without ``LOAD_METHOD`` when the module has an
-    ``import`` of ``name``; a module, or a class or function defined in another module, bound
-    at the module's top level is taken for one (the identity check then proves it or not).
-    """
-    names: set[str] = set()
-    for call in ast.walk(node):
-        if (
-            isinstance(call, ast.Call)
-            and isinstance(call.func, ast.Attribute)
-            and isinstance(call.func.value, ast.Name)
-        ):
-            value = fn.__globals__.get(call.func.value.id, names)
-            if isinstance(value, types.ModuleType) or (
-                isinstance(value, type | types.FunctionType | types.BuiltinFunctionType)
-                and value.__module__ != fn.__module__
-            ):
-                names.add(call.func.value.id)
-    return tuple(sorted(names))
-
-
-def _compile_in_scope(
-    node: ast.AsyncFunctionDef, code: types.CodeType, cls: str | None, imported: tuple[str, ...]
-) -> types.CodeType | None:
-    """``node`` compiled inside a function whose parameters are the original's free variables
-    and the helpers (they become the new code's closure), inside a class of the enclosing
-    class's name (private names are mangled alike), in a module that imports ``imported``.
-    Nothing here is executed."""
-    params = [*code.co_freevars, *_HELPERS, "_asyncflow_record"]
-    factory = ast.parse(f"def {_FACTORY}({', '.join(params)}):\n    pass\n").body[0]
-    factory.body = [node]  # type: ignore[attr-defined]
-    outer: ast.stmt = factory
-    if cls is not None:
-        outer = ast.parse(f"class {cls}:\n    pass\n").body[0]
-        outer.body = [factory]  # type: ignore[attr-defined]
-    imports = [ast.Import([ast.alias(name)]) for name in imported]
-    module = ast.Module(body=[*imports, outer], type_ignores=[])
-    ast.fix_missing_locations(module)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        compiled = compile(
-            module,
-            code.co_filename,
-            "exec",
-            flags=code.co_flags & _FUTURE_FLAGS,
-            dont_inherit=True,
-        )
-    for name in (cls, _FACTORY, code.co_name):
-        if name is not None:
-            found = [c for c in compiled.co_consts if type(c) is types.CodeType]
-            found = [c for c in found if c.co_name == name]
-            if len(found) != 1:
-                return None
-            compiled = found[0]
-    return compiled if type(compiled) is types.CodeType else None
-
-
-_CODE_FIELDS = (
-    "co_argcount",
-    "co_posonlyargcount",
-    "co_kwonlyargcount",
-    "co_nlocals",
-    "co_stacksize",
-    "co_code",
-    "co_names",
-    "co_varnames",
-    "co_freevars",
-    "co_cellvars",
-    "co_filename",
-    "co_name",
-    "co_firstlineno",
-    "co_linetable",
-    "co_exceptiontable",
-)
-
-
-class _Requalify:
-    """Maps the qualified names of the compiled-again code to those of the original."""
-
-    def __init__(self, compiled: str, original: str) -> None:
-        self.compiled = compiled
-        self.original = original
-
-    def __call__(self, qualname: str) -> str:
-        if qualname == self.compiled or qualname.startswith(self.compiled + "."):
-            return self.original + qualname[len(self.compiled) :]
-        return qualname
-
-    def code(self, code: types.CodeType) -> types.CodeType:
-        consts = tuple(self.code(c) if type(c) is types.CodeType else c for c in code.co_consts)
-        return code.replace(co_qualname=self(code.co_qualname), co_consts=consts)
-
-
-def _same_code(new: types.CodeType, old: types.CodeType, requalify: _Requalify) -> bool:
-    """Whether ``new`` is ``old`` compiled again: everything that runs or is shown alike (only
-    the qualified name's prefix and the informational ``CO_NESTED`` flag may differ)."""
-    return (
-        all(getattr(new, f) == getattr(old, f) for f in _CODE_FIELDS)
-        and not (new.co_flags ^ old.co_flags) & ~_CO_NESTED
-        and requalify(new.co_qualname) == old.co_qualname
-        and _same_const(new.co_consts, old.co_consts, requalify)
-    )
-
-
-def _same_const(new: Any, old: Any, requalify: _Requalify) -> bool:
-    if type(new) is not type(old):
-        return False
-    if type(new) is types.CodeType:
-        return _same_code(new, old, requalify)
-    if type(new) is tuple:
-        return len(new) == len(old) and all(
-            _same_const(a, b, requalify) for a, b in zip(new, old, strict=True)
-        )
-    if type(new) is frozenset:
-        return {_const_key(c) for c in new} == {_const_key(c) for c in old}
-    return bool(_const_key(new) == _const_key(old))
-
-
-def _const_key(const: Any) -> Any:
-    # 0 == 0.0 == False and -0.0 == 0.0, but they are different constants; nan is itself
-    if isinstance(const, float | complex):
-        return type(const), repr(const)
-    if isinstance(const, tuple | frozenset):
-        return type(const), tuple(_const_key(c) for c in const)
-    return type(const), const
-
-
-def _uses_reserved_names(code: types.CodeType) -> bool:
-    names = (*code.co_names, *code.co_varnames, *code.co_freevars, *code.co_cellvars)
-    return any(n.startswith("_asyncflow_") for n in names) or any(
-        _uses_reserved_names(c) for c in code.co_consts if type(c) is types.CodeType
-    )
-
-
-class _Counting:
-    """A generator's code compiled again with counting: the new code object, and where each
-    of its free variables comes from (an index into the original's closure, a helper's cell,
-    or None for the stream record)."""
-
-    __slots__ = ("code", "layout")
-
-    def __init__(self, code: types.CodeType, layout: tuple[int | types.CellType | None, ...]):
-        self.code = code
-        self.layout = layout
-
-
-def _compile_counting(fn: types.FunctionType) -> _Counting | str:
-    """``fn``'s code compiled again with its items counted in place, or why it is not."""
-    original = fn.__code__
-    if _uses_reserved_names(original):
-        return _RESERVED
-    node = _source_tree(fn, original)
-    if isinstance(node, str):
-        return node
-    cls = _enclosing_class(original.co_qualname)
-    imported = _imported_names(node, fn)
-    for attempt in dict.fromkeys([imported, ()]):  # none: names imported by an earlier cell
-        untransformed = _compile_in_scope(copy.deepcopy(node), original, cls, attempt)
-        if untransformed is None:
-            return _FAILED
-        requalify = _Requalify(untransformed.co_qualname, original.co_qualname)
-        if _same_code(untransformed, original, requalify):
-            imported = attempt
-            break
-    else:
-        return _SOURCE_DIFFERS
-    # The body: counting at each yield, the iteration's end seen by a try around it all.
-    flat: list[ast.stmt] = []
-    for stmt in node.body:
-        done = _Yields().visit(stmt)
-        flat.extend(done if isinstance(done, list) else [done])
-    like = node.body[0]
-    guard = _template(_BODY, like)[0]
-    guard.body = flat  # type: ignore[attr-defined]
-    node.body = [*_template(_PROLOGUE, like), guard]
-    counting = _compile_in_scope(node, original, cls, imported)
-    if counting is None:
-        return _FAILED
-    code = requalify.code(counting)
-    code = code.replace(co_flags=code.co_flags & ~_CO_NESTED | original.co_flags & _CO_NESTED)
-    layout: list[int | types.CellType | None] = []
-    for name in code.co_freevars:
-        if name in _HELPER_CELLS:
-            layout.append(_HELPER_CELLS[name])
-        elif name == "_asyncflow_record":
-            layout.append(None)
-        elif name in original.co_freevars:
-            layout.append(original.co_freevars.index(name))
-        else:
-            return _FAILED
-    return _Counting(code, tuple(layout))
-
-
-# One outcome per code object, by identity (equal code objects from two files compare equal),
-# forgotten with the code object: an ``exec``'d cell run again does not pile up entries.
-_compiled: dict[int, tuple[weakref.ref[types.CodeType], _Counting | str]] = {}
-
-
-def _counting_for(fn: types.FunctionType) -> _Counting | str:
-    code = fn.__code__
-    key = id(code)
-    cached = _compiled.get(key)
-    if cached is not None and cached[0]() is code:
-        return cached[1]
-    try:
-        outcome = _compile_counting(fn)
-    except Exception as err:  # observing never breaks the program: wrap it instead
-        _session.internal_error("compiling a stream again", err)
-        outcome = _FAILED
-
-    def forget(ref: weakref.ref[types.CodeType]) -> None:
-        if _compiled.get(key, (None,))[0] is ref:
-            del _compiled[key]
-
-    _compiled[key] = (weakref.ref(code, forget), outcome)
-    return outcome
-
-
-def _rewrite(fn: Any, record: StreamRecord) -> tuple[Any, str | None]:
-    """``fn`` compiled again with its items counted in place, or (None, why not)."""
-    if type(fn) is not types.FunctionType:
-        return None, _NOT_A_FUNCTION
-    counting = _counting_for(fn)
-    if isinstance(counting, str):
-        return None, counting
-    closure = fn.__closure__ or ()
-    record_cell = types.CellType(record)
-    cells = tuple(
-        record_cell if c is None else closure[c] if type(c) is int else c for c in counting.layout
-    )
-    rewritten = types.FunctionType(
-        counting.code,
-        fn.__globals__,
-        fn.__name__,
-        fn.__defaults__,
-        cells,  # type: ignore[arg-type]
-    )
-    rewritten.__kwdefaults__ = fn.__kwdefaults__
-    functools.update_wrapper(rewritten, fn)
-    rewritten.stream_record = record  # type: ignore[attr-defined]
-    return rewritten, None
-
-
 class StreamFunction(Generic[_P, _T]):
     """What ``@asyncflow.stream`` returns: still an async generator function for ``inspect``."""
 
@@ -828,9 +367,7 @@ def stream(fn: Any = None, /, *, name: str | None = None, log_items: bool = Fals
             ),
             name,
         )
-        rewritten, why = _rewrite(f, record)
-        record.mode, record.fallback_reason = (COMPILED, None) if why is None else (WRAPPED, why)
-        return rewritten or StreamFunction(f, record, code)
+        return StreamFunction(f, record, code)
 
     if fn is None:
         return decorate
