@@ -323,9 +323,12 @@ def hot_path(path: str) -> Iterator[None]:
     running, futures.running_on_thread = futures.running_on_thread, None
     call = vars(futures.FutureFunction)["__call__"]
     futures.FutureFunction.__call__ = futures._py_future_call  # type: ignore[method-assign]
+    factory_call = vars(futures._TaskFactory)["__call__"]
+    futures._TaskFactory.__call__ = futures._py_task_factory_call  # type: ignore[method-assign]
     try:
         yield
     finally:
+        futures._TaskFactory.__call__ = factory_call  # type: ignore[method-assign]
         futures.FutureFunction.__call__ = call  # type: ignore[method-assign]
         futures.running_on_thread = running
         for module, name, current in swapped:

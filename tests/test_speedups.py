@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import gc
 import os
 import subprocess
@@ -690,3 +691,119 @@ def test_the_compiled_wrapper_counts_in_either_kind_of_stats(counted_in: str) ->
     assert snap.streams is not None
     (entry,) = [s for s in snap.streams.streams if s.label == f"counted in {counted_in}"]
     assert (entry.items_yielded, entry.timed_count, entry.sampling_interval) == (30, 8, 4)
+
+
+_FACTORY_CALLS = [pytest.param("reference", id="reference")]
+if futures._speedups is not None:
+    _FACTORY_CALLS.append(pytest.param("compiled", id="compiled"))
+
+
+@pytest.mark.parametrize("impl", _FACTORY_CALLS)
+def test_the_task_factory_tracks_alike_on_both_paths(
+    impl: str, prof: asyncflow.Profiler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whole-program mode's factory, compiled or the reference: every way a task is made (a
+    context, a name, a direct call with other keywords, a replaced asyncio.Task, a coroutine
+    already tracked) gives the same tasks and the same records."""
+    if impl == "reference":
+        monkeypatch.setattr(futures._TaskFactory, "__call__", futures._py_task_factory_call)
+    made: list[str] = []
+
+    class CountedTask(asyncio.Task):  # type: ignore[type-arg]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            made.append(kwargs.get("name") or "?")
+            super().__init__(*args, **kwargs)
+
+    async def leaf(n: int) -> int:
+        await asyncio.sleep(0)
+        return n
+
+    tracked_leaf = asyncflow.future(name=f"decorated leaf {impl}")(leaf)
+
+    async def main() -> list[Any]:
+        loop = asyncio.get_running_loop()
+        with asyncflow.instrument_tasks():
+            factory: Any = loop.get_task_factory()
+            tasks = [
+                asyncio.create_task(leaf(1)),
+                loop.create_task(leaf(2), name="named"),
+                asyncio.create_task(leaf(3), context=contextvars.copy_context()),
+                factory(loop, leaf(4), name="direct"),
+                asyncio.create_task(tracked_leaf(5)),  # already tracked: not wrapped again
+            ]
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(asyncio, "Task", CountedTask)
+                tasks.append(asyncio.create_task(leaf(6)))
+            results = await asyncio.gather(*tasks)
+        return [results, [t.get_name() for t in tasks[1:4:2]], type(tasks[-1]) is CountedTask]
+
+    results, names, counted = asyncio.run(main())
+    assert results == [1, 2, 3, 4, 5, 6]
+    assert names == ["named", "direct"] and counted and made == ["?"]
+    snap = prof.snapshot()
+    (tasks,) = [f for f in snap.futures.futures if f.label.endswith("leaf")]
+    assert tasks.call_count == 5  # leaf(1), (2), (3), (4), (6): one future, by the code
+    (decorated,) = [f for f in snap.futures.futures if f.label == f"decorated leaf {impl}"]
+    assert decorated.call_count == 1
+
+
+@pytest.mark.parametrize("impl", _FACTORY_CALLS)
+def test_a_failure_to_track_a_task_still_makes_the_task(
+    impl: str, prof: asyncflow.Profiler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if impl == "reference":
+        monkeypatch.setattr(futures._TaskFactory, "__call__", futures._py_task_factory_call)
+
+    def broken(coro: Any) -> Any:
+        raise LookupError("no record")
+
+    async def first_sight() -> str:
+        return "ran"
+
+    async def main() -> str:
+        with asyncflow.instrument_tasks():
+            monkeypatch.setattr(futures, "_task_record", broken)
+            task = asyncio.create_task(first_sight())
+            return await task
+
+    errors = prof.snapshot().status.internal_errors
+    assert asyncio.run(main()) == "ran"
+    status = prof.snapshot().status
+    assert status.internal_errors == errors + 1
+    assert "instrumenting a task" in (status.last_internal_error or "")
+
+
+@compiled
+def test_no_reference_is_leaked_by_the_task_factory(prof: asyncflow.Profiler) -> None:
+    """Tasks made through the compiled factory (tracked, with a context, failing to track)
+    leave the reference counts and the number of live objects as they were, GC off."""
+    result = object()
+
+    async def job() -> object:
+        return result
+
+    async def rounds(n: int) -> None:
+        loop = asyncio.get_running_loop()
+        with asyncflow.instrument_tasks():
+            for _ in range(n):
+                assert await asyncio.create_task(job()) is result
+                ctx = contextvars.copy_context()
+                assert await asyncio.create_task(job(), context=ctx) is result
+                assert await loop.create_task(job(), name="named") is result
+
+    def counts() -> tuple[int, int]:
+        prof.snapshot()
+        gc.collect()
+        return sys.getrefcount(result), len(gc.get_objects())
+
+    asyncio.run(rounds(20))
+    before = counts()
+    gc.disable()
+    try:
+        asyncio.run(rounds(300))
+        after_no_gc = sys.getrefcount(result)
+    finally:
+        gc.enable()
+    after = counts()
+    assert after_no_gc == before[0]
+    assert after[0] == before[0] and abs(after[1] - before[1]) < 50, (before, after)

@@ -655,6 +655,8 @@ enum {
     FR_LOG_RESULT,
     FF_WRAPPED,
     FF_RECORD,
+    TF_ENABLED,
+    TF_PREVIOUS,
     SE_FINISHED,
     SE_APPENDED,
     IT_STATS,
@@ -680,6 +682,8 @@ static Field fields[N_FIELDS] = {
     [FR_LOG_RESULT] = {"FutureRecord", "log_result", 0},
     [FF_WRAPPED] = {"FutureFunction", "__wrapped__", 0},
     [FF_RECORD] = {"FutureFunction", "future_record", 0},
+    [TF_ENABLED] = {"_TaskFactory", "enabled", 0},
+    [TF_PREVIOUS] = {"_TaskFactory", "previous", 0},
     [SE_FINISHED] = {"Session", "finished", NS_SESSION},
     [SE_APPENDED] = {"Session", "appended", NS_SESSION},
     [IT_STATS] = {"_Iteration", "stats", NS_STREAMS},
@@ -1165,9 +1169,9 @@ static PyTypeObject RecordType = {
 
 /* ---- calling back into futures.py ----------------------------------------------------------- */
 
-/* futures.<name>(args...): a new reference, or NULL with an exception set. */
+/* futures.<name>(args..., **kwargs): a new reference, or NULL with an exception set. */
 static PyObject *
-call_helper(PyObject *name, PyObject *const *args, Py_ssize_t nargs)
+call_helper_kw(PyObject *name, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
     PyObject *fn = PyDict_GetItemWithError(futures_dict, name);
     if (fn == NULL) {
@@ -1177,9 +1181,16 @@ call_helper(PyObject *name, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     Py_INCREF(fn);
-    PyObject *res = PyObject_Vectorcall(fn, args, (size_t)nargs, NULL);
+    PyObject *res = PyObject_Vectorcall(fn, args, (size_t)nargs, kwnames);
     Py_DECREF(fn);
     return res;
+}
+
+/* futures.<name>(args...) */
+static PyObject *
+call_helper(PyObject *name, PyObject *const *args, Py_ssize_t nargs)
+{
+    return call_helper_kw(name, args, nargs, NULL);
 }
 
 /* futures.<name>(r, t0): 0, or -1 with an exception set. */
@@ -2219,6 +2230,7 @@ static PyTypeObject WrapperType = {
 typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
+    const char *what; /* the method it is, for its repr */
 } FutureCallObject;
 
 static PyObject *
@@ -2277,14 +2289,15 @@ future_call_get(PyObject *self, PyObject *obj, PyObject *type)
 static PyObject *
 future_call_repr(PyObject *self)
 {
-    return PyUnicode_FromString("<asyncflow compiled FutureFunction.__call__>");
+    return PyUnicode_FromFormat("<asyncflow compiled %s>", ((FutureCallObject *)self)->what);
 }
 
 static PyTypeObject FutureCallType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "asyncflow.instrument._speedups.FutureCall",
-    .tp_doc = "FutureFunction.__call__ on the compiled path: call the function and track the "
-              "coroutine it returns.",
+    .tp_doc = "A method of futures.py's on the compiled path (FutureFunction.__call__: call the "
+              "function and track the coroutine it returns; _TaskFactory.__call__: track the "
+              "task's coroutine and make the task).",
     .tp_basicsize = sizeof(FutureCallObject),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_METHOD_DESCRIPTOR,
     .tp_vectorcall_offset = offsetof(FutureCallObject, vectorcall),
@@ -2292,6 +2305,132 @@ static PyTypeObject FutureCallType = {
     .tp_descr_get = future_call_get,
     .tp_repr = future_call_repr,
 };
+
+/* ---- whole-program mode's task factory: what futures._TaskFactory.__call__ does -------------
+ *
+ * Every task of the program passes through it, so its common case is here: the task's
+ * coroutine is a plain coroutine whose code was seen before (its record found in
+ * futures._by_code under the same key), no include/exclude filter is set, and the loop passes
+ * no keyword or only ``context``. The rest (a first sight of the code, a filter, anyio's task
+ * runner, other arguments) is futures.py's own Python: _task_record, or the whole reference
+ * method. */
+
+static PyObject *s_task_filter, *s_by_code, *s_task_record, *s_task_kind, *s_py_task_factory,
+    *s_cr_code, *s_Task, *s_anyio_runner;
+static PyObject *s_context, *kw_loop, *kw_loop_context; /* "context", ("loop",), ("loop", "context") */
+static PyObject *asyncio_dict; /* asyncio's namespace: Task is read at each call, as Python does */
+static GlobalCache filter_cache, by_code_cache, task_cls_cache;
+
+/* The record a new task's coroutine is tracked under, or None. New reference; NULL with an
+ * exception set. */
+static PyObject *
+task_record(PyObject *coro)
+{
+    PyObject *filter = global_get(&filter_cache, futures_dict, s_task_filter);
+    PyObject *by_code = filter == Py_None ? global_get(&by_code_cache, futures_dict, s_by_code)
+                                          : NULL;
+    if (PyErr_Occurred()) {
+        return NULL;
+    }
+    PyObject *code = by_code != NULL && PyDict_CheckExact(by_code)
+                         ? PyObject_GetAttr(coro, s_cr_code)
+                         : NULL;
+    if (code != NULL && PyCode_Check(code) &&
+        PyUnicode_Compare(((PyCodeObject *)code)->co_qualname, s_anyio_runner) != 0) {
+        /* _by_code.get((id(code), None, "task")) */
+        PyObject *id = PyLong_FromVoidPtr(code);
+        PyObject *key = id == NULL ? NULL : PyTuple_Pack(3, id, Py_None, s_task_kind);
+        Py_XDECREF(id);
+        PyObject *record = key == NULL ? NULL : PyDict_GetItemWithError(by_code, key);
+        Py_XDECREF(key);
+        Py_DECREF(code);
+        if (record != NULL) {
+            return Py_NewRef(record);
+        }
+        if (PyErr_Occurred()) {
+            return NULL;
+        }
+    }
+    else {
+        Py_XDECREF(code);
+        if (PyErr_Occurred()) {
+            return NULL;
+        }
+    }
+    return call_helper(s_task_record, &coro, 1);
+}
+
+static PyObject *
+task_factory_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf,
+                        PyObject *kwnames)
+{
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    Py_ssize_t nkw = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
+    int with_context = nkw == 1 && PyUnicode_Compare(PyTuple_GET_ITEM(kwnames, 0), s_context) == 0;
+    if (nargs != 3 || (nkw != 0 && !with_context)) { /* not as a loop calls it: the reference */
+        return call_helper_kw(s_py_task_factory, args, nargs, kwnames);
+    }
+    PyObject *self = args[0], *loop = args[1], *coro = args[2];
+    PyObject *enabled = field_get(self, TF_ENABLED);
+    if (enabled == NULL) {
+        return NULL;
+    }
+    PyObject *active = global_get(&active_cache, session_dict, s_active); /* borrowed */
+    if (active == NULL && PyErr_Occurred()) {
+        Py_DECREF(enabled);
+        return NULL;
+    }
+    int track = PyObject_IsTrue(enabled);
+    Py_DECREF(enabled);
+    if (track < 0) {
+        return NULL;
+    }
+    PyObject *wrapped = NULL;
+    if (track && active != NULL && active != Py_None && PyCoro_CheckExact(coro)) {
+        PyObject *record = task_record(coro);
+        PyObject *cls = record != NULL && record != Py_None
+                            ? global_get(&wrapper_cache, futures_dict, s_wrapper_name)
+                            : NULL;
+        if (cls != NULL) {
+            PyObject *wargs[2] = {coro, record};
+            wrapped = cls == (PyObject *)&WrapperType ? wrapper_vectorcall(cls, wargs, 2, NULL)
+                                                      : PyObject_Vectorcall(cls, wargs, 2, NULL);
+        }
+        else if (record != NULL && record != Py_None && !PyErr_Occurred()) {
+            PyErr_SetString(PyExc_RuntimeError, "asyncflow: futures.InstrumentedCoroutine is missing");
+        }
+        Py_XDECREF(record);
+        if (PyErr_Occurred()) { /* observing never breaks the program: the task goes untracked */
+            Py_CLEAR(wrapped);
+            internal_error("instrumenting a task", fetch_exc(), self);
+        }
+    }
+    PyObject *use = wrapped != NULL ? wrapped : coro;
+    PyObject *previous = field_get(self, TF_PREVIOUS);
+    PyObject *task = NULL;
+    if (previous == NULL) {
+        goto done;
+    }
+    if (previous == Py_None) { /* asyncio.Task(coro, loop=loop, **kwargs) */
+        PyObject *cls = global_get(&task_cls_cache, asyncio_dict, s_Task);
+        if (cls == NULL) {
+            if (!PyErr_Occurred()) {
+                PyErr_SetString(PyExc_AttributeError, "module 'asyncio' has no attribute 'Task'");
+            }
+            goto done;
+        }
+        PyObject *stack[3] = {use, loop, with_context ? args[3] : NULL};
+        task = PyObject_Vectorcall(cls, stack, 1, with_context ? kw_loop_context : kw_loop);
+    }
+    else { /* previous(loop, coro, **kwargs) */
+        PyObject *stack[3] = {loop, use, with_context ? args[3] : NULL};
+        task = PyObject_Vectorcall(previous, stack, 2, kwnames);
+    }
+done:
+    Py_XDECREF(previous);
+    Py_XDECREF(wrapped);
+    return task;
+}
 
 /* ---- asyncflow.stream(iterable): the wrapped async iterator ---------------------------------
  *
@@ -3127,6 +3266,13 @@ mod_setup(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Py_CLEAR(task_get_name);
     asyncio = get_global(futures_dict, "asyncio");
     PyObject *tt = asyncio ? PyObject_GetAttrString(asyncio, "Task") : NULL;
+    if (tt != NULL && PyModule_Check(asyncio)) {
+        Py_XSETREF(asyncio_dict, Py_NewRef(PyModule_GetDict(asyncio)));
+    }
+    else if (tt != NULL) {
+        Py_CLEAR(tt);
+        PyErr_SetString(PyExc_RuntimeError, "asyncflow: futures.asyncio is not a module");
+    }
     Py_XDECREF(asyncio);
     if (tt == NULL) {
         Py_DECREF(loops);
@@ -3646,6 +3792,19 @@ PyInit__speedups(void)
     INTERN(s_probe_failed, "_probe_failed");
     INTERN(s_new_poll_histogram, "_new_poll_histogram");
     INTERN(s_new_histogram, "new_histogram");
+    INTERN(s_task_filter, "task_filter");
+    INTERN(s_by_code, "_by_code");
+    INTERN(s_task_record, "_task_record");
+    INTERN(s_task_kind, "task");
+    INTERN(s_py_task_factory, "_py_task_factory_call");
+    INTERN(s_cr_code, "cr_code");
+    INTERN(s_Task, "Task");
+    INTERN(s_anyio_runner, "TaskHandle._run_coro");
+    INTERN(s_context, "context");
+    if ((kw_loop = Py_BuildValue("(s)", "loop")) == NULL ||
+        (kw_loop_context = Py_BuildValue("(ss)", "loop", "context")) == NULL) {
+        return NULL;
+    }
 #if FAST_RUNNING_LOOP
     INTERN(s_holder_key, "__asyncio_running_event_loop__");
     if (pthread_atfork(NULL, NULL, forked_child) != 0) {
@@ -3686,6 +3845,14 @@ PyInit__speedups(void)
         return NULL;
     }
     future_call->vectorcall = future_call_vectorcall;
+    future_call->what = "FutureFunction.__call__";
+    FutureCallObject *factory_call = PyObject_New(FutureCallObject, &FutureCallType);
+    if (factory_call == NULL) {
+        Py_DECREF(future_call);
+        return NULL;
+    }
+    factory_call->vectorcall = task_factory_vectorcall;
+    factory_call->what = "_TaskFactory.__call__";
     PyObject *m = PyModule_Create(&module_def);
     if (m == NULL) {
         return NULL;
@@ -3694,6 +3861,7 @@ PyInit__speedups(void)
         PyModule_AddObjectRef(m, "InstrumentedCoroutine", (PyObject *)&WrapperType) < 0 ||
         PyModule_AddIntConstant(m, "BUCKETS", BUCKETS) < 0 ||
         PyModule_AddObjectRef(m, "future_call", (PyObject *)future_call) < 0 ||
+        PyModule_AddObjectRef(m, "task_factory_call", (PyObject *)factory_call) < 0 ||
         PyModule_AddObjectRef(m, "AsyncIteratorBase", (PyObject *)&AIterType) < 0 ||
         PyModule_AddObjectRef(m, "StreamStep", (PyObject *)&StepType) < 0 ||
         PyModule_AddObjectRef(m, "StreamCounter", (PyObject *)&CounterType) < 0 ||
@@ -3701,9 +3869,11 @@ PyInit__speedups(void)
         PyModule_AddObjectRef(m, "FutureStats", (PyObject *)&StatsType) < 0 ||
         PyModule_AddObjectRef(m, "FifoHook", (PyObject *)&FifoHookType) < 0) {
         Py_DECREF(future_call);
+        Py_DECREF(factory_call);
         Py_DECREF(m);
         return NULL;
     }
     Py_DECREF(future_call);
+    Py_DECREF(factory_call);
     return m;
 }

@@ -1003,19 +1003,9 @@ class _TaskFactory:
     ) -> asyncio.Future[Any]:
         if self.enabled and _session.active is not None and type(coro) is types.CoroutineType:
             try:
-                named = coro  # the coroutine whose function names the task
-                if coro.cr_code.co_qualname == "TaskHandle._run_coro":
-                    named = _anyio_task_coro(coro)
-                # include/exclude patterns (asyncflow.filtering): decided once per code object
-                if named is not None and (task_filter is None or task_filter(named)):
-                    code = named.cr_code
-                    record = _by_code.get((id(code), None, "task"))
-                    if record is None and not code.co_filename.startswith(_ASYNCIO_DIR):
-                        frame = named.cr_frame
-                        module = frame.f_globals.get("__name__", "?") if frame else "?"
-                        record = _future_for_code(code, str(module), None, "task")
-                    if record is not None:
-                        coro = InstrumentedCoroutine(coro, record)
+                record = _task_record(coro)
+                if record is not None:
+                    coro = InstrumentedCoroutine(coro, record)
             except Exception as err:  # observing never breaks the program
                 _session.internal_error("instrumenting a task", err)
         previous = self.previous
@@ -1023,6 +1013,24 @@ class _TaskFactory:
             return asyncio.Task(coro, loop=loop, **kwargs)
         task: asyncio.Future[Any] = previous(loop, coro, **kwargs)
         return task
+
+
+def _task_record(coro: types.CoroutineType[Any, Any, Any]) -> FutureRecord | None:
+    """The future a new task's coroutine is tracked under, or None (filtered out, asyncio's
+    own). The compiled task factory reads the common case from ``_by_code`` itself."""
+    named = coro  # the coroutine whose function names the task
+    if coro.cr_code.co_qualname == "TaskHandle._run_coro":
+        named = _anyio_task_coro(coro)
+    # include/exclude patterns (asyncflow.filtering): decided once per code object
+    if named is None or (task_filter is not None and not task_filter(named)):
+        return None
+    code = named.cr_code
+    record = _by_code.get((id(code), None, "task"))
+    if record is None and not code.co_filename.startswith(_ASYNCIO_DIR):
+        frame = named.cr_frame
+        module = frame.f_globals.get("__name__", "?") if frame else "?"
+        record = _future_for_code(code, str(module), None, "task")
+    return record
 
 
 class TaskInstrumentation:
@@ -1175,8 +1183,10 @@ _SPEEDUPS_NAMES = (
     "running_calls",
     "set_poll_probe",
     "setup",
+    "task_factory_call",
 )
 _py_future_call = FutureFunction.__call__
+_py_task_factory_call = _TaskFactory.__call__
 _speedups = _load_speedups()
 if _speedups is not None:
     accelerated = True
@@ -1188,6 +1198,7 @@ if _speedups is not None:
         CallRecord = _speedups.CallRecord
         FutureStats = _speedups.FutureStats  # its counters are C integers
         FutureFunction.__call__ = _speedups.future_call  # the same, without a Python frame
+        _TaskFactory.__call__ = _speedups.task_factory_call  # likewise
 
 
 #: the types of a tracked call: the compiled one where there is one
