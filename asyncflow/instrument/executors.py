@@ -452,6 +452,15 @@ def _use_anyio(delta: int) -> None:
         _sync_anyio_hook()
 
 
+def _hook_of(loop: asyncio.AbstractEventLoop) -> _RunInExecutor | None:
+    """The hook on the loop, if any. Read as an attribute, never through ``vars(loop)``: on
+    3.11 reading the instance dict turns the loop's inline attribute values into a dict, and
+    then no method call on the loop in asyncio's Python code is specialized (about 10,000
+    instructions more an aiohttp request, measured with callgrind)."""
+    current = getattr(loop, "run_in_executor", None)
+    return current if isinstance(current, _RunInExecutor) else None
+
+
 class ExecutorInstrumentation:
     """Handle returned by :func:`instrument_executors`; ``undo()`` (or leaving ``with``)
     gives the loop its own ``run_in_executor`` back."""
@@ -475,7 +484,7 @@ class ExecutorInstrumentation:
         hook.enabled = False
         _use_anyio(-1)
         loop = self._loop()
-        if loop is not None and vars(loop).get("run_in_executor") is hook:
+        if loop is not None and _hook_of(loop) is hook:
             del loop.run_in_executor  # the class's method shows through again
 
     def __enter__(self) -> ExecutorInstrumentation:
@@ -514,8 +523,8 @@ def instrument_executors(loop: asyncio.AbstractEventLoop | None = None) -> Execu
         raise RuntimeError(
             f"asyncflow.instrument_executors(loop=...) was given a closed event loop: {loop!r}"
         )
-    current = vars(loop).get("run_in_executor")
-    if isinstance(current, _RunInExecutor) and current.enabled:
+    current = _hook_of(loop)
+    if current is not None and current.enabled:
         return ExecutorInstrumentation(loop, None)  # already: a second handle counts nothing
     hook = _RunInExecutor(loop)
     loop.run_in_executor = hook  # type: ignore[method-assign, assignment]

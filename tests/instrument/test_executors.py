@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import gc
 import subprocess
 import sys
 import threading
@@ -218,3 +219,22 @@ def test_anyio_is_never_imported_on_the_loop_and_hooked_once_the_program_loads_i
         [sys.executable, "-c", program], capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 0 and done.stdout == "ok\n", done.stderr
+
+
+def _dict_materialized(obj: object) -> bool:
+    """Whether the object's instance dict exists as a dict (3.11, 3.12: the collector then
+    sees it among the object's referents; before, it sees the inline values themselves)."""
+    return any(type(r) is dict and "_ready" in r for r in gc.get_referents(obj))
+
+
+async def test_instrumenting_leaves_the_loops_attributes_inline(prof: asyncflow.Profiler) -> None:
+    """Reading ``vars(loop)`` would turn the loop's inline attribute values into a dict, and on
+    3.11 no method call on the loop in asyncio's Python code is specialized after that."""
+    loop = asyncio.get_running_loop()
+    before = _dict_materialized(loop)
+    with asyncflow.instrument_executors() as handle:
+        assert not asyncflow.instrument_executors().active  # the second finds the first
+        assert await loop.run_in_executor(None, sum, [1, 2]) == 3
+    assert not handle.active
+    assert _dict_materialized(loop) == before
+    assert not isinstance(loop.run_in_executor, executors._RunInExecutor)
