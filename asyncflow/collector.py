@@ -143,7 +143,10 @@ class Collector:
     def _fold_finished(self) -> int:
         # Once per finished call, on this thread while the program runs: the lookups are
         # hoisted and the histogram's bucket found inline (stats.record's two lines).
-        take = self.session.finished.popleft
+        finished = self.session.finished
+        if not finished:
+            return 0  # an idle tick: nothing to set up, no IndexError to raise and catch
+        take = finished.popleft
         keep = self.options.recent_logs
         live = self.live
         users = _recording.users

@@ -436,6 +436,8 @@ class LoopMonitor:
             self._check(state)
             watching = watching or not state.closed
         self.watching = watching
+        if len(self.states) <= len(alive):
+            return watching  # no state of a loop that is gone: nothing to close
         with self._lock:
             gone = [s for i, s in self.states.items() if i not in alive]
         for state in gone:
