@@ -429,10 +429,10 @@ def _rss_mib() -> float:
 
 def leaks(calls: int, checkpoints: int = 10) -> None:
     """Drive ``calls`` tracked calls through every path (return, raise, cancel, close, throw,
-    never awaited) and as many stream items through wrapped iterables (exhausted, failed,
-    cancelled midway, abandoned) on the chosen hot paths, printing the resident memory as it
-    goes: it must stay flat, the records of finished calls being folded and dropped as they
-    go."""
+    never awaited; every task made through whole-program mode's factory) and as many stream
+    items through wrapped iterables (exhausted, failed, cancelled midway, abandoned) on the
+    chosen hot paths, printing the resident memory as it goes: it must stay flat, the records
+    of finished calls being folded and dropped as they go."""
 
     @asyncflow.future
     async def returns(i: int) -> int:
@@ -485,6 +485,10 @@ def leaks(calls: int, checkpoints: int = 10) -> None:
         return seen
 
     async def chunk(n: int) -> None:
+        with asyncflow.instrument_tasks():  # every task through the task factory too
+            await tracked_paths(n)
+
+    async def tracked_paths(n: int) -> None:
         await stream_paths(n)
         for i in range(n // 6):
             await returns(i)
