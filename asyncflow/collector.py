@@ -141,11 +141,19 @@ class Collector:
         return folded
 
     def _fold_finished(self) -> int:
-        # Once per finished call, on this thread while the program runs: the lookups are
-        # hoisted and the histogram's bucket found inline (stats.record's two lines).
         finished = self.session.finished
         if not finished:
             return 0  # an idle tick: nothing to set up, no IndexError to raise and catch
+        fold = _futures.fold_finished  # the loop below, compiled (~4x cheaper a call)
+        if fold is not None:
+            users = _to_users_call if _recording.users else None
+            return fold(self, finished, self.options.recent_logs, self.live, users)  # type: ignore[no-any-return]
+        return self._fold_finished_py(finished)
+
+    def _fold_finished_py(self, finished: deque[CallRecord]) -> int:
+        """The reference fold. Once per finished call, on this thread while the program runs:
+        the lookups are hoisted and the histogram's bucket found inline (stats.record's two
+        lines)."""
         take = finished.popleft
         keep = self.options.recent_logs
         live = self.live

@@ -321,6 +321,7 @@ def hot_path(path: str) -> Iterator[None]:
         swapped.append((queues, "_FifoHook", queues._FifoHook))
         queues._FifoHook = None
     running, futures.running_on_thread = futures.running_on_thread, None
+    fold, futures.fold_finished = futures.fold_finished, None  # the collector's, in Python
     call = vars(futures.FutureFunction)["__call__"]
     futures.FutureFunction.__call__ = futures._py_future_call  # type: ignore[method-assign]
     factory_call = vars(futures._TaskFactory)["__call__"]
@@ -331,6 +332,7 @@ def hot_path(path: str) -> Iterator[None]:
         futures._TaskFactory.__call__ = factory_call  # type: ignore[method-assign]
         futures.FutureFunction.__call__ = call  # type: ignore[method-assign]
         futures.running_on_thread = running
+        futures.fold_finished = fold
         for module, name, current in swapped:
             setattr(module, name, current)
 

@@ -10,6 +10,7 @@ runs it on both. Tests that need the compiled module skip where it was not built
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import contextvars
 import gc
@@ -27,6 +28,7 @@ import pytest
 import asyncflow
 from asyncflow import stats
 from asyncflow.clock import FakeClock
+from asyncflow.collector import Collector
 from asyncflow.instrument import futures, streams
 from asyncflow.instrument.futures import FutureRecord, call_field, call_state
 from tests.compiled_path import STATS_COUNTERS as _STATS_FIELDS
@@ -807,3 +809,76 @@ def test_no_reference_is_leaked_by_the_task_factory(prof: asyncflow.Profiler) ->
     after = counts()
     assert after_no_gc == before[0]
     assert after[0] == before[0] and abs(after[1] - before[1]) < 50, (before, after)
+
+
+@compiled
+def test_the_compiled_fold_matches_the_reference() -> None:
+    """The collector's fold of finished calls, compiled and in Python, on the same calls: C
+    and Python records, a call of an earlier session (not counted), a full log of recent calls,
+    the live reporter and the users' recorders; and an error midway keeps the count taken."""
+
+    class Live:
+        def __init__(self) -> None:
+            self.added: list[int] = []
+
+        def add(self, r: Any) -> None:
+            self.added.append(r.created)
+
+    def scene() -> tuple[Any, Any, list[int], FutureRecord]:
+        future = FutureRecord("fold", "m:fold", "m.py", 1, False, "decorator")
+        earlier = futures._new_stats()
+        finished: Any = collections.deque()
+        for created, took in ((10, 5), (20, 70), (30, 9_000), (40, 2**40)):
+            r = futures._speedups.CallRecord(future, future.stats, created)
+            r.finished = created + took
+            finished.append(r)
+        python = futures.CallRecordPy(future, future.stats, 50)
+        python.finished = 50 + 123
+        finished.append(python)
+        late = futures._speedups.CallRecord(future, earlier, 60)
+        late.finished = 61
+        finished.append(late)
+        given: list[int] = []
+        collector = types.SimpleNamespace(
+            session=types.SimpleNamespace(finished=finished),
+            options=types.SimpleNamespace(recent_logs=3),
+            live=Live(),
+            taken=0,
+        )
+        return collector, finished, given, future
+
+    def outcome(collector: Any, future: FutureRecord, folded: int, given: list[int]) -> Any:
+        st = future.stats
+        return (
+            folded,
+            collector.taken,
+            dict(st.call_hist),
+            [r.created for r in st.recent],
+            st.recent.maxlen,
+            collector.live.added,
+            given,
+        )
+
+    ref, finished, given, future = scene()
+    folded = Collector._fold_finished_py(ref, finished)
+    python = outcome(ref, future, folded, given)
+    ours, finished, given, future = scene()
+    folded = futures._speedups.fold_finished(ours, finished, 3, ours.live, None)
+    assert outcome(ours, future, folded, given) == python
+    assert python[:2] == (5, 6) and python[3] == [30, 40, 50]
+
+    ours, finished, given, future = scene()
+    folded = futures._speedups.fold_finished(
+        ours, finished, 3, None, lambda r: given.append(r.created)
+    )
+    assert (folded, given, ours.live.added) == (5, [10, 20, 30, 40, 50], [])
+
+    ours, finished, given, future = scene()
+
+    def fails(r: Any) -> None:
+        if r.created == 30:
+            raise LookupError("a recorder failed")
+
+    with pytest.raises(LookupError):
+        futures._speedups.fold_finished(ours, finished, 3, None, fails)
+    assert ours.taken == 3 and len(finished) == 3  # the third was taken, the rest wait

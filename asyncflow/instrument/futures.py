@@ -1146,6 +1146,9 @@ running_on_thread: Callable[[int], tuple[Any, Any]] | None = None
 #: the compiled path's innermost call being polled on the calling thread (its record, or
 #: None); None on the pure-Python path
 running_call_here: Callable[[], Any] | None = None
+#: the collector's fold of finished calls, compiled (collector.Collector._fold_finished_py is
+#: the reference); None on the pure-Python path
+fold_finished: Callable[..., Any] | None = None
 
 
 def _new_stats() -> FutureStats:
@@ -1178,6 +1181,7 @@ _SPEEDUPS_NAMES = (
     "FutureStats",
     "InstrumentedCoroutine",
     "PollHistogram",
+    "fold_finished",
     "future_call",
     "running_call",
     "running_calls",
@@ -1192,6 +1196,7 @@ if _speedups is not None:
     accelerated = True
     running_on_thread = _speedups.running_calls
     running_call_here = _speedups.running_call
+    fold_finished = _speedups.fold_finished
     _new_poll_histogram = _speedups.PollHistogram
     if not TYPE_CHECKING:
         InstrumentedCoroutine = _speedups.InstrumentedCoroutine
