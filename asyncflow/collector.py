@@ -1,8 +1,7 @@
 """The cold path: drains finished calls from the recorders' buffer and folds them into aggregates.
 
-Runs on the profiler's own event loop, in the profiler's thread, every ``DRAIN_INTERVAL``
-seconds and before every snapshot. The same timer ticks the loop monitor, so that the thread
-wakes once per monitor tick, not on two schedules. Per-poll figures need no folding: the
+Runs as a task on the profiler's own event loop, in the profiler's thread, every
+``DRAIN_INTERVAL`` seconds and before every snapshot. Per-poll figures need no folding: the
 recorders aggregate them in place, so the collector's share per poll is nil. Each drain also
 reaps the futures and channels that are gone (their function, code or queue freed) into a
 bounded history, so memory follows what is alive, not what ever existed.
@@ -11,7 +10,6 @@ bounded history, so memory follows what is alive, not what ever existed.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from array import array
 from collections import deque
 from typing import TYPE_CHECKING
@@ -36,7 +34,6 @@ if TYPE_CHECKING:
 __all__ = ["DRAIN_INTERVAL", "SERIES_INTERVAL_NS", "Collector", "LiveSeries", "live_calls"]
 
 DRAIN_INTERVAL = 0.05
-_NS = 1_000_000_000
 #: How often each future's live calls are sampled at first; the interval doubles as the
 #: series fills up, so it always spans the whole profile in at most ``LiveSeries.SIZE`` samples
 #: (every 0.25 s for the first 8 s, every 0.5 s up to 16 s, and so on).
@@ -103,11 +100,6 @@ class Collector:
         self.trace: trace.TraceRecorder | None = None
         if options.trace:
             self.trace = trace.TraceRecorder(self, options.trace_events, options.trace_output)
-        #: the profiler's loop while this wakes on it, and the timer of the next wake
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._timer: asyncio.Handle | None = None
-        #: nanoseconds of wake-up delays since the last drain (the first wake drains)
-        self._waited_ns = round(DRAIN_INTERVAL * _NS)
 
     def attach_polls(self) -> None:
         """The profiler starts: filter tasks, and measure polls, as the options ask."""
@@ -207,82 +199,22 @@ class Collector:
         """The futures known now."""
         return registry()
 
-    def start(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Wake on ``loop`` (the profiler's, on its thread) from its next turn on."""
-        self._loop = loop
-        self.monitor.on_watch = self._wake_soon
-        self._timer = loop.call_soon(self._wake)
-
-    def stop(self) -> None:
-        """Wake no more (on the profiler's thread; idempotent)."""
-        self.monitor.on_watch = None
-        self._loop = None
-        timer, self._timer = self._timer, None
-        if timer is not None:
-            timer.cancel()
-
-    def _wake(self) -> None:
-        # A plain timer callback, not a task sleeping: a task's wake takes two turns of the
-        # loop (the timer resolves the sleep, then the task steps), each a select() call and,
-        # beside a busy program, one more wait for the GIL.
-        loop = self._loop
-        if loop is not None:
-            self._timer = loop.call_later(self.tick(), self._wake)
-
-    def _wake_soon(self) -> None:
-        """A running loop was registered while none was watched: on the thread registering it."""
-        loop = self._loop
-        if loop is not None:
-            with contextlib.suppress(RuntimeError):  # the profiler's loop closed meanwhile
-                loop.call_soon_threadsafe(self._wake_now)
-
-    def _wake_now(self) -> None:
-        timer = self._timer
-        if timer is not None and self._loop is not None:
-            timer.cancel()
-            self._wake()
-
-    def tick(self) -> float:
-        """One wake of the profiler's thread; returns the seconds until the next.
-
-        While a loop is open to watch, every wake ticks the loop monitor, ``monitor.interval``
-        apart, and the wakes that would otherwise leave more than ``DRAIN_INTERVAL`` since the
-        last drain also drain (every other one by default). With no loop to watch, the thread
-        wakes only to drain. Each wake-up of a thread (its timer, the return from select(), the
-        GIL taken back from a busy program) costs several times what the work on it does, so
-        the monitor and the drain share them.
-        """
-        now = clock.now_ns()
-        self.session.tick = now
-        try:
-            watching = self.monitor.tick()
-        except Exception as exc:  # observing never breaks the program, nor the profiler
-            _session.internal_error("watching event loops", exc)
-            watching = True  # keep looking a tick apart: a blocked loop may be what failed
-        drain_ns = round(DRAIN_INTERVAL * _NS)
-        interval_ns = round(self.monitor.interval * _NS) if watching else drain_ns
-        if self._waited_ns + interval_ns > drain_ns:
-            self._waited_ns = 0
-            try:
-                self.collect(now)
-            except Exception as exc:
-                _session.internal_error("collecting", exc)
-        self._waited_ns += interval_ns
-        return interval_ns / _NS
-
-    def collect(self, now: int) -> None:
-        """Drain, and feed what follows each drain: the live series, the live reporters, the
-        threads' samples and the trace."""
-        self.drain()
-        self.sample_live(now)
-        if self.live is not None:
-            self.live.tick(now)
-        self.threads.tick(now)
-        if self.trace is not None:
-            try:
-                self.trace.tick(now)
-            except Exception as exc:  # observing never breaks the program
-                _session.internal_error("recording the trace", exc)
+    async def run(self) -> None:
+        """Drain forever; cancelled when the profiler stops (the live reporters are open)."""
+        while True:
+            now = clock.now_ns()
+            self.session.tick = now
+            self.drain()
+            self.sample_live(now)
+            if self.live is not None:
+                self.live.tick(now)
+            self.threads.tick(now)
+            if self.trace is not None:
+                try:
+                    self.trace.tick(now)
+                except Exception as exc:  # observing never breaks the program
+                    _session.internal_error("recording the trace", exc)
+            await asyncio.sleep(DRAIN_INTERVAL)
 
 
 def _to_users_call(r: CallRecord) -> None:

@@ -20,8 +20,6 @@ An episode ends when the heartbeat finally runs, when the poll it blames is seen
 when the loop is seen waiting in its selector again.
 
 Nothing here runs on the hot path; the heartbeat is the only code that runs on the user's loop.
-The monitor has no timer of its own: the collector's wake-up calls :meth:`LoopMonitor.tick`
-every ``interval`` while a loop is open to watch, so the profiler's thread wakes once a tick.
 """
 
 from __future__ import annotations
@@ -34,7 +32,6 @@ import threading
 import traceback
 import types
 from collections import deque
-from collections.abc import Callable
 from types import CodeType, FrameType
 from typing import Any
 
@@ -390,11 +387,6 @@ class LoopMonitor:
         self.interval = min(0.05, max(0.005, threshold_ns / 4e9))
         self.states: dict[int, LoopState] = {}
         self._lock = threading.Lock()  # states are added from the threads that register loops
-        #: whether the last tick found a loop open to watch (else the ticks may stop)
-        self.watching = False
-        #: called, from the registering thread, when a running loop is registered while the
-        #: monitor watches none: the profiler's thread is asleep for longer than a tick then
-        self.on_watch: Callable[[], None] | None = None
         # Hear of each loop as it is registered: a profiler is starting, and this is its monitor.
         loops.on_register = self._registered
 
@@ -418,26 +410,13 @@ class LoopMonitor:
         if loop is None or loop.is_closed() or not loop.is_running():
             return  # not running yet: watched from its first tracked poll, or the next tick
         self._post(self.state_of(record), loop, clock.now_ns())
-        wake = self.on_watch
-        if not self.watching and wake is not None:
-            # The next tick may be a drain interval away: have it now, so that the looks at
-            # this loop begin, and go on, a tick apart.
-            self.watching = True
-            wake()
 
-    def tick(self) -> bool:
-        """Post heartbeats, and detect blocked loops; called every ``interval`` while it
-        watches. Returns whether a loop is open to watch (else nothing needs the next tick)."""
+    def tick(self) -> None:
+        """Post heartbeats, and detect blocked loops; called every ``interval``."""
         alive = set()
-        watching = False
         for record in loop_registry():
             alive.add(record.id)
-            state = self.state_of(record)
-            self._check(state)
-            watching = watching or not state.closed
-        self.watching = watching
-        if len(self.states) <= len(alive):
-            return watching  # no state of a loop that is gone: nothing to close
+            self._check(self.state_of(record))
         with self._lock:
             gone = [s for i, s in self.states.items() if i not in alive]
         for state in gone:
@@ -448,7 +427,6 @@ class LoopMonitor:
             with self._lock:
                 for state in gone[:-MAX_GONE]:
                     del self.states[state.record.id]
-        return watching
 
     def _post(self, state: LoopState, loop: asyncio.AbstractEventLoop, now: int) -> None:
         """Post a heartbeat unless one is in flight."""
@@ -493,6 +471,15 @@ class LoopMonitor:
             if state.pending != pending:
                 return  # the loop answered meanwhile: it was slow, but is not late now
             state.look(sample, fresh, pending, now)
+
+    async def run(self) -> None:
+        """Tick forever; cancelled when the profiler stops."""
+        while True:
+            try:
+                self.tick()
+            except Exception as exc:  # observing never breaks the program, nor the profiler
+                _session.internal_error("watching event loops", exc)
+            await asyncio.sleep(self.interval)
 
     def stop(self) -> None:
         """Stop hearing of new loops, disown heartbeats still in flight, and end ongoing

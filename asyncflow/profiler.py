@@ -245,22 +245,24 @@ class Profiler:
 
     def _run(self, ready: threading.Event) -> None:
         loop = _ProfilerLoop()
-        collector = self._collector
-        assert collector is not None
+        tasks: list[asyncio.Task[None]] = []
         try:
             self._loop = loop
+            collector = self._collector
+            assert collector is not None
             options = self.options
             if options.port is not None:
                 self.url = loop.run_until_complete(self._serve(loop, collector))
             if collector.live is not None:
                 collector.live.open(loop)  # before ready: start() returns with them open
-            collector.start(loop)  # drains, and watches the loops, on one timer
+            tasks.append(loop.create_task(collector.run(), name="asyncflow-collector"))
+            tasks.append(loop.create_task(collector.monitor.run(), name="asyncflow-monitor"))
             if options.duration is not None:
                 loop.call_later(options.duration, self._expire)
         except BaseException as exc:
             self._failure = exc
             self.url = None
-            self._finish(loop, collector)
+            self._finish(loop, tasks)
             ready.set()
             return
         with self._ready_lock:
@@ -269,12 +271,12 @@ class Profiler:
                 ready.set()
         if abandoned:  # start() gave up while this thread got ready: serve nothing
             self.url = None
-            self._finish(loop, collector)
+            self._finish(loop, tasks)
             return
         try:
             loop.run_forever()
         finally:
-            self._finish(loop, collector)
+            self._finish(loop, tasks)
 
     async def _serve(self, loop: _ProfilerLoop, collector: Collector) -> str:
         """Start the endpoint; returns its URL.
@@ -304,15 +306,17 @@ class Profiler:
         self._server = server
         return url
 
-    def _finish(self, loop: _ProfilerLoop, collector: Collector) -> None:
-        """Stop the collector's wake-ups and the server, close the loop (on its thread)."""
+    def _finish(self, loop: _ProfilerLoop, tasks: list[asyncio.Task[None]]) -> None:
+        """Cancel the profiler's tasks, stop the server, close the loop (on its thread)."""
         server = self._server
 
         async def shut() -> None:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
             if server is not None:
                 await server.stop()
 
-        collector.stop()
         try:
             loop.run_until_complete(shut())
         finally:
