@@ -204,7 +204,10 @@ class Collector:
         while True:
             now = clock.now_ns()
             self.session.tick = now
-            self.drain()
+            try:
+                self.drain()
+            except Exception as exc:  # counted, and tried again next time: never the end of it
+                _session.internal_error("collecting", exc)
             self.sample_live(now)
             if self.live is not None:
                 self.live.tick(now)
