@@ -775,40 +775,100 @@ def test_a_failure_to_track_a_task_still_makes_the_task(
     assert "instrumenting a task" in (status.last_internal_error or "")
 
 
+@pytest.mark.parametrize("impl", _FACTORY_CALLS)
+def test_an_interrupt_while_tracking_a_task_reaches_the_program(
+    impl: str, prof: asyncflow.Profiler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only errors of asyncflow's own are swallowed: a KeyboardInterrupt raised while a task is
+    being tracked goes on to the program, as it would have there without asyncflow."""
+    if impl == "reference":
+        monkeypatch.setattr(futures._TaskFactory, "__call__", futures._py_task_factory_call)
+
+    def interrupted(coro: Any) -> Any:
+        raise KeyboardInterrupt
+
+    async def first_sight() -> str:
+        return "ran"
+
+    async def main() -> None:
+        with asyncflow.instrument_tasks():
+            monkeypatch.setattr(futures, "_task_record", interrupted)
+            coro = first_sight()
+            try:
+                with pytest.raises(KeyboardInterrupt):
+                    asyncio.create_task(coro)  # noqa: RUF006 (it raises: no task)
+            finally:
+                coro.close()
+
+    errors = prof.snapshot().status.internal_errors
+    asyncio.run(main())
+    assert prof.snapshot().status.internal_errors == errors
+
+
 @compiled
 def test_no_reference_is_leaked_by_the_task_factory(prof: asyncflow.Profiler) -> None:
-    """Tasks made through the compiled factory (tracked, with a context, failing to track)
-    leave the reference counts and the number of live objects as they were, GC off."""
+    """Tasks made through the compiled factory (tracked, with a context, chained to a factory
+    of the program's, failing to track, called with other keywords) leave the reference counts
+    and the number of live objects as they were, GC off."""
     result = object()
+    real_task_record = futures._task_record
 
     async def job() -> object:
         return result
 
+    async def untracked() -> object:
+        return result
+
+    def failing(coro: Any) -> Any:
+        if coro.cr_code is untracked.__code__:
+            raise LookupError("no record")
+        return real_task_record(coro)
+
+    def programs(loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> Any:
+        return asyncio.Task(coro, loop=loop, **kwargs)
+
     async def rounds(n: int) -> None:
         loop = asyncio.get_running_loop()
         with asyncflow.instrument_tasks():
+            factory: Any = loop.get_task_factory()
             for _ in range(n):
                 assert await asyncio.create_task(job()) is result
                 ctx = contextvars.copy_context()
                 assert await asyncio.create_task(job(), context=ctx) is result
                 assert await loop.create_task(job(), name="named") is result
+                assert await factory(loop, job(), name="direct") is result  # the reference's
+                assert await asyncio.create_task(untracked()) is result
+        loop.set_task_factory(programs)
+        try:
+            with asyncflow.instrument_tasks():
+                for _ in range(n):
+                    assert await asyncio.create_task(job()) is result
+        finally:
+            loop.set_task_factory(None)
+
+    futures._task_record = failing  # restored below
 
     def counts() -> tuple[int, int]:
         prof.snapshot()
         gc.collect()
         return sys.getrefcount(result), len(gc.get_objects())
 
-    asyncio.run(rounds(20))
-    before = counts()
-    gc.disable()
+    errors = prof.snapshot().status.internal_errors
     try:
-        asyncio.run(rounds(300))
-        after_no_gc = sys.getrefcount(result)
+        asyncio.run(rounds(20))
+        before = counts()
+        gc.disable()
+        try:
+            asyncio.run(rounds(300))
+            after_no_gc = sys.getrefcount(result)
+        finally:
+            gc.enable()
     finally:
-        gc.enable()
+        futures._task_record = real_task_record
     after = counts()
     assert after_no_gc == before[0]
     assert after[0] == before[0] and abs(after[1] - before[1]) < 50, (before, after)
+    assert prof.snapshot().status.internal_errors == errors + 320  # every failing round
 
 
 @compiled
