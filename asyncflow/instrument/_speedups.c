@@ -18,6 +18,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <structmember.h>
+#include <string.h>
 #include <time.h>
 
 #if PY_VERSION_HEX < 0x030B0000
@@ -879,6 +880,15 @@ stats_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     return (PyObject *)self;
 }
 
+/* The name of obj's type without its module: tp_name after its last dot. */
+static const char *
+short_name(PyObject *obj)
+{
+    const char *name = Py_TYPE(obj)->tp_name;
+    const char *dot = strrchr(name, '.');
+    return dot != NULL ? dot + 1 : name;
+}
+
 /* A C counter of an object (FutureStats, StreamCounter), read and set as an int (a getset rather
  * than a T_LONGLONG member: 3.11's member stores -1 before it refuses an int too large for it). */
 static PyObject *
@@ -891,13 +901,12 @@ static int
 stats_int_set(PyObject *self, PyObject *value, void *offset)
 {
     if (value == NULL) {
-        PyErr_Format(PyExc_TypeError, "a %s counter cannot be deleted",
-                     _PyType_Name(Py_TYPE(self)));
+        PyErr_Format(PyExc_TypeError, "a %s counter cannot be deleted", short_name(self));
         return -1;
     }
     if (!PyLong_Check(value)) {
-        PyErr_Format(PyExc_TypeError, "a %s counter is an int, not %.100s",
-                     _PyType_Name(Py_TYPE(self)), Py_TYPE(value)->tp_name);
+        PyErr_Format(PyExc_TypeError, "a %s counter is an int, not %.100s", short_name(self),
+                     Py_TYPE(value)->tp_name);
         return -1;
     }
     long long n = PyLong_AsLongLong(value);
@@ -2403,7 +2412,12 @@ task_factory_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf
         Py_XDECREF(record);
         if (PyErr_Occurred()) { /* observing never breaks the program: the task goes untracked */
             Py_CLEAR(wrapped);
-            internal_error("instrumenting a task", fetch_exc(), self);
+            PyObject *err = fetch_exc();
+            if (!PyObject_TypeCheck(err, (PyTypeObject *)PyExc_Exception)) {
+                restore_exc(err); /* KeyboardInterrupt, SystemExit: the program's, as in Python */
+                return NULL;
+            }
+            internal_error("instrumenting a task", err, self);
         }
     }
     PyObject *use = wrapped != NULL ? wrapped : coro;
@@ -3152,7 +3166,10 @@ mod_setup_streams(PyObject *module, PyObject *ns)
  *
  * collector.Collector._fold_finished is the reference; this is the same loop for the compiled
  * path, run on the profiler's thread for every finished call: a decorated fan-out finishes a
- * call every microsecond or two, and the Python loop took ~700 ns of that thread's CPU each. */
+ * call every microsecond or two, and the Python loop took ~200 ns of that thread's CPU each
+ * (about 45 ns here). Unlike the reference, it adds the calls taken to collector.taken once, at
+ * the end (also when one fails): ``dropped``, read on the same thread after the fold, is the
+ * same. */
 
 static PyObject *s_call_hist, *s_recent, *s_future, *s_finished_at, *s_created_at, *s_add,
     *s_taken, *s_maxlen;
@@ -4044,6 +4061,8 @@ PyInit__speedups(void)
     factory_call->what = "_TaskFactory.__call__";
     PyObject *m = PyModule_Create(&module_def);
     if (m == NULL) {
+        Py_DECREF(future_call);
+        Py_DECREF(factory_call);
         return NULL;
     }
     if (PyModule_AddObjectRef(m, "CallRecord", (PyObject *)&RecordType) < 0 ||
