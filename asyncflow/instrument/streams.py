@@ -44,8 +44,9 @@ STREAM_LOG_SIZE = 100
 class StreamStats:
     """One session's figures for one stream definition.
 
-    ``items`` is bumped inline at every item; ``arm`` is the item number from which the next
-    items take the timed path (see ``_timed_item``).
+    ``items`` is counted at every item by the wrapper's step (a C integer on the compiled
+    path, see ``_load_compiled_stats``); ``arm`` is the item number from which the next items
+    take the timed path (see ``_timed_item``).
     """
 
     __slots__ = (

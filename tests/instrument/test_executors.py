@@ -227,6 +227,9 @@ def _dict_materialized(obj: object) -> bool:
     return any(type(r) is dict and "_ready" in r for r in gc.get_referents(obj))
 
 
+@pytest.mark.skipif(
+    sys.version_info >= (3, 13), reason="3.13's collector does not show the dict as a referent"
+)
 async def test_instrumenting_leaves_the_loops_attributes_inline(prof: asyncflow.Profiler) -> None:
     """Reading ``vars(loop)`` would turn the loop's inline attribute values into a dict, and on
     3.11 no method call on the loop in asyncio's Python code is specialized after that."""
