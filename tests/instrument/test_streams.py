@@ -601,3 +601,55 @@ async def test_an_invalid_anext_fails_as_await_does() -> None:
     assert wrapped == "object int can't be used in 'await' expression"
     entry, _ = _stream(snap, "bad")
     assert entry.items_yielded == 0 and entry.instances["failed"] == 1
+
+
+async def test_a_decorated_generator_under_asynccontextmanager_behaves_as_before() -> None:
+    """Decorated generators are wrapped: contextlib's context manager over one still sees the
+    same entry, exit, exception chaining and cancellation, and each use is one iteration."""
+
+    def build(track: Callable[[Any], Any]) -> Any:
+        @contextlib.asynccontextmanager
+        @track
+        async def resource(log: list[str]) -> AsyncIterator[str]:
+            log.append("open")
+            try:
+                yield "r"
+            except KeyError as exc:
+                log.append(f"caught {exc!r}")
+                raise ValueError("wrapped") from exc
+            finally:
+                log.append("close")
+
+        return resource
+
+    async def scenario(resource: Any) -> list[str]:
+        log: list[str] = []
+        async with resource(log) as r:
+            log.append(r)
+        try:
+            async with resource(log):
+                raise KeyError("k")
+        except ValueError as exc:
+            log.append(f"{type(exc).__name__} {exc} cause={exc.__cause__!r}")
+        try:
+            async with resource(log):
+                raise asyncio.CancelledError
+        except asyncio.CancelledError:
+            log.append("cancelled")
+        return log
+
+    plain = await scenario(build(_identity))
+    with asyncflow.profile("acm", format="none") as prof:
+        tracked = await scenario(build(asyncflow.stream(name="resource")))
+        snap = prof.snapshot()
+    assert tracked == plain
+    assert plain[-1] == "cancelled" and "ValueError wrapped cause=KeyError('k')" in plain
+    entry, _ = _stream(snap, "resource")
+    assert entry.items_yielded == 3
+    assert entry.instances == {
+        "active": 0,
+        "exhausted": 1,
+        "closed": 0,
+        "cancelled": 1,
+        "failed": 1,
+    }
