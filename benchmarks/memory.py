@@ -1,12 +1,16 @@
 """Memory benchmark: what thousands of short-lived objects leave behind in the profiler.
 
-Eight cases, each in a fresh process with a profiler running (port 0), each making N objects
+Ten cases, each in a fresh process with a profiler running (port 0), each making N objects
 that are used once and dropped:
 
     exec        N functions made with ``exec``, each run once as a task (``instrument_tasks``)
     decorator   one ``@asyncflow.future`` applied N times inside a factory, each result called once
     queues      N queues made under ``instrument_queues()``, one message through each
     streams     N anyio memory object streams, instrumented, one message through each
+    agen-wrap   N async generator functions made with ``exec``, each generator wrapped with
+                ``asyncflow.stream()`` and iterated once
+    agen-deco   N async generator functions made with ``exec``, each ``@asyncflow.stream``-ed and
+                its generator iterated once
     locks       N ``asyncio.Lock`` made under ``instrument_locks()``, each acquired once
     executors   N thread-pool executors under ``instrument_executors()``, one job each
     measured    N functions made with ``exec``, each ``@asyncflow.measure``-d and called once
@@ -34,14 +38,25 @@ import sys
 import time
 import tracemalloc
 import urllib.request
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any
 
 import anyio
 
 import asyncflow
 
-CASES = ("exec", "decorator", "queues", "streams", "locks", "executors", "measured", "metrics")
+CASES = (
+    "exec",
+    "decorator",
+    "queues",
+    "streams",
+    "agen-wrap",
+    "agen-deco",
+    "locks",
+    "executors",
+    "measured",
+    "metrics",
+)
 WARM_UP = 200
 
 
@@ -92,6 +107,27 @@ async def _streams(n: int, tag: str) -> None:
             await receive.receive()
 
 
+def _async_generator_function(name: str) -> Callable[[int], AsyncIterator[int]]:
+    """An async generator function with a code object of its own, as a template engine or an
+    RPC layer makes them."""
+    namespace: dict[str, Any] = {}
+    exec(f"async def {name}(x):\n    yield x\n", namespace)
+    fn: Callable[[int], AsyncIterator[int]] = namespace[name]
+    return fn
+
+
+async def _wrapped_generators(n: int, tag: str) -> None:
+    for i in range(n):
+        async for _ in asyncflow.stream(_async_generator_function(f"{tag}{i}")(i)):
+            pass
+
+
+async def _decorated_generators(n: int, tag: str) -> None:
+    for i in range(n):
+        async for _ in asyncflow.stream(_async_generator_function(f"{tag}{i}"))(i):
+            pass
+
+
 async def _locks(n: int, tag: str) -> None:
     with asyncflow.instrument_locks():
         for _ in range(n):
@@ -126,6 +162,8 @@ _MAKE: dict[str, Callable[[int, str], Coroutine[Any, Any, None]]] = {
     "decorator": _decorated,
     "queues": _queues,
     "streams": _streams,
+    "agen-wrap": _wrapped_generators,
+    "agen-deco": _decorated_generators,
     "locks": _locks,
     "executors": _executors,
     "measured": _measured,
@@ -164,12 +202,14 @@ def one(case: str, objects: int, trace: bool) -> dict[str, float]:
         snapshot_s, snapshot_bytes = _get(f"{prof.url}/snapshot")
         page_s, _ = _get(f"{prof.url}/futures?limit=10")
         final = prof.snapshot()
-    assert final.channels is not None
+    assert final.channels is not None and final.streams is not None
     assert final.resources is not None and final.executors is not None
     assert final.functions is not None and final.user_metrics is not None
     listed = {
         "queues": len(final.channels.channels),
         "streams": len(final.channels.channels),
+        "agen-wrap": final.streams.total,
+        "agen-deco": final.streams.total,
         "locks": final.resources.total,
         "executors": len(final.executors.executors),
         "measured": final.functions.total,
