@@ -22,7 +22,6 @@ import asyncio
 import itertools
 import sys
 import threading
-import weakref
 from collections import deque
 from collections.abc import Callable
 from types import FrameType
@@ -31,6 +30,7 @@ from typing import Any
 from asyncflow import clock as _clock
 from asyncflow.instrument import _session
 from asyncflow.instrument import futures as _futures
+from asyncflow.instrument._gone import AGGREGATES_KEPT, GONE_KEPT, GoneHistory
 from asyncflow.instrument.futures import InstrumentedCoroutinePy
 from asyncflow.stats import SMALL_BUCKET, SMALL_LIMIT, bucket_of, merge, new_histogram
 
@@ -188,8 +188,7 @@ class ChannelRecord:
         # record is queued for the collector to reap (an aggregate has no target at all).
         self._target: Callable[[], Any] = _no_target
         if target is not None:
-            ref = self._target = _Target(target, _target_gone)
-            ref.record = self
+            self._target = _history.watch(self, target)
         self._measure = measure
         self.closed = False
         self.stats = ChannelStats()
@@ -422,100 +421,57 @@ def _no_target() -> None:
     return None
 
 
-class _Target(weakref.ref):  # type: ignore[type-arg]
-    """The weak reference to a channel's queue or stream state; queues its record when freed."""
-
-    __slots__ = ("record",)
-
-    record: ChannelRecord | None
-
-
-def _target_gone(ref: _Target) -> None:
-    # Runs in whichever thread frees the channel, perhaps while it holds _lock: no lock here.
-    record = ref.record
-    if record is not None:
-        try:  # noqa: SIM105 (at interpreter shutdown contextlib itself may be gone)
-            _dying.append(record)
-        except Exception:  # the module's globals may be gone already
-            pass
-
-
 _channel_ids = itertools.count(1)
 _lock = threading.Lock()
 #: channels instrumented and not reaped yet, by id, oldest first
 _registry: dict[int, ChannelRecord] = {}
-#: History of gone channels: the last GONE_KEPT as they were, older ones folded into one
-#: aggregate per (label, kind), at most AGGREGATES_KEPT (then one "(other gone channels)").
-GONE_KEPT = 100
-AGGREGATES_KEPT = 256
+#: Gone channels: the last GONE_KEPT as they were, older ones folded into one aggregate per
+#: (label, kind), at most AGGREGATES_KEPT (then one "(other gone channels)" per kind).
 OTHER_GONE = "(other gone channels)"
-_dying: deque[ChannelRecord] = deque()
-_gone: deque[ChannelRecord] = deque()
-_aggregates: dict[tuple[str, str], ChannelRecord] = {}
 
 
 def register(record: ChannelRecord) -> ChannelRecord:
     """Add a channel to the registry the collector reads."""
-    reap()  # with no profiler to collect, keep the registry to what is alive as it grows
-    with _lock:
-        _registry[record.id] = record
+    _history.register(record)
     return record
 
 
 def channel_registry() -> list[ChannelRecord]:
     """Every channel of the session (a copy): live ones oldest first, then the last gone ones,
     then the aggregates of older gone ones."""
-    reap()
-    with _lock:
-        return [*_registry.values(), *_gone, *_aggregates.values()]
+    return _history.listing()
 
 
 def reap(*, collecting: bool = False) -> int:
     """Move the channels that are gone out of the registry, into the bounded history of gone
-    channels; returns how many moved.
+    channels (see ``_gone.GoneHistory.reap``); returns how many moved.
 
-    A gone channel's figures are final (its hooks died with it). While a profiler runs, only its
-    collector reaps (``collecting``), off the program's threads; with none running, whoever
-    registers or lists channels reaps, so the registry stays as large as what is alive.
+    A gone channel's figures are final (its hooks died with it).
     """
-    if not _dying:
-        return 0
-    if not collecting and _session.active is not None:
-        return 0
-    reaped = 0
-    with _lock:
-        while _dying:
-            record = _dying.popleft()
-            if _registry.pop(record.id, None) is None:
-                continue  # dropped already, at a session start
-            reaped += 1
-            target = record._target
-            if isinstance(target, _Target):
-                target.record = None  # no cycle left between the record and its reference
-            st = record.stats
-            st.lost = max(0, st.sent - st.received)
-            st.pending.clear()  # timed sends that can never be received now
-            _gone.append(record)
-            while len(_gone) > GONE_KEPT:
-                _fold(_gone.popleft())
-    return reaped
+    return _history.reap(collecting)
 
 
-def _fold(record: ChannelRecord) -> None:
-    """Add a gone channel's figures to the aggregate of its label (under _lock)."""
-    key = (record.label, record.kind)
-    agg = _aggregates.get(key)
-    if agg is None and len(_aggregates) >= AGGREGATES_KEPT:
-        key = (OTHER_GONE, record.kind)
-        agg = _aggregates.get(key)
-    if agg is None:
-        agg = _aggregates[key] = ChannelRecord(
-            key[0], record.kind, record.capacity, False, None, _no_size
-        )
-        agg.closed = True
-    elif agg.capacity != record.capacity:
+def _retire(record: ChannelRecord) -> None:
+    """A reaped channel: the messages still in it are lost."""
+    st = record.stats
+    st.lost = max(0, st.sent - st.received)
+    st.pending.clear()  # timed sends that can never be received now
+
+
+def _kind(record: ChannelRecord) -> str:
+    return record.kind
+
+
+def _aggregate(record: ChannelRecord, label: str) -> ChannelRecord:
+    agg = ChannelRecord(label, record.kind, record.capacity, False, None, _no_size)
+    agg.closed = True
+    return agg
+
+
+def _merge(agg: ChannelRecord, record: ChannelRecord) -> None:
+    """Add a gone channel's figures to its aggregate (under _lock)."""
+    if agg.capacity != record.capacity:
         agg.capacity = max(agg.capacity, record.capacity)
-    agg.folded += 1
     a, s = agg.stats, record.stats
     a.sent += s.sent
     a.taken += s.taken
@@ -550,13 +506,22 @@ def _no_size(target: Any) -> int:
     return 0
 
 
+_history: GoneHistory[ChannelRecord] = GoneHistory(
+    _lock,
+    _registry,
+    other=OTHER_GONE,
+    kind=_kind,
+    aggregate=_aggregate,
+    merge=_merge,
+    retire=_retire,
+)
+
+
 def reset_for_session() -> None:
     """Give every channel fresh figures and forget channels that are gone: a new profiler
     starts from zero."""
     with _lock:
-        _dying.clear()
-        _gone.clear()
-        _aggregates.clear()
+        _history.forget()
         for cid, record in list(_registry.items()):
             if record.alive:
                 record.stats.__init__()  # type: ignore[misc]

@@ -37,6 +37,7 @@ from asyncflow import clock as _clock
 from asyncflow import config as _config
 from asyncflow.instrument import _session
 from asyncflow.instrument import futures as _futures_module
+from asyncflow.instrument._gone import AGGREGATES_KEPT, GONE_KEPT, GoneHistory
 from asyncflow.instrument.channels import running_call as _running_call
 from asyncflow.instrument.futures import (
     CallRecord,
@@ -89,10 +90,8 @@ LIMITER = "capacity_limiter"
 RESOURCE_LOG_SIZE = 100
 #: open holds remembered per resource (with who holds them); more are counted, not named
 HOLDS_KEPT = 1024
-#: History of gone resources: the last GONE_KEPT as they were, older ones folded into one
-#: aggregate per (label, kind), at most AGGREGATES_KEPT (then one "(other gone resources)").
-GONE_KEPT = 100
-AGGREGATES_KEPT = 256
+#: Gone resources: the last GONE_KEPT as they were, older ones folded into one aggregate per
+#: (label, kind), at most AGGREGATES_KEPT (then one "(other gone resources)" per kind).
 OTHER_GONE = "(other gone resources)"
 
 _MARK = "_asyncflow_resource"
@@ -220,14 +219,6 @@ def _no_target() -> None:
     return None
 
 
-class _Target(weakref.ref):  # type: ignore[type-arg]
-    """The weak reference to a primitive; queues its record for reaping when it is freed."""
-
-    __slots__ = ("record",)
-
-    record: ResourceRecord | None
-
-
 class ResourceRecord:
     """An instrumented primitive: identity, labels, open holds and this session's figures."""
 
@@ -290,8 +281,7 @@ class ResourceRecord:
         self._refs: list[Any] = []  # weak references that keep the id table clean
         self._target: Callable[[], Any] = _no_target
         if target is not None:
-            ref = self._target = _Target(target, _target_gone)
-            ref.record = self
+            self._target = _history.watch(self, target)
         self.stats = ResourceStats()
 
     @property
@@ -302,16 +292,6 @@ class ResourceRecord:
     def target(self) -> Any:
         """The primitive itself, or None once it is gone (cold path only)."""
         return self._target()
-
-
-def _target_gone(ref: _Target) -> None:
-    # Runs in whichever thread frees the primitive, perhaps while it holds _lock: no lock here.
-    record = ref.record
-    if record is not None:
-        try:  # noqa: SIM105 (at interpreter shutdown contextlib itself may be gone)
-            _dying.append(record)
-        except Exception:  # the module's globals may be gone already
-            pass
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1497,78 +1477,54 @@ _resource_ids = itertools.count(1)
 _lock = threading.Lock()
 #: resources instrumented and not reaped yet, by id, oldest first
 _registry: dict[int, ResourceRecord] = {}
-_dying: deque[ResourceRecord] = deque()
-_gone: deque[ResourceRecord] = deque()
-_aggregates: dict[tuple[str, str], ResourceRecord] = {}
 
 
 def _register(record: ResourceRecord) -> None:
-    reap()  # with no profiler to collect, keep the registry to what is alive as it grows
-    with _lock:
-        _registry[record.id] = record
+    _history.register(record)
 
 
 def resource_registry() -> list[ResourceRecord]:
     """Every resource of the session (a copy): live ones oldest first, then the last gone ones,
     then the aggregates of older gone ones."""
-    reap()
-    with _lock:
-        return [*_registry.values(), *_gone, *_aggregates.values()]
+    return _history.listing()
 
 
 def reap(*, collecting: bool = False) -> int:
     """Move the resources that are gone out of the registry, into the bounded history of gone
-    resources; returns how many moved.
-
-    While a profiler runs, only its collector reaps (``collecting``), off the program's
-    threads; with none running, whoever registers or lists resources reaps.
-    """
-    if not _dying:
-        return 0
-    if not collecting and _session.active is not None:
-        return 0
-    reaped = 0
-    with _lock:
-        while _dying:
-            record = _dying.popleft()
-            if _registry.pop(record.id, None) is None:
-                continue  # dropped already, at a session start
-            reaped += 1
-            target = record._target
-            if isinstance(target, _Target):
-                target.record = None  # no cycle left between the record and its reference
-            slot = record.slot
-            held = len(record.holds) + record.stats.untracked + (slot[0] is not None)
-            record.stats.abandoned += held
-            record.holds.clear()
-            slot[0] = slot[1] = None
-            record.stats.waiting = 0
-            _gone.append(record)
-            while len(_gone) > GONE_KEPT:
-                _fold(_gone.popleft())
-    return reaped
+    resources (see ``_gone.GoneHistory.reap``); returns how many moved."""
+    return _history.reap(collecting)
 
 
-def _fold(record: ResourceRecord) -> None:
-    """Add a gone resource's figures to the aggregate of its label (under _lock)."""
-    key = (record.label, record.kind)
-    agg = _aggregates.get(key)
-    if agg is None and len(_aggregates) >= AGGREGATES_KEPT:
-        key = (OTHER_GONE, record.kind)
-        agg = _aggregates.get(key)
-    if agg is None:
-        same = key[0] == record.label
-        agg = _aggregates[key] = ResourceRecord(
-            key[0],
-            record.kind,
-            record.primitive,
-            record.file if same else "?",
-            record.line if same else 0,
-            None,
-            record.initial,
-            record.bound,
-        )
-    agg.folded += 1
+def _retire(record: ResourceRecord) -> None:
+    """A reaped resource: the holds still open are abandoned, and nobody waits any more."""
+    slot = record.slot
+    held = len(record.holds) + record.stats.untracked + (slot[0] is not None)
+    record.stats.abandoned += held
+    record.holds.clear()
+    slot[0] = slot[1] = None
+    record.stats.waiting = 0
+
+
+def _record_kind(record: ResourceRecord) -> str:
+    return record.kind
+
+
+def _aggregate(record: ResourceRecord, label: str) -> ResourceRecord:
+    same = label == record.label
+    return ResourceRecord(
+        label,
+        record.kind,
+        record.primitive,
+        record.file if same else "?",
+        record.line if same else 0,
+        None,
+        record.initial,
+        record.bound,
+    )
+
+
+def _merge(agg: ResourceRecord, record: ResourceRecord) -> None:
+    """Add a gone resource's figures to its aggregate (under _lock)."""
     a, s = agg.stats, record.stats
     for name in _SUMMED:
         setattr(a, name, getattr(a, name) + getattr(s, name))
@@ -1616,15 +1572,22 @@ _SUMMED = (
     "signal_count",
 )
 _EDGE_SUMMED = ("wait_count", "wait_ns", "hold_count", "hold_ns", "signals")
+_history: GoneHistory[ResourceRecord] = GoneHistory(
+    _lock,
+    _registry,
+    other=OTHER_GONE,
+    kind=_record_kind,
+    aggregate=_aggregate,
+    merge=_merge,
+    retire=_retire,
+)
 
 
 def reset_for_session() -> None:
     """Give every resource fresh figures and forget those that are gone: a new profiler starts
     from zero. Holds open now stay open (their holders still hold them)."""
     with _lock:
-        _dying.clear()
-        _gone.clear()
-        _aggregates.clear()
+        _history.forget()
         for rid, record in list(_registry.items()):
             if not record.alive:
                 del _registry[rid]
