@@ -21,6 +21,7 @@ from asyncflow.instrument import _session
 from asyncflow.instrument import channels as _channels
 from asyncflow.instrument import futures as _futures
 from asyncflow.instrument import resources as _resources
+from asyncflow.instrument import streams as _streams
 from asyncflow.instrument.futures import CallRecord, FutureRecord, registry
 from asyncflow.monitor import LoopMonitor
 from asyncflow.reporters import finished_call
@@ -130,6 +131,7 @@ class Collector:
         _futures.reap(self._fold_finished)
         _channels.reap(collecting=True)
         _resources.reap(collecting=True)
+        _streams.reap(collecting=True)
         return folded
 
     def _fold_finished(self) -> int:

@@ -455,6 +455,11 @@ class StreamEntry:
     mode: str = "wrapped"
     #: always None (it said why a decorated function was not compiled again); kept likewise
     fallback_reason: str | None = None
+    #: whether its function's code (or its iterator's type) still exists; a gone stream stays
+    #: listed, among the last few gone, until it is folded into the aggregate of its label
+    alive: bool = True
+    #: for an aggregate, how many gone streams of this label it sums; 0 else
+    folded_count: int = 0
 
 
 @dataclass(frozen=True, slots=True)

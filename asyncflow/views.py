@@ -518,6 +518,8 @@ def stream_entry(record: StreamRecord, qs: tuple[float, ...]) -> StreamEntry:
         consumer_ns=st.between_ns,
         timed_count=st.timed,
         sampling_interval=st.interval,
+        alive=record.alive,
+        folded_count=record.folded,
     )
 
 

@@ -13,7 +13,7 @@ import os
 import tracemalloc
 import types
 import weakref
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -21,8 +21,8 @@ import pytest
 
 import asyncflow
 from asyncflow import clock, views
-from asyncflow.instrument import channels, futures
-from asyncflow.schema import ChannelEntry, FutureEntry, Snapshot
+from asyncflow.instrument import channels, futures, streams
+from asyncflow.schema import ChannelEntry, FutureEntry, Snapshot, StreamEntry
 
 N = 1_000  # per batch: one fills the bounded history, the second must not grow it
 #: what a gone future or channel may still cost once the history is full, per object made:
@@ -39,6 +39,11 @@ def _futures(snap: Snapshot, match: Callable[[FutureEntry], bool]) -> list[Futur
 def _channels(snap: Snapshot, match: Callable[[ChannelEntry], bool]) -> list[ChannelEntry]:
     assert snap.channels is not None
     return [c for c in snap.channels.channels if match(c)]
+
+
+def _streams(snap: Snapshot, match: Callable[[StreamEntry], bool]) -> list[StreamEntry]:
+    assert snap.streams is not None
+    return [s for s in snap.streams.streams if match(s)]
 
 
 _ASYNCFLOW_FILES = os.path.join(os.path.dirname(asyncflow.__file__), "*")
@@ -187,6 +192,83 @@ async def test_short_lived_memory_streams_fold_per_label() -> None:
     assert sum(c.sent_count for c in made) == sum(c.received_count for c in made) == 2 * N
     assert len(made) == channels.GONE_KEPT + 1
     assert growth < BYTES_PER_GONE_OBJECT, growth
+
+
+_GENERATOR_TEMPLATE = compile(
+    "async def template(n):\n    for i in range(n):\n        yield i\n", "<made>", "exec"
+)
+_GENERATOR_CODE = next(c for c in _GENERATOR_TEMPLATE.co_consts if hasattr(c, "co_code"))
+
+
+def _new_async_generator_function(name: str) -> Callable[[int], AsyncIterator[int]]:
+    """An async generator function with a code object of its own, as ``exec`` makes one."""
+    code = _GENERATOR_CODE.replace(co_name=name, co_qualname=name)
+    fn: Callable[[int], AsyncIterator[int]] = types.FunctionType(code, {})
+    return fn
+
+
+def _iterated(how: str, fn: Callable[[int], AsyncIterator[int]], n: int) -> AsyncIterator[int]:
+    """A generator of ``fn`` wrapped by ``asyncflow.stream()``, or made by ``fn`` decorated."""
+    return asyncflow.stream(fn(n)) if how == "wrapped" else asyncflow.stream(fn)(n)
+
+
+@pytest.mark.parametrize("how", ["wrapped", "decorated"])
+async def test_async_generators_of_functions_made_by_exec_leave_a_bounded_history(
+    how: str,
+) -> None:
+    codes: list[weakref.ref[Any]] = []
+    iterated = 0
+
+    async def batch(b: int) -> None:
+        nonlocal iterated
+        for i in range(N):
+            # 600 names, more than the aggregates kept (the same ones in both batches)
+            fn = _new_async_generator_function(f"agen{i % 600}")
+            codes.append(weakref.ref(fn.__code__))
+            n = i % 3 + 1
+            assert [item async for item in _iterated(how, fn, n)] == list(range(n))
+            iterated += n
+
+    with asyncflow.profile("generators", format="none") as prof:
+        growth = await _growth_per_object(prof, batch)
+        snap = prof.snapshot()
+    made = _streams(snap, lambda s: s.label.startswith("agen") or s.folded_count > 0)
+    # every item and every iteration is counted exactly once, in its own entry or an aggregate
+    assert sum(s.items_yielded for s in made) == iterated
+    assert sum(s.instances["exhausted"] for s in made) == 2 * N
+    assert not any(s.alive for s in made)
+    gone = [s for s in made if not s.folded_count]
+    aggregates = [s for s in made if s.folded_count]
+    assert len(gone) == streams.GONE_KEPT
+    assert len(aggregates) <= streams.AGGREGATES_KEPT + 1
+    assert sum(s.folded_count for s in aggregates) == 2 * N - streams.GONE_KEPT
+    assert any(s.label == streams.OTHER_GONE for s in aggregates)  # more labels than kept
+    # the registry keeps no code object alive
+    assert sum(ref() is not None for ref in codes) == 0
+    assert growth < BYTES_PER_GONE_OBJECT, growth
+
+
+async def test_without_a_profiler_stream_records_stay_as_many_as_what_is_alive() -> None:
+    codes: list[weakref.ref[Any]] = []
+    n = streams.GONE_KEPT + 150
+    for i in range(n):
+        fn = _new_async_generator_function(f"bare{i}")
+        codes.append(weakref.ref(fn.__code__))
+        gen = fn(2)
+        assert asyncflow.stream(gen) is gen  # nothing to record: it is iterated as it is
+        assert [item async for item in gen] == [0, 1]
+        assert [item async for item in _iterated("decorated", fn, 2)] == [0, 1]
+    del fn, gen  # the last generator holds its code
+    gc.collect()
+    registry = streams.stream_registry()  # with nobody to collect, listing reaps
+    assert not [r for r in streams._registry.values() if r.label.startswith("bare")]
+    kept = streams.GONE_KEPT + streams.AGGREGATES_KEPT + 1  # and "(other gone streams)"
+    assert len(registry) <= len(streams._registry) + kept
+    assert sum(ref() is not None for ref in codes) == 0
+    # a new profiler starts from zero: the gone streams are forgotten
+    with asyncflow.profile("after", format="none") as prof:
+        snap = prof.snapshot()
+    assert not _streams(snap, lambda s: not s.alive or s.folded_count > 0)
 
 
 async def test_a_page_of_futures_builds_only_its_own_entries(

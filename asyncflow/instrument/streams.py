@@ -5,6 +5,10 @@ type) of the iterables wrapped with the same name. Each iteration of it is an in
 state (``active``, ``exhausted``, ``closed``, ``cancelled``, ``failed``). Per item, asyncflow
 times the wait inside ``__anext__`` (how long the consumer waited for the producer) and the time
 the consumer spent between items, and keeps a bounded log of recent items.
+
+A record watches its code object (or type) weakly. When that is freed, the record leaves the
+registry for the bounded history of gone streams (see ``_gone``): memory follows the
+definitions alive, not every ``exec``'d generator function ever iterated.
 """
 
 from __future__ import annotations
@@ -22,12 +26,21 @@ from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 from asyncflow import clock as _clock
 from asyncflow import config as _config
 from asyncflow.instrument import _session
+from asyncflow.instrument._gone import AGGREGATES_KEPT, GONE_KEPT, GoneHistory, Watch
 from asyncflow.instrument.channels import _message_repr
 from asyncflow.instrument.futures import _normalize_throw
 from asyncflow.instrument.futures import _speedups as _compiled_path
-from asyncflow.stats import SMALL_BUCKET, SMALL_LIMIT, bucket_of, new_histogram
+from asyncflow.stats import SMALL_BUCKET, SMALL_LIMIT, bucket_of, merge, new_histogram
 
-__all__ = ["InstrumentedAsyncIterator", "StreamRecord", "stream", "stream_registry"]
+__all__ = [
+    "AGGREGATES_KEPT",
+    "GONE_KEPT",
+    "InstrumentedAsyncIterator",
+    "StreamRecord",
+    "reap",
+    "stream",
+    "stream_registry",
+]
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
@@ -39,6 +52,8 @@ CANCELLED = "cancelled"
 FAILED = "failed"
 STATES = (ACTIVE, EXHAUSTED, CLOSED, CANCELLED, FAILED)
 STREAM_LOG_SIZE = 100
+#: recent items an aggregate of gone streams keeps in its log
+AGGREGATE_LOG = 10
 
 
 class StreamStats:
@@ -121,8 +136,10 @@ class _Iteration:
             state = FAILED
         self.state = state
         instances = self.stats.instances
-        instances[ACTIVE] -= 1
+        # The end counted before the iteration leaves ACTIVE: a reap that sees none active
+        # (on the collector's thread) may fold the record at once.
         instances[state] += 1
+        instances[ACTIVE] -= 1
 
 
 def _timed_item(it: _Iteration, item: Any) -> Any:
@@ -174,7 +191,7 @@ def _count(it: _Iteration, item: Any) -> Any:
 class StreamRecord:
     """A tracked stream definition."""
 
-    __slots__ = ("file", "id", "label", "line", "log_items", "source", "stats")
+    __slots__ = ("file", "folded", "id", "label", "line", "log_items", "owner", "source", "stats")
 
     def __init__(self, label: str, source: str, file: str, line: int, log_items: bool) -> None:
         self.id = next(_stream_ids)
@@ -184,34 +201,116 @@ class StreamRecord:
         self.line = line
         self.log_items = log_items
         self.stats = _new_stats()
+        #: what the stream stands for (its code object or iterator type), weakly; None for an
+        #: aggregate of gone streams
+        self.owner: Watch | None = None
+        #: gone streams whose figures are summed here (an aggregate); 0 for a real definition
+        self.folded = 0
+
+    @property
+    def alive(self) -> bool:
+        """Whether what the stream stands for still exists (never, for an aggregate)."""
+        owner = self.owner
+        return owner is not None and owner() is not None
 
 
 _stream_ids = itertools.count(1)
 _lock = threading.Lock()
-_registry: list[StreamRecord] = []
-_by_key: dict[tuple[Any, str | None], StreamRecord] = {}
+#: streams whose code or type may still be iterated, by id, oldest first
+_registry: dict[int, StreamRecord] = {}
+#: (id of the code object or iterator type, name) -> stream. Keyed by id, not by the object: a
+#: code object in a key would never be freed. The owner's weak reference removes the entry when
+#: it dies, before the id can be reused (see ``_gone.GoneHistory.watch``).
+_by_key: dict[tuple[int, str | None], StreamRecord] = {}
+#: Gone streams: the last GONE_KEPT as they were, older ones folded into one aggregate per
+#: label, at most AGGREGATES_KEPT (then one "(other gone streams)").
+OTHER_GONE = "(other gone streams)"
 
 
 def stream_registry() -> list[StreamRecord]:
-    """Every stream defined so far (a copy), oldest first."""
-    with _lock:
-        return list(_registry)
+    """Every stream of the session (a copy): live ones oldest first, then the last gone ones,
+    then the aggregates of older gone ones."""
+    return _history.listing()
+
+
+def reap(*, collecting: bool = False) -> int:
+    """Move the streams whose code or type is gone out of the registry, into the bounded
+    history of gone streams (see ``_gone.GoneHistory.reap``); returns how many moved."""
+    return _history.reap(collecting)
 
 
 def reset_for_session() -> None:
-    """Give every stream fresh figures: a new profiler starts from zero."""
+    """Give every stream fresh figures and forget the gone ones: a new profiler starts from
+    zero."""
     with _lock:
-        for record in _registry:
-            record.stats = _new_stats()
+        _history.forget()
+        for sid, record in list(_registry.items()):
+            if record.alive:
+                record.stats = _new_stats()
+            else:
+                del _registry[sid]
 
 
-def _record_for(key: Any, make: Callable[[], StreamRecord], name: str | None) -> StreamRecord:
-    with _lock:
-        record = _by_key.get((key, name))
-        if record is None:
-            record = _by_key[(key, name)] = make()
-            _registry.append(record)
-        return record
+def _record_for(owner: object, make: Callable[[], StreamRecord], name: str | None) -> StreamRecord:
+    key = (id(owner), name)
+    record = _by_key.get(key)  # the caller holds ``owner``: its entry cannot go meanwhile
+    if record is None:
+        if _history.dying:
+            _history.reap()  # nobody collects: keep the registry to what is alive as it grows
+        with _lock:
+            record = _by_key.get(key)
+            if record is None:
+                record = _by_key[key] = make()
+                record.owner = _history.watch(record, owner, key)
+                _registry[record.id] = record
+    return record
+
+
+def _final(record: StreamRecord) -> bool:
+    """Whether no iteration of a gone stream is active (the cyclic GC clears a dying type's
+    weak references before it runs its iterators' finalizers, which end their iterations)."""
+    return not record.stats.instances[ACTIVE]
+
+
+def _aggregate(record: StreamRecord, label: str) -> StreamRecord:
+    same = label == record.label
+    return StreamRecord(
+        label,
+        record.source if same else "?",
+        record.file if same else "?",
+        record.line if same else 0,
+        False,
+    )
+
+
+def _merge(agg: StreamRecord, record: StreamRecord) -> None:
+    """Add a gone stream's figures to its aggregate (under _lock)."""
+    a, s = agg.stats, record.stats
+    a.items += s.items
+    a.timed += s.timed
+    a.wait_ns += s.wait_ns
+    a.wait_max = max(a.wait_max, s.wait_max)
+    a.between_ns += s.between_ns
+    a.interval = max(a.interval, s.interval)
+    merge(a.wait_hist, s.wait_hist)
+    for state, n in s.instances.items():
+        a.instances[state] += n
+    if s.log:
+        if a.log.maxlen != AGGREGATE_LOG:
+            a.log = deque(maxlen=AGGREGATE_LOG)
+        a.log.extend(s.log)
+
+
+_history: GoneHistory[StreamRecord] = GoneHistory(
+    _lock,
+    _registry,
+    other=OTHER_GONE,
+    kind=lambda record: "",
+    aggregate=_aggregate,
+    merge=_merge,
+    final=_final,
+    index=_by_key,
+)
 
 
 class _IteratorMethods(Generic[_T]):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import gc
 import inspect
 import os
 import traceback
@@ -243,6 +244,7 @@ def test_without_source_the_wrapper_still_counts() -> None:
     async def run() -> list[int]:
         return [i async for i in tracked(4)]
 
+    gc.collect()  # the function the other wrapper's run made is gone: a new profile omits it
     with asyncflow.profile("exec", format="none") as prof:
         assert asyncio.run(run()) == [0, 1, 2, 3]
         snap = prof.snapshot()
@@ -410,6 +412,7 @@ def test_every_kind_of_function_is_wrapped_and_counted() -> None:
         got += [i async for i in asyncflow.stream(generator(), name="iterable")]
         return got
 
+    gc.collect()  # the function the other wrapper's run made is gone: a new profile omits it
     with asyncflow.profile("modes", format="none") as prof:
         assert asyncio.run(run()) == [1, 1, 1, 1, 1]
         snap = prof.snapshot()
@@ -652,4 +655,83 @@ async def test_a_decorated_generator_under_asynccontextmanager_behaves_as_before
         "closed": 0,
         "cancelled": 1,
         "failed": 1,
+    }
+
+
+# -- memory: the records of definitions that are gone ----------------------------------------------
+
+
+def _ticks_type() -> type:
+    """A type of its own, as a class statement run again makes one."""
+
+    class Ticks:
+        def __init__(self) -> None:
+            self.n = 0
+
+        def __aiter__(self) -> Ticks:
+            return self
+
+        async def __anext__(self) -> int:
+            self.n += 1
+            if self.n > 4:
+                raise StopAsyncIteration
+            return self.n
+
+    return Ticks
+
+
+async def test_a_stream_whose_type_dies_while_it_is_iterated_is_folded_after_its_end(
+    prof: asyncflow.Profiler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cyclic GC clears a dying type's weak references before it runs the finalizers of its
+    iterators, which end their iterations: a record whose type is gone while an iteration is
+    active waits for that end before it is folded, and no figure is lost."""
+    monkeypatch.setattr(streams._history, "kept", 0)  # every gone stream is folded at once
+    first, second = _ticks_type(), _ticks_type()
+    ticks = first()
+    wrapped = asyncflow.stream(ticks, name="retyped")
+    assert await wrapped.__anext__() == 1
+    ticks.__class__ = second  # iterated on, and nothing holds the type it was wrapped as
+    owner = weakref.ref(first)
+    del ticks, first
+    gc.collect()
+    assert owner() is None
+    entry, _ = _stream(prof.snapshot(), "retyped")  # the collector reaps: not final yet
+    assert not entry.alive and entry.folded_count == 0 and entry.state == "active"
+    assert [i async for i in wrapped] == [2, 3, 4]
+    entry, _ = _stream(prof.snapshot(), "retyped")
+    assert entry.folded_count == 1 and not entry.alive
+    assert entry.items_yielded == 4
+    assert entry.instances == {
+        "active": 0,
+        "exhausted": 1,
+        "closed": 0,
+        "cancelled": 0,
+        "failed": 0,
+    }
+
+
+async def test_an_abandoned_generator_of_a_gone_function_is_counted_closed(
+    prof: asyncflow.Profiler,
+) -> None:
+    """The wrapper's finalizer ends the iteration while its generator still holds the code: the
+    end is counted on the record before the record can be reaped."""
+    namespace: dict[str, Any] = {}
+    exec("async def abandoned(n):\n    for i in range(n):\n        yield i\n", namespace)
+    wrapped = asyncflow.stream(namespace["abandoned"](5))
+    code = weakref.ref(namespace["abandoned"].__code__)
+    assert [await wrapped.__anext__(), await wrapped.__anext__()] == [0, 1]
+    del namespace, wrapped
+    for _ in range(3):  # the loop's finalizer hook closes the abandoned generator
+        await asyncio.sleep(0)
+        gc.collect()
+    assert code() is None
+    entry, logs = _stream(prof.snapshot(), "abandoned")
+    assert not entry.alive and entry.items_yielded == 2 and len(logs.items) == 2
+    assert entry.instances == {
+        "active": 0,
+        "exhausted": 0,
+        "closed": 1,
+        "cancelled": 0,
+        "failed": 0,
     }
