@@ -14,7 +14,7 @@ from array import array
 from collections import deque
 from typing import TYPE_CHECKING
 
-from asyncflow import clock, lints, stats, trace
+from asyncflow import clock, lints, trace
 from asyncflow import recording as _recording
 from asyncflow.config import Options
 from asyncflow.instrument import _session
@@ -145,14 +145,12 @@ class Collector:
         return self._fold_finished_py(finished)
 
     def _fold_finished_py(self, finished: deque[CallRecord]) -> int:
-        """The reference fold. Once per finished call, on this thread while the program runs:
-        the lookups are hoisted and the histogram's bucket found inline (stats.record's two
-        lines)."""
+        """The reference fold. Once per finished call, on this thread while the program runs."""
         take = finished.popleft
         keep = self.options.recent_logs
         live = self.live
         users = _recording.users
-        small, limit, bucket_of = stats.SMALL_BUCKET, stats.SMALL_LIMIT, stats.bucket_of
+        fold_call = _futures.fold_call
         folded = 0
         while True:
             try:
@@ -160,21 +158,23 @@ class Collector:
             except IndexError:
                 break
             self.taken += 1  # before anything that may fail: ``dropped`` counts on it
-            st = r.stats
-            if st is not r.future.stats:
+            if not fold_call(r, keep):
                 continue  # a call from an earlier session finished late: not ours to count
-            ns = r.finished - r.created
-            st.call_hist[small[ns] if 0 <= ns < limit else bucket_of(ns)] += 1
-            recent = st.recent
-            if recent is None:
-                recent = st.recent = deque(maxlen=keep)
-            recent.append(r)
             folded += 1
             if live is not None:
                 live.add(r)
             if users:
                 _to_users_call(r)
         return folded
+
+    def fold_where(self) -> None:
+        """Say where finished calls are folded: where they finish (``keep_in_place``), unless a
+        live reporter or a user's recorder is handed every call, which this thread does after
+        taking it from the buffer. Every tick, and when a recorder is added."""
+        wants_every_call = self.live is not None or any(
+            type(user).call is not _recording.Recorder.call for user in _recording.users
+        )
+        self.session.keep_in_place = None if wants_every_call else self.options.recent_logs
 
     def sample_live(self, now: int) -> None:
         """Note each future's live calls, once per ``series_interval`` at most."""
@@ -207,6 +207,7 @@ class Collector:
             now = clock.now_ns()
             self.session.tick = now
             try:
+                self.fold_where()
                 self.drain()
             except Exception as exc:  # counted, and tried again next time: never the end of it
                 _session.internal_error("collecting", exc)

@@ -23,8 +23,9 @@ import orjson
 import pytest
 
 import asyncflow
-from asyncflow import collector, config, profiler
+from asyncflow import collector, config, profiler, recording
 from asyncflow.instrument import _session
+from asyncflow.reporters import FinishedCall
 from asyncflow.schema import Snapshot
 
 
@@ -154,6 +155,16 @@ def test_reporter_replaces_the_formats_and_duration_stops_by_itself(
     assert capsys.readouterr().err == ""
 
 
+class _EveryCall(recording.Recorder):
+    """A user's recorder handed every finished call: the calls then wait in the buffer."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def call(self, call: FinishedCall) -> None:
+        self.calls += 1
+
+
 def test_dropped_log_entries_are_counted_and_counts_stay_exact(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -164,14 +175,63 @@ def test_dropped_log_entries_are_counted_and_counts_stay_exact(
         for _ in range(100):
             await unit(0)
 
-    with asyncflow.profile("drops", format="none") as prof:
-        asyncio.run(many())
-        snap = prof.snapshot()
+    user = _EveryCall()
+    recording.add_recorder(user)  # every call goes through the buffer
+    try:
+        with asyncflow.profile("drops", format="none") as prof:
+            asyncio.run(many())
+            snap = prof.snapshot()
+    finally:
+        recording.remove_recorder(user)
     entry = next(f for f in snap.futures.futures if f.label == "unit")
     assert (entry.call_count, entry.total_polls, entry.outcomes.returned) == (100, 100, 100)
     assert snap.status.events_dropped == 90
     logs = next(log for log in snap.future_logs if log.future_id == entry.id)
     assert len(logs.calls) == 10  # only what the buffer kept reached the log
+    assert user.calls == 10
+
+
+def test_calls_fold_where_they_finish_when_nobody_wants_each_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(_session, "FINISHED_BUFFER_SIZE", 10)
+    monkeypatch.setattr(collector, "DRAIN_INTERVAL", 3600)  # the collector never drains
+
+    async def many() -> None:
+        for n in range(100):
+            await unit(n % 3)
+
+    with asyncflow.profile("in place", format="none", recent_logs=20) as prof:
+        asyncio.run(many())
+        session = _session.active
+        assert session is not None and len(session.finished) == 0
+        snap = prof.snapshot()
+    entry = next(f for f in snap.futures.futures if f.label == "unit")
+    assert (entry.call_count, entry.outcomes.returned) == (100, 100)
+    assert snap.status.events_dropped == 0
+    logs = next(log for log in snap.future_logs if log.future_id == entry.id)
+    assert len(logs.calls) == 20  # the newest ones, as the option asks
+    assert entry.call_duration_ns  # every call's duration counted, though none was drained
+
+
+def test_a_recorder_added_while_profiling_is_handed_the_calls_finished_after(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async def some(n: int) -> None:
+        for _ in range(n):
+            await unit(0)
+
+    with asyncflow.profile("late recorder", format="none") as prof:
+        asyncio.run(some(5))  # folded where they finish: no recorder wants them
+        user = _EveryCall()
+        recording.add_recorder(user)
+        try:
+            asyncio.run(some(7))
+            snap = prof.snapshot()  # drains: the calls are handed over by now
+        finally:
+            recording.remove_recorder(user)
+    entry = next(f for f in snap.futures.futures if f.label == "unit")
+    assert entry.call_count == 12 and user.calls == 7
 
 
 def test_a_profiler_left_running_reports_at_interpreter_exit(tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ class Session:
     Recorders hold no reference to the profiler itself; the collector reads this object.
     """
 
-    __slots__ = ("appended", "epoch", "finished", "sampling", "start_ns", "tick")
+    __slots__ = ("appended", "epoch", "finished", "keep_in_place", "sampling", "start_ns", "tick")
 
     def __init__(self, epoch: int, start_ns: int, sampling: int = 0) -> None:
         self.epoch = epoch
@@ -33,6 +33,10 @@ class Session:
         self.finished: deque[Any] = deque(maxlen=FINISHED_BUFFER_SIZE)
         #: how many records were ever appended to ``finished`` (exact; drops are derived from it)
         self.appended = 0
+        #: the length of a future's log of recent calls, when finished calls are folded where
+        #: they finish (futures.fold_call); None while the collector wants each of them in
+        #: ``finished`` (a live reporter or a user's recorder is handed every call)
+        self.keep_in_place: int | None = None
 
 
 #: With adaptive sampling, channels and streams aim at one timed event per this many ns each.

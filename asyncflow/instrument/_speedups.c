@@ -57,7 +57,7 @@ static PyObject *s_now_ns, *s_stats, *s_poll_hist, *s_live, *s_created, *s_send,
     *s_busy_done, *s_idle_done, *s_max_poll_done, *s_active, *s_finished, *s_appended,
     *s_append, *s_slot_key, *s_get_running_loop, *s_loops, *s_last_key, *s_see,
     *s_current_tasks, *s_asyncio, *s_current_task, *s_get_name,
-    *s_wrapper_name, *s_probe_failed, *s_new_poll_histogram, *s_new_histogram;
+    *s_wrapper_name, *s_probe_failed, *s_new_poll_histogram;
 
 /* ---- small compatibility helpers ------------------------------------------------------------ */
 
@@ -661,6 +661,7 @@ enum {
     TF_PREVIOUS,
     SE_FINISHED,
     SE_APPENDED,
+    SE_KEEP_IN_PLACE,
     IT_STATS,
     IT_YIELDED_AT,
     IT_ARMING,
@@ -688,6 +689,7 @@ static Field fields[N_FIELDS] = {
     [TF_PREVIOUS] = {"_TaskFactory", "previous", 0},
     [SE_FINISHED] = {"Session", "finished", NS_SESSION},
     [SE_APPENDED] = {"Session", "appended", NS_SESSION},
+    [SE_KEEP_IN_PLACE] = {"Session", "keep_in_place", NS_SESSION},
     [IT_STATS] = {"_Iteration", "stats", NS_STREAMS},
     [IT_YIELDED_AT] = {"_Iteration", "yielded_at", NS_STREAMS},
     [IT_ARMING] = {"_Iteration", "arming", NS_STREAMS},
@@ -813,8 +815,8 @@ typedef struct {
     long long polls_done, busy_done, idle_done, max_poll_done;
     PyObject *live;      /* unfinished calls, by call id: a dict */
     PyObject *poll_hist; /* bumped in place by every poll */
-    PyObject *call_hist; /* folded by the collector from finished calls */
-    PyObject *recent;    /* owned by the collector */
+    PyObject *call_hist; /* bumped as each finished call is folded (futures.fold_call) */
+    PyObject *recent;    /* the log of recent finished calls, made by the first one folded */
     PyObject *series;    /* owned by the collector */
 } StatsObject;
 
@@ -852,8 +854,9 @@ stats_dealloc(StatsObject *self)
 
 static PyObject *call_helper(PyObject *name, PyObject *const *args, Py_ssize_t nargs);
 
-/* FutureStats(): zeros, an empty ``live``, and the histograms futures.py makes
- * (_new_poll_histogram(), new_histogram()). */
+/* FutureStats(): zeros, an empty ``live``, and two of the histograms futures.py makes
+ * (_new_poll_histogram(): a PollHistogram, bumped without a dict or an int, by every poll and by
+ * every call as it is folded, where it finishes). */
 static PyObject *
 stats_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
@@ -873,7 +876,7 @@ stats_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     self->series = Py_NewRef(Py_None);
     if ((self->live = PyDict_New()) == NULL ||
         (self->poll_hist = call_helper(s_new_poll_histogram, NULL, 0)) == NULL ||
-        (self->call_hist = call_helper(s_new_histogram, NULL, 0)) == NULL) {
+        (self->call_hist = call_helper(s_new_poll_histogram, NULL, 0)) == NULL) {
         Py_DECREF(self);
         return NULL;
     }
@@ -944,8 +947,8 @@ static PyGetSetDef stats_getset[] = {
 static PyMemberDef stats_members[] = {
     STATS_OBJ(live, "unfinished calls, by call id")
     STATS_OBJ(poll_hist, "bumped in place by every poll")
-    STATS_OBJ(call_hist, "folded by the collector from finished calls")
-    STATS_OBJ(recent, "deque of recent finished calls, owned by the collector")
+    STATS_OBJ(call_hist, "bumped as each finished call is folded")
+    STATS_OBJ(recent, "deque of recent finished calls, made by the first one folded")
     STATS_OBJ(series, "live calls over time (collector.LiveSeries), owned by it")
     {NULL},
 };
@@ -1340,6 +1343,8 @@ retire_py(RecordObject *r, PyObject *st, long long now)
     return 0;
 }
 
+static int fold_one(PyObject *r, PyObject *keep, PyObject *live, PyObject *to_users);
+
 /* What futures._finish_poll does for a StopIteration, and _retire. */
 static int
 end_returned(RecordObject *r, long long t0, PyObject *clock)
@@ -1387,6 +1392,21 @@ end_returned(RecordObject *r, long long t0, PyObject *clock)
     }
     if (session != NULL && session != Py_None) {
         Py_INCREF(session);
+        PyObject *keep = field_get(session, SE_KEEP_IN_PLACE);
+        if (keep == NULL) {
+            Py_DECREF(session);
+            return -1;
+        }
+        if (keep != Py_None) { /* folded here, as the collector would (fold_one) */
+            int rc = fold_one((PyObject *)r, keep, Py_None, Py_None);
+            Py_DECREF(keep);
+            Py_DECREF(session);
+            if (rc < 0) {
+                return -1;
+            }
+            goto unlive;
+        }
+        Py_DECREF(keep);
         PyObject *finished = field_get(session, SE_FINISHED);
         PyObject *res = NULL;
         if (finished != NULL && deque_append != NULL && Py_IS_TYPE(finished, deque_type)) {
@@ -1404,6 +1424,7 @@ end_returned(RecordObject *r, long long t0, PyObject *clock)
             return -1;
         }
     }
+unlive:
     /* Last: once a gone future's ``live`` is empty, the reaper may fold its figures. */
     PyObject *live = stats_field(st, FS_LIVE);
     if (live == NULL) {
@@ -3989,7 +4010,6 @@ PyInit__speedups(void)
     INTERN(s_slot_key, "asyncflow.running_call");
     INTERN(s_probe_failed, "_probe_failed");
     INTERN(s_new_poll_histogram, "_new_poll_histogram");
-    INTERN(s_new_histogram, "new_histogram");
     INTERN(s_task_filter, "task_filter");
     INTERN(s_call_hist, "call_hist");
     INTERN(s_recent, "recent");

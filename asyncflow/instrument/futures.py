@@ -109,10 +109,11 @@ class FutureStats:
         self.busy_done = 0
         self.idle_done = 0
         self.max_poll_done = 0
-        #: bumped in place by every poll: a PollHistogram (counted in C) on the compiled path
+        #: bumped in place by every poll, and by every call as it is folded (fold_call): a
+        #: PollHistogram (counted in C) on the compiled path
         self.poll_hist: MutableMapping[int, int] = _new_poll_histogram()
-        self.call_hist = new_histogram()  # folded by the collector from finished calls
-        self.recent: Any = None  # deque of recent finished calls, owned by the collector
+        self.call_hist: MutableMapping[int, int] = _new_poll_histogram()
+        self.recent: Any = None  # deque of recent finished calls, made by the first one folded
         self.series: Any = None  # live calls over time (collector.LiveSeries), owned by it
 
 
@@ -608,10 +609,35 @@ def _retire(r: CallRecord, now: int) -> None:
         st.max_poll_done = r.max
     session = _session.active
     if session is not None:
-        session.finished.append(r)
-        session.appended += 1
+        keep = session.keep_in_place
+        if keep is not None:
+            fold_call(r, keep)
+        else:
+            session.finished.append(r)
+            session.appended += 1
     # Last: once a gone future's ``live`` is empty, the reaper may fold its figures (see reap).
     st.live.pop(r.call_id, None)
+
+
+def fold_call(r: CallRecord, keep: int) -> bool:
+    """Fold one finished call into its future's figures: its duration into ``call_hist``, the
+    call into the log of recent calls (``keep`` long, made on first use); False for a call of
+    an earlier session, which is not this one's to count.
+
+    Where the call finishes, unless the collector wants every call (``keep_in_place``): a
+    record folded at once goes back to the free list as soon as the log drops it, where one
+    waiting ~50 ms for the collector survived into the older GC generations, with every call
+    of a busy program beside it."""
+    st = r.stats
+    if st is not r.future.stats:
+        return False
+    ns = r.finished - r.created
+    st.call_hist[SMALL_BUCKET[ns] if 0 <= ns < SMALL_LIMIT else bucket_of(ns)] += 1
+    recent = st.recent
+    if recent is None:
+        recent = st.recent = deque(maxlen=keep)
+    recent.append(r)
+    return True
 
 
 def _normalize_throw(typ: Any, val: Any, tb: Any) -> BaseException:

@@ -38,7 +38,8 @@ def test_every_slot_of_the_reference_is_a_field_of_either() -> None:
         st = kind()
         assert all(getattr(st, name) == 0 and type(getattr(st, name)) is int for name in COUNTERS)
         assert st.live == {} and st.recent is None and st.series is None
-        assert len(st.poll_hist) == 0 and type(st.call_hist) is type(stats.new_histogram())
+        assert len(st.poll_hist) == len(st.call_hist) == 0
+        assert type(st.call_hist) is type(st.poll_hist) is type(futures._new_poll_histogram())
         for i, name in enumerate(COUNTERS):  # read back as set, and added to as an int
             setattr(st, name, (1 << 62) + i)
             setattr(st, name, getattr(st, name) + 1)
