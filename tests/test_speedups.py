@@ -18,6 +18,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 import types
 import warnings
 from collections.abc import Callable, Coroutine, Generator
@@ -445,6 +446,75 @@ async def test_the_running_slot_names_the_calls_being_polled(prof: asyncflow.Pro
     assert "outer" in alone.future.label and "inner" in inner_now.future.label
     assert futures.running_on_thread(me) == (None, None)  # nothing polled now (no call runs us)
     assert futures.running_on_thread(0) == (None, None)
+
+
+@types.coroutine
+def _suspend(value: Any) -> Generator[Any, Any, None]:
+    """A suspension point that yields ``value`` (the calls below are driven by hand)."""
+    yield value
+
+
+def _live_call(fn: Any) -> Any:
+    (call,) = fn.future_record.stats.live.values()
+    return call
+
+
+@compiled
+def test_nested_polls_of_a_chain_hand_each_other_their_clock_readings(
+    prof: asyncflow.Profiler,
+) -> None:
+    mark = object()
+
+    @asyncflow.future
+    async def inner() -> None:
+        await _suspend(mark)
+        await _suspend(mark)
+
+    @asyncflow.future
+    async def outer() -> None:
+        await inner()
+
+    w = outer()
+    assert w.send(None) is mark
+    o, i = _live_call(outer), _live_call(inner)
+    # The first poll: the outer call's code runs before the inner call starts, but what the
+    # inner poll yields passes up unchanged, so both polls end at the inner poll's reading.
+    assert o.first <= i.first and o.first + o.last == i.first + i.last
+    assert w.send(None) is mark
+    # A step through the chain: the outer poll resumes the inner one with no code between, and
+    # the inner poll's yield passes up: one reading at each end, shared.
+    assert (o.polls, i.polls) == (2, 2) and o.last == i.last
+    with pytest.raises(StopIteration):
+        w.send(None)
+
+
+@compiled
+def test_a_poll_whose_call_yields_something_else_reads_the_clock_itself(
+    prof: asyncflow.Profiler,
+) -> None:
+    mark, own = object(), object()
+
+    @asyncflow.future
+    async def inner() -> None:
+        await _suspend(mark)
+
+    @types.coroutine
+    def relay(coro: Any) -> Generator[Any, Any, None]:
+        """Drives a tracked call by hand, works, and yields something of its own."""
+        coro.send(None)
+        moved = time.perf_counter_ns()
+        while time.perf_counter_ns() == moved:  # until the clock has moved on
+            pass
+        yield own
+
+    @asyncflow.future
+    async def outer() -> None:
+        await relay(inner())
+
+    w = outer()
+    assert w.send(None) is own
+    o, i = _live_call(outer), _live_call(inner)
+    assert o.first + o.last > i.first + i.last  # its own reading, after the relay's work
 
 
 @compiled

@@ -1458,7 +1458,42 @@ struct WrapperObject {
     PyObject *coro;
     RecordObject *r;
     WrapperObject *outer; /* while polled: the call polled around this one; borrowed */
+    WrapperObject *child; /* the tracked call its last poll suspended in (see Handoff); only
+                             compared, never followed: it may be gone */
 };
+
+/* Clock readings handed between the nested polls of one chain of tracked calls.
+ *
+ * When a task steps a call that awaits another tracked call, the outer poll resumes the inner
+ * one with no code of its own between (the frame resumes at its ``await``), and when the inner
+ * poll suspends, what it yields passes up through the outer one unchanged. Each poll still
+ * reads the clock at its start and end, but only the outermost start and the innermost end
+ * are needed: the others are the same moment, give or take the pass-through. So an outer poll
+ * resuming the call its last poll suspended in lends its start to it (``resume_for``), and an
+ * outer poll whose call yields exactly what the inner poll just yielded ends at the inner
+ * poll's reading (``yielded``). A deep chain then reads the clock twice a step, not twice a
+ * level (the clock's cost is the largest share of a poll's).
+ *
+ * Only with the real clock (a fake one is read as asked, on every path), with no poll probe (whose
+ * begin() runs between the two polls and must stay outside both), only on ``send``, and
+ * only when the identity checks hold: anything else between (another wrapper entered first,
+ * a different object yielded) makes the poll read the clock itself. A coroutine that drives
+ * another by hand (calls its ``send()`` and yields what it yields) may have its own code between
+ * counted on the inner call's side. Under the GIL no other thread runs between the two polls;
+ * a free-threaded build keeps one per thread. */
+typedef struct {
+    WrapperObject *resume_for; /* the wrapper whose poll starts at resume_ns if entered next */
+    long long resume_ns;
+    PyObject *yielded;         /* what the last poll to suspend yielded (identity only) */
+    WrapperObject *yielded_by; /* ... that poll's wrapper */
+    long long yielded_ns;      /* ... and when it ended */
+} Handoff;
+
+#ifndef Py_GIL_DISABLED
+static Handoff handoff;
+#else
+static _Thread_local Handoff handoff;
+#endif
 
 /* This thread's slot, cached; the thread state's dict owns it. */
 static _Thread_local SlotObject *tls_slot;
@@ -1692,10 +1727,16 @@ poll_inner(WrapperObject *self, PyObject *arg, PyObject **res, PyObject **stop, 
     if (clock == NULL) {
         return PYGEN_ERROR;
     }
-    if (clock_read(clock, &t0) < 0) {
+    int real_clock = clock == perf_counter_ns && probe_end == NULL;
+    if (real_clock && handoff.resume_for == self) {
+        t0 = handoff.resume_ns; /* resumed by the poll of the call awaiting it (Handoff) */
+    }
+    else if (clock_read(clock, &t0) < 0) {
+        handoff.resume_for = NULL;
         Py_DECREF(clock);
         return PYGEN_ERROR;
     }
+    handoff.resume_for = NULL; /* the first wrapper entered takes it, or nobody */
     *t0_out = t0;
     if (!r->first && first_poll(r, t0) < 0) {
         Py_DECREF(clock);
@@ -1709,6 +1750,10 @@ poll_inner(WrapperObject *self, PyObject *arg, PyObject **res, PyObject **stop, 
         slot->inner = self;
     }
     PyObject *coro = self->coro;
+    handoff.resume_for = real_clock ? self->child : NULL;
+    handoff.resume_ns = t0;
+    handoff.yielded = NULL;
+    self->child = NULL;
     PySendResult status;
     if (Py_IS_TYPE(coro, &PyCoro_Type) || Py_IS_TYPE(coro, &PyGen_Type)) {
         status = PyIter_Send(coro, arg, res);
@@ -1717,16 +1762,28 @@ poll_inner(WrapperObject *self, PyObject *arg, PyObject **res, PyObject **stop, 
         *res = PyObject_CallMethodOneArg(coro, s_send, arg);
         status = *res != NULL ? PYGEN_NEXT : PYGEN_ERROR;
     }
+    handoff.resume_for = NULL;
     if (slot != NULL) {
         slot->inner = self->outer;
         self->outer = NULL;
     }
-    if (status == PYGEN_NEXT) { /* it suspended: _end_poll */
-        if (clock_read(clock, &now) < 0) {
+    if (status != PYGEN_NEXT) {
+        handoff.yielded = NULL; /* nothing passes up: the outer poll goes on running */
+    }
+    else { /* it suspended: _end_poll */
+        if (real_clock && handoff.yielded == *res) { /* what an inner poll just yielded */
+            now = handoff.yielded_ns;
+            self->child = handoff.yielded_by;
+        }
+        else if (clock_read(clock, &now) < 0) {
+            handoff.yielded = NULL;
             Py_CLEAR(*res);
             status = PYGEN_ERROR;
             goto done;
         }
+        handoff.yielded = *res;
+        handoff.yielded_by = self;
+        handoff.yielded_ns = now;
         long long dt = now - t0;
         r->start = 0;
         r->polls += 1;
@@ -1991,6 +2048,8 @@ throw_inner(WrapperObject *self, PyObject *typ, PyObject *val, PyObject *tb, lon
         self->outer = slot->inner;
         slot->inner = self;
     }
+    self->child = NULL; /* a throw lends and takes no reading (Handoff) */
+    handoff.resume_for = NULL;
     PyObject *res;
     if (val == Py_None && tb == Py_None) {
         res = PyObject_CallMethodOneArg(self->coro, s_throw, typ);
@@ -2005,6 +2064,7 @@ throw_inner(WrapperObject *self, PyObject *typ, PyObject *val, PyObject *tb, lon
         slot->inner = self->outer;
         self->outer = NULL;
     }
+    handoff.yielded = NULL;
     if (res != NULL) {
         long long now;
         if (now_ns(&now) < 0) {
@@ -2171,6 +2231,7 @@ wrapper_vectorcall(PyObject *type, PyObject *const *args, size_t nargsf, PyObjec
     self->coro = coro;
     self->r = r;
     self->outer = NULL;
+    self->child = NULL;
     return (PyObject *)self;
 }
 
