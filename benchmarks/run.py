@@ -322,7 +322,6 @@ def hot_path(path: str) -> Iterator[None]:
         queues._FifoHook = None
     running, futures.running_on_thread = futures.running_on_thread, None
     fold, futures.fold_finished = futures.fold_finished, None  # the collector's, in Python
-    call = vars(futures.FutureFunction)["__call__"]
     futures.FutureFunction.__call__ = futures._py_future_call  # type: ignore[method-assign]
     factory_call = vars(futures._TaskFactory)["__call__"]
     futures._TaskFactory.__call__ = futures._py_task_factory_call  # type: ignore[method-assign]
@@ -330,7 +329,8 @@ def hot_path(path: str) -> Iterator[None]:
         yield
     finally:
         futures._TaskFactory.__call__ = factory_call  # type: ignore[method-assign]
-        futures.FutureFunction.__call__ = call  # type: ignore[method-assign]
+        del futures.FutureFunction.__call__  # called through its compiled base again
+        speedups.calls_without_method(futures.FutureFunction)
         futures.running_on_thread = running
         futures.fold_finished = fold
         for module, name, current in swapped:

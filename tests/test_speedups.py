@@ -518,6 +518,47 @@ def test_a_poll_whose_call_yields_something_else_reads_the_clock_itself(
 
 
 @compiled
+def test_a_decorated_function_is_called_through_its_compiled_base(
+    prof: asyncflow.Profiler,
+) -> None:
+    speedups = futures._speedups
+    assert "__call__" not in vars(futures.FutureFunction)  # the base's, in C
+
+    class Box:
+        @asyncflow.future
+        async def add(self, x: int, *, y: int = 0) -> int:
+            return x + y
+
+    box = Box()
+    assert asyncio.run(Box.add(box, 1, y=2)) == 3 and asyncio.run(box.add(4)) == 4
+    assert Box.__dict__["add"].future_record.stats.created == 2
+    seen: list[tuple[Any, ...]] = []
+
+    def reference(self: Any, *args: Any, **kwargs: Any) -> Any:  # as benchmarks/run.py swaps
+        seen.append(args)
+        return futures._py_future_call(self, *args, **kwargs)
+
+    futures.FutureFunction.__call__ = reference  # type: ignore[method-assign]
+    try:
+        assert asyncio.run(box.add(5, y=1)) == 6 and seen == [(box, 5)]
+    finally:
+        del futures.FutureFunction.__call__  # the C call again
+        speedups.calls_without_method(futures.FutureFunction)
+    assert asyncio.run(box.add(7)) == 7 and len(seen) == 1
+    assert Box.__dict__["add"].future_record.stats.created == 4
+    with pytest.raises(TypeError, match="subclass of FunctionBase"):
+        speedups.calls_without_method(Box)
+
+    class OwnCall(speedups.FunctionBase):  # type: ignore[misc, name-defined]
+        def __call__(self) -> str:
+            return "own"
+
+    with pytest.raises(TypeError, match="defines __call__"):
+        speedups.calls_without_method(OwnCall)
+    assert OwnCall()() == "own"
+
+
+@compiled
 def test_the_running_slot_of_another_thread(prof: asyncflow.Profiler) -> None:
     assert futures.running_on_thread is not None
     entered, release = threading.Event(), threading.Event()

@@ -2314,32 +2314,20 @@ static PyTypeObject WrapperType = {
     .tp_members = wrapper_members,
 };
 
-/* ---- FutureFunction.__call__ ---------------------------------------------------------------- */
+/* ---- FutureFunction's calls ------------------------------------------------------------------ */
 
 /* What futures.FutureFunction.__call__ does, without a Python frame: call the decorated function
- * and, while a profiler runs, wrap the coroutine it returns. Installed as FutureFunction's
- * __call__ by futures.py; it binds like a function (a method descriptor). */
-typedef struct {
-    PyObject_HEAD
-    vectorcallfunc vectorcall;
-    const char *what; /* the method it is, for its repr */
-} FutureCallObject;
+ * (``self.__wrapped__``) with ``args`` and, while a profiler runs, wrap the coroutine it returns.
+ * ``nargsf`` may carry PY_VECTORCALL_ARGUMENTS_OFFSET for ``args``. */
 
 static PyObject *
-future_call_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf,
-                       PyObject *kwnames)
+future_call(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
-    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-    if (nargs < 1) {
-        PyErr_SetString(PyExc_TypeError, "FutureFunction.__call__() needs the FutureFunction");
-        return NULL;
-    }
-    PyObject *self = args[0];
     PyObject *fn = field_get(self, FF_WRAPPED); /* coro = self.__wrapped__(*args, **kw) */
     if (fn == NULL) {
         return NULL;
     }
-    PyObject *coro = PyObject_Vectorcall(fn, args + 1, (size_t)(nargs - 1), kwnames);
+    PyObject *coro = PyObject_Vectorcall(fn, args, nargsf, kwnames);
     Py_DECREF(fn);
     if (coro == NULL) {
         return NULL;
@@ -2369,6 +2357,93 @@ future_call_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf,
     return res;
 }
 
+/* FutureFunction's base on the compiled path. A call of an instance of a Python class whose
+ * __call__ is a C method still goes through slot_tp_call: a lookup of __call__, a bound method
+ * and an argument tuple made and freed (~300 instructions, a tenth of what a decorated call adds).
+ * Instances of this base are called through their vectorcall slot instead, straight into
+ * future_call. futures.py removes the reference's __call__ from FutureFunction, which then
+ * inherits this tp_call, and says so (calls_without_method), since a heap subclass of 3.11
+ * does not inherit the vectorcall flag. Were __call__ set on the class again (benchmarks/run.py
+ * does, for the pure-Python column), 3.11 would keep the flag: the vectorcall then calls that
+ * __call__ as Python would. */
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+} FunctionBaseObject;
+
+static PyObject *s_dunder_call;
+
+static PyObject *
+function_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    if (Py_TYPE(self)->tp_call == PyVectorcall_Call) { /* no __call__ of its own: ours */
+        return future_call(self, args, nargsf, kwnames);
+    }
+    /* type(self).__call__(self, *args, **kwargs) */
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    Py_ssize_t total = nargs + (kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0);
+    PyObject **stack = PyMem_Malloc((size_t)(total + 1) * sizeof(PyObject *));
+    if (stack == NULL) {
+        return PyErr_NoMemory();
+    }
+    stack[0] = self;
+    memcpy(stack + 1, args, (size_t)total * sizeof(PyObject *));
+    PyObject *res = PyObject_VectorcallMethod(s_dunder_call, stack, (size_t)(nargs + 1), kwnames);
+    PyMem_Free(stack);
+    return res;
+}
+
+static PyObject *
+function_base_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    FunctionBaseObject *self = (FunctionBaseObject *)type->tp_alloc(type, 0);
+    if (self != NULL) {
+        self->vectorcall = function_vectorcall;
+    }
+    return (PyObject *)self;
+}
+
+static PyTypeObject FunctionBaseType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "asyncflow.instrument._speedups.FunctionBase",
+    .tp_doc = "futures.FutureFunction's base on the compiled path: its calls go straight to C.",
+    .tp_basicsize = sizeof(FunctionBaseObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_vectorcall_offset = offsetof(FunctionBaseObject, vectorcall),
+    .tp_call = PyVectorcall_Call,
+    .tp_new = function_base_new,
+};
+
+PyDoc_STRVAR(calls_without_method_doc,
+             "calls_without_method(cls)\n--\n\n"
+             "Call the instances of ``cls``, a subclass of FunctionBase without a __call__ of its "
+             "own, through their vectorcall slot (what 3.12 and later set up by themselves).");
+
+static PyObject *
+mod_calls_without_method(PyObject *module, PyObject *cls)
+{
+    if (!PyType_Check(cls) || !PyType_IsSubtype((PyTypeObject *)cls, &FunctionBaseType)) {
+        PyErr_SetString(PyExc_TypeError, "calls_without_method() needs a subclass of FunctionBase");
+        return NULL;
+    }
+    PyTypeObject *type = (PyTypeObject *)cls;
+    if (type->tp_call != PyVectorcall_Call) {
+        PyErr_Format(PyExc_TypeError, "%s defines __call__: its calls cannot skip it",
+                     type->tp_name);
+        return NULL;
+    }
+    type->tp_flags |= Py_TPFLAGS_HAVE_VECTORCALL;
+    Py_RETURN_NONE;
+}
+
+/* ---- _TaskFactory.__call__: a C method that binds like a function ------------------------- */
+
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    const char *what; /* the method it is, for its repr */
+} FutureCallObject;
+
 static PyObject *
 future_call_get(PyObject *self, PyObject *obj, PyObject *type)
 {
@@ -2387,8 +2462,7 @@ future_call_repr(PyObject *self)
 static PyTypeObject FutureCallType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "asyncflow.instrument._speedups.FutureCall",
-    .tp_doc = "A method of futures.py's on the compiled path (FutureFunction.__call__: call the "
-              "function and track the coroutine it returns; _TaskFactory.__call__: track the "
+    .tp_doc = "A method of futures.py's on the compiled path (_TaskFactory.__call__: track the "
               "task's coroutine and make the task).",
     .tp_basicsize = sizeof(FutureCallObject),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_METHOD_DESCRIPTOR,
@@ -3997,6 +4071,8 @@ static PyMethodDef module_methods[] = {
     {"set_poll_probe", (PyCFunction)(void (*)(void))mod_set_poll_probe, METH_FASTCALL,
      set_poll_probe_doc},
     {"setup_streams", (PyCFunction)mod_setup_streams, METH_O, setup_streams_doc},
+    {"calls_without_method", (PyCFunction)mod_calls_without_method, METH_O,
+     calls_without_method_doc},
     {"fold_finished", (PyCFunction)(void (*)(void))mod_fold_finished, METH_FASTCALL,
      fold_finished_doc},
     {"fields", (PyCFunction)mod_fields, METH_NOARGS,
@@ -4070,6 +4146,7 @@ PyInit__speedups(void)
     INTERN(s_wrapper_name, "InstrumentedCoroutine");
     INTERN(s_slot_key, "asyncflow.running_call");
     INTERN(s_probe_failed, "_probe_failed");
+    INTERN(s_dunder_call, "__call__");
     INTERN(s_new_poll_histogram, "_new_poll_histogram");
     INTERN(s_task_filter, "task_filter");
     INTERN(s_call_hist, "call_hist");
@@ -4122,34 +4199,27 @@ PyInit__speedups(void)
     if (PyType_Ready(&RecordType) < 0 || PyType_Ready(&WrapperType) < 0 ||
         PyType_Ready(&HistType) < 0 || PyType_Ready(&StatsType) < 0 ||
         PyType_Ready(&SlotType) < 0 || PyType_Ready(&FutureCallType) < 0 ||
+        PyType_Ready(&FunctionBaseType) < 0 ||
         PyType_Ready(&AIterType) < 0 || PyType_Ready(&StepType) < 0 ||
         PyType_Ready(&CounterType) < 0 ||
         PyType_Ready(&FifoHookType) < 0) {
         return NULL;
     }
-    FutureCallObject *future_call = PyObject_New(FutureCallObject, &FutureCallType);
-    if (future_call == NULL) {
-        return NULL;
-    }
-    future_call->vectorcall = future_call_vectorcall;
-    future_call->what = "FutureFunction.__call__";
     FutureCallObject *factory_call = PyObject_New(FutureCallObject, &FutureCallType);
     if (factory_call == NULL) {
-        Py_DECREF(future_call);
         return NULL;
     }
     factory_call->vectorcall = task_factory_vectorcall;
     factory_call->what = "_TaskFactory.__call__";
     PyObject *m = PyModule_Create(&module_def);
     if (m == NULL) {
-        Py_DECREF(future_call);
         Py_DECREF(factory_call);
         return NULL;
     }
     if (PyModule_AddObjectRef(m, "CallRecord", (PyObject *)&RecordType) < 0 ||
         PyModule_AddObjectRef(m, "InstrumentedCoroutine", (PyObject *)&WrapperType) < 0 ||
         PyModule_AddIntConstant(m, "BUCKETS", BUCKETS) < 0 ||
-        PyModule_AddObjectRef(m, "future_call", (PyObject *)future_call) < 0 ||
+        PyModule_AddObjectRef(m, "FunctionBase", (PyObject *)&FunctionBaseType) < 0 ||
         PyModule_AddObjectRef(m, "task_factory_call", (PyObject *)factory_call) < 0 ||
         PyModule_AddObjectRef(m, "AsyncIteratorBase", (PyObject *)&AIterType) < 0 ||
         PyModule_AddObjectRef(m, "StreamStep", (PyObject *)&StepType) < 0 ||
@@ -4157,12 +4227,10 @@ PyInit__speedups(void)
         PyModule_AddObjectRef(m, "PollHistogram", (PyObject *)&HistType) < 0 ||
         PyModule_AddObjectRef(m, "FutureStats", (PyObject *)&StatsType) < 0 ||
         PyModule_AddObjectRef(m, "FifoHook", (PyObject *)&FifoHookType) < 0) {
-        Py_DECREF(future_call);
         Py_DECREF(factory_call);
         Py_DECREF(m);
         return NULL;
     }
-    Py_DECREF(future_call);
     Py_DECREF(factory_call);
     return m;
 }

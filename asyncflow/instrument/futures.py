@@ -855,7 +855,20 @@ class InstrumentedCoroutine(Coroutine[Any, Any, _T]):
                 _session.internal_error("finalizing a call", err)
 
 
-class FutureFunction(Generic[_P, _T]):
+def _compiled_base() -> tuple[type, ...]:
+    """FutureFunction's first base where the extension is built: its ``FunctionBase``, whose
+    instances the compiled path calls straight into C (see the end of this module). Inert while
+    the class has its own ``__call__``, the reference."""
+    if _config.no_extensions():
+        return ()
+    try:
+        base = importlib.import_module("asyncflow.instrument._speedups").FunctionBase
+    except (ImportError, AttributeError):  # not built, or built from older sources
+        return ()
+    return (base,) if isinstance(base, type) else ()
+
+
+class FutureFunction(*_compiled_base(), Generic[_P, _T]):  # type: ignore[misc]
     """What ``@asyncflow.future`` returns: calls the function and tracks the coroutine it returns.
 
     It looks like a coroutine function to ``inspect.iscoroutinefunction`` (also on 3.11, where
@@ -1207,8 +1220,9 @@ _SPEEDUPS_NAMES = (
     "FutureStats",
     "InstrumentedCoroutine",
     "PollHistogram",
+    "FunctionBase",
+    "calls_without_method",
     "fold_finished",
-    "future_call",
     "running_call",
     "running_calls",
     "set_poll_probe",
@@ -1228,7 +1242,9 @@ if _speedups is not None:
         InstrumentedCoroutine = _speedups.InstrumentedCoroutine
         CallRecord = _speedups.CallRecord
         FutureStats = _speedups.FutureStats  # its counters are C integers
-        FutureFunction.__call__ = _speedups.future_call  # the same, without a Python frame
+        if issubclass(FutureFunction, _speedups.FunctionBase):  # the same, without a frame
+            del FutureFunction.__call__  # (nor a bound method): the base's call, in C
+            _speedups.calls_without_method(FutureFunction)
         _TaskFactory.__call__ = _speedups.task_factory_call  # likewise
 
 
