@@ -1,10 +1,13 @@
-"""The cold path: drains finished calls from the recorders' buffer and folds them into aggregates.
+"""The cold path: folds what the recorders leave for it into aggregates, and reaps what is gone.
 
 Runs as a task on the profiler's own event loop, in the profiler's thread, every
 ``DRAIN_INTERVAL`` seconds and before every snapshot. Per-poll figures need no folding: the
-recorders aggregate them in place, so the collector's share per poll is nil. Each drain also
-reaps the futures and channels that are gone (their function, code or queue freed) into a
-bounded history, so memory follows what is alive, not what ever existed.
+recorders aggregate them in place, so the collector's share per poll is nil; finished calls are
+folded where they finish too, unless a live reporter or a user's recorder is handed every call
+(``fold_where``): then they wait in the session's buffer and each drain folds them. Each drain
+also reaps the futures, channels, resources and streams that are gone (their function, code,
+queue or primitive freed) into a bounded history, so memory follows what is alive, not what
+ever existed.
 """
 
 from __future__ import annotations

@@ -3,8 +3,9 @@
 Every tracked call is an :class:`InstrumentedCoroutine` wrapping the user's coroutine. Each poll
 (one ``send``/``throw``) reads the clock twice and updates integer counters on the call's record
 and one bucket of its future's poll histogram, in place: no event per poll, no allocation on
-the common path. A finished call appends its record to the session's bounded buffer, which the
-collector folds into logs and call-duration histograms.
+the common path. A finished call is folded where it finishes into its future's log of recent
+calls and call-duration histogram (``fold_call``), or, while a live reporter or a user's
+recorder wants every call, appended to the session's bounded buffer for the collector.
 """
 
 from __future__ import annotations
