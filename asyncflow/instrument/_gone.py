@@ -135,32 +135,43 @@ class GoneHistory(Generic[_R]):
         with self.lock:
             return [*self.registry.values(), *self.gone, *self.aggregates.values()]
 
-    def reap(self, collecting: bool = False) -> int:
+    def reap(self, collecting: bool = False, drain: Callable[[], object] | None = None) -> int:
         """Move the records whose object is gone (and whose figures are final) out of the
         registry, into the bounded history; returns how many moved.
 
         While a profiler runs, only its collector reaps (``collecting``), off the program's
-        threads; with none running, whoever registers or lists records reaps.
+        threads; with none running, whoever registers or lists records reaps. ``drain`` runs
+        once the records to move are chosen and before they move, outside the lock (futures:
+        it folds the finished calls still waiting for the collector, so that none of a gone
+        future's calls is lost).
         """
         if not self.dying and not self.waiting:
             return 0
         if not collecting and _session.active is not None:
             return 0
-        reaped = 0
+        ready: list[tuple[Watch, _R]] = []
         with self.lock:
             refs, self.waiting = self.waiting, []
             while self.dying:
                 refs.append(self.dying.popleft())
             for ref in refs:
                 record = ref.record
-                if record.id not in self.registry:  # dropped already, at a session start
+                if record is None or record.id not in self.registry:  # dropped at a session start
                     ref.record = None
-                    continue
-                if self.final is not None and not self.final(record):
+                elif self.final is not None and not self.final(record):
                     self.waiting.append(ref)
-                    continue
-                ref.record = None
-                del self.registry[record.id]
+                else:
+                    ready.append((ref, record))
+        if not ready:
+            return 0
+        if drain is not None:
+            drain()
+        reaped = 0
+        with self.lock:
+            for ref, record in ready:
+                ref.record = None  # no cycle left between the record and its reference
+                if self.registry.pop(record.id, None) is None:
+                    continue  # dropped meanwhile, at a session start
                 reaped += 1
                 if self.retire is not None:
                     self.retire(record)

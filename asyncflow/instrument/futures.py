@@ -27,9 +27,12 @@ from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 from asyncflow import clock as _clock
 from asyncflow import config as _config
 from asyncflow.instrument import _imports, _session, loops
+from asyncflow.instrument._gone import AGGREGATES_KEPT, GONE_KEPT, GoneHistory, Watch
 from asyncflow.stats import SMALL_BUCKET, SMALL_LIMIT, bucket_of, merge, new_histogram
 
 __all__ = [
+    "AGGREGATES_KEPT",
+    "GONE_KEPT",
     "CallRecord",
     "FutureFunction",
     "FutureRecord",
@@ -147,7 +150,7 @@ class FutureRecord:
         self.stats = _new_stats()
         #: what the future stands for (its function, code or coroutine type), weakly; None when
         #: nothing is watched (an aggregate, or a record made elsewhere): never reaped
-        self.owner: _Owner | None = None
+        self.owner: Watch | None = None
         #: gone futures whose figures are summed here (an aggregate); 0 for a real definition
         self.folded = 0
 
@@ -159,35 +162,10 @@ class FutureRecord:
         return not self.folded and (owner is None or owner() is not None)
 
 
-class _Owner(weakref.ref):  # type: ignore[type-arg]
-    """A weak reference to what a future stands for, which queues the future when that dies."""
-
-    __slots__ = ("key", "record")
-
-    record: FutureRecord | None
-    key: tuple[int, str | None, str] | None
-
-
-def _owner_gone(ref: _Owner) -> None:
-    # Runs in whichever thread frees the owner, perhaps while it holds _registry_lock: so no
-    # lock here, only atomic dict and deque operations. The owner's id cannot be reused before
-    # this returns, so the _by_code entry removed is this future's.
-    record, key = ref.record, ref.key
-    if record is None:
-        return
-    try:
-        if key is not None and _by_code.get(key) is record:
-            _by_code.pop(key, None)
-        _dying.append(record)
-    except Exception:  # at interpreter shutdown the module's globals may be gone already
-        pass
-
-
 def _watch(record: FutureRecord, owner: object, key: tuple[int, str | None, str] | None) -> None:
-    ref = _Owner(owner, _owner_gone)
-    ref.record = record
-    ref.key = key
-    record.owner = ref
+    """Watch what ``record`` stands for: when it dies, the ``_by_code`` entry ``key`` goes and
+    the future joins the gone history (once its last call has ended)."""
+    record.owner = _history.watch(record, owner, key)
 
 
 #: asyncio's own coroutines (asyncio.run's shutdown steps...): never tracked as user tasks
@@ -199,22 +177,16 @@ _registry_lock = threading.Lock()
 _registry: dict[int, FutureRecord] = {}
 #: (id of the code object or coroutine type, label, tracked_by) -> future. Keyed by id, not by
 #: the object: a code object in a key would never be freed. The owner's weak reference removes
-#: the entry when it dies (see _owner_gone).
+#: the entry when it dies (see _watch).
 _by_code: dict[tuple[int, str | None, str], FutureRecord] = {}
 
-#: History kept of futures that are gone (function or code freed, no call left): the last
-#: GONE_KEPT as they were, older ones folded into one aggregate per (label, tracked_by), at most
-#: AGGREGATES_KEPT of them (then into one "(other gone futures)" aggregate per tracked_by).
-GONE_KEPT = 100
-AGGREGATES_KEPT = 256
+#: History kept of futures that are gone (function or code freed, no call left; _history): the
+#: last GONE_KEPT as they were, older ones folded into one aggregate per (label, tracked_by), at
+#: most AGGREGATES_KEPT of them (then into one "(other gone futures)" aggregate per tracked_by).
+OTHER_GONE = "(other gone futures)"
 #: recent calls an aggregate keeps in its log (a real future keeps ``recent_logs``)
 AGGREGATE_LOG = 10
 _GONE_IDS_KEPT = 1024
-OTHER_GONE = "(other gone futures)"
-_dying: deque[FutureRecord] = deque()  # owner freed: reaped by the collector (or at once)
-_waiting: list[FutureRecord] = []  # owner freed, calls still running
-_gone: deque[FutureRecord] = deque()
-_aggregates: dict[tuple[str, str], FutureRecord] = {}
 #: id of a folded future -> its aggregate, so that edges recorded with the old id keep a label
 _gone_ids: OrderedDict[int, FutureRecord] = OrderedDict()
 
@@ -222,10 +194,7 @@ _gone_ids: OrderedDict[int, FutureRecord] = OrderedDict()
 def registry() -> list[FutureRecord]:
     """Every future of the session (a copy): live ones oldest first, then the last gone ones,
     then the aggregates of older gone ones."""
-    if _dying and _session.active is None:
-        reap()
-    with _registry_lock:
-        return [*_registry.values(), *_gone, *_aggregates.values()]
+    return _history.listing()
 
 
 def gone_labels() -> dict[int, str]:
@@ -235,10 +204,7 @@ def gone_labels() -> dict[int, str]:
 
 
 def _register(record: FutureRecord) -> FutureRecord:
-    if _dying and _session.active is None:
-        reap()  # nobody collects: keep the registry to what is alive as it grows
-    with _registry_lock:
-        _registry[record.id] = record
+    _history.register(record)
     return record
 
 
@@ -250,51 +216,33 @@ def reap(drain: Callable[[], object] | None = None) -> int:
     finished calls still in the buffer first, so that none is lost. With none running, whoever
     registers or lists futures reaps, so the registry stays as large as what is alive.
     """
-    if not _dying and not _waiting:
-        return 0
-    if drain is None and _session.active is not None:
-        return 0
-    with _registry_lock:
-        while _dying:
-            _waiting.append(_dying.popleft())
-        # A call retiring takes itself out of ``live`` last: an empty ``live`` means every
-        # call's figures are summed and its record is in the buffer (see _retire).
-        ready = [r for r in _waiting if not r.stats.live]
-        if not ready:
-            return 0
-        _waiting[:] = [r for r in _waiting if r.stats.live]
-    if drain is not None:
-        drain()
-    with _registry_lock:
-        for record in ready:
-            owner = record.owner
-            if owner is not None:
-                owner.record = None  # no cycle left between the record and its reference
-            if _registry.pop(record.id, None) is not None:
-                _gone.append(record)
-                while len(_gone) > GONE_KEPT:
-                    _fold(_gone.popleft())
-    return len(ready)
+    return _history.reap(drain is not None, drain)
 
 
-def _fold(record: FutureRecord) -> None:
+def _calls_ended(record: FutureRecord) -> bool:
+    # A call retiring takes itself out of ``live`` last: an empty ``live`` means every call's
+    # figures are summed (see _retire).
+    return not record.stats.live
+
+
+def _tracked_by(record: FutureRecord) -> str:
+    return record.tracked_by
+
+
+def _aggregate(record: FutureRecord, label: str) -> FutureRecord:
+    same = label == record.label
+    return FutureRecord(
+        label,
+        record.source if same else "?",
+        record.file if same else "?",
+        record.line if same else 0,
+        False,
+        record.tracked_by,
+    )
+
+
+def _merge(agg: FutureRecord, record: FutureRecord) -> None:
     """Add a gone future's figures to its aggregate (under _registry_lock)."""
-    key = (record.label, record.tracked_by)
-    agg = _aggregates.get(key)
-    if agg is None and len(_aggregates) >= AGGREGATES_KEPT:
-        key = (OTHER_GONE, record.tracked_by)
-        agg = _aggregates.get(key)
-    if agg is None:
-        same = key[0] == record.label
-        agg = _aggregates[key] = FutureRecord(
-            key[0],
-            record.source if same else "?",
-            record.file if same else "?",
-            record.line if same else 0,
-            False,
-            record.tracked_by,
-        )
-    agg.folded += 1
     a, s = agg.stats, record.stats
     a.created += s.created
     a.returned += s.returned
@@ -321,6 +269,18 @@ def _fold(record: FutureRecord) -> None:
     _gone_ids[record.id] = agg
     while len(_gone_ids) > _GONE_IDS_KEPT:
         _gone_ids.popitem(last=False)
+
+
+_history: GoneHistory[FutureRecord] = GoneHistory(
+    _registry_lock,
+    _registry,
+    other=OTHER_GONE,
+    kind=_tracked_by,
+    aggregate=_aggregate,
+    merge=_merge,
+    final=_calls_ended,
+    index=_by_code,
+)
 
 
 def _future_for(
@@ -1158,10 +1118,7 @@ def reset_for_session() -> None:
     """Give every known future fresh stats and forget the gone ones: a new profiler starts
     from zero."""
     with _registry_lock:
-        _dying.clear()
-        _waiting.clear()
-        _gone.clear()
-        _aggregates.clear()
+        _history.forget()
         _gone_ids.clear()
         for fid, record in list(_registry.items()):
             if record.alive:

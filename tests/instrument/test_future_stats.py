@@ -95,14 +95,14 @@ def _gone(kind: Any, label: str, seed: int) -> FutureRecord:
 def test_gone_futures_fold_alike_whatever_their_stats(
     monkeypatch: pytest.MonkeyPatch, agg_kind: Any, kinds: tuple[Any, Any]
 ) -> None:
-    monkeypatch.setattr(futures, "_aggregates", {})
+    monkeypatch.setattr(futures._history, "aggregates", {})
     monkeypatch.setattr(futures, "_gone_ids", OrderedDict())
     monkeypatch.setattr(futures, "_new_stats", agg_kind)
     first, second = _gone(kinds[0], "g", 1), _gone(kinds[1], "g", 2)
     with futures._registry_lock:
-        futures._fold(first)
-        futures._fold(second)
-    (agg,) = futures._aggregates.values()
+        futures._history._fold(first)
+        futures._history._fold(second)
+    (agg,) = futures._history.aggregates.values()
     assert type(agg.stats) is agg_kind and agg.folded == 2
     folded = _figures(agg.stats)
     for i, name in enumerate(COUNTERS):
