@@ -502,9 +502,7 @@ def test_a_poll_whose_call_yields_something_else_reads_the_clock_itself(
     def relay(coro: Any) -> Generator[Any, Any, None]:
         """Drives a tracked call by hand, works, and yields something of its own."""
         coro.send(None)
-        moved = time.perf_counter_ns()
-        while time.perf_counter_ns() == moved:  # until the clock has moved on
-            pass
+        _spin_until_the_clock_moves()
         yield own
 
     @asyncflow.future
@@ -515,6 +513,65 @@ def test_a_poll_whose_call_yields_something_else_reads_the_clock_itself(
     assert w.send(None) is own
     o, i = _live_call(outer), _live_call(inner)
     assert o.first + o.last > i.first + i.last  # its own reading, after the relay's work
+
+
+def _spin_until_the_clock_moves() -> None:
+    moved = time.perf_counter_ns()
+    while time.perf_counter_ns() == moved:
+        pass
+
+
+@compiled
+def test_a_poll_that_yields_what_a_call_driven_by_hand_yielded_reads_the_clock_itself(
+    prof: asyncflow.Profiler,
+) -> None:
+    mark = object()
+
+    @asyncflow.future
+    async def inner() -> None:
+        await _suspend(mark)
+
+    @types.coroutine
+    def relay(coro: Any) -> Generator[Any, Any, None]:
+        """Drives a tracked call by hand, works, and yields what that call yielded."""
+        yielded = coro.send(None)
+        _spin_until_the_clock_moves()
+        yield yielded
+
+    @asyncflow.future
+    async def outer() -> None:
+        await relay(inner())
+
+    w = outer()
+    assert w.send(None) is mark
+    o, i = _live_call(outer), _live_call(inner)
+    assert o.first + o.last > i.first + i.last  # the same object, but not awaited through
+    w.close()
+
+
+@compiled
+@pytest.mark.skipif(not hasattr(asyncio, "eager_task_factory"), reason="3.12+")
+def test_a_poll_that_ran_an_eager_task_reads_the_clock_itself(prof: asyncflow.Profiler) -> None:
+    @asyncflow.future
+    async def child() -> None:
+        await asyncio.sleep(0)  # its first step, run eagerly inside the outer poll, yields None
+
+    @asyncflow.future
+    async def outer() -> int:
+        task = asyncio.get_running_loop().create_task(child())
+        c = _live_call(child)
+        child_ended = c.first + c.last
+        _spin_until_the_clock_moves()
+        await asyncio.sleep(0)  # yields None too, after work of its own
+        o = _live_call(outer)
+        await task
+        return int(o.first + o.last > child_ended)
+
+    async def main() -> int:
+        asyncio.get_running_loop().set_task_factory(asyncio.eager_task_factory)  # type: ignore[attr-defined, unused-ignore]
+        return await outer()
+
+    assert asyncio.run(main()) == 1
 
 
 @compiled

@@ -1457,9 +1457,10 @@ struct WrapperObject {
     PyObject_HEAD
     PyObject *coro;
     RecordObject *r;
-    WrapperObject *outer; /* while polled: the call polled around this one; borrowed */
-    WrapperObject *child; /* the tracked call its last poll suspended in (see Handoff); only
-                             compared, never followed: it may be gone */
+    WrapperObject *outer;  /* while polled: the call polled around this one; borrowed */
+    WrapperObject *child;  /* the tracked call its last poll suspended awaiting (see Handoff);
+                              only compared, never followed */
+    long long child_id;    /* ... and that call's id, which no other call shares */
 };
 
 /* Clock readings handed between the nested polls of one chain of tracked calls.
@@ -1469,20 +1470,23 @@ struct WrapperObject {
  * poll suspends, what it yields passes up through the outer one unchanged. Each poll still
  * reads the clock at its start and end, but only the outermost start and the innermost end
  * are needed: the others are the same moment, give or take the pass-through. So an outer poll
- * resuming the call its last poll suspended in lends its start to it (``resume_for``), and an
- * outer poll whose call yields exactly what the inner poll just yielded ends at the inner
- * poll's reading (``yielded``). A deep chain then reads the clock twice a step, not twice a
- * level (the clock's cost is the largest share of a poll's).
+ * whose coroutine suspended awaiting a tracked call, and yields exactly what that call's poll
+ * just yielded, ends at that poll's reading (``yielded``); and when it resumes, it lends its
+ * start to that call (``resume_for``). A deep chain then reads the clock twice a step, not
+ * twice a level (the clock's cost is the largest share of a poll's).
  *
- * Only with the real clock (a fake one is read as asked, on every path), with no poll probe (whose
- * begin() runs between the two polls and must stay outside both), only on ``send``, and
- * only when the identity checks hold: anything else between (another wrapper entered first,
- * a different object yielded) makes the poll read the clock itself. A coroutine that drives
- * another by hand (calls its ``send()`` and yields what it yields) may have its own code between
- * counted on the inner call's side. Under the GIL no other thread runs between the two polls;
- * a free-threaded build keeps one per thread. */
+ * "Suspended awaiting" is checked, not assumed: the outer coroutine's ``cr_await`` leads to
+ * the inner wrapper through native coroutines and generators only (``awaits``). The same object
+ * yielded is not enough: ``None`` is what every ``sleep(0)`` yields, and a call may run an
+ * eager task, or drive a coroutine by hand, and go on with its own code before yielding an
+ * object equal to the inner one's. Only with the real clock (a fake one is read as asked, on
+ * every path), with no poll probe (whose begin() runs between the two polls and must stay
+ * outside both), and only on ``send``; the call lent a start must be the first wrapper
+ * entered, and the very call (its id) that suspended. Under the GIL no other thread runs
+ * between the two polls; a free-threaded build keeps one per thread. */
 typedef struct {
     WrapperObject *resume_for; /* the wrapper whose poll starts at resume_ns if entered next */
+    long long resume_id;       /* ... the id of its call */
     long long resume_ns;
     PyObject *yielded;         /* what the last poll to suspend yielded (identity only) */
     WrapperObject *yielded_by; /* ... that poll's wrapper */
@@ -1494,6 +1498,37 @@ static Handoff handoff;
 #else
 static _Thread_local Handoff handoff;
 #endif
+
+static PyObject *s_cr_await, *s_gi_yieldfrom;
+
+/* Whether the suspended ``coro`` awaits ``target``: its ``cr_await`` is ``target``, or leads to
+ * it through native coroutines and generators (``gi_yieldfrom``). */
+static int
+awaits(PyObject *coro, WrapperObject *target)
+{
+    PyObject *aw = Py_NewRef(coro);
+    for (int hops = 0; hops < 8; hops++) {
+        PyObject *name = Py_IS_TYPE(aw, &PyCoro_Type)  ? s_cr_await
+                         : Py_IS_TYPE(aw, &PyGen_Type) ? s_gi_yieldfrom
+                                                       : NULL;
+        if (name == NULL) {
+            break;
+        }
+        PyObject *next = PyObject_GetAttr(aw, name);
+        Py_DECREF(aw);
+        if (next == NULL) {
+            PyErr_Clear();
+            return 0;
+        }
+        if (next == (PyObject *)target) {
+            Py_DECREF(next);
+            return 1;
+        }
+        aw = next;
+    }
+    Py_DECREF(aw);
+    return 0;
+}
 
 /* This thread's slot, cached; the thread state's dict owns it. */
 static _Thread_local SlotObject *tls_slot;
@@ -1728,7 +1763,7 @@ poll_inner(WrapperObject *self, PyObject *arg, PyObject **res, PyObject **stop, 
         return PYGEN_ERROR;
     }
     int real_clock = clock == perf_counter_ns && probe_end == NULL;
-    if (real_clock && handoff.resume_for == self) {
+    if (real_clock && handoff.resume_for == self && handoff.resume_id == r->call_id) {
         t0 = handoff.resume_ns; /* resumed by the poll of the call awaiting it (Handoff) */
     }
     else if (clock_read(clock, &t0) < 0) {
@@ -1751,6 +1786,7 @@ poll_inner(WrapperObject *self, PyObject *arg, PyObject **res, PyObject **stop, 
     }
     PyObject *coro = self->coro;
     handoff.resume_for = real_clock ? self->child : NULL;
+    handoff.resume_id = self->child_id;
     handoff.resume_ns = t0;
     handoff.yielded = NULL;
     self->child = NULL;
@@ -1771,9 +1807,10 @@ poll_inner(WrapperObject *self, PyObject *arg, PyObject **res, PyObject **stop, 
         handoff.yielded = NULL; /* nothing passes up: the outer poll goes on running */
     }
     else { /* it suspended: _end_poll */
-        if (real_clock && handoff.yielded == *res) { /* what an inner poll just yielded */
-            now = handoff.yielded_ns;
+        if (real_clock && handoff.yielded == *res && awaits(coro, handoff.yielded_by)) {
+            now = handoff.yielded_ns; /* what the poll of the call it awaits just yielded */
             self->child = handoff.yielded_by;
+            self->child_id = handoff.yielded_by->r->call_id; /* alive: it is awaited */
         }
         else if (clock_read(clock, &now) < 0) {
             handoff.yielded = NULL;
@@ -1781,7 +1818,7 @@ poll_inner(WrapperObject *self, PyObject *arg, PyObject **res, PyObject **stop, 
             status = PYGEN_ERROR;
             goto done;
         }
-        handoff.yielded = *res;
+        handoff.yielded = real_clock ? *res : NULL; /* a fake clock's reading is lent to none */
         handoff.yielded_by = self;
         handoff.yielded_ns = now;
         long long dt = now - t0;
@@ -2232,6 +2269,7 @@ wrapper_vectorcall(PyObject *type, PyObject *const *args, size_t nargsf, PyObjec
     self->r = r;
     self->outer = NULL;
     self->child = NULL;
+    self->child_id = 0;
     return (PyObject *)self;
 }
 
@@ -4147,6 +4185,8 @@ PyInit__speedups(void)
     INTERN(s_slot_key, "asyncflow.running_call");
     INTERN(s_probe_failed, "_probe_failed");
     INTERN(s_dunder_call, "__call__");
+    INTERN(s_cr_await, "cr_await");
+    INTERN(s_gi_yieldfrom, "gi_yieldfrom");
     INTERN(s_new_poll_histogram, "_new_poll_histogram");
     INTERN(s_task_filter, "task_filter");
     INTERN(s_call_hist, "call_hist");
