@@ -174,10 +174,11 @@ class Collector:
         """Say where finished calls are folded: where they finish (``keep_in_place``), unless a
         live reporter or a user's recorder is handed every call, which this thread does after
         taking it from the buffer. Every tick, and when a recorder is added."""
-        wants_every_call = self.live is not None or any(
-            type(user).call is not _recording.Recorder.call for user in _recording.users
-        )
-        self.session.keep_in_place = None if wants_every_call else self.options.recent_logs
+        with _recording._lock:  # a recorder added meanwhile must not be undone
+            wants_every_call = self.live is not None or any(
+                type(user).call is not _recording.Recorder.call for user in _recording.users
+            )
+            self.session.keep_in_place = None if wants_every_call else self.options.recent_logs
 
     def sample_live(self, now: int) -> None:
         """Note each future's live calls, once per ``series_interval`` at most."""

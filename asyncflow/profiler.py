@@ -197,8 +197,8 @@ class Profiler:
                     raise AsyncflowError(f"the profiler thread could not start{reason}")
                 self._state = "running"
                 self._stopped.clear()
-                self._collector.fold_where()  # before the first call can finish
                 _session.active = session
+                self._collector.fold_where()  # until now, calls finished go to the buffer
                 if self._collector.trace is not None:
                     self._collector.trace.attach()  # polls are traced from here on
                 self._collector.attach_polls()  # after the trace: its probe is shared

@@ -566,9 +566,9 @@ def add_recorder(recorder: Recorder) -> Recorder:
             return recorder
         users = (*users, recorder)
         sink = _Tee(users)
-    session = _session.active
-    if session is not None and type(recorder).call is not Recorder.call:
-        session.keep_in_place = None  # every call finished from now on reaches the collector
+        session = _session.active  # (the collector decides under this lock too: fold_where)
+        if session is not None and type(recorder).call is not Recorder.call:
+            session.keep_in_place = None  # every call finished from now on reaches the collector
     return recorder
 
 

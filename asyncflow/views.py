@@ -271,6 +271,10 @@ def future_logs(
     live = sorted(live_calls(record), key=lambda r: r.call_id)
     recent = list(record.stats.recent or ())
     recent.reverse()
+    # A call folded where it finishes, on another thread, between the two copies is in both:
+    # it is listed once, as it is now (finished).
+    finished = {id(r) for r in recent}
+    live = [r for r in live if id(r) not in finished]
     calls = live + recent
     if limit is not None:
         calls = calls[:limit]

@@ -12,10 +12,11 @@ import socket
 import subprocess
 import sys
 import threading
+import types
 import urllib.error
 import urllib.request
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ import orjson
 import pytest
 
 import asyncflow
-from asyncflow import collector, config, profiler, recording
+from asyncflow import collector, config, profiler, recording, views
 from asyncflow.instrument import _session
 from asyncflow.reporters import FinishedCall
 from asyncflow.schema import Snapshot
@@ -212,6 +213,51 @@ def test_calls_fold_where_they_finish_when_nobody_wants_each_one(
     logs = next(log for log in snap.future_logs if log.future_id == entry.id)
     assert len(logs.calls) == 20  # the newest ones, as the option asks
     assert entry.call_duration_ns  # every call's duration counted, though none was drained
+
+
+def test_a_call_that_finishes_while_its_log_is_read_is_listed_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Calls are folded where they finish, on the program's threads, while the profiler's
+    thread lists a future's live calls and then its recent ones."""
+
+    @types.coroutine
+    def suspend() -> Generator[None, None, None]:
+        yield
+
+    @asyncflow.future
+    async def work() -> None:
+        await suspend()
+
+    with asyncflow.profile("log race", format="none"):
+        w = work()
+        w.send(None)  # one live call, suspended
+        read_live = collector.live_calls
+
+        def live_then_finish(record: Any) -> Any:
+            calls = read_live(record)
+            with pytest.raises(StopIteration):
+                w.send(None)  # the call finishes between the two copies
+            return calls
+
+        monkeypatch.setattr(views, "live_calls", live_then_finish)
+        logs = views.future_logs(work.future_record, 0, 0)  # type: ignore[attr-defined]
+    assert [c.state for c in logs.calls] == ["ready"]  # once, finished
+
+
+def test_a_call_whose_fold_fails_still_leaves_the_live_calls() -> None:
+    errors = _session.errors.count
+    with asyncflow.profile("fold fails", format="none") as prof:
+        session = _session.active
+        assert session is not None
+        session.keep_in_place = -1  # not a log length: folding the call raises
+        assert asyncio.run(unit(2)) == 2  # the program sees nothing
+        stats = unit.future_record.stats  # type: ignore[attr-defined]
+        assert stats.live == {} and stats.returned == 1
+        snap = prof.snapshot()
+    entry = next(f for f in snap.futures.futures if f.label == "unit")
+    assert (entry.calls.running, entry.calls.suspended, entry.calls.ready) == (0, 0, 1)
+    assert _session.errors.count > errors
 
 
 def test_a_recorder_added_while_profiling_is_handed_the_calls_finished_after(

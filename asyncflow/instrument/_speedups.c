@@ -1040,13 +1040,14 @@ record_clear(RecordObject *self)
     return 0;
 }
 
-/* Records freed (when the collector's log of recent calls lets them go) are kept for the next
+/* Records freed (when a future's log of recent calls lets them go) are kept for the next
  * calls, up to RECORD_FREE_MAX of them (0.9 MB): a record taken from them costs no allocation
  * and, above all, does not advance the cyclic GC's count of new objects. Every new record did,
- * and lived on until the collector's next drain (every 50 ms): a decorated fan-out made the GC
- * run about twice as often as uninstrumented and once in a while fully, which cost more than
- * all the rest of a call's recording. The list holds what a drain of a busy program frees.
- * A CallRecord has no finalizer, so its GC header is as new once it is untracked. */
+ * and (while finished calls waited for the collector's drain, every 50 ms) lived on: a
+ * decorated fan-out made the GC run about twice as often as uninstrumented and once in a while
+ * fully, which cost more than all the rest of a call's recording. The list holds what a drain
+ * of a busy program frees, when calls wait for it. A CallRecord has no finalizer, so its GC
+ * header is as new once it is untracked. */
 #ifndef Py_GIL_DISABLED
 #define RECORD_FREE_MAX 4096
 #else
@@ -1345,9 +1346,10 @@ retire_py(RecordObject *r, PyObject *st, long long now)
 
 static int fold_one(PyObject *r, PyObject *keep, PyObject *live, PyObject *to_users);
 
-/* What futures._finish_poll does for a StopIteration, and _retire. */
+/* What futures._finish_poll does for a StopIteration, and _retire, but for taking the call out
+ * of ``live`` (end_returned). */
 static int
-end_returned(RecordObject *r, long long t0, PyObject *clock)
+end_returned_figures(RecordObject *r, long long t0, PyObject *clock)
 {
     long long now;
     if (clock_read(clock, &now) < 0) {
@@ -1404,7 +1406,7 @@ end_returned(RecordObject *r, long long t0, PyObject *clock)
             if (rc < 0) {
                 return -1;
             }
-            goto unlive;
+            return 0;
         }
         Py_DECREF(keep);
         PyObject *finished = field_get(session, SE_FINISHED);
@@ -1424,9 +1426,15 @@ end_returned(RecordObject *r, long long t0, PyObject *clock)
             return -1;
         }
     }
-unlive:
-    /* Last: once a gone future's ``live`` is empty, the reaper may fold its figures. */
-    PyObject *live = stats_field(st, FS_LIVE);
+    return 0;
+}
+
+/* Take a finished call out of its future's ``live``: last, since once a gone future's ``live``
+ * is empty the reaper may fold its figures. */
+static int
+unlive(RecordObject *r)
+{
+    PyObject *live = stats_field(r->stats, FS_LIVE);
     if (live == NULL) {
         return -1;
     }
@@ -1442,6 +1450,25 @@ unlive:
     }
     Py_DECREF(live);
     return rc;
+}
+
+static int
+end_returned(RecordObject *r, long long t0, PyObject *clock)
+{
+    PyObject *pending = end_returned_figures(r, t0, clock) < 0 ? fetch_exc() : NULL;
+    if (unlive(r) < 0) { /* a call that ended is never left live, whatever failed before */
+        if (pending == NULL) {
+            pending = fetch_exc();
+        }
+        else {
+            PyErr_Clear();
+        }
+    }
+    if (pending != NULL) {
+        restore_exc(pending);
+        return -1;
+    }
+    return 0;
 }
 
 /* ---- the running slot of each thread -------------------------------------------------------- */
@@ -3358,11 +3385,13 @@ mod_setup_streams(PyObject *module, PyObject *ns)
 
 /* ---- the collector's fold of finished calls --------------------------------------------------
  *
- * collector.Collector._fold_finished is the reference; this is the same loop for the compiled
- * path, run on the profiler's thread for every finished call: a decorated fan-out finishes a
- * call every microsecond or two, and the Python loop took ~200 ns of that thread's CPU each
- * (about 45 ns here). Unlike the reference, it adds the calls taken to collector.taken once, at
- * the end (also when one fails): ``dropped``, read on the same thread after the fold, is the
+ * collector.Collector._fold_finished_py is the reference; this is the same loop for the
+ * compiled path, run on the profiler's thread for every finished call that waits in the buffer
+ * (while a live reporter or a user's recorder is handed every call; otherwise end_returned
+ * folds a call where it finishes, with fold_one alone): a decorated fan-out finishes a call
+ * every microsecond or two, and the Python loop took ~200 ns of that thread's CPU each (about
+ * 45 ns here). Unlike the reference, it adds the calls taken to collector.taken once, at the
+ * end (also when one fails): ``dropped``, read on the same thread after the fold, is the
  * same. */
 
 static PyObject *s_call_hist, *s_recent, *s_future, *s_finished_at, *s_created_at, *s_add,

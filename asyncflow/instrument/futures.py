@@ -113,8 +113,9 @@ class FutureStats:
         self.busy_done = 0
         self.idle_done = 0
         self.max_poll_done = 0
-        #: bumped in place by every poll, and by every call as it is folded (fold_call): a
-        #: PollHistogram (counted in C) on the compiled path
+        #: the two histograms, a PollHistogram each (counted in C) on the compiled path: the
+        #: poll durations, bumped in place by every poll, and the call durations, bumped as
+        #: each finished call is folded (fold_call)
         self.poll_hist: MutableMapping[int, int] = _new_poll_histogram()
         self.call_hist: MutableMapping[int, int] = _new_poll_histogram()
         self.recent: Any = None  # deque of recent finished calls, made by the first one folded
@@ -569,15 +570,18 @@ def _retire(r: CallRecord, now: int) -> None:
     if r.max > st.max_poll_done:
         st.max_poll_done = r.max
     session = _session.active
-    if session is not None:
-        keep = session.keep_in_place
-        if keep is not None:
-            fold_call(r, keep)
-        else:
-            session.finished.append(r)
-            session.appended += 1
-    # Last: once a gone future's ``live`` is empty, the reaper may fold its figures (see reap).
-    st.live.pop(r.call_id, None)
+    try:
+        if session is not None:
+            keep = session.keep_in_place
+            if keep is not None:
+                fold_call(r, keep)
+            else:
+                session.finished.append(r)
+                session.appended += 1
+    finally:
+        # Last, and whatever failed before: once a gone future's ``live`` is empty, the reaper
+        # may fold its figures (see reap).
+        st.live.pop(r.call_id, None)
 
 
 def fold_call(r: CallRecord, keep: int) -> bool:
