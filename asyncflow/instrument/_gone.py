@@ -164,20 +164,25 @@ class GoneHistory(Generic[_R]):
                     ready.append((ref, record))
         if not ready:
             return 0
-        if drain is not None:
-            drain()
-        reaped = 0
-        with self.lock:
-            for ref, record in ready:
-                ref.record = None  # no cycle left between the record and its reference
-                if self.registry.pop(record.id, None) is None:
-                    continue  # dropped meanwhile, at a session start
-                reaped += 1
-                if self.retire is not None:
-                    self.retire(record)
-                self.gone.append(record)
-                while len(self.gone) > self.kept:
-                    self._fold(self.gone.popleft())
+        done = 0  # if anything below raises, the records not moved yet are reaped next time
+        try:
+            if drain is not None:
+                drain()
+            reaped = 0
+            with self.lock:
+                for ref, record in ready:
+                    done += 1
+                    ref.record = None  # no cycle left between the record and its reference
+                    if self.registry.pop(record.id, None) is None:
+                        continue  # dropped meanwhile, at a session start
+                    reaped += 1
+                    self.gone.append(record)  # (first: a failing retire or fold loses nothing)
+                    if self.retire is not None:
+                        self.retire(record)
+                    while len(self.gone) > self.kept:
+                        self._fold(self.gone.popleft())
+        finally:
+            self.dying.extend(ref for ref, _ in ready[done:])
         return reaped
 
     def _fold(self, record: _R) -> None:
