@@ -322,6 +322,7 @@ def hot_path(path: str) -> Iterator[None]:
         queues._FifoHook = None
     running, futures.running_on_thread = futures.running_on_thread, None
     fold, futures.fold_finished = futures.fold_finished, None  # the collector's, in Python
+    speedups.calls_without_method(futures.FutureFunction, False)  # (3.11 would keep it)
     futures.FutureFunction.__call__ = futures._py_future_call  # type: ignore[method-assign]
     factory_call = vars(futures._TaskFactory)["__call__"]
     futures._TaskFactory.__call__ = futures._py_task_factory_call  # type: ignore[method-assign]

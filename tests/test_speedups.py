@@ -580,6 +580,8 @@ def test_a_decorated_function_is_called_through_its_compiled_base(
 ) -> None:
     speedups = futures._speedups
     assert "__call__" not in vars(futures.FutureFunction)  # the base's, in C
+    vectorcall_flag = 1 << 11  # Py_TPFLAGS_HAVE_VECTORCALL: called without an argument tuple
+    assert futures.FutureFunction.__flags__ & vectorcall_flag
 
     class Box:
         @asyncflow.future
@@ -596,13 +598,20 @@ def test_a_decorated_function_is_called_through_its_compiled_base(
         return futures._py_future_call(self, *args, **kwargs)
 
     futures.FutureFunction.__call__ = reference  # type: ignore[method-assign]
-    try:
+    try:  # 3.11 keeps the class's vectorcall flag: the C call finds the new __call__ itself
         assert asyncio.run(box.add(5, y=1)) == 6 and seen == [(box, 5)]
+        box.add.__dict__["__call__"] = None  # an instance attribute is not what Python calls
+        assert asyncio.run(box.add(1)) == 1 and len(seen) == 2
+        del box.add.__dict__["__call__"]
+        speedups.calls_without_method(futures.FutureFunction, False)
+        assert not futures.FutureFunction.__flags__ & vectorcall_flag
+        assert asyncio.run(box.add(5, y=1)) == 6 and len(seen) == 3
     finally:
         del futures.FutureFunction.__call__  # the C call again
         speedups.calls_without_method(futures.FutureFunction)
-    assert asyncio.run(box.add(7)) == 7 and len(seen) == 1
-    assert Box.__dict__["add"].future_record.stats.created == 4
+    assert futures.FutureFunction.__flags__ & vectorcall_flag
+    assert asyncio.run(box.add(7)) == 7 and len(seen) == 3
+    assert Box.__dict__["add"].future_record.stats.created == 6
     with pytest.raises(TypeError, match="subclass of FunctionBase"):
         speedups.calls_without_method(Box)
 

@@ -2444,17 +2444,21 @@ function_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObje
     if (Py_TYPE(self)->tp_call == PyVectorcall_Call) { /* no __call__ of its own: ours */
         return future_call(self, args, nargsf, kwnames);
     }
-    /* type(self).__call__(self, *args, **kwargs) */
-    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-    Py_ssize_t total = nargs + (kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0);
-    PyObject **stack = PyMem_Malloc((size_t)(total + 1) * sizeof(PyObject *));
-    if (stack == NULL) {
-        return PyErr_NoMemory();
+    /* type(self).__call__(self, *args, **kwargs): looked up on the type, as Python does */
+    PyObject *call = _PyType_Lookup(Py_TYPE(self), s_dunder_call); /* borrowed */
+    if (call == NULL) {
+        PyErr_Format(PyExc_TypeError, "'%.100s' object is not callable", Py_TYPE(self)->tp_name);
+        return NULL;
     }
-    stack[0] = self;
-    memcpy(stack + 1, args, (size_t)total * sizeof(PyObject *));
-    PyObject *res = PyObject_VectorcallMethod(s_dunder_call, stack, (size_t)(nargs + 1), kwnames);
-    PyMem_Free(stack);
+    Py_INCREF(call);
+    descrgetfunc get = Py_TYPE(call)->tp_descr_get;
+    PyObject *bound = get != NULL ? get(call, self, (PyObject *)Py_TYPE(self)) : Py_NewRef(call);
+    Py_DECREF(call);
+    if (bound == NULL) {
+        return NULL;
+    }
+    PyObject *res = PyObject_Vectorcall(bound, args, nargsf, kwnames);
+    Py_DECREF(bound);
     return res;
 }
 
@@ -2480,18 +2484,33 @@ static PyTypeObject FunctionBaseType = {
 };
 
 PyDoc_STRVAR(calls_without_method_doc,
-             "calls_without_method(cls)\n--\n\n"
+             "calls_without_method(cls, on=True)\n--\n\n"
              "Call the instances of ``cls``, a subclass of FunctionBase without a __call__ of its "
-             "own, through their vectorcall slot (what 3.12 and later set up by themselves).");
+             "own, through their vectorcall slot (what 3.12 and later set up by themselves); "
+             "``on=False`` stops it (a __call__ set on the class is then called as Python would).");
 
 static PyObject *
-mod_calls_without_method(PyObject *module, PyObject *cls)
+mod_calls_without_method(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
+    if (nargs < 1 || nargs > 2) {
+        PyErr_Format(PyExc_TypeError, "calls_without_method() takes 1 or 2 arguments (%zd given)",
+                     nargs);
+        return NULL;
+    }
+    PyObject *cls = args[0];
+    int on = nargs < 2 ? 1 : PyObject_IsTrue(args[1]);
+    if (on < 0) {
+        return NULL;
+    }
     if (!PyType_Check(cls) || !PyType_IsSubtype((PyTypeObject *)cls, &FunctionBaseType)) {
         PyErr_SetString(PyExc_TypeError, "calls_without_method() needs a subclass of FunctionBase");
         return NULL;
     }
     PyTypeObject *type = (PyTypeObject *)cls;
+    if (!on) {
+        type->tp_flags &= ~Py_TPFLAGS_HAVE_VECTORCALL;
+        Py_RETURN_NONE;
+    }
     if (type->tp_call != PyVectorcall_Call) {
         PyErr_Format(PyExc_TypeError, "%s defines __call__: its calls cannot skip it",
                      type->tp_name);
@@ -4138,8 +4157,8 @@ static PyMethodDef module_methods[] = {
     {"set_poll_probe", (PyCFunction)(void (*)(void))mod_set_poll_probe, METH_FASTCALL,
      set_poll_probe_doc},
     {"setup_streams", (PyCFunction)mod_setup_streams, METH_O, setup_streams_doc},
-    {"calls_without_method", (PyCFunction)mod_calls_without_method, METH_O,
-     calls_without_method_doc},
+    {"calls_without_method", (PyCFunction)(void (*)(void))mod_calls_without_method,
+     METH_FASTCALL, calls_without_method_doc},
     {"fold_finished", (PyCFunction)(void (*)(void))mod_fold_finished, METH_FASTCALL,
      fold_finished_doc},
     {"fields", (PyCFunction)mod_fields, METH_NOARGS,
