@@ -1526,7 +1526,44 @@ static Handoff handoff;
 static _Thread_local Handoff handoff;
 #endif
 
+/* The getters of ``cr_await`` and ``gi_yieldfrom``, found in the types' getset tables at
+ * setup (called directly: no attribute look-up on the poll's path); NULL: not found, looked up
+ * by name. */
+static getter cr_await_get, gi_yieldfrom_get;
 static PyObject *s_cr_await, *s_gi_yieldfrom;
+
+static getter
+getset_getter(PyTypeObject *type, const char *name)
+{
+    for (PyGetSetDef *g = type->tp_getset; g != NULL && g->name != NULL; g++) {
+        if (strcmp(g->name, name) == 0) {
+            return g->get;
+        }
+    }
+    return NULL;
+}
+
+/* What the suspended native coroutine or generator ``aw`` awaits (a new reference); NULL with
+ * no exception set if it is neither, or awaits nothing. */
+static PyObject *
+awaited_by(PyObject *aw)
+{
+    PyObject *next;
+    if (Py_IS_TYPE(aw, &PyCoro_Type)) {
+        next = cr_await_get != NULL ? cr_await_get(aw, NULL) : PyObject_GetAttr(aw, s_cr_await);
+    }
+    else if (Py_IS_TYPE(aw, &PyGen_Type)) {
+        next = gi_yieldfrom_get != NULL ? gi_yieldfrom_get(aw, NULL)
+                                        : PyObject_GetAttr(aw, s_gi_yieldfrom);
+    }
+    else {
+        return NULL;
+    }
+    if (next == NULL) {
+        PyErr_Clear();
+    }
+    return next;
+}
 
 /* Whether the suspended ``coro`` awaits ``target``: its ``cr_await`` is ``target``, or leads to
  * it through native coroutines and generators (``gi_yieldfrom``). */
@@ -1534,26 +1571,16 @@ static int
 awaits(PyObject *coro, WrapperObject *target)
 {
     PyObject *aw = Py_NewRef(coro);
-    for (int hops = 0; hops < 8; hops++) {
-        PyObject *name = Py_IS_TYPE(aw, &PyCoro_Type)  ? s_cr_await
-                         : Py_IS_TYPE(aw, &PyGen_Type) ? s_gi_yieldfrom
-                                                       : NULL;
-        if (name == NULL) {
-            break;
-        }
-        PyObject *next = PyObject_GetAttr(aw, name);
+    for (int hops = 0; hops < 8 && aw != NULL; hops++) {
+        PyObject *next = awaited_by(aw);
         Py_DECREF(aw);
-        if (next == NULL) {
-            PyErr_Clear();
-            return 0;
-        }
         if (next == (PyObject *)target) {
             Py_DECREF(next);
             return 1;
         }
         aw = next;
     }
-    Py_DECREF(aw);
+    Py_XDECREF(aw);
     return 0;
 }
 
@@ -4235,6 +4262,8 @@ PyInit__speedups(void)
     INTERN(s_dunder_call, "__call__");
     INTERN(s_cr_await, "cr_await");
     INTERN(s_gi_yieldfrom, "gi_yieldfrom");
+    cr_await_get = getset_getter(&PyCoro_Type, "cr_await");
+    gi_yieldfrom_get = getset_getter(&PyGen_Type, "gi_yieldfrom");
     INTERN(s_new_poll_histogram, "_new_poll_histogram");
     INTERN(s_task_filter, "task_filter");
     INTERN(s_call_hist, "call_hist");
