@@ -579,13 +579,22 @@ static PyTypeObject HistType = {
     .tp_methods = hist_methods,
 };
 
-/* hist[bucket_of(ns)] += 1 */
-static int
+static int hist_bump_mapping(PyObject *hist, long long ns);
+
+/* hist[bucket_of(ns)] += 1; inline where every poll calls it */
+static inline int
 hist_bump(PyObject *hist, long long ns)
 {
     if (Py_IS_TYPE(hist, &HistType)) { /* the common case: no Python object made or looked up */
         return hist_add((HistObject *)hist, bucket_of(ns), 1);
     }
+    return hist_bump_mapping(hist, ns);
+}
+
+/* hist[bucket_of(ns)] += 1 on a histogram that is a Python mapping */
+static int
+hist_bump_mapping(PyObject *hist, long long ns)
+{
     PyObject *key = bucket_ints[bucket_of(ns)];
     PyObject *bumped;
     if (PyDict_Check(hist)) { /* a defaultdict(int) (stats.new_histogram) */
