@@ -3521,8 +3521,16 @@ fold_one(PyObject *r, PyObject *keep, PyObject *live, PyObject *to_users)
         if (recent == NULL) {
             goto done;
         }
+        /* Made while another thread may have made one (the allocation can run a collection,
+         * finalizers, a switch of the GIL): the first one set is the log. */
         if (c_stats) {
-            Py_XSETREF(((StatsObject *)st)->recent, Py_NewRef(recent));
+            StatsObject *cs = (StatsObject *)st;
+            if (cs->recent == NULL || cs->recent == Py_None) {
+                Py_XSETREF(cs->recent, Py_NewRef(recent));
+            }
+            else {
+                Py_SETREF(recent, Py_NewRef(cs->recent));
+            }
         }
         else if (PyObject_SetAttr(st, s_recent, recent) < 0) {
             goto done;

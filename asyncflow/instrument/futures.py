@@ -600,9 +600,20 @@ def fold_call(r: CallRecord, keep: int) -> bool:
     st.call_hist[SMALL_BUCKET[ns] if 0 <= ns < SMALL_LIMIT else bucket_of(ns)] += 1
     recent = st.recent
     if recent is None:
-        recent = st.recent = deque(maxlen=keep)
+        # Made before the check: making it may run a collection, a finalizer or another thread
+        # that folds a call of this future first. The first log set is the log.
+        made: deque[CallRecord] = deque(maxlen=keep)
+        with _first_log_lock:
+            recent = st.recent
+            if recent is None:
+                recent = st.recent = made
     recent.append(r)
     return True
+
+
+#: taken only to set a future's first log of recent calls (reentrant: a signal handler may
+#: finish a call on this thread meanwhile)
+_first_log_lock = threading.RLock()
 
 
 def _normalize_throw(typ: Any, val: Any, tb: Any) -> BaseException:

@@ -135,3 +135,29 @@ def test_an_extension_out_of_step_is_left_for_the_pure_python_path(
     monkeypatch.setattr(importlib, "import_module", lambda name: stale)
     assert futures._load_speedups() is None
     assert set_up == []  # not set up half-way either
+
+
+@pytest.mark.parametrize("record_kind", ["python", "compiled"])
+def test_a_first_log_made_while_another_call_is_folded_keeps_both(
+    monkeypatch: pytest.MonkeyPatch, record_kind: str
+) -> None:
+    """Making a future's first log of recent calls may let another thread (or a finalizer)
+    fold a call of the same future first: both calls stay in the log."""
+    if record_kind == "compiled" and futures._speedups is None:
+        pytest.skip("no compiled path")
+    make = futures.CallRecordPy if record_kind == "python" else futures._speedups.CallRecord
+    future = FutureRecord("f", "m:f", "m.py", 1, False, "decorator")
+    first, second = make(future, future.stats, 10), make(future, future.stats, 11)
+    first.finished = second.finished = 20
+    real = futures.deque  # type: ignore[attr-defined]
+    made: list[int] = []
+
+    def deque_that_lets_another_fold_first(*args: Any, **kwargs: Any) -> Any:
+        made.append(1)
+        if len(made) == 1:
+            assert futures.fold_call(second, 5)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(futures, "deque", deque_that_lets_another_fold_first)
+    assert futures.fold_call(first, 5)
+    assert list(future.stats.recent) == [second, first] and len(made) == 2
