@@ -173,7 +173,8 @@ class Collector:
     def fold_where(self) -> None:
         """Say where finished calls are folded: where they finish (``keep_in_place``), unless a
         live reporter or a user's recorder is handed every call, which this thread does after
-        taking it from the buffer. Every tick, and when a recorder is added."""
+        taking it from the buffer. At the start and every tick (``add_recorder`` turns the
+        in-place fold off at once, under the same lock)."""
         with _recording._lock:  # a recorder added meanwhile must not be undone
             wants_every_call = self.live is not None or any(
                 type(user).call is not _recording.Recorder.call for user in _recording.users

@@ -488,10 +488,19 @@ def test_nested_polls_of_a_chain_hand_each_other_their_clock_readings(
         w.send(None)
 
 
+def _spin_until_the_clock_moves() -> None:
+    moved = time.perf_counter_ns()
+    while time.perf_counter_ns() == moved:
+        pass
+
+
 @compiled
-def test_a_poll_whose_call_yields_something_else_reads_the_clock_itself(
-    prof: asyncflow.Profiler,
+@pytest.mark.parametrize("passes_up", [False, True], ids=["its-own", "the-inner-one"])
+def test_a_call_that_drives_another_by_hand_ends_its_poll_at_its_own_reading(
+    prof: asyncflow.Profiler, passes_up: bool
 ) -> None:
+    """The relay yields something of its own, or what the tracked call it drives yielded: the
+    same object, but the relay worked after it and does not await the call through."""
     mark, own = object(), object()
 
     @asyncflow.future
@@ -500,52 +509,19 @@ def test_a_poll_whose_call_yields_something_else_reads_the_clock_itself(
 
     @types.coroutine
     def relay(coro: Any) -> Generator[Any, Any, None]:
-        """Drives a tracked call by hand, works, and yields something of its own."""
-        coro.send(None)
-        _spin_until_the_clock_moves()
-        yield own
-
-    @asyncflow.future
-    async def outer() -> None:
-        await relay(inner())
-
-    w = outer()
-    assert w.send(None) is own
-    o, i = _live_call(outer), _live_call(inner)
-    assert o.first + o.last > i.first + i.last  # its own reading, after the relay's work
-
-
-def _spin_until_the_clock_moves() -> None:
-    moved = time.perf_counter_ns()
-    while time.perf_counter_ns() == moved:
-        pass
-
-
-@compiled
-def test_a_poll_that_yields_what_a_call_driven_by_hand_yielded_reads_the_clock_itself(
-    prof: asyncflow.Profiler,
-) -> None:
-    mark = object()
-
-    @asyncflow.future
-    async def inner() -> None:
-        await _suspend(mark)
-
-    @types.coroutine
-    def relay(coro: Any) -> Generator[Any, Any, None]:
-        """Drives a tracked call by hand, works, and yields what that call yielded."""
+        """Drives a tracked call by hand, works, and yields."""
         yielded = coro.send(None)
         _spin_until_the_clock_moves()
-        yield yielded
+        yield yielded if passes_up else own
 
     @asyncflow.future
     async def outer() -> None:
         await relay(inner())
 
     w = outer()
-    assert w.send(None) is mark
+    assert w.send(None) is (mark if passes_up else own)
     o, i = _live_call(outer), _live_call(inner)
-    assert o.first + o.last > i.first + i.last  # the same object, but not awaited through
+    assert o.first + o.last > i.first + i.last  # its own reading, after the relay's work
     w.close()
 
 
