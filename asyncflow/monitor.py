@@ -36,8 +36,8 @@ from types import CodeType, FrameType
 from typing import Any
 
 from asyncflow import clock, stats
-from asyncflow.instrument import _session, loops
-from asyncflow.instrument.futures import CallRecord, InstrumentedCoroutinePy, running_on_thread
+from asyncflow.instrument import _session, futures, loops
+from asyncflow.instrument.futures import CallRecord
 from asyncflow.instrument.loops import LoopRecord, loop_registry
 
 __all__ = [
@@ -61,11 +61,6 @@ STACK_LIMIT = 40
 #: States of loops that are gone (garbage collected) still listed, the most recent.
 MAX_GONE = 16
 
-# The pure-Python hot path's polls, found from their frames (the compiled one keeps a slot).
-_POLL_CODES = frozenset(
-    {InstrumentedCoroutinePy.send.__code__, InstrumentedCoroutinePy.throw.__code__}
-)
-
 
 def _selector_codes() -> frozenset[CodeType]:
     """The code of every stdlib selector's (and proactor's) wait for I/O."""
@@ -87,25 +82,13 @@ _SELECTOR_CODES = _selector_codes()
 def running_calls(thread: int) -> tuple[FrameType | None, CallRecord | None, CallRecord | None]:
     """The thread's innermost frame, and the innermost and outermost tracked calls running on it.
 
-    Reads another thread's stack: asyncflow's own ``send``/``throw`` frames name the call they
-    are polling, so this costs the recorders nothing. The compiled hot path has no frames: it
-    keeps the calls being polled on each thread in a slot, read here instead.
+    Reads another thread's stack, and the slot where that thread's polls name the calls they
+    run (on both paths), so this costs the recorders nothing.
     """
-    top = sys._current_frames().get(thread) if thread else None
-    if running_on_thread is not None:
-        inner, outer = running_on_thread(thread) if thread else (None, None)
-        return top, inner, outer
-    inner = outer = None
-    frame = top
-    while frame is not None:
-        if frame.f_code in _POLL_CODES:
-            wrapper = frame.f_locals.get("self")
-            r = getattr(wrapper, "_r", None)
-            if isinstance(r, CallRecord) and r.start:
-                if inner is None:
-                    inner = r
-                outer = r
-        frame = frame.f_back
+    if not thread:
+        return None, None, None
+    top = sys._current_frames().get(thread)
+    inner, outer = futures.running_on_thread(thread)
     return top, inner, outer
 
 

@@ -31,7 +31,7 @@ from collections.abc import Callable, Coroutine, Iterator
 from typing import Any
 
 import asyncflow
-from asyncflow.instrument import futures, queues, streams
+from asyncflow.instrument import channels, futures, queues, resources, streams
 
 Workload = Callable[[], Coroutine[Any, Any, object]]
 Deco = Callable[[Any], Any]
@@ -320,7 +320,12 @@ def hot_path(path: str) -> Iterator[None]:
     if queues._FifoHook is not None:  # the compiled _put/_get of FIFO queues
         swapped.append((queues, "_FifoHook", queues._FifoHook))
         queues._FifoHook = None
-    running, futures.running_on_thread = futures.running_on_thread, None
+    # the Python polls' slots, read by the monitor, sampled messages and waits
+    swapped.append((futures, "running_on_thread", futures.running_on_thread))
+    futures.running_on_thread = futures._running_calls_py
+    swapped.append((channels, "_running_call_here", channels._running_call_here))
+    swapped.append((resources, "_running_call_here", resources._running_call_here))
+    channels._running_call_here = resources._running_call_here = futures._running_call_py
     fold, futures.fold_finished = futures.fold_finished, None  # the collector's, in Python
     speedups.calls_without_method(futures.FutureFunction, False)  # (3.11 would keep it)
     futures.FutureFunction.__call__ = futures._py_future_call  # type: ignore[method-assign]
@@ -332,7 +337,6 @@ def hot_path(path: str) -> Iterator[None]:
         futures._TaskFactory.__call__ = factory_call  # type: ignore[method-assign]
         del futures.FutureFunction.__call__  # called through its compiled base again
         speedups.calls_without_method(futures.FutureFunction)
-        futures.running_on_thread = running
         futures.fold_finished = fold
         for module, name, current in swapped:
             setattr(module, name, current)

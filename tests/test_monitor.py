@@ -7,13 +7,17 @@ the planted problem, not a way to wait for something); each block is short and b
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
+import gc
 import selectors
 import socket
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import anyio
 import pytest
@@ -21,7 +25,8 @@ import pytest
 import asyncflow
 from asyncflow import clock, monitor, report, views
 from asyncflow.clock import FakeClock
-from asyncflow.instrument import loops
+from asyncflow.instrument import futures, loops
+from asyncflow.instrument.futures import call_field
 from asyncflow.monitor import MAX_EPISODES, MAX_WORST, LoopMonitor, LoopState, Sample
 from asyncflow.schema import LoopEntry, Snapshot
 from tests.test_examples import run_example
@@ -463,3 +468,93 @@ def test_loop_episodes_example_lists_the_longest_and_counts_the_rest() -> None:
         assert line.endswith("(parse): time.sleep(0.2)")
     if len(lines) > 3:  # the short stalls, when they reach the threshold, are counted
         assert lines[3].startswith("  … ") and " (the 3 longest of " in lines[3]
+
+
+# -- the slot where polls name the calls they run (both paths) -----------------------------------
+
+
+async def test_the_running_slot_names_the_calls_being_polled(prof: asyncflow.Profiler) -> None:
+    me = threading.get_ident()
+    seen: list[tuple[Any, Any]] = []
+
+    here: list[Any] = []  # running_call(): this thread's innermost, without the lookups
+
+    @asyncflow.future
+    async def inner() -> None:
+        seen.append(futures.running_on_thread(me))
+        here.append(futures.running_call_here())
+
+    @asyncflow.future
+    async def outer() -> None:
+        await inner()
+        seen.append(futures.running_on_thread(me))
+        here.append(futures.running_call_here())
+
+    task = asyncio.create_task(outer())
+    await task
+    (inner_now, outer_now), (alone, also_alone) = seen
+    assert outer_now is alone is also_alone and inner_now is not alone
+    assert here == [inner_now, alone]
+    assert futures.running_call_here() is None  # nothing polled now
+    assert call_field(inner_now, "outcome") == "returned"
+    assert "outer" in alone.future.label and "inner" in inner_now.future.label
+    assert futures.running_on_thread(me) == (None, None)  # nothing polled now (no call runs us)
+    assert futures.running_on_thread(0) == (None, None)
+
+
+def test_the_running_slot_of_another_thread(prof: asyncflow.Profiler) -> None:
+    entered, release = threading.Event(), threading.Event()
+
+    @asyncflow.future(name="blocker")
+    async def blocker() -> None:
+        entered.set()
+        release.wait(30)  # blocks its loop: what the monitor looks for
+
+    thread = threading.Thread(target=asyncio.run, args=(blocker(),))
+    thread.start()
+    try:
+        assert entered.wait(30)
+        assert thread.ident is not None
+        inner, outer = futures.running_on_thread(thread.ident)
+        assert inner is outer and inner.future.label == "blocker" and inner.start
+        _, m_inner, m_outer = monitor.running_calls(thread.ident)
+        assert m_inner is inner and m_outer is outer
+    finally:
+        release.set()
+        thread.join(30)
+    assert futures.running_on_thread(thread.ident) == (None, None)  # the thread is gone
+
+
+def test_a_look_while_a_call_passes_its_exception_on_keeps_nothing_alive(
+    prof: asyncflow.Profiler,
+) -> None:
+    """The monitor looks at a late loop's stack at any moment. A look taken while a tracked
+    call's exception leaves it once read the poll's frame locals, whose snapshot (3.11, 3.12)
+    then made a cycle with the exception's traceback: the coroutine, its code and its caller's
+    locals outlived the call until the cyclic GC ran."""
+    me = threading.get_ident()
+    looks: list[tuple[Any, Any]] = []
+
+    async def job() -> None:
+        try:
+            await asyncio.sleep(0)
+        except ValueError:
+            looks.append(monitor.running_calls(me)[1:])  # the monitor looks now
+            raise
+
+    gc.disable()
+    try:
+        coro = job()
+        gone = weakref.ref(coro)
+        call = asyncflow.instrument(coro)
+        del coro
+        call.send(None)
+        with contextlib.suppress(ValueError):
+            call.throw(ValueError("stop"))
+        ((inner, outer),) = looks
+        assert inner is outer and "job" in inner.future.label
+        assert call_field(inner, "outcome") == "raised"
+        del call
+        assert gone() is None  # freed with its wrapper, without the cyclic GC
+    finally:
+        gc.enable()

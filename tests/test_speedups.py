@@ -17,7 +17,6 @@ import gc
 import os
 import subprocess
 import sys
-import threading
 import time
 import types
 import warnings
@@ -322,11 +321,11 @@ def test_the_implementation_is_chosen_at_import() -> None:
     if futures.accelerated:
         assert futures.InstrumentedCoroutine is futures._speedups.InstrumentedCoroutine
         assert futures.CallRecord is futures._speedups.CallRecord
-        assert futures.running_on_thread is not None
+        assert futures.running_on_thread is futures._speedups.running_calls
     else:
         assert futures.InstrumentedCoroutine is futures.InstrumentedCoroutinePy
         assert futures.CallRecord is futures.CallRecordPy
-        assert futures.running_on_thread is None
+        assert futures.running_on_thread is futures._running_calls_py
     assert futures.InstrumentedCoroutine.__name__ == "InstrumentedCoroutine"
 
 
@@ -414,38 +413,6 @@ def test_a_record_made_from_python_registers_as_the_reference_does() -> None:
     assert r.state == "ready"
     with pytest.raises(TypeError):
         r.polls = "many"
-
-
-@compiled
-async def test_the_running_slot_names_the_calls_being_polled(prof: asyncflow.Profiler) -> None:
-    assert futures.running_on_thread is not None
-    me = threading.get_ident()
-    seen: list[tuple[Any, Any]] = []
-
-    here: list[Any] = []  # running_call(): this thread's innermost, without the lookups
-    assert futures.running_call_here is not None
-
-    @asyncflow.future
-    async def inner() -> None:
-        seen.append(futures.running_on_thread(me))  # type: ignore[misc]
-        here.append(futures.running_call_here())  # type: ignore[misc]
-
-    @asyncflow.future
-    async def outer() -> None:
-        await inner()
-        seen.append(futures.running_on_thread(me))  # type: ignore[misc]
-        here.append(futures.running_call_here())  # type: ignore[misc]
-
-    task = asyncio.create_task(outer())
-    await task
-    (inner_now, outer_now), (alone, also_alone) = seen
-    assert outer_now is alone is also_alone and inner_now is not alone
-    assert here == [inner_now, alone]
-    assert futures.running_call_here() is None  # nothing polled now
-    assert call_field(inner_now, "outcome") == "returned"
-    assert "outer" in alone.future.label and "inner" in inner_now.future.label
-    assert futures.running_on_thread(me) == (None, None)  # nothing polled now (no call runs us)
-    assert futures.running_on_thread(0) == (None, None)
 
 
 @types.coroutine
@@ -598,33 +565,6 @@ def test_a_decorated_function_is_called_through_its_compiled_base(
     with pytest.raises(TypeError, match="defines __call__"):
         speedups.calls_without_method(OwnCall)
     assert OwnCall()() == "own"
-
-
-@compiled
-def test_the_running_slot_of_another_thread(prof: asyncflow.Profiler) -> None:
-    assert futures.running_on_thread is not None
-    entered, release = threading.Event(), threading.Event()
-
-    @asyncflow.future(name="blocker")
-    async def blocker() -> None:
-        entered.set()
-        release.wait(30)  # blocks its loop: what the monitor looks for
-
-    thread = threading.Thread(target=asyncio.run, args=(blocker(),))
-    thread.start()
-    try:
-        assert entered.wait(30)
-        assert thread.ident is not None
-        inner, outer = futures.running_on_thread(thread.ident)
-        assert inner is outer and inner.future.label == "blocker" and inner.start
-        from asyncflow import monitor
-
-        _, m_inner, m_outer = monitor.running_calls(thread.ident)
-        assert m_inner is inner and m_outer is outer
-    finally:
-        release.set()
-        thread.join(30)
-    assert futures.running_on_thread(thread.ident) == (None, None)  # the thread is gone
 
 
 @compiled

@@ -18,20 +18,16 @@ The messages a gone channel still held are counted as lost.
 
 from __future__ import annotations
 
-import asyncio
 import itertools
-import sys
 import threading
 from collections import deque
 from collections.abc import Callable
-from types import FrameType
 from typing import Any
 
 from asyncflow import clock as _clock
 from asyncflow.instrument import _session
 from asyncflow.instrument import futures as _futures
 from asyncflow.instrument._gone import AGGREGATES_KEPT, GONE_KEPT, GoneHistory
-from asyncflow.instrument.futures import InstrumentedCoroutinePy
 from asyncflow.stats import SMALL_BUCKET, SMALL_LIMIT, bucket_of, merge, new_histogram
 
 __all__ = [
@@ -364,34 +360,14 @@ def caller() -> tuple[int | None, int | None]:
 def running_call() -> Any:
     """The record of the innermost tracked call running on this thread now, or None.
 
-    The compiled hot path keeps the calls being polled on each thread in a slot; the
-    pure-Python one is found from its ``send``/``throw`` frame, as the blocked-loop monitor
-    finds it. Both cost the polls nothing: only the sampled messages and the waits ask.
+    Read from the slot where the polls on this thread name the calls they run (on both paths;
+    see ``futures._PollSlot``): only the sampled messages and the waits ask.
     """
-    if _running_call_here is not None:
-        return _running_call_here()
-    frame: FrameType | None = _getframe(1)
-    while frame is not None:
-        code = frame.f_code
-        if code in _POLL_CODES:
-            r = getattr(frame.f_locals.get("self"), "_r", None)
-            if r is not None and r.start:
-                return r
-        elif code is _HANDLE_RUN:  # the loop's own frames below: no tracked call is running
-            break
-        frame = frame.f_back
-    return None
+    return _running_call_here()
 
 
 _NOBODY: tuple[int | None, int | None] = (None, None)
 _running_call_here = _futures.running_call_here
-_getframe = sys._getframe
-# The pure-Python path's polls (the same set as asyncflow.monitor's), and where a loop runs a
-# callback or a task's step: the walk from a sender up to its poll stops there.
-_POLL_CODES = frozenset(
-    {InstrumentedCoroutinePy.send.__code__, InstrumentedCoroutinePy.throw.__code__}
-)
-_HANDLE_RUN = asyncio.events.Handle._run.__code__
 
 
 def _message_repr(item: Any) -> str:

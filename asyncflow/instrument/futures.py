@@ -633,6 +633,64 @@ def _normalize_throw(typ: Any, val: Any, tb: Any) -> BaseException:
     return exc
 
 
+# ---- the calls being polled on each thread --------------------------------------------------
+
+
+class _PollSlot:
+    """The innermost call being polled on one thread (its wrapper, whose ``_outer`` names the
+    call polled around it, and so on out), as the compiled path keeps it in C.
+
+    The blocked-loop monitor reads another thread's slot, and sampled messages and waits this
+    thread's, so nobody reads the locals of a running frame: on 3.11 and 3.12 that would leave
+    a snapshot of them on the frame, and a snapshot taken while a poll passes its call's
+    exception on makes a cycle (exception, traceback, frame, snapshot) that kept the
+    coroutine, its code and its caller's locals alive until the cyclic GC ran.
+    """
+
+    __slots__ = ("__weakref__", "inner")
+
+    def __init__(self) -> None:
+        self.inner: InstrumentedCoroutine[Any] | None = None
+
+
+class _Here(threading.local):
+    slot: _PollSlot | None = None
+
+
+_here = _Here()
+#: thread id -> that thread's slot, for as long as the thread lives (its local holds it)
+_slots: weakref.WeakValueDictionary[int, _PollSlot] = weakref.WeakValueDictionary()
+
+
+def _new_slot() -> _PollSlot:
+    """This thread's slot, made at its first poll."""
+    slot = _here.slot = _PollSlot()
+    _slots[threading.get_ident()] = slot
+    return slot
+
+
+def _running_calls_py(thread: int) -> tuple[Any, Any]:
+    """The records of the innermost and the outermost calls being polled on ``thread`` now."""
+    slot = _slots.get(thread)
+    inner = slot.inner if slot is not None else None
+    if inner is None:
+        return None, None
+    outer = inner
+    for _ in range(1_000):  # read while that thread runs: a bound, should a link be stale
+        nxt = outer._outer
+        if nxt is None:
+            break
+        outer = nxt
+    return inner._r, outer._r
+
+
+def _running_call_py() -> Any:
+    """The record of the innermost call being polled on this thread now, or None."""
+    slot = _here.slot
+    inner = slot.inner if slot is not None else None
+    return inner._r if inner is not None else None
+
+
 # ---- the per-poll probe seam (asyncflow.instrument.probes is its public face) ----------------
 
 #: (probe, probe.begin, probe.end) while a poll probe is set, else None: read once per poll
@@ -711,6 +769,9 @@ def _probed_poll(w: InstrumentedCoroutine[Any], value: Any, thrown: Any) -> Any:
         typ = None
     polls = r.polls
     r.start = t0
+    slot = _here.slot or _new_slot()
+    outer = w._outer = slot.inner
+    slot.inner = w
     try:
         if thrown is None:
             out = w._coro.send(value)
@@ -719,12 +780,16 @@ def _probed_poll(w: InstrumentedCoroutine[Any], value: Any, thrown: Any) -> Any:
         else:
             out = w._coro.throw(_normalize_throw(*thrown))
     except BaseException as exc:
+        slot.inner = outer
+        w._outer = None
         _finish_poll(r, t0, exc)
         if probe is not None:
             _probe_end(probe, r, token, t0, polls, _probe_outcome(exc))
         raise
     finally:
         thrown = None  # the thrown exception's traceback holds this frame (see throw)
+    slot.inner = outer
+    w._outer = None
     _end_poll(r, t0)
     if probe is not None:
         _probe_end(probe, r, token, t0, polls, SUSPENDED)
@@ -738,11 +803,13 @@ class InstrumentedCoroutine(Coroutine[Any, Any, _T]):
     does not define (``cr_frame``, ``cr_code``, ``__name__``...) are the wrapped coroutine's.
     """
 
-    __slots__ = ("_coro", "_r")
+    __slots__ = ("_coro", "_outer", "_r")
 
     def __init__(self, coro: Coroutine[Any, Any, _T], future: FutureRecord) -> None:
         self._coro = coro
         self._r = CallRecord(future, future.stats, _clock.now_ns())
+        #: while polled: the call polled around this one on its thread (see _PollSlot)
+        self._outer: InstrumentedCoroutine[Any] | None = None
 
     def send(self, value: Any = None) -> Any:
         if _poll_probe is not None:  # the only cost of the probe seam when no probe is set
@@ -752,11 +819,18 @@ class InstrumentedCoroutine(Coroutine[Any, Any, _T]):
         if not r.first:
             _first_poll(r, t0)
         r.start = t0
+        slot = _here.slot or _new_slot()
+        outer = self._outer = slot.inner
+        slot.inner = self
         try:
             out = self._coro.send(value)
         except BaseException as exc:
+            slot.inner = outer
+            self._outer = None
             _finish_poll(r, t0, exc)
             raise
+        slot.inner = outer
+        self._outer = None
         # _end_poll(r, t0), inlined: this is the hottest line of asyncflow (one call saved ~60 ns)
         dt = _clock.now_ns() - t0
         r.start = 0
@@ -788,18 +862,25 @@ class InstrumentedCoroutine(Coroutine[Any, Any, _T]):
         ):
             _cancel_requested(r, t0)
         r.start = t0
+        slot = _here.slot or _new_slot()
+        outer = self._outer = slot.inner
+        slot.inner = self
         try:
             if val is None and tb is None:
                 out = self._coro.throw(typ)
             else:
                 out = self._coro.throw(_normalize_throw(typ, val, tb))
         except BaseException as exc:
+            slot.inner = outer
+            self._outer = None
             _finish_poll(r, t0, exc)
             raise
         finally:
             # The thrown exception's traceback holds this frame: drop our references to it so
             # no cycle keeps the coroutine's locals alive until the cyclic GC runs.
             typ = val = tb = None
+        slot.inner = outer
+        self._outer = None
         _end_poll(r, t0)
         return out
 
@@ -1152,12 +1233,11 @@ CallRecordPy = CallRecord
 FutureStatsPy = FutureStats
 #: whether the compiled hot path records calls (``accelerated`` in /profiler_status)
 accelerated = False
-#: thread id -> the innermost and outermost calls being polled on that thread now, kept by the
-#: compiled path; None on the Python path, whose polls are found from its send/throw frames
-running_on_thread: Callable[[int], tuple[Any, Any]] | None = None
-#: the compiled path's innermost call being polled on the calling thread (its record, or
-#: None); None on the pure-Python path
-running_call_here: Callable[[], Any] | None = None
+#: thread id -> the records of the innermost and outermost calls being polled on that thread
+#: now (None, None when none is), from the slots of the path that records calls
+running_on_thread: Callable[[int], tuple[Any, Any]] = _running_calls_py
+#: the record of the innermost call being polled on the calling thread, or None
+running_call_here: Callable[[], Any] = _running_call_py
 #: the collector's fold of finished calls, compiled (collector.Collector._fold_finished_py is
 #: the reference); None on the pure-Python path
 fold_finished: Callable[..., Any] | None = None

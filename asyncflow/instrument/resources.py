@@ -38,7 +38,6 @@ from asyncflow import config as _config
 from asyncflow.instrument import _session
 from asyncflow.instrument import futures as _futures_module
 from asyncflow.instrument._gone import AGGREGATES_KEPT, GONE_KEPT, GoneHistory
-from asyncflow.instrument.channels import running_call as _running_call
 from asyncflow.instrument.futures import (
     CallRecord,
     _current_tasks,
@@ -333,7 +332,7 @@ def _call_of(task: Any) -> CallRecord | None:
     call on this thread, as for channels (not the task's own coroutine, often a wrapper)."""
     if task is None:
         return None
-    r: CallRecord | None = _running_call()
+    r: CallRecord | None = _running_call_here()
     return r
 
 
@@ -603,9 +602,8 @@ def _lock_hooks(
         task = _tasks_get(loops[0])  # _running_task(), inlined
         if task is None:
             task = _running_task(loops)
-        call = None
-        if task is not None:  # the innermost tracked call running (see _call_of), inlined
-            call = _running_call_here() if _running_call_here is not None else _running_call()
+        # the innermost tracked call running (see _call_of), inlined
+        call = _running_call_here() if task is not None else None
         if exclusive:
             slot[1] = call
             slot[0] = now
@@ -667,14 +665,7 @@ def _lock_hooks(
                 # note_hold(session), written out: this runs on every `async with`
                 try:
                     now = _clock.now_ns() if st.hold_count >= st.next_hold - 1 else -session.tick
-                    if _running_call_here is not None:  # the call polled on this thread now
-                        call = _running_call_here()
-                    else:
-                        task = _tasks_get(loops[0])
-                        if task is None:
-                            task = _running_task(loops)
-                        call = None if task is None else _running_call()
-                    slot[1] = call
+                    slot[1] = _running_call_here()  # the call polled on this thread now
                     slot[0] = now
                 except Exception as err:  # observing never breaks the program
                     _broken("recording an acquisition", err)
