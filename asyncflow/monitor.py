@@ -11,8 +11,8 @@ thread's stack every tick (``sys._current_frames()``), *while* the loop is late:
 - The loop is back in its selector's ``select()``: no code is blocking it. Its heartbeat woke it,
   but its thread has not had the CPU or the GIL since. Late by the threshold, that is a *late
   wake-up*, counted apart and never blamed on code.
-- Code is running: the innermost tracked call on the stack and the innermost line name what
-  blocks the loop. One of them blocking for at least the threshold is an *episode*. When the
+- Code is running: the innermost tracked call being polled (named in the thread's slot, see
+  ``running_calls``) and the innermost line name what blocks the loop. One of them blocking for at least the threshold is an *episode*. When the
   running call or the blocking line changes and the new one lasts the threshold too, the first
   episode ends where the second begins; a shorter change stays part of the episode it interrupts.
 
