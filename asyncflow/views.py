@@ -28,7 +28,7 @@ from asyncflow.instrument.futures import (
     gone_labels,
 )
 from asyncflow.instrument.resources import resource_registry
-from asyncflow.instrument.streams import ACTIVE, StreamRecord, stream_registry
+from asyncflow.instrument.streams import ACTIVE, StreamRecord, recent_items, stream_registry
 from asyncflow.monitor import Episode, LoopState, running_calls
 from asyncflow.paging import at_most, ordered_page
 from asyncflow.schema import (
@@ -546,7 +546,7 @@ def streams_document(
 
 def stream_logs(record: StreamRecord, origin: int, limit: int | None = None) -> StreamLogs:
     """A stream's recent items, newest first."""
-    items = list(record.stats.log)[::-1][:limit]
+    items = recent_items(record.stats)[::-1][:limit]
     return StreamLogs(
         schema=SCHEMA,
         stream_id=record.id,

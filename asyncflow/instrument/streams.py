@@ -19,7 +19,6 @@ import inspect
 import itertools
 import threading
 import types
-from collections import deque
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 
@@ -38,6 +37,7 @@ __all__ = [
     "InstrumentedAsyncIterator",
     "StreamRecord",
     "reap",
+    "recent_items",
     "stream",
     "stream_registry",
 ]
@@ -91,8 +91,12 @@ class StreamStats:
         self.between_ns = 0
         self.wait_hist = new_histogram()
         self.instances = dict.fromkeys(STATES, 0)
-        # (index, timestamp, wait ns, item repr)
-        self.log: deque[tuple[int, int, int, str | None]] = deque(maxlen=STREAM_LOG_SIZE)
+        #: the recent timed items, oldest first: (index, timestamp, wait ns, item repr). A list
+        #: (56 B empty, 88 B with one item), not a deque with a maxlen (760 B, empty or not):
+        #: most definitions keep a few items, and a gone one keeps them in the history. Trimmed
+        #: after each append, so it may be a little longer meanwhile: read it with
+        #: ``recent_items``.
+        self.log: list[tuple[int, int, int, str | None]] = []
 
 
 class _Iteration:
@@ -173,10 +177,22 @@ def _timed_item(it: _Iteration, item: Any) -> Any:
         bucket = SMALL_BUCKET[wait] if 0 <= wait < SMALL_LIMIT else bucket_of(wait)
         st.wait_hist[bucket] += weight
         text = _message_repr(item) if it.record.log_items else None
-        st.log.append((n - 1, now, wait, text))
+        log = st.log
+        log.append((n - 1, now, wait, text))
+        if len(log) > STREAM_LOG_SIZE:
+            # Appending and trimming are each one step under the GIL: an item that another
+            # thread times in between is kept, and the log is too long only until it trims.
+            del log[0]
     except Exception as err:  # observing never breaks the program
         _session.internal_error("timing a stream item", err)
     return item
+
+
+def recent_items(st: StreamStats) -> list[tuple[int, int, int, str | None]]:
+    """The last ``STREAM_LOG_SIZE`` timed items of a stream (an aggregate keeps fewer), oldest
+    first: (index, timestamp, wait ns, item repr). A copy, made in one step: ``st.log`` is
+    longer for a moment whenever a thread appends to a full log."""
+    return st.log[-STREAM_LOG_SIZE:]
 
 
 def _count(it: _Iteration, item: Any) -> Any:
@@ -296,9 +312,8 @@ def _merge(agg: StreamRecord, record: StreamRecord) -> None:
     for state, n in s.instances.items():
         a.instances[state] += n
     if s.log:
-        if a.log.maxlen != AGGREGATE_LOG:
-            a.log = deque(maxlen=AGGREGATE_LOG)
-        a.log.extend(s.log)
+        # a new list, set in one step: a reader never sees more than AGGREGATE_LOG items
+        a.log = [*a.log, *s.log[-AGGREGATE_LOG:]][-AGGREGATE_LOG:]
 
 
 _history: GoneHistory[StreamRecord] = GoneHistory(

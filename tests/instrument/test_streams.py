@@ -272,6 +272,44 @@ async def test_sampled_items_stand_for_the_items_between_them(fake_clock: FakeCl
     assert entry.consumer_ns == 70 * (1 + 8 * 4)
 
 
+async def test_the_log_keeps_the_last_timed_items(fake_clock: FakeClock) -> None:
+    @asyncflow.stream(name="long", log_items=True)
+    async def long() -> AsyncIterator[int]:
+        for i in range(250):
+            fake_clock.advance(i)  # item i waits i ns
+            yield i
+
+    with asyncflow.profile("long", format="none", sampling=1) as prof:
+        assert [i async for i in long()] == list(range(250))
+        snap = prof.snapshot()
+    entry, logs = _stream(snap, "long")
+    assert entry.timed_count == 250
+    newest = list(range(249, 249 - streams.STREAM_LOG_SIZE, -1))
+    assert [(e.index, e.wait_ns, e.item) for e in logs.items] == [(i, i, repr(i)) for i in newest]
+
+
+async def test_an_aggregate_of_gone_streams_keeps_their_last_items(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A gone stream folded into its label's aggregate hands it its last items."""
+    monkeypatch.setattr(streams._history, "kept", 0)  # every gone stream is folded at once
+    with asyncflow.profile("folded", format="none", sampling=1) as prof:
+        for count in (0, 6, 12):
+            namespace: dict[str, Any] = {}
+            exec("async def gone(n):\n    for i in range(n):\n        yield i\n", namespace)
+            tracked = asyncflow.stream(log_items=True)(namespace["gone"])
+            assert [i async for i in tracked(count)] == list(range(count))
+            del namespace, tracked  # the code goes with them
+        gc.collect()
+        snap = prof.snapshot()
+    assert snap.streams is not None
+    (aggregate,) = [s for s in snap.streams.streams if s.label == "gone"]
+    (logs,) = [log for log in snap.stream_logs if log.stream_id == aggregate.id]
+    assert aggregate.folded_count == 3 and aggregate.items_yielded == 0 + 6 + 12
+    # the second's six items, then the third's twelve: the last ten, newest first
+    assert [(e.index, e.item) for e in logs.items] == [(i, repr(i)) for i in range(11, 1, -1)]
+
+
 def test_a_wrapped_function_is_not_mistaken_for_the_one_it_wraps() -> None:
     def doubled(fn: Callable[[int], AsyncIterator[int]]) -> Callable[[int], AsyncIterator[int]]:
         @functools.wraps(fn)  # inspect.getsource() would show fn's source, not this one's
