@@ -8,6 +8,7 @@ object made stays small, never how fast anything is.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import gc
 import os
 import tracemalloc
@@ -21,7 +22,7 @@ import pytest
 
 import asyncflow
 from asyncflow import clock, views
-from asyncflow.instrument import channels, futures, streams
+from asyncflow.instrument import channels, executors, futures, streams
 from asyncflow.schema import ChannelEntry, FutureEntry, Snapshot, StreamEntry
 
 N = 1_000  # per batch: one fills the bounded history, the second must not grow it
@@ -295,6 +296,43 @@ async def test_without_a_profiler_stream_records_stay_as_many_as_what_is_alive()
     with asyncflow.profile("after", format="none") as prof:
         snap = prof.snapshot()
     assert not _streams(snap, lambda s: not s.alive or s.folded_count > 0)
+
+
+async def test_short_lived_executors_fold_per_label_with_exact_totals() -> None:
+    loop = asyncio.get_running_loop()
+
+    async def batch(b: int) -> None:
+        for i in range(N):
+            # 300 labels, more than the aggregates kept (the same ones in both batches)
+            with concurrent.futures.ThreadPoolExecutor(1, f"short{i % 300}") as pool:
+                assert await loop.run_in_executor(pool, abs, -i) == i
+            # nobody listed them yet: the registry holds what is alive (and the last one)
+            assert len(executors._registry) <= 2
+
+    with asyncflow.profile("executors", format="none") as prof:
+        with asyncflow.instrument_executors():
+            growth = await _growth_per_object(prof, batch)
+        made = [
+            r
+            for r in executors.executor_registry()
+            if r.label.startswith("ThreadPoolExecutor short") or r.folded
+        ]
+        snap = prof.snapshot()
+    # every job is counted exactly once, in its own entry or in an aggregate
+    assert sum(r.stats.submitted for r in made) == sum(r.stats.completed for r in made) == 2 * N
+    assert sum(r.stats.by_function["abs"].jobs for r in made) == 2 * N
+    assert not any(r.alive for r in made)
+    gone = [r for r in made if not r.folded]
+    aggregates = [r for r in made if r.folded]
+    assert len(gone) == executors.GONE_KEPT
+    assert len(aggregates) == executors.AGGREGATES_KEPT + 1
+    assert sum(r.folded for r in aggregates) == 2 * N - executors.GONE_KEPT
+    assert any(r.label == executors.OTHER_GONE for r in aggregates)  # more labels than kept
+    # and the documents list them, with the same totals
+    assert snap.executors is not None
+    entries = [e for e in snap.executors.executors if e.id in {r.id for r in made}]
+    assert len(entries) == len(made) and sum(e.completed for e in entries) == 2 * N
+    assert growth < BYTES_PER_GONE_OBJECT, growth
 
 
 async def test_a_page_of_futures_builds_only_its_own_entries(

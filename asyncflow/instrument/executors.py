@@ -9,6 +9,10 @@ that submitted them. Process pools run jobs elsewhere: they are counted, and tim
 submission to completion, but never wrapped (the job must pickle as it is). anyio's
 ``to_thread.run_sync`` runs jobs on anyio's own worker threads behind a capacity limiter: each
 limiter is an executor, whose jobs are queued while they wait for a token.
+
+A record watches its executor (or the loop, for a loop's default executor) weakly. Once that is
+freed and its last job has ended, the record leaves the registry for the bounded history of
+gone executors (see ``_gone``): memory follows the executors alive, and every total stays exact.
 """
 
 from __future__ import annotations
@@ -21,16 +25,18 @@ import itertools
 import sys
 import threading
 import weakref
-from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 from asyncflow import clock as _clock
 from asyncflow import stats
 from asyncflow.instrument import _imports, _session
+from asyncflow.instrument._gone import AGGREGATES_KEPT, GONE_KEPT, GoneHistory, Watch
 from asyncflow.instrument.channels import caller
 
 __all__ = [
+    "AGGREGATES_KEPT",
+    "GONE_KEPT",
     "MAX_FUNCTIONS",
     "ExecutorInstrumentation",
     "ExecutorRecord",
@@ -38,12 +44,12 @@ __all__ = [
     "executor_registry",
     "function_name",
     "instrument_executors",
+    "reap",
 ]
 
-#: Functions counted separately per executor; the rest are counted together.
+#: Functions counted separately per executor; the rest are counted together. An aggregate of
+#: gone executors keeps as many submitting futures too (their jobs stay in its totals).
 MAX_FUNCTIONS = 100
-#: Executors that are gone still listed, the most recent.
-MAX_GONE = 16
 _OTHER = "(other functions)"
 
 
@@ -69,6 +75,15 @@ class JobFigures:
             self.max_queued_ns = queued
         if ran > self.max_run_ns:
             self.max_run_ns = ran
+
+    def merge(self, other: JobFigures) -> None:
+        """Add another's jobs (a gone executor's, into an aggregate)."""
+        self.jobs += other.jobs
+        self.raised += other.raised
+        self.queued_ns += other.queued_ns
+        self.run_ns += other.run_ns
+        self.max_queued_ns = max(self.max_queued_ns, other.max_queued_ns)
+        self.max_run_ns = max(self.max_run_ns, other.max_run_ns)
 
 
 class ExecutorStats:
@@ -117,17 +132,29 @@ class ExecutorStats:
 class ExecutorRecord:
     """An executor jobs were submitted to: identity, label, and the session's figures."""
 
-    __slots__ = ("__weakref__", "_owner", "id", "kind", "label", "lock", "max_workers", "stats")
+    __slots__ = (
+        "__weakref__",
+        "_owner",
+        "folded",
+        "id",
+        "kind",
+        "label",
+        "lock",
+        "max_workers",
+        "stats",
+    )
 
-    def __init__(self, owner: Any, label: str) -> None:
+    def __init__(self, label: str, kind: str) -> None:
         self.id = next(_ids)
         self.label = label
-        self.kind = (
-            "process" if isinstance(owner, concurrent.futures.ProcessPoolExecutor) else ("thread")
-        )
+        #: ``thread`` or ``process``
+        self.kind = kind
         # The executor, or for a loop's default executor the loop (which makes it lazily).
-        # Weak: observing must not keep either (or their threads) alive.
-        self._owner = weakref.ref(owner)
+        # Weak: observing must not keep either (or their threads) alive. When it dies, the
+        # record is queued to be reaped. None for an aggregate of gone executors.
+        self._owner: Watch | None = None
+        #: gone executors whose figures are summed here (an aggregate); 0 for a real one
+        self.folded = 0
         #: the most workers it may start, as last seen (kept once the executor is gone)
         self.max_workers: int | None = None
         #: jobs end on worker threads: their figures are folded under this lock (cold enough)
@@ -136,12 +163,14 @@ class ExecutorRecord:
 
     @property
     def alive(self) -> bool:
-        """Whether the executor (or the loop whose default executor it is) still exists."""
-        return self._owner() is not None
+        """Whether the executor (or the loop whose default executor it is) still exists (never,
+        for an aggregate)."""
+        owner = self._owner
+        return owner is not None and owner() is not None
 
     def executor(self) -> Any:
         """The executor object now, if it exists."""
-        owner = self._owner()
+        owner = self._owner() if self._owner is not None else None
         if isinstance(owner, asyncio.AbstractEventLoop):
             return getattr(owner, "_default_executor", None)
         return owner
@@ -193,43 +222,130 @@ class ExecutorRecord:
         with self.lock:
             self.stats.cancelled += 1
 
+    def refused(self) -> None:
+        """A job counted as submitted was refused (the pool was shut down): it never was."""
+        with self.lock:
+            self.stats.submitted -= 1
+
 
 _ids = itertools.count(1)
 _lock = threading.Lock()
-_by_executor: weakref.WeakKeyDictionary[Any, ExecutorRecord] = weakref.WeakKeyDictionary()
-_registry: list[ExecutorRecord] = []
-_gone: deque[ExecutorRecord] = deque(maxlen=MAX_GONE)
+#: executors seen and not reaped yet, by id, oldest first
+_registry: dict[int, ExecutorRecord] = {}
+#: id of the executor (or loop) -> its record. Keyed by id, not by the object, which must not
+#: be kept; the owner's weak reference removes the entry when it dies, before the id can be
+#: reused (see ``_gone.GoneHistory.watch``).
+_by_owner: dict[int, ExecutorRecord] = {}
+#: Gone executors: the last GONE_KEPT as they were, older ones folded into one aggregate per
+#: (label, kind), at most AGGREGATES_KEPT (then one "(other gone executors)" per kind).
+OTHER_GONE = "(other gone executors)"
 
 
 def _record_of(owner: Any, label: str) -> ExecutorRecord:
-    record = _by_executor.get(owner)
+    key = id(owner)
+    record = _by_owner.get(key)  # the caller holds ``owner``: its entry cannot go meanwhile
     if record is None:
+        if _history.dying:
+            # The collector does not reap executors: a new one's first job reaps those gone
+            # meanwhile (most often one, folded in microseconds, beside a thread started), so
+            # the registry stays as large as what is alive as it grows.
+            _history.reap(collecting=True)
         with _lock:
-            record = _by_executor.get(owner)
+            record = _by_owner.get(key)
             if record is None:
-                record = _by_executor[owner] = ExecutorRecord(owner, label)
-                _registry.append(record)
+                process = isinstance(owner, concurrent.futures.ProcessPoolExecutor)
+                record = _by_owner[key] = ExecutorRecord(label, "process" if process else "thread")
+                record._owner = _history.watch(record, owner, key)
+                _registry[record.id] = record
     return record
 
 
 def executor_registry() -> list[ExecutorRecord]:
-    """Every executor seen, alive first then the most recent gone ones (a copy)."""
-    with _lock:
-        alive = [r for r in _registry if r.alive]
-        for record in _registry:
-            if not record.alive:
-                _gone.append(record)
-        _registry[:] = alive
-        return [*alive, *_gone]
+    """Every executor of the session (a copy): live ones oldest first, then the last gone
+    ones, then the aggregates of older gone ones.
+
+    Reaps first, on whichever thread lists them (documents are built on the profiler's): the
+    collector does not reap executors (see ``_record_of``)."""
+    reap(collecting=True)
+    return _history.listing()
+
+
+def reap(*, collecting: bool = False) -> int:
+    """Move the executors that are gone, and whose jobs have all ended, out of the registry,
+    into the bounded history of gone executors (see ``_gone.GoneHistory.reap``); returns how
+    many moved."""
+    return _history.reap(collecting)
 
 
 def reset_for_session() -> None:
     """Fresh figures for every executor still alive; the gone ones are forgotten."""
     with _lock:
-        _gone.clear()
-        _registry[:] = [r for r in _registry if r.alive]
-        for record in _registry:
-            record.stats = ExecutorStats()
+        _history.forget()
+        for eid, record in list(_registry.items()):
+            if record.alive:
+                record.stats = ExecutorStats()
+            else:
+                del _registry[eid]
+
+
+def _final(record: ExecutorRecord) -> bool:
+    """Whether every job of a gone executor has ended (a thread pool's workers run the jobs
+    queued before it was freed; a process job ends in a callback on the loop)."""
+    st = record.stats
+    return not st.running and not st.queued
+
+
+def _kind(record: ExecutorRecord) -> str:
+    return record.kind
+
+
+def _aggregate(record: ExecutorRecord, label: str) -> ExecutorRecord:
+    return ExecutorRecord(label, record.kind)
+
+
+def _merge(agg: ExecutorRecord, record: ExecutorRecord) -> None:
+    """Add a gone executor's figures to its aggregate (under _lock; and the aggregate's own,
+    which readers take to read one consistent state)."""
+    with agg.lock:
+        if record.max_workers is not None:
+            agg.max_workers = max(agg.max_workers or 0, record.max_workers)
+        a, s = agg.stats, record.stats
+        a.submitted += s.submitted
+        a.started += s.started
+        a.completed += s.completed
+        a.raised += s.raised
+        a.cancelled += s.cancelled
+        a.queued_ns += s.queued_ns
+        a.max_queued_ns = max(a.max_queued_ns, s.max_queued_ns)
+        a.run_ns += s.run_ns
+        a.max_run_ns = max(a.max_run_ns, s.max_run_ns)
+        stats.merge(a.queued_hist, s.queued_hist)
+        stats.merge(a.run_hist, s.run_hist)
+        for function, figures in s.by_function.items():
+            into = a.by_function.get(function)
+            if into is None:
+                if len(a.by_function) >= MAX_FUNCTIONS:
+                    function = _OTHER
+                into = a.by_function.setdefault(function, JobFigures())
+            into.merge(figures)
+        for future_id, figures in s.by_future.items():
+            into = a.by_future.get(future_id)
+            if into is None and len(a.by_future) < MAX_FUNCTIONS:
+                into = a.by_future[future_id] = JobFigures()
+            if into is not None:
+                into.merge(figures)
+
+
+_history: GoneHistory[ExecutorRecord] = GoneHistory(
+    _lock,
+    _registry,
+    other=OTHER_GONE,
+    kind=_kind,
+    aggregate=_aggregate,
+    merge=_merge,
+    final=_final,
+    index=_by_owner,
+)
 
 
 def function_name(fn: Any) -> str:
@@ -331,7 +447,13 @@ class _RunInExecutor:
         except Exception as err:  # observing never breaks the program
             _session.internal_error("instrumenting an executor job", err)
             return original(loop, executor, func, *args)
-        future = original(loop, executor, submitted, *args)
+        try:
+            future = original(loop, executor, submitted, *args)
+        except BaseException:
+            # Counted as queued for good otherwise: a gone executor waits for its queued jobs
+            # to end before it is reaped.
+            record.refused()
+            raise
         if job is not None:
             future.add_done_callback(functools.partial(_check_started, job))
         else:

@@ -142,6 +142,54 @@ async def test_a_job_cancelled_before_a_thread_took_it_never_ran(
     assert (st.submitted, st.completed, st.cancelled, st.queued) == (2, 1, 1, 0)
 
 
+async def test_a_gone_executor_is_folded_once_its_last_job_has_ended(
+    prof: asyncflow.Profiler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(executors._history, "kept", 0)  # every gone executor is folded at once
+    loop = asyncio.get_running_loop()
+    release = threading.Event()
+    with asyncflow.instrument_executors():
+        pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="brief")
+        running = loop.run_in_executor(pool, release.wait, 5)
+        queued = loop.run_in_executor(pool, resize, 2)
+        pool.shutdown(wait=False)  # its worker runs what it was given, the pool goes
+        del pool
+        gc.collect()
+        (record,) = [
+            r for r in executors.executor_registry() if r.label == "ThreadPoolExecutor brief"
+        ]
+        assert not record.alive and not record.folded  # gone, but its jobs are not done
+        release.set()
+        with anyio.fail_after(5):
+            assert list(await asyncio.gather(running, queued)) == [True, 4]
+    (aggregate,) = [r for r in executors.executor_registry() if r.label == record.label]
+    assert aggregate.folded == 1 and aggregate is not record
+    st = aggregate.stats
+    assert (st.submitted, st.started, st.completed, st.running, st.queued) == (2, 2, 2, 0, 0)
+    assert {name: f.jobs for name, f in st.by_function.items()} == {
+        "threading.Event.wait": 1,
+        f"{__name__}.resize": 1,
+    }
+
+
+async def test_a_job_a_shut_down_pool_refuses_was_never_submitted(
+    prof: asyncflow.Profiler,
+) -> None:
+    loop = asyncio.get_running_loop()
+    pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="closed")
+    pool.shutdown()
+    with pytest.raises(RuntimeError) as plain:
+        await loop.run_in_executor(pool, resize, 1)
+    with asyncflow.instrument_executors(), pytest.raises(RuntimeError) as tracked:
+        await loop.run_in_executor(pool, resize, 1)
+    assert tracked.value.args == plain.value.args
+    st = _record(pool).stats
+    assert (st.submitted, st.queued, st.cancelled) == (0, 0, 0)
+    del pool, plain, tracked  # (the tracebacks hold it)
+    gc.collect()
+    assert executors.reap(collecting=True) == 1  # nothing left to wait for: it goes at once
+
+
 def test_misuse() -> None:
     with pytest.raises(RuntimeError, match="no running event loop"):
         asyncflow.instrument_executors()
