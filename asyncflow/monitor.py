@@ -12,9 +12,10 @@ thread's stack every tick (``sys._current_frames()``), *while* the loop is late:
   but its thread has not had the CPU or the GIL since. Late by the threshold, that is a *late
   wake-up*, counted apart and never blamed on code.
 - Code is running: the innermost tracked call being polled (named in the thread's slot, see
-  ``running_calls``) and the innermost line name what blocks the loop. One of them blocking for at least the threshold is an *episode*. When the
-  running call or the blocking line changes and the new one lasts the threshold too, the first
-  episode ends where the second begins; a shorter change stays part of the episode it interrupts.
+  ``running_calls``) and the innermost line name what blocks the loop. One of them blocking
+  for at least the threshold is an *episode*. When the running call or the blocking line
+  changes and the new one lasts the threshold too, the first episode ends where the second
+  begins; a shorter change stays part of the episode it interrupts.
 
 An episode ends when the heartbeat finally runs, when the poll it blames is seen to be over, or
 when the loop is seen waiting in its selector again.
@@ -87,9 +88,10 @@ def running_calls(thread: int) -> tuple[FrameType | None, CallRecord | None, Cal
     """
     if not thread:
         return None, None, None
-    top = sys._current_frames().get(thread)
     inner, outer = futures.running_on_thread(thread)
-    return top, inner, outer
+    # Not bound to a local: looking at its own thread, this frame would be the top one, and
+    # name itself (a cycle holding every frame under it until the cyclic GC runs).
+    return sys._current_frames().get(thread), inner, outer
 
 
 def waiting_in_selector(top: FrameType | None, loop: object) -> bool:

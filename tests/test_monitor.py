@@ -15,8 +15,9 @@ import socket
 import sys
 import threading
 import time
+import types
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from typing import Any
 
 import anyio
@@ -558,3 +559,124 @@ def test_a_look_while_a_call_passes_its_exception_on_keeps_nothing_alive(
         assert gone() is None  # freed with its wrapper, without the cyclic GC
     finally:
         gc.enable()
+
+
+class _Reentrant(Coroutine[Any, Any, str]):
+    """A coroutine (not a native one) that sends into its own tracked wrapper from its send."""
+
+    def __init__(self) -> None:
+        self.wrapper: Any = None
+        self.depth = 0
+        self.looks: list[tuple[Any, Any]] = []
+
+    def send(self, value: Any) -> str:
+        self.depth += 1
+        try:
+            if self.depth == 1:
+                return str(self.wrapper.send(None))
+            self.looks.append(futures.running_on_thread(threading.get_ident()))
+            return "yielded"
+        finally:
+            self.depth -= 1
+
+    def throw(self, *args: Any) -> str:
+        raise args[0]
+
+    def close(self) -> None:
+        pass
+
+    def __await__(self) -> Any:
+        return self
+
+
+def test_a_send_into_a_call_during_its_own_poll_is_no_poll_of_its_own(
+    prof: asyncflow.Profiler,
+) -> None:
+    inner = _Reentrant()
+    call = inner.wrapper = asyncflow.instrument(inner)
+    assert call.send(None) == "yielded"
+    ((innermost, outermost),) = inner.looks  # the look came back (it once went round for ever)
+    assert innermost is outermost and "_Reentrant" in innermost.future.label
+    assert innermost.polls == 1  # one poll, not two
+    assert futures.running_call_here() is None
+    call.close()
+
+
+def test_a_send_from_another_thread_during_a_poll_leaves_its_slot_alone(
+    prof: asyncflow.Profiler,
+) -> None:
+    """asyncio forbids it (the coroutine is already executing), and the poll running goes on
+    as if it had not been tried: same calls in the slot, the call not ended by the attempt."""
+    holder: list[Any] = []
+    entered, tried = threading.Event(), threading.Event()
+    seen: dict[str, Any] = {}
+
+    def labels() -> list[str]:
+        return [c.future.label for c in futures.running_on_thread(threading.get_ident())]
+
+    @asyncflow.future(name="mid")
+    async def mid() -> None:
+        seen["before"] = labels()
+        entered.set()
+        assert tried.wait(30)  # the other thread tries to send into us meanwhile
+        seen["after"] = labels()
+
+    @asyncflow.future(name="top")
+    async def top() -> None:
+        holder.append(mid())
+        await holder[0]
+        r = futures.running_call_here()
+        seen["top"] = r.future.label if r is not None else None
+
+    def intrude() -> None:
+        assert entered.wait(30)
+        try:
+            holder[0].send(None)
+        except ValueError as err:
+            seen["error"] = str(err)
+        tried.set()
+
+    thread = threading.Thread(target=intrude)
+    thread.start()
+    asyncio.run(top())
+    thread.join(30)
+    assert seen["before"] == seen["after"] == ["mid", "top"]
+    assert seen["top"] == "top"
+    assert "already executing" in seen["error"]
+    (mid_entry,) = [f for f in prof.snapshot().futures.futures if f.label == "mid"]
+    assert mid_entry.outcomes.returned == 1 and not mid_entry.outcomes.raised
+
+
+def test_greenlets_switching_mid_poll_leave_the_slot_empty(prof: asyncflow.Profiler) -> None:
+    """Two greenlets on one thread each poll a tracked call and switch to each other in the
+    middle: the polls end in the order they began. Each call still leaves the slot, and a
+    call gone is named by nothing (the compiled slot's pointer to it would dangle)."""
+    greenlet = pytest.importorskip("greenlet")
+    switch_to: dict[str, Any] = {}
+
+    @types.coroutine
+    def suspend() -> Any:
+        yield
+
+    async def body(other: str) -> None:
+        switch_to[other].switch()  # to the other greenlet, in the middle of this poll
+        await suspend()
+
+    first = body("second")
+    gone = weakref.ref(first)
+    calls: list[Any] = [asyncflow.instrument(first), asyncflow.instrument(body("first"))]
+    del first
+    main = greenlet.getcurrent()
+    switch_to["first"] = greenlet.greenlet(lambda: (calls[0].send(None), main.switch()))
+    switch_to["second"] = greenlet.greenlet(lambda: (calls[1].send(None), main.switch()))
+    switch_to["first"].switch()  # the first poll starts, then the second; the first ends first
+    switch_to["second"].switch()  # then the second
+    assert futures.running_call_here() is None
+    assert futures.running_on_thread(threading.get_ident()) == (None, None)
+    calls[0].close()
+    calls[0] = None
+    switch_to.clear()
+    gc.collect()
+    assert gone() is None
+    assert futures.running_call_here() is None
+    calls[1].close()

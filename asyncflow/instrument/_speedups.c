@@ -11,8 +11,8 @@
  * one definition of what those record.
  *
  * Each thread has a "running" slot: the innermost call being polled on it now, each call
- * pointing at the one polled around it. The blocked-loop monitor reads it (running_calls())
- * where the pure-Python path finds the calls from its send/throw frames.
+ * pointing at the one polled around it. The blocked-loop monitor reads it (running_calls()), as
+ * it reads the pure-Python path's (futures._PollSlot).
  */
 
 #define PY_SSIZE_T_CLEAN
@@ -1494,6 +1494,7 @@ struct WrapperObject {
     PyObject *coro;
     RecordObject *r;
     WrapperObject *outer;  /* while polled: the call polled around this one; borrowed */
+    int polling;           /* in a poll now: a send or throw into it meanwhile is no poll */
     WrapperObject *child;  /* the tracked call its last poll suspended awaiting (see Handoff);
                               only compared, never followed */
     long long child_id;    /* ... and that call's id, which no other call shares */
@@ -1648,6 +1649,45 @@ get_slot(void)
 {
     SlotObject *slot = tls_slot;
     return slot != NULL ? slot : make_slot();
+}
+
+/* The most links running_calls() follows from a thread's innermost call out. */
+#define WALK_LIMIT 1000000
+
+/* ``self``'s poll begins: the slot names it, and it names the call polled around it. */
+static inline void
+slot_enter(SlotObject *slot, WrapperObject *self)
+{
+    self->polling = 1;
+    if (slot != NULL) {
+        self->outer = slot->inner;
+        slot->inner = self;
+    }
+}
+
+/* ``self``'s poll ended: the slot names the call polled around it again. Polls on a thread end
+ * in the order opposite to their starts, but for greenlets that switch in the middle of one:
+ * then ``self`` may be further out in the chain, and is unlinked there (never left in it, where
+ * it would dangle once freed). */
+static inline void
+slot_leave(SlotObject *slot, WrapperObject *self)
+{
+    WrapperObject *outer = self->outer;
+    self->outer = NULL;
+    self->polling = 0;
+    if (slot == NULL) {
+        return;
+    }
+    if (slot->inner == self) {
+        slot->inner = outer;
+        return;
+    }
+    for (WrapperObject *w = slot->inner; w != NULL; w = w->outer) {
+        if (w->outer == self) {
+            w->outer = outer;
+            return;
+        }
+    }
 }
 
 /* ---- InstrumentedCoroutine ------------------------------------------------------------------ */
@@ -1806,6 +1846,32 @@ done:
     return rc;
 }
 
+/* Send ``arg`` into ``coro`` (*res: what it yielded or returned). */
+static inline PySendResult
+send_into(PyObject *coro, PyObject *arg, PyObject **res)
+{
+    if (Py_IS_TYPE(coro, &PyCoro_Type) || Py_IS_TYPE(coro, &PyGen_Type)) {
+        return PyIter_Send(coro, arg, res);
+    }
+    /* as the Python wrapper does: its send() method, whatever its __next__ does */
+    *res = PyObject_CallMethodOneArg(coro, s_send, arg);
+    return *res != NULL ? PYGEN_NEXT : PYGEN_ERROR;
+}
+
+/* Throw into ``coro``: the legacy three-argument form normalized as a generator would. */
+static PyObject *
+throw_into(PyObject *coro, PyObject *typ, PyObject *val, PyObject *tb)
+{
+    if (val == Py_None && tb == Py_None) {
+        return PyObject_CallMethodOneArg(coro, s_throw, typ);
+    }
+    PyObject *nargs3[3] = {typ, val, tb};
+    PyObject *exc = call_helper(s_normalize_throw, nargs3, 3);
+    PyObject *res = exc == NULL ? NULL : PyObject_CallMethodOneArg(coro, s_throw, exc);
+    Py_XDECREF(exc);
+    return res;
+}
+
 /* One poll: send ``arg`` into the wrapped coroutine and record it, as
  * futures.InstrumentedCoroutine.send does. Returns PYGEN_NEXT (*res: what it yielded),
  * PYGEN_RETURN (*res: what it returned) or PYGEN_ERROR (the exception is set; it may be the
@@ -1843,29 +1909,16 @@ poll_inner(WrapperObject *self, PyObject *arg, PyObject **res, PyObject **stop, 
     r->start = t0;
     SlotObject *slot = get_slot();
     Py_INCREF(self); /* named by the slot while it runs */
-    if (slot != NULL) {
-        self->outer = slot->inner;
-        slot->inner = self;
-    }
+    slot_enter(slot, self);
     PyObject *coro = self->coro;
     handoff.resume_for = real_clock ? self->child : NULL;
     handoff.resume_id = self->child_id;
     handoff.resume_ns = t0;
     handoff.yielded = NULL;
     self->child = NULL;
-    PySendResult status;
-    if (Py_IS_TYPE(coro, &PyCoro_Type) || Py_IS_TYPE(coro, &PyGen_Type)) {
-        status = PyIter_Send(coro, arg, res);
-    }
-    else { /* as the Python wrapper does: its send() method, whatever its __next__ does */
-        *res = PyObject_CallMethodOneArg(coro, s_send, arg);
-        status = *res != NULL ? PYGEN_NEXT : PYGEN_ERROR;
-    }
+    PySendResult status = send_into(coro, arg, res);
     handoff.resume_for = NULL;
-    if (slot != NULL) {
-        slot->inner = self->outer;
-        self->outer = NULL;
-    }
+    slot_leave(slot, self);
     if (status != PYGEN_NEXT) {
         handoff.yielded = NULL; /* nothing passes up: the outer poll goes on running */
     }
@@ -2036,6 +2089,12 @@ static PySendResult
 poll(WrapperObject *self, PyObject *arg, PyObject **res, PyObject **stop)
 {
     long long t0 = 0;
+    if (self->polling) { /* sent into during its own poll: not a poll of its own */
+        if (stop != NULL) {
+            *stop = NULL;
+        }
+        return send_into(self->coro, arg, res);
+    }
     if (probe_end == NULL) { /* what the probe seam costs when no probe is set */
         return poll_inner(self, arg, res, stop, &t0);
     }
@@ -2144,26 +2203,11 @@ throw_inner(WrapperObject *self, PyObject *typ, PyObject *val, PyObject *tb, lon
     r->start = t0;
     SlotObject *slot = get_slot();
     Py_INCREF(self);
-    if (slot != NULL) {
-        self->outer = slot->inner;
-        slot->inner = self;
-    }
+    slot_enter(slot, self);
     self->child = NULL; /* a throw lends and takes no reading (Handoff) */
     handoff.resume_for = NULL;
-    PyObject *res;
-    if (val == Py_None && tb == Py_None) {
-        res = PyObject_CallMethodOneArg(self->coro, s_throw, typ);
-    }
-    else { /* the legacy three-argument form, normalized as a generator would */
-        PyObject *nargs3[3] = {typ, val, tb};
-        PyObject *exc = call_helper(s_normalize_throw, nargs3, 3);
-        res = exc == NULL ? NULL : PyObject_CallMethodOneArg(self->coro, s_throw, exc);
-        Py_XDECREF(exc);
-    }
-    if (slot != NULL) {
-        slot->inner = self->outer;
-        self->outer = NULL;
-    }
+    PyObject *res = throw_into(self->coro, typ, val, tb);
+    slot_leave(slot, self);
     handoff.yielded = NULL;
     if (res != NULL) {
         long long now;
@@ -2202,6 +2246,9 @@ wrapper_throw(WrapperObject *self, PyObject *const *args, Py_ssize_t nargs)
     PyObject *val = nargs > 1 ? args[1] : Py_None;
     PyObject *tb = nargs > 2 ? args[2] : Py_None;
     long long t0 = 0;
+    if (self->polling) { /* thrown into during its own poll: not a poll of its own */
+        return throw_into(self->coro, typ, val, tb);
+    }
     if (probe_end == NULL) {
         return throw_inner(self, typ, val, tb, &t0);
     }
@@ -2331,6 +2378,7 @@ wrapper_vectorcall(PyObject *type, PyObject *const *args, size_t nargsf, PyObjec
     self->coro = coro;
     self->r = r;
     self->outer = NULL;
+    self->polling = 0;
     self->child = NULL;
     self->child_id = 0;
     return (PyObject *)self;
@@ -3837,7 +3885,7 @@ mod_running_calls(PyObject *module, PyObject *arg)
         return Py_BuildValue("(OO)", Py_None, Py_None);
     }
     WrapperObject *outer = inner;
-    while (outer->outer != NULL) {
+    for (long i = 0; outer->outer != NULL && i < WALK_LIMIT; i++) {
         outer = outer->outer;
     }
     return Py_BuildValue("(OO)", inner->r ? (PyObject *)inner->r : Py_None,

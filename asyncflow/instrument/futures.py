@@ -638,7 +638,8 @@ def _normalize_throw(typ: Any, val: Any, tb: Any) -> BaseException:
 
 class _PollSlot:
     """The innermost call being polled on one thread (its wrapper, whose ``_outer`` names the
-    call polled around it, and so on out), as the compiled path keeps it in C.
+    call polled around it, and so on out), as the compiled path keeps it in C. A wrapper sent
+    into while its own poll runs (from another thread, or by its own coroutine) leaves it alone.
 
     The blocked-loop monitor reads another thread's slot, and sampled messages and waits this
     thread's, so nobody reads the locals of a running frame: on 3.11 and 3.12 that would leave
@@ -653,11 +654,16 @@ class _PollSlot:
         self.inner: InstrumentedCoroutine[Any] | None = None
 
 
+#: the most links followed from a thread's innermost call out (deeper than any real program)
+WALK_LIMIT = 1_000_000
+
+
 class _Here(threading.local):
     slot: _PollSlot | None = None
 
 
 _here = _Here()
+_IDLE: Any = object()  # the ``_outer`` of a wrapper not being polled
 #: thread id -> that thread's slot, for as long as the thread lives (its local holds it)
 _slots: weakref.WeakValueDictionary[int, _PollSlot] = weakref.WeakValueDictionary()
 
@@ -669,6 +675,25 @@ def _new_slot() -> _PollSlot:
     return slot
 
 
+def _leave(slot: _PollSlot, w: InstrumentedCoroutine[Any]) -> None:
+    """``w``'s poll ended: the slot names the call polled around it again.
+
+    Polls on a thread end in the order opposite to their starts, but for greenlets that switch
+    in the middle of one: then ``w`` may be further out in the chain, and is unlinked there.
+    """
+    outer = w._outer
+    w._outer = _IDLE
+    inner = slot.inner
+    if inner is w:
+        slot.inner = outer
+        return
+    while inner is not None and inner is not _IDLE:
+        if inner._outer is w:
+            inner._outer = outer
+            return
+        inner = inner._outer
+
+
 def _running_calls_py(thread: int) -> tuple[Any, Any]:
     """The records of the innermost and the outermost calls being polled on ``thread`` now."""
     slot = _slots.get(thread)
@@ -676,9 +701,9 @@ def _running_calls_py(thread: int) -> tuple[Any, Any]:
     if inner is None:
         return None, None
     outer = inner
-    for _ in range(1_000):  # read while that thread runs: a bound, should a link be stale
+    for _ in range(WALK_LIMIT):  # read while that thread runs: a bound, should a link be stale
         nxt = outer._outer
-        if nxt is None:
+        if nxt is None or nxt is _IDLE:
             break
         outer = nxt
     return inner._r, outer._r
@@ -770,7 +795,7 @@ def _probed_poll(w: InstrumentedCoroutine[Any], value: Any, thrown: Any) -> Any:
     polls = r.polls
     r.start = t0
     slot = _here.slot or _new_slot()
-    outer = w._outer = slot.inner
+    w._outer = slot.inner
     slot.inner = w
     try:
         if thrown is None:
@@ -780,16 +805,14 @@ def _probed_poll(w: InstrumentedCoroutine[Any], value: Any, thrown: Any) -> Any:
         else:
             out = w._coro.throw(_normalize_throw(*thrown))
     except BaseException as exc:
-        slot.inner = outer
-        w._outer = None
+        _leave(slot, w)
         _finish_poll(r, t0, exc)
         if probe is not None:
             _probe_end(probe, r, token, t0, polls, _probe_outcome(exc))
         raise
     finally:
         thrown = None  # the thrown exception's traceback holds this frame (see throw)
-    slot.inner = outer
-    w._outer = None
+    _leave(slot, w)
     _end_poll(r, t0)
     if probe is not None:
         _probe_end(probe, r, token, t0, polls, SUSPENDED)
@@ -808,10 +831,13 @@ class InstrumentedCoroutine(Coroutine[Any, Any, _T]):
     def __init__(self, coro: Coroutine[Any, Any, _T], future: FutureRecord) -> None:
         self._coro = coro
         self._r = CallRecord(future, future.stats, _clock.now_ns())
-        #: while polled: the call polled around this one on its thread (see _PollSlot)
-        self._outer: InstrumentedCoroutine[Any] | None = None
+        #: while polled: the call polled around this one on its thread (see _PollSlot), None
+        #: if none is; _IDLE while not polled
+        self._outer: Any = _IDLE
 
     def send(self, value: Any = None) -> Any:
+        if self._outer is not _IDLE:  # sent into during its own poll: not a poll of its own
+            return self._coro.send(value)
         if _poll_probe is not None:  # the only cost of the probe seam when no probe is set
             return _probed_poll(self, value, None)
         r = self._r
@@ -820,17 +846,19 @@ class InstrumentedCoroutine(Coroutine[Any, Any, _T]):
             _first_poll(r, t0)
         r.start = t0
         slot = _here.slot or _new_slot()
-        outer = self._outer = slot.inner
+        self._outer = slot.inner
         slot.inner = self
         try:
             out = self._coro.send(value)
         except BaseException as exc:
-            slot.inner = outer
-            self._outer = None
+            _leave(slot, self)
             _finish_poll(r, t0, exc)
             raise
-        slot.inner = outer
-        self._outer = None
+        if slot.inner is self:  # _leave(slot, self), inlined
+            slot.inner = self._outer
+            self._outer = _IDLE
+        else:
+            _leave(slot, self)
         # _end_poll(r, t0), inlined: this is the hottest line of asyncflow (one call saved ~60 ns)
         dt = _clock.now_ns() - t0
         r.start = 0
@@ -846,6 +874,12 @@ class InstrumentedCoroutine(Coroutine[Any, Any, _T]):
     __next__ = send
 
     def throw(self, typ: Any, val: Any = None, tb: Any = None) -> Any:
+        if self._outer is not _IDLE:  # thrown into during its own poll: not a poll of its own
+            return (
+                self._coro.throw(typ)
+                if val is None and tb is None
+                else self._coro.throw(_normalize_throw(typ, val, tb))
+            )
         if _poll_probe is not None:
             thrown: tuple[Any, Any, Any] | None = (typ, val, tb)
             typ = val = tb = None
@@ -863,7 +897,7 @@ class InstrumentedCoroutine(Coroutine[Any, Any, _T]):
             _cancel_requested(r, t0)
         r.start = t0
         slot = _here.slot or _new_slot()
-        outer = self._outer = slot.inner
+        self._outer = slot.inner
         slot.inner = self
         try:
             if val is None and tb is None:
@@ -871,16 +905,14 @@ class InstrumentedCoroutine(Coroutine[Any, Any, _T]):
             else:
                 out = self._coro.throw(_normalize_throw(typ, val, tb))
         except BaseException as exc:
-            slot.inner = outer
-            self._outer = None
+            _leave(slot, self)
             _finish_poll(r, t0, exc)
             raise
         finally:
             # The thrown exception's traceback holds this frame: drop our references to it so
             # no cycle keeps the coroutine's locals alive until the cyclic GC runs.
             typ = val = tb = None
-        slot.inner = outer
-        self._outer = None
+        _leave(slot, self)
         _end_poll(r, t0)
         return out
 
