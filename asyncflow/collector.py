@@ -22,6 +22,7 @@ from asyncflow import recording as _recording
 from asyncflow.config import Options
 from asyncflow.instrument import _session
 from asyncflow.instrument import channels as _channels
+from asyncflow.instrument import executors as _executors
 from asyncflow.instrument import futures as _futures
 from asyncflow.instrument import resources as _resources
 from asyncflow.instrument import streams as _streams
@@ -135,6 +136,7 @@ class Collector:
         _channels.reap(collecting=True)
         _resources.reap(collecting=True)
         _streams.reap(collecting=True)
+        _executors.reap(collecting=True)
         return folded
 
     def _fold_finished(self) -> int:

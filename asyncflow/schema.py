@@ -730,6 +730,8 @@ class ExecutorEntry:
     functions: list[JobGroup]
     #: jobs by the tracked future whose call submitted them, most jobs first
     futures: list[JobGroup]
+    #: for an aggregate, how many gone executors of this label (and kind) it sums; 0 else
+    folded_count: int = 0
 
 
 @dataclass(frozen=True, slots=True)

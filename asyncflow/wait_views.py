@@ -85,6 +85,7 @@ def executor_entry(
             max_run_ns=st.max_run_ns,
             functions=[_group(name, None, f) for name, f in functions],
             futures=[_group(future_label(fid), fid, f) for fid, f in futures],
+            folded_count=record.folded,
         )
 
 

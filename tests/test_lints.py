@@ -233,6 +233,11 @@ async def test_a_saturated_executor(fake_clock: FakeClock, prof: asyncflow.Profi
     assert (finding.kind, finding.subject.kind) == ("executor-saturated", "executor")
     assert finding.evidence["queued_ns"] == 15_000 and finding.evidence["run_ns"] == 6_000
     assert "resize" in finding.message
+    # the same figures summed over gone executors (each waiting to start its first worker)
+    # are no saturation of any one executor
+    (entry,) = document.executors
+    folded = dataclasses.replace(entry, state="gone", folded_count=6)
+    assert not _only(_findings(prof, executors=[folded]))
 
 
 def test_a_blocked_loop_names_the_call_and_the_line() -> None:

@@ -246,10 +246,7 @@ def _record_of(owner: Any, label: str) -> ExecutorRecord:
     record = _by_owner.get(key)  # the caller holds ``owner``: its entry cannot go meanwhile
     if record is None:
         if _history.dying:
-            # The collector does not reap executors: a new one's first job reaps those gone
-            # meanwhile (most often one, folded in microseconds, beside a thread started), so
-            # the registry stays as large as what is alive as it grows.
-            _history.reap(collecting=True)
+            _history.reap()  # nobody collects: keep the registry to what is alive as it grows
         with _lock:
             record = _by_owner.get(key)
             if record is None:
@@ -262,11 +259,7 @@ def _record_of(owner: Any, label: str) -> ExecutorRecord:
 
 def executor_registry() -> list[ExecutorRecord]:
     """Every executor of the session (a copy): live ones oldest first, then the last gone
-    ones, then the aggregates of older gone ones.
-
-    Reaps first, on whichever thread lists them (documents are built on the profiler's): the
-    collector does not reap executors (see ``_record_of``)."""
-    reap(collecting=True)
+    ones, then the aggregates of older gone ones."""
     return _history.listing()
 
 
