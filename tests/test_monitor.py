@@ -26,7 +26,7 @@ import pytest
 import asyncflow
 from asyncflow import clock, monitor, report, views
 from asyncflow.clock import FakeClock
-from asyncflow.instrument import futures, loops
+from asyncflow.instrument import futures, loops, probes
 from asyncflow.instrument.futures import call_field
 from asyncflow.monitor import MAX_EPISODES, MAX_WORST, LoopMonitor, LoopState, Sample
 from asyncflow.schema import LoopEntry, Snapshot
@@ -630,10 +630,11 @@ def test_a_send_from_another_thread_during_a_poll_leaves_its_slot_alone(
 
     def intrude() -> None:
         assert entered.wait(30)
-        try:
-            holder[0].send(None)
-        except ValueError as err:
-            seen["error"] = str(err)
+        for attempt in (lambda: holder[0].send(None), holder[0].close):
+            try:
+                attempt()
+            except ValueError as err:
+                seen.setdefault("errors", []).append(str(err))
         tried.set()
 
     thread = threading.Thread(target=intrude)
@@ -642,9 +643,68 @@ def test_a_send_from_another_thread_during_a_poll_leaves_its_slot_alone(
     thread.join(30)
     assert seen["before"] == seen["after"] == ["mid", "top"]
     assert seen["top"] == "top"
-    assert "already executing" in seen["error"]
+    assert len(seen["errors"]) == 2 and all("already executing" in e for e in seen["errors"])
     (mid_entry,) = [f for f in prof.snapshot().futures.futures if f.label == "mid"]
-    assert mid_entry.outcomes.returned == 1 and not mid_entry.outcomes.raised
+    outcomes = mid_entry.outcomes
+    assert (outcomes.returned, outcomes.raised, outcomes.closed) == (1, 0, 0)
+
+
+def test_a_send_while_a_probe_begins_a_poll_is_no_poll_of_its_own(
+    prof: asyncflow.Profiler,
+) -> None:
+    """A poll is claimed before any of asyncflow's Python code runs for it (a probe's begin()
+    here, where another thread can take the GIL). A send from that thread meanwhile goes to the
+    coroutine unrecorded: it once made a second poll of the same call, which overwrote the
+    first one's links (on the compiled path, a thread's slot then pointed at a freed call)."""
+    in_begin, inside, first_done = threading.Event(), threading.Event(), threading.Event()
+    ends: list[tuple[str, str]] = []
+    seen: dict[str, str] = {}
+
+    class Probe:
+        def begin(self, r: Any) -> None:
+            if threading.current_thread().name == "first" and not in_begin.is_set():
+                in_begin.set()
+                assert inside.wait(30)  # the other thread's send runs the coroutine meanwhile
+
+        def end(self, r: Any, token: Any, t0: int, dt: int, outcome: str) -> None:
+            ends.append((threading.current_thread().name, outcome))
+
+    @types.coroutine
+    def body() -> Any:
+        inside.set()
+        assert first_done.wait(30)
+        return "done"
+        yield  # a generator-based coroutine: it does not suspend
+
+    call = asyncflow.instrument(body())
+
+    def first() -> None:
+        try:
+            call.send(None)
+        except ValueError as err:  # the other thread is running it: as without asyncflow
+            seen["first"] = str(err)
+        first_done.set()
+
+    def second() -> None:
+        assert in_begin.wait(30)
+        try:
+            call.send(None)
+        except StopIteration as stop:
+            seen["second"] = stop.value
+
+    previous = probes.set_poll_probe(Probe())
+    try:
+        threads = [threading.Thread(target=f, name=f.__name__) for f in (first, second)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+    finally:
+        probes.set_poll_probe(previous)
+    assert "already executing" in seen["first"] and seen["second"] == "done"
+    assert [name for name, _ in ends] == ["first"]  # one poll, the claimed one; ended once
+    (entry,) = [f for f in prof.snapshot().futures.futures if "body" in f.label]
+    assert entry.outcomes.returned + entry.outcomes.raised == 1
 
 
 def test_greenlets_switching_mid_poll_leave_the_slot_empty(prof: asyncflow.Profiler) -> None:

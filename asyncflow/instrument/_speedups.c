@@ -1658,7 +1658,6 @@ get_slot(void)
 static inline void
 slot_enter(SlotObject *slot, WrapperObject *self)
 {
-    self->polling = 1;
     if (slot != NULL) {
         self->outer = slot->inner;
         slot->inner = self;
@@ -1674,7 +1673,6 @@ slot_leave(SlotObject *slot, WrapperObject *self)
 {
     WrapperObject *outer = self->outer;
     self->outer = NULL;
-    self->polling = 0;
     if (slot == NULL) {
         return;
     }
@@ -2095,8 +2093,13 @@ poll(WrapperObject *self, PyObject *arg, PyObject **res, PyObject **stop)
         }
         return send_into(self->coro, arg, res);
     }
+    /* Claimed before any Python code runs (a probe's begin, the first poll's helpers), where
+     * another thread could send into it meanwhile; the caller's reference keeps self. */
+    self->polling = 1;
     if (probe_end == NULL) { /* what the probe seam costs when no probe is set */
-        return poll_inner(self, arg, res, stop, &t0);
+        PySendResult status = poll_inner(self, arg, res, stop, &t0);
+        self->polling = 0;
+        return status;
     }
     ProbeCall pc;
     Py_INCREF(self);
@@ -2104,6 +2107,7 @@ poll(WrapperObject *self, PyObject *arg, PyObject **res, PyObject **stop)
     probe_enter(&pc, r);
     PySendResult status = poll_inner(self, arg, res, stop, &pc.t0);
     probe_exit(&pc, r, status);
+    self->polling = 0;
     Py_DECREF(r);
     Py_DECREF(self);
     return status;
@@ -2249,8 +2253,11 @@ wrapper_throw(WrapperObject *self, PyObject *const *args, Py_ssize_t nargs)
     if (self->polling) { /* thrown into during its own poll: not a poll of its own */
         return throw_into(self->coro, typ, val, tb);
     }
+    self->polling = 1; /* claimed at once, as in poll() */
     if (probe_end == NULL) {
-        return throw_inner(self, typ, val, tb, &t0);
+        PyObject *res = throw_inner(self, typ, val, tb, &t0);
+        self->polling = 0;
+        return res;
     }
     ProbeCall pc;
     Py_INCREF(self);
@@ -2258,6 +2265,7 @@ wrapper_throw(WrapperObject *self, PyObject *const *args, Py_ssize_t nargs)
     probe_enter(&pc, r);
     PyObject *res = throw_inner(self, typ, val, tb, &pc.t0);
     probe_exit(&pc, r, res != NULL ? PYGEN_NEXT : PYGEN_ERROR);
+    self->polling = 0;
     Py_DECREF(r);
     Py_DECREF(self);
     return res;
@@ -2277,6 +2285,9 @@ close_record(RecordObject *r, PyObject *outcome)
 static PyObject *
 wrapper_close(WrapperObject *self, PyObject *Py_UNUSED(ignored))
 {
+    if (self->polling) { /* closed during its own poll: the coroutine refuses, nothing ends */
+        return PyObject_CallMethodNoArgs(self->coro, s_close);
+    }
     PyObject *res = PyObject_CallMethodNoArgs(self->coro, s_close);
     PyObject *exc = res == NULL ? fetch_exc() : NULL;
     Py_XDECREF(res);

@@ -682,7 +682,7 @@ def _leave(slot: _PollSlot, w: InstrumentedCoroutine[Any]) -> None:
     in the middle of one: then ``w`` may be further out in the chain, and is unlinked there.
     """
     outer = w._outer
-    w._outer = _IDLE
+    w._outer = None  # still claimed: the caller ends the claim (_IDLE) once it is done
     inner = slot.inner
     if inner is w:
         slot.inner = outer
@@ -838,37 +838,42 @@ class InstrumentedCoroutine(Coroutine[Any, Any, _T]):
     def send(self, value: Any = None) -> Any:
         if self._outer is not _IDLE:  # sent into during its own poll: not a poll of its own
             return self._coro.send(value)
-        if _poll_probe is not None:  # the only cost of the probe seam when no probe is set
-            return _probed_poll(self, value, None)
-        r = self._r
-        t0 = _clock.now_ns()
-        if not r.first:
-            _first_poll(r, t0)
-        r.start = t0
-        slot = _here.slot or _new_slot()
-        self._outer = slot.inner
-        slot.inner = self
+        # Claimed before any other code runs (a probe's begin, the first poll's look-ups), where
+        # another thread could send into it meanwhile.
+        self._outer = None
         try:
-            out = self._coro.send(value)
-        except BaseException as exc:
-            _leave(slot, self)
-            _finish_poll(r, t0, exc)
-            raise
-        if slot.inner is self:  # _leave(slot, self), inlined
-            slot.inner = self._outer
+            if _poll_probe is not None:  # the only cost of the probe seam when no probe is set
+                return _probed_poll(self, value, None)
+            r = self._r
+            t0 = _clock.now_ns()
+            if not r.first:
+                _first_poll(r, t0)
+            r.start = t0
+            slot = _here.slot or _new_slot()
+            self._outer = slot.inner
+            slot.inner = self
+            try:
+                out = self._coro.send(value)
+            except BaseException as exc:
+                _leave(slot, self)
+                _finish_poll(r, t0, exc)
+                raise
+            if slot.inner is self:  # _leave(slot, self), inlined
+                slot.inner = self._outer
+            else:
+                _leave(slot, self)
+            # _end_poll(r, t0), inlined: the hottest line of asyncflow (one call saved ~60 ns)
+            dt = _clock.now_ns() - t0
+            r.start = 0
+            r.polls += 1
+            r.busy += dt
+            r.last = dt
+            if dt > r.max:
+                r.max = dt
+            r.hist[SMALL_BUCKET[dt] if 0 <= dt < SMALL_LIMIT else bucket_of(dt)] += 1
+            return out
+        finally:
             self._outer = _IDLE
-        else:
-            _leave(slot, self)
-        # _end_poll(r, t0), inlined: this is the hottest line of asyncflow (one call saved ~60 ns)
-        dt = _clock.now_ns() - t0
-        r.start = 0
-        r.polls += 1
-        r.busy += dt
-        r.last = dt
-        if dt > r.max:
-            r.max = dt
-        r.hist[SMALL_BUCKET[dt] if 0 <= dt < SMALL_LIMIT else bucket_of(dt)] += 1
-        return out
 
     # ``await`` drives the iterator with __next__ when it sends None.
     __next__ = send
@@ -880,43 +885,49 @@ class InstrumentedCoroutine(Coroutine[Any, Any, _T]):
                 if val is None and tb is None
                 else self._coro.throw(_normalize_throw(typ, val, tb))
             )
-        if _poll_probe is not None:
-            thrown: tuple[Any, Any, Any] | None = (typ, val, tb)
-            typ = val = tb = None
-            try:
-                return _probed_poll(self, None, thrown)
-            finally:
-                thrown = None  # see below: no cycle through this frame's locals
-        r = self._r
-        t0 = _clock.now_ns()
-        if not r.first:
-            _first_poll(r, t0)
-        if isinstance(typ, asyncio.CancelledError) or (
-            isinstance(typ, type) and issubclass(typ, asyncio.CancelledError)
-        ):
-            _cancel_requested(r, t0)
-        r.start = t0
-        slot = _here.slot or _new_slot()
-        self._outer = slot.inner
-        slot.inner = self
+        self._outer = None  # claimed at once, as in send()
         try:
-            if val is None and tb is None:
-                out = self._coro.throw(typ)
-            else:
-                out = self._coro.throw(_normalize_throw(typ, val, tb))
-        except BaseException as exc:
+            if _poll_probe is not None:
+                thrown: tuple[Any, Any, Any] | None = (typ, val, tb)
+                typ = val = tb = None
+                try:
+                    return _probed_poll(self, None, thrown)
+                finally:
+                    thrown = None  # see below: no cycle through this frame's locals
+            r = self._r
+            t0 = _clock.now_ns()
+            if not r.first:
+                _first_poll(r, t0)
+            if isinstance(typ, asyncio.CancelledError) or (
+                isinstance(typ, type) and issubclass(typ, asyncio.CancelledError)
+            ):
+                _cancel_requested(r, t0)
+            r.start = t0
+            slot = _here.slot or _new_slot()
+            self._outer = slot.inner
+            slot.inner = self
+            try:
+                if val is None and tb is None:
+                    out = self._coro.throw(typ)
+                else:
+                    out = self._coro.throw(_normalize_throw(typ, val, tb))
+            except BaseException as exc:
+                _leave(slot, self)
+                _finish_poll(r, t0, exc)
+                raise
             _leave(slot, self)
-            _finish_poll(r, t0, exc)
-            raise
+            _end_poll(r, t0)
+            return out
         finally:
             # The thrown exception's traceback holds this frame: drop our references to it so
             # no cycle keeps the coroutine's locals alive until the cyclic GC runs.
             typ = val = tb = None
-        _leave(slot, self)
-        _end_poll(r, t0)
-        return out
+            self._outer = _IDLE
 
     def close(self) -> None:
+        if self._outer is not _IDLE:  # closed during its own poll: the coroutine refuses it
+            self._coro.close()
+            return
         try:
             self._coro.close()
         finally:
