@@ -245,8 +245,6 @@ def _record_of(owner: Any, label: str) -> ExecutorRecord:
     key = id(owner)
     record = _by_owner.get(key)  # the caller holds ``owner``: its entry cannot go meanwhile
     if record is None:
-        if _history.dying:
-            _history.reap()  # nobody collects: keep the registry to what is alive as it grows
         with _lock:
             record = _by_owner.get(key)
             if record is None:
