@@ -669,12 +669,10 @@ def test_a_send_while_a_probe_begins_a_poll_is_no_poll_of_its_own(
         def end(self, r: Any, token: Any, t0: int, dt: int, outcome: str) -> None:
             ends.append((threading.current_thread().name, outcome))
 
-    @types.coroutine
-    def body() -> Any:
+    async def body() -> str:
         inside.set()
         assert first_done.wait(30)
         return "done"
-        yield  # a generator-based coroutine: it does not suspend
 
     call = asyncflow.instrument(body())
 
