@@ -37,6 +37,11 @@ class Folded(Protocol):
     #: gone records whose figures are summed here (an aggregate); 0 for a real one
     folded: int
 
+    @property
+    def alive(self) -> bool:
+        """Whether the record's object still exists."""
+        ...
+
 
 _R = TypeVar("_R", bound=Folded)
 
@@ -198,10 +203,15 @@ class GoneHistory(Generic[_R]):
         agg.folded += 1
         self.merge(agg, record)
 
-    def forget(self) -> None:
-        """Forget the gone records: a new profiler starts from zero (under the lock; the family
-        drops the dead records still in its registry and gives the others fresh figures)."""
+    def forget(self, fresh: Callable[[_R], object]) -> None:
+        """Forget the gone records, drop the dead ones still in the registry, and give the
+        others fresh figures with ``fresh``: a new profiler starts from zero (under the lock)."""
         self.dying.clear()
         self.waiting.clear()
         self.gone.clear()
         self.aggregates.clear()
+        for rid, record in list(self.registry.items()):
+            if record.alive:
+                fresh(record)
+            else:
+                del self.registry[rid]

@@ -497,12 +497,7 @@ def reset_for_session() -> None:
     """Give every channel fresh figures and forget channels that are gone: a new profiler
     starts from zero."""
     with _lock:
-        _history.forget()
-        for cid, record in list(_registry.items()):
-            if record.alive:
-                record.stats.__init__()  # type: ignore[misc]
-            else:
-                del _registry[cid]
+        _history.forget(lambda record: record.stats.__init__())  # type: ignore[misc]
 
 
 def recording() -> bool:

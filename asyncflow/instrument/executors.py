@@ -271,12 +271,11 @@ def reap(*, collecting: bool = False) -> int:
 def reset_for_session() -> None:
     """Fresh figures for every executor still alive; the gone ones are forgotten."""
     with _lock:
-        _history.forget()
-        for eid, record in list(_registry.items()):
-            if record.alive:
-                record.stats = ExecutorStats()
-            else:
-                del _registry[eid]
+        _history.forget(_fresh_stats)
+
+
+def _fresh_stats(record: ExecutorRecord) -> None:
+    record.stats = ExecutorStats()
 
 
 def _final(record: ExecutorRecord) -> bool:

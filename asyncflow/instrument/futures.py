@@ -1257,13 +1257,12 @@ def reset_for_session() -> None:
     """Give every known future fresh stats and forget the gone ones: a new profiler starts
     from zero."""
     with _registry_lock:
-        _history.forget()
+        _history.forget(_fresh_stats)
         _gone_ids.clear()
-        for fid, record in list(_registry.items()):
-            if record.alive:
-                record.stats = _new_stats()
-            else:
-                del _registry[fid]
+
+
+def _fresh_stats(record: FutureRecord) -> None:
+    record.stats = _new_stats()
 
 
 # The compiled hot path (asyncflow/instrument/_speedups.c) takes the place of InstrumentedCoroutine

@@ -1578,15 +1578,14 @@ def reset_for_session() -> None:
     """Give every resource fresh figures and forget those that are gone: a new profiler starts
     from zero. Holds open now stay open (their holders still hold them)."""
     with _lock:
-        _history.forget()
-        for rid, record in list(_registry.items()):
-            if not record.alive:
-                del _registry[rid]
-                continue
-            st = record.stats
-            waiting = st.waiting
-            st.__init__()  # type: ignore[misc]
-            st.waiting = st.max_waiting = waiting
+        _history.forget(_fresh_stats)
+
+
+def _fresh_stats(record: ResourceRecord) -> None:
+    st = record.stats
+    waiting = st.waiting
+    st.__init__()  # type: ignore[misc]
+    st.waiting = st.max_waiting = waiting
 
 
 # ---------------------------------------------------------------------------------------------

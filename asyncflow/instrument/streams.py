@@ -259,12 +259,11 @@ def reset_for_session() -> None:
     """Give every stream fresh figures and forget the gone ones: a new profiler starts from
     zero."""
     with _lock:
-        _history.forget()
-        for sid, record in list(_registry.items()):
-            if record.alive:
-                record.stats = _new_stats()
-            else:
-                del _registry[sid]
+        _history.forget(_fresh_stats)
+
+
+def _fresh_stats(record: StreamRecord) -> None:
+    record.stats = _new_stats()
 
 
 def _record_for(owner: object, make: Callable[[], StreamRecord], name: str | None) -> StreamRecord:

@@ -14,6 +14,11 @@ class _Record:
     def __init__(self, rid: int) -> None:
         self.id, self.label, self.folded = rid, f"r{rid}", 0
         self.watch: object = None  # the record keeps its weak reference, as the real ones do
+        self.fresh = False
+
+    @property
+    def alive(self) -> bool:
+        return callable(self.watch) and self.watch() is not None
 
 
 class _Owner:
@@ -74,3 +79,15 @@ def test_a_drain_that_fails_leaves_every_record_for_the_next_reap() -> None:
         history.reap(collecting=True, drain=drain)
     assert len(registry) == 2 and not history.gone
     assert history.reap(collecting=True) == 2 and registry == {}
+
+
+def test_forget_drops_the_dead_and_gives_the_living_fresh_figures() -> None:
+    registry: dict[int, _Record] = {}
+    history = _history(registry)
+    owners = _watched(history, 3)
+    del owners[1]  # its record is dead but not reaped yet
+    gc.collect()
+    history.forget(lambda r: setattr(r, "fresh", True))
+    assert sorted(registry) == [1, 3]
+    assert all(r.fresh for r in registry.values())
+    assert not history.dying and not history.gone and not history.aggregates
