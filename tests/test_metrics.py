@@ -84,10 +84,14 @@ class Capture:
             loop.call_soon_threadsafe(wanted.set_result, figures)
 
     async def next(self) -> Figures:
-        self.loop = asyncio.get_running_loop()
-        self.wanted = self.loop.create_future()
+        # The profiler's thread may take the future (and clear the attribute) at any moment
+        # after it is set: await the local, never the attribute read again.
+        loop = asyncio.get_running_loop()
+        wanted: asyncio.Future[Figures] = loop.create_future()
+        self.loop = loop
+        self.wanted = wanted
         with anyio.fail_after(5):
-            return await self.wanted
+            return await wanted
 
 
 async def _planted(fake_clock: FakeClock) -> list[object]:
