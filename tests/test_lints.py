@@ -23,6 +23,14 @@ from asyncflow.lints import Documents, Finding, Thresholds
 from asyncflow.report import render_table
 
 
+@pytest.fixture(autouse=True)
+def _no_primitives_of_earlier_tests() -> None:
+    """Each test's profiler starts with the primitives of earlier tests gone, not merely
+    unreferenced: an instrumented primitive is freed by the cyclic GC only (its hooks refer to
+    it), and one an earlier test left with its permits taken, say, is a finding here."""
+    gc.collect()
+
+
 def _findings(prof: asyncflow.Profiler, **extra: Any) -> list[Finding]:
     docs = dataclasses.replace(lints.documents_of(prof.snapshot()), **extra)
     return lints.evaluate(docs, Thresholds())
@@ -453,7 +461,6 @@ async def test_permits_never_given_back(fake_clock: FakeClock, prof: asyncflow.P
 async def test_an_event_nobody_sets_is_info(
     fake_clock: FakeClock, prof: asyncflow.Profiler
 ) -> None:
-    gc.collect()  # primitives of earlier tests are gone, not merely unreferenced
     ready = asyncflow.instrument_lock(asyncio.Event(), name="config_loaded")
     waiting = [asyncio.create_task(ready.wait()) for _ in range(3)]
     await asyncio.sleep(0)

@@ -5,7 +5,6 @@ must not get. Time is the fake clock's, except where the loop monitor must catch
 from __future__ import annotations
 
 import asyncio
-import gc
 import time
 
 import pytest
@@ -16,6 +15,9 @@ from asyncflow.clock import FakeClock
 from asyncflow.lints import Finding, Thresholds
 
 from .test_lints import _findings, _io, _only
+
+# (autouse: this module's tests, too, start without the primitives of earlier tests)
+from .test_lints import _no_primitives_of_earlier_tests as _no_primitives_of_earlier_tests
 
 
 def _kinds(findings: list[Finding]) -> list[tuple[str, str]]:
@@ -204,7 +206,6 @@ async def test_a_pool_whose_permits_leaked_is_not_called_contended(
     query never gives its connection back; then every request waits for a connection until
     its client gives up. The waits are long because no permit is left, not because anyone
     holds one too long: "hold it for less" was the wrong advice."""
-    gc.collect()  # primitives of earlier tests are gone, not merely unreferenced
     pool = asyncflow.instrument_lock(asyncio.Semaphore(2), name="db_pool")
 
     @asyncflow.future(name="handle")
@@ -242,7 +243,6 @@ async def test_waits_mostly_given_up_are_not_blamed_on_hold_time_alone(
 ) -> None:
     """A lock held across a slow call while callers time out waiting for it: the warning says
     that most waits were given up, not that 10 of 11 acquisitions waited."""
-    gc.collect()
     cache = asyncflow.instrument_lock(asyncio.Lock(), name="cache")
 
     @asyncflow.future(name="refresh")
