@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import logging
 import threading
@@ -92,6 +93,14 @@ class Capture:
         self.wanted = wanted
         with anyio.fail_after(5):
             return await wanted
+
+
+@pytest.fixture(autouse=True)
+def _no_primitives_of_earlier_tests() -> None:
+    """Each test's profiler starts with earlier tests' locks gone, not merely unreferenced: an
+    instrumented primitive is freed by the cyclic GC only (its hooks refer to it), and another
+    ``guard`` still alive would be a second series of the same name here."""
+    gc.collect()
 
 
 async def _planted(fake_clock: FakeClock) -> list[object]:
@@ -377,6 +386,7 @@ def test_textfile_reporter_writes_the_exposition(tmp_path: Path) -> None:
 def test_textfile_reporter_refuses_bad_arguments(
     tmp_path: Path, kwargs: dict[str, object], message: str
 ) -> None:
+    kwargs = dict(kwargs)  # the parameter's own dict is shared by every run of the case
     path = kwargs.pop("path", tmp_path / "x.prom")
     with pytest.raises(ValueError, match=message):
         prometheus.TextfileReporter(path, **kwargs)  # type: ignore[arg-type]
