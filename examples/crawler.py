@@ -4,7 +4,7 @@ Workers take URLs from a frontier, fetch them (simulated network latency; slow p
 and are cancelled), parse them (a little CPU work; one page is malformed and raises) and follow
 their links. Run it and read the report asyncflow prints at exit:
 
-    python examples/crawler.py [--pages N] [--workers N] [--linger SECONDS]
+    python examples/crawler.py [--pages N] [--workers N] [--timeout SECONDS] [--linger SECONDS]
 
 While it runs, the endpoint serves the live profile (``--linger`` keeps it up after the crawl so
 there is time to ``curl`` it).
@@ -32,12 +32,14 @@ class MalformedPage(Exception):
 class Site:
     """A deterministic fake web site: every page links to a few others."""
 
-    def __init__(self, pages: int, seed: int = 7) -> None:
+    def __init__(self, pages: int, seed: int = 7, timeout: float = FETCH_TIMEOUT) -> None:
         rng = random.Random(seed)
         self.pages = pages
+        self.timeout = timeout
         self.links = {p: rng.sample(range(pages), k=min(4, pages)) for p in range(pages)}
-        # Most pages answer in a few ms; some are slow enough to hit the timeout.
-        self.latency = {p: rng.choice([0.001, 0.002, 0.004, 0.008, 0.2]) for p in range(pages)}
+        # Most pages answer in a few ms; some take four times the timeout, and hit it.
+        slow = 4 * timeout
+        self.latency = {p: rng.choice([0.001, 0.002, 0.004, 0.008, slow]) for p in range(pages)}
         self.malformed = {pages // 2}
 
     def url(self, page: int) -> str:
@@ -67,7 +69,7 @@ async def parse(body: str) -> list[int]:
 @asyncflow.future
 async def crawl_one(site: Site, page: int) -> list[int]:
     """Fetch with a timeout, then parse."""
-    async with asyncio.timeout(FETCH_TIMEOUT):
+    async with asyncio.timeout(site.timeout):
         body = await fetch(site, page)
     return await parse(body)
 
@@ -92,13 +94,13 @@ async def worker(
             frontier.task_done()
 
 
-async def main(pages: int, workers: int) -> dict[str, int]:
+async def main(pages: int, workers: int, timeout: float = FETCH_TIMEOUT) -> dict[str, int]:
     with asyncflow.instrument_tasks():  # whole-program mode too: every task is tracked
-        return await crawl_site(pages, workers)
+        return await crawl_site(pages, workers, timeout)
 
 
-async def crawl_site(pages: int, workers: int) -> dict[str, int]:
-    site = Site(pages)
+async def crawl_site(pages: int, workers: int, timeout: float = FETCH_TIMEOUT) -> dict[str, int]:
+    site = Site(pages, timeout=timeout)
     frontier: asyncio.Queue[int] = asyncio.Queue()
     seen = {0}
     frontier.put_nowait(0)
@@ -111,10 +113,26 @@ async def crawl_site(pages: int, workers: int) -> dict[str, int]:
     return stats
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < 3600:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds in (0, 3600), not {text!r}")
+    return value
+
+
 def run(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pages", type=int, default=120, help="pages on the site (default 120)")
     parser.add_argument("--workers", type=int, default=8, help="crawler workers (default 8)")
+    parser.add_argument(
+        "--timeout",
+        type=_seconds,
+        default=FETCH_TIMEOUT,
+        help=f"each fetch's timeout; slow pages take four times it (default {FETCH_TIMEOUT:g})",
+    )
     parser.add_argument(
         "--linger",
         type=float,
@@ -124,7 +142,7 @@ def run(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     with asyncflow.profile("crawler") as prof:
         print(f"asyncflow: profiling 'crawler'; endpoint: {prof.url or 'not served'}", flush=True)
-        stats = asyncio.run(main(args.pages, args.workers))
+        stats = asyncio.run(main(args.pages, args.workers, args.timeout))
         print(
             f"crawled {stats['crawled']} pages, {stats['timed out']} timed out, "
             f"{stats['malformed']} malformed",
