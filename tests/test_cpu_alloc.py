@@ -398,6 +398,9 @@ async def test_cpu_time_is_the_exact_clock_even_when_getrusage_lags(
         assert (entry.cpu.user_ns, entry.cpu.system_ns) == (0, 0)
 
 
+_HERE = "test_served_figures_match_the_openapi_document"  # other tests' ``work`` may be alive
+
+
 async def test_served_figures_match_the_openapi_document() -> None:
     # test_server validates every route with both opt-ins off (their fields null): here the
     # futures' ``cpu`` and ``allocations`` and the calls' figures are filled.
@@ -422,7 +425,7 @@ async def test_served_figures_match_the_openapi_document() -> None:
         assert url is not None
         with anyio.fail_after(30):
             futures = await anyio.to_thread.run_sync(get, url + "/futures")
-            (entry,) = [f for f in futures["futures"] if f["label"].endswith("<locals>.work")]
+            (entry,) = [f for f in futures["futures"] if f["label"] == f"{_HERE}.<locals>.work"]
             logs = await anyio.to_thread.run_sync(get, f"{url}/futures/{entry['id']}/logs")
             spec = await anyio.to_thread.run_sync(get, url + "/openapi.json")
     assert entry["cpu"]["polls"] == 2 and entry["allocations"]["polls"] == 2

@@ -11,6 +11,7 @@ import time
 import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -21,7 +22,7 @@ from asyncflow import prometheus
 from asyncflow.clock import FakeClock
 from asyncflow.instrument import _session
 from asyncflow.reporters import CallTotals, Figures, FinishedCall, Tick, figures_of
-from asyncflow.schema import Location
+from asyncflow.schema import FutureEntry, Location, Snapshot
 
 _Series = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
@@ -140,6 +141,12 @@ async def _planted(fake_clock: FakeClock) -> list[object]:
     return [work, numbers, q, lock]  # kept alive by the caller: nothing is folded meanwhile
 
 
+def _planted_work(snap: Snapshot) -> FutureEntry:
+    """The future of ``_planted``'s ``work`` (other tests' ``work`` may be alive too)."""
+    (work,) = [e for e in snap.futures.futures if e.label == "work" and e.location.file == __file__]
+    return work
+
+
 async def test_metrics_parse_and_equal_the_documents(fake_clock: FakeClock) -> None:
     capture = Capture()
     with asyncflow.profile("metrics", format="none", port=None, reporters=[capture]) as prof:
@@ -156,7 +163,7 @@ async def test_metrics_parse_and_equal_the_documents(fake_clock: FakeClock) -> N
     samples = [line for line in text.splitlines() if line and not line.startswith("#")]
     assert len(samples) == len(series)
 
-    work = next(e for e in snap.futures.futures if e.label == "work")
+    work = _planted_work(snap)
     where = f"{work.location.file}:{work.location.line}"
     lb = {"label": "work", "location": where}
     assert _value(series, "asyncflow_future_calls_total", **lb) == 10 == work.call_count
@@ -215,20 +222,22 @@ async def test_metrics_parse_and_equal_the_documents(fake_clock: FakeClock) -> N
     assert _value(series, "asyncflow_info", **info) == 1
 
 
+_TWIN = "async def twin():\n    await asyncio.sleep(0)\n"
+
+
 def test_label_values_are_escaped_and_duplicates_told_apart() -> None:
     weird = 'say "hi"\\there\nnext line'
 
     async def main() -> None:
-        def make() -> object:
-            @asyncflow.future(name=weird)
-            async def twin() -> None:
-                await asyncio.sleep(0)
+        def make() -> Any:
+            # the same source compiled twice: two definitions at one place
+            space: dict[str, Any] = {"asyncio": asyncio}
+            exec(compile(_TWIN, __file__, "exec"), space)
+            return asyncflow.future(name=weird)(space["twin"])
 
-            return twin
-
-        first, second = make(), make()  # one function defined twice on one line
-        await first()  # type: ignore[operator]
-        await second()  # type: ignore[operator]
+        first, second = make(), make()
+        await first()
+        await second()
 
     with asyncflow.profile("escape", format="none", port=None) as prof:
         asyncio.run(main())
@@ -270,7 +279,8 @@ async def test_reporters_get_every_finished_call_once_on_the_profilers_thread(
     assert len(work) == 10  # the last tick, at stop, hands over what was left
     assert sorted(c.outcome for c in work) == ["raised"] * 2 + ["returned"] * 8
     assert {(c.busy_ns, c.polls) for c in work} == {(1_500, 2)}
-    (logs,) = [log for log in snap.future_logs if log.label == "work"]
+    planted = _planted_work(snap)
+    (logs,) = [log for log in snap.future_logs if log.future_id == planted.id]
     assert sorted(c.duration_ns for c in work) == sorted(
         c.finished_ns - c.created_ns for c in logs.calls if c.finished_ns is not None
     )

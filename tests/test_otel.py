@@ -70,7 +70,9 @@ async def test_exact_figures_through_the_in_memory_reader(fake_clock: FakeClock)
         snap = prof.snapshot()
     final, final_units = _points(reader)  # once it stopped: the final figures
 
-    (entry,) = [e for e in snap.futures.futures if e.label == "work"]
+    (entry,) = [
+        e for e in snap.futures.futures if e.label == "work" and e.location.file == __file__
+    ]
     lb = {"label": "work", "location": f"{entry.location.file}:{entry.location.line}"}
     for points in (live, final):
         assert _value(points, "asyncflow.future.calls", **lb).value == 10
@@ -86,7 +88,7 @@ async def test_exact_figures_through_the_in_memory_reader(fake_clock: FakeClock)
         assert _value(points, "asyncflow.channel.received", **cl).value == 1
         assert _value(points, "asyncflow.channel.queue_size", **cl).value == 4
     # every finished call's duration, summed once as the ticks handed it over: exact
-    (logs,) = [log for log in snap.future_logs if log.label == "work"]
+    (logs,) = [log for log in snap.future_logs if log.future_id == entry.id]
     by_outcome: dict[str, int] = {}
     for c in logs.calls:
         assert c.finished_ns is not None and c.outcome is not None

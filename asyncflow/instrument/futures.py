@@ -204,11 +204,6 @@ def gone_labels() -> dict[int, str]:
         return {fid: agg.label for fid, agg in _gone_ids.items()}
 
 
-def _register(record: FutureRecord) -> FutureRecord:
-    _history.register(record)
-    return record
-
-
 def reap(drain: Callable[[], object] | None = None) -> int:
     """Move the futures whose function or code is gone and whose last call has ended out of the
     registry, into the bounded history of gone futures; returns how many moved.
@@ -290,6 +285,7 @@ def _future_for(
     key = (id(owner), label, tracked_by)
     record = _by_code.get(key)
     if record is None:
+        _history.reap()  # with no profiler collecting, the registry stays as large as what lives
         with _registry_lock:
             record = _by_code.get(key)
             if record is None:
@@ -1054,17 +1050,20 @@ def future(
         inner = inspect.unwrap(f.func if isinstance(f, functools.partial) else f)
         code: types.CodeType = inner.__code__
         qualname = getattr(f, "__qualname__", code.co_qualname)
-        record = FutureRecord(
-            name or qualname,
-            f"{getattr(f, '__module__', '?')}:{qualname}",
-            code.co_filename,
-            code.co_firstlineno,
-            log_result,
-            "decorator",
+        label = name or qualname
+        source = f"{getattr(f, '__module__', '?')}:{qualname}"
+        # One future per definition, not per function object: a closure decorated each time
+        # its factory runs is one function in the source, and one row in every view. Its code
+        # object is watched (the function gone, the future stays while the code may run again).
+        record = _future_for(
+            code,
+            label,
+            "decorator+log" if log_result else "decorator",
+            lambda: FutureRecord(
+                label, source, code.co_filename, code.co_firstlineno, log_result, "decorator"
+            ),
         )
-        tracked = FutureFunction(f, _register(record))
-        _watch(record, tracked, None)  # the function gone, its future joins the gone history
-        return tracked
+        return FutureFunction(f, record)
 
     if fn is None:
         return decorate
