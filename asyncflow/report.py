@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import textwrap
+from collections.abc import Callable
+from typing import TypeVar
 
 from asyncflow.schema import (
     ChannelEntry,
@@ -19,7 +21,9 @@ from asyncflow.schema import (
 )
 from asyncflow.stats import percentile_key
 
-__all__ = ["format_duration", "printable", "render", "render_table"]
+__all__ = ["format_duration", "named", "printable", "render", "render_table"]
+
+_E = TypeVar("_E")
 
 
 def format_duration(ns: int | None) -> str:
@@ -33,11 +37,19 @@ def format_duration(ns: int | None) -> str:
     return f"{ns} ns"
 
 
+def named(label: str, folded: int, gone: bool) -> str:
+    """A row's name: an aggregate says how many gone objects it sums, a gone object that it is
+    gone, so that neither reads as one living thing."""
+    if folded:
+        return f"{label} ({folded:,} gone, summed)"
+    return f"{label} (gone)" if gone else label
+
+
 def _row(entry: FutureEntry, percentiles: tuple[float, ...]) -> list[str]:
     o = entry.outcomes
     cancelled = o.cancelled + o.closed + o.never_awaited
     return [
-        entry.label,
+        named(entry.label, entry.folded_count, not entry.alive),
         f"{entry.call_count:,}",
         f"{o.returned}/{o.raised}/{cancelled}",
         f"{entry.total_polls:,}",
@@ -82,8 +94,7 @@ def render_table(snapshot: Snapshot, percentiles: tuple[float, ...], limit: int)
     if futures:
         lines += _table([columns, *(_row(f, percentiles) for f in shown)])
     if len(shown) < len(futures):
-        more = len(futures) - len(shown)
-        lines.append(f"… {more} more futures (limit={limit}; limit=0 shows all)")
+        lines.append(_more(len(futures) - len(shown), "futures", limit))
     if never:
         names = ", ".join(never[:_NEVER_NAMED])
         if len(never) > _NEVER_NAMED:
@@ -99,31 +110,38 @@ def render_table(snapshot: Snapshot, percentiles: tuple[float, ...], limit: int)
     if measured:
         lines += ["", *_table([_POLL_COLUMNS, *map(_poll_row, measured)])]
     channels = snapshot.channels.channels if snapshot.channels is not None else []
-    if channels:
-        shown_channels = channels if limit == 0 else channels[:limit]
-        lines += ["", *_table([_CHANNEL_COLUMNS, *(_channel_row(c) for c in shown_channels)])]
+    lines += _section(_CHANNEL_COLUMNS, _channel_row, channels, limit, "channels")
     resources = snapshot.resources.resources if snapshot.resources is not None else []
-    if resources:
-        shown_resources = resources if limit == 0 else resources[:limit]
-        lines += ["", *_table([_RESOURCE_COLUMNS, *map(_resource_row, shown_resources)])]
+    lines += _section(_RESOURCE_COLUMNS, _resource_row, resources, limit, "resources")
     executors = snapshot.executors.executors if snapshot.executors is not None else []
-    if executors:
-        shown_executors = executors if limit == 0 else executors[:limit]
-        lines += ["", *_table([_EXECUTOR_COLUMNS, *map(_executor_row, shown_executors)])]
+    lines += _section(_EXECUTOR_COLUMNS, _executor_row, executors, limit, "executors")
     streams = snapshot.streams.streams if snapshot.streams is not None else []
-    if streams:
-        shown_streams = streams if limit == 0 else streams[:limit]
-        lines += ["", *_table([_STREAM_COLUMNS, *(_stream_row(s) for s in shown_streams)])]
-    threads = _threads_shown(snapshot)
-    if threads:
-        shown_threads = threads if limit == 0 else threads[:limit]
-        lines += ["", *_table([_THREAD_COLUMNS, *map(_thread_row, shown_threads)])]
+    lines += _section(_STREAM_COLUMNS, _stream_row, streams, limit, "streams")
+    lines += _section(_THREAD_COLUMNS, _thread_row, _threads_shown(snapshot), limit, "threads")
     loops = snapshot.loop.loops if snapshot.loop is not None else []
     if loops:
         lines += ["", *_table([_LOOP_COLUMNS, *(_loop_row(entry) for entry in loops)])]
         for entry in loops:
             lines += _episodes(entry)
     return "\n".join(lines) + "\n"
+
+
+def _section(
+    columns: list[str], row: Callable[[_E], list[str]], entries: list[_E], limit: int, noun: str
+) -> list[str]:
+    """A blank line and the table of the first ``limit`` entries (0: all), saying how many
+    more there are; nothing for no entries."""
+    if not entries:
+        return []
+    shown = entries if limit == 0 else entries[:limit]
+    lines = ["", *_table([columns, *map(row, shown)])]
+    if len(shown) < len(entries):
+        lines.append(_more(len(entries) - len(shown), noun, limit))
+    return lines
+
+
+def _more(count: int, noun: str, limit: int) -> str:
+    return f"… {count} more {noun} (limit={limit}; limit=0 shows all)"
 
 
 _CHANNEL_COLUMNS = [
@@ -141,7 +159,7 @@ _CHANNEL_COLUMNS = [
 
 def _channel_row(c: ChannelEntry) -> list[str]:
     return [
-        c.label,
+        named(c.label, c.folded_count, False),  # "closed" may be a stream still held: not gone
         c.channel_type,
         f"{c.sent_count:,}",
         f"{c.received_count:,}",
@@ -158,7 +176,7 @@ _STREAM_COLUMNS = ["stream", "state", "items", "p50 wait", "max wait", "total wa
 
 def _stream_row(s: StreamEntry) -> list[str]:
     return [
-        s.label,
+        named(s.label, s.folded_count, not s.alive),
         s.state,
         f"{s.items_yielded:,}",
         format_duration(s.wait_ns.get("p50")),
@@ -272,7 +290,7 @@ def _resource_row(r: ResourceEntry) -> list[str]:
     else:
         acquired = f"{r.acquisitions:,}"
     return [
-        r.label,
+        named(r.label, r.folded, r.state == "gone"),
         r.primitive.replace("capacity_limiter", "limiter"),
         acquired,
         f"{r.contended_acquisitions:,}" if r.event is None else f"{r.waits:,}",
@@ -302,7 +320,7 @@ _EXECUTOR_COLUMNS = [
 def _executor_row(e: ExecutorEntry) -> list[str]:
     workers = f"{e.workers}/{e.max_workers}" if e.max_workers else str(e.workers)
     return [
-        e.label,
+        named(e.label, e.folded_count, e.state == "gone"),
         workers,
         f"{e.submitted:,}",
         f"{e.queued:,}",
@@ -423,7 +441,7 @@ def _functions_section(snapshot: Snapshot, percentiles: tuple[float, ...], limit
         ]
         lines += ["", *_table([columns, *rows])]
         if len(shown) < len(functions):
-            lines.append(f"… {len(functions) - len(shown)} more functions (limit={limit})")
+            lines.append(_more(len(functions) - len(shown), "functions", limit))
     metrics = snapshot.user_metrics.metrics if snapshot.user_metrics is not None else []
     if metrics:
         shown_metrics = metrics if limit == 0 else metrics[:limit]
@@ -444,7 +462,7 @@ def _functions_section(snapshot: Snapshot, percentiles: tuple[float, ...], limit
         ]
         lines += ["", *_table([columns, *rows])]
         if len(shown_metrics) < len(metrics):
-            lines.append(f"… {len(metrics) - len(shown_metrics)} more metrics (limit={limit})")
+            lines.append(_more(len(metrics) - len(shown_metrics), "metrics", limit))
     return lines
 
 

@@ -31,6 +31,8 @@ from textual.css.query import NoMatches
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Footer, Static
 
+from asyncflow.report import named
+
 __all__ = ["VIEWS", "Column", "Context", "TopApp", "View", "compact_count", "compact_duration"]
 
 Row = dict[str, Any]
@@ -443,6 +445,14 @@ def _function_errors(document: Row) -> list[str]:
     ][:8]
 
 
+def _named(row: dict[str, Any]) -> str:
+    """A row's label, saying when it is the sum of gone objects or one that is gone (the text
+    report's ``named``, over a document's row)."""
+    folded = row.get("folded_count", row.get("folded", 0))
+    gone = row.get("alive") is False or row.get("state") == "gone"
+    return named(row["label"], folded, gone)
+
+
 VIEWS: tuple[View, ...] = (
     View(
         "futures", "f",
@@ -450,7 +460,7 @@ VIEWS: tuple[View, ...] = (
         "coroutine in whole-program mode",
         "/futures", "futures",
         (
-            _text("future", 0, lambda f: f["label"], "the future's label", flex=True),
+            _text("future", 0, _named, "the future's label", flex=True),
             _count("live", 1, _live, "calls not finished now (pending + running + suspended)"),
             Column("oldest", 1, _oldest, "age of the oldest live call: a call waiting forever "
                    "keeps growing here (? = not asked: only the first "
@@ -488,7 +498,7 @@ VIEWS: tuple[View, ...] = (
         "one row per instrumented queue or memory stream",
         "/channels", "channels",
         (
-            _text("channel", 0, lambda c: c["label"], "the channel's label", flex=True),
+            _text("channel", 0, _named, "the channel's label", flex=True),
             Column("depth", 1, lambda c: (c["queue_size"], _capacity(c)),
                    "messages in it now / its capacity (∞: unbounded)",
                    show=lambda v: f"{v[0]}/{v[1]}"),
@@ -517,7 +527,7 @@ VIEWS: tuple[View, ...] = (
         "one row per async generator or iterator: how long its consumer waited for items",
         "/streams", "streams",
         (
-            _text("stream", 0, lambda s: s["label"], "the stream's label", flex=True),
+            _text("stream", 0, _named, "the stream's label", flex=True),
             _text("state", 2, lambda s: s["state"], "active, or how the last iteration ended"),
             _count("items", 1, lambda s: s["items_yielded"], "items yielded"),
             _dur("p50", 2, lambda s: _pct(s["wait_ns"], "p50"),
@@ -609,7 +619,7 @@ VIEWS: tuple[View, ...] = (
         "for it and for how long, and who holds it now",
         "/resources", "resources",
         (
-            _text("resource", 0, lambda r: r["label"], "the resource's label", flex=True),
+            _text("resource", 0, _named, "the resource's label", flex=True),
             _text("kind", 1, lambda r: r["primitive"], "lock, semaphore, event..."),
             _count("waiting", 1, lambda r: r["waiters_now"], "tasks waiting for it now"),
             _dur("waitΣ", 1, lambda r: r["total_wait_ns"],
@@ -634,7 +644,7 @@ VIEWS: tuple[View, ...] = (
         "to_thread): jobs waiting for a worker are queued",
         "/executors", "executors",
         (
-            _text("executor", 0, lambda e: e["label"], "the executor's label", flex=True),
+            _text("executor", 0, _named, "the executor's label", flex=True),
             Column("workers", 1, lambda e: (e["workers"], e["max_workers"]),
                    "workers started / the most it may start",
                    show=lambda v: f"{v[0]}/{'?' if v[1] is None else v[1]}"),

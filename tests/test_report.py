@@ -161,3 +161,44 @@ def test_names_the_program_chose_cannot_drive_the_terminal(tmp_path: Path) -> No
     assert "pool\\x1b[2J-1" in text  # the thread is listed, its name escaped
     assert "\x1b" not in text and "\x07" not in text
     assert report.printable("a\tb\nc") == "a\\tb\nc"  # line breaks stay, tabs are shown
+
+
+def test_gone_objects_and_their_aggregates_say_so_in_their_names() -> None:
+    """Pools made per job leave an aggregate of the gone ones and the last few as they were:
+    neither may read as one living executor."""
+    import asyncio
+    import concurrent.futures
+    import gc
+
+    import asyncflow
+    from asyncflow.instrument import executors
+
+    made = executors.GONE_KEPT + 40
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        with asyncflow.instrument_executors():
+            for _ in range(made):
+                with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="thumbs") as ex:
+                    assert await loop.run_in_executor(ex, sum, [1, 2]) == 3
+            gc.collect()
+
+    gc.collect()  # earlier tests' loops go now, not in main() with their default executors
+    with asyncflow.profile("pools", format="none", port=None) as prof:
+        asyncio.run(main())
+        snap = prof.snapshot()
+    text = render_table(snap, (50.0,), limit=0)
+    rows = [line for line in text.splitlines() if line.startswith("ThreadPoolExecutor thumbs")]
+    summed = [r for r in rows if "gone, summed)" in r]
+    assert len(summed) == 1 and f"({made - executors.GONE_KEPT:,} gone, summed)" in summed[0]
+    assert sum("thumbs (gone)" in r for r in rows) == executors.GONE_KEPT
+    assert len(rows) == executors.GONE_KEPT + 1  # nothing else: no living pool is listed
+    # a living future keeps its bare name
+    live = dataclasses.replace(_entry(1, "fetch", 5_000_000))
+    gone = dataclasses.replace(_entry(2, "parse", 4_000_000), alive=False)
+    folded = dataclasses.replace(_entry(3, "parse", 3_000_000), alive=False, folded_count=1_200)
+    names = [
+        line.split("  ")[0]
+        for line in render_table(_snapshot([live, gone, folded]), (50.0,), 0).splitlines()[3:6]
+    ]
+    assert names == ["fetch", "parse (gone)", "parse (1,200 gone, summed)"]

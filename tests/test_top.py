@@ -351,6 +351,27 @@ def test_every_view_is_one_entry_of_the_table() -> None:
     assert set(keys) <= bound
 
 
+def test_a_rows_name_says_when_it_sums_gone_objects_or_is_gone() -> None:
+    """The documents' own fields decide: ``folded_count`` (``folded`` for resources) and
+    ``alive`` (``state: gone`` for executors and resources)."""
+    views = {v.name: v for v in VIEWS}
+    rows = {
+        "futures": ({"label": "parse", "alive": False, "folded_count": 0}, "parse (gone)"),
+        "streams": ({"label": "lines", "alive": True, "folded_count": 0}, "lines"),
+        "channels": (
+            {"label": "jobs", "state": "closed", "folded_count": 7},
+            "jobs (7 gone, summed)",
+        ),
+        "resources": ({"label": "db", "state": "gone", "folded": 0}, "db (gone)"),
+        "executors": (
+            {"label": "img", "state": "gone", "folded_count": 1200},
+            "img (1,200 gone, summed)",
+        ),
+    }
+    for name, (row, shown) in rows.items():
+        assert views[name].columns[0].cell(row) == shown, name
+
+
 # -- what the logs and the columns say ---------------------------------------------------------
 
 
