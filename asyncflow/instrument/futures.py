@@ -1053,12 +1053,15 @@ def future(
         label = name or qualname
         source = f"{getattr(f, '__module__', '?')}:{qualname}"
         # One future per definition, not per function object: a closure decorated each time
-        # its factory runs is one function in the source, and one row in every view. Its code
-        # object is watched (the function gone, the future stays while the code may run again).
+        # its factory runs is one function in the source, and one row in every view. The code
+        # of the function called is watched (the function gone, the future stays while the code
+        # may run again): a wrapper's own, so that a wrapper of a tracked function (whose
+        # location is the wrapped one's) never adds its calls to the same future.
+        called = f.__code__ if isinstance(f, types.FunctionType) else code
         record = _future_for(
-            code,
+            called,
             label,
-            "decorator+log" if log_result else "decorator",
+            f"decorator {source}{' log' if log_result else ''}",
             lambda: FutureRecord(
                 label, source, code.co_filename, code.co_firstlineno, log_result, "decorator"
             ),
