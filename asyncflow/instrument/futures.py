@@ -204,6 +204,11 @@ def gone_labels() -> dict[int, str]:
         return {fid: agg.label for fid, agg in _gone_ids.items()}
 
 
+def _register(record: FutureRecord) -> FutureRecord:
+    _history.register(record)
+    return record
+
+
 def reap(drain: Callable[[], object] | None = None) -> int:
     """Move the futures whose function or code is gone and whose last call has ended out of the
     registry, into the bounded history of gone futures; returns how many moved.
@@ -285,7 +290,6 @@ def _future_for(
     key = (id(owner), label, tracked_by)
     record = _by_code.get(key)
     if record is None:
-        _history.reap()  # with no profiler collecting, the registry stays as large as what lives
         with _registry_lock:
             record = _by_code.get(key)
             if record is None:
@@ -1050,23 +1054,17 @@ def future(
         inner = inspect.unwrap(f.func if isinstance(f, functools.partial) else f)
         code: types.CodeType = inner.__code__
         qualname = getattr(f, "__qualname__", code.co_qualname)
-        label = name or qualname
-        source = f"{getattr(f, '__module__', '?')}:{qualname}"
-        # One future per definition, not per function object: a closure decorated each time
-        # its factory runs is one function in the source, and one row in every view. The code
-        # of the function called is watched (the function gone, the future stays while the code
-        # may run again): a wrapper's own, so that a wrapper of a tracked function (whose
-        # location is the wrapped one's) never adds its calls to the same future.
-        called = f.__code__ if isinstance(f, types.FunctionType) else code
-        record = _future_for(
-            called,
-            label,
-            f"decorator {source}{' log' if log_result else ''}",
-            lambda: FutureRecord(
-                label, source, code.co_filename, code.co_firstlineno, log_result, "decorator"
-            ),
+        record = FutureRecord(
+            name or qualname,
+            f"{getattr(f, '__module__', '?')}:{qualname}",
+            code.co_filename,
+            code.co_firstlineno,
+            log_result,
+            "decorator",
         )
-        return FutureFunction(f, record)
+        tracked = FutureFunction(f, _register(record))
+        _watch(record, tracked, None)  # the function gone, its future joins the gone history
+        return tracked
 
     if fn is None:
         return decorate
