@@ -69,7 +69,7 @@ def render_table(snapshot: Snapshot, percentiles: tuple[float, ...], limit: int)
     status = snapshot.status
     every = snapshot.futures.futures
     futures = [f for f in every if f.call_count]  # one never called is a name, not a row
-    never = [f.label for f in every if not f.call_count]
+    never = [named(f.label, f.folded_count, not f.alive) for f in every if not f.call_count]
     shown = futures if limit == 0 else futures[:limit]
     calls = sum(f.call_count for f in futures)
     header = (
@@ -362,7 +362,7 @@ def _bytes(n: int | None) -> str:
 def _poll_row(f: FutureEntry) -> list[str]:
     c, a = f.cpu, f.allocations
     return [
-        f.label,
+        named(f.label, f.folded_count, not f.alive),
         format_duration(c.busy_ns) if c is not None else "-",
         format_duration(c.cpu_ns) if c is not None else "-",
         format_duration(c.user_ns) if c is not None else "-",

@@ -202,3 +202,6 @@ def test_gone_objects_and_their_aggregates_say_so_in_their_names() -> None:
         for line in render_table(_snapshot([live, gone, folded]), (50.0,), 0).splitlines()[3:6]
     ]
     assert names == ["fetch", "parse (gone)", "parse (1,200 gone, summed)"]
+    assert report._poll_row(gone)[0] == "parse (gone)"  # the CPU and allocations table
+    dropped = dataclasses.replace(gone, call_count=0)
+    assert "never called: parse (gone)" in render_table(_snapshot([live, dropped]), (50.0,), 0)
