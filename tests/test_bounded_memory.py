@@ -120,7 +120,10 @@ async def test_functions_made_by_exec_and_called_once_leave_a_bounded_history() 
     assert growth < BYTES_PER_GONE_OBJECT, growth
 
 
-async def test_one_decorator_applied_many_times_folds_into_one_aggregate() -> None:
+async def test_one_decorator_applied_many_times_is_one_future() -> None:
+    """A closure decorated each time its factory runs is one definition: one future, alive
+    while its code may run again, with every call; no record per function object made."""
+
     def make() -> Callable[[int], Any]:
         @asyncflow.future(name="worker")
         async def worker(i: int) -> int:
@@ -136,14 +139,64 @@ async def test_one_decorator_applied_many_times_folds_into_one_aggregate() -> No
     with asyncflow.profile("factory", format="none") as prof:
         growth = await _growth_per_object(prof, batch)
         snap = prof.snapshot()
-    workers = _futures(snap, lambda f: f.label == "worker")
-    assert sum(f.call_count for f in workers) == 2 * N
-    assert sum(f.total_polls for f in workers) == 2 * 2 * N
-    (aggregate,) = [f for f in workers if f.folded_count]
+    (worker,) = _futures(snap, lambda f: f.label == "worker")
+    assert worker.call_count == worker.outcomes.returned == 2 * N
+    assert worker.total_polls == 2 * 2 * N
+    assert worker.alive and worker.folded_count == 0 and worker.tracked_by == "decorator"
+    assert growth < BYTES_PER_GONE_OBJECT, growth
+
+
+async def test_names_made_per_call_leave_a_bounded_number_of_futures() -> None:
+    """``name=f"fetch {i}"`` inside a factory: each name is a definition of its own, kept while
+    it is among the last ``DEFINED_KEPT`` decorated, then gone and folded."""
+
+    def make(name: str) -> Callable[[int], Any]:
+        @asyncflow.future(name=name)
+        async def fetch(i: int) -> int:
+            await asyncio.sleep(0)
+            return i
+
+        return fetch
+
+    async def batch(b: int) -> None:
+        for i in range(N):
+            assert await make(f"fetch /item/{b}-{i}")(i) == i
+
+    with asyncflow.profile("names", format="none") as prof:
+        growth = await _growth_per_object(prof, batch)
+        snap = prof.snapshot()
+    made = _futures(snap, lambda f: f.label.startswith("fetch /item/") or f.folded_count > 0)
+    assert sum(f.call_count for f in made) == 2 * N
+    assert sum(f.alive for f in made) == futures.DEFINED_KEPT
+    assert growth < BYTES_PER_GONE_OBJECT, growth
+    # with no profiler running, the registry stays as small
+    for i in range(2 * futures.DEFINED_KEPT):
+        await make(f"fetch /other/{i}")(i)
+    kept = [r for r in futures.registry() if r.label.startswith("fetch /") and r.alive]
+    assert len(kept) == futures.DEFINED_KEPT
+    assert all(r.label.startswith("fetch /other/") for r in kept)
+
+
+async def test_a_decorator_applied_to_code_made_anew_folds_into_one_aggregate() -> None:
+    """Functions made with ``exec`` and decorated: each code object is its own definition; gone,
+    they leave the last few as they were and one aggregate of their label."""
+
+    async def batch(b: int) -> None:
+        for i in range(N):
+            handler = asyncflow.future(name="handler")(_new_coroutine_function("handler"))
+            assert await handler(i) == i
+
+    with asyncflow.profile("exec-decorated", format="none") as prof:
+        growth = await _growth_per_object(prof, batch)
+        snap = prof.snapshot()
+    made = "<made>"  # the label alone may be another test's too
+    handlers = _futures(snap, lambda f: f.label == "handler" and f.location.file == made)
+    assert sum(f.call_count for f in handlers) == 2 * N
+    (aggregate,) = [f for f in handlers if f.folded_count]
     assert aggregate.folded_count == 2 * N - futures.GONE_KEPT
     assert aggregate.tracked_by == "decorator" and aggregate.poll_duration_ns
     assert not aggregate.alive
-    assert len(workers) == futures.GONE_KEPT + 1
+    assert len(handlers) == futures.GONE_KEPT + 1
     logs = {log.future_id: log for log in snap.future_logs}
     assert logs[aggregate.id].calls  # its recent calls, now its own
     assert all(c.future_id == aggregate.id for c in logs[aggregate.id].calls)

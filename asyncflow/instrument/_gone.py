@@ -116,6 +116,12 @@ class GoneHistory(Generic[_R]):
         ref.key = key
         return ref
 
+    def died(self, ref: Watch) -> None:
+        """The record of ``ref`` ends now, as if its object had died (its object may live on,
+        when something else decides the record's life). Lock-free, as ``_died``; harmless if
+        the object then dies too."""
+        self._died(ref)
+
     def _died(self, ref: Watch) -> None:
         # Runs in whichever thread frees the object, perhaps while it holds the lock: so no lock
         # here, only atomic dict and deque operations. The object's id cannot be reused before

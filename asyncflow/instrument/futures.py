@@ -126,6 +126,7 @@ class FutureRecord:
     """A tracked coroutine definition: identity and labels, plus the current session's stats."""
 
     __slots__ = (
+        "code",
         "file",
         "folded",
         "id",
@@ -154,13 +155,19 @@ class FutureRecord:
         self.owner: Watch | None = None
         #: gone futures whose figures are summed here (an aggregate); 0 for a real definition
         self.folded = 0
+        #: a decorated definition's code, weakly: its death ends the future (see _define)
+        self.code: weakref.ref[types.CodeType] | None = None
 
     @property
     def alive(self) -> bool:
         """Whether what the future stands for still exists (never, for an aggregate of gone
         futures; always, when nothing is watched)."""
-        owner = self.owner
-        return not self.folded and (owner is None or owner() is not None)
+        owner, code = self.owner, self.code
+        return (
+            not self.folded
+            and (owner is None or owner() is not None)
+            and (code is None or code() is not None)
+        )
 
 
 def _watch(record: FutureRecord, owner: object, key: tuple[int, str | None, str] | None) -> None:
@@ -204,9 +211,46 @@ def gone_labels() -> dict[int, str]:
         return {fid: agg.label for fid, agg in _gone_ids.items()}
 
 
-def _register(record: FutureRecord) -> FutureRecord:
-    _history.register(record)
-    return record
+class _Anchor:
+    """What a decorated definition's future watches: every function decorated with it holds it,
+    and so do the last ``DEFINED_KEPT`` definitions decorated. The future lives while either
+    does, so a closure decorated each time its factory runs stays one future, and names made
+    per call (``name=f"fetch {url}"``) leave no more than that many futures alive."""
+
+    __slots__ = ("__weakref__",)
+
+
+#: decorated definitions kept (their anchors held) though no function of theirs is alive, the
+#: most recently decorated last
+DEFINED_KEPT = 256
+_defined: OrderedDict[int, _Anchor] = OrderedDict()
+
+
+def _code_died(watch: Watch, _code: object) -> None:
+    _history.died(watch)  # a function made again from other code is another definition
+
+
+def _define(
+    code: types.CodeType, label: str, kind: str, make: Callable[[], FutureRecord]
+) -> tuple[FutureRecord, _Anchor]:
+    """The future of the definition ``(code, label, kind)`` and its anchor: the one alive, or a
+    new one. It ends (joins the gone history) when its anchor dies or its code does."""
+    key = (id(code), label, kind)
+    _history.reap()  # with no profiler collecting, the registry stays as large as what lives
+    with _registry_lock:
+        record = _by_code.get(key)
+        anchor = record.owner() if record is not None and record.owner is not None else None
+        if record is None or anchor is None:  # a code's entry goes with it: ``code`` is its
+            record, anchor = make(), _Anchor()
+            _registry[record.id] = record
+            _by_code[key] = record
+            watch = record.owner = _history.watch(record, anchor, key)
+            record.code = weakref.ref(code, functools.partial(_code_died, watch))
+        _defined[record.id] = anchor
+        _defined.move_to_end(record.id)
+        if len(_defined) > DEFINED_KEPT:
+            _defined.popitem(last=False)  # its future ends unless a function still holds it
+    return record, anchor
 
 
 def reap(drain: Callable[[], object] | None = None) -> int:
@@ -977,10 +1021,12 @@ class FutureFunction(*_compiled_base(), Generic[_P, _T]):  # type: ignore[misc]
 
     # The two attributes every call reads are slots, which the compiled __call__ reads at their
     # offsets; the rest of the function's metadata goes to __dict__ (functools.update_wrapper).
-    __slots__ = ("__dict__", "__weakref__", "__wrapped__", "future_record")
+    __slots__ = ("__dict__", "__weakref__", "__wrapped__", "_anchor", "future_record")
 
     __wrapped__: Callable[_P, Coroutine[Any, Any, _T]]
     future_record: FutureRecord
+    #: keeps its definition's future alive (see _define)
+    _anchor: _Anchor
 
     def __init__(self, fn: Callable[_P, Coroutine[Any, Any, _T]], record: FutureRecord) -> None:
         functools.update_wrapper(self, fn)
@@ -1054,21 +1100,43 @@ def future(
         inner = inspect.unwrap(f.func if isinstance(f, functools.partial) else f)
         code: types.CodeType = inner.__code__
         qualname = getattr(f, "__qualname__", code.co_qualname)
-        record = FutureRecord(
-            name or qualname,
-            f"{getattr(f, '__module__', '?')}:{qualname}",
-            code.co_filename,
-            code.co_firstlineno,
-            log_result,
-            "decorator",
+        label = name or qualname
+        source = f"{getattr(f, '__module__', '?')}:{qualname}"
+        # One future per definition, not per function object: a closure decorated each time
+        # its factory runs is one function in the source, and one row in every view. The
+        # definition is the code of the function called (a wrapper's own, so that a wrapper of
+        # a tracked function, whose location is the wrapped one's, never adds its calls to the
+        # same future), its label, module and name, and whether results are logged.
+        called = _called(f)
+        kind = f"decorator {source}{' log' if log_result else ''}"
+        if isinstance(called, FutureFunction):
+            kind += " of a tracked function"
+        record, anchor = _define(
+            called.__code__ if isinstance(called, types.FunctionType) else code,
+            label,
+            kind,
+            lambda: FutureRecord(
+                label, source, code.co_filename, code.co_firstlineno, log_result, "decorator"
+            ),
         )
-        tracked = FutureFunction(f, _register(record))
-        _watch(record, tracked, None)  # the function gone, its future joins the gone history
+        tracked = FutureFunction(f, record)
+        tracked._anchor = anchor
         return tracked
 
     if fn is None:
         return decorate
     return decorate(fn)
+
+
+def _called(f: Any) -> Any:
+    """What calling ``f`` runs first, through bound methods and partials."""
+    while True:
+        if isinstance(f, types.MethodType):
+            f = f.__func__
+        elif isinstance(f, functools.partial):
+            f = f.func
+        else:
+            return f
 
 
 def instrument(

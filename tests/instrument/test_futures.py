@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import inspect
 import pickle
@@ -253,6 +254,60 @@ def test_disable_returns_the_original_function(monkeypatch: pytest.MonkeyPatch) 
 
     assert asyncflow.future(original) is original
     assert asyncflow.future(name="x")(original) is original
+
+
+async def test_a_decorator_groups_by_definition(prof: asyncflow.Profiler) -> None:
+    """A closure decorated each time its factory runs is one future; the same code under
+    another name, or with its results logged, is another; so is a tracked wrapper of a tracked
+    function, though its location is the wrapped one's."""
+
+    def make(name: str = "handle", log_result: bool = False) -> Any:
+        @asyncflow.future(name=name, log_result=log_result)
+        async def handle(i: int) -> int:
+            await asyncio.sleep(0)
+            return i
+
+        return handle
+
+    @asyncflow.future(name="lookup")
+    async def lookup() -> int:
+        return 1
+
+    @asyncflow.future(name="lookup")
+    @functools.wraps(lookup)
+    async def lookup_twice() -> int:
+        return await lookup() + await lookup()
+
+    assert [await make()(i) for i in range(3)] == [0, 1, 2]
+    assert await make("handle_other")(3) == 3
+    assert await make(log_result=True)(4) == 4
+    assert await lookup_twice() == 2
+    snap = prof.snapshot()
+    handles = [f for f in snap.futures.futures if f.label == "handle" and f.call_count]
+    assert sorted((f.call_count, f.total_polls) for f in handles) == [(1, 2), (3, 6)]
+    assert _future(snap, "handle_other").call_count == 1
+    logged = [e for e in snap.futures.futures if e.label == "lookup" and e.call_count]
+    assert sorted(e.call_count for e in logged) == [1, 2]  # the wrapper's, the wrapped one's
+    assert len({(e.location.file, e.location.line) for e in logged}) == 1
+
+
+class _Client:
+    @asyncflow.future
+    async def fetch(self, x: int) -> int:
+        await asyncio.sleep(0)
+        return x
+
+
+async def test_a_tracked_method_bound_and_tracked_again_is_a_future_of_its_own(
+    prof: asyncflow.Profiler,
+) -> None:
+    client = _Client()
+    again = asyncflow.future(client.fetch)  # a wrapper of the bound, tracked method
+    for i in range(5):
+        assert await again(i) == i
+    snap = prof.snapshot()
+    fetches = [e for e in snap.futures.futures if e.label.endswith("_Client.fetch")]
+    assert sorted(e.call_count for e in fetches) == [5, 5]  # not one future with every call twice
 
 
 async def test_instrument_one_coroutine_groups_by_code_and_name(prof: asyncflow.Profiler) -> None:
