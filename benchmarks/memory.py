@@ -1,10 +1,11 @@
 """Memory benchmark: what thousands of short-lived objects leave behind in the profiler.
 
-Ten cases, each in a fresh process with a profiler running (port 0), each making N objects
+Eleven cases, each in a fresh process with a profiler running (port 0), each making N objects
 that are used once and dropped:
 
     exec        N functions made with ``exec``, each run once as a task (``instrument_tasks``)
     decorator   one ``@asyncflow.future`` applied N times inside a factory, each result called once
+    deco-names  the same, with a name made per call (``name=f"fetch /item/{i}"``)
     queues      N queues made under ``instrument_queues()``, one message through each
     streams     N anyio memory object streams, instrumented, one message through each
     agen-wrap   N async generator functions made with ``exec``, each generator wrapped with
@@ -48,6 +49,7 @@ import asyncflow
 CASES = (
     "exec",
     "decorator",
+    "deco-names",
     "queues",
     "streams",
     "agen-wrap",
@@ -75,8 +77,8 @@ async def _exec_functions(n: int, tag: str) -> None:
         await asyncio.sleep(0)
 
 
-def _factory() -> Callable[[int], Awaitable[int]]:
-    @asyncflow.future(name="worker")
+def _factory(name: str = "worker") -> Callable[[int], Awaitable[int]]:
+    @asyncflow.future(name=name)
     async def worker(i: int) -> int:
         await asyncio.sleep(0)
         return i
@@ -87,6 +89,11 @@ def _factory() -> Callable[[int], Awaitable[int]]:
 async def _decorated(n: int, tag: str) -> None:
     for i in range(n):
         await _factory()(i)
+
+
+async def _decorated_names(n: int, tag: str) -> None:
+    for i in range(n):
+        await _factory(f"fetch /item/{tag}{i}")(i)
 
 
 async def _queues(n: int, tag: str) -> None:
@@ -160,6 +167,7 @@ async def _metrics(n: int, tag: str) -> None:
 _MAKE: dict[str, Callable[[int, str], Coroutine[Any, Any, None]]] = {
     "exec": _exec_functions,
     "decorator": _decorated,
+    "deco-names": _decorated_names,
     "queues": _queues,
     "streams": _streams,
     "agen-wrap": _wrapped_generators,
