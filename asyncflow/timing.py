@@ -436,8 +436,7 @@ def _decorate(fn: Any, name: str | None) -> Any:
 
         inner = _decorate(fn.__wrapped__, name or getattr(fn, "__qualname__", None))
         tracked = FutureFunction(inner, future_record)
-        # The future's record lives as long as the function it was made for: keep that alive.
-        tracked.__dict__["_asyncflow_future_of"] = fn
+        tracked._anchor = fn._anchor  # the future lives while this function does too
         return tracked
     is_async = inspect.iscoroutinefunction(fn)
     label = name or getattr(fn, "__qualname__", None) or repr(fn)
