@@ -197,6 +197,7 @@ async def test_a_decorator_applied_to_code_made_anew_folds_into_one_aggregate() 
     assert aggregate.tracked_by == "decorator" and aggregate.poll_duration_ns
     assert not aggregate.alive
     assert len(handlers) == futures.GONE_KEPT + 1
+    assert not {h.id for h in handlers} & set(futures._defined)  # their places are given up
     logs = {log.future_id: log for log in snap.future_logs}
     assert logs[aggregate.id].calls  # its recent calls, now its own
     assert all(c.future_id == aggregate.id for c in logs[aggregate.id].calls)

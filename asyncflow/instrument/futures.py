@@ -316,6 +316,12 @@ def _merge(agg: FutureRecord, record: FutureRecord) -> None:
         _gone_ids.popitem(last=False)
 
 
+def _retire_definition(record: FutureRecord) -> None:
+    """A gone decorated definition (its code died) leaves the last ones decorated: its anchor
+    would take one of their places for nothing."""
+    _defined.pop(record.id, None)
+
+
 _history: GoneHistory[FutureRecord] = GoneHistory(
     _registry_lock,
     _registry,
@@ -323,6 +329,7 @@ _history: GoneHistory[FutureRecord] = GoneHistory(
     kind=_tracked_by,
     aggregate=_aggregate,
     merge=_merge,
+    retire=_retire_definition,
     final=_calls_ended,
     index=_by_code,
 )
