@@ -238,7 +238,7 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument(
         "--format", default="table", choices=("table", "json", "json-pretty"), help="output"
     )
-    report.add_argument("--limit", default=None, help="futures shown; 0 for all [15]")
+    report.add_argument("--limit", default=None, help="rows shown in each table; 0 for all [15]")
     report.add_argument("--percentiles", default=None, help="percentiles shown [50,95,99]")
     report.set_defaults(handler=_report)
     return parser

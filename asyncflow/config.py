@@ -547,7 +547,7 @@ def resolve_options(
     if (p := pick("percentiles")) is not None:
         fields["percentiles"] = _percentiles(*p)
     if (p := pick("limit")) is not None:
-        fields["limit"] = _int(*p, 0, 1_000_000, "a whole number >= 0 (0 shows every future)")
+        fields["limit"] = _int(*p, 0, 1_000_000, "a whole number >= 0 (0 shows every row)")
     if (p := pick("format")) is not None:
         fields["format"] = _format(*p)
     if (p := pick("output")) is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import textwrap
 from collections.abc import Callable
+from functools import partial
 from typing import TypeVar
 
 from asyncflow.schema import (
@@ -45,11 +46,11 @@ def named(label: str, folded: int, gone: bool) -> str:
     return f"{label} (gone)" if gone else label
 
 
-def _row(entry: FutureEntry, percentiles: tuple[float, ...]) -> list[str]:
+def _row(entry: FutureEntry, percentiles: tuple[float, ...], live: bool) -> list[str]:
     o = entry.outcomes
     cancelled = o.cancelled + o.closed + o.never_awaited
     return [
-        named(entry.label, entry.folded_count, not entry.alive),
+        named(entry.label, entry.folded_count, live and not entry.alive),
         f"{entry.call_count:,}",
         f"{o.returned}/{o.raised}/{cancelled}",
         f"{entry.total_polls:,}",
@@ -67,9 +68,14 @@ _NEVER_NAMED = 8
 def render_table(snapshot: Snapshot, percentiles: tuple[float, ...], limit: int) -> str:
     """The top ``limit`` futures by busy time (0 = all), with a header line."""
     status = snapshot.status
+    # A report taken while the program runs says which objects are gone; one taken at its end
+    # (the exit report, where most may be) names only the aggregates of gone ones as such.
+    live = status.running
     every = snapshot.futures.futures
     futures = [f for f in every if f.call_count]  # one never called is a name, not a row
-    never = [named(f.label, f.folded_count, not f.alive) for f in every if not f.call_count]
+    never = [
+        named(f.label, f.folded_count, live and not f.alive) for f in every if not f.call_count
+    ]
     shown = futures if limit == 0 else futures[:limit]
     calls = sum(f.call_count for f in futures)
     header = (
@@ -92,7 +98,7 @@ def render_table(snapshot: Snapshot, percentiles: tuple[float, ...], limit: int)
     ]
     lines = [header, "", *_warnings(snapshot.warnings)]
     if futures:
-        lines += _table([columns, *(_row(f, percentiles) for f in shown)])
+        lines += _table([columns, *(_row(f, percentiles, live) for f in shown)])
     if len(shown) < len(futures):
         lines.append(_more(len(futures) - len(shown), "futures", limit))
     if never:
@@ -108,15 +114,21 @@ def render_table(snapshot: Snapshot, percentiles: tuple[float, ...], limit: int)
     lines += _functions_section(snapshot, percentiles, limit)
     measured = [f for f in shown if f.cpu is not None or f.allocations is not None]
     if measured:
-        lines += ["", *_table([_POLL_COLUMNS, *map(_poll_row, measured)])]
+        lines += ["", *_table([_POLL_COLUMNS, *(_poll_row(f, live) for f in measured)])]
     channels = snapshot.channels.channels if snapshot.channels is not None else []
-    lines += _section(_CHANNEL_COLUMNS, _channel_row, channels, limit, "channels")
+    lines += _section(
+        _CHANNEL_COLUMNS, partial(_channel_row, live=live), channels, limit, "channels"
+    )
     resources = snapshot.resources.resources if snapshot.resources is not None else []
-    lines += _section(_RESOURCE_COLUMNS, _resource_row, resources, limit, "resources")
+    lines += _section(
+        _RESOURCE_COLUMNS, partial(_resource_row, live=live), resources, limit, "resources"
+    )
     executors = snapshot.executors.executors if snapshot.executors is not None else []
-    lines += _section(_EXECUTOR_COLUMNS, _executor_row, executors, limit, "executors")
+    lines += _section(
+        _EXECUTOR_COLUMNS, partial(_executor_row, live=live), executors, limit, "executors"
+    )
     streams = snapshot.streams.streams if snapshot.streams is not None else []
-    lines += _section(_STREAM_COLUMNS, _stream_row, streams, limit, "streams")
+    lines += _section(_STREAM_COLUMNS, partial(_stream_row, live=live), streams, limit, "streams")
     lines += _section(_THREAD_COLUMNS, _thread_row, _threads_shown(snapshot), limit, "threads")
     loops = snapshot.loop.loops if snapshot.loop is not None else []
     if loops:
@@ -157,9 +169,9 @@ _CHANNEL_COLUMNS = [
 ]
 
 
-def _channel_row(c: ChannelEntry) -> list[str]:
+def _channel_row(c: ChannelEntry, live: bool) -> list[str]:
     return [
-        named(c.label, c.folded_count, False),  # "closed" may be a stream still held: not gone
+        named(c.label, c.folded_count, live and not c.alive),
         c.channel_type,
         f"{c.sent_count:,}",
         f"{c.received_count:,}",
@@ -174,9 +186,9 @@ def _channel_row(c: ChannelEntry) -> list[str]:
 _STREAM_COLUMNS = ["stream", "state", "items", "p50 wait", "max wait", "total wait", "consumer"]
 
 
-def _stream_row(s: StreamEntry) -> list[str]:
+def _stream_row(s: StreamEntry, live: bool) -> list[str]:
     return [
-        named(s.label, s.folded_count, not s.alive),
+        named(s.label, s.folded_count, live and not s.alive),
         s.state,
         f"{s.items_yielded:,}",
         format_duration(s.wait_ns.get("p50")),
@@ -282,7 +294,7 @@ _RESOURCE_COLUMNS = [
 ]
 
 
-def _resource_row(r: ResourceEntry) -> list[str]:
+def _resource_row(r: ResourceEntry, live: bool) -> list[str]:
     holders = sorted({h.label for h in r.holders})
     held_by = ", ".join(holders[:2]) + (f" +{len(holders) - 2}" if len(holders) > 2 else "")
     if r.event is not None:
@@ -290,7 +302,7 @@ def _resource_row(r: ResourceEntry) -> list[str]:
     else:
         acquired = f"{r.acquisitions:,}"
     return [
-        named(r.label, r.folded, r.state == "gone"),
+        named(r.label, r.folded, live and r.state == "gone"),
         r.primitive.replace("capacity_limiter", "limiter"),
         acquired,
         f"{r.contended_acquisitions:,}" if r.event is None else f"{r.waits:,}",
@@ -317,10 +329,10 @@ _EXECUTOR_COLUMNS = [
 ]
 
 
-def _executor_row(e: ExecutorEntry) -> list[str]:
+def _executor_row(e: ExecutorEntry, live: bool) -> list[str]:
     workers = f"{e.workers}/{e.max_workers}" if e.max_workers else str(e.workers)
     return [
-        named(e.label, e.folded_count, e.state == "gone"),
+        named(e.label, e.folded_count, live and e.state == "gone"),
         workers,
         f"{e.submitted:,}",
         f"{e.queued:,}",
@@ -359,10 +371,10 @@ def _bytes(n: int | None) -> str:
     return f"{n} B"
 
 
-def _poll_row(f: FutureEntry) -> list[str]:
+def _poll_row(f: FutureEntry, live: bool) -> list[str]:
     c, a = f.cpu, f.allocations
     return [
-        named(f.label, f.folded_count, not f.alive),
+        named(f.label, f.folded_count, live and not f.alive),
         format_duration(c.busy_ns) if c is not None else "-",
         format_duration(c.cpu_ns) if c is not None else "-",
         format_duration(c.user_ns) if c is not None else "-",

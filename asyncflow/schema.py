@@ -383,6 +383,10 @@ class ChannelEntry:
     #: messages sent and never to be received: the channel was garbage-collected (or, for a
     #: memory stream, every receive side closed) with them still in it
     lost_count: int = 0
+    #: whether its queue or stream still exists (``state`` says ``closed`` for a gone one and
+    #: for a memory stream closed but still held); a gone channel stays listed, among the last
+    #: few gone, until it is folded into the aggregate of its label
+    alive: bool = True
     #: for an aggregate, how many gone channels of this label (and kind) it sums; 0 else
     folded_count: int = 0
 

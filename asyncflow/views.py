@@ -409,6 +409,7 @@ def channel_entry(
         timed_count=st.timed,
         sampling_interval=st.interval,
         lost_count=record.lost_count(),
+        alive=record.alive,
         folded_count=record.folded,
     )
 

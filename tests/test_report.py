@@ -193,15 +193,48 @@ def test_gone_objects_and_their_aggregates_say_so_in_their_names() -> None:
     assert len(summed) == 1 and f"({made - executors.GONE_KEPT:,} gone, summed)" in summed[0]
     assert sum("thumbs (gone)" in r for r in rows) == executors.GONE_KEPT
     assert len(rows) == executors.GONE_KEPT + 1  # nothing else: no living pool is listed
-    # a living future keeps its bare name
+    # a living future keeps its bare name; at the program's end (the exit report, where most
+    # objects may be gone) only aggregates are named as such
     live = dataclasses.replace(_entry(1, "fetch", 5_000_000))
     gone = dataclasses.replace(_entry(2, "parse", 4_000_000), alive=False)
     folded = dataclasses.replace(_entry(3, "parse", 3_000_000), alive=False, folded_count=1_200)
-    names = [
-        line.split("  ")[0]
-        for line in render_table(_snapshot([live, gone, folded]), (50.0,), 0).splitlines()[3:6]
-    ]
-    assert names == ["fetch", "parse (gone)", "parse (1,200 gone, summed)"]
-    assert report._poll_row(gone)[0] == "parse (gone)"  # the CPU and allocations table
     dropped = dataclasses.replace(gone, call_count=0)
-    assert "never called: parse (gone)" in render_table(_snapshot([live, dropped]), (50.0,), 0)
+
+    def names(running: bool) -> list[str]:
+        snap = _snapshot([live, gone, folded, dropped])
+        snap = dataclasses.replace(snap, status=dataclasses.replace(snap.status, running=running))
+        lines = render_table(snap, (50.0,), 0).splitlines()
+        return [line.split("  ")[0] for line in lines[3:6]] + [lines[6]]
+
+    assert names(True) == [
+        "fetch", "parse (gone)", "parse (1,200 gone, summed)", "never called: parse (gone)",
+    ]  # fmt: skip
+    assert names(False) == ["fetch", "parse", "parse (1,200 gone, summed)", "never called: parse"]
+    assert report._poll_row(gone, True)[0] == "parse (gone)"  # the CPU and allocations table
+
+
+def test_a_gone_queue_is_named_gone_beside_a_living_one() -> None:
+    import asyncio
+    import gc
+
+    import asyncflow
+
+    async def main() -> asyncio.Queue[int]:
+        with asyncflow.instrument_queues():
+            queues = [asyncio.Queue[int]() for _ in range(3)]
+        for q in queues:
+            q.put_nowait(1)
+            q.get_nowait()
+        return queues[0]
+
+    gc.collect()
+    with asyncflow.profile("queues", format="none", port=None) as prof:
+        kept = asyncio.run(main())
+        gc.collect()
+        snap = prof.snapshot()
+    assert snap.channels is not None
+    mine = [c for c in snap.channels.channels if c.sent_count and c.kind == "asyncio.Queue"]
+    assert sorted(c.alive for c in mine) == [False, False, True]
+    names = [report._channel_row(c, True)[0] for c in mine]
+    assert sorted(names) == sorted([f"{mine[0].label} (gone)"] * 2 + [mine[0].label])
+    assert kept.qsize() == 0
