@@ -189,8 +189,11 @@ class ExecutorRecord:
         started = getattr(executor, "_threads", None) or getattr(executor, "_processes", None)
         return self.max_workers, len(started or ())
 
-    def start(self) -> None:
+    def start(self, job: _Job | None = None) -> None:
         with self.lock:
+            if job is not None and job.written_off:  # it ran after all: not cancelled
+                job.written_off = False
+                self.stats.cancelled -= 1
             self.stats.started += 1
             self.stats.running += 1
 
@@ -218,8 +221,14 @@ class ExecutorRecord:
             if future_id is not None:
                 st.by_future.setdefault(future_id, JobFigures()).add(queued, ran, raised)
 
-    def never_started(self) -> None:
+    def never_started(self, job: _Job) -> None:
+        """asyncio cancelled the job's future before the job started. Its pool may have given
+        it to a worker already (too late to cancel it there): then it runs, and its start,
+        under the same lock, takes the cancellation back."""
         with self.lock:
+            if job.started:
+                return
+            job.written_off = True
             self.stats.cancelled += 1
 
     def refused(self) -> None:
@@ -358,7 +367,7 @@ def function_name(fn: Any) -> str:
 class _Job:
     """What a worker thread runs in place of the submitted function: it times the job."""
 
-    __slots__ = ("fn", "function", "future_id", "record", "started", "submitted")
+    __slots__ = ("fn", "function", "future_id", "record", "started", "submitted", "written_off")
 
     def __init__(
         self, record: ExecutorRecord, fn: Callable[..., Any], future_id: int | None
@@ -369,11 +378,13 @@ class _Job:
         self.future_id = future_id
         self.submitted = _clock.now_ns()
         self.started = 0
+        #: counted as cancelled before it started (see ExecutorRecord.never_started)
+        self.written_off = False
 
     def __call__(self, *args: Any) -> Any:
         record = self.record
         self.started = t0 = _clock.now_ns()
-        record.start()
+        record.start(self)
         raised = True
         try:
             result = self.fn(*args)
@@ -453,8 +464,8 @@ class _RunInExecutor:
 
 
 def _check_started(job: _Job, future: asyncio.Future[Any]) -> None:
-    if future.cancelled() and not job.started:
-        job.record.never_started()
+    if future.cancelled():
+        job.record.never_started(job)
 
 
 def _untimed_end(
@@ -506,7 +517,7 @@ def _anyio_hook(original: Callable[..., Any]) -> Callable[..., Any]:
             return await original(cls, job, args, *rest, **kwargs)
         finally:
             if not job.started:  # cancelled while it waited for a token: it never ran
-                job.record.never_started()
+                job.record.never_started(job)
 
     return run_sync_in_worker_thread
 

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import anyio
 import pytest
@@ -140,6 +141,41 @@ async def test_a_job_cancelled_before_a_thread_took_it_never_ran(
     st = _record(one).stats
     assert ran == []
     assert (st.submitted, st.completed, st.cancelled, st.queued) == (2, 1, 1, 0)
+
+
+class _TakenAtOnce(concurrent.futures.Executor):
+    """A pool whose worker takes each job the moment it is submitted (so that it can no longer
+    be cancelled), and runs it when told."""
+
+    def __init__(self) -> None:
+        self.taken: list[tuple[concurrent.futures.Future[Any], Any, tuple[Any, ...]]] = []
+
+    def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any]:
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        assert future.set_running_or_notify_cancel()
+        self.taken.append((future, fn, args))
+        return future
+
+    def run(self) -> None:
+        for future, fn, args in self.taken:
+            future.set_result(fn(*args))
+
+
+async def test_a_job_cancelled_as_a_worker_takes_it_runs_and_is_counted_once(
+    prof: asyncflow.Profiler,
+) -> None:
+    """asyncio cancels its future, the pool's cannot be (a worker has it): the job runs. The
+    loop saw it cancelled before it marked itself started, and counted it as never started."""
+    loop = asyncio.get_running_loop()
+    pool = _TakenAtOnce()
+    with asyncflow.instrument_executors():
+        job = loop.run_in_executor(pool, sum, [1, 2])
+        job.cancel()
+        await asyncio.sleep(0)  # the job's done callbacks run, before its worker starts it
+        pool.run()
+    assert job.cancelled()
+    st = _record(pool).stats
+    assert (st.submitted, st.started, st.completed, st.cancelled, st.queued) == (1, 1, 1, 0, 0)
 
 
 async def test_a_gone_executor_is_folded_once_its_last_job_has_ended(
