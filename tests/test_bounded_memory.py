@@ -175,6 +175,10 @@ async def test_names_made_per_call_leave_a_bounded_number_of_futures() -> None:
     kept = [r for r in futures.registry() if r.label.startswith("fetch /") and r.alive]
     assert len(kept) == futures.DEFINED_KEPT
     assert all(r.label.startswith("fetch /other/") for r in kept)
+    # the next profile starts with none of them: no function decorated with them is alive
+    with asyncflow.profile("next", format="none") as prof:
+        after = prof.snapshot()
+    assert not _futures(after, lambda f: f.label.startswith("fetch /"))
 
 
 async def test_a_decorator_applied_to_code_made_anew_folds_into_one_aggregate() -> None:

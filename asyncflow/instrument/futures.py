@@ -150,8 +150,9 @@ class FutureRecord:
         self.log_result = log_result
         self.tracked_by = tracked_by
         self.stats = _new_stats()
-        #: what the future stands for (its function, code or coroutine type), weakly; None when
-        #: nothing is watched (an aggregate, or a record made elsewhere): never reaped
+        #: what the future stands for, weakly (a decorated definition's anchor, or the code or
+        #: coroutine type of instrumented ones); None when nothing is watched (an aggregate, or
+        #: a record made elsewhere): never reaped
         self.owner: Watch | None = None
         #: gone futures whose figures are summed here (an aggregate); 0 for a real definition
         self.folded = 0
@@ -183,9 +184,9 @@ _call_ids = itertools.count(1)
 _registry_lock = threading.Lock()
 #: futures whose function or code may still be called, by id, oldest first
 _registry: dict[int, FutureRecord] = {}
-#: (id of the code object or coroutine type, label, tracked_by) -> future. Keyed by id, not by
-#: the object: a code object in a key would never be freed. The owner's weak reference removes
-#: the entry when it dies (see _watch).
+#: (id of the code object or coroutine type, label, kind) -> future. Keyed by id, not by the
+#: object: a code object in a key would never be freed. The owner's weak reference removes the
+#: entry when it dies, or for a decorated definition its code's (see _watch and _define).
 _by_code: dict[tuple[int, str | None, str], FutureRecord] = {}
 
 #: History kept of futures that are gone (function or code freed, no call left; _history): the
@@ -1332,6 +1333,9 @@ def reset_for_session() -> None:
     """Give every known future fresh stats and forget the gone ones: a new profiler starts
     from zero."""
     with _registry_lock:
+        # The last definitions decorated are kept for the profile that decorated them: the
+        # next starts with those alive only because a function decorated with them is.
+        _defined.clear()
         _history.forget(_fresh_stats)
         _gone_ids.clear()
 
