@@ -96,7 +96,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--limit",
         default=None,
-        help=f"futures in the table report; 0 for all [{config.DEFAULT_LIMIT}]",
+        help=f"rows in each table of the report; 0 for all [{config.DEFAULT_LIMIT}]",
     )
     run.add_argument("--percentiles", default=None, help="percentiles reported [50,95,99]")
     run.add_argument("--duration", default=None, help="stop profiling after SECONDS [never]")

@@ -121,7 +121,7 @@ class Options:
     name: str
     #: percentiles reported for poll and call durations, each in (0, 100]
     percentiles: tuple[float, ...] = DEFAULT_PERCENTILES
-    #: futures in the table report; 0 means all
+    #: rows in each table of the table report (not the loops'); 0 means all
     limit: int = DEFAULT_LIMIT
     #: exit report format: one of ``FORMATS``
     format: str = DEFAULT_FORMAT

@@ -66,7 +66,8 @@ _NEVER_NAMED = 8
 
 
 def render_table(snapshot: Snapshot, percentiles: tuple[float, ...], limit: int) -> str:
-    """The top ``limit`` futures by busy time (0 = all), with a header line."""
+    """The table report, with a header line: the top ``limit`` futures by busy time and the
+    first ``limit`` rows of every other table but the loops' (0 = all)."""
     status = snapshot.status
     # A report taken while the program runs says which objects are gone; one taken at its end
     # (the exit report, where most may be) names only the aggregates of gone ones as such.
