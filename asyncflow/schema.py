@@ -1034,7 +1034,10 @@ def _load(tp: Any, data: Any, where: str) -> Any:
             try:
                 return _load(option, data, where)
             except DocumentError as exc:
-                errors.append(exc)
+                # "expected null" says nothing about a value that is there: what failed inside
+                # the other option (an unknown field three levels down, say) is the news
+                if option is not type(None) or data is None:
+                    errors.append(exc)
         raise errors[-1]
     if tp is type(None):
         if data is not None:

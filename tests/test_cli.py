@@ -548,10 +548,16 @@ def test_report_reads_a_json_exit_report_and_refuses_other_files(
     not_json = write(tmp_path / "bad.json", "{not json")
     wrong = write(tmp_path / "wrong.json", '{"schema": 1, "futures": 3}')
     newer = write(tmp_path / "newer.json", '{"schema": 99}')
+    # a field this asyncflow does not know, deep in an optional document: the message names it
+    # (it said "Snapshot.channels: expected null, got dict")
+    document = orjson.loads(exit_report.read_bytes())
+    document["channels"]["channels"][0]["added_later"] = 1
+    unknown = write(tmp_path / "unknown.json", orjson.dumps(document).decode())
     for path, says in (
         (not_json, "is not JSON"),
         (wrong, "is not an asyncflow snapshot: Snapshot"),
         (newer, "has schema 99; this asyncflow reads schema 1"),
+        (unknown, "Snapshot.channels.channels[0]: unknown field(s) added_later"),
     ):
         assert cli.main(["report", str(path)]) == 2
         err = capsys.readouterr().err
