@@ -192,13 +192,19 @@ def test_the_host_check_comes_before_the_token() -> None:
 # -- connections: deadlines and the cap -----------------------------------------------------------
 
 
+def _limited(
+    monkeypatch: pytest.MonkeyPatch, header_timeout: float
+) -> Iterator[asyncflow.Profiler]:
+    limits = server.Limits(header_timeout=header_timeout, response_timeout=2.0, max_connections=4)
+    monkeypatch.setattr(server, "LIMITS", limits)
+    with asyncflow.profile("limited", format="none", port=0) as prof:
+        yield prof
+
+
 @pytest.fixture
 def tight(monkeypatch: pytest.MonkeyPatch) -> Iterator[asyncflow.Profiler]:
     """A profiler whose endpoint has small limits, so that tests see them without waiting."""
-    limits = server.Limits(header_timeout=0.2, response_timeout=2.0, max_connections=4)
-    monkeypatch.setattr(server, "LIMITS", limits)
-    with asyncflow.profile("tight", format="none", port=0) as prof:
-        yield prof
+    yield from _limited(monkeypatch, header_timeout=0.2)
 
 
 def test_idle_and_half_sent_connections_are_closed(tight: asyncflow.Profiler) -> None:
@@ -218,10 +224,7 @@ def test_idle_and_half_sent_connections_are_closed(tight: asyncflow.Profiler) ->
 def capped(monkeypatch: pytest.MonkeyPatch) -> Iterator[asyncflow.Profiler]:
     """The cap of ``tight`` with a header deadline of a second: the four connections held must
     still be held while the next sixteen connect, even if a loaded machine stalls meanwhile."""
-    limits = server.Limits(header_timeout=1.0, response_timeout=2.0, max_connections=4)
-    monkeypatch.setattr(server, "LIMITS", limits)
-    with asyncflow.profile("capped", format="none", port=0) as prof:
-        yield prof
+    yield from _limited(monkeypatch, header_timeout=1.0)
 
 
 def test_connections_beyond_the_cap_are_answered_503_and_closed(capped: asyncflow.Profiler) -> None:
