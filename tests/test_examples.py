@@ -9,6 +9,7 @@ import urllib.request
 from pathlib import Path
 
 import orjson
+import pytest
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -183,3 +184,15 @@ def test_every_problem_example_gets_every_warning(tmp_path: Path) -> None:
 def line_of(text: str) -> int:
     lines = (EXAMPLES / "every_problem.py").read_text().splitlines()
     return next(i for i, line in enumerate(lines, 1) if text in line)
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf", "3600", "soon"])
+def test_crawler_example_refuses_a_timeout_that_is_not_a_usable_number(value: str) -> None:
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLES / "crawler.py"), "--timeout", value],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and done.stdout == ""  # refused before anything ran
+    assert f"--timeout: must be a number of seconds in (0, 3600), not {value!r}" in done.stderr
