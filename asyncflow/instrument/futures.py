@@ -241,7 +241,9 @@ def _define(
     with _registry_lock:
         record = _by_code.get(key)
         anchor = record.owner() if record is not None and record.owner is not None else None
-        if record is None or anchor is None:  # a code's entry goes with it: ``code`` is its
+        # An entry found is ``code``'s own: a dead code's entry went with it, before its id
+        # could be given to another object. Its future may have ended (its anchor dropped).
+        if record is None or anchor is None:
             record, anchor = make(), _Anchor()
             _registry[record.id] = record
             _by_code[key] = record
