@@ -359,7 +359,7 @@ def _run(args: argparse.Namespace) -> int:
         if args.module is not None:
             runpy.run_module(target, run_name="__main__", alter_sys=True)
         else:
-            runpy.run_path(target, run_name="__main__")
+            _run_script(target)
     except SystemExit as exc:
         code = _exit_code(exc.code)
     except BaseException as exc:
@@ -380,6 +380,56 @@ def _run(args: argparse.Namespace) -> int:
     if interrupted is not None:
         _exit_as_interrupted(interrupted)
     return code
+
+
+def _run_script(script: str) -> None:
+    """Run a script as ``python script`` runs it, in a ``__main__`` module of its own.
+
+    Python (3.9+) makes ``__file__`` and the code's file name absolute by joining the path as
+    given to the current directory, without normalising it or resolving symlinks, and keeps
+    ``sys.argv[0]`` as given: a script that changes directory still finds the files beside it.
+    ``runpy.run_path`` would keep the path as given (and set ``sys.argv[0]`` to what it runs),
+    so only a zip file or directory, which Python runs through the import system too, goes
+    there.
+    """
+    import builtins
+    import io
+    import pkgutil
+    import types
+    from importlib.machinery import SourceFileLoader, SourcelessFileLoader
+
+    if pkgutil.get_importer(script) is not None:
+        runpy.run_path(script, run_name="__main__")
+        return
+    path = script if os.path.isabs(script) else os.path.join(os.getcwd(), script)
+    with io.open_code(path) as file:
+        code = pkgutil.read_code(file)  # a .pyc, as python runs one
+    loader: SourceFileLoader | SourcelessFileLoader
+    if code is None:
+        with io.open_code(path) as file:
+            # dont_inherit: this module's own __future__ imports are no part of the program
+            code = compile(file.read(), path, "exec", dont_inherit=True)
+        loader = SourceFileLoader("__main__", path)
+    else:
+        loader = SourcelessFileLoader("__main__", path)
+    main = types.ModuleType("__main__")
+    main.__dict__.update(
+        __file__=path,
+        __cached__=None,
+        __loader__=loader,
+        __package__=None,
+        __spec__=None,
+        __builtins__=builtins,
+    )
+    saved = sys.modules.get("__main__")
+    sys.modules["__main__"] = main
+    try:
+        exec(code, main.__dict__)
+    finally:
+        if saved is None:
+            sys.modules.pop("__main__", None)
+        else:
+            sys.modules["__main__"] = saved
 
 
 def _program_path(script: str | None) -> None:

@@ -1,0 +1,109 @@
+"""``asyncflow run`` gives the program what ``python`` gives it, and its outputs can be captured.
+
+Each test runs the command in a child process, as a user would, beside plain ``python`` where
+the two must agree.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+
+from tests.test_cli import ASYNCFLOW, asyncflow_cmd, console_script, write
+
+SHOW_MAIN = """\
+import json, os, sys
+import __main__
+
+def where():
+    pass
+
+print(json.dumps({
+    "file": __file__,
+    "code": where.__code__.co_filename,
+    "argv": sys.argv,
+    "path0": sys.path[0],
+    "name": __name__,
+    "package": __package__,
+    "spec": __spec__ and [__spec__.name, __spec__.origin],
+    "loader": type(__loader__).__name__,
+    "cached": globals().get("__cached__"),
+    "main_is_me": __main__.__dict__ is globals(),
+    "annotations_future": where.__code__.co_flags & 0x1000000 != 0,
+}))
+"""
+
+
+def _plain_and_profiled(
+    command: list[str], script: str, cwd: Path, *args: str
+) -> tuple[object, object]:
+    plain = subprocess.run(
+        [sys.executable, script, *args], capture_output=True, text=True, timeout=60, cwd=cwd
+    )
+    assert plain.returncode == 0, plain.stderr
+    done = subprocess.run(
+        [*command, "run", "--format", "none", script, *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=cwd,
+    )
+    assert done.returncode == 0, done.stderr
+    return orjson.loads(done.stdout), orjson.loads(plain.stdout)
+
+
+@pytest.mark.parametrize("launcher", ["console script", "python -m asyncflow"])
+@pytest.mark.parametrize("given", ["relative", "through a symlink", "absolute"])
+def test_run_gives_the_script_the_file_argv_and_path_python_does(
+    tmp_path: Path, launcher: str, given: str
+) -> None:
+    real = write(tmp_path / "scripts" / "show.py", SHOW_MAIN)
+    cwd = tmp_path / "elsewhere"
+    cwd.mkdir()
+    if given == "through a symlink":
+        (cwd / "link.py").symlink_to(real)
+        script = "link.py"
+    else:
+        script = str(real) if given == "absolute" else os.path.join("..", "scripts", "show.py")
+    command = console_script(tmp_path) if launcher == "console script" else ASYNCFLOW
+    profiled, plain = _plain_and_profiled(command, script, cwd, "x")
+    assert profiled == plain
+    assert isinstance(plain, dict) and os.path.isabs(plain["file"])  # what Python promises
+
+
+def test_run_a_script_that_changes_directory_still_finds_its_data(tmp_path: Path) -> None:
+    write(tmp_path / "app" / "data.txt", "found\n")
+    write(
+        tmp_path / "app" / "main.py",
+        "import os\n"
+        "here = os.path.dirname(__file__)\n"
+        "os.chdir(os.sep)  # as a daemon does\n"
+        "with open(os.path.join(here, 'data.txt')) as f:\n"
+        "    print(f.read().strip())\n",
+    )
+    done = asyncflow_cmd("run", "--format", "none", os.path.join("app", "main.py"), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "found\n"
+
+
+def test_run_dash_m_gives_the_module_the_file_and_argv_python_dash_m_does(
+    tmp_path: Path,
+) -> None:
+    project = write(tmp_path / "project" / "showmod.py", SHOW_MAIN).parent
+    plain = subprocess.run(
+        [sys.executable, "-m", "showmod", "a"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=project,
+    )
+    assert plain.returncode == 0, plain.stderr
+    done = asyncflow_cmd("run", "--format", "none", "-m", "showmod", "a", cwd=project)
+    assert done.returncode == 0, done.stderr
+    profiled, expected = orjson.loads(done.stdout), orjson.loads(plain.stdout)
+    assert profiled == expected
