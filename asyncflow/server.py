@@ -708,9 +708,18 @@ class Server:
         process, started at the first of them, accepts them.
 
         Raises:
-            AsyncflowError: the port is taken or the address cannot be bound; nothing is left
-                serving.
+            AsyncflowError: the port is taken or the address cannot be bound, or
+                ``allowed_hosts`` has "*" and there is no token; nothing is left serving.
         """
+        allowed = getattr(self.collector.options, "allowed_hosts", ())
+        if "*" in allowed and self.token is None:
+            # Any Host answered and no token: a web page that rebinds its own name to this
+            # address (DNS rebinding) could read the profile; the token is then the defence.
+            raise AsyncflowError(
+                "refusing allowed_hosts='*' without a token: any web page that points its name "
+                "at this machine could read this program's profile; pass token= (or set "
+                "ASYNCFLOW_TOKEN), or name the hosts allowed_hosts= accepts"
+            )
         loop = asyncio.get_running_loop()
         if loop.get_exception_handler() is None:
             loop.set_exception_handler(_loop_error)
@@ -733,7 +742,6 @@ class Server:
             _listen(sock.fileno())
         host, port = listener.sockets[0].getsockname()[:2]
         self.url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
-        allowed = getattr(self.collector.options, "allowed_hosts", ())
         names = {"localhost", *(name.lower().strip("[]") for name in allowed)}
         bound = self.host.lower().strip("[]")
         if bound not in ("0.0.0.0", "::", ""):  # a wildcard is no name a client uses

@@ -155,8 +155,24 @@ def test_allowed_hosts_adds_names_and_star_allows_any() -> None:
         _, port = address(prof)
         assert request(prof, "/flow", f"profiler.lan:{port}")[0] == 200
         assert_error(request(prof, "/flow", f"other.lan:{port}"), 421)
-    with asyncflow.profile("any", format="none", port=0, allowed_hosts=["*"]) as prof:
-        assert request(prof, "/flow", "whatever.example:1")[0] == 200
+    star = {"port": 0, "allowed_hosts": ["*"], "token": "s3cret"}
+    with asyncflow.profile("any", format="none", **star) as prof:
+        auth = {"Authorization": "Bearer s3cret"}
+        assert request(prof, "/flow", "whatever.example:1", auth)[0] == 200
+
+
+def test_allowed_hosts_star_without_a_token_refuses_to_start() -> None:
+    # The reproduction (issue 24, item 12): with allowed_hosts="*" and no token, a request
+    # whose Host and Origin both name evil.example (a page that rebound its name to
+    # 127.0.0.1) was answered 200: "*" turned the DNS-rebinding defence off. The token is
+    # what still tells such a page from a client, so "*" needs one, as a public bind does.
+    prof = asyncflow.profile("star", format="none", port=0, allowed_hosts="*")
+    with pytest.raises(asyncflow.AsyncflowError, match=r"allowed_hosts.*\*.*token="):
+        prof.start()
+    assert asyncflow.active_profiler() is None and prof.url is None
+    with asyncflow.profile("star", format="none", port=0, allowed_hosts="*", token="s3cret") as p:
+        evil = {"Origin": "http://evil.example"}
+        assert_error(request(p, "/snapshot", "evil.example", evil), 401, "missing")
 
 
 def test_allowed_hosts_is_validated(monkeypatch: pytest.MonkeyPatch) -> None:
