@@ -863,9 +863,12 @@ def _top(args: argparse.Namespace) -> int:
     try:
         from asyncflow.top import TopApp
     except ImportError as exc:
+        # textual, or rich (its dependency, imported first): either way textual is to install
+        broken = exc.name is not None and exc.name.split(".")[0] not in ("textual", "rich")
         raise AsyncflowError(
-            f"'asyncflow top' needs textual ({exc.name or exc}): install asyncflow-profiler "
-            "with its [top] extra (pip install '.[top]' in a checkout), or pip install textual"
+            "the live view needs textual"
+            + (f" and cannot import {exc.name}" if broken else ", which is not installed")
+            + ": pip install '.[top]' in asyncflow's checkout, or pip install 'textual>=0.80'"
         ) from None
     args.url = _pick_url(args, "top")
     _check_url(args.url)

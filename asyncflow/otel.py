@@ -48,7 +48,8 @@ __all__ = ["CALL_TIME", "INSTRUMENTS", "OtelReporter"]
 _FRESH_NS = 500_000_000
 #: seconds stopping the profiler waits for the last export of a provider built here
 _SHUTDOWN_WAIT = 5.0
-_EXTRA = "pip install 'asyncflow-profiler[otel]'"
+#: the distribution is on no package index under its name: the extra of a checkout, or the SDK
+_EXTRA = "pip install '.[otel]' in asyncflow's checkout, or pip install opentelemetry-sdk"
 
 _Attrs = dict[str, str]
 _Points = Iterator[tuple[float | int, _Attrs]]

@@ -149,7 +149,7 @@ def test_without_the_extra_the_error_says_what_to_install(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(otel, "_INSTALLED", False)
-    with pytest.raises(AsyncflowError, match=r"pip install 'asyncflow-profiler\[otel\]'"):
+    with pytest.raises(AsyncflowError, match=r"pip install '\.\[otel\]' in asyncflow's checkout"):
         otel.OtelReporter()
 
 
