@@ -5,8 +5,11 @@ attribute: the loop keeps its class). Each job of a thread pool is wrapped in a 
 that reads the clock when a worker thread picks it up and when it ends: the time it was
 *queued* (submitted, no thread free) and the time it *ran*. Jobs are counted by the function run
 (``to_thread``'s function, not the ``Context.run`` that carries it) and by the tracked future
-that submitted them. Process pools run jobs elsewhere: they are counted, and timed from
-submission to completion, but never wrapped (the job must pickle as it is). anyio's
+that submitted them. Only a pool known to run each job as it is given, on a thread of this
+process, has its jobs wrapped: the stdlib's ThreadPoolExecutor, or a subclass that submits as it
+does (see :func:`_runs_jobs_here`). Any other executor (a process pool, another library's pool
+such as loky's, which pickles each job) receives exactly what the program gave: its jobs are
+counted, and timed from submission to completion. anyio's
 ``to_thread.run_sync`` runs jobs on anyio's own worker threads behind a capacity limiter: each
 limiter is an executor, whose jobs are queued while they wait for a token.
 
@@ -25,7 +28,7 @@ import itertools
 import sys
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sized
 from typing import Any
 
 from asyncflow import clock as _clock
@@ -187,7 +190,8 @@ class ExecutorRecord:
         most = getattr(executor, "_max_workers", None)
         self.max_workers = most if isinstance(most, int) else None
         started = getattr(executor, "_threads", None) or getattr(executor, "_processes", None)
-        return self.max_workers, len(started or ())
+        # (read by name from any executor: another library's attribute may be no collection)
+        return self.max_workers, len(started) if isinstance(started, Sized) else 0
 
     def start(self, job: _Job | None = None) -> None:
         with self.lock:
@@ -409,6 +413,37 @@ def _label(executor: concurrent.futures.Executor) -> str:
     return f"{name} {prefix}".strip() if prefix and not prefix.startswith(name) else name
 
 
+#: The methods of ThreadPoolExecutor that decide what becomes of a job: a subclass that
+#: overrides one may do anything with it (3.14's InterpreterPoolExecutor, a ThreadPoolExecutor,
+#: pickles each job through ``prepare_context``).
+_JOB_PATH = tuple(
+    name
+    for name in ("submit", "prepare_context")
+    if hasattr(concurrent.futures.ThreadPoolExecutor, name)
+)
+
+
+def _runs_jobs_here(executor: object) -> bool:
+    """Whether the executor is known to run each job, as it was given, on a thread of this
+    process: the stdlib's ThreadPoolExecutor, or a subclass that overrides none of the methods
+    that handle a job (one that only names its threads, say). None stands for a loop's default
+    executor not made yet: asyncio makes a ThreadPoolExecutor (and ``set_default_executor``
+    takes nothing else, from 3.11; uvloop, whose default executor cannot be read, is taken at
+    that word). Anything else (a process pool, another library's pool) is timed from outside,
+    since a job wrapped for timing may no longer pickle or be understood."""
+    if executor is None:
+        return True
+    base = concurrent.futures.ThreadPoolExecutor
+    if not isinstance(executor, base):
+        return False
+    for cls in type(executor).__mro__:  # the classes before the stdlib's, in lookup order
+        if cls is base:
+            return True
+        if any(name in vars(cls) for name in _JOB_PATH):
+            return False
+    return False
+
+
 class _RunInExecutor:
     """The loop's ``run_in_executor`` while executors are instrumented."""
 
@@ -433,18 +468,21 @@ class _RunInExecutor:
         try:
             if executor is None:
                 record = _record_of(loop, _default_label(loop))
+                here = _runs_jobs_here(getattr(loop, "_default_executor", None))
             else:
                 record = _record_of(executor, _label(executor))
+                here = _runs_jobs_here(executor)
             if record.max_workers is None:
                 record.workers()  # note its size while it exists
             _, future_id = caller()
             with record.lock:
                 record.stats.submitted += 1
-            if record.kind == "process":  # the job must pickle as it is: timed from outside
-                job: Any = None
+            if here:
+                job: Any = _Job(record, func, future_id)
+                submitted = job
+            else:  # the executor gets the job as it is (it may pickle it): timed from outside
+                job = None
                 submitted = func
-            else:
-                job = submitted = _Job(record, func, future_id)
         except Exception as err:  # observing never breaks the program
             _session.internal_error("instrumenting an executor job", err)
             return original(loop, executor, func, *args)

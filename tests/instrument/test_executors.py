@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import gc
+import math
+import pickle
 import subprocess
 import sys
 import threading
@@ -162,12 +164,14 @@ class _TakenAtOnce(concurrent.futures.Executor):
 
 
 async def test_a_job_cancelled_as_a_worker_takes_it_runs_and_is_counted_once(
-    prof: asyncflow.Profiler,
+    prof: asyncflow.Profiler, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """asyncio cancels its future, the pool's cannot be (a worker has it): the job runs. The
     loop saw it cancelled before it marked itself started, and counted it as never started."""
     loop = asyncio.get_running_loop()
     pool = _TakenAtOnce()
+    # taken for a thread pool of this process (its jobs wrapped), as the stdlib's would be
+    monkeypatch.setattr(executors, "_runs_jobs_here", lambda executor: True)
     with asyncflow.instrument_executors():
         job = loop.run_in_executor(pool, sum, [1, 2])
         job.cancel()
@@ -328,3 +332,103 @@ async def test_instrumenting_leaves_the_loops_attributes_inline(prof: asyncflow.
     assert not handle.active
     assert _dict_materialized(loop) == before
     assert not isinstance(loop.run_in_executor, executors._RunInExecutor)
+
+
+# -- another library's pool: what it receives is never changed (issue 24, item 1) ---------------
+
+_RELEASE = threading.Event()
+
+
+def _held(n: int) -> int:
+    """A job that pickles (by name) and waits until the test lets it end."""
+    _RELEASE.wait(5)
+    return n * 3
+
+
+def _run_pickled(blob: bytes) -> Any:
+    fn, args, kwargs = pickle.loads(blob)
+    return fn(*args, **kwargs)
+
+
+class _PicklingPool(concurrent.futures.Executor):
+    """A pool of another library (as loky's, which joblib uses): each job is pickled, as for
+    another process, and run from its pickle (here on a thread)."""
+
+    def __init__(self) -> None:
+        # named as a stdlib pool's set of threads: the record must not take it for one
+        self._threads = concurrent.futures.ThreadPoolExecutor(1)
+
+    def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any]:
+        return self._threads.submit(_run_pickled, pickle.dumps((fn, args, kwargs)))
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        self._threads.shutdown(wait, cancel_futures=cancel_futures)
+
+
+async def test_another_librarys_pool_gets_the_job_as_it_is_and_is_timed_from_outside(
+    fake_clock: FakeClock, prof: asyncflow.Profiler
+) -> None:
+    loop = asyncio.get_running_loop()
+    with _PicklingPool() as pool:
+        plain = await loop.run_in_executor(pool, math.factorial, 20)
+        with asyncflow.instrument_executors():
+            assert await loop.run_in_executor(pool, math.factorial, 20) == plain
+            _RELEASE.clear()
+            job = loop.run_in_executor(pool, _held, 7)
+            record = _record(pool)
+            assert (record.stats.submitted, record.stats.running) == (2, 1)
+            fake_clock.advance(7_000)  # from submission to its end, seen from the loop
+            _RELEASE.set()
+            with anyio.fail_after(5):
+                assert await job == 21
+        assert record.workers() == (None, 0)
+    st = record.stats
+    assert (st.submitted, st.completed, st.raised, st.running, st.queued) == (2, 2, 0, 0, 0)
+    assert (st.queued_ns, st.run_ns, st.max_run_ns) == (0, 7_000, 7_000)
+    assert {name: f.jobs for name, f in st.by_function.items()} == {
+        "math.factorial": 1,
+        f"{__name__}._held": 1,
+    }
+
+
+class _LoggingThreads(concurrent.futures.ThreadPoolExecutor):
+    """A thread pool whose own ``submit`` could do anything with the job: here it notes it."""
+
+    def __init__(self) -> None:
+        super().__init__(1)
+        self.received: list[Any] = []
+
+    def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any]:
+        self.received.append(fn)
+        return super().submit(fn, *args, **kwargs)
+
+
+class _NamedThreads(concurrent.futures.ThreadPoolExecutor):
+    """A thread pool that only names its threads: it submits as the stdlib's does."""
+
+    def __init__(self) -> None:
+        super().__init__(1, thread_name_prefix="named")
+
+
+async def test_only_a_thread_pool_that_submits_as_the_stdlibs_has_its_jobs_wrapped(
+    prof: asyncflow.Profiler,
+) -> None:
+    loop = asyncio.get_running_loop()
+    seen: list[str] = []
+
+    def where() -> str:
+        seen.append(threading.current_thread().name)
+        return "ran"
+
+    with _LoggingThreads() as logging_pool, _NamedThreads() as named_pool:
+        with asyncflow.instrument_executors():
+            assert await loop.run_in_executor(logging_pool, resize, 2) == 4
+            assert await loop.run_in_executor(named_pool, where) == "ran"
+        assert logging_pool.received == [resize]  # the function itself, not a wrapper
+        assert seen[0].startswith("named")
+        assert executors._runs_jobs_here(named_pool)
+        assert not executors._runs_jobs_here(logging_pool)
+        assert not executors._runs_jobs_here(_PicklingPool())
+        assert not executors._runs_jobs_here(concurrent.futures.ProcessPoolExecutor(1))
+        assert _record(logging_pool).stats.completed == _record(named_pool).stats.completed == 1
+
