@@ -9,7 +9,8 @@ that submitted them. Only a pool known to run each job as it is given, on a thre
 process, has its jobs wrapped: the stdlib's ThreadPoolExecutor, or a subclass that submits as it
 does (see :func:`_runs_jobs_here`). Any other executor (a process pool, another library's pool
 such as loky's, which pickles each job) receives exactly what the program gave: its jobs are
-counted, and timed from submission to completion. anyio's
+counted, and timed from submission to completion. Arguments asyncio itself refuses at the call
+(a coroutine, a coroutine function, something not callable) reach it untouched. anyio's
 ``to_thread.run_sync`` runs jobs on anyio's own worker threads behind a capacity limiter: each
 limiter is an executor, whose jobs are queued while they wait for a token.
 
@@ -24,6 +25,7 @@ import asyncio
 import concurrent.futures
 import contextvars
 import functools
+import inspect
 import itertools
 import sys
 import threading
@@ -444,6 +446,20 @@ def _runs_jobs_here(executor: object) -> bool:
     return False
 
 
+#: asyncio's test of a coroutine function (3.12 and later name it ``_iscoroutinefunction``)
+_iscoroutinefunction: Callable[[Any], bool] = getattr(
+    asyncio.coroutines, "_iscoroutinefunction", inspect.iscoroutinefunction
+)
+
+
+def _refused_by_asyncio(func: object) -> bool:
+    """Whether asyncio refuses ``func`` at the call (``BaseEventLoop._check_callback``, in debug
+    mode; uvloop, always): a coroutine, a coroutine function, or something not callable. Such a
+    job is handed on untouched, so that the ``TypeError`` is asyncio's own, raised at the call
+    (a wrapper would be callable, and a coroutine function's job would "succeed")."""
+    return not callable(func) or asyncio.iscoroutine(func) or _iscoroutinefunction(func)
+
+
 class _RunInExecutor:
     """The loop's ``run_in_executor`` while executors are instrumented."""
 
@@ -463,7 +479,7 @@ class _RunInExecutor:
         if loop is None:
             raise RuntimeError("run_in_executor() of an event loop that no longer exists")
         original = self.original
-        if not self.enabled or _session.active is None:
+        if not self.enabled or _session.active is None or _refused_by_asyncio(func):
             return original(loop, executor, func, *args)
         try:
             if executor is None:

@@ -432,3 +432,34 @@ async def test_only_a_thread_pool_that_submits_as_the_stdlibs_has_its_jobs_wrapp
         assert not executors._runs_jobs_here(concurrent.futures.ProcessPoolExecutor(1))
         assert _record(logging_pool).stats.completed == _record(named_pool).stats.completed == 1
 
+
+# -- asyncio's own checks of run_in_executor's arguments (issue 24, item 22) --------------------
+
+
+async def _a_coroutine_function() -> None:
+    pass
+
+
+@pytest.mark.filterwarnings("ignore:coroutine '_a_coroutine_function' was never awaited")
+async def test_asyncio_refuses_a_coroutine_or_a_non_callable_at_the_call_as_before(
+    prof: asyncflow.Profiler,
+) -> None:
+    loop = asyncio.get_running_loop()
+    assert loop.get_debug()  # (the tests run asyncio in debug mode, where it checks them)
+
+    def refusals() -> list[tuple[str, str]]:
+        seen = []
+        coro = _a_coroutine_function()
+        for bad in (_a_coroutine_function, coro, None, 42):
+            with pytest.raises(TypeError) as refused:
+                loop.run_in_executor(None, bad)  # type: ignore[arg-type]
+            seen.append((str(refused.value), refused.traceback[-1].name))
+        coro.close()
+        return seen
+
+    plain = refusals()
+    assert plain[0] == ("coroutines cannot be used with run_in_executor()", "_check_callback")
+    with asyncflow.instrument_executors():
+        assert refusals() == plain
+    records = [r for r in executors.executor_registry() if r.label.startswith("default")]
+    assert all(r.stats.submitted == 0 for r in records)
