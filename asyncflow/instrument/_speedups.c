@@ -4015,7 +4015,10 @@ mod_clock_read_cost(PyObject *module, PyObject *arg)
  * updates of the channel's figures, one vectorcall to the storage's append or popleft) and call
  * back into Python for the rest: a timed send (record.sample_send) and every get from the one
  * that takes a timed message (queues' _timed_get). The figures are ChannelStats' slots, read at
- * their offsets (found once, when the hook is made; through the attribute protocol otherwise). */
+ * their offsets (found once, when the hook is made; through the attribute protocol otherwise).
+ * The storage is the queue's _queue at each call, as asyncio's own _put/_get read it: a program
+ * may replace it (`q._queue = collections.deque()` empties a queue). The hook holds the queue
+ * weakly (no cycle through its _put), and the storage's bound method until _queue changes. */
 
 enum { FH_SENT, FH_TAKEN, FH_MAX_SIZE, FH_NEXT_SEND, FH_NEXT_RECV, FH_N };
 static const char *fh_names[FH_N] = {"sent", "taken", "max_size", "next_send", "next_recv"};
@@ -4024,7 +4027,8 @@ typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
     int is_put;
-    PyObject *storage; /* the queue's deque */
+    PyObject *queue;   /* a weak reference to the queue */
+    PyObject *storage; /* the queue's _queue as last seen */
     PyObject *move;    /* storage.append (put) or storage.popleft (get) */
     PyObject *stats;   /* the channel's ChannelStats, reset in place, never replaced */
     PyObject *slow;    /* record.sample_send(msg_id, item) (put) or _timed_get() (get) */
@@ -4035,6 +4039,48 @@ typedef struct {
 
 static PyTypeObject FifoHookType;
 static PyObject *fh_pynames[FH_N];
+static PyObject *s_queue_storage; /* "_queue" */
+
+/* Bring h->storage (and h->move) up to the queue's _queue now; 0, or -1 with an exception set
+ * (no _queue: asyncio's own hook fails alike). A queue that is gone (a hook kept and called
+ * after it) leaves the storage last seen. */
+static int
+fh_sync(FifoHookObject *h)
+{
+    PyObject *queue;
+    if (h->queue == NULL) { /* cleared by the cyclic collector, then called by a finaliser */
+        PyErr_SetString(PyExc_RuntimeError, "FifoHook: called after it was cleared");
+        return -1;
+    }
+#if PY_VERSION_HEX >= 0x030D0000
+    if (PyWeakref_GetRef(h->queue, &queue) <= 0) {
+        return queue == NULL && PyErr_Occurred() ? -1 : 0;
+    }
+#else
+    queue = PyWeakref_GET_OBJECT(h->queue);
+    if (queue == Py_None) {
+        return 0;
+    }
+    Py_INCREF(queue);
+#endif
+    PyObject *storage = PyObject_GetAttr(queue, s_queue_storage);
+    Py_DECREF(queue);
+    if (storage == NULL) {
+        return -1;
+    }
+    if (storage != h->storage) { /* replaced: the common case costs the look-up alone */
+        PyObject *move = PyObject_GetAttrString(storage, h->is_put ? "append" : "popleft");
+        if (move == NULL) {
+            Py_DECREF(storage);
+            return -1;
+        }
+        Py_SETREF(h->move, move);
+        Py_SETREF(h->storage, storage);
+        return 0;
+    }
+    Py_DECREF(storage);
+    return 0;
+}
 
 /* stats.<figure> as a C integer; -1 with an exception set on failure (not an int, too big). */
 static int
@@ -4079,6 +4125,9 @@ fh_set(FifoHookObject *h, int which, long long value)
 static PyObject *
 fifo_put(FifoHookObject *h, PyObject *item)
 {
+    if (fh_sync(h) < 0) {
+        return NULL;
+    }
     PyObject *res = PyObject_CallOneArg(h->move, item); /* first: a refused item was not sent */
     if (res == NULL) {
         return NULL;
@@ -4123,7 +4172,7 @@ fifo_get(FifoHookObject *h)
     if (taken + 1 >= next_recv) {
         return PyObject_CallNoArgs(h->slow);
     }
-    if (fh_set(h, FH_TAKEN, taken + 1) < 0) {
+    if (fh_sync(h) < 0 || fh_set(h, FH_TAKEN, taken + 1) < 0) {
         return NULL;
     }
     return PyObject_CallNoArgs(h->move);
@@ -4146,11 +4195,16 @@ fifo_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *
 static PyObject *
 fifo_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
 {
-    static char *names[] = {"kind", "storage", "stats", "slow", NULL};
+    static char *names[] = {"kind", "queue", "storage", "stats", "slow", NULL};
     const char *kind;
-    PyObject *storage, *stats, *slow;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "sOOO:FifoHook", names, &kind, &storage,
-                                     &stats, &slow)) {
+    PyObject *queue, *storage, *stats, *slow;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "sOOOO:FifoHook", names, &kind, &queue,
+                                     &storage, &stats, &slow)) {
+        return NULL;
+    }
+    if (!PyWeakref_CheckRef(queue)) {
+        PyErr_Format(PyExc_TypeError, "FifoHook: queue must be a weak reference, got %.100s",
+                     Py_TYPE(queue)->tp_name);
         return NULL;
     }
     int is_put = strcmp(kind, "put") == 0;
@@ -4170,6 +4224,7 @@ fifo_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     }
     h->vectorcall = fifo_vectorcall;
     h->is_put = is_put;
+    h->queue = Py_NewRef(queue);
     h->storage = Py_NewRef(storage);
     h->move = move;
     h->stats = Py_NewRef(stats);
@@ -4192,6 +4247,7 @@ fifo_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
 static int
 fifo_traverse(FifoHookObject *h, visitproc visit, void *arg)
 {
+    Py_VISIT(h->queue);
     Py_VISIT(h->storage);
     Py_VISIT(h->move);
     Py_VISIT(h->stats);
@@ -4202,6 +4258,7 @@ fifo_traverse(FifoHookObject *h, visitproc visit, void *arg)
 static int
 fifo_clear(FifoHookObject *h)
 {
+    Py_CLEAR(h->queue);
     Py_CLEAR(h->storage);
     Py_CLEAR(h->move);
     Py_CLEAR(h->stats);
@@ -4240,8 +4297,9 @@ static PyMethodDef fifo_methods[] = {
 static PyTypeObject FifoHookType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "asyncflow.instrument._speedups.FifoHook",
-    .tp_doc = "FifoHook(kind, storage, stats, slow): a plain FIFO queue's compiled _put ('put': "
-              "slow is record.sample_send) or _get ('get': slow is the reference's timed get).",
+    .tp_doc = "FifoHook(kind, queue, storage, stats, slow): a plain FIFO queue's compiled _put "
+              "('put': slow is record.sample_send) or _get ('get': slow is the reference's timed "
+              "get); queue is a weak reference to the queue, whose _queue it reads each call.",
     .tp_basicsize = sizeof(FifoHookObject),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
     .tp_vectorcall_offset = offsetof(FifoHookObject, vectorcall),
@@ -4379,6 +4437,7 @@ PyInit__speedups(void)
     for (int i = 0; i < FH_N; i++) {
         INTERN(fh_pynames[i], fh_names[i]);
     }
+    INTERN(s_queue_storage, "_queue");
     small_zero = PyLong_FromLong(0);
     if (small_zero == NULL) {
         return NULL;

@@ -9,8 +9,10 @@ A put's ``msg_id`` is its number on the channel; a get is paired with the put of
 returns: by position for FIFO queues (the n-th item taken out is the n-th put, once losses are
 accounted for), by a stack of numbers for LIFO queues, and by identity for priority queues and
 subclasses with their own storage. If the storage is changed behind the queue's back, the
-pairing notices it at the next get: items that vanished are taken to be the oldest (as with
-``q._queue.clear()``), and items it never saw put are counted as ``unpaired``.
+pairing notices it at the next timed get: items that vanished are taken to be the oldest (as
+with ``q._queue.clear()``), and items it never saw put are counted as ``unpaired``. The hooks
+put into and take from the queue's ``_queue`` of the moment, as asyncio's own do, so a storage
+replaced (``q._queue = collections.deque()``) is followed at once.
 """
 
 from __future__ import annotations
@@ -190,7 +192,8 @@ def _instrument(
     storage = getattr(queue, "_queue", None)
     plain_storage = cls._put is asyncio.Queue._put and isinstance(storage, deque | list)
     if plain_storage and cls._get is asyncio.Queue._get and isinstance(storage, deque):
-        put, get = _fifo_hooks(record, storage)
+        # the record's own weak reference to the queue: no second one per queue
+        put, get = _fifo_hooks(record, record._target, storage)
     else:
         lifo = plain_storage and cls._get is asyncio.LifoQueue._get and isinstance(storage, list)
         put, get = _paired_hooks(record, queue, _Pairing(lifo))
@@ -214,24 +217,29 @@ def _record_of(queue: asyncio.Queue[Any]) -> ChannelRecord | None:
 
 
 def _fifo_hooks(
-    record: ChannelRecord, storage: deque[Any]
+    record: ChannelRecord, queue: Callable[[], Any], storage: deque[Any]
 ) -> tuple[Callable[[Any], None], Callable[[], Any]]:
     """``_put``/``_get`` for a plain FIFO queue: the message path asyncflow must keep cheapest.
 
     Per message, a few integer updates on the channel's figures (reset in place, never
     replaced, so the hooks hold them directly). Only the timed messages go further: their
     receive also checks that the numbering is in step with the storage.
+
+    The storage is the queue's ``_queue`` at each call, as asyncio's own hooks read it: a
+    program may replace it (``q._queue = collections.deque()`` empties a queue), and the puts
+    then go where ``get()`` looks. The queue is held weakly (its hooks must not keep it alive);
+    ``storage`` is used only by a hook kept and called after the queue is gone.
     """
-    append = storage.append
-    popleft = storage.popleft
     st = record.stats
     sample_send = record.sample_send
 
     def _put(item: Any) -> None:
-        append(item)  # first: if the storage refuses the item, nothing was sent
+        q = queue()
+        current = storage if q is None else q._queue
+        current.append(item)  # first: if the storage refuses the item, nothing was sent
         try:  # free in 3.11+ unless something raises; observing never breaks the program
             st.sent = msg_id = st.sent + 1
-            size = len(storage)
+            size = len(current)
             if size > st.max_size:
                 st.max_size = size
             if msg_id >= st.next_send:
@@ -243,17 +251,21 @@ def _fifo_hooks(
         msg_id = st.taken + 1
         if msg_id >= st.next_recv:
             return _timed_get()
+        q = queue()
+        current = storage if q is None else q._queue
         st.taken = msg_id
-        return popleft()
+        return current.popleft()
 
     def _timed_get() -> Any:
+        q = queue()
+        current = storage if q is None else q._queue
         try:
-            size = len(storage)
+            size = len(current)
             if size != st.sent - st.taken:
                 _resync(record, st, size)
         except Exception as err:
             _session.internal_error("recording a queue get", err)
-        item = popleft()
+        item = current.popleft()
         st.taken = msg_id = st.taken + 1
         if msg_id >= st.next_recv:
             record.sample_receive(msg_id, item, None, True)
@@ -263,7 +275,10 @@ def _fifo_hooks(
         # The compiled path: the same steps in C, calling back into sample_send and _timed_get
         # above for the timed messages. The two Python calls were most of what a put/get pair
         # added: 1,850 instructions, 800 in C (callgrind, profiler off, no timed message).
-        return _FifoHook("put", storage, st, sample_send), _FifoHook("get", storage, st, _timed_get)
+        return (
+            _FifoHook("put", queue, storage, st, sample_send),
+            _FifoHook("get", queue, storage, st, _timed_get),
+        )
     return _put, _get
 
 

@@ -11,6 +11,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+import anyio
 import pytest
 
 import asyncflow
@@ -532,3 +533,38 @@ async def test_a_repr_raising_a_base_exception_never_reaches_the_program() -> No
     _, logs = _channel(snap, "r")
     assert [e.message for e in logs.sent_logs] == ["<repr() failed: KeyboardInterrupt>"]
     assert [e.message for e in logs.received_logs] == ["<repr() failed: KeyboardInterrupt>"]
+
+
+@pytest.mark.parametrize("make", KINDS, ids=lambda k: k.__name__)
+async def test_a_queue_whose_storage_is_replaced_keeps_working(make: QueueFactory) -> None:
+    # `q._queue = collections.deque()` is a common way to empty a queue: the next put must go
+    # into the new storage, and a get waiting on the empty queue must then take it (the hooks
+    # once appended to the deque they were made with, and the get waited for ever).
+    with asyncflow.profile("replaced", format="none") as prof:
+        q = asyncflow.instrument_queue(make(0), name=f"r-{make.__name__}", log_messages=True)
+        for i in range(3):
+            q.put_nowait(i)
+        q._queue = type(q._queue)()  # type: ignore[attr-defined]
+        assert q.empty()
+        with anyio.fail_after(5):
+            async with anyio.create_task_group() as tg:
+                got: list[int] = []
+
+                async def consume() -> None:
+                    got.append(await q.get())
+
+                tg.start_soon(consume)
+                await asyncio.sleep(0)  # the consumer waits on the empty queue
+                q.put_nowait(10)
+            assert got == [10]
+            q._queue = type(q._queue)([20, 21])  # type: ignore[attr-defined]  # replaced, not empty
+            assert sorted([await q.get(), await q.get()]) == [20, 21]
+            q.put_nowait(30)
+            assert await q.get() == 30
+        snap = prof.snapshot()
+    entry, logs = _channel(snap, f"r-{make.__name__}")
+    # counts exact (three items vanished, two were never put), and whatever is paired is paired
+    # with the right put
+    assert (entry.sent_count, entry.received_count, entry.queue_size) == (5, 4, 0)
+    sent = {e.msg_id: e.message for e in logs.sent_logs}
+    assert logs.received_logs and all(sent[e.msg_id] == e.message for e in logs.received_logs)
