@@ -57,11 +57,12 @@ def _query(route: Route, request: web.Request) -> _Query:
     """Parse a request's parameters for ``route``, or refuse them with a 400 or 404."""
     accepted = {p.name: p for p in route.params if p.where == "query"}
     query = request.query
-    unknown = sorted({name for name in query if name not in accepted})
+    # Errors name the route and its own parameters, never what the request said (no echo).
+    unknown = len({name for name in query if name not in accepted})
     if unknown:
         takes = f"it takes {', '.join(sorted(accepted))}" if accepted else "it takes none"
-        names = ", ".join(_shown(name) for name in unknown[:5])
-        raise _Refused(400, f"unknown parameter {names} for {route.path}; {takes}")
+        some = "an unknown parameter" if unknown == 1 else f"{unknown} unknown parameters"
+        raise _Refused(400, f"{some} for {route.path}; {takes}")
     values: dict[str, int] = {}
     for name, param in accepted.items():
         given = query.getall(name, [])
@@ -84,6 +85,7 @@ def _query(route: Route, request: web.Request) -> _Query:
 def _error(status: int, message: str, headers: Mapping[str, str] | None = None) -> web.Response:
     response = web.Response(body=_error_body(status, message), status=status)
     response.headers["Content-Type"] = _JSON
+    response.headers["X-Content-Type-Options"] = "nosniff"
     if status == 401:
         response.headers["WWW-Authenticate"] = "Bearer"
     if headers:
@@ -247,6 +249,8 @@ class _Front:
                 answer, age = await self._answer(query)
             response = web.Response(body=answer.body, status=answer.status)
             response.headers["Content-Type"] = answer.media_type
+            # The program's text (labels, messages) is in it: never to be sniffed as a page.
+            response.headers["X-Content-Type-Options"] = "nosniff"
             if age is not None:
                 response.headers["Age"] = str(age)
             return response
@@ -341,12 +345,12 @@ class _Front:
             raise _Refused(400, f"a request needs exactly one Host header, not {len(hosts)}")
         host = _authority(hosts[0])
         if host is None:
-            raise _Refused(400, f"malformed Host header {_shown(hosts[0])}")
+            raise _Refused(400, "malformed Host header: expected a name or address and a port")
         port = self.config.port
         if not self.config.any_host and not (host[1] == port and self._names_us(host[0])):
             raise _Refused(
                 421,
-                f"Host {_shown(hosts[0])} does not name this endpoint: ask {self.config.url} (or "
+                f"the Host header does not name this endpoint: ask {self.config.url} (or "
                 f"localhost:{port}); to accept another name, start the profiler "
                 "with allowed_hosts= (or ASYNCFLOW_ALLOWED_HOSTS)",
             )
@@ -354,11 +358,13 @@ class _Front:
             scheme, sep, rest = origin.partition("://")
             if scheme.lower() != "http" or not sep or _authority(rest) != host:
                 raise _Refused(
-                    403, f"cross-origin request from {_shown(origin)} refused; ask from a shell"
+                    403,
+                    "cross-origin request refused (its Origin is not this endpoint); ask from "
+                    "a shell",
                 )
         site = request.headers.get("Sec-Fetch-Site")
         if site is not None and site.lower() not in ("same-origin", "none"):
-            raise _Refused(403, f"request from a {_shown(site)} web page refused")
+            raise _Refused(403, "request from another site's web page refused; ask from a shell")
 
     def _names_us(self, name: str) -> bool:
         if name in self._names:
@@ -396,10 +402,10 @@ class _Front:
         except web.HTTPException as exc:
             headers: dict[str, str] = {}
             if exc.status == 404:
-                message = f"no route {_shown(request.path, 80)}; GET /openapi.json lists them"
+                message = "no such route; GET /openapi.json lists them"
             elif isinstance(exc, web.HTTPMethodNotAllowed):
                 allowed = ", ".join(sorted(exc.allowed_methods))
-                message = f"{_shown(request.method)} is not allowed on {request.path}; use GET"
+                message = f"only {' and '.join(sorted(exc.allowed_methods))} are answered; use GET"
                 headers["Allow"] = allowed
             else:
                 message = exc.reason

@@ -318,14 +318,15 @@ def _authority(value: str) -> tuple[str, int] | None:
 
 
 def _whole(what: str, raw: str, maximum: int) -> int:
-    """A parameter's value: ASCII digits (leading zeros allowed), at most ``maximum``."""
+    """A parameter's value: ASCII digits (leading zeros allowed), at most ``maximum``. The
+    refusals name ``what`` and never quote ``raw`` (an error never echoes the request)."""
     if _DIGITS.fullmatch(raw) is None:
         if raw[:1] == "-" and _DIGITS.fullmatch(raw[1:]) is not None:
-            raise _Refused(400, f"{what}={_shown(raw)}: must be 0 or more")
-        raise _Refused(400, f"{what}={_shown(raw)}: expected a whole number in ASCII digits")
+            raise _Refused(400, f"{what}: must be 0 or more")
+        raise _Refused(400, f"{what}: expected a whole number in ASCII digits")
     digits = raw.lstrip("0") or "0"
     if len(digits) > len(str(maximum)) or int(digits) > maximum:
-        raise _Refused(400, f"{what}={_shown(raw)}: at most {maximum}")
+        raise _Refused(400, f"{what}: at most {maximum}")
     return int(digits)
 
 
@@ -381,7 +382,7 @@ def _canned(status: int, message: str) -> bytes:
     body = _error_body(status, message)
     head = (
         f"HTTP/1.1 {status} {_phrase(status)}\r\n"
-        f"Content-Type: {_JSON}\r\n"
+        f"Content-Type: {_JSON}\r\nX-Content-Type-Options: nosniff\r\n"
         f"Content-Length: {len(body)}\r\nConnection: close\r\nRetry-After: 1\r\n\r\n"
     )
     return head.encode("ascii") + body

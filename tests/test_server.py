@@ -193,14 +193,14 @@ def test_paging_and_its_bounds(served: asyncflow.Profiler) -> None:
         ("/futures?limit=ten", 400, "expected a whole number"),
         (f"/futures?limit={server.MAX_PAGE + 1}", 400, f"at most {server.MAX_PAGE}"),
         ("/channels?offset=1.5", 400, "expected a whole number"),
-        ("/streams?sort=label", 400, "unknown parameter sort"),
+        ("/streams?sort=label", 400, "an unknown parameter for /streams"),
         ("/flow?limit=3", 400, "it takes none"),
         ("/futures/abc/logs", 400, "expected a whole number"),
         ("/futures/999999/logs", 404, "no future with id 999999"),
         ("/futures/0/logs", 404, "ids start at 1"),
         ("/channels/999999/logs", 404, "no channel"),
         ("/streams/999999/logs", 404, "no stream"),
-        ("/nothing/here", 404, "no route /nothing/here"),
+        ("/nothing/here", 404, "no such route"),
     ],
 )
 def test_bad_requests_get_json_errors(

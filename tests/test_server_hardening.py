@@ -440,3 +440,39 @@ def test_huge_offsets_are_no_internal_error(
     status, _, body = request(served, "/profiler_status")
     assert status == 200 and body["internal_errors"] == errors
     assert capfd.readouterr().err == ""
+
+
+def test_errors_never_echo_the_request(served: asyncflow.Profiler) -> None:
+    # The reproduction (issue 24, item 13): error bodies quoted the request's path, parameter
+    # names and values, Host, Origin, Sec-Fetch-Site and method, though the README says an
+    # error never echoes the request. Each request below carries the marker ECHO.
+    ip, port = address(served)
+    asked = [
+        request(served, "/ECHO/here"),
+        request(served, "/futures?ECHO=1"),
+        request(served, "/futures?limit=ECHO"),
+        request(served, "/futures?offset=-9ECHO"),
+        request(served, "/futures/ECHO/logs"),
+        request(served, "/flow", f"ECHO.example:{port}"),
+        request(served, "/flow", f"{ip}:{port}/ECHO"),
+        request(served, "/flow", headers={"Origin": "http://ECHO.example"}),
+        request(served, "/flow", headers={"Sec-Fetch-Site": "ECHO"}),
+        send(served, f"ECHO /futures HTTP/1.1\r\nHost: {ip}:{port}\r\n\r\n".encode()),
+        send(served, f"PUT /ECHO HTTP/1.1\r\nHost: {ip}:{port}\r\n\r\n".encode()),
+    ]
+    for status, headers, body in asked:
+        assert 400 <= status < 500 and body["error"]["status"] == status, body
+        assert "echo" not in str(body).lower(), body
+        assert headers["x-content-type-options"] == "nosniff"
+
+
+def test_every_answer_says_nosniff(served: asyncflow.Profiler) -> None:
+    # The reproduction (issue 24, item 13): JSON and /metrics answers carry the program's text
+    # (labels, messages) but no X-Content-Type-Options, so a browser could sniff them as HTML.
+    asyncio.run(tracked())
+    for path in [route.path.replace("{id}", "1") for route in server.ROUTES]:
+        status, headers, _ = request(served, path)
+        assert status in (200, 404), path
+        assert headers["x-content-type-options"] == "nosniff", path
+    status, headers, _ = send(served, b"GARBAGE\r\n\r\n")  # the HTTP parser's own refusal
+    assert status == 400 and headers["x-content-type-options"] == "nosniff"
