@@ -92,7 +92,13 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--format", default=None, choices=config.FORMATS, help="exit report format [table]"
     )
-    run.add_argument("--output", default=None, help="file for the exit report [standard error]")
+    run.add_argument(
+        "--output",
+        default=None,
+        metavar="FILE",
+        help="file for the exit report, '-' for standard output (where asyncflow writes nothing "
+        "else) [standard error for the table, standard output for json and json-pretty]",
+    )
     run.add_argument(
         "--limit",
         default=None,

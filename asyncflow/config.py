@@ -125,7 +125,8 @@ class Options:
     limit: int = DEFAULT_LIMIT
     #: exit report format: one of ``FORMATS``
     format: str = DEFAULT_FORMAT
-    #: where the exit report goes; None means standard error
+    #: where the exit report goes: a file, "-" for standard output, None for the default (standard
+    #: error for the table, standard output for JSON)
     output: str | None = None
     #: finished calls kept per future for its log
     recent_logs: int = DEFAULT_RECENT_LOGS
@@ -355,6 +356,8 @@ def _output(value: object, source: str) -> str | None:
     """
     if value is None or value == "":
         return None
+    if value == "-":  # standard output
+        return value
     if not isinstance(value, str | os.PathLike):
         raise ValueError(
             f"{source}={_shown(value)}: expected a file path (or None for standard error)"

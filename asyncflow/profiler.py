@@ -411,9 +411,13 @@ class Profiler:
             from asyncflow.report import render
 
             text = render(snapshot, options.format, options.percentiles, options.limit)
-            if options.output is None:
-                sys.stderr.write(text)
-                sys.stderr.flush()
+            if options.output in (None, "-"):
+                # The table beside the program's diagnostics; a JSON document, or any report
+                # asked for with "-", on standard output, where asyncflow writes nothing else.
+                json = options.output == "-" or options.format != "table"
+                stream = sys.stdout if json else sys.stderr
+                stream.write(text)
+                stream.flush()
             else:
                 with open(options.output, "w", encoding="utf-8") as out:
                     out.write(text)

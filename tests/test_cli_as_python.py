@@ -107,3 +107,77 @@ def test_run_dash_m_gives_the_module_the_file_and_argv_python_dash_m_does(
     assert done.returncode == 0, done.stderr
     profiled, expected = orjson.loads(done.stdout), orjson.loads(plain.stdout)
     assert profiled == expected
+
+
+# -- the exit report on a stream: the document alone -------------------------------------------
+
+QUIET = "import sys\nsys.stderr.write('the program says this on standard error\\n')\n"
+
+
+def _start_line(stderr: str) -> str:
+    lines = stderr.splitlines()
+    assert lines[0].startswith("asyncflow: profiling 'quiet'; endpoint: "), stderr
+    return "\n".join(lines[1:])
+
+
+@pytest.mark.parametrize("format", ["json", "json-pretty"])
+def test_run_writes_a_json_report_alone_on_standard_output(tmp_path: Path, format: str) -> None:
+    write(tmp_path / "quiet.py", QUIET)
+    done = asyncflow_cmd("run", "--format", format, "quiet.py", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert orjson.loads(done.stdout)["status"]["name"] == "quiet"  # the whole stream parses
+    # standard error: asyncflow's start line and the program's own, nothing of the report
+    assert _start_line(done.stderr) == "the program says this on standard error"
+
+
+@pytest.mark.parametrize("how", ["--output -", "ASYNCFLOW_OUTPUT=-"])
+@pytest.mark.parametrize("format", ["json", "table"])
+def test_run_output_dash_is_standard_output(tmp_path: Path, how: str, format: str) -> None:
+    write(tmp_path / "quiet.py", QUIET)
+    flags = ["--output", "-"] if how == "--output -" else []
+    env = {"ASYNCFLOW_OUTPUT": "-"} if how == "ASYNCFLOW_OUTPUT=-" else None
+    done = asyncflow_cmd("run", "--format", format, *flags, "quiet.py", cwd=tmp_path, env=env)
+    assert done.returncode == 0, done.stderr
+    assert not (tmp_path / "-").exists()
+    assert _start_line(done.stderr) == "the program says this on standard error"
+    if format == "json":
+        assert orjson.loads(done.stdout)["status"]["name"] == "quiet"
+    else:
+        assert done.stdout.startswith("asyncflow · quiet · elapsed ")
+
+
+def test_run_table_report_stays_on_standard_error(tmp_path: Path) -> None:
+    write(tmp_path / "quiet.py", "print('the program output')\n")
+    done = asyncflow_cmd("run", "quiet.py", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "the program output\n"
+    assert _start_line(done.stderr).startswith("asyncflow · quiet · elapsed ")
+
+
+def test_a_profile_s_output_dash_is_standard_output(tmp_path: Path) -> None:
+    """The library's ``output="-"`` too; a directory that cannot be written is no matter."""
+    script = write(
+        tmp_path / "lib.py",
+        "import asyncflow\n"
+        "with asyncflow.profile('lib', format='json', output='-', port=None):\n"
+        "    pass\n",
+    )
+    readonly = tmp_path / "readonly"
+    readonly.mkdir()
+    readonly.chmod(0o555)
+    try:
+        done = subprocess.run(
+            [sys.executable, str(script)], capture_output=True, text=True, timeout=60, cwd=readonly
+        )
+    finally:
+        readonly.chmod(0o755)
+    assert done.returncode == 0, done.stderr
+    assert orjson.loads(done.stdout)["status"]["name"] == "lib"
+    assert done.stderr == ""
+
+
+def test_run_help_says_where_the_report_goes() -> None:
+    done = asyncflow_cmd("run", "--help", env={"COLUMNS": "400"})  # no line is wrapped
+    said = " ".join(done.stdout.split())
+    assert "'-' for standard output" in said, said
+    assert "[standard error for the table, standard output for json and json-pretty]" in said
