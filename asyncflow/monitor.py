@@ -36,7 +36,7 @@ from collections import deque
 from types import CodeType, FrameType
 from typing import Any
 
-from asyncflow import clock, stats
+from asyncflow import _forksafe, clock, stats
 from asyncflow.instrument import _session, futures, loops
 from asyncflow.instrument.futures import CallRecord
 from asyncflow.instrument.loops import LoopRecord, loop_registry
@@ -216,7 +216,7 @@ class LoopState:
     def __init__(self, record: LoopRecord, threshold_ns: int = 100_000_000) -> None:
         self.record = record
         self.threshold_ns = threshold_ns
-        self.lock = threading.Lock()
+        self.lock = _forksafe.lock(self)
         self.lag_hist = stats.new_histogram()
         self.lag_max = 0
         self.lag_last = 0
@@ -371,7 +371,7 @@ class LoopMonitor:
         #: seconds between ticks: fine enough to catch a block soon after the threshold
         self.interval = min(0.05, max(0.005, threshold_ns / 4e9))
         self.states: dict[int, LoopState] = {}
-        self._lock = threading.Lock()  # states are added from the threads that register loops
+        self._lock = _forksafe.lock(self)  # states are added from the threads that register loops
         # Hear of each loop as it is registered: a profiler is starting, and this is its monitor.
         loops.on_register = self._registered
 

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
-from asyncflow import config
+from asyncflow import _forksafe, config
 from asyncflow._version import __version__
 from asyncflow.errors import AsyncflowError
 from asyncflow.instrument import _session
@@ -528,7 +528,7 @@ class OtelReporter:
             self._exporter_classes = _exporters(config.otel_exporters())
         self._source: Callable[[], Figures] | None = None
         self._final: Figures | None = None
-        self._lock = threading.Lock()
+        self._lock = _forksafe.lock(self)
         self._cached: Figures | None = None
         self._cached_at = 0
         #: (label, location, outcome) -> durations of the finished calls, summed (ns)

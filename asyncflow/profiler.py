@@ -24,7 +24,7 @@ from concurrent.futures import Future
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from asyncflow import clock, config
+from asyncflow import _forksafe, clock, config
 from asyncflow.config import Options, resolve_options
 from asyncflow.errors import AsyncflowError, PortInUseError
 from asyncflow.instrument import _session, channels, coroutines, executors, resources, streams
@@ -69,7 +69,7 @@ class Profiler:
         # new -> running -> stopping -> stopped; or disabled (ASYNCFLOW_DISABLE), joined (into
         # the profiler of `asyncflow run`), forked (this is a child of the process it ran in)
         self._state = "new"
-        self._state_lock = threading.Lock()
+        self._state_lock = _forksafe.lock(self)
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
         self._loop: _ProfilerLoop | None = None
@@ -79,7 +79,7 @@ class Profiler:
         self._failure: BaseException | None = None
         #: set when start() gives up (interrupted, failed, timed out) while the thread starts
         self._abandoned = False
-        self._ready_lock = threading.Lock()
+        self._ready_lock = _forksafe.lock(self)
         #: set by ``asyncflow run``: profilers the program starts itself join this one
         self.hosting = False
         #: hosting, take the name of the first profiler that joins (it named itself)
@@ -430,8 +430,6 @@ class Profiler:
         Its listening sockets are closed here (the parent's port must not stay taken by a
         fork-pool worker), stopping it does nothing, and nothing waits for it at exit.
         """
-        self._state_lock = threading.Lock()  # perhaps held by a thread that is not here
-        self._ready_lock = threading.Lock()
         collector = self._collector
         if collector is not None:
             collector.detach_polls()
@@ -774,39 +772,18 @@ _naming_classes: dict[type[Any], type[Any]] = {}
 def _after_fork_in_child() -> None:
     """Only the forking thread lives on in a child: the profiler's thread, its loop and its
     collector stay behind. Forget them, close the endpoint's listening sockets, and let the
-    child start a profiler of its own."""
-    global _active, _last, _lock
+    child start a profiler of its own. (asyncflow's locks were freed before this runs: see
+    :mod:`asyncflow._forksafe`.)"""
+    global _active, _last
     try:
-        _lock = threading.Lock()
         _active = _last = None
         _session.active = None
         forsaken = list(_alive)
         _alive.clear()
         for profiler in forsaken:
             profiler._forsake()
-        _fresh_locks()
     except Exception as exc:  # the child must go on, whatever happens here
         _session.internal_error("resetting asyncflow in a forked child", exc)
-
-
-def _fresh_locks() -> None:
-    """Replace asyncflow's module-level locks in a forked child.
-
-    The profiler's thread (gone in the child) may have held one at the moment of the fork;
-    the child would then wait for it forever the next time it instruments or profiles.
-    """
-    fresh: dict[type, Callable[[], object]] = {
-        type(threading.Lock()): threading.Lock,
-        type(threading.RLock()): threading.RLock,
-    }
-    for module_name, module in list(sys.modules.items()):
-        if module is None or not module_name.startswith("asyncflow."):
-            continue
-        namespace = vars(module)
-        for attr, value in list(namespace.items()):
-            make = fresh.get(type(value))
-            if make is not None:
-                namespace[attr] = make()
 
 
 if hasattr(os, "register_at_fork"):

@@ -15,6 +15,7 @@ import math
 import threading
 from typing import Any
 
+from asyncflow import _forksafe
 from asyncflow import clock as _clock
 from asyncflow import recording as _recording
 from asyncflow import stats as _stats
@@ -47,14 +48,14 @@ MAX_VALUE_CHARS = 200
 class Metric:
     """One named metric: its kind, and the collector's figures for it (``stats``)."""
 
-    __slots__ = ("folded", "id", "kind", "lock", "name", "stats")
+    __slots__ = ("__weakref__", "folded", "id", "kind", "lock", "name", "stats")
 
     kind: str
 
     def __init__(self, name: str, metric_id: int) -> None:
         self.id = metric_id
         self.name = name
-        self.lock = threading.Lock()
+        self.lock = _forksafe.lock(self)
         #: the collector's aggregate (recording.MetricStats) of the current session, or None
         self.stats: Any = None
         #: names counted here because the table was full (only on OTHER_METRICS handles)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -741,3 +742,69 @@ def test_forked_children_exit_at_once_and_do_not_keep_the_port(tmp_path: Path) -
         [sys.executable, str(script)], capture_output=True, text=True, timeout=60, env=env
     )
     assert (done.returncode, done.stdout, done.stderr) == (0, "child 0\n", "")
+
+
+@contextlib.contextmanager
+def _held_on_a_thread(*locks: Any) -> Iterator[None]:
+    """Hold ``locks`` on a helper thread for the duration (as the profiler's thread may hold
+    one at the moment the program forks)."""
+    holding, done = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with contextlib.ExitStack() as stack:
+            for lock in locks:
+                stack.enter_context(lock)
+            holding.set()
+            done.wait(60)
+
+    thread = threading.Thread(target=hold, daemon=True)
+    thread.start()
+    try:
+        assert holding.wait(10)
+        yield
+    finally:
+        done.set()
+        thread.join(10)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork here")
+def test_a_forked_child_does_not_wait_for_a_gauge_lock_held_at_the_fork() -> None:
+    g = asyncflow.gauge("held at the fork")
+
+    def check() -> list[str]:
+        with asyncflow.profile("child", format="none", port=0) as own:
+            g.set(3)  # waited for ever for the lock the parent's helper thread held
+            final = own.stop()
+        document = final.user_metrics if final is not None else None
+        values = [m.value for m in (document.metrics if document else []) if m.name == g.name]
+        return [] if values == [3] else [f"the child's gauge read {values}"]
+
+    with _held_on_a_thread(g.lock):
+        assert _in_a_child(check) == []
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork here")
+def test_every_lock_asyncflow_made_is_free_in_a_forked_child() -> None:
+    # Per-object locks (a gauge's, an executor record's, a loop state's) and module locks
+    # that objects also keep (a history of gone records keeps its family's registry lock).
+    from asyncflow import monitor
+    from asyncflow.instrument import executors, futures
+
+    loop = asyncio.new_event_loop()
+    try:
+        record = executors._record_of(loop, "held")
+        state = monitor.LoopState(types.SimpleNamespace())  # type: ignore[arg-type]
+        locks = {
+            "gauge": asyncflow.gauge("held too").lock,
+            "executor record": record.lock,
+            "loop state": state.lock,
+            "history of futures": futures._history.lock,
+        }
+
+        def check() -> list[str]:
+            return [name for name, lock in locks.items() if not lock.acquire(timeout=5)]
+
+        with _held_on_a_thread(*locks.values()):
+            assert _in_a_child(check) == []
+    finally:
+        loop.close()

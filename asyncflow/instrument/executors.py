@@ -33,8 +33,8 @@ import weakref
 from collections.abc import Callable, Sized
 from typing import Any
 
+from asyncflow import _forksafe, stats
 from asyncflow import clock as _clock
-from asyncflow import stats
 from asyncflow.instrument import _imports, _session
 from asyncflow.instrument._gone import AGGREGATES_KEPT, GONE_KEPT, GoneHistory, Watch
 from asyncflow.instrument.channels import caller
@@ -163,7 +163,7 @@ class ExecutorRecord:
         #: the most workers it may start, as last seen (kept once the executor is gone)
         self.max_workers: int | None = None
         #: jobs end on worker threads: their figures are folded under this lock (cold enough)
-        self.lock = threading.Lock()
+        self.lock = _forksafe.lock(self)
         self.stats = ExecutorStats()
 
     @property
