@@ -12,6 +12,7 @@ import atexit
 import contextlib
 import dataclasses
 import errno
+import importlib
 import itertools
 import logging
 import os
@@ -54,6 +55,36 @@ _task_numbers = itertools.count(1)
 logger = logging.getLogger("asyncflow")
 
 
+#: What start() imports the first time, off the main thread (see _import_where_not_interrupted)
+_STARTUP_MODULES = ("asyncflow.collector", "asyncflow.registry")
+
+
+def _import_where_not_interrupted() -> None:
+    """Import what a profiler needs (orjson among it) on a thread of its own, the first time.
+
+    Python raises KeyboardInterrupt only on the main thread, and orjson's module init crashes
+    the process when a nested import is interrupted there. A Ctrl-C still interrupts start()
+    at once (its wait below); the imports finish behind it, whole.
+    """
+    missing = [name for name in _STARTUP_MODULES if name not in sys.modules]
+    if not missing:
+        return
+    failures: list[BaseException] = []
+
+    def load() -> None:
+        try:
+            for name in missing:
+                importlib.import_module(name)
+        except BaseException as exc:  # given to start() to raise
+            failures.append(exc)
+
+    thread = threading.Thread(target=load, name="asyncflow-import", daemon=True)
+    thread.start()
+    thread.join()
+    if failures:
+        raise failures[0]
+
+
 def _wait_ready(ready: threading.Event, timeout: float) -> bool:
     """Wait for the profiler's thread to be ready (a seam: tests interrupt start() here)."""
     return ready.wait(timeout)
@@ -79,6 +110,9 @@ class Profiler:
         self._failure: BaseException | None = None
         #: set when start() gives up (interrupted, failed, timed out) while the thread starts
         self._abandoned = False
+        #: set by the profiler's thread when it goes to work (under _ready_lock), unless
+        #: start() gave up first: only a thread that began serves, and is waited for
+        self._began = False
         self._ready_lock = _forksafe.lock(self)
         #: set by ``asyncflow run``: profilers the program starts itself join this one
         self.hosting = False
@@ -163,6 +197,7 @@ class Profiler:
                     "reach it could read this program's profile; pass token= (or set "
                     "ASYNCFLOW_TOKEN), or bind to 127.0.0.1"
                 )
+            _import_where_not_interrupted()
             from asyncflow.collector import Collector
 
             reset_for_session()
@@ -175,7 +210,7 @@ class Profiler:
             self._collector = Collector(session, options)
             if options.reporters or options.otel:
                 self._collector.live = _live_reporters(self._collector, options)
-            self._failure, self._abandoned = None, False
+            self._failure, self._abandoned, self._began = None, False, False
             ready = threading.Event()
             self._thread = threading.Thread(
                 target=self._run,
@@ -221,15 +256,19 @@ class Profiler:
         global _active
         with self._ready_lock:
             self._abandoned = True
+            began = self._began
             loop = self._loop if ready.is_set() else None  # else the thread sees _abandoned
         if loop is not None:
             with contextlib.suppress(RuntimeError):  # closed already: the thread is finishing
                 loop.call_soon_threadsafe(loop.stop)
         thread = self._thread
-        if thread is None or thread.ident is None:  # never started
+        if thread is None or not began:
+            # Not started, or started but not yet at work (Ctrl-C may come after the thread
+            # exists, before Thread.start() marks it started: it cannot be joined then). If it
+            # runs at all, it sees it was abandoned and does nothing: it binds no port.
             _alive.discard(self)
         elif thread is not threading.current_thread():
-            thread.join(_STARTUP_TIMEOUT)
+            thread.join(_STARTUP_TIMEOUT)  # it began: wait until it has closed what it opened
         if _active is self:
             _active = None
         collector = self._collector
@@ -245,6 +284,11 @@ class Profiler:
         self._thread = self._loop = self._collector = self._server = None
 
     def _run(self, ready: threading.Event) -> None:
+        with self._ready_lock:
+            # start() may have given up (and even started again) before this thread ran
+            if self._abandoned or self._thread is not threading.current_thread():
+                return
+            self._began = True
         loop = _ProfilerLoop()
         tasks: list[asyncio.Task[None]] = []
         try:

@@ -635,6 +635,97 @@ def test_an_interrupted_start_leaves_nothing_running(
         assert next_one.running and next_one.url is not None
 
 
+def test_a_first_start_imports_orjson_where_no_ctrl_c_is_raised(tmp_path: Path) -> None:
+    # orjson's module init crashes the process (a segfault) when a nested import is interrupted
+    # by Ctrl-C: the first start() imports it on a thread of its own, where no KeyboardInterrupt
+    # is ever raised. Here a Ctrl-C comes as orjson starts to load on the main thread.
+    script = tmp_path / "first.py"
+    script.write_text(
+        "import sys, threading\n"
+        "class CtrlC:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'orjson' and threading.current_thread() is threading.main_thread():\n"
+        "            raise KeyboardInterrupt\n"
+        "        return None\n"
+        "sys.meta_path.insert(0, CtrlC())\n"
+        "import asyncflow\n"
+        "assert 'orjson' not in sys.modules, 'import asyncflow imported orjson'\n"
+        "asyncflow.start('first', format='none', port=None)\n"
+        "asyncflow.stop()\n"
+        "print('started and stopped')\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ASYNCFLOW_")}
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert (done.returncode, done.stdout, done.stderr) == (0, "started and stopped\n", "")
+
+
+class _StalledStart(threading.Event):
+    """A thread's "started" event: its ``set()`` (on the new thread, once it has its ident)
+    waits for ``go``, and its ``wait()`` (in ``Thread.start()``) raises KeyboardInterrupt as
+    soon as the thread has its ident: Ctrl-C in the moment a thread exists, not yet started."""
+
+    def __init__(self, go: threading.Event) -> None:
+        super().__init__()
+        self.go = go
+        self.identified = threading.Event()
+
+    def set(self) -> None:
+        self.identified.set()
+        self.go.wait(10)
+        super().set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        assert self.identified.wait(10)
+        raise KeyboardInterrupt
+
+    def marked(self, timeout: float) -> bool:
+        """Wait until the thread is marked started (it can be joined then)."""
+        return super().wait(timeout)
+
+
+def test_ctrl_c_as_the_profiler_thread_starts_is_a_keyboard_interrupt(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    before = _profiler_threads()
+    go = threading.Event()
+    started: list[threading.Thread] = []
+    served: list[bool] = []
+    original_start = threading.Thread.start
+    original_serve = profiler.Profiler._serve
+
+    def start(thread: threading.Thread) -> None:
+        if thread.name.startswith("asyncflow-profiler["):
+            thread._started = _StalledStart(go)  # type: ignore[attr-defined]
+            started.append(thread)
+        original_start(thread)
+
+    async def serve(self: profiler.Profiler, loop: Any, collector: Any) -> str:
+        served.append(True)
+        return await original_serve(self, loop, collector)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    monkeypatch.setattr(profiler.Profiler, "_serve", serve)
+    prof = asyncflow.profile("interrupted", format="none", port=0)
+    try:
+        with pytest.raises(KeyboardInterrupt):  # not RuntimeError: cannot join thread...
+            prof.start()
+    finally:
+        go.set()
+    assert len(started) == 1
+    assert started[0]._started.marked(10)  # type: ignore[attr-defined]
+    started[0].join(10)
+    assert not started[0].is_alive()
+    assert served == []  # the thread saw that start() gave up before it served anything
+    assert _profiler_threads() == before
+    assert asyncflow.active_profiler() is None and _session.active is None
+    assert prof.url is None and not prof.running
+    monkeypatch.undo()
+    with asyncflow.profile("after", format="none", port=0) as next_one:
+        assert next_one.running and next_one.url is not None
+
+
 # -- fork: the child starts without the parent's profiler --------------------------------------
 
 
