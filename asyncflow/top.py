@@ -886,6 +886,10 @@ def help_text(first: str = "futures", width: int = 100) -> str:
     return "\n".join(lines).rstrip()
 
 
+#: the views whose keys the footer shows (the others' are on the help screen)
+_FOOTER_VIEWS = 6
+
+
 class TopApp(App[None]):
     """The live view. ``refresh_now()`` fetches once; a timer calls it every ``interval``."""
 
@@ -897,7 +901,12 @@ class TopApp(App[None]):
     #detail { height: auto; max-height: 40%; border-top: solid $accent; }
     """
     BINDINGS: ClassVar[list[BindingType]] = [
-        *(Binding(v.key, f"show('{v.name}')", v.name.capitalize()) for v in VIEWS),
+        # The footer holds the first views, Sort, Help and Quit within 80 columns (more views
+        # pushed "? Help" and "q Quit" off the line); every view's key is on the help screen.
+        *(
+            Binding(v.key, f"show('{v.name}')", v.name.capitalize(), show=n < _FOOTER_VIEWS)
+            for n, v in enumerate(VIEWS)
+        ),
         *(Binding(str(n), f"show('{v.name}')", show=False) for n, v in enumerate(VIEWS, 1)),
         Binding("greater_than_sign,o", "sort(1)", "Sort", key_display=">"),
         Binding("less_than_sign", "sort(-1)", "Sort left", show=False),

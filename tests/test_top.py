@@ -496,3 +496,21 @@ def test_a_warnings_evidence_reads_in_units() -> None:
     assert top._evidence(evidence) == (
         "producers blocked 28s, consumers starved 1.34ms, producers 4, share 0.97, stage store"
     )
+
+
+async def test_at_80_columns_the_footer_shows_help_and_quit_whole() -> None:
+    """The footer is not cut: every key it shows is whole, '? Help' and 'q Quit' last; the
+    views it leaves out are on the help screen, as every key is."""
+    app = TopApp("http://127.0.0.1:9", interval=NEVER)  # the footer needs no endpoint
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        footer = app.screen_text().splitlines()[-1]
+    assert len(footer) <= 80 and footer.endswith("? Help q Quit"), footer
+    shown = [b for b in app.BINDINGS if isinstance(b, Binding) and b.show]
+    assert (
+        footer.split()
+        == " ".join(f"{b.key_display or b.key} {b.description}" for b in shown).split()
+    )
+    assert [v.key for v in VIEWS[:4]] == [b.key for b in shown[:4]]  # the first views at least
+    keys = help_text(width=80)
+    assert all(f"{v.name} ({v.key})" in keys for v in VIEWS)
