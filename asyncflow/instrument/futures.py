@@ -1250,6 +1250,86 @@ def _task_record(coro: types.CoroutineType[Any, Any, Any]) -> FutureRecord | Non
     return record
 
 
+#: Whether this Python's ``BaseEventLoop.create_task`` names a task factory's task itself, after
+#: the factory made it (None: not asked yet; see _names_after_the_factory).
+_NAMES_AFTER_THE_FACTORY: bool | None = None
+
+
+def _names_after_the_factory() -> bool:
+    """Whether ``BaseEventLoop.create_task`` gives a task factory no ``name`` and names its task
+    afterwards: then a named task took a number from asyncio's process-wide counter first, which
+    shifts the numbers of the unnamed tasks after it (3.11, 3.12), and 3.13.0 to 3.13.2 name an
+    unnamed one "None" (``set_name(None)``, python/cpython#130033); 3.13.3 and 3.14 hand the
+    factory the name. Asked once of the method itself, with a stand-in loop and factory."""
+    global _NAMES_AFTER_THE_FACTORY
+    if _NAMES_AFTER_THE_FACTORY is None:
+        seen: list[object] = []
+
+        class Made:
+            def set_name(self, name: object) -> None:
+                seen.append(("set_name", name))
+
+        class Loop:
+            def _check_closed(self) -> None:
+                pass
+
+            def _task_factory(self, loop: object, coro: object, **kwargs: Any) -> Made:
+                seen.append(kwargs.get("name", "(no name)"))
+                return Made()
+
+        try:
+            asyncio.BaseEventLoop.create_task(Loop(), None, name="given")  # type: ignore[arg-type]
+            asyncio.BaseEventLoop.create_task(Loop(), None)  # type: ignore[arg-type]
+        except Exception:  # another create_task than any seen: as 3.13.3's, which passes it on
+            seen = ["given", "(no name)"]
+        _NAMES_AFTER_THE_FACTORY = seen != ["given", "(no name)"]
+    return _NAMES_AFTER_THE_FACTORY
+
+
+class _CreateTask:
+    """A loop's ``create_task`` while asyncflow's task factory is its only one, where asyncio
+    names a factory's task after the factory made it (see _names_after_the_factory):
+    what asyncio does with no factory (the task made with its name, the debug-mode creation
+    traceback ending at the caller), the task made by the factory. With any other factory, the
+    loop's own method, whose names are then that Python's."""
+
+    __slots__ = ("__weakref__", "loop", "original")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        # Weak, and the class's function: the loop holds this in its __dict__ (see executors).
+        self.loop = weakref.ref(loop)
+        self.original = type(loop).create_task
+
+    def __call__(self, coro: Any, *, name: str | None = None, context: Any = None) -> Any:
+        loop: Any = self.loop()
+        if loop is None:
+            raise RuntimeError("create_task() of an event loop that no longer exists")
+        factory = loop._task_factory
+        if type(factory) is not _TaskFactory or not factory.enabled or factory.previous is not None:
+            return self.original(loop, coro, name=name, context=context)
+        loop._check_closed()
+        # Only the arguments given: the compiled factory's fast path takes (loop, coro) and
+        # ``context=``; a name goes to asyncio.Task, which then draws no number.
+        task: Any
+        if name is None:
+            task = factory(loop, coro) if context is None else factory(loop, coro, context=context)
+        elif context is None:
+            task = factory(loop, coro, name=name)
+        else:
+            task = factory(loop, coro, name=name, context=context)
+        created_at = getattr(task, "_source_traceback", None)
+        while created_at and created_at[-1].filename == __file__:
+            del created_at[-1]  # (asyncio leaves out its create_task's own frame likewise)
+        return task
+
+
+def _create_task_of(loop: asyncio.AbstractEventLoop) -> _CreateTask | None:
+    """The loop's create_task of asyncflow's, if any: read as an attribute, never through
+    ``vars(loop)`` (see ``executors._hook_of``)."""
+    current = getattr(loop, "create_task", None)
+    return current if isinstance(current, _CreateTask) else None
+
+
 class TaskInstrumentation:
     """Handle returned by :func:`instrument_tasks`; ``undo()`` (or leaving ``with``) restores."""
 
@@ -1280,6 +1360,8 @@ class TaskInstrumentation:
         loop = self._loop() if self._loop is not None else None
         if loop is not None and loop.get_task_factory() is factory:
             loop.set_task_factory(previous)
+        if loop is not None and _create_task_of(loop) is not None:
+            del loop.create_task  # the class's shows again
 
     def __enter__(self) -> TaskInstrumentation:
         return self
@@ -1327,6 +1409,13 @@ def instrument_tasks(loop: asyncio.AbstractEventLoop | None = None) -> TaskInstr
         return TaskInstrumentation(loop, None)
     factory = _TaskFactory(current)
     loop.set_task_factory(factory)
+    if (
+        current is None
+        and getattr(type(loop), "create_task", None) is asyncio.BaseEventLoop.create_task
+        and _create_task_of(loop) is None
+        and _names_after_the_factory()
+    ):
+        loop.create_task = _CreateTask(loop)  # type: ignore[method-assign]
     loops.see(loop, on_its_thread=loop is _get_running_loop())
     return TaskInstrumentation(loop, factory)
 

@@ -385,3 +385,89 @@ def test_instrument_tasks_chains_to_eager_task_factory() -> None:
 
     with asyncflow.profile("eager", format="none"):
         assert asyncio.run(main()) == [["ran eagerly", "after create_task"], "eager"]
+
+
+def _user_factory(loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> asyncio.Future[Any]:
+    return asyncio.Task(coro, loop=loop, **kwargs)
+
+
+def _task_names(tracked: bool, factory: Any) -> list[Any]:
+    """The names of tasks made every way asyncio offers, read at once and from inside each, with
+    each ``Task-N`` counted from the main task's number (the counter is process-wide); then
+    where each was created, as debug mode records it."""
+
+    async def own_name() -> str:
+        await asyncio.sleep(0)
+        me = asyncio.current_task()
+        return me.get_name() if me else "?"
+
+    async def main() -> list[Any]:
+        loop = asyncio.get_running_loop()
+        loop.set_task_factory(factory)
+        with asyncflow.instrument_tasks() if tracked else contextlib.nullcontext():
+            tasks = [
+                asyncio.create_task(own_name()),
+                loop.create_task(own_name()),
+                asyncio.ensure_future(own_name()),
+                asyncio.create_task(own_name(), name="None"),
+                asyncio.create_task(own_name(), name="given"),
+                loop.create_task(own_name(), name="given too", context=contextvars.Context()),
+                asyncio.create_task(own_name(), context=contextvars.Context()),
+            ]
+            async with asyncio.TaskGroup() as group:
+                tasks.append(group.create_task(own_name()))
+            names = [t.get_name() for t in tasks] + list(await asyncio.gather(*tasks))
+            # (debug mode) the creation traceback's last frame: asyncio leaves its own out
+            created_at = [getattr(t, "_source_traceback", [None])[-1] for t in tasks]
+        assert loop.create_task.__func__ is type(loop).create_task  # type: ignore[attr-defined]
+        me = asyncio.current_task()
+        first = int(me.get_name().removeprefix("Task-")) if me else 0
+        return [
+            f"Task-+{int(n.removeprefix('Task-')) - first}" if n.startswith("Task-") else n
+            for n in names
+        ] + [(frame.filename, frame.name) if frame else None for frame in created_at]
+
+    if not tracked:
+        return asyncio.run(main(), debug=True)
+    with asyncflow.profile("names", format="none"):
+        return asyncio.run(main(), debug=True)
+
+
+_FACTORIES: list[Any] = [None, _user_factory]
+if sys.version_info >= (3, 12):
+    _FACTORIES.append(asyncio.eager_task_factory)  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("factory", _FACTORIES, ids=["none", "user's", "eager"][: len(_FACTORIES)])
+def test_tasks_are_named_as_without_asyncflow(factory: Any) -> None:
+    """3.13.0 to 3.13.2's ``create_task()`` names a task made by a task factory ``str(name)``,
+    "None" when it was given no name (python/cpython#130033): with asyncflow's factory alone,
+    every unnamed task of the program was "None". With a factory of the program's own, the
+    program's names are what that Python gives it."""
+    plain = _task_names(False, factory)
+    assert _task_names(True, factory) == plain
+    if factory is None:
+        assert plain[:6] == ["Task-+1", "Task-+2", "Task-+3", "None", "given", "given too"]
+        assert plain[8:16] == plain[:8]  # each task reads the name it was given
+
+
+def test_asyncio_is_asked_whether_it_names_a_factorys_task_itself(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The stand-in is taken only where asyncio names a factory's task after the factory made
+    it; a create_task that hands the factory the name (3.13.3, 3.14) is left alone."""
+    from asyncflow.instrument import futures
+
+    def create_task_as_in_3_14(self: Any, coro: Any, **kwargs: Any) -> Any:
+        self._check_closed()
+        return self._task_factory(self, coro, **kwargs)
+
+    asked = futures._names_after_the_factory()
+    if sys.version_info < (3, 13, 3):  # (3.13.3 and 3.14 hand the factory the name)
+        assert asked is True
+    monkeypatch.setattr(futures, "_NAMES_AFTER_THE_FACTORY", None)
+    monkeypatch.setattr(asyncio.BaseEventLoop, "create_task", create_task_as_in_3_14)
+    assert futures._names_after_the_factory() is False
+    monkeypatch.setattr(futures, "_NAMES_AFTER_THE_FACTORY", None)
+    monkeypatch.undo()
+    assert futures._names_after_the_factory() is asked
