@@ -18,12 +18,9 @@ replaced (``q._queue = collections.deque()``) is followed at once.
 from __future__ import annotations
 
 import asyncio
-import dis
 import math
 import sys
 import threading
-import types
-import weakref
 from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
@@ -31,10 +28,11 @@ from typing import Any, TypeVar
 from asyncflow import clock as _clock
 from asyncflow import config as _config
 from asyncflow.instrument import _session
+from asyncflow.instrument._sites import creation_frame, site_label
 from asyncflow.instrument.channels import ChannelRecord, ChannelStats, register
 from asyncflow.instrument.futures import _speedups
 
-__all__ = ["QueueInstrumentation", "instrument_queue", "instrument_queues", "site_label"]
+__all__ = ["QueueInstrumentation", "instrument_queue", "instrument_queues"]
 
 _Q = TypeVar("_Q", bound="asyncio.Queue[Any]")
 _MARK = "_asyncflow_channel"
@@ -397,11 +395,11 @@ def instrument_queues(*, log_messages: bool = False) -> QueueInstrumentation:
             capacity = _capacity(self)
             if capacity is None:
                 return  # a maxsize asyncio cannot use: the program finds out at its first put
-            frame = sys._getframe(1)
-            while frame.f_code.co_filename == __file__ or frame.f_code.co_name == "__init__":
-                if frame.f_back is None:
-                    break
-                frame = frame.f_back
+            # the line that made it: in a class's __init__ (a Pipeline's queues), that line;
+            # past the queue's own constructor chain (a subclass's super().__init__())
+            frame = creation_frame(self, sys._getframe(1))
+            if frame is None:
+                return
             label = site_label(frame)
             with _instrument_lock:
                 if _record_of(self) is None:
@@ -411,41 +409,3 @@ def instrument_queues(*, log_messages: bool = False) -> QueueInstrumentation:
 
     asyncio.Queue.__init__ = __init__  # type: ignore[method-assign]
     return QueueInstrumentation(True, log_messages)
-
-
-#: opcodes that call something: a line with more than one of them gets a column in its label
-_CALLS = frozenset(
-    dis.opmap[name] for name in ("CALL", "CALL_FUNCTION_EX", "CALL_KW") if name in dis.opmap
-)
-_SITES_KEPT = 1024
-#: (id(code), instruction offset) -> (the code, weakly; the label): a site's label is worked out
-#: once. Weak, and checked on use, so a freed code object neither stays alive nor is mistaken
-#: for a new one at the same address.
-_sites: dict[tuple[int, int], tuple[weakref.ref[types.CodeType], str]] = {}
-
-
-def site_label(frame: types.FrameType) -> str:
-    """``file.py:line`` of the call that creates a queue, and ``file.py:line:column`` when that
-    line makes more than one call (``raw, out = asyncio.Queue(10), asyncio.Queue(5)``): the
-    label names the place in the code, so every queue made there shares it."""
-    code, offset = frame.f_code, frame.f_lasti
-    key = (id(code), offset)
-    known = _sites.get(key)
-    if known is not None and known[0]() is code:
-        return known[1]
-    line = frame.f_lineno
-    label = f"{code.co_filename.rsplit('/', 1)[-1]}:{line}"
-    column = None
-    calls = 0
-    raw = code.co_code
-    for index, (start, _, col, _) in enumerate(code.co_positions()):
-        if start == line and raw[2 * index] in _CALLS:
-            calls += 1
-        if 2 * index == offset:
-            column = col
-    if calls > 1 and column is not None:
-        label = f"{label}:{column + 1}"
-    if len(_sites) >= _SITES_KEPT:
-        _sites.clear()
-    _sites[key] = (weakref.ref(code), label)
-    return label

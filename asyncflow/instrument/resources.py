@@ -24,13 +24,11 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import os
 import sys
 import threading
 import weakref
 from collections import deque
 from collections.abc import Callable
-from types import FrameType
 from typing import Any, NamedTuple, TypeVar
 
 from asyncflow import clock as _clock
@@ -38,12 +36,12 @@ from asyncflow import config as _config
 from asyncflow.instrument import _session
 from asyncflow.instrument import futures as _futures_module
 from asyncflow.instrument._gone import AGGREGATES_KEPT, GONE_KEPT, GoneHistory
+from asyncflow.instrument._sites import creation_frame, site_label
 from asyncflow.instrument.futures import (
     CallRecord,
     _current_tasks,
     _get_running_loop,
 )
-from asyncflow.instrument.queues import site_label as _site_label
 from asyncflow.stats import SMALL_BUCKET, SMALL_LIMIT, bucket_of, merge, new_histogram
 
 __all__ = [
@@ -1351,19 +1349,6 @@ class LockInstrumentation:
 #: the classes' own __init__ while whole-program mode is on, and the handles not undone yet
 _patched: dict[type[Any], Any] | None = None
 _users = 0
-_ASYNCIO_DIR = os.path.dirname(asyncio.__file__) + os.sep
-_ANYIO_DIR: str | None = None
-#: anyio's constructor chain: a primitive made through these is the caller's
-_ANYIO_CHAIN = frozenset(
-    {
-        "__new__",
-        "__init__",
-        "create_lock",
-        "create_semaphore",
-        "create_capacity_limiter",
-        "create_event",
-    }
-)
 _ADAPTER_PROPERTIES = frozenset({"_lock", "_semaphore", "_limiter", "_event"})
 
 
@@ -1372,26 +1357,10 @@ def _creation_site(obj: Any) -> tuple[tuple[str, int], str] | None:
     when the line creates more than one thing, as queues are labelled); None when asyncio or
     anyio made it for their own use (a Condition's lock, a Barrier's condition, an anyio
     Event's asyncio.Event...)."""
-    frame: FrameType | None = sys._getframe(2)
-    while frame is not None:
-        code = frame.f_code
-        filename = code.co_filename
-        if filename == __file__:
-            frame = frame.f_back
-            continue
-        name = code.co_name
-        if name == "__init__" and frame.f_locals.get("self") is obj:
-            frame = frame.f_back  # a subclass's __init__ calling super().__init__()
-            continue
-        if _ANYIO_DIR is not None and filename.startswith(_ANYIO_DIR):
-            if name in _ANYIO_CHAIN and (name != "__init__" or frame.f_locals.get("self") is obj):
-                frame = frame.f_back
-                continue
-            return None  # made by anyio (an adapter's primitive takes the adapter's record)
-        if filename.startswith(_ASYNCIO_DIR):
-            return None  # made by asyncio for its own use (a Condition's lock, a Queue's Event)
-        return (filename, frame.f_lineno), _site_label(frame)
-    return None
+    frame = creation_frame(obj, sys._getframe(2), library_parts=True)
+    if frame is None:
+        return None
+    return (frame.f_code.co_filename, frame.f_lineno), site_label(frame)
 
 
 def _init_hook(original: Callable[..., None], describe: Callable[[Any], Any]) -> Any:
@@ -1428,7 +1397,7 @@ def instrument_locks() -> LockInstrumentation:
     Returns:
         A handle whose ``undo()`` stops instrumenting new primitives.
     """
-    global _patched, _users, _ANYIO_DIR
+    global _patched, _users
     if _config.disabled():
         return LockInstrumentation({})
     with _instrument_lock:
@@ -1447,9 +1416,6 @@ def instrument_locks() -> LockInstrumentation:
             cls.__init__ = _init_hook(cls.__init__, _asyncio_primitive)  # type: ignore[method-assign]
         classes = _anyio_classes()
         if classes:
-            import anyio
-
-            _ANYIO_DIR = os.path.dirname(anyio.__file__) + os.sep
             try:
                 _patch_anyio()
             except TypeError:

@@ -568,3 +568,32 @@ async def test_a_queue_whose_storage_is_replaced_keeps_working(make: QueueFactor
     assert (entry.sent_count, entry.received_count, entry.queue_size) == (5, 4, 0)
     sent = {e.msg_id: e.message for e in logs.sent_logs}
     assert logs.received_logs and all(sent[e.msg_id] == e.message for e in logs.received_logs)
+
+
+class _Pipeline:
+    """Stages joined by queues made in its own __init__, as programs often make them."""
+
+    def __init__(self) -> None:
+        self.raw: asyncio.Queue[int] = asyncio.Queue()
+        self.parsed: asyncio.Queue[int] = asyncio.Queue(10)
+        self.out: asyncio.PriorityQueue[int] = asyncio.PriorityQueue()
+
+
+class _Jobs(asyncio.Queue[int]):
+    def __init__(self) -> None:
+        super().__init__(5)
+
+
+async def test_queues_made_in_a_class_init_are_labelled_by_their_own_lines() -> None:
+    # Each is named by the line that made it (all three once shared the line calling
+    # _Pipeline()); a queue subclass's own __init__ is no part of its label, as for locks.
+    with asyncflow.instrument_queues():
+        pipeline = _Pipeline()
+        line = sys._getframe().f_lineno + 1
+        jobs = _Jobs()
+    labels = [
+        getattr(q, "_asyncflow_channel").label  # noqa: B009
+        for q in (pipeline.raw, pipeline.parsed, pipeline.out, jobs)
+    ]
+    made = [_line_of(f"self.{name}: asyncio.")[0] for name in ("raw", "parsed", "out")]
+    assert labels == [*(f"test_queues.py:{n}" for n in made), f"test_queues.py:{line}"]
