@@ -16,6 +16,8 @@ import threading
 import warnings
 from typing import Any
 
+from asyncflow.instrument._nested import Nested
+
 __all__ = [
     "MAX_SITES",
     "NeverAwaitedTracking",
@@ -99,15 +101,35 @@ def _warn_unawaited_coroutine(coro: Any) -> None:
     warnings.warn(msg, category=RuntimeWarning, stacklevel=2, source=coro)
 
 
+def _origin_on() -> int | None:
+    """Turn CPython's origin tracking on; returns the depth it replaced (None: deep enough)."""
+    before = sys.get_coroutine_origin_tracking_depth()
+    if before >= ORIGIN_DEPTH:
+        return None
+    sys.set_coroutine_origin_tracking_depth(ORIGIN_DEPTH)
+    return before
+
+
+def _origin_off(before: int | None) -> None:
+    """Put back the depth origin tracking replaced, unless the program set one since."""
+    if before is not None and sys.get_coroutine_origin_tracking_depth() == ORIGIN_DEPTH:
+        sys.set_coroutine_origin_tracking_depth(before)
+
+
+#: Origin tracking, on while any handle that asked for it is active.
+_origin: Nested[int | None] = Nested(_origin_on, _origin_off)
+
+
 class NeverAwaitedTracking:
     """Handle returned by :func:`track_never_awaited`; ``undo()`` (or leaving ``with``) restores
-    CPython's own reporting once every handle is undone."""
+    CPython's own reporting once every handle is undone, and origin tracking once every handle
+    that asked for it is."""
 
-    __slots__ = ("_active", "_origin_before")
+    __slots__ = ("_active", "_origin")
 
-    def __init__(self, origin_before: int | None) -> None:
+    def __init__(self, origin: bool) -> None:
         self._active = True
-        self._origin_before = origin_before
+        self._origin = origin
 
     @property
     def active(self) -> bool:
@@ -122,8 +144,8 @@ class NeverAwaitedTracking:
                 return
             self._active = False
             _handles -= 1
-            if self._origin_before is not None:
-                sys.set_coroutine_origin_tracking_depth(self._origin_before)
+            if self._origin:
+                _origin.leave()
             if _handles == 0 and _original is not None:
                 if warnings._warn_unawaited_coroutine is _warn_unawaited_coroutine:  # type: ignore[attr-defined]
                     warnings._warn_unawaited_coroutine = _original  # type: ignore[attr-defined]
@@ -162,11 +184,9 @@ def track_never_awaited(*, origin: bool = False) -> NeverAwaitedTracking:
             _original = current
             warnings._warn_unawaited_coroutine = _warn_unawaited_coroutine  # type: ignore[attr-defined]
         _handles += 1
-        before = None
-        if origin and sys.get_coroutine_origin_tracking_depth() < ORIGIN_DEPTH:
-            before = sys.get_coroutine_origin_tracking_depth()
-            sys.set_coroutine_origin_tracking_depth(ORIGIN_DEPTH)
-    return NeverAwaitedTracking(before)
+        if origin:
+            _origin.enter()
+    return NeverAwaitedTracking(origin)
 
 
 def never_awaited() -> list[Site]:

@@ -85,6 +85,28 @@ def test_origin_tracking_records_the_creating_line_and_is_put_back() -> None:
     coroutines.reset_for_session()
 
 
+def test_origin_tracking_stays_on_while_any_handle_that_asked_for_it_is_active() -> None:
+    """Handles undone in any order: tracking goes off with the last that asked for it, back to
+    the depth the program had, and a depth the program set meanwhile is left as it is."""
+    before = sys.get_coroutine_origin_tracking_depth()
+    first = asyncflow.track_never_awaited(origin=True)
+    plain = asyncflow.track_never_awaited()
+    second = asyncflow.track_never_awaited(origin=True)
+    first.undo()
+    assert sys.get_coroutine_origin_tracking_depth() == coroutines.ORIGIN_DEPTH  # second asks
+    plain.undo()
+    assert sys.get_coroutine_origin_tracking_depth() == coroutines.ORIGIN_DEPTH
+    second.undo()
+    assert sys.get_coroutine_origin_tracking_depth() == before
+    handle = asyncflow.track_never_awaited(origin=True)
+    sys.set_coroutine_origin_tracking_depth(5)  # the program's own choice, made meanwhile
+    try:
+        handle.undo()
+        assert sys.get_coroutine_origin_tracking_depth() == 5
+    finally:
+        sys.set_coroutine_origin_tracking_depth(before)
+
+
 def test_undo_puts_pythons_reporting_back_and_counting_stops() -> None:
     original = warnings._warn_unawaited_coroutine  # type: ignore[attr-defined]
     handle = asyncflow.track_never_awaited()
