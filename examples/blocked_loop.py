@@ -52,8 +52,11 @@ def run(argv: list[str] | None = None) -> int:
         "--linger", type=float, default=0.0, help="seconds to keep the endpoint up afterwards"
     )
     args = parser.parse_args(argv)
+    # under `asyncflow run`, the command has said where the endpoint is
+    hosted = asyncflow.active_profiler() is not None
     with asyncflow.profile("blocked-loop") as prof:
-        print(f"asyncflow: profiling 'blocked-loop'; endpoint: {prof.url}", flush=True)
+        if not hosted:
+            print(f"asyncflow: profiling 'blocked-loop'; endpoint: {prof.url}", flush=True)
         total = asyncio.run(serve(args.requests))
         print(f"served {args.requests} requests ({total} bytes)", flush=True)
         if args.linger > 0:

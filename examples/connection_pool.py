@@ -71,8 +71,11 @@ def run(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=200, help="requests (default 200)")
     parser.add_argument("--linger", type=float, default=0.0, help="seconds to stay up at the end")
     args = parser.parse_args(argv)
+    # under `asyncflow run`, the command has said where the endpoint is
+    hosted = asyncflow.active_profiler() is not None
     with asyncflow.profile("pool") as prof, asyncflow.instrument_locks():
-        print(f"asyncflow: profiling 'pool'; endpoint: {prof.url or 'not served'}", flush=True)
+        if not hosted:
+            print(f"asyncflow: profiling 'pool'; endpoint: {prof.url or 'not served'}", flush=True)
         if args.linger > 0:
             print(f"stuck for {args.linger:g} s: curl {prof.url}/tasks", flush=True)
         started = time.perf_counter()

@@ -140,8 +140,13 @@ def run(argv: list[str] | None = None) -> int:
         help="seconds to keep the endpoint up after the crawl (default 0)",
     )
     args = parser.parse_args(argv)
+    # under `asyncflow run`, the command has said where the endpoint is
+    hosted = asyncflow.active_profiler() is not None
     with asyncflow.profile("crawler") as prof:
-        print(f"asyncflow: profiling 'crawler'; endpoint: {prof.url or 'not served'}", flush=True)
+        if not hosted:
+            print(
+                f"asyncflow: profiling 'crawler'; endpoint: {prof.url or 'not served'}", flush=True
+            )
         stats = asyncio.run(main(args.pages, args.workers, args.timeout))
         print(
             f"crawled {stats['crawled']} pages, {stats['timed out']} timed out, "

@@ -53,8 +53,11 @@ def run(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--stalls", type=int, default=3, help="short stalls (default 3)")
     args = parser.parse_args(argv)
+    # under `asyncflow run`, the command has said where the endpoint is
+    hosted = asyncflow.active_profiler() is not None
     with asyncflow.profile("loop-episodes") as prof:
-        print(f"asyncflow: profiling 'loop-episodes'; endpoint: {prof.url}", flush=True)
+        if not hosted:
+            print(f"asyncflow: profiling 'loop-episodes'; endpoint: {prof.url}", flush=True)
         total = asyncio.run(main(args.stalls))
         print(f"parsed {total} bytes", flush=True)
     return 0

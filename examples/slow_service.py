@@ -102,8 +102,13 @@ def run(argv: list[str] | None = None) -> int:
         "--linger", type=float, default=0.0, help="seconds to keep the endpoint up afterwards"
     )
     args = parser.parse_args(argv)
+    # under `asyncflow run`, the command has said where the endpoint is
+    hosted = asyncflow.active_profiler() is not None
     with asyncflow.profile("orders") as prof:
-        print(f"asyncflow: profiling 'orders'; endpoint: {prof.url or 'not served'}", flush=True)
+        if not hosted:
+            print(
+                f"asyncflow: profiling 'orders'; endpoint: {prof.url or 'not served'}", flush=True
+            )
         shipped = asyncio.run(serve(args.orders))
         print(f"shipped {shipped} orders", flush=True)
         if args.linger > 0:

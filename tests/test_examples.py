@@ -196,3 +196,37 @@ def test_crawler_example_refuses_a_timeout_that_is_not_a_usable_number(value: st
     )
     assert done.returncode == 2 and done.stdout == ""  # refused before anything ran
     assert f"--timeout: must be a number of seconds in (0, 3600), not {value!r}" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("name", "args"),
+    [
+        ("crawler.py", ["--pages", "20"]),
+        ("blocked_loop.py", ["--requests", "4"]),
+        ("connection_pool.py", ["--requests", "20"]),
+        ("loop_episodes.py", ["--stalls", "1"]),
+        ("slow_service.py", ["--orders", "20"]),
+    ],
+)
+def test_under_asyncflow_run_an_example_adds_no_start_line_of_its_own(
+    name: str, args: list[str]
+) -> None:
+    """``asyncflow run`` says where the endpoint is; an example that said it too printed a
+    second start line, with its own profile name beside the script's."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("ASYNCFLOW_")}
+    done = subprocess.run(
+        [sys.executable, "-m", "asyncflow", "run", "--format", "none", str(EXAMPLES / name), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**clean, "ASYNCFLOW_PORT": "0"},
+    )
+    assert done.returncode == 0, done.stderr
+    said = [
+        line
+        for line in (done.stdout + done.stderr).splitlines()
+        if line.startswith("asyncflow: profiling")
+    ]
+    assert said == [f"asyncflow: profiling {Path(name).stem!r}; endpoint: {said[0].split()[-1]}"]
+    plain = run_example(name, *args, ASYNCFLOW_FORMAT="none")
+    assert "asyncflow: profiling" in plain.stdout  # run by itself, it says where
