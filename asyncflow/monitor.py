@@ -94,21 +94,26 @@ def running_calls(thread: int) -> tuple[FrameType | None, CallRecord | None, Cal
     return sys._current_frames().get(thread), inner, outer
 
 
-def waiting_in_selector(top: FrameType | None, loop: object) -> bool:
-    """Whether ``top`` (a loop thread's innermost frame) is ``loop`` waiting for I/O.
+def waiting_in_selector(top: FrameType | None, loop: object, thread: int) -> bool:
+    """Whether ``top`` (the innermost frame of ``thread``) is ``loop`` waiting for I/O.
 
     True only for the loop's own wait, in ``_run_once``: code that calls a selector itself (a
-    synchronous client, ``subprocess``) is code blocking the loop.
+    synchronous client, ``subprocess``) is code blocking the loop. The ``_run_once`` is the
+    loop's when it is its class's and the loop runs on that thread (one loop runs on a thread
+    at a time); never told by reading the frame's ``f_locals``, which on 3.11 and 3.12 stores a
+    snapshot of the locals of a running frame on it, keeping what it holds alive.
     """
     frame = top
     if frame is None or frame.f_code not in _SELECTOR_CODES:
         return False
     while frame is not None and frame.f_code in _SELECTOR_CODES:
         frame = frame.f_back
-    return (
-        frame is not None
-        and frame.f_code.co_name == "_run_once"
-        and frame.f_locals.get("self") is loop
+    if frame is None or getattr(loop, "_thread_id", None) != thread:
+        return False
+    code = frame.f_code
+    return any(
+        getattr(cls.__dict__.get("_run_once"), "__code__", None) is code
+        for cls in type(loop).__mro__
     )
 
 
@@ -158,7 +163,7 @@ class Sample:
 def sample_loop(thread: int, loop: object) -> Sample:
     """Look at what ``loop``'s thread is doing now (an empty look when the thread is unknown)."""
     top, inner, outer = running_calls(thread)
-    return Sample(top, inner, outer, waiting_in_selector(top, loop))
+    return Sample(top, inner, outer, waiting_in_selector(top, loop, thread))
 
 
 class Episode:

@@ -18,6 +18,9 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextvars
+import functools
+import gc
 import os
 import sys
 import sysconfig
@@ -91,12 +94,14 @@ class TaskWalk:
         self.wait_key = wait_key
 
 
-def _chain(task: asyncio.Task[Any]) -> tuple[list[FrameType], Any, Any]:
-    """The task's suspended frames, outermost first; its coroutine; and the innermost awaitable
-    that is not a coroutine (a future's iterator, an async generator step), if any."""
+def _chain(task: asyncio.Task[Any]) -> tuple[list[FrameType], list[Any], Any, Any]:
+    """The task's suspended frames, outermost first, and the coroutine (generator, async
+    generator) each belongs to; its coroutine; and the innermost awaitable that is not a
+    coroutine (a future's iterator, an async generator step), if any."""
     coro: Any = task.get_coro()
     top = coro
     frames: list[FrameType] = []
+    owners: list[Any] = []
     obj = coro
     for _ in range(MAX_CHAIN):
         if obj is None:
@@ -117,15 +122,46 @@ def _chain(task: asyncio.Task[Any]) -> tuple[list[FrameType], Any, Any]:
         if frame is None:
             break  # a future's iterator, an async generator's step, or a finished coroutine
         frames.append(frame)
+        owners.append(obj)
         obj = nxt
-    return frames, top, obj
+    return frames, owners, top, obj
 
 
-def _locals(frame: FrameType) -> Any:
+# What a waiting frame holds is read from its coroutine's references (gc.get_referents: its
+# locals and the values on its stack, beside its code and names), never through f_locals: on
+# 3.11 and 3.12 reading those stores a snapshot of the locals on the frame, which keeps alive
+# what the code then deletes (the queue a get waited on, anyio's `del self`), until it ends.
+
+
+def _all_held(owner: Any) -> list[Any]:
+    """What the suspended coroutine ``owner`` holds (its locals among them)."""
     try:
-        return frame.f_locals
-    except Exception:  # a frame that cannot show its locals: say nothing about it
-        return {}
+        return gc.get_referents(owner)
+    except Exception:  # something that cannot list what it holds: say nothing about it
+        return []
+
+
+def _held(owner: Any, kind: type[Any] | tuple[type[Any], ...]) -> Any:
+    """The first object of ``kind`` that the suspended ``owner`` holds, or None."""
+    return next((obj for obj in _all_held(owner) if isinstance(obj, kind)), None)
+
+
+def _self_of(owner: Any, code: CodeType) -> Any:
+    """The ``self`` of a suspended method: what ``owner`` holds whose class defines ``code``."""
+    name = code.co_name
+    for obj in _all_held(owner):
+        for cls in type(obj).__mro__:
+            if getattr(cls.__dict__.get(name), "__code__", None) is code:
+                return obj
+    return None
+
+
+def _thread_call(call: Any) -> bool:
+    """Whether ``call`` is to_thread's ``functools.partial(ctx.run, func, ...)``."""
+    run = getattr(call, "func", None)
+    return isinstance(call, functools.partial) and isinstance(
+        getattr(run, "__self__", None), contextvars.Context
+    )
 
 
 def _label_of_channel(obj: Any) -> tuple[str | None, str | None]:
@@ -194,13 +230,14 @@ _IO_FUNCTIONS = frozenset(
 )
 
 
-def _site(frame: FrameType, loop_time: float) -> schema.WaitTarget | None:
-    """What a library frame in the chain waits on, when its function is a known waiting site."""
+def _site(frame: FrameType, owner: Any, loop_time: float) -> schema.WaitTarget | None:
+    """What a library frame in the chain (of the coroutine ``owner``) waits on, when its
+    function is a known waiting site."""
     code = frame.f_code
     qualname = code.co_qualname
     name = code.co_name
     if qualname == "sleep" and code.co_filename.startswith(_ASYNCIO_DIR):
-        handle = _locals(frame).get("h")
+        handle = _held(owner, asyncio.TimerHandle)
         when = getattr(handle, "when", None)
         left = None
         if callable(when):
@@ -208,24 +245,24 @@ def _site(frame: FrameType, loop_time: float) -> schema.WaitTarget | None:
         words = "sleep" if left is None else f"sleep ({_seconds(left)} left)"
         return _target("sleep", words, remaining_ns=left)
     if qualname == "to_thread" and code.co_filename.startswith(_ASYNCIO_DIR):
-        call = _locals(frame).get("func_call")
+        call = next((c for c in _all_held(owner) if _thread_call(c)), None)
         args = getattr(call, "args", ())
         fn = args[0] if args else None
         what = getattr(fn, "__qualname__", None) or "a function"
         return _target("executor", f"to_thread({what})", label=what)
     if qualname == "wait_for" and code.co_filename.startswith(_ASYNCIO_DIR):
-        inner = _locals(frame).get("fut")
+        inner = _held(owner, asyncio.Task)
         if isinstance(inner, asyncio.Task):
             return _target("task", f"wait_for task {inner.get_name()}", label=inner.get_name())
         return None
     if qualname in ("_wait", "wait") and code.co_filename.startswith(_ASYNCIO_DIR):
-        fs = _locals(frame).get("fs")
-        if isinstance(fs, (set, list, tuple, frozenset)):
+        fs = _held(owner, (set, frozenset))  # wait() makes it a set: the only one held
+        if isinstance(fs, (set, frozenset)):
             pending = sum(1 for f in fs if not f.done())
             return _target("wait", f"asyncio.wait on {pending} of {len(fs)}", children=pending)
         return None
     if qualname in ("TaskGroup.__aexit__", "TaskGroup._aexit"):
-        tasks = getattr(_locals(frame).get("self"), "_tasks", None)
+        tasks = getattr(_self_of(owner, code), "_tasks", None)
         n = len(tasks) if tasks is not None else None
         words = "task group" if n is None else f"task group of {n} tasks"
         return _target("taskgroup", words, children=n)
@@ -235,14 +272,14 @@ def _site(frame: FrameType, loop_time: float) -> schema.WaitTarget | None:
     if site is None:
         return None
     kind, words = site
-    owner = _locals(frame).get("self")
-    ref, label = _label_of_channel(owner)
+    waited = _self_of(owner, code)
+    ref, label = _label_of_channel(waited)
     if ref is None:
-        ref, label = _label_of_resource(owner)
+        ref, label = _label_of_resource(waited)
     if label is not None:
         words = f"{words} {label}"
-    elif owner is not None and kind != "io":
-        words = f"{words} {type(owner).__qualname__} at 0x{id(owner):x}"
+    elif waited is not None and kind != "io":
+        words = f"{words} {type(waited).__qualname__} at 0x{id(waited):x}"
     return _target(kind, words, ref, label)
 
 
@@ -306,7 +343,7 @@ def walk_task(
     loop_time: float,
 ) -> TaskWalk:
     """Read one task's await chain and what it waits on (see the module's docstring)."""
-    frames, coro, innermost = _chain(task)
+    frames, owners, coro, innermost = _chain(task)
     # asyncflow's own wrappers (a lock's acquire hook...) are no part of the program's chain
     chain = [_frame_entry(f) for f in frames if not f.f_code.co_filename.startswith(_OURS)]
     mine = [frame for frame in frames if not _is_library(frame.f_code)]
@@ -319,10 +356,10 @@ def walk_task(
     else:
         waiter = getattr(task, "_fut_waiter", None)
         state = "waiting" if waiter is not None else "scheduled"
-        for frame in reversed(frames):
+        for frame, owner in zip(reversed(frames), reversed(owners), strict=True):
             if not _is_library(frame.f_code):
                 break
-            waits_on = _site(frame, loop_time)
+            waits_on = _site(frame, owner, loop_time)
             if waits_on is not None:
                 break
         if waits_on is None and waiter is not None:

@@ -1196,10 +1196,23 @@ def _anyio_task_coro(coro: Any) -> Any:
     awaits the coroutine the program gave: that one names the task (else every anyio task
     would be one future, ``TaskHandle._run_coro``). None when it is a tracked call already,
     which tracks itself; the wrapper itself if it holds no plain coroutine."""
-    if "anyio" not in coro.cr_code.co_filename:
+    code = coro.cr_code
+    if "anyio" not in code.co_filename:
         return coro
-    frame = coro.cr_frame
-    handle = frame.f_locals.get("self") if frame is not None else None
+    import gc  # (built in: imported once, then a look-up)
+
+    # The handle is the coroutine's ``self``: among what the coroutine holds (its locals), the
+    # object whose class's _run_coro this is. Never through ``cr_frame.f_locals``: on 3.11 and
+    # 3.12 that stores {'self': handle} on the frame, which the method's own ``del self``
+    # cannot clear, and a failed task's exception was then kept by a cycle through it.
+    handle = next(
+        (
+            held
+            for held in gc.get_referents(coro)
+            if getattr(getattr(type(held), "_run_coro", None), "__code__", None) is code
+        ),
+        None,
+    )
     inner = getattr(handle, "_coro", None)
     if isinstance(inner, _TRACKED):
         return None
