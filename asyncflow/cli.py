@@ -696,8 +696,10 @@ def _snapshot(args: argparse.Namespace) -> int:
         Path(args.output).write_bytes(orjson.dumps(document))
     except OSError as exc:
         raise _Usage(f"cannot write {args.output!r}: {exc.strerror or exc}") from None
-    futures = document["futures"]["total"]
-    print(f"asyncflow: saved {futures} futures from {args.url} to {args.output}", file=sys.stderr)
+    from asyncflow.report import counted
+
+    futures = counted(document["futures"]["total"], "future")
+    print(f"asyncflow: saved {futures} from {args.url} to {args.output}", file=sys.stderr)
     return 0
 
 
@@ -711,9 +713,11 @@ def _trace(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise _Usage(f"cannot write {args.output!r}: {exc.strerror or exc}") from None
     meta = document.get("metadata", {}).get("asyncflow", {})
-    events = len(document["traceEvents"])
+    from asyncflow.report import counted
+
+    events = counted(len(document["traceEvents"]), "trace event")
     print(
-        f"asyncflow: saved {events} trace events ({meta.get('dropped', 0)} dropped) from "
+        f"asyncflow: saved {events} ({meta.get('dropped', 0)} dropped) from "
         f"{args.url} to {args.output}; open it at https://ui.perfetto.dev",
         file=sys.stderr,
     )

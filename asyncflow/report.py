@@ -22,9 +22,20 @@ from asyncflow.schema import (
 )
 from asyncflow.stats import percentile_key
 
-__all__ = ["format_duration", "named", "printable", "render", "render_table"]
+__all__ = ["counted", "format_duration", "named", "printable", "render", "render_table"]
 
 _E = TypeVar("_E")
+
+
+def counted(n: int, noun: str, plural: str | None = None) -> str:
+    """``n`` and its noun, in the singular for one: ``1 future``, ``2 futures``, ``1,024 calls``.
+
+    Args:
+        n: the count.
+        noun: the noun in the singular.
+        plural: its plural, when it is not ``noun`` + ``s``.
+    """
+    return f"{n:,} {noun if n == 1 else plural or noun + 's'}"
 
 
 def format_duration(ns: int | None) -> str:
@@ -81,10 +92,11 @@ def render_table(snapshot: Snapshot, percentiles: tuple[float, ...], limit: int)
     calls = sum(f.call_count for f in futures)
     header = (
         f"asyncflow · {status.name} · elapsed {format_duration(status.uptime_ns)} · "
-        f"{len(every)} futures · {calls:,} calls · {status.events_dropped:,} events dropped"
+        f"{counted(len(every), 'future')} · {counted(calls, 'call')} · "
+        f"{counted(status.events_dropped, 'event')} dropped"
     )
     if status.internal_errors:
-        header += f" · {status.internal_errors} internal errors"
+        header += f" · {counted(status.internal_errors, 'internal error')}"
     if status.accelerated is False:
         header += " · pure-Python hot path"
     columns = [
@@ -154,7 +166,9 @@ def _section(
 
 
 def _more(count: int, noun: str, limit: int) -> str:
-    return f"… {count} more {noun} (limit={limit}; limit=0 shows all)"
+    """How many rows the limit left out; ``noun`` is the plural the rows are named by."""
+    one = noun.removesuffix("s")
+    return f"… {count:,} more {one if count == 1 else noun} (limit={limit}; limit=0 shows all)"
 
 
 _CHANNEL_COLUMNS = [

@@ -31,7 +31,7 @@ from textual.css.query import NoMatches
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Footer, Static
 
-from asyncflow.report import named
+from asyncflow.report import counted, named
 
 __all__ = ["VIEWS", "Column", "Context", "TopApp", "View", "compact_count", "compact_duration"]
 
@@ -365,11 +365,33 @@ def _wait_lines(document: Row) -> list[str]:
     return lines or ["no task is waiting"]
 
 
+def _status_line(status: Row) -> str:
+    """The profiler's name, pid, age and counts, as the first line says them."""
+    live = status["calls_live"]
+    return (
+        f"{status['name']} · pid {status['pid']} · up {dur(status['uptime_ns'])} · "
+        f"{counted(status['futures'], 'future')} · {count(live)} live "
+        f"call{'' if live == 1 else 's'} · {counted(status['channels'], 'channel')} · "
+        f"{counted(status['streams'], 'stream')}"
+        + (
+            f" · {counted(status['internal_errors'], 'internal error')}"
+            if status["internal_errors"]
+            else ""
+        )
+    )
+
+
+def _noun(n: int, noun: str) -> str:
+    """``noun`` for ``n`` of it, padded to its plural's width (the lines stay aligned)."""
+    return f"{noun if n == 1 else noun + 's':<{len(noun) + 1}}"
+
+
 def _job_lines(executor: Row, ctx: Context) -> list[str]:
     lines = [f"{executor['label']}: jobs by function, then by the future that submitted them"]
     for group in executor["functions"][:6] + executor["futures"][:6]:
         lines.append(
-            f"{count(group['jobs']):>6} jobs  {group['name'][:30]:<30}  queued "
+            f"{count(group['jobs']):>6} {_noun(group['jobs'], 'job')}  "
+            f"{group['name'][:30]:<30}  queued "
             f"{dur(group['queued_ns']):>6} (max {dur(group['max_queued_ns'])})  ran "
             f"{dur(group['run_ns'])}" + (f"  {group['raised']} raised" if group["raised"] else "")
         )
@@ -383,8 +405,9 @@ def _resource_lines(resource: Row, ctx: Context) -> list[str]:
         lines.append(f"  held by {h['label']} for {dur(h['held_ns'])}{ended}")
     for f in resource["futures"][:6]:
         lines.append(
-            f"{count(f['waits']):>6} waits {dur(f['total_wait_ns']):>6} (max "
-            f"{dur(f['max_wait_ns'])})  {count(f['holds']):>6} holds {dur(f['total_hold_ns']):>6}"
+            f"{count(f['waits']):>6} {_noun(f['waits'], 'wait')} {dur(f['total_wait_ns']):>6} (max "
+            f"{dur(f['max_wait_ns'])})  {count(f['holds']):>6} {_noun(f['holds'], 'hold')} "
+            f"{dur(f['total_hold_ns']):>6}"
             f"  {f['label'][:30]}"
         )
     return lines
@@ -1026,17 +1049,7 @@ class TopApp(App[None]):
             for row in rows
         }
         self.error = None
-        self.name_line = _warning_count(warnings["warnings"]) + (
-            f"{status['name']} · pid {status['pid']} · up {dur(status['uptime_ns'])} · "
-            f"{status['futures']} futures · {count(status['calls_live'])} live "
-            f"call{'' if status['calls_live'] == 1 else 's'} · "
-            f"{status['channels']} channels · {status['streams']} streams"
-            + (
-                f" · {status['internal_errors']} internal errors"
-                if status["internal_errors"]
-                else ""
-            )
-        )
+        self.name_line = _warning_count(warnings["warnings"]) + _status_line(status)
         self.rows, self.detail, self.logs, self.context = rows, document, logs, context
         if self.selected is not None and selected is None:
             self.selected = None  # the selected row is gone

@@ -169,7 +169,7 @@ def test_snapshot_and_top_without_a_url_pick_the_only_profiler(
     with profiled(tmp_path, "only") as served:
         code, _, err = run_cli(capsys, "snapshot", "-o", str(saved))
         assert code == 0, err
-        assert err == f"asyncflow: saved 1 futures from {served[0][1]} to {saved}\n"
+        assert err == f"asyncflow: saved 1 future from {served[0][1]} to {saved}\n"
         assert orjson.loads(saved.read_bytes())["status"]["pid"] == served[0][0]
         # top reaches the same endpoint (its app is not run here: only the URL it was given)
         opened: list[str] = []

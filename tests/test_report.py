@@ -98,7 +98,7 @@ def test_table_header_columns_rows_and_limit() -> None:
         "500",
         "µs",
     ]
-    assert lines[4] == "… 1 more futures (limit=1; limit=0 shows all)"
+    assert lines[4] == "… 1 more future (limit=1; limit=0 shows all)"
     assert "parse" in render_table(snap, (50.0,), limit=0)
 
 
@@ -238,3 +238,15 @@ def test_a_gone_queue_is_named_gone_beside_a_living_one() -> None:
     names = [report._channel_row(c, True)[0] for c in mine]
     assert sorted(names) == sorted([f"{mine[0].label} (gone)"] * 2 + [mine[0].label])
     assert kept.qsize() == 0
+
+
+def test_the_header_counts_in_the_singular_where_there_is_one() -> None:
+    one = dataclasses.replace(_entry(1, "fetch", 5_000_000), call_count=1)
+    snap = _snapshot([one])
+    snap = dataclasses.replace(
+        snap, status=dataclasses.replace(snap.status, events_dropped=1, internal_errors=1)
+    )
+    header = render_table(snap, (50.0,), limit=0).splitlines()[0]
+    assert header.endswith("· 1 future · 1 call · 1 event dropped · 1 internal error"), header
+    many = _snapshot([_entry(1, "fetch", 5_000_000), _entry(2, "parse", 1_000)])
+    assert "· 2 futures · 30 calls · 3 events dropped" in render_table(many, (50.0,), 0)

@@ -514,3 +514,27 @@ async def test_at_80_columns_the_footer_shows_help_and_quit_whole() -> None:
     assert [v.key for v in VIEWS[:4]] == [b.key for b in shown[:4]]  # the first views at least
     keys = help_text(width=80)
     assert all(f"{v.name} ({v.key})" in keys for v in VIEWS)
+
+
+def test_counts_of_one_are_said_in_the_singular() -> None:
+    status = {
+        "name": "svc",
+        "pid": 7,
+        "uptime_ns": 2_000_000_000,
+        "futures": 1,
+        "calls_live": 1,
+        "channels": 1,
+        "streams": 1,
+        "internal_errors": 1,
+    }
+    line = top._status_line(status)
+    assert line.endswith("1 future · 1 live call · 1 channel · 1 stream · 1 internal error"), line
+    many = {**status, "futures": 2, "calls_live": 0, "channels": 3, "streams": 0}
+    assert "2 futures · 0 live calls · 3 channels · 0 streams" in top._status_line(many)
+    group = {"name": "f", "jobs": 1, "queued_ns": 0, "max_queued_ns": 0, "run_ns": 0, "raised": 0}
+    jobs = top._job_lines({"label": "pool", "functions": [group], "futures": []}, top.Context())
+    assert jobs[1].split()[:3] == ["1", "job", "f"], jobs
+    holder = {"waits": 1, "total_wait_ns": 0, "max_wait_ns": 0, "holds": 1, "total_hold_ns": 0}
+    resource = {"label": "l", "kind": "lock", "holders": [], "futures": [{**holder, "label": "g"}]}
+    said = top._resource_lines(resource, top.Context())[1].split()
+    assert "wait" in said and "hold" in said and "waits" not in said, said
