@@ -49,12 +49,19 @@ SIGNAL_HOLD = 1.0
 
 
 class _Usage(Exception):
-    """A mistake on the command line or in its inputs: one line, exit code 2."""
+    """A mistake on the command line or in its inputs: one line, exit code 2.
+
+    ``prog`` is the command it is said by (``asyncflow run``); None: the one being run.
+    """
+
+    def __init__(self, message: str, prog: str | None = None) -> None:
+        super().__init__(message)
+        self.prog = prog
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
-        raise _Usage(f"{message} (see '{self.prog} --help')")
+        raise _Usage(f"{message} (see '{self.prog} --help')", self.prog)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -113,7 +120,8 @@ def _parser() -> argparse.ArgumentParser:
         "--block-threshold",
         default=None,
         metavar="SECONDS",
-        help="a task step running longer than this blocks the loop "
+        help="a task step running longer than this blocks the loop, from "
+        f"{config.MIN_BLOCK_THRESHOLD:g} to {config.MAX_BLOCK_THRESHOLD:g} "
         f"[{config.DEFAULT_BLOCK_THRESHOLD:g}]",
     )
     run.add_argument(
@@ -259,20 +267,22 @@ def main(argv: Sequence[str] | None = None) -> int:
             the process by SIGINT as it ends an interrupted program.
     """
     parser = _parser()
+    prog = parser.prog
     try:
-        args = parser.parse_args(argv)
+        args, unknown = parser.parse_known_args(argv)
+        if args.command is not None:
+            prog = f"{parser.prog} {args.command}"
+        if unknown:  # said by the subcommand, whose help lists what it takes
+            raise _Usage(f"unrecognized arguments: {' '.join(unknown)} (see '{prog} --help')")
         if args.command is None:
             parser.print_help(sys.stderr)
             return USAGE
         handler: Callable[[argparse.Namespace], int] = args.handler
         return handler(args)
-    except _Usage as exc:
-        command = f" {args.command}" if "args" in locals() and args.command else ""
-        print(f"asyncflow{command}: error: {exc}", file=sys.stderr)
-        return USAGE
-    except AsyncflowError as exc:
-        print(f"asyncflow: error: {exc}", file=sys.stderr)
-        return FAILED
+    except (_Usage, AsyncflowError) as exc:
+        said_by = exc.prog if isinstance(exc, _Usage) and exc.prog else prog
+        print(f"{said_by}: error: {exc}", file=sys.stderr)
+        return USAGE if isinstance(exc, _Usage) else FAILED
 
 
 # -- asyncflow run -----------------------------------------------------------------------------
@@ -671,10 +681,38 @@ def fetch(url: str, path: str, token: str | None, timeout: float = 10.0) -> Any:
         raise AsyncflowError(f"{url}{path} answered {error.code}: {message}") from None
     except (urllib.error.URLError, OSError) as error:
         reason = getattr(error, "reason", error)
+        if isinstance(reason, ConnectionRefusedError):
+            raise _Unanswered(
+                f"nothing answers at {url}: is the profiler running, with its endpoint there?"
+            ) from None
         raise AsyncflowError(f"cannot reach {url}: {reason}") from None
     except orjson.JSONDecodeError:
         raise AsyncflowError(
             f"{url}{path} did not answer JSON: is it an asyncflow endpoint?"
+        ) from None
+
+
+class _Unanswered(AsyncflowError):
+    """Nothing listens at the endpoint's address (the connection was refused)."""
+
+
+def _fetch_picked(args: argparse.Namespace, command: str, path: str, timeout: float) -> Any:
+    """``path`` from the endpoint given, else from the one :func:`_pick_url` picks; with none
+    given and none registered, nothing answering is said to be no profiler running."""
+    given = getattr(args, "url", None) is not None
+    args.url = _pick_url(args, command)
+    try:
+        return fetch(args.url, path, _token(args), timeout=timeout)
+    except _Unanswered:
+        if given:
+            raise
+        from asyncflow import registry
+
+        if registry.entries():
+            raise
+        raise AsyncflowError(
+            f"no profiler is running here ('asyncflow ps' lists none, and nothing answers at "
+            f"{args.url}): start one, e.g. with 'asyncflow run script.py', or give its URL"
         ) from None
 
 
@@ -684,8 +722,7 @@ def _token(args: argparse.Namespace) -> str | None:
 
 
 def _snapshot(args: argparse.Namespace) -> int:
-    args.url = _pick_url(args, "snapshot")
-    document = fetch(args.url, "/snapshot", _token(args))
+    document = _fetch_picked(args, "snapshot", "/snapshot", timeout=10.0)
     try:
         schema.load(schema.Snapshot, document)
     except schema.DocumentError as exc:
@@ -704,8 +741,7 @@ def _snapshot(args: argparse.Namespace) -> int:
 
 
 def _trace(args: argparse.Namespace) -> int:
-    args.url = _pick_url(args, "trace")
-    document = fetch(args.url, "/trace", _token(args), timeout=60.0)
+    document = _fetch_picked(args, "trace", "/trace", timeout=60.0)
     if not isinstance(document, dict) or not isinstance(document.get("traceEvents"), list):
         raise AsyncflowError(f"{args.url} answered something that is not a trace")
     try:

@@ -499,7 +499,7 @@ def test_a_busy_port_is_one_line_and_exit_1(tmp_path: Path) -> None:
     assert done.returncode == 1 and done.stdout == ""
     lines = done.stderr.strip().splitlines()  # the wording is tests/test_profiler.py's
     assert len(lines) == 1
-    assert lines[0].startswith(f"asyncflow: error: port {port} on 127.0.0.1 is already in use")
+    assert lines[0].startswith(f"asyncflow run: error: port {port} on 127.0.0.1 is already in use")
 
 
 def test_help_lists_every_option_with_its_default() -> None:
@@ -592,7 +592,7 @@ def test_snapshot_of_an_unreachable_endpoint(
         port = s.getsockname()[1]
     assert cli.main(["snapshot", f"http://127.0.0.1:{port}", "-o", str(tmp_path / "s")]) == 1
     err = capsys.readouterr().err.strip()
-    assert err.startswith(f"asyncflow: error: cannot reach http://127.0.0.1:{port}")
+    assert err.startswith(f"asyncflow snapshot: error: nothing answers at http://127.0.0.1:{port}")
     assert not (tmp_path / "s").exists()
 
 

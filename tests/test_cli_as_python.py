@@ -7,6 +7,7 @@ the two must agree.
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -181,3 +182,94 @@ def test_run_help_says_where_the_report_goes() -> None:
     said = " ".join(done.stdout.split())
     assert "'-' for standard output" in said, said
     assert "[standard error for the table, standard output for json and json-pretty]" in said
+
+
+# -- errors name the subcommand that failed, and what to do ------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (
+            ["run", "--bogus", "x.py"],
+            "unrecognized arguments: --bogus (see 'asyncflow run --help')",
+        ),
+        (["run", "--format", "yaml", "x.py"], "argument --format: invalid choice: 'yaml'"),
+        (["top", "--bogus"], "unrecognized arguments: --bogus (see 'asyncflow top --help')"),
+        (
+            ["snapshot", "--bogus", "-o", "s.json"],
+            "unrecognized arguments: --bogus (see 'asyncflow snapshot --help')",
+        ),
+    ],
+)
+def test_a_bad_flag_is_named_by_its_subcommand(
+    capsys: pytest.CaptureFixture[str], args: list[str], says: str
+) -> None:
+    from asyncflow import cli
+
+    assert cli.main(args) == cli.USAGE
+    error = capsys.readouterr().err
+    assert error.startswith(f"asyncflow {args[0]}: error: {says}"), error
+    assert error.count("\n") == 1
+
+
+def test_a_taken_port_is_an_error_of_run(tmp_path: Path) -> None:
+    write(tmp_path / "x.py", "print('never runs')\n")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = asyncflow_cmd("run", "--port", str(port), "x.py", cwd=tmp_path)
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr.startswith(
+        f"asyncflow run: error: port {port} on 127.0.0.1 is already in use"
+    )
+
+
+@pytest.mark.parametrize("command", ["snapshot", "trace"])
+def test_with_no_profiler_running_snapshot_says_so(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    command: str,
+) -> None:
+    """No URL, none registered, nothing at the default port: not 'Connection refused'."""
+    from asyncflow import cli
+
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    monkeypatch.setattr(cli, "DEFAULT_URL", f"http://127.0.0.1:{port}")  # nothing listens there
+    assert cli.main([command, "-o", str(tmp_path / "s.json")]) == cli.FAILED
+    error = capsys.readouterr().err
+    assert error == (
+        f"asyncflow {command}: error: no profiler is running here ('asyncflow ps' lists none, "
+        f"and nothing answers at http://127.0.0.1:{port}): start one, e.g. with "
+        "'asyncflow run script.py', or give its URL\n"
+    )
+    # a URL given, where nothing answers: said as plainly
+    assert cli.main([command, f"http://127.0.0.1:{port}", "-o", str(tmp_path / "s.json")]) == 1
+    error = capsys.readouterr().err
+    assert error == (
+        f"asyncflow {command}: error: nothing answers at http://127.0.0.1:{port}: is the "
+        "profiler running, with its endpoint there?\n"
+    )
+    assert not (tmp_path / "s.json").exists()
+
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+@pytest.mark.parametrize("flags", ["--block-threshold 0", "--host 0.0.0.0"])
+def test_the_readme_quotes_run_s_errors_as_run_says_them(flags: str) -> None:
+    lines = README.read_text(encoding="utf-8").splitlines()
+    asked = f"$ asyncflow run {flags} examples/crawler.py"
+    quoted = lines[lines.index(asked) + 1]
+    done = asyncflow_cmd("run", *flags.split(), "examples/crawler.py", cwd=README.parent)
+    assert done.returncode == 2
+    assert done.stderr == quoted + "\n"
+
+
+def test_run_help_gives_the_block_threshold_s_range() -> None:
+    done = asyncflow_cmd("run", "--help", env={"COLUMNS": "400"})
+    assert "blocks the loop, from 0.001 to 3600 [0.1]" in done.stdout, done.stdout

@@ -496,7 +496,7 @@ def test_asyncflow_run_names_its_port_flag(tmp_path: Path, taken_port: int) -> N
     done = subprocess.run(command, capture_output=True, text=True, timeout=60, env=env)
     assert done.returncode == 1 and done.stdout == ""
     assert done.stderr == (
-        f"asyncflow: error: port {taken_port} on 127.0.0.1 is already in use; pass another "
+        f"asyncflow run: error: port {taken_port} on 127.0.0.1 is already in use; pass another "
         "--port (--port 0 picks a free one)\n"
     )
 
