@@ -1294,6 +1294,22 @@ internal_error(const char *where, PyObject *err, PyObject *obj)
     Py_XDECREF(res);
 }
 
+/* An error while recording: asyncflow's own (an Exception) goes to internal_error() and 0 is
+ * returned; anything else (KeyboardInterrupt or SystemExit raised while a repr() the program
+ * asked for ran) is the program's: it is counted there already, set again, and -1 is returned
+ * for the caller to raise it. */
+static int
+recording_failed(const char *where, PyObject *obj)
+{
+    PyObject *err = fetch_exc();
+    if (err != NULL && !PyObject_TypeCheck(err, (PyTypeObject *)PyExc_Exception)) {
+        restore_exc(err);
+        return -1;
+    }
+    internal_error(where, err, obj);
+    return 0;
+}
+
 /* ---- the common end of a call, in C: it returned (futures._finish_poll, then _retire) ------- */
 
 /* Whether the returning call can be ended here: no result to log, no cancellation to account
@@ -3057,8 +3073,11 @@ step_ended(StepObject *self, PySendResult status, PyObject **result)
     self->owner = NULL; /* a done step holds nothing */
     PyObject *iteration = owner->iteration;
     if (status == PYGEN_RETURN) {
-        if (count_item(iteration, owner->stats, owner->counter, *result) < 0) {
-            internal_error("counting a stream item", fetch_exc(), iteration);
+        if (count_item(iteration, owner->stats, owner->counter, *result) < 0 &&
+            recording_failed("counting a stream item", iteration) < 0) {
+            Py_CLEAR(*result); /* the program's interrupt, raised in place of the item */
+            Py_DECREF(owner);
+            return PYGEN_ERROR;
         }
         Py_DECREF(owner);
         return status;
@@ -4155,8 +4174,10 @@ fifo_put(FifoHookObject *h, PyObject *item)
         Py_DECREF(res);
     }
     Py_RETURN_NONE;
-error: /* observing never breaks the program */
-    internal_error("recording a queue put", fetch_exc(), (PyObject *)h);
+error: /* observing never breaks the program; the program's own interrupt goes on */
+    if (recording_failed("recording a queue put", (PyObject *)h) < 0) {
+        return NULL;
+    }
     Py_RETURN_NONE;
 }
 

@@ -373,10 +373,15 @@ _running_call_here = _futures.running_call_here
 def _message_repr(item: Any) -> str:
     try:
         text = repr(item)
+    except (KeyboardInterrupt, SystemExit) as exc:
+        # Ctrl-C (or an exit) that came while repr() ran is the program's: counted, and
+        # raised on (a program that does not use asyncio.run gets it wherever it is)
+        _session.internal_error("repr() of a logged message or item", exc)
+        raise
     except BaseException as exc:
-        # Even KeyboardInterrupt or CancelledError: raised here, it would leave the program's
-        # put() half done (the item queued, the call failed). Observing never breaks the
-        # program, so the exception is recorded in the log entry and goes no further.
+        # The program's repr failed (even with CancelledError, which is not the program's
+        # to get: raised here, it would leave its put() half done): counted, and logged.
+        _session.internal_error("repr() of a logged message or item", exc)
         return f"<repr() failed: {type(exc).__name__}>"
     return text if len(text) <= _MESSAGE_REPR_LIMIT else text[: _MESSAGE_REPR_LIMIT - 1] + "…"
 

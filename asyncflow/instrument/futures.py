@@ -522,7 +522,10 @@ def _truncate(text: str) -> str:
 def _short_repr(value: object) -> str:
     try:
         return _truncate(repr(value))
-    except BaseException as exc:  # even KeyboardInterrupt: it belongs to no line of the program
+    except (KeyboardInterrupt, SystemExit):
+        raise  # the program's (Ctrl-C while repr() ran): see _finish_poll
+    except BaseException as exc:  # the program's repr failed: logged as such, and counted
+        _session.internal_error("repr() of a logged result", exc)
         return f"<repr() failed: {type(exc).__name__}>"
 
 
@@ -537,6 +540,7 @@ def _finish_poll(r: CallRecord, t0: int, exc: BaseException) -> None:
     """The last poll of a call ended with ``exc`` leaving the coroutine (StopIteration included)."""
     if r.finished:  # e.g. "cannot reuse already awaited coroutine": the call ended before
         return
+    interrupted: BaseException | None = None
     try:
         now = _end_poll(r, t0)
         if isinstance(exc, StopIteration):
@@ -544,7 +548,12 @@ def _finish_poll(r: CallRecord, t0: int, exc: BaseException) -> None:
             r.outcome = RETURNED
             r.stats.returned += 1
             if r.future.log_result:
-                r.result = _short_repr(exc.value)
+                try:
+                    r.result = _short_repr(exc.value)
+                except (KeyboardInterrupt, SystemExit) as interrupt:  # while repr() ran
+                    _session.internal_error("repr() of a logged result", interrupt)
+                    r.result = f"<repr() failed: {type(interrupt).__name__}>"
+                    interrupted = interrupt  # the program's: raised once the call is recorded
         elif isinstance(exc, asyncio.CancelledError):
             r.state = CANCELLED
             r.outcome = OUTCOME_CANCELLED
@@ -560,6 +569,8 @@ def _finish_poll(r: CallRecord, t0: int, exc: BaseException) -> None:
         _retire(r, now)
     except Exception as err:  # observing never breaks the program
         _session.internal_error("recording a finished call", err)
+    if interrupted is not None:
+        raise interrupted
 
 
 #: What became of a call that was asked to cancel (``CallRecord.cancel_outcome``).

@@ -521,18 +521,25 @@ class _Interrupting:
         raise KeyboardInterrupt
 
 
-async def test_a_repr_raising_a_base_exception_never_reaches_the_program() -> None:
+async def test_a_keyboard_interrupt_in_a_logged_repr_reaches_the_program() -> None:
+    # Ctrl-C while asyncflow ran the program's repr() is the program's: counted, and raised
+    # (issue 24, item 10; it was once swallowed, and a program without asyncio.run never saw it)
     with asyncflow.profile("repr", format="none") as prof:
         q: asyncio.Queue[Any] = asyncflow.instrument_queue(
             asyncio.Queue(), name="r", log_messages=True
         )
+        errors = prof.snapshot().status.internal_errors
         item = _Interrupting()
-        q.put_nowait(item)  # the put completes: no KeyboardInterrupt from asyncflow's repr
-        assert q.get_nowait() is item
+        with pytest.raises(KeyboardInterrupt):
+            q.put_nowait(item)  # queued, and counted: the interrupt came as it was logged
+        assert q.qsize() == 1
+        with pytest.raises(KeyboardInterrupt):
+            q.get_nowait()
+        assert q.empty()
         snap = prof.snapshot()
-    _, logs = _channel(snap, "r")
-    assert [e.message for e in logs.sent_logs] == ["<repr() failed: KeyboardInterrupt>"]
-    assert [e.message for e in logs.received_logs] == ["<repr() failed: KeyboardInterrupt>"]
+    channel, _ = _channel(snap, "r")
+    assert (channel.sent_count, channel.received_count) == (1, 1)
+    assert snap.status.internal_errors == errors + 2
 
 
 @pytest.mark.parametrize("make", KINDS, ids=lambda k: k.__name__)
