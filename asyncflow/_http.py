@@ -122,6 +122,15 @@ class _Connection(web.RequestHandler):
         self._af_endpoint = endpoint
         self._af_loop: asyncio.AbstractEventLoop = kwargs["loop"]
         self._af_timer: asyncio.TimerHandle | None = None
+        self._af_evicted = False
+
+    def af_evict(self) -> None:
+        """Close now, to make room for a newer connection (even before it is made)."""
+        self._af_evicted = True
+        transport = self.transport
+        if transport is not None:
+            self.force_close()
+            transport.abort()  # now, even with a response unsent: its descriptor is freed
 
     def af_arm(self, seconds: float) -> None:
         """Close the connection in ``seconds`` unless re-armed before."""
@@ -137,12 +146,14 @@ class _Connection(web.RequestHandler):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.af_arm(self._af_endpoint.limits.header_timeout)
         super().connection_made(transport)
+        if self._af_evicted:  # made room for a newer one before its transport was made
+            self.af_evict()
 
     def connection_lost(self, exc: BaseException | None) -> None:
         if self._af_timer is not None:
             self._af_timer.cancel()
             self._af_timer = None
-        self._af_endpoint.connections.discard(self)
+        self._af_endpoint.forget(self)
         super().connection_lost(exc)
 
     def log_access(self, request: Any, response: Any, time: float | None) -> None:
@@ -229,6 +240,13 @@ class _Front:
             "(or retry in a second)",
         )
         self.connections: weakref.WeakSet[_Connection] = weakref.WeakSet()
+        #: the connections held that no request has yet shown to be a client's (none passed
+        #: the Host check, and the token's when there is one), oldest first: the ones that
+        #: make room when the cap is reached, so that idle or half-sent sockets never keep a
+        #: client with the token out
+        self._unproven: dict[_Connection, None] = {}
+        #: connections closed to make room for a newer one
+        self.evicted = 0
 
     def app(self) -> web.Application:
         """The aiohttp application (also what tests drive with aiohttp's test client)."""
@@ -310,14 +328,38 @@ class _Front:
         }
 
     def accept(self) -> asyncio.Protocol:
-        """A protocol for a new connection: aiohttp's, or a 503 beyond the cap."""
-        if len(self.connections) >= self.limits.max_connections:
+        """A protocol for a new connection: aiohttp's, or a 503 beyond the cap.
+
+        At the cap, the oldest connection no request has proven yet is closed to make room
+        (as its header deadline would close it, only sooner); only when every connection held
+        is proven is the new one answered 503. So sockets that never show the token (or,
+        without a token, never send a request this endpoint answers) cannot keep out a client
+        that does: they take turns in the places its connection leaves.
+        """
+        if len(self.connections) >= self.limits.max_connections and not self._evict():
             logger.debug("endpoint: refusing a connection beyond the cap")
             return _Overloaded(self._overloaded)
         assert self._manager is not None, "accept() before setup()"
         connection = _Connection(self, self._manager, **self._options)
         self.connections.add(connection)
+        self._unproven[connection] = None
         return connection
+
+    def _evict(self) -> bool:
+        """Close the oldest unproven connection; False when every connection is proven."""
+        oldest = next(iter(self._unproven), None)
+        if oldest is None:
+            return False
+        self.forget(oldest)
+        self.evicted += 1
+        logger.debug("endpoint: closing the oldest unproven connection to make room")
+        oldest.af_evict()
+        return True
+
+    def forget(self, connection: _Connection) -> None:
+        """``connection`` is closed: it holds no place any more."""
+        self.connections.discard(connection)
+        self._unproven.pop(connection, None)
 
     async def stop(self) -> None:
         """Close every connection."""
@@ -394,8 +436,12 @@ class _Front:
             connection.af_arm(self.limits.response_timeout)
         try:
             self._check_host(request)
-            if self.config.token is not None and request.path != "/":  # the page asks for it
+            proven = self.config.token is None
+            if not proven and request.path != "/":  # the page asks for the token itself
                 self._check_token(request)
+                proven = True
+            if proven and isinstance(connection, _Connection):
+                self._unproven.pop(connection, None)  # a client's: never closed to make room
             return await handler(request)
         except _Refused as refused:
             return _error(refused.status, refused.message)
