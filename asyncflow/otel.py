@@ -32,7 +32,7 @@ from asyncflow._version import __version__
 from asyncflow.errors import AsyncflowError
 from asyncflow.instrument import _session
 from asyncflow.reporters import Figures, Tick
-from asyncflow.schema import Location
+from asyncflow.schema import Location, fit_text
 
 try:
     from opentelemetry.metrics import CallbackOptions, Meter, Observation
@@ -581,7 +581,7 @@ class OtelReporter:
         with self._lock:
             sums = list(self._call_time.items())
         return [
-            Observation(ns / 1e9, {"label": label, "location": where, "outcome": outcome})
+            Observation(ns / 1e9, _fit({"label": label, "location": where, "outcome": outcome}))
             for (label, where, outcome), ns in sums
         ]
 
@@ -637,12 +637,20 @@ class OtelReporter:
                 figures = self._figures()
                 if figures is None:
                     return []
-                return [Observation(value, attrs) for value, attrs in points(figures)]
+                return [Observation(value, _fit(attrs)) for value, attrs in points(figures)]
             except Exception as exc:  # the SDK would log it on every export: say it once
                 _session.internal_error("the OpenTelemetry export's callback", exc)
                 return []
 
         return callback
+
+
+def _fit(attrs: _Attrs) -> _Attrs:
+    """``attrs`` fit for an exporter's UTF-8: a lone surrogate in a label or file name (one that
+    is not UTF-8) becomes its escape; the same dict when none has one (nearly always)."""
+    if all(value.isascii() for value in attrs.values()):
+        return attrs
+    return {key: fit_text(value) for key, value in attrs.items()}
 
 
 def _global_sdk_provider() -> Any:

@@ -22,7 +22,7 @@ import os
 from collections.abc import Iterable, Mapping
 
 from asyncflow.reporters import Figures, Tick
-from asyncflow.schema import Location
+from asyncflow.schema import Location, fit_text
 
 __all__ = ["CONTENT_TYPE", "FAMILIES", "TextfileReporter", "render"]
 
@@ -167,6 +167,9 @@ def _help(text: str) -> str:
 
 
 def _escape(value: str) -> str:
+    # Every label value is written here: a lone surrogate (a file name that is not UTF-8)
+    # becomes its escape first, whose backslash is then escaped as any other.
+    value = fit_text(value)
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 

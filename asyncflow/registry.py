@@ -25,7 +25,7 @@ from typing import Any
 
 import orjson
 
-from asyncflow import config
+from asyncflow import config, schema
 
 __all__ = ["Entry", "Registration", "directory", "entries", "register"]
 
@@ -178,7 +178,7 @@ def register(name: str, url: str, token: bool) -> Registration | None:
         fd, scratch = tempfile.mkstemp(prefix=f".{pid}.", suffix=".tmp", dir=folder)
         try:
             with os.fdopen(fd, "wb") as out:
-                out.write(orjson.dumps(document))
+                out.write(schema.dumps(document))  # a name or argv not UTF-8 escaped
             os.replace(scratch, path)  # readers see the whole file or none
         except BaseException:
             with contextlib.suppress(OSError):

@@ -81,6 +81,7 @@ __all__ = [
     "WarningSubject",
     "WarningsDocument",
     "dumps",
+    "fit_text",
     "load",
 ]
 
@@ -1003,9 +1004,42 @@ class ErrorDocument:
 
 
 def dumps(document: Any, *, pretty: bool = False) -> bytes:
-    """Serialise a document (or a list/dict of them) to JSON bytes."""
-    option = orjson.OPT_INDENT_2 if pretty else 0
-    return orjson.dumps(document, option=option | orjson.OPT_NON_STR_KEYS)
+    """Serialise a document (or a list/dict of them) to JSON bytes.
+
+    Text that is not valid Unicode (a lone surrogate: a file name ``os.fsdecode`` could not
+    decode, a task name or a label made from one) is written as its escape (see
+    :func:`fit_text`), never refused: the program's text must not break a document.
+    """
+    option = (orjson.OPT_INDENT_2 if pretty else 0) | orjson.OPT_NON_STR_KEYS
+    try:
+        return orjson.dumps(document, option=option)
+    except TypeError as exc:  # orjson.JSONEncodeError
+        if "surrogates" not in str(exc):
+            raise
+    # The rare path: a copy with every string fit for UTF-8 (the common one costs nothing).
+    return orjson.dumps(_fit(document), option=option)
+
+
+def fit_text(text: str) -> str:
+    """``text`` fit for UTF-8: each lone surrogate written as its escape (``"caf\\udce9"`` for
+    ``os.fsdecode(b"caf\\xe9")``), as ``repr()`` writes it; any other text as it is. The one
+    rule for every document and export (JSON, the Prometheus text, the trace, OTel)."""
+    if text.isascii():  # constant time: nearly every label, name and file
+        return text
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _fit(value: Any) -> Any:
+    """``value`` as orjson would write it, with every string (keys too) through fit_text."""
+    if isinstance(value, str):
+        return fit_text(value)
+    if isinstance(value, dict):
+        return {fit_text(k) if isinstance(k, str) else k: _fit(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_fit(item) for item in value]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _fit(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    return value
 
 
 _D = TypeVar("_D")

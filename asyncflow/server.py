@@ -463,7 +463,7 @@ class _FrontConfig:
     limits: Limits
 
     def wire(self) -> bytes:
-        return orjson.dumps(dataclasses.asdict(self))
+        return schema.dumps(dataclasses.asdict(self))  # allowed_hosts may hold anything
 
     @classmethod
     def from_wire(cls, data: bytes) -> _FrontConfig:
@@ -670,8 +670,8 @@ class Server:
             self.collector.drain()  # before building any document (work the next tick spares)
             started = time.thread_time_ns()
             built = getattr(self, name)(query)
-            if isinstance(built, str):
-                body = built.encode("utf-8")
+            if isinstance(built, str):  # its text is fit for UTF-8 already (fit_text)
+                body = built.encode("utf-8", "backslashreplace")
             elif isinstance(built, bytes | bytearray | memoryview):
                 body = bytes(built)
             else:

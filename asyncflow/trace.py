@@ -36,6 +36,7 @@ from asyncflow._version import __version__
 from asyncflow.instrument import _session
 from asyncflow.instrument.channels import channel_registry
 from asyncflow.instrument.loops import loop_registry
+from asyncflow.schema import fit_text
 
 if TYPE_CHECKING:
     from asyncflow.collector import Collector
@@ -332,8 +333,15 @@ def _us(ns: int) -> float:
 
 
 def _text(value: str) -> str:
-    """A name without control characters (some viewers refuse them even escaped)."""
-    return value if value.isprintable() else "".join(c if c.isprintable() else "?" for c in value)
+    """A name without control characters (some viewers refuse them even escaped), and fit for
+    UTF-8: a lone surrogate (a file name that is not UTF-8) is written as its escape."""
+    if value.isprintable():
+        return value
+    return "".join(c if c.isprintable() else _unprintable(c) for c in value)
+
+
+def _unprintable(c: str) -> str:
+    return fit_text(c) if "\ud800" <= c <= "\udfff" else "?"
 
 
 class _Track:
@@ -410,7 +418,7 @@ class _Builder:
         lost = recorder.lost
         metadata = {
             "asyncflow": {
-                "name": recorder.collector.options.name,
+                "name": _text(recorder.collector.options.name),
                 "version": __version__,
                 "pid": os.getpid(),
                 "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(origin_wall)),
