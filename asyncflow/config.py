@@ -1,6 +1,8 @@
 """Every ``ASYNCFLOW_*`` environment variable is read here, and every option is validated here.
 
-Precedence: an explicit argument, then the environment variable, then the default below.
+Precedence: an explicit argument, then the environment variable, then the default below. An
+explicit ``None`` is an argument like any other: it means the option's default, whatever the
+environment says (``port=None``: no endpoint at all).
 """
 
 from __future__ import annotations
@@ -495,6 +497,9 @@ def resolve_options(
 ) -> Options:
     """Options from explicit arguments, then ``ASYNCFLOW_*`` variables, then defaults.
 
+    An argument given as None is the option's default, whatever the variable says (``port``'s
+    None serves no endpoint).
+
     Args:
         name: the profiler's name.
         given: the keyword arguments passed to ``profile()``/``start()``.
@@ -539,8 +544,11 @@ def resolve_options(
         raise ValueError(f"name={name!r}: expected a non-empty string naming the profiled program")
 
     def pick(option: str) -> tuple[object, str] | None:
-        if given.get(option) is not None:
-            return given[option], option
+        """The value to parse and where it came from; None: the default. An explicit None
+        wins over the variable (as every argument does) and asks for the default."""
+        if option in given:
+            value = given[option]
+            return None if value is None else (value, option)
         var = _ENV.get(option)
         if var is not None and env.get(var, "").strip():
             return env[var], var

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 from typing import Any
@@ -225,3 +226,54 @@ def test_where_the_port_came_from() -> None:
     env = {"ASYNCFLOW_PORT": "7001"}
     assert resolve_options("svc", {}, environ=env).port_source == "ASYNCFLOW_PORT"
     assert resolve_options("svc", {"port": 7000}, environ=env).port_source == "port"
+
+
+def _a_value_of_each_variable(tmp_path: Path) -> dict[str, str]:
+    """For every ``ASYNCFLOW_*`` option, its variable set to a value that is not the default."""
+    return {
+        "percentiles": "90",
+        "limit": "3",
+        "format": "json",
+        "output": str(tmp_path / "r.json"),
+        "recent_logs": "7",
+        "duration": "2.5",
+        "host": "127.0.0.2",
+        "port": "7001",
+        "token": "sekrit",
+        "block_threshold": "0.5",
+        "trace": "1",
+        "trace_events": "10",
+        "sampling": "4",
+        "allowed_hosts": "myhost",
+        "warn": "long_poll=0.05",
+        "otel": "1",
+        "include": "myapp.*",
+        "exclude": "worker",
+        "cpu": "1",
+        "allocations": "1",
+    }
+
+
+def test_an_explicit_none_is_the_default_whatever_the_environment_says(tmp_path: Path) -> None:
+    # None given for an option is an explicit argument, so it wins over the variable, as every
+    # argument does; it means the option's default (port=None: no endpoint at all). Once only
+    # port=None did; every other None fell through to the variable.
+    from asyncflow import config
+
+    values = _a_value_of_each_variable(tmp_path)
+    assert set(values) == set(config._ENV), "every option with a variable is tried"
+    default = resolve_options("svc", {}, environ={})
+    took_the_variable = []
+    for option, value in values.items():
+        env = {config._ENV[option]: value}
+        assert resolve_options("svc", {}, environ=env) != default, f"{option}: no effect"
+        got = resolve_options("svc", {option: None}, environ=env)
+        expected = dataclasses.replace(default, port=None) if option == "port" else default
+        if got != expected:
+            took_the_variable.append(option)
+    assert took_the_variable == []
+
+
+@pytest.mark.parametrize("option", ["reporter", "reporters"])
+def test_none_for_an_option_without_a_variable_is_its_default(option: str) -> None:
+    assert resolve_options("svc", {option: None}, environ={}) == Options(name="svc")
