@@ -329,27 +329,13 @@ _history: GoneHistory[StreamRecord] = GoneHistory(
 
 class _IteratorMethods(Generic[_T]):
     """What both implementations of the wrapped iterator share: everything but ``__aiter__``
-    and ``__anext__`` (the hot part), which the compiled one has in C."""
+    and ``__anext__`` (the hot part), which the compiled one has in C, and the generator
+    methods, which only the wrappers of iterators that have them have (see ``_shaped``)."""
 
     __slots__ = ()
 
     _it: AsyncIterator[_T]
     _iteration: _Iteration
-
-    def asend(self, value: Any) -> Awaitable[_T]:
-        return self._step(lambda: self._it.asend(value))  # type: ignore[attr-defined]
-
-    def athrow(self, typ: Any, val: Any = None, tb: Any = None) -> Awaitable[_T]:
-        if val is None and tb is None:
-            return self._step(lambda: self._it.athrow(typ))  # type: ignore[attr-defined]
-        exc = _normalize_throw(typ, val, tb)
-        return self._step(lambda: self._it.athrow(exc))  # type: ignore[attr-defined]
-
-    async def aclose(self) -> None:
-        try:
-            await self._it.aclose()  # type: ignore[attr-defined]
-        finally:
-            self._iteration.end(GeneratorExit())
 
     async def _step(self, next_awaitable: Callable[[], Awaitable[_T]]) -> _T:
         it = self._iteration
@@ -380,9 +366,86 @@ class _IteratorMethods(Generic[_T]):
         return repr(self._it)
 
 
+class _Asend(_IteratorMethods[_T]):
+    __slots__ = ()
+
+    def asend(self, value: Any) -> Awaitable[_T]:
+        return self._step(lambda: self._it.asend(value))  # type: ignore[attr-defined]
+
+
+class _Athrow(_IteratorMethods[_T]):
+    __slots__ = ()
+
+    def athrow(self, typ: Any, val: Any = None, tb: Any = None) -> Awaitable[_T]:
+        if val is None and tb is None:
+            return self._step(lambda: self._it.athrow(typ))  # type: ignore[attr-defined]
+        exc = _normalize_throw(typ, val, tb)
+        return self._step(lambda: self._it.athrow(exc))  # type: ignore[attr-defined]
+
+
+class _Aclose(_IteratorMethods[_T]):
+    __slots__ = ()
+
+    async def aclose(self) -> None:
+        try:
+            await self._it.aclose()  # type: ignore[attr-defined]
+        finally:
+            self._iteration.end(GeneratorExit())
+
+
+#: (implementation, has asend, has athrow, has aclose) -> its class with those methods
+_shapes: dict[tuple[type, bool, bool, bool], type] = {}
+
+
+def _wrap(it: AsyncIterator[_T], record: StreamRecord) -> AsyncIterator[_T]:
+    """``it`` wrapped by the implementation in use (``InstrumentedAsyncIterator``: the compiled
+    one where it is built, else the reference), in its subclass with exactly the generator
+    methods that ``it`` has: a generic helper's ``if hasattr(it, "aclose"): await it.aclose()``
+    must not fail on the wrapper of an iterator that has none, and ``isinstance(w,
+    AsyncGenerator)`` is what it is for ``it``."""
+    base = InstrumentedAsyncIterator
+    if type(it) is types.AsyncGeneratorType:
+        cls = _generators.get(base) or _shaped((base, True, True, True))
+    else:
+        cls = _shaped((base, hasattr(it, "asend"), hasattr(it, "athrow"), hasattr(it, "aclose")))
+    wrapper: AsyncIterator[_T] = cls(it, record)
+    return wrapper
+
+
+#: each implementation's class for async generators: with every generator method
+_generators: dict[type, type] = {}
+
+
+def _shaped(key: tuple[type, bool, bool, bool]) -> type:
+    """The class of implementation ``key[0]`` with the generator methods ``key[1:]`` says it
+    has (``asend``, ``athrow``, ``aclose``): at most eight per implementation, made once."""
+    cls = _shapes.get(key)
+    if cls is None:
+        base = key[0]
+        mixins = tuple(
+            mixin
+            for mixin, present in zip((_Asend, _Athrow, _Aclose), key[1:], strict=True)
+            if present
+        )
+        cls = base
+        if mixins:
+            namespace = {
+                "__slots__": (),
+                "__module__": base.__module__,
+                "__qualname__": base.__qualname__,
+                "__doc__": base.__doc__,
+            }
+            cls = type(base.__name__, (*mixins, base), namespace)
+        cls = _shapes.setdefault(key, cls)
+        if all(key[1:]):
+            _generators[base] = cls
+    return cls
+
+
 class InstrumentedAsyncIterator(_IteratorMethods[_T]):
     """Iterates the wrapped async iterator, counting every item and timing a sample of them;
-    ``asend``/``athrow``/``aclose`` are the wrapped async generator's.
+    ``asend``/``athrow``/``aclose`` are the wrapped async generator's, and a wrapper has those
+    of them that the iterator it wraps has (its class is a subclass of this one with them).
 
     The pure-Python reference; where the compiled hot path is built, the class of that name is
     its twin (``__anext__`` in C, these same Python methods for the rest)."""
@@ -420,7 +483,11 @@ class StreamFunction(Generic[_P, _T]):
         it = self.__wrapped__(*args, **kwargs)
         if _session.active is None:
             return it
-        return InstrumentedAsyncIterator(it, self.stream_record)
+        cls = _generators.get(InstrumentedAsyncIterator)  # _wrap's common case, inline
+        if cls is None or type(it) is not types.AsyncGeneratorType:
+            return _wrap(it, self.stream_record)
+        wrapper: AsyncIterator[_T] = cls(it, self.stream_record)
+        return wrapper
 
     def __get__(self, obj: object, objtype: type | None = None) -> Any:
         return self if obj is None else types.MethodType(self, obj)
@@ -511,7 +578,7 @@ def stream(fn: Any = None, /, *, name: str | None = None, log_items: bool = Fals
         ),
         name,
     )
-    return InstrumentedAsyncIterator(it, record)
+    return _wrap(it, record)
 
 
 # The compiled hot path (asyncflow/instrument/_speedups.c), where it is built and not turned off

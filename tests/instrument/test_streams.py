@@ -531,7 +531,8 @@ async def test_wrapped_iterables_behave_exactly_as_before(wrapper_impl: Any) -> 
         plain = await _observe_next(make_it(), skip_asyncflow=False)
         with asyncflow.profile("next", format="none"):
             wrapped_it = asyncflow.stream(make_it(), name="next")
-            assert type(wrapped_it) is wrapper_impl
+            # a generator's wrapper is of a subclass with its asend, athrow and aclose
+            assert isinstance(wrapped_it, wrapper_impl)
             # the compiled step has no Python frame: nothing of asyncflow's in the traceback
             compiled = wrapper_impl is streams.InstrumentedAsyncIteratorC
             wrapped = await _observe_next(wrapped_it, skip_asyncflow=not compiled)
@@ -773,3 +774,66 @@ async def test_an_abandoned_generator_of_a_gone_function_is_counted_closed(
         "cancelled": 0,
         "failed": 0,
     }
+
+
+class _Ticks:
+    """An async iterator that is no generator: no asend, athrow or aclose."""
+
+    def __init__(self, n: int) -> None:
+        self.left = list(range(n))
+
+    def __aiter__(self) -> _Ticks:
+        return self
+
+    async def __anext__(self) -> int:
+        if not self.left:
+            raise StopAsyncIteration
+        return self.left.pop(0)
+
+
+class _ClosableTicks(_Ticks):
+    """One with an aclose() of its own, and still no asend or athrow."""
+
+    closed = False
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+async def _drain(it: Any) -> list[int]:
+    """As generic stream helpers do: iterate, then close what can be closed."""
+    items = [x async for x in it]
+    if hasattr(it, "aclose"):
+        await it.aclose()
+    return items
+
+
+async def _three() -> AsyncIterator[int]:
+    for i in range(3):
+        yield i
+
+
+async def test_a_wrapped_iterator_offers_exactly_the_methods_of_what_it_wraps() -> None:
+    methods = ("asend", "athrow", "aclose")
+    with asyncflow.profile("methods", format="none") as prof:
+        plain = asyncflow.stream(_Ticks(3), name="plain")
+        assert [hasattr(plain, name) for name in methods] == [False, False, False]
+        assert isinstance(plain, AsyncIterator) and not isinstance(plain, AsyncGenerator)
+        assert await _drain(plain) == [0, 1, 2]
+        with pytest.raises(AttributeError):
+            plain.aclose  # type: ignore[attr-defined]  # noqa: B018
+        ticks = _ClosableTicks(2)
+        closable = asyncflow.stream(ticks, name="closable")
+        assert [hasattr(closable, name) for name in methods] == [False, False, True]
+        assert not isinstance(closable, AsyncGenerator)
+        assert await _drain(closable) == [0, 1] and ticks.closed
+        gen = asyncflow.stream(_three(), name="generator")
+        assert [hasattr(gen, name) for name in methods] == [True, True, True]
+        assert isinstance(gen, AsyncGenerator)
+        assert await _drain(gen) == [0, 1, 2]
+        assert type(plain) is not type(gen)
+        assert all(isinstance(w, streams.InstrumentedAsyncIterator) for w in (plain, gen))
+        snap = prof.snapshot()
+    for label in ("plain", "closable", "generator"):
+        entry, _ = _stream(snap, label)
+        assert entry.items_yielded == (2 if label == "closable" else 3)
