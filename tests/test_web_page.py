@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 import base64
 import hashlib
+import http.server
 import os
 import re
 import shutil
 import subprocess
+import threading
 import tomllib
 import urllib.error
 import urllib.request
@@ -324,7 +326,10 @@ def test_the_page_is_served_without_the_token_with_a_strict_policy(
     assert "unsafe" not in policy
     # self-contained: nothing to load from anywhere, no inline handlers or style attributes
     text = body.decode()
-    assert not re.search(r"\b(src|href|srcset|action)\s*=", text)
+    # but its icon, which is none: no request for /favicon.ico (a 404 in every browser's log)
+    assert re.findall(r"\b(?:src|href|srcset|action)\s*=[^>]*", text) == ['href="data:,"']
+    assert '<link rel="icon" href="data:,">' in text
+    assert directives["img-src"] == "'self' data:"  # else the icon is refused, and looked for
     assert not re.search(r"\son[a-z]+\s*=|\sstyle\s*=|@import|url\(\s*['\"]?(https?:)?//", text)
     assert "innerHTML" not in text and "eval(" not in text
 
@@ -336,3 +341,90 @@ def test_the_page_is_package_data() -> None:
     assert "*.html" in package_data["asyncflow.web"]
     assert (ROOT / "asyncflow" / "web" / "page.html").is_file()
     assert os.path.basename(web.__file__) == "__init__.py"
+
+
+# -- what the browser asks for, and how a note is drawn ------------------------------------------
+
+
+@asyncflow.future
+async def trickle(paced: asyncio.Queue[int | None]) -> None:
+    for i in range(4):
+        await asyncio.sleep(0.03)  # a slow producer: the consumer waits (starved, a note)
+        await paced.put(i)
+    await paced.put(None)
+
+
+@asyncflow.future
+async def waits_for_trickle(paced: asyncio.Queue[int | None]) -> None:
+    while await paced.get() is not None:
+        pass
+
+
+class _Recorder:
+    """A proxy in front of the endpoint that notes every path the browser asks for."""
+
+    def __init__(self, target: str) -> None:
+        self.paths: list[str] = []
+        recorder = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                recorder.paths.append(self.path)
+                request = urllib.request.Request(target + self.path)
+                if auth := self.headers.get("Authorization"):
+                    request.add_header("Authorization", auth)
+                try:
+                    with urllib.request.urlopen(request, timeout=10) as answer:
+                        status, headers, body = answer.status, answer.headers, answer.read()
+                except urllib.error.HTTPError as error:
+                    with error:
+                        status, headers, body = error.code, error.headers, error.read()
+                self.send_response(status)
+                for name in ("Content-Type", "Content-Security-Policy"):
+                    if headers.get(name):
+                        self.send_header(name, headers[name])
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(10)
+
+
+@needs_chromium
+def test_an_info_note_outlines_nothing_and_no_icon_is_asked_for(tmp_path: Path) -> None:
+    async def paced_pipeline() -> None:
+        paced: asyncio.Queue[int | None] = asyncflow.instrument_queue(asyncio.Queue(), name="paced")
+        await asyncio.wait_for(asyncio.gather(trickle(paced), waits_for_trickle(paced)), 30)
+
+    warn = "min_wait=0.01,starved_share=0.2"
+    with asyncflow.profile("noted", format="none", port=0, token=TOKEN, warn=warn) as prof:
+        asyncio.run(paced_pipeline())
+        snapshot = prof.snapshot()
+        assert prof.url is not None and snapshot.flow is not None
+        notes = [w for w in snapshot.warnings if w.subject.label == "paced"]
+        assert [(w.kind, w.severity) for w in notes] == [("starved", "info")], snapshot.warnings
+        proxy = _Recorder(prof.url)
+        try:
+            (elements,) = render(f"{proxy.url}/#token={TOKEN}", tmp_path=tmp_path)
+        finally:
+            proxy.close()
+    (body,) = [e for e in elements if e.tag == "body"]
+    assert body.attrs["data-state"] == "ready", body.content[:500]
+    shown = [e.attrs["data-kind"] for e in elements if e.tag == "li" and "data-kind" in e.attrs]
+    assert "starved" in shown  # listed, as every warning is
+    nodes = {e.attrs["data-id"]: e for e in elements if e.tag == "g" and "node" in e.classes}
+    paced = next(n.id for n in snapshot.flow.nodes if n.label == "paced")
+    assert "/favicon.ico" not in proxy.paths, proxy.paths
+    assert "warned" not in nodes[paced].classes  # a note is not a problem: no red outline
+    assert proxy.paths[0] == "/" and all(p.startswith("/") for p in proxy.paths)

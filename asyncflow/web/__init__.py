@@ -43,7 +43,7 @@ def headers() -> dict[str, str]:
             f"script-src {_hashes('script')}",
             f"style-src {_hashes('style')}",
             "connect-src 'self'",
-            "img-src 'self'",
+            "img-src 'self' data:",  # the page's icon is none, said as data: (no /favicon.ico)
             "base-uri 'none'",
             "form-action 'none'",
             "frame-ancestors 'none'",
