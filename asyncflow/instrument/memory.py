@@ -291,6 +291,8 @@ def instrument_memory_stream(
 
     Returns:
         ``(send, receive)``, the very same objects; their clones share the channel's record.
+        Instrumenting the stream again changes nothing, but for a ``name`` given then (the
+        channel is relabelled) and ``log_messages=True`` (turned on).
 
     Raises:
         TypeError: the arguments are not the two sides of one memory object stream.
@@ -313,7 +315,13 @@ def instrument_memory_stream(
     if _config.disabled():
         return send, receive
     with _instrument_lock:
-        if isinstance(state.buffer, _Buffer):
+        existing = state.buffer
+        if isinstance(existing, _Buffer):
+            # Instrumented already: the program's own name and logging choice win, as for
+            # queues and locks.
+            if name is not None:
+                existing.record.label = name
+            existing.record.log_messages = existing.record.log_messages or log_messages
             return send, receive
         record = register(
             _StreamRecord(

@@ -438,3 +438,24 @@ async def test_a_blocked_send_taken_by_a_receiver_is_the_consumers_receive(
     assert {e.future_id for e in logs.sent_logs} == {ids[f"{label}-producer"]}
     assert {e.future_id for e in logs.received_logs} == {ids[f"{label}-consumer"]}
     assert [e.delay_ns for e in logs.received_logs] == [900] * 4
+
+
+async def test_instrumenting_a_stream_again_with_a_name_relabels_it() -> None:
+    # as for queues and locks: the program's own name (and logging choice) win over a stream
+    # instrumented already, under another name or none
+    with asyncflow.profile("renamed", format="none") as prof:
+        send, receive = asyncflow.instrument_memory_stream(
+            *anyio.create_memory_object_stream[int](5)
+        )
+        same = asyncflow.instrument_memory_stream(send, receive, name="readings", log_messages=True)
+        assert same == (send, receive)
+        with send.clone() as clone:
+            asyncflow.instrument_memory_stream(clone, receive)  # no name: changes nothing
+        await send.send(1)
+        assert await receive.receive() == 1
+        snap = prof.snapshot()
+    entry, logs = _channel(snap, "readings")
+    assert (entry.sent_count, entry.received_count) == (1, 1)
+    assert [e.message for e in logs.sent_logs] == ["1"]
+    send.close()
+    receive.close()
