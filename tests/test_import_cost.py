@@ -74,6 +74,39 @@ asyncio.run(main())
     assert _loaded_after(code) == []
 
 
+#: loaded when the program first uses them (or a profiler starts), not by ``import asyncflow``:
+#: each costs a module's load, and a program that tracks coroutines may use none of them
+WHEN_USED = {
+    "instrument_queue": "asyncflow.instrument.queues",
+    "instrument_lock": "asyncflow.instrument.resources",
+    "stream": "asyncflow.instrument.streams",
+    "instrument_memory_stream": "asyncflow.instrument.memory",
+    "instrument_executors": "asyncflow.instrument.executors",
+    "track_never_awaited": "asyncflow.instrument.coroutines",
+}
+
+
+def _modules_after(code: str) -> set[str]:
+    probe = f"import json, sys\n{code}\nprint(json.dumps(sorted(sys.modules)))"
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
+    ).stdout
+    return set(json.loads(out.splitlines()[-1]))
+
+
+def test_import_asyncflow_loads_what_tracking_coroutines_needs_and_no_more() -> None:
+    loaded = _modules_after("import asyncflow")
+    assert "asyncflow.instrument.futures" in loaded and "asyncflow.profiler" in loaded
+    never = {*WHEN_USED.values(), "asyncflow.instrument.channels", "concurrent.futures.thread"}
+    assert sorted(never & loaded) == []
+
+
+@pytest.mark.parametrize("name", sorted(WHEN_USED))
+def test_a_name_loads_its_module_when_first_used(name: str) -> None:
+    loaded = _modules_after(f"import asyncflow; asyncflow.{name}")
+    assert WHEN_USED[name] in loaded
+
+
 def test_the_lazy_names_still_resolve() -> None:
     # the documents' module loads when first asked for, and only then
     loaded = _loaded_after("import asyncflow; asyncflow.Snapshot")
