@@ -485,7 +485,9 @@ class Profiler:
         if self._state in ("running", "stopping", "new"):
             self._state = "forked"
         self.url = None
-        self._stopped.set()
+        stopped = threading.Event()  # set anew: a thread not here may hold the old one's lock
+        stopped.set()
+        self._stopped = stopped
         loop = self._loop
         if loop is not None:
             loop.forsake_listening()

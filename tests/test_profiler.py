@@ -899,3 +899,19 @@ def test_every_lock_asyncflow_made_is_free_in_a_forked_child() -> None:
             assert _in_a_child(check) == []
     finally:
         loop.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork here")
+def test_a_forked_child_does_not_wait_for_the_stopped_event_of_its_parents_profiler() -> None:
+    # A thread of the parent's may be inside the profiler's _stopped.set() at the fork (stop()
+    # on the duration's thread): the child's fork handler must not wait for that event's lock.
+    prof = asyncflow.start("parent", format="none", port=None)
+    try:
+
+        def check() -> list[str]:
+            return [] if asyncflow.active_profiler() is None else ["the parent's is active"]
+
+        with _held_on_a_thread(prof._stopped._cond):  # type: ignore[attr-defined]
+            assert _in_a_child(check) == []
+    finally:
+        prof.stop()
