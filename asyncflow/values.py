@@ -65,6 +65,18 @@ class Metric:
         return f"<asyncflow.{type(self).__name__} {self.name!r}>"
 
 
+def _shown(v: object) -> str:
+    """The program's object as an error message quotes it: cut short, and never failing (a
+    repr() that raises must not replace the error; Ctrl-C while it runs goes on)."""
+    try:
+        text = repr(v)
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as exc:
+        return f"<repr() failed: {type(exc).__name__}>"
+    return text if len(text) <= 80 else f"{text[:80]}... ({len(text)} characters)"
+
+
 def _number(v: object, api: str, name: str) -> None:
     """Raise unless ``v`` is a finite number (not a bool). The callers test the common cases
     inline first (an int; a float, finite when ``v - v`` is 0.0), and ``api`` is formatted
@@ -72,7 +84,7 @@ def _number(v: object, api: str, name: str) -> None:
     update."""
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise TypeError(
-            f"asyncflow.{api.format(name)} needs a number, got {type(v).__qualname__}: {v!r}"
+            f"asyncflow.{api.format(name)} needs a number, got {type(v).__qualname__}: {_shown(v)}"
         )
     if isinstance(v, float) and not math.isfinite(v):
         raise ValueError(f"asyncflow.{api.format(name)} needs a finite number, got {v!r}")
@@ -283,7 +295,7 @@ def _get(name: object, kind: str) -> Any:
         return metric
     if not isinstance(name, str):
         raise TypeError(
-            f"asyncflow.{kind}(name) needs a string, got {type(name).__qualname__}: {name!r}"
+            f"asyncflow.{kind}(name) needs a string, got {type(name).__qualname__}: {_shown(name)}"
         )
     if not name.strip():
         raise ValueError(f"asyncflow.{kind}(name) must not be empty")

@@ -273,3 +273,25 @@ def test_threads_shards_merge_in_time_order_and_survive_their_threads(
         assert (m["v"].count, m["v"].value, m["v"].min, m["v"].max) == (4, 4, 1, 30)
         assert (m["n"].count, m["n"].value) == (4, 37)
         assert (m["h"].count, m["h"].sum, m["h"].min, m["h"].max) == (4, 37, 1, 30)
+
+
+class _BadRepr:
+    def __repr__(self) -> str:
+        raise ValueError("no repr")
+
+
+class _LongRepr:
+    def __repr__(self) -> str:
+        return "x" * 1_000_000
+
+
+def test_a_refused_argument_is_named_by_its_type_whatever_its_repr_does() -> None:
+    # The message quotes the program's object: a repr() that fails must not replace the
+    # TypeError, and one of a megabyte must not become the message.
+    with pytest.raises(TypeError, match=r"needs a number, got _BadRepr: <repr\(\) failed"):
+        asyncflow.counter("bad repr").add(_BadRepr())  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"needs a string, got _BadRepr") as refused:
+        asyncflow.gauge(_BadRepr())  # type: ignore[arg-type]
+    with pytest.raises(TypeError) as refused:
+        asyncflow.histogram("long repr").record(_LongRepr())  # type: ignore[arg-type]
+    assert len(str(refused.value)) < 300
