@@ -1251,7 +1251,11 @@ class _TaskFactory:
                 _session.internal_error("instrumenting a task", err)
         previous = self.previous
         if previous is None:
-            return asyncio.Task(coro, loop=loop, **kwargs)
+            made = asyncio.Task(coro, loop=loop, **kwargs)
+            created_at = made._source_traceback  # (debug mode's; None otherwise)
+            if created_at and created_at[-1].filename == __file__:
+                del created_at[-1]  # this frame, as the compiled factory has none
+            return made
         task: asyncio.Future[Any] = previous(loop, coro, **kwargs)
         return task
 
@@ -1274,45 +1278,43 @@ def _task_record(coro: types.CoroutineType[Any, Any, Any]) -> FutureRecord | Non
     return record
 
 
-#: Whether this Python's ``BaseEventLoop.create_task`` names a task factory's task itself, after
-#: the factory made it (None: not asked yet; see _names_after_the_factory).
-_NAMES_AFTER_THE_FACTORY: bool | None = None
+#: Whether this Python's ``BaseEventLoop.create_task`` names a task factory's unnamed task "None"
+#: (None: not asked yet; see _names_unnamed_tasks_none).
+_NAMES_UNNAMED_TASKS_NONE: bool | None = None
 
 
-def _names_after_the_factory() -> bool:
-    """Whether ``BaseEventLoop.create_task`` gives a task factory no ``name`` and names its task
-    afterwards: then a named task took a number from asyncio's process-wide counter first, which
-    shifts the numbers of the unnamed tasks after it (3.11, 3.12), and 3.13.0 to 3.13.2 name an
-    unnamed one "None" (``set_name(None)``, python/cpython#130033); 3.13.3 and 3.14 hand the
-    factory the name. Asked once of the method itself, with a stand-in loop and factory."""
-    global _NAMES_AFTER_THE_FACTORY
-    if _NAMES_AFTER_THE_FACTORY is None:
+def _names_unnamed_tasks_none() -> bool:
+    """Whether ``BaseEventLoop.create_task`` calls ``set_name(None)`` on the task a task factory
+    made for it when it was given no name, naming it "None": 3.13.0 to 3.13.2 do
+    (python/cpython#130033); 3.11 and 3.12 name a factory's task only when given a name, and
+    3.13.3 and 3.14 hand the factory the name. Asked once of the method itself, with a stand-in
+    loop and factory, not of the version number."""
+    global _NAMES_UNNAMED_TASKS_NONE
+    if _NAMES_UNNAMED_TASKS_NONE is None:
         seen: list[object] = []
 
         class Made:
             def set_name(self, name: object) -> None:
-                seen.append(("set_name", name))
+                seen.append(name)
 
         class Loop:
             def _check_closed(self) -> None:
                 pass
 
             def _task_factory(self, loop: object, coro: object, **kwargs: Any) -> Made:
-                seen.append(kwargs.get("name", "(no name)"))
                 return Made()
 
         try:
-            asyncio.BaseEventLoop.create_task(Loop(), None, name="given")  # type: ignore[arg-type]
             asyncio.BaseEventLoop.create_task(Loop(), None)  # type: ignore[arg-type]
-        except Exception:  # another create_task than any seen: as 3.13.3's, which passes it on
-            seen = ["given", "(no name)"]
-        _NAMES_AFTER_THE_FACTORY = seen != ["given", "(no name)"]
-    return _NAMES_AFTER_THE_FACTORY
+        except Exception:  # another create_task than any seen: it names nothing "None" itself
+            seen = []
+        _NAMES_UNNAMED_TASKS_NONE = None in seen
+    return _NAMES_UNNAMED_TASKS_NONE
 
 
 class _CreateTask:
     """A loop's ``create_task`` while asyncflow's task factory is its only one, where asyncio
-    names a factory's task after the factory made it (see _names_after_the_factory):
+    would name the factory's unnamed tasks "None" (see _names_unnamed_tasks_none):
     what asyncio does with no factory (the task made with its name, the debug-mode creation
     traceback ending at the caller), the task made by the factory. With any other factory, the
     loop's own method, whose names are then that Python's."""
@@ -1437,7 +1439,7 @@ def instrument_tasks(loop: asyncio.AbstractEventLoop | None = None) -> TaskInstr
         current is None
         and getattr(type(loop), "create_task", None) is asyncio.BaseEventLoop.create_task
         and _create_task_of(loop) is None
-        and _names_after_the_factory()
+        and _names_unnamed_tasks_none()
     ):
         loop.create_task = _CreateTask(loop)  # type: ignore[method-assign]
     loops.see(loop, on_its_thread=loop is _get_running_loop())

@@ -438,6 +438,10 @@ if sys.version_info >= (3, 12):
     _FACTORIES.append(asyncio.eager_task_factory)  # type: ignore[attr-defined]
 
 
+def _shifted(name: Any, by: int) -> Any:
+    return f"Task-+{int(name.removeprefix('Task-+')) + by}"
+
+
 @pytest.mark.parametrize("factory", _FACTORIES, ids=["none", "user's", "eager"][: len(_FACTORIES)])
 def test_tasks_are_named_as_without_asyncflow(factory: Any) -> None:
     """3.13.0 to 3.13.2's ``create_task()`` names a task made by a task factory ``str(name)``,
@@ -445,29 +449,44 @@ def test_tasks_are_named_as_without_asyncflow(factory: Any) -> None:
     every unnamed task of the program was "None". With a factory of the program's own, the
     program's names are what that Python gives it."""
     plain = _task_names(False, factory)
-    assert _task_names(True, factory) == plain
+    tracked = _task_names(True, factory)
     if factory is None:
         assert plain[:6] == ["Task-+1", "Task-+2", "Task-+3", "None", "given", "given too"]
         assert plain[8:16] == plain[:8]  # each task reads the name it was given
+    if factory is None and sys.version_info < (3, 13):
+        # 3.11 and 3.12 name a factory's task after making it, and asyncflow leaves them that
+        # way (see _names_unnamed_tasks_none): the task named by loop.create_task(name=) drew a
+        # number first (asyncio.create_task names its tasks after making them anyway), so the two
+        # unnamed tasks made after it read one more (the README's Transparency section says so).
+        # The names given are the program's.
+        plain = [_shifted(n, 1) if i < 16 and i % 8 >= 6 else n for i, n in enumerate(plain)]
+        # Debug mode's creation traceback ends in asyncio's own create_task there, a frame
+        # asyncio leaves out only when it makes the task itself (README: Transparency).
+        made_by_asyncio = (asyncio.base_events.__file__, "create_task")
+        assert all(t in (p, made_by_asyncio) for t, p in zip(tracked[16:], plain[16:], strict=True))
+        tracked[16:] = plain[16:]
+    assert tracked == plain
 
 
-def test_asyncio_is_asked_whether_it_names_a_factorys_task_itself(
+def test_asyncio_is_asked_whether_it_names_an_unnamed_factory_task_none(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The stand-in is taken only where asyncio names a factory's task after the factory made
-    it; a create_task that hands the factory the name (3.13.3, 3.14) is left alone."""
+    """The stand-in is taken only where asyncio names a factory's unnamed task "None"
+    (3.13.0 to 3.13.2); a create_task that names only what it was given (3.11, 3.12) or hands
+    the factory the name (3.13.3, 3.14) is left alone."""
     from asyncflow.instrument import futures
 
-    def create_task_as_in_3_14(self: Any, coro: Any, **kwargs: Any) -> Any:
+    def create_task_as_in_3_13_0(self: Any, coro: Any, *, name: Any = None) -> Any:
         self._check_closed()
-        return self._task_factory(self, coro, **kwargs)
+        task = self._task_factory(self, coro)
+        task.set_name(name)
+        return task
 
-    asked = futures._names_after_the_factory()
-    if sys.version_info < (3, 13, 3):  # (3.13.3 and 3.14 hand the factory the name)
-        assert asked is True
-    monkeypatch.setattr(futures, "_NAMES_AFTER_THE_FACTORY", None)
-    monkeypatch.setattr(asyncio.BaseEventLoop, "create_task", create_task_as_in_3_14)
-    assert futures._names_after_the_factory() is False
-    monkeypatch.setattr(futures, "_NAMES_AFTER_THE_FACTORY", None)
+    asked = futures._names_unnamed_tasks_none()
+    assert asked is ((3, 13, 0) <= sys.version_info < (3, 13, 3))
+    monkeypatch.setattr(futures, "_NAMES_UNNAMED_TASKS_NONE", None)
+    monkeypatch.setattr(asyncio.BaseEventLoop, "create_task", create_task_as_in_3_13_0)
+    assert futures._names_unnamed_tasks_none() is True
+    monkeypatch.setattr(futures, "_NAMES_UNNAMED_TASKS_NONE", None)
     monkeypatch.undo()
-    assert futures._names_after_the_factory() is asked
+    assert futures._names_unnamed_tasks_none() is asked
