@@ -1251,8 +1251,8 @@ class _TaskFactory:
                 _session.internal_error("instrumenting a task", err)
         previous = self.previous
         if previous is None:
-            made = asyncio.Task(coro, loop=loop, **kwargs)
-            created_at = made._source_traceback  # (debug mode's; None otherwise)
+            made: asyncio.Task[Any] = asyncio.Task(coro, loop=loop, **kwargs)
+            created_at = getattr(made, "_source_traceback", None)  # (debug mode's, or None)
             if created_at and created_at[-1].filename == __file__:
                 del created_at[-1]  # this frame, as the compiled factory has none
             return made
