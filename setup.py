@@ -25,8 +25,8 @@ ext_modules = []
 if not _NO_EXTENSIONS and platform.python_implementation() == "CPython":
     ext_modules.append(
         Extension(
-            "asyncflow.instrument._speedups",
-            ["asyncflow/instrument/_speedups.c"],
+            "asyncflow.instrumentation._speedups",
+            ["asyncflow/instrumentation/_speedups.c"],
             optional=True,  # a failed build is a warning, and the pure-Python path is used
         )
     )

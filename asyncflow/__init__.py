@@ -11,10 +11,10 @@ from asyncflow._version import __version__ as __version__
 from asyncflow.config import Options as Options
 from asyncflow.config import Reporter as Reporter
 from asyncflow.errors import AsyncflowError as AsyncflowError
-from asyncflow.instrument.futures import TaskInstrumentation as TaskInstrumentation
-from asyncflow.instrument.futures import future as future
-from asyncflow.instrument.futures import instrument as instrument
-from asyncflow.instrument.futures import instrument_tasks as instrument_tasks
+from asyncflow.instrumentation.futures import TaskInstrumentation as TaskInstrumentation
+from asyncflow.instrumentation.futures import future as future
+from asyncflow.instrumentation.futures import instrument as instrument
+from asyncflow.instrumentation.futures import instrument_tasks as instrument_tasks
 from asyncflow.profiler import Profiler as Profiler
 from asyncflow.profiler import active_profiler as active_profiler
 from asyncflow.profiler import profile as profile
@@ -22,22 +22,22 @@ from asyncflow.profiler import start as start
 from asyncflow.profiler import stop as stop
 
 if TYPE_CHECKING:  # imported when first used: see __getattr__
-    from asyncflow.instrument.coroutines import NeverAwaitedTracking as NeverAwaitedTracking
-    from asyncflow.instrument.coroutines import track_never_awaited as track_never_awaited
-    from asyncflow.instrument.executors import (
+    from asyncflow.instrumentation.coroutines import NeverAwaitedTracking as NeverAwaitedTracking
+    from asyncflow.instrumentation.coroutines import track_never_awaited as track_never_awaited
+    from asyncflow.instrumentation.executors import (
         ExecutorInstrumentation as ExecutorInstrumentation,
     )
-    from asyncflow.instrument.executors import instrument_executors as instrument_executors
-    from asyncflow.instrument.memory import (
+    from asyncflow.instrumentation.executors import instrument_executors as instrument_executors
+    from asyncflow.instrumentation.memory import (
         instrument_memory_stream as instrument_memory_stream,
     )
-    from asyncflow.instrument.queues import QueueInstrumentation as QueueInstrumentation
-    from asyncflow.instrument.queues import instrument_queue as instrument_queue
-    from asyncflow.instrument.queues import instrument_queues as instrument_queues
-    from asyncflow.instrument.resources import LockInstrumentation as LockInstrumentation
-    from asyncflow.instrument.resources import instrument_lock as instrument_lock
-    from asyncflow.instrument.resources import instrument_locks as instrument_locks
-    from asyncflow.instrument.streams import stream as stream
+    from asyncflow.instrumentation.queues import QueueInstrumentation as QueueInstrumentation
+    from asyncflow.instrumentation.queues import instrument_queue as instrument_queue
+    from asyncflow.instrumentation.queues import instrument_queues as instrument_queues
+    from asyncflow.instrumentation.resources import LockInstrumentation as LockInstrumentation
+    from asyncflow.instrumentation.resources import instrument_lock as instrument_lock
+    from asyncflow.instrumentation.resources import instrument_locks as instrument_locks
+    from asyncflow.instrumentation.streams import stream as stream
     from asyncflow.recording import Recorder as Recorder
     from asyncflow.schema import Snapshot as Snapshot
     from asyncflow.timing import measure as measure
@@ -52,18 +52,18 @@ if TYPE_CHECKING:  # imported when first used: see __getattr__
 #: loads only what tracking coroutines needs: each kind of instrumentation loads its module
 #: (and what it needs) when the program first asks for it, or when a profiler starts
 _LAZY = {
-    "NeverAwaitedTracking": "asyncflow.instrument.coroutines",
-    "track_never_awaited": "asyncflow.instrument.coroutines",
-    "ExecutorInstrumentation": "asyncflow.instrument.executors",
-    "instrument_executors": "asyncflow.instrument.executors",
-    "instrument_memory_stream": "asyncflow.instrument.memory",
-    "QueueInstrumentation": "asyncflow.instrument.queues",
-    "instrument_queue": "asyncflow.instrument.queues",
-    "instrument_queues": "asyncflow.instrument.queues",
-    "LockInstrumentation": "asyncflow.instrument.resources",
-    "instrument_lock": "asyncflow.instrument.resources",
-    "instrument_locks": "asyncflow.instrument.resources",
-    "stream": "asyncflow.instrument.streams",
+    "NeverAwaitedTracking": "asyncflow.instrumentation.coroutines",
+    "track_never_awaited": "asyncflow.instrumentation.coroutines",
+    "ExecutorInstrumentation": "asyncflow.instrumentation.executors",
+    "instrument_executors": "asyncflow.instrumentation.executors",
+    "instrument_memory_stream": "asyncflow.instrumentation.memory",
+    "QueueInstrumentation": "asyncflow.instrumentation.queues",
+    "instrument_queue": "asyncflow.instrumentation.queues",
+    "instrument_queues": "asyncflow.instrumentation.queues",
+    "LockInstrumentation": "asyncflow.instrumentation.resources",
+    "instrument_lock": "asyncflow.instrumentation.resources",
+    "instrument_locks": "asyncflow.instrumentation.resources",
+    "stream": "asyncflow.instrumentation.streams",
     "Snapshot": "asyncflow.schema",
     # function timing, the program's own metrics, the recording interface (issue 16); the
     # modules are named apart from the functions, so that importing one never shadows these

@@ -290,8 +290,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     import asyncflow
-    from asyncflow.instrument.executors import instrument_executors
-    from asyncflow.instrument.futures import instrument_tasks
+    from asyncflow.instrumentation.executors import instrument_executors
+    from asyncflow.instrumentation.futures import instrument_tasks
 
     program: list[str] = list(args.program)
     if args.module is None and program[:1] == [
@@ -642,7 +642,7 @@ def _track_every_loop(instrumenters: list[Callable[..., Any]]) -> Callable[[], N
             for instrument in instrumenters:
                 instrument(loop=self)
         except Exception as exc:  # observing never breaks the program
-            from asyncflow.instrument import _session
+            from asyncflow.instrumentation import _session
 
             _session.internal_error("tracking a new event loop", exc)
 

@@ -20,13 +20,13 @@ from typing import TYPE_CHECKING
 from asyncflow import clock, lints, trace
 from asyncflow import recording as _recording
 from asyncflow.config import Options
-from asyncflow.instrument import _session
-from asyncflow.instrument import channels as _channels
-from asyncflow.instrument import executors as _executors
-from asyncflow.instrument import futures as _futures
-from asyncflow.instrument import resources as _resources
-from asyncflow.instrument import streams as _streams
-from asyncflow.instrument.futures import CallRecord, FutureRecord, registry
+from asyncflow.instrumentation import _session
+from asyncflow.instrumentation import channels as _channels
+from asyncflow.instrumentation import executors as _executors
+from asyncflow.instrumentation import futures as _futures
+from asyncflow.instrumentation import resources as _resources
+from asyncflow.instrumentation import streams as _streams
+from asyncflow.instrumentation.futures import CallRecord, FutureRecord, registry
 from asyncflow.monitor import LoopMonitor
 from asyncflow.reporters import finished_call
 from asyncflow.threads import ThreadSampler, loop_threads

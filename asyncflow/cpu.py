@@ -27,7 +27,7 @@ opt-in, because each costs system calls on every poll:
   every arena: measured in ``benchmarks/panel.py``, it adds about as much to a poll as
   tracemalloc itself (more with a large heap).
 
-The probe runs outside the timed part of a poll (see ``asyncflow.instrument.probes``); polls
+The probe runs outside the timed part of a poll (see ``asyncflow.instrumentation.probes``); polls
 nest, so the figures are inclusive, like busy time. The figures live on the call's record
 (``probe_data``) and, summed per future, here; the views read them through :func:`call_figures`
 and :func:`future_figures`.
@@ -43,7 +43,7 @@ import tracemalloc
 from collections.abc import Callable
 from typing import Any
 
-from asyncflow.instrument import _session, probes
+from asyncflow.instrumentation import _session, probes
 
 __all__ = [
     "CallFigures",

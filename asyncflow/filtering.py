@@ -168,7 +168,7 @@ class TargetFilter:
 def install(include: Iterable[str], exclude: Iterable[str]) -> TargetFilter | None:
     """Make the task factory consult these patterns (none: track every task); returns the
     filter installed, or None."""
-    from asyncflow.instrument import futures
+    from asyncflow.instrumentation import futures
 
     target = TargetFilter(include, exclude)
     futures.task_filter = target if target else None
@@ -177,7 +177,7 @@ def install(include: Iterable[str], exclude: Iterable[str]) -> TargetFilter | No
 
 def uninstall(target: TargetFilter | None) -> None:
     """Stop filtering, if ``target`` is still the filter installed."""
-    from asyncflow.instrument import futures
+    from asyncflow.instrumentation import futures
 
     if target is not None and futures.task_filter is target:
         futures.task_filter = None

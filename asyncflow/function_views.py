@@ -12,7 +12,7 @@ from asyncflow import recording as _recording
 from asyncflow import stats
 from asyncflow import timing as _measure
 from asyncflow import values as _values
-from asyncflow.instrument import _session
+from asyncflow.instrumentation import _session
 from asyncflow.paging import at_most, within
 from asyncflow.schema import (
     SCHEMA,

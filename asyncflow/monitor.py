@@ -37,9 +37,9 @@ from types import CodeType, FrameType
 from typing import Any
 
 from asyncflow import _forksafe, clock, stats
-from asyncflow.instrument import _session, futures, loops
-from asyncflow.instrument.futures import CallRecord
-from asyncflow.instrument.loops import LoopRecord, loop_registry
+from asyncflow.instrumentation import _session, futures, loops
+from asyncflow.instrumentation.futures import CallRecord
+from asyncflow.instrumentation.loops import LoopRecord, loop_registry
 
 __all__ = [
     "MAX_EPISODES",

@@ -30,7 +30,7 @@ from typing import Any
 from asyncflow import _forksafe, config
 from asyncflow._version import __version__
 from asyncflow.errors import AsyncflowError
-from asyncflow.instrument import _session
+from asyncflow.instrumentation import _session
 from asyncflow.reporters import Figures, Tick
 from asyncflow.schema import Location, fit_text
 

@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING, Any
 from asyncflow import _forksafe, clock, config
 from asyncflow.config import Options, resolve_options
 from asyncflow.errors import AsyncflowError, PortInUseError
-from asyncflow.instrument import _session
-from asyncflow.instrument.futures import reset_for_session
+from asyncflow.instrumentation import _session
+from asyncflow.instrumentation.futures import reset_for_session
 
 if TYPE_CHECKING:
     from asyncflow.collector import Collector
@@ -199,7 +199,13 @@ class Profiler:
                 )
             _import_where_not_interrupted()
             from asyncflow.collector import Collector
-            from asyncflow.instrument import channels, coroutines, executors, resources, streams
+            from asyncflow.instrumentation import (
+                channels,
+                coroutines,
+                executors,
+                resources,
+                streams,
+            )
 
             reset_for_session()
             channels.reset_for_session()

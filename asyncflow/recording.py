@@ -47,7 +47,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from asyncflow import stats as _stats
-from asyncflow.instrument import _session
+from asyncflow.instrumentation import _session
 
 if TYPE_CHECKING:
     from asyncflow.reporters import FinishedCall

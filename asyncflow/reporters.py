@@ -30,8 +30,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from asyncflow.instrument import _session
-from asyncflow.instrument.futures import CallRecord, call_field
+from asyncflow.instrumentation import _session
+from asyncflow.instrumentation.futures import CallRecord, call_field
 from asyncflow.schema import (
     ChannelsDocument,
     ExecutorsDocument,

@@ -1,7 +1,7 @@
 """Pure functions from the resources' registry to the resource documents of
 :mod:`asyncflow.schema`: ``/resources``, ``/resources/{id}/logs``, their part of the flow graph.
 
-Cold path only. Everything hot-path lives behind :mod:`asyncflow.instrument.resources`'s read
+Cold path only. Everything hot-path lives behind :mod:`asyncflow.instrumentation.resources`'s read
 models (``acquisitions``, ``releases``, ``holds_of``, ``logs_of``, ``probe``); this module never
 unpacks a recorder's tuples.
 """
@@ -13,8 +13,8 @@ from collections.abc import Callable
 
 from asyncflow import stats
 from asyncflow.collector import Collector
-from asyncflow.instrument.futures import call_field, call_state, gone_labels
-from asyncflow.instrument.resources import (
+from asyncflow.instrumentation.futures import call_field, call_state, gone_labels
+from asyncflow.instrumentation.resources import (
     BARRIER,
     CONDITION,
     EVENT,

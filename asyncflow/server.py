@@ -62,10 +62,10 @@ from asyncflow import (
 )
 from asyncflow.collector import Collector
 from asyncflow.errors import AsyncflowError
-from asyncflow.instrument import _session
-from asyncflow.instrument.channels import ChannelRecord, channel_registry
-from asyncflow.instrument.futures import FutureRecord, registry
-from asyncflow.instrument.streams import StreamRecord, stream_registry
+from asyncflow.instrumentation import _session
+from asyncflow.instrumentation.channels import ChannelRecord, channel_registry
+from asyncflow.instrumentation.futures import FutureRecord, registry
+from asyncflow.instrumentation.streams import StreamRecord, stream_registry
 from asyncflow.openapi import Param, Route
 from asyncflow.threads import threads_document
 

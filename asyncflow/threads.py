@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from asyncflow.instrument import _session
+from asyncflow.instrumentation import _session
 from asyncflow.schema import SCHEMA, ThreadEntry, ThreadsDocument
 
 __all__ = [

@@ -42,7 +42,7 @@ from asyncflow import clock as _clock
 from asyncflow import config as _config
 from asyncflow import recording as _recording
 from asyncflow import stats as _stats
-from asyncflow.instrument import _session
+from asyncflow.instrumentation import _session
 
 __all__ = [
     "MAX_NAMES",
@@ -432,7 +432,7 @@ def _decorate(fn: Any, name: str | None) -> Any:
     if future_record is not None and hasattr(fn, "__wrapped__"):
         # @measure over @asyncflow.future: put the future outermost, so that a task made of a
         # call is tracked once (as the future), not once more as a task of our wrapper.
-        from asyncflow.instrument.futures import FutureFunction
+        from asyncflow.instrumentation.futures import FutureFunction
 
         inner = _decorate(fn.__wrapped__, name or getattr(fn, "__qualname__", None))
         tracked = FutureFunction(inner, future_record)

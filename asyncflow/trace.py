@@ -33,9 +33,9 @@ import orjson
 
 from asyncflow import clock
 from asyncflow._version import __version__
-from asyncflow.instrument import _session
-from asyncflow.instrument.channels import channel_registry
-from asyncflow.instrument.loops import loop_registry
+from asyncflow.instrumentation import _session
+from asyncflow.instrumentation.channels import channel_registry
+from asyncflow.instrumentation.loops import loop_registry
 from asyncflow.schema import fit_text
 
 if TYPE_CHECKING:
@@ -175,7 +175,7 @@ class TraceRecorder:
         """Start recording polls: set the probe on both hot paths (beside a probe already set,
         which keeps its calls)."""
         try:
-            from asyncflow.instrument import probes
+            from asyncflow.instrumentation import probes
 
             other = probes.poll_probe()
             probes.set_poll_probe(self.probe if other is None else _Both(other, self.probe))
@@ -190,7 +190,7 @@ class TraceRecorder:
             return
         self._attached = False
         try:
-            from asyncflow.instrument import probes
+            from asyncflow.instrumentation import probes
 
             current = probes.poll_probe()
             if current is self.probe:

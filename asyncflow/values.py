@@ -19,7 +19,7 @@ from asyncflow import _forksafe
 from asyncflow import clock as _clock
 from asyncflow import recording as _recording
 from asyncflow import stats as _stats
-from asyncflow.instrument import _session
+from asyncflow.instrumentation import _session
 
 __all__ = [
     "KINDS",

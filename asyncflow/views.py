@@ -15,10 +15,10 @@ from asyncflow import clock, function_views, lints, resource_views, stats, wait_
 from asyncflow._version import __version__
 from asyncflow.collector import Collector, live_calls
 from asyncflow.cpu import PollFigures, call_figures
-from asyncflow.instrument import _session
-from asyncflow.instrument.channels import ChannelRecord, Edge, channel_registry, edge_counts
-from asyncflow.instrument.executors import executor_registry
-from asyncflow.instrument.futures import (
+from asyncflow.instrumentation import _session
+from asyncflow.instrumentation.channels import ChannelRecord, Edge, channel_registry, edge_counts
+from asyncflow.instrumentation.executors import executor_registry
+from asyncflow.instrumentation.futures import (
     RUNNING,
     CallRecord,
     FutureRecord,
@@ -27,8 +27,8 @@ from asyncflow.instrument.futures import (
     call_state,
     gone_labels,
 )
-from asyncflow.instrument.resources import resource_registry
-from asyncflow.instrument.streams import ACTIVE, StreamRecord, recent_items, stream_registry
+from asyncflow.instrumentation.resources import resource_registry
+from asyncflow.instrumentation.streams import ACTIVE, StreamRecord, recent_items, stream_registry
 from asyncflow.monitor import Episode, LoopState, running_calls
 from asyncflow.paging import at_most, ordered_page
 from asyncflow.schema import (

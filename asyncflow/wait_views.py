@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from asyncflow import stats
-from asyncflow.instrument.coroutines import Site, never_awaited
-from asyncflow.instrument.executors import ExecutorRecord, JobFigures, executor_registry
-from asyncflow.instrument.futures import FutureRecord
-from asyncflow.instrument.loops import LoopRecord, loop_registry
+from asyncflow.instrumentation.coroutines import Site, never_awaited
+from asyncflow.instrumentation.executors import ExecutorRecord, JobFigures, executor_registry
+from asyncflow.instrumentation.futures import FutureRecord
+from asyncflow.instrumentation.loops import LoopRecord, loop_registry
 from asyncflow.monitor import LoopMonitor
 from asyncflow.paging import at_most
 from asyncflow.schema import (

@@ -33,10 +33,10 @@ from typing import Any
 import anyio
 
 from asyncflow import clock, schema
-from asyncflow.instrument import _session
-from asyncflow.instrument.futures import InstrumentedCoroutine
-from asyncflow.instrument.loops import LoopRecord
-from asyncflow.instrument.resources import resource_of
+from asyncflow.instrumentation import _session
+from asyncflow.instrumentation.futures import InstrumentedCoroutine
+from asyncflow.instrumentation.loops import LoopRecord
+from asyncflow.instrumentation.resources import resource_of
 
 __all__ = [
     "MAX_CHAIN",

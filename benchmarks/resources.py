@@ -37,8 +37,8 @@ from collections.abc import Callable
 from typing import Any
 
 import asyncflow
-from asyncflow.instrument import resources
-from asyncflow.instrument.resources import instrument_lock, instrument_locks
+from asyncflow.instrumentation import resources
+from asyncflow.instrumentation.resources import instrument_lock, instrument_locks
 
 OPS = 20_000
 

@@ -3,7 +3,7 @@
 Each workload runs uninstrumented and instrumented in alternating pairs (so machine noise hits
 both alike); the figure is the median over pairs of instrumented time / uninstrumented time.
 asyncflow's modes run with a profiler started and its collector draining, on each hot path side
-by side: the compiled one (asyncflow/instrument/_speedups.c, when built) and the pure-Python
+by side: the compiled one (asyncflow/instrumentation/_speedups.c, when built) and the pure-Python
 reference, swapped in the same process pair by pair. Other profilers (cProfile always; yappi,
 pyinstrument when installed) run on the same workload for scale. The aiohttp workload serves
 a load from a child process (whose CPU time is not counted), with everything ``asyncflow run``
@@ -31,7 +31,7 @@ from collections.abc import Callable, Coroutine, Iterator
 from typing import Any
 
 import asyncflow
-from asyncflow.instrument import channels, futures, queues, resources, streams
+from asyncflow.instrumentation import channels, futures, queues, resources, streams
 
 Workload = Callable[[], Coroutine[Any, Any, object]]
 Deco = Callable[[Any], Any]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from asyncflow.instrument import futures
+from asyncflow.instrumentation import futures
 
 compiled = pytest.mark.skipif(
     futures._speedups is None,

@@ -10,7 +10,7 @@ import pytest
 
 import asyncflow
 from asyncflow import clock
-from asyncflow.instrument import _session
+from asyncflow.instrumentation import _session
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ import pytest
 
 import asyncflow
 from asyncflow import clock, views
-from asyncflow.instrument import channels, executors, futures, streams
+from asyncflow.instrumentation import channels, executors, futures, streams
 from asyncflow.schema import ChannelEntry, FutureEntry, Snapshot, StreamEntry
 
 N = 1_000  # per batch: one fills the bounded history, the second must not grow it

@@ -8,7 +8,7 @@ import pytest
 
 from asyncflow.collector import Collector
 from asyncflow.config import resolve_options
-from asyncflow.instrument import _session
+from asyncflow.instrumentation import _session
 
 
 async def test_a_failing_drain_is_counted_and_the_collector_goes_on(

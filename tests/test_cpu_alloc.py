@@ -13,7 +13,7 @@ import pytest
 import asyncflow
 from asyncflow import clock, cpu
 from asyncflow.config import resolve_options
-from asyncflow.instrument import probes
+from asyncflow.instrumentation import probes
 from asyncflow.report import render_table
 
 MS = 1_000_000

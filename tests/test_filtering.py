@@ -17,8 +17,8 @@ import pytest
 import asyncflow
 from asyncflow.config import resolve_options
 from asyncflow.filtering import TargetFilter, matches, parse_patterns
-from asyncflow.instrument import futures
-from asyncflow.instrument.futures import InstrumentedCoroutine
+from asyncflow.instrumentation import futures
+from asyncflow.instrumentation.futures import InstrumentedCoroutine
 from tests.test_cli import asyncflow_cmd, write
 
 LIBRARY = """

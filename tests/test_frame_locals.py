@@ -21,7 +21,7 @@ import pytest
 
 import asyncflow
 from asyncflow import monitor, waits
-from asyncflow.instrument import resources
+from asyncflow.instrumentation import resources
 
 
 class _Done(Exception):

@@ -77,12 +77,12 @@ asyncio.run(main())
 #: loaded when the program first uses them (or a profiler starts), not by ``import asyncflow``:
 #: each costs a module's load, and a program that tracks coroutines may use none of them
 WHEN_USED = {
-    "instrument_queue": "asyncflow.instrument.queues",
-    "instrument_lock": "asyncflow.instrument.resources",
-    "stream": "asyncflow.instrument.streams",
-    "instrument_memory_stream": "asyncflow.instrument.memory",
-    "instrument_executors": "asyncflow.instrument.executors",
-    "track_never_awaited": "asyncflow.instrument.coroutines",
+    "instrument_queue": "asyncflow.instrumentation.queues",
+    "instrument_lock": "asyncflow.instrumentation.resources",
+    "stream": "asyncflow.instrumentation.streams",
+    "instrument_memory_stream": "asyncflow.instrumentation.memory",
+    "instrument_executors": "asyncflow.instrumentation.executors",
+    "track_never_awaited": "asyncflow.instrumentation.coroutines",
 }
 
 
@@ -96,8 +96,8 @@ def _modules_after(code: str) -> set[str]:
 
 def test_import_asyncflow_loads_what_tracking_coroutines_needs_and_no_more() -> None:
     loaded = _modules_after("import asyncflow")
-    assert "asyncflow.instrument.futures" in loaded and "asyncflow.profiler" in loaded
-    never = {*WHEN_USED.values(), "asyncflow.instrument.channels", "concurrent.futures.thread"}
+    assert "asyncflow.instrumentation.futures" in loaded and "asyncflow.profiler" in loaded
+    never = {*WHEN_USED.values(), "asyncflow.instrumentation.channels", "concurrent.futures.thread"}
     assert sorted(never & loaded) == []
 
 

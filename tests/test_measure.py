@@ -18,7 +18,7 @@ import asyncflow
 from asyncflow import recording, stats, timing
 from asyncflow import values as _values
 from asyncflow.clock import FakeClock
-from asyncflow.instrument import _session
+from asyncflow.instrumentation import _session
 from asyncflow.reporters import FinishedCall
 from asyncflow.schema import FunctionEntry, Snapshot
 

@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 import asyncflow
 from asyncflow import prometheus
 from asyncflow.clock import FakeClock
-from asyncflow.instrument import _session
+from asyncflow.instrumentation import _session
 from asyncflow.reporters import CallTotals, Figures, FinishedCall, Tick, figures_of
 from asyncflow.schema import FutureEntry, Location, Snapshot
 

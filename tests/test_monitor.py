@@ -26,8 +26,8 @@ import pytest
 import asyncflow
 from asyncflow import clock, monitor, report, views
 from asyncflow.clock import FakeClock
-from asyncflow.instrument import futures, loops, probes
-from asyncflow.instrument.futures import call_field
+from asyncflow.instrumentation import futures, loops, probes
+from asyncflow.instrumentation.futures import call_field
 from asyncflow.monitor import MAX_EPISODES, MAX_WORST, LoopMonitor, LoopState, Sample
 from asyncflow.schema import LoopEntry, Snapshot
 from tests.test_examples import run_example

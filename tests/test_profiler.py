@@ -26,7 +26,7 @@ import pytest
 
 import asyncflow
 from asyncflow import collector, config, profiler, recording, views
-from asyncflow.instrument import _session
+from asyncflow.instrumentation import _session
 from asyncflow.reporters import FinishedCall
 from asyncflow.schema import Snapshot
 
@@ -879,7 +879,7 @@ def test_every_lock_asyncflow_made_is_free_in_a_forked_child() -> None:
     # Per-object locks (a gauge's, an executor record's, a loop state's) and module locks
     # that objects also keep (a history of gone records keeps its family's registry lock).
     from asyncflow import monitor
-    from asyncflow.instrument import executors, futures
+    from asyncflow.instrumentation import executors, futures
 
     loop = asyncio.new_event_loop()
     try:

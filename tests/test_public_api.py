@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ast
+import pkgutil
+import types
 from pathlib import Path
 
 import pytest
@@ -50,3 +52,16 @@ def test_lazy_names_are_the_very_objects_of_their_modules() -> None:
     assert asyncflow.Snapshot is schema.Snapshot
     with pytest.raises(AttributeError, match="no attribute 'Snapshott'"):
         asyncflow.Snapshott  # noqa: B018
+
+
+def test_no_public_name_shadows_a_module_of_the_package() -> None:
+    # `import asyncflow.X as m` binds the package's attribute X, so a public name X beside a module
+    # X gives the name, not the module (`asyncflow.instrument` was the function, not the hot path)
+    modules = {
+        info.name for info in pkgutil.iter_modules(asyncflow.__path__) if info.name != "__main__"
+    }
+    assert not modules & set(asyncflow.__all__)
+    for name in sorted(modules):
+        namespace: dict[str, object] = {}
+        exec(f"import asyncflow.{name} as m", namespace)
+        assert isinstance(namespace["m"], types.ModuleType), name

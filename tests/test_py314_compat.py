@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from asyncflow import waits
-from asyncflow.instrument import loops
+from asyncflow.instrumentation import loops
 
 BOUND = 5.0  # seconds any wait in these tests may take at most
 

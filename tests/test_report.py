@@ -171,7 +171,7 @@ def test_gone_objects_and_their_aggregates_say_so_in_their_names() -> None:
     import gc
 
     import asyncflow
-    from asyncflow.instrument import executors
+    from asyncflow.instrumentation import executors
 
     made = executors.GONE_KEPT + 40
 

@@ -20,7 +20,7 @@ import pytest
 
 import asyncflow
 from asyncflow import server, views
-from asyncflow.instrument import _session, loops
+from asyncflow.instrumentation import _session, loops
 from asyncflow.report import format_duration, render_table
 
 

@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import asyncflow
-from asyncflow.instrument import _session
+from asyncflow.instrumentation import _session
 from tests.test_server import workload
 from tests.test_server_hardening import address, read_response
 

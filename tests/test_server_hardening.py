@@ -19,7 +19,7 @@ import pytest
 
 import asyncflow
 from asyncflow import server, views
-from asyncflow.instrument import _session
+from asyncflow.instrumentation import _session
 
 
 @pytest.fixture(autouse=True)

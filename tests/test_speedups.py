@@ -1,4 +1,4 @@
-"""The compiled hot path (asyncflow/instrument/_speedups.c) against its pure-Python reference.
+"""The compiled hot path (asyncflow/instrumentation/_speedups.c) against its pure-Python reference.
 
 The same scenarios drive calls through both implementations of ``InstrumentedCoroutine`` on a
 fake clock, and everything either records (every field of the call's record and of its future's
@@ -29,8 +29,8 @@ import asyncflow
 from asyncflow import stats
 from asyncflow.clock import FakeClock
 from asyncflow.collector import Collector
-from asyncflow.instrument import futures, streams
-from asyncflow.instrument.futures import FutureRecord, call_field, call_state
+from asyncflow.instrumentation import futures, streams
+from asyncflow.instrumentation.futures import FutureRecord, call_field, call_state
 from tests.compiled_path import STATS_COUNTERS as _STATS_FIELDS
 from tests.compiled_path import compiled
 
@@ -332,7 +332,7 @@ def test_the_implementation_is_chosen_at_import() -> None:
 def test_no_extensions_forces_the_pure_python_path() -> None:
     code = (
         "import asyncflow, asyncio\n"
-        "from asyncflow.instrument import futures\n"
+        "from asyncflow.instrumentation import futures\n"
         "async def main():\n"
         "    with asyncflow.profile('x', format='none') as p:\n"
         "        return futures.accelerated, p.snapshot().status.accelerated\n"

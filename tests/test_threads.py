@@ -17,7 +17,7 @@ import pytest
 
 import asyncflow
 from asyncflow import threads
-from asyncflow.instrument import _session
+from asyncflow.instrumentation import _session
 from asyncflow.report import render_table
 from asyncflow.threads import EXITED_KEPT, ThreadReading, ThreadSampler, threads_document
 

@@ -28,7 +28,7 @@ import asyncflow
 from asyncflow import cli, config, trace
 from asyncflow.clock import FakeClock
 from asyncflow.errors import AsyncflowError
-from asyncflow.instrument import probes
+from asyncflow.instrumentation import probes
 
 Event = dict[str, Any]
 TRACKS = ("X", "B", "E", "s", "f", "i", "I")

@@ -14,7 +14,7 @@ import asyncflow
 from asyncflow import recording, schema, stats
 from asyncflow import values as _values
 from asyncflow.clock import FakeClock
-from asyncflow.instrument import _session
+from asyncflow.instrumentation import _session
 from asyncflow.schema import MetricEntry, Snapshot, ValueSample
 
 

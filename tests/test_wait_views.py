@@ -12,7 +12,7 @@ import orjson
 
 import asyncflow
 from asyncflow import schema, wait_views
-from asyncflow.instrument import coroutines, loops
+from asyncflow.instrumentation import coroutines, loops
 
 
 def checksum(data: bytes) -> int:

@@ -14,7 +14,7 @@ import pytest
 
 import asyncflow
 from asyncflow import waits
-from asyncflow.instrument import loops
+from asyncflow.instrumentation import loops
 
 
 async def _settle(tasks: list[asyncio.Task[Any]], ready: Callable[[], bool]) -> None:

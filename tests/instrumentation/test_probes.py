@@ -19,8 +19,8 @@ import pytest
 
 import asyncflow
 from asyncflow.clock import FakeClock
-from asyncflow.instrument import _session, futures, probes
-from asyncflow.instrument.futures import FutureRecord, call_field
+from asyncflow.instrumentation import _session, futures, probes
+from asyncflow.instrumentation.futures import FutureRecord, call_field
 
 IMPLS = [pytest.param(futures.InstrumentedCoroutinePy, id="python")]
 if futures._speedups is not None:

@@ -33,11 +33,11 @@ from typing import Any, NamedTuple, TypeVar
 
 from asyncflow import clock as _clock
 from asyncflow import config as _config
-from asyncflow.instrument import _session
-from asyncflow.instrument import futures as _futures_module
-from asyncflow.instrument._gone import AGGREGATES_KEPT, GONE_KEPT, GoneHistory
-from asyncflow.instrument._sites import creation_frame, site_label
-from asyncflow.instrument.futures import (
+from asyncflow.instrumentation import _session
+from asyncflow.instrumentation import futures as _futures_module
+from asyncflow.instrumentation._gone import AGGREGATES_KEPT, GONE_KEPT, GoneHistory
+from asyncflow.instrumentation._sites import creation_frame, site_label
+from asyncflow.instrumentation.futures import (
     CallRecord,
     _current_tasks,
     _get_running_loop,

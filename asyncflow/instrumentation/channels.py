@@ -25,9 +25,9 @@ from collections.abc import Callable
 from typing import Any
 
 from asyncflow import clock as _clock
-from asyncflow.instrument import _session
-from asyncflow.instrument import futures as _futures
-from asyncflow.instrument._gone import AGGREGATES_KEPT, GONE_KEPT, GoneHistory
+from asyncflow.instrumentation import _session
+from asyncflow.instrumentation import futures as _futures
+from asyncflow.instrumentation._gone import AGGREGATES_KEPT, GONE_KEPT, GoneHistory
 from asyncflow.stats import SMALL_BUCKET, SMALL_LIMIT, bucket_of, merge, new_histogram
 
 __all__ = [

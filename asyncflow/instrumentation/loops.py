@@ -17,7 +17,7 @@ import threading
 import weakref
 from collections.abc import Callable
 
-from asyncflow.instrument import _session
+from asyncflow.instrumentation import _session
 
 __all__ = ["LoopRecord", "loop_registry", "on_register", "see"]
 

@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from asyncflow import clock as _clock
 from asyncflow import config as _config
-from asyncflow.instrument import _session
-from asyncflow.instrument.channels import ChannelRecord, caller, register
+from asyncflow.instrumentation import _session
+from asyncflow.instrumentation.channels import ChannelRecord, caller, register
 
 if TYPE_CHECKING:  # anyio is imported on first use: `import asyncflow` stays light
     from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream

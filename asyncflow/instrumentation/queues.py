@@ -27,10 +27,10 @@ from typing import Any, TypeVar
 
 from asyncflow import clock as _clock
 from asyncflow import config as _config
-from asyncflow.instrument import _session
-from asyncflow.instrument._sites import creation_frame, site_label
-from asyncflow.instrument.channels import ChannelRecord, ChannelStats, register
-from asyncflow.instrument.futures import _speedups
+from asyncflow.instrumentation import _session
+from asyncflow.instrumentation._sites import creation_frame, site_label
+from asyncflow.instrumentation.channels import ChannelRecord, ChannelStats, register
+from asyncflow.instrumentation.futures import _speedups
 
 __all__ = ["QueueInstrumentation", "instrument_queue", "instrument_queues"]
 
@@ -280,7 +280,7 @@ def _fifo_hooks(
     return _put, _get
 
 
-#: the compiled _put/_get of plain FIFO queues (asyncflow/instrument/_speedups.c), where it is
+#: the compiled _put/_get of plain FIFO queues (asyncflow/instrumentation/_speedups.c), where it is
 #: built and not turned off (ASYNCFLOW_NO_EXTENSIONS=1); the Python hooks above are the reference
 _FifoHook: Any = None if _speedups is None else getattr(_speedups, "FifoHook", None)
 

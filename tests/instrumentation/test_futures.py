@@ -17,7 +17,7 @@ import pytest
 
 import asyncflow
 from asyncflow.clock import FakeClock
-from asyncflow.instrument import _session
+from asyncflow.instrumentation import _session
 from asyncflow.schema import CallEntry, FutureEntry, Snapshot
 
 

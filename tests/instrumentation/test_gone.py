@@ -1,4 +1,4 @@
-"""The shared history of gone records (asyncflow/instrument/_gone.py), on its own."""
+"""The shared history of gone records (asyncflow/instrumentation/_gone.py), on its own."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from asyncflow.instrument._gone import GoneHistory
+from asyncflow.instrumentation._gone import GoneHistory
 
 
 class _Record:

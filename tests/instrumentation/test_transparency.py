@@ -474,7 +474,7 @@ def test_asyncio_is_asked_whether_it_names_an_unnamed_factory_task_none(
     """The stand-in is taken only where asyncio names a factory's unnamed task "None"
     (3.13.0 to 3.13.2); a create_task that names only what it was given (3.11, 3.12) or hands
     the factory the name (3.13.3, 3.14) is left alone."""
-    from asyncflow.instrument import futures
+    from asyncflow.instrumentation import futures
 
     def create_task_as_in_3_13_0(self: Any, coro: Any, *, name: Any = None) -> Any:
         self._check_closed()

@@ -24,11 +24,11 @@ from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 
 from asyncflow import clock as _clock
 from asyncflow import config as _config
-from asyncflow.instrument import _session
-from asyncflow.instrument._gone import AGGREGATES_KEPT, GONE_KEPT, GoneHistory, Watch
-from asyncflow.instrument.channels import _message_repr
-from asyncflow.instrument.futures import _normalize_throw
-from asyncflow.instrument.futures import _speedups as _compiled_path
+from asyncflow.instrumentation import _session
+from asyncflow.instrumentation._gone import AGGREGATES_KEPT, GONE_KEPT, GoneHistory, Watch
+from asyncflow.instrumentation.channels import _message_repr
+from asyncflow.instrumentation.futures import _normalize_throw
+from asyncflow.instrumentation.futures import _speedups as _compiled_path
 from asyncflow.stats import SMALL_BUCKET, SMALL_LIMIT, bucket_of, merge, new_histogram
 
 __all__ = [
@@ -581,9 +581,10 @@ def stream(fn: Any = None, /, *, name: str | None = None, log_items: bool = Fals
     return _wrap(it, record)
 
 
-# The compiled hot path (asyncflow/instrument/_speedups.c), where it is built and not turned off
-# (ASYNCFLOW_NO_EXTENSIONS=1), gives the wrapped iterator a compiled __anext__: the same records
-# and semantics as the reference above, which stays, and the test suite runs on both.
+# The compiled hot path (asyncflow/instrumentation/_speedups.c), where it is built and not
+# turned off (ASYNCFLOW_NO_EXTENSIONS=1), gives the wrapped iterator a compiled __anext__: the
+# same records and semantics as the reference above, which stays, and the test suite runs on
+# both.
 InstrumentedAsyncIteratorPy = InstrumentedAsyncIterator
 _WRAPPERS: tuple[type, ...] = (InstrumentedAsyncIteratorPy,)
 

@@ -22,8 +22,8 @@ import pytest
 import asyncflow
 from asyncflow import clock
 from asyncflow.clock import FakeClock
-from asyncflow.instrument import _session, resources
-from asyncflow.instrument.resources import (
+from asyncflow.instrumentation import _session, resources
+from asyncflow.instrumentation.resources import (
     LockInstrumentation,
     ResourceRecord,
     instrument_lock,
@@ -768,7 +768,7 @@ async def test_primitives_made_on_one_line_get_labels_of_their_own(
 
 
 def asyncflow_resource(obj: object) -> Any:
-    from asyncflow.instrument.resources import resource_of
+    from asyncflow.instrumentation.resources import resource_of
 
     record = resource_of(obj)
     assert record is not None

@@ -16,7 +16,7 @@ import threading
 import warnings
 from typing import Any
 
-from asyncflow.instrument._nested import Nested
+from asyncflow.instrumentation._nested import Nested
 
 __all__ = [
     "MAX_SITES",

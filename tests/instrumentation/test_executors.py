@@ -18,8 +18,8 @@ import pytest
 
 import asyncflow
 from asyncflow.clock import FakeClock
-from asyncflow.instrument import executors
-from asyncflow.instrument.executors import ExecutorRecord
+from asyncflow.instrumentation import executors
+from asyncflow.instrumentation.executors import ExecutorRecord
 
 
 @pytest.fixture
@@ -285,7 +285,7 @@ def test_anyio_is_never_imported_on_the_loop_and_hooked_once_the_program_loads_i
     program = """if True:
         import asyncio, sys
         import asyncflow
-        from asyncflow.instrument import _imports, executors
+        from asyncflow.instrumentation import _imports, executors
 
         async def main() -> None:
             before = set(sys.modules)

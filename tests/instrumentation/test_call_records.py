@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 import asyncflow
-from asyncflow.instrument import futures
-from asyncflow.instrument.futures import FutureRecord, call_field
+from asyncflow.instrumentation import futures
+from asyncflow.instrumentation.futures import FutureRecord, call_field
 from tests.compiled_path import compiled
 
 _SET_WHEN_THEY_HAPPEN = (

@@ -19,7 +19,7 @@ from collections import deque
 from collections.abc import Callable, Hashable
 from typing import Any, Generic, Protocol, TypeVar
 
-from asyncflow.instrument import _session
+from asyncflow.instrumentation import _session
 
 __all__ = ["AGGREGATES_KEPT", "GONE_KEPT", "GoneHistory", "Watch"]
 

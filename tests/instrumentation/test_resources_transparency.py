@@ -15,7 +15,7 @@ import anyio
 import pytest
 
 import asyncflow
-from asyncflow.instrument.resources import instrument_lock, instrument_locks, resource_of
+from asyncflow.instrumentation.resources import instrument_lock, instrument_locks, resource_of
 
 _T = TypeVar("_T")
 Wrap = Callable[[_T], _T]

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from asyncflow.instrument import _imports
+from asyncflow.instrumentation import _imports
 
 
 @pytest.fixture

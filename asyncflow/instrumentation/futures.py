@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 
 from asyncflow import clock as _clock
 from asyncflow import config as _config
-from asyncflow.instrument import _imports, _session, loops
-from asyncflow.instrument._gone import AGGREGATES_KEPT, GONE_KEPT, GoneHistory, Watch
+from asyncflow.instrumentation import _imports, _session, loops
+from asyncflow.instrumentation._gone import AGGREGATES_KEPT, GONE_KEPT, GoneHistory, Watch
 from asyncflow.stats import SMALL_BUCKET, SMALL_LIMIT, bucket_of, merge, new_histogram
 
 __all__ = [
@@ -432,7 +432,7 @@ class CallRecord:
     cancel_requests: int
     cancel_to_end: int
     cancel_outcome: str
-    #: owned by the poll probe (asyncflow.instrument.probes), if one wants to keep figures on
+    #: owned by the poll probe (asyncflow.instrumentation.probes), if one wants to keep figures on
     #: the call itself; never set or read by asyncflow
     probe_data: Any
 
@@ -781,7 +781,7 @@ def _running_call_py() -> Any:
     return inner._r if inner is not None else None
 
 
-# ---- the per-poll probe seam (asyncflow.instrument.probes is its public face) ----------------
+# ---- the per-poll probe seam (asyncflow.instrumentation.probes is its public face) -------------
 
 #: (probe, probe.begin, probe.end) while a poll probe is set, else None: read once per poll
 _poll_probe: tuple[Any, Callable[[Any], Any], Callable[..., Any]] | None = None
@@ -790,7 +790,7 @@ _PROBE_FAILED = object()  # the token of a begin() that raised: its end() is not
 
 def set_poll_probe(probe: Any) -> Any:
     """Set (or with None remove) the observer of every poll, on both hot paths; returns the
-    previous one. See asyncflow.instrument.probes for the contract."""
+    previous one. See asyncflow.instrumentation.probes for the contract."""
     global _poll_probe
     previous = _poll_probe[0] if _poll_probe is not None else None
     if probe is None:
@@ -1027,7 +1027,7 @@ def _compiled_base() -> tuple[type, ...]:
     if _config.no_extensions():
         return ()
     try:
-        base = importlib.import_module("asyncflow.instrument._speedups").FunctionBase
+        base = importlib.import_module("asyncflow.instrumentation._speedups").FunctionBase
     except (ImportError, AttributeError):  # not built, or built from older sources
         return ()
     return (base,) if isinstance(base, type) else ()
@@ -1461,11 +1461,11 @@ def _fresh_stats(record: FutureRecord) -> None:
     record.stats = _new_stats()
 
 
-# The compiled hot path (asyncflow/instrument/_speedups.c) takes the place of InstrumentedCoroutine
-# and CallRecord where it is built, unless ASYNCFLOW_NO_EXTENSIONS=1: the same records, figures
-# and semantics, and it calls back into the helpers above (_first_poll, _finish_poll,
-# _cancel_requested, _close_record...) on every path but the common ones. The Python classes stay
-# the reference; the test suite runs on both.
+# The compiled hot path (asyncflow/instrumentation/_speedups.c) takes the place of
+# InstrumentedCoroutine and CallRecord where it is built, unless ASYNCFLOW_NO_EXTENSIONS=1: the
+# same records, figures and semantics, and it calls back into the helpers above (_first_poll,
+# _finish_poll, _cancel_requested, _close_record...) on every path but the common ones. The
+# Python classes stay the reference; the test suite runs on both.
 InstrumentedCoroutinePy = InstrumentedCoroutine
 CallRecordPy = CallRecord
 FutureStatsPy = FutureStats
@@ -1494,7 +1494,7 @@ def _load_speedups() -> Any:
     if _config.no_extensions():
         return None
     try:
-        speedups = importlib.import_module("asyncflow.instrument._speedups")
+        speedups = importlib.import_module("asyncflow.instrumentation._speedups")
         for name in _SPEEDUPS_NAMES:  # an extension built from older sources lacks some
             getattr(speedups, name)
         speedups.setup(globals(), vars(_clock), vars(_session))

@@ -16,7 +16,7 @@ import pytest
 
 import asyncflow
 from asyncflow.clock import FakeClock
-from asyncflow.instrument import _session
+from asyncflow.instrumentation import _session
 from asyncflow.report import render
 from asyncflow.schema import ChannelEntry, ChannelLogs, Snapshot
 

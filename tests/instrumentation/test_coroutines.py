@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 import asyncflow
-from asyncflow.instrument import coroutines
+from asyncflow.instrumentation import coroutines
 
 
 @pytest.fixture

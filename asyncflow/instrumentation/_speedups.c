@@ -1,6 +1,6 @@
 /* The compiled hot path of asyncflow: the coroutine wrapper and its per-call record.
  *
- * asyncflow/instrument/futures.py is the reference: InstrumentedCoroutine and CallRecord here
+ * asyncflow/instrumentation/futures.py is the reference: InstrumentedCoroutine and CallRecord here
  * keep the same fields, the same figures and the same semantics, and futures.py chooses one or
  * the other at import (ASYNCFLOW_NO_EXTENSIONS=1 forces the Python one). What this module does
  * in C is the common path only: reading the clock, the counters and the histogram bucket of
@@ -32,9 +32,9 @@
 
 /* ---- state set by setup() ------------------------------------------------------------------ */
 
-static PyObject *futures_dict;    /* asyncflow.instrument.futures' namespace (helpers, constants) */
+static PyObject *futures_dict;    /* asyncflow.instrumentation.futures' namespace (helpers, constants) */
 static PyObject *clock_dict;      /* asyncflow.clock's namespace: now_ns may be replaced */
-static PyObject *session_dict;    /* asyncflow.instrument._session's namespace: active */
+static PyObject *session_dict;    /* asyncflow.instrumentation._session's namespace: active */
 static PyObject *perf_counter_ns; /* time.perf_counter_ns: then read CLOCK_MONOTONIC directly */
 static PyObject *call_ids;        /* futures._call_ids, shared with the Python reference */
 static PyObject *cancelled_error; /* asyncio.CancelledError */
@@ -46,7 +46,7 @@ static PyObject *bucket_ints[BUCKETS];
 static PyObject *get_running_loop; /* asyncio.events._get_running_loop */
 static PyObject *current_tasks;    /* 3.11: asyncio.tasks._current_tasks (loop -> task); or NULL */
 static PyObject *current_task;     /* asyncio.current_task */
-static PyObject *loops_module, *loops_dict; /* asyncflow.instrument.loops (last_key, see) */
+static PyObject *loops_module, *loops_dict; /* asyncflow.instrumentation.loops (last_key, see) */
 static PyTypeObject *deque_type; /* collections.deque: the session's buffer of finished calls */
 static PyObject *deque_append;   /* deque.append, called unbound */
 static PyObject *deque_popleft;  /* deque.popleft, likewise */
@@ -563,7 +563,7 @@ static PyMethodDef hist_methods[] = {
 
 static PyTypeObject HistType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "asyncflow.instrument._speedups.PollHistogram",
+    .tp_name = "asyncflow.instrumentation._speedups.PollHistogram",
     .tp_doc = "A future's poll histogram on the compiled path: bucket -> count (as "
               "asyncflow.stats' sparse histograms; only filled buckets are keys), bumped in C.",
     .tp_basicsize = sizeof(HistObject),
@@ -967,7 +967,7 @@ static PyMemberDef stats_members[] = {
 
 static PyTypeObject StatsType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "asyncflow.instrument._speedups.FutureStats",
+    .tp_name = "asyncflow.instrumentation._speedups.FutureStats",
     .tp_doc = "One session's aggregates for one future (the compiled twin of "
               "futures.FutureStats: its counters are C integers, read and set as ints).",
     .tp_basicsize = sizeof(StatsObject),
@@ -1177,7 +1177,7 @@ static PyMemberDef record_members[] = {
 
 static PyTypeObject RecordType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "asyncflow.instrument._speedups.CallRecord",
+    .tp_name = "asyncflow.instrumentation._speedups.CallRecord",
     .tp_doc = "One call's figures (the compiled twin of futures.CallRecord). Holds no reference "
               "to the coroutine, its arguments or its result.",
     .tp_basicsize = sizeof(RecordObject),
@@ -1624,7 +1624,7 @@ slot_dealloc(SlotObject *self)
 
 static PyTypeObject SlotType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "asyncflow.instrument._speedups.RunningSlot",
+    .tp_name = "asyncflow.instrumentation._speedups.RunningSlot",
     .tp_basicsize = sizeof(SlotObject),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_dealloc = (destructor)slot_dealloc,
@@ -2471,7 +2471,7 @@ static PyAsyncMethods wrapper_as_async = {
 
 static PyTypeObject WrapperType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "asyncflow.instrument._speedups.InstrumentedCoroutine",
+    .tp_name = "asyncflow.instrumentation._speedups.InstrumentedCoroutine",
     .tp_doc = "A tracked call: behaves as the coroutine it wraps, and records each poll "
               "(the compiled twin of futures.InstrumentedCoroutine).",
     .tp_basicsize = sizeof(WrapperObject),
@@ -2585,7 +2585,7 @@ function_base_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 
 static PyTypeObject FunctionBaseType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "asyncflow.instrument._speedups.FunctionBase",
+    .tp_name = "asyncflow.instrumentation._speedups.FunctionBase",
     .tp_doc = "futures.FutureFunction's base on the compiled path: its calls go straight to C.",
     .tp_basicsize = sizeof(FunctionBaseObject),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_VECTORCALL,
@@ -2656,7 +2656,7 @@ future_call_repr(PyObject *self)
 
 static PyTypeObject FutureCallType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "asyncflow.instrument._speedups.FutureCall",
+    .tp_name = "asyncflow.instrumentation._speedups.FutureCall",
     .tp_doc = "A method of futures.py's on the compiled path (_TaskFactory.__call__: track the "
               "task's coroutine and make the task).",
     .tp_basicsize = sizeof(FutureCallObject),
@@ -2808,7 +2808,7 @@ done:
  * finalizer are the reference's own Python methods, inherited by the class streams.py derives
  * from this one. */
 
-static PyObject *streams_dict; /* asyncflow.instrument.streams' namespace, set by setup_streams */
+static PyObject *streams_dict; /* asyncflow.instrumentation.streams' namespace, set by setup_streams */
 static PyObject *s_end, *s_resumed, *s_timed_item, *s_iteration_cls, *s_anext, *s_gi_code,
     *s_co_flags;
 
@@ -2842,7 +2842,7 @@ static PyGetSetDef counter_getset[] = {
 
 static PyTypeObject CounterType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "asyncflow.instrument._speedups.StreamCounter",
+    .tp_name = "asyncflow.instrumentation._speedups.StreamCounter",
     .tp_doc = "The C counters of a stream's figures (the base of streams.StreamStats on the "
               "compiled path).",
     .tp_basicsize = sizeof(CounterObject),
@@ -3367,7 +3367,7 @@ static PyAsyncMethods step_as_async = {
 
 static PyTypeObject StepType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "asyncflow.instrument._speedups.StreamStep",
+    .tp_name = "asyncflow.instrumentation._speedups.StreamStep",
     .tp_doc = "One __anext__() of a wrapped async iterator: awaits the wrapped iterator's and "
               "counts the item.",
     .tp_basicsize = sizeof(StepObject),
@@ -3487,7 +3487,7 @@ static PyAsyncMethods aiter_as_async = {
 
 static PyTypeObject AIterType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "asyncflow.instrument._speedups.AsyncIteratorBase",
+    .tp_name = "asyncflow.instrumentation._speedups.AsyncIteratorBase",
     .tp_doc = "The compiled part of streams.InstrumentedAsyncIterator: __aiter__ and __anext__.",
     .tp_basicsize = sizeof(AIterObject),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_BASETYPE,
@@ -4317,7 +4317,7 @@ static PyMethodDef fifo_methods[] = {
 
 static PyTypeObject FifoHookType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "asyncflow.instrument._speedups.FifoHook",
+    .tp_name = "asyncflow.instrumentation._speedups.FifoHook",
     .tp_doc = "FifoHook(kind, queue, storage, stats, slow): a plain FIFO queue's compiled _put "
               "('put': slow is record.sample_send) or _get ('get': slow is the reference's timed "
               "get); queue is a weak reference to the queue, whose _queue it reads each call.",
@@ -4361,7 +4361,7 @@ static PyMethodDef module_methods[] = {
 
 static struct PyModuleDef module_def = {
     PyModuleDef_HEAD_INIT,
-    .m_name = "asyncflow.instrument._speedups",
+    .m_name = "asyncflow.instrumentation._speedups",
     .m_doc = "asyncflow's compiled hot path: the coroutine wrapper and its per-call record.",
     .m_size = -1,
     .m_methods = module_methods,

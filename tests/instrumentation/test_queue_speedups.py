@@ -12,8 +12,8 @@ import pytest
 import asyncflow
 from asyncflow import clock
 from asyncflow.clock import FakeClock
-from asyncflow.instrument import _session, queues
-from asyncflow.instrument.channels import ChannelStats, Edge
+from asyncflow.instrumentation import _session, queues
+from asyncflow.instrumentation.channels import ChannelStats, Edge
 
 pytestmark = pytest.mark.skipif(queues._FifoHook is None, reason="the compiled path is not built")
 

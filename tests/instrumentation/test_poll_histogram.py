@@ -18,8 +18,8 @@ import pytest
 import asyncflow
 from asyncflow import clock, stats
 from asyncflow.clock import FakeClock
-from asyncflow.instrument import futures
-from asyncflow.instrument.futures import FutureRecord
+from asyncflow.instrumentation import futures
+from asyncflow.instrumentation.futures import FutureRecord
 
 compiled = pytest.mark.skipif(
     futures._speedups is None,

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from asyncflow.instrument import _session
+from asyncflow.instrumentation import _session
 
 __all__ = ["after_import"]
 

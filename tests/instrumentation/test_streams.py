@@ -17,7 +17,7 @@ import pytest
 
 import asyncflow
 from asyncflow.clock import FakeClock
-from asyncflow.instrument import streams
+from asyncflow.instrumentation import streams
 from asyncflow.schema import Snapshot, StreamEntry, StreamLogs
 
 Gen = Callable[[], AsyncIterator[int]]

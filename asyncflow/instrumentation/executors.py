@@ -35,9 +35,9 @@ from typing import Any
 
 from asyncflow import _forksafe, stats
 from asyncflow import clock as _clock
-from asyncflow.instrument import _imports, _session
-from asyncflow.instrument._gone import AGGREGATES_KEPT, GONE_KEPT, GoneHistory, Watch
-from asyncflow.instrument.channels import caller
+from asyncflow.instrumentation import _imports, _session
+from asyncflow.instrumentation._gone import AGGREGATES_KEPT, GONE_KEPT, GoneHistory, Watch
+from asyncflow.instrumentation.channels import caller
 
 __all__ = [
     "AGGREGATES_KEPT",

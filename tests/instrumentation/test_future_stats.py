@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from asyncflow import stats
-from asyncflow.instrument import futures
-from asyncflow.instrument.futures import FutureRecord
+from asyncflow.instrumentation import futures
+from asyncflow.instrumentation.futures import FutureRecord
 from tests.compiled_path import STATS_COUNTERS as COUNTERS
 from tests.compiled_path import compiled
 
@@ -119,7 +119,7 @@ def test_an_extension_out_of_step_is_left_for_the_pure_python_path(
     needs: asyncflow then runs in pure Python rather than failing to import."""
     import types
 
-    from asyncflow.instrument import futures
+    from asyncflow.instrumentation import futures
 
     set_up: list[object] = []
     stale = types.SimpleNamespace(

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 import asyncflow
-from asyncflow.instrument import resources
-from asyncflow.instrument.resources import instrument_lock, resource_of
+from asyncflow.instrumentation import resources
+from asyncflow.instrumentation.resources import instrument_lock, resource_of
 
 
 class _CountingLock(asyncio.Lock):

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from asyncflow.instrument import futures
+from asyncflow.instrumentation import futures
 
 __all__ = [
     "CANCELLED",
