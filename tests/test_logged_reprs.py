@@ -11,6 +11,7 @@ Ctrl-C raises KeyboardInterrupt wherever the main thread is).
 from __future__ import annotations
 
 import asyncio
+import gc
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
@@ -30,6 +31,19 @@ class Hostile:
 
 def _errors(prof: asyncflow.Profiler) -> int:
     return prof.snapshot().status.internal_errors
+
+
+@pytest.fixture(autouse=True)
+def _exceptions_let_go(request: pytest.FixtureRequest) -> Iterator[None]:
+    """The parametrized exceptions live as long as the session: once raised, their tracebacks
+    held this test's frames and loop, which the next tests' profilers then listed among their
+    loops (a second loop in /loop, a stale loop's events in a trace)."""
+    yield
+    callspec = getattr(request.node, "callspec", None)
+    exc = callspec.params.get("exc") if callspec is not None else None
+    if isinstance(exc, BaseException):
+        exc.__traceback__ = exc.__context__ = None
+    gc.collect()
 
 
 @pytest.fixture
