@@ -362,7 +362,8 @@ def _output(value: object, source: str) -> str | None:
         return value
     if not isinstance(value, str | os.PathLike):
         raise ValueError(
-            f"{source}={_shown(value)}: expected a file path (or None for standard error)"
+            f"{source}={_shown(value)}: expected a file path, '-' for standard output, or None "
+            "for the format's own stream"
         )
     path = os.fspath(value)
     if not isinstance(path, str):

@@ -53,7 +53,7 @@ def test_environment_then_argument_precedence(tmp_path: Path) -> None:
         ("duration", "soon", "number > 0"),
         ("duration", float("inf"), "finite"),
         ("output", "/no/such/dir/report.txt", "does not exist"),
-        ("output", 42, "file path"),
+        ("output", 42, "file path, '-' for standard output"),
         ("reporter", object(), "report(snapshot)"),
     ],
 )
