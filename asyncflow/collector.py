@@ -15,7 +15,8 @@ from __future__ import annotations
 import asyncio
 from array import array
 from collections import deque
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from asyncflow import clock, lints, trace
 from asyncflow import recording as _recording
@@ -33,7 +34,6 @@ from asyncflow.threads import ThreadSampler, loop_threads
 
 if TYPE_CHECKING:
     from asyncflow.cpu import PollFigures
-    from asyncflow.filtering import TargetFilter
     from asyncflow.reporters import Reporters
 
 __all__ = ["DRAIN_INTERVAL", "SERIES_INTERVAL_NS", "Collector", "LiveSeries", "live_calls"]
@@ -100,7 +100,7 @@ class Collector:
         #: CPU time and allocations per poll (``cpu=``, ``allocations=``); None when off
         self.poll_figures: PollFigures | None = None
         #: whole-program mode's include/exclude patterns, while they apply
-        self.target_filter: TargetFilter | None = None
+        self.target_filter: Callable[[Any], bool] | None = None
         #: the trace recorder (``trace=``), fed on this tick; None when no trace is recorded
         self.trace: trace.TraceRecorder | None = None
         if options.trace:
@@ -108,22 +108,22 @@ class Collector:
 
     def attach_polls(self) -> None:
         """The profiler starts: filter tasks, and measure polls, as the options ask."""
-        from asyncflow import cpu, filtering
+        from asyncflow import cpu
 
         options = self.options
         try:
-            self.target_filter = filtering.install(options.include, options.exclude)
+            self.target_filter = _futures.install_filter(options.include, options.exclude)
             self.poll_figures = cpu.attach(options.cpu, options.allocations)
         except Exception as exc:  # observing never breaks the program
             _session.internal_error("measuring polls", exc)
 
     def detach_polls(self) -> None:
         """The profiler stops (idempotent): the figures stay for the final snapshot."""
-        from asyncflow import cpu, filtering
+        from asyncflow import cpu
 
         try:
             cpu.detach(self.poll_figures)
-            filtering.uninstall(self.target_filter)
+            _futures.uninstall_filter(self.target_filter)
         except Exception as exc:
             _session.internal_error("measuring polls", exc)
         self.target_filter = None

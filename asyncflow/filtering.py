@@ -20,7 +20,7 @@ import weakref
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["TargetFilter", "install", "matches", "parse_patterns"]
+__all__ = ["TargetFilter", "matches", "parse_patterns"]
 
 #: the characters that make a pattern a glob; without them a pattern names a module or package
 #: (and everything in it) or a qualified name exactly
@@ -163,21 +163,3 @@ class TargetFilter:
         if not decided:
             self.rejected += 1
         return decided
-
-
-def install(include: Iterable[str], exclude: Iterable[str]) -> TargetFilter | None:
-    """Make the task factory consult these patterns (none: track every task); returns the
-    filter installed, or None."""
-    from asyncflow.instrumentation import futures
-
-    target = TargetFilter(include, exclude)
-    futures.task_filter = target if target else None
-    return futures.task_filter
-
-
-def uninstall(target: TargetFilter | None) -> None:
-    """Stop filtering, if ``target`` is still the filter installed."""
-    from asyncflow.instrumentation import futures
-
-    if target is not None and futures.task_filter is target:
-        futures.task_filter = None

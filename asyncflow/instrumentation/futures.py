@@ -21,7 +21,7 @@ import threading
 import types
 import weakref
 from collections import OrderedDict, deque
-from collections.abc import Callable, Coroutine, Generator, Mapping, MutableMapping
+from collections.abc import Callable, Coroutine, Generator, Iterable, Mapping, MutableMapping
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 
 from asyncflow import clock as _clock
@@ -1200,6 +1200,24 @@ def instrument(
 #: whole-program mode's include/exclude patterns (an ``asyncflow.filtering.TargetFilter``, set
 #: while a profiler with patterns runs): called with a task's coroutine, False leaves it untracked
 task_filter: Callable[[Any], bool] | None = None
+
+
+def install_filter(include: Iterable[str], exclude: Iterable[str]) -> Callable[[Any], bool] | None:
+    """Make the task factory consult these patterns (none: track every task); returns the
+    filter installed, or None."""
+    from asyncflow.filtering import TargetFilter
+
+    global task_filter
+    target = TargetFilter(include, exclude)
+    task_filter = target if target else None
+    return task_filter
+
+
+def uninstall_filter(target: Callable[[Any], bool] | None) -> None:
+    """Stop filtering, if ``target`` is still the filter installed."""
+    global task_filter
+    if target is not None and task_filter is target:
+        task_filter = None
 
 
 def _anyio_task_coro(coro: Any) -> Any:
