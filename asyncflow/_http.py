@@ -25,8 +25,7 @@ from aiohttp import web
 
 from asyncflow import clock, openapi, schema
 from asyncflow import web as web_page
-from asyncflow.openapi import Route
-from asyncflow.server import (
+from asyncflow._protocol import (
     _JSON,
     _LENGTH,
     MAX_ID,
@@ -46,6 +45,7 @@ from asyncflow.server import (
     _whole,
     logger,
 )
+from asyncflow.openapi import Route
 
 __all__ = ["serve_in_child"]
 

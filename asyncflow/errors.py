@@ -1,6 +1,12 @@
 """The exceptions asyncflow raises for misuse of its own API."""
 
-__all__ = ["AsyncflowError", "PortInUseError"]
+__all__ = ["TRACE_OFF", "AsyncflowError", "PortInUseError"]
+
+#: why there is no trace to give (the profiler's ``trace()``, the endpoint's ``/trace``)
+TRACE_OFF = (
+    "no trace is recorded: start the profiler with trace=True (or trace='file.json'), "
+    "ASYNCFLOW_TRACE=1, or asyncflow run --trace FILE"
+)
 
 
 class AsyncflowError(RuntimeError):

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from asyncflow import _forksafe, clock, config
 from asyncflow.config import Options, resolve_options
-from asyncflow.errors import AsyncflowError, PortInUseError
+from asyncflow.errors import TRACE_OFF, AsyncflowError, PortInUseError
 from asyncflow.instrumentation import _session
 from asyncflow.instrumentation.futures import reset_for_session
 
@@ -594,13 +594,6 @@ class Profiler:
 
     def __repr__(self) -> str:
         return f"<asyncflow.Profiler {self.name!r} {self._state}>"
-
-
-#: why there is no trace to serve
-TRACE_OFF = (
-    "no trace is recorded: start the profiler with trace=True (or trace='file.json'), "
-    "ASYNCFLOW_TRACE=1, or asyncflow run --trace FILE"
-)
 
 
 def profile(name: str, **options: Any) -> Profiler:

@@ -18,7 +18,7 @@ import orjson
 import pytest
 
 import asyncflow
-from asyncflow import server, views
+from asyncflow import _protocol, server, views
 from asyncflow.instrumentation import _session
 
 
@@ -436,12 +436,12 @@ def check_one_cached_document(
     assert len(built) == 2  # rebuilt once its 0.1 s are over
 
 
-def answer(body: bytes, fresh_ns: int = 100_000_000) -> server._Answer:
-    return server._Answer(200, "application/json", body, fresh_ns)
+def answer(body: bytes, fresh_ns: int = 100_000_000) -> _protocol._Answer:
+    return _protocol._Answer(200, "application/json", body, fresh_ns)
 
 
 def test_the_cache_is_bounded_in_entries_and_bytes() -> None:
-    cache = server._Cache(entries=3, size=100)
+    cache = _protocol._Cache(entries=3, size=100)
     for key in range(10):
         cache.put(key, 0, answer(b"x" * 30))
         assert len(cache) <= 3 and cache.bytes <= 100
@@ -458,7 +458,7 @@ def test_the_cache_is_bounded_in_entries_and_bytes() -> None:
 
 
 def test_the_cache_keeps_an_answer_out_of_date_for_its_stale_time() -> None:
-    cache = server._Cache(entries=3, size=100, stale_ns=1_000)
+    cache = _protocol._Cache(entries=3, size=100, stale_ns=1_000)
     cache.put("doc", 0, answer(b"x", fresh_ns=100))
     held = cache.get("doc", 99)
     assert held is not None and held.until == 100 and held.asked == 0  # fresh: 99 < until
