@@ -616,10 +616,11 @@ def test_the_distribution_has_a_name_of_its_own() -> None:
     )
 
 
-def test_every_install_command_in_the_readme_installs_this_checkout() -> None:
+def test_every_install_command_in_the_readme_and_the_manual_installs_this_checkout() -> None:
     """A name after 'pip install' would be looked up on the package index; a path is this."""
-    readme = (ROOT / "README.md").read_text()
-    commands = re.findall(r"pip install ([^\n`&;#]*)", readme)
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    text = "\n".join(page.read_text(encoding="utf-8") for page in pages)
+    commands = re.findall(r"pip install ([^\n`&;#]*)", text)
     assert commands, "the README says how to install"
     for command in commands:
         targets = [t.strip("'\"") for t in command.split() if not t.startswith("-")]

@@ -257,15 +257,15 @@ def test_with_no_profiler_running_snapshot_says_so(
     assert not (tmp_path / "s.json").exists()
 
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+MANUAL = Path(__file__).resolve().parent.parent / "docs" / "cli.md"
 
 
 @pytest.mark.parametrize("flags", ["--block-threshold 0", "--host 0.0.0.0"])
-def test_the_readme_quotes_run_s_errors_as_run_says_them(flags: str) -> None:
-    lines = README.read_text(encoding="utf-8").splitlines()
+def test_the_manual_quotes_run_s_errors_as_run_says_them(flags: str) -> None:
+    lines = MANUAL.read_text(encoding="utf-8").splitlines()
     asked = f"$ asyncflow run {flags} examples/crawler.py"
     quoted = lines[lines.index(asked) + 1]
-    done = asyncflow_cmd("run", *flags.split(), "examples/crawler.py", cwd=README.parent)
+    done = asyncflow_cmd("run", *flags.split(), "examples/crawler.py", cwd=MANUAL.parent.parent)
     assert done.returncode == 2
     assert done.stderr == quoted + "\n"
 

@@ -1,0 +1,20 @@
+"""Sphinx configuration of asyncflow's manual: MyST markdown, built with warnings as errors."""
+
+from __future__ import annotations
+
+project = "asyncflow"
+author = "asyncflow's authors"
+copyright = "asyncflow's authors"
+
+extensions = ["myst_parser"]
+source_suffix = {".md": "markdown"}
+root_doc = "index"
+exclude_patterns = ["_build"]
+
+# Headings get GitHub's anchors, so that a link such as `queues.md#what-is-exact` works on
+# GitHub and in the built site alike (tests/test_readme_links.py checks them the same way).
+myst_heading_anchors = 4
+
+html_theme = "alabaster"
+html_title = "asyncflow"
+html_static_path: list[str] = []
