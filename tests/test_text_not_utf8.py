@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -79,7 +79,7 @@ def get(url: str, path: str) -> tuple[int, bytes, str]:
             return error.code, error.read(), error.headers["Content-Type"]
 
 
-Named = Callable[[asyncio.Queue[str], asyncio.Event], Awaitable[str]]
+Named = Callable[[asyncio.Queue[str], asyncio.Event], Coroutine[Any, Any, str]]
 
 
 def make_named() -> Named:
