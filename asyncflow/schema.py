@@ -1124,8 +1124,9 @@ def _hints(cls: type) -> dict[str, Any]:
     return hints
 
 
-# Resources: synchronisation primitives (DESIGN §1 "resource"). Appended by the resources work;
-# the lead adds them to __all__, the Snapshot and the OpenAPI document when wiring the routes.
+# Resources: synchronisation primitives (docs/architecture.md, "Words": resource). Appended by
+# the resources work; the lead adds them to __all__, the Snapshot and the OpenAPI document when
+# wiring the routes.
 
 
 @dataclass(frozen=True, slots=True)

@@ -50,7 +50,8 @@ __all__ = [
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
 
-# Call states (DESIGN §1). ``running`` is not stored: a call is running while ``start`` is set.
+# Call states (docs/architecture.md, "Words"). ``running`` is not stored: a call is running
+# while ``start`` is set.
 PENDING = "pending"
 RUNNING = "running"
 SUSPENDED = "suspended"

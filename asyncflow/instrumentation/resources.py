@@ -75,7 +75,7 @@ __all__ = [
     "resource_registry",
 ]
 
-# Families of primitives: which figures apply (DESIGN §1, "resource").
+# Families of primitives: which figures apply (docs/architecture.md, "Words": resource).
 LOCK = "lock"
 SEMAPHORE = "semaphore"
 CONDITION = "condition"
