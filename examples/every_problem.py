@@ -1,7 +1,7 @@
 """One small program with every problem asyncflow names planted in it, one of each.
 
-Run it and read the warnings first in the report (the README's "Diagnosing a slow service"
-section shows them and explains each):
+Run it and read the warnings first in the report (the manual's "Diagnosing a slow service"
+page, docs/warnings.md, shows them and explains each):
 
     python examples/every_problem.py
 

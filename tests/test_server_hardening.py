@@ -535,7 +535,7 @@ def test_huge_offsets_are_no_internal_error(
 
 def test_errors_never_echo_the_request(served: asyncflow.Profiler) -> None:
     # The reproduction (issue 24, item 13): error bodies quoted the request's path, parameter
-    # names and values, Host, Origin, Sec-Fetch-Site and method, though the README says an
+    # names and values, Host, Origin, Sec-Fetch-Site and method, though docs/endpoint.md says an
     # error never echoes the request. Each request below carries the marker ECHO.
     ip, port = address(served)
     asked = [

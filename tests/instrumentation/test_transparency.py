@@ -457,11 +457,11 @@ def test_tasks_are_named_as_without_asyncflow(factory: Any) -> None:
         # 3.11 and 3.12 name a factory's task after making it, and asyncflow leaves them that
         # way (see _names_unnamed_tasks_none): the task named by loop.create_task(name=) drew a
         # number first (asyncio.create_task names its tasks after making them anyway), so the two
-        # unnamed tasks made after it read one more (the README's Transparency section says so).
+        # unnamed tasks made after it read one more (docs/transparency.md says so).
         # The names given are the program's.
         plain = [_shifted(n, 1) if i < 16 and i % 8 >= 6 else n for i, n in enumerate(plain)]
         # Debug mode's creation traceback ends in asyncio's own create_task there, a frame
-        # asyncio leaves out only when it makes the task itself (README: Transparency).
+        # asyncio leaves out only when it makes the task itself (docs/transparency.md).
         made_by_asyncio = (asyncio.base_events.__file__, "create_task")
         assert all(t in (p, made_by_asyncio) for t, p in zip(tracked[16:], plain[16:], strict=True))
         tracked[16:] = plain[16:]
