@@ -16,9 +16,9 @@ import asyncio
 from array import array
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from asyncflow import clock, lints, trace
+from asyncflow import clock
 from asyncflow import recording as _recording
 from asyncflow.config import Options
 from asyncflow.instrumentation import _session
@@ -27,14 +27,14 @@ from asyncflow.instrumentation import executors as _executors
 from asyncflow.instrumentation import futures as _futures
 from asyncflow.instrumentation import resources as _resources
 from asyncflow.instrumentation import streams as _streams
-from asyncflow.instrumentation.futures import CallRecord, FutureRecord, registry
+from asyncflow.instrumentation.futures import CallRecord, FutureRecord, call_field, registry
 from asyncflow.monitor import LoopMonitor
-from asyncflow.reporters import finished_call
+from asyncflow.recording import FinishedCall
+from asyncflow.schema import Location
 from asyncflow.threads import ThreadSampler, loop_threads
 
 if TYPE_CHECKING:
     from asyncflow.cpu import PollFigures
-    from asyncflow.reporters import Reporters
 
 __all__ = ["DRAIN_INTERVAL", "SERIES_INTERVAL_NS", "Collector", "LiveSeries", "live_calls"]
 
@@ -79,6 +79,12 @@ class LiveSeries:
         return [(s[i], s[i + 1], s[i + 2]) for i in range(0, len(s), 3)]
 
 
+class CallSink(Protocol):
+    """What is handed every folded call, on the collector's thread (the live reporters)."""
+
+    def add(self, record: CallRecord, /) -> None: ...
+
+
 class Collector:
     """Owns the session's folded state; everything here runs on the profiler's thread."""
 
@@ -91,20 +97,17 @@ class Collector:
         self.monitor = LoopMonitor(round(options.block_threshold * 1e9))
         self.series_interval = SERIES_INTERVAL_NS
         self._next_sample = 0
-        #: the diagnoses over time: evaluated by views.warnings_document, on this thread
-        self.warnings = lints.WarningBook(lints.Thresholds.from_options(options.warn))
-        #: the live reporters (asyncflow.reporters), fed after each drain; None when none
-        self.live: Reporters | None = None
+        #: handed every folded call (the live reporters set themselves here); None when none
+        self.live: CallSink | None = None
+        #: called after each drain with the clock (the live reporters, the trace recorder):
+        #: higher layers register here with ``on_tick``, so that the collector imports none
+        self._tick_hooks: list[tuple[str, Callable[[int], None]]] = []
         #: every thread of the process, sampled on this tick (``GET /threads``)
         self.threads = ThreadSampler(loops=lambda: loop_threads(self.monitor))
         #: CPU time and allocations per poll (``cpu=``, ``allocations=``); None when off
         self.poll_figures: PollFigures | None = None
         #: whole-program mode's include/exclude patterns, while they apply
         self.target_filter: Callable[[Any], bool] | None = None
-        #: the trace recorder (``trace=``), fed on this tick; None when no trace is recorded
-        self.trace: trace.TraceRecorder | None = None
-        if options.trace:
-            self.trace = trace.TraceRecorder(self, options.trace_events, options.trace_output)
 
     def attach_polls(self) -> None:
         """The profiler starts: filter tasks, and measure polls, as the options ask."""
@@ -204,6 +207,11 @@ class Collector:
         s = self.session
         return max(0, s.appended - self.taken - len(s.finished))
 
+    def on_tick(self, what: str, hook: Callable[[int], None]) -> None:
+        """Call ``hook(now_ns)`` after each drain, on this thread, until the collector stops;
+        an exception it raises is counted as an internal error while ``what``."""
+        self._tick_hooks.append((what, hook))
+
     def futures(self) -> list[FutureRecord]:
         """The futures known now."""
         return registry()
@@ -219,14 +227,12 @@ class Collector:
             except Exception as exc:  # counted, and tried again next time: never the end of it
                 _session.internal_error("collecting", exc)
             self.sample_live(now)
-            if self.live is not None:
-                self.live.tick(now)
             self.threads.tick(now)
-            if self.trace is not None:
+            for what, hook in self._tick_hooks:
                 try:
-                    self.trace.tick(now)
+                    hook(now)
                 except Exception as exc:  # observing never breaks the program
-                    _session.internal_error("recording the trace", exc)
+                    _session.internal_error(what, exc)
             await asyncio.sleep(DRAIN_INTERVAL)
 
 
@@ -242,6 +248,23 @@ def _to_users_call(r: CallRecord) -> None:
             user.call(call)
         except Exception as exc:  # the recorder is removed; the program never sees it
             _recording._failed(user, exc)
+
+
+def finished_call(r: CallRecord) -> FinishedCall:
+    """The public view of one finished call's record."""
+    future = r.future
+    return FinishedCall(
+        future_id=future.id,
+        label=future.label,
+        location=Location(future.file, future.line),
+        outcome=call_field(r, "outcome") or "returned",
+        duration_ns=max(0, r.finished - r.created),
+        busy_ns=r.busy,
+        polls=r.polls,
+        start_ns=r.created,
+        end_ns=r.finished,
+        error=call_field(r, "exc_type"),
+    )
 
 
 def live_calls(record: FutureRecord) -> list[CallRecord]:

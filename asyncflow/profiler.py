@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from asyncflow.reporters import Reporters
     from asyncflow.schema import Snapshot
     from asyncflow.server import Server
+    from asyncflow.trace import TraceRecorder
 
 __all__ = ["DISABLED", "Profiler", "active_profiler", "profile", "start", "stop"]
 
@@ -105,6 +106,10 @@ class Profiler:
         self._thread: threading.Thread | None = None
         self._loop: _ProfilerLoop | None = None
         self._collector: Collector | None = None
+        #: the trace recorder (``trace=``) and the live reporters, each ticked by the collector
+        #: (they register with it); None when not asked for
+        self._trace: TraceRecorder | None = None
+        self._live: Reporters | None = None
         self._server: Server | None = None
         self._final: Snapshot | None = None
         self._failure: BaseException | None = None
@@ -215,8 +220,15 @@ class Profiler:
             coroutines.reset_for_session()
             session = _session.Session(next(_epochs), clock.now_ns(), options.sampling)
             self._collector = Collector(session, options)
+            self._trace = self._live = None
+            if options.trace:
+                from asyncflow.trace import TraceRecorder
+
+                self._trace = TraceRecorder(
+                    self._collector, options.trace_events, options.trace_output
+                )
             if options.reporters or options.otel:
-                self._collector.live = _live_reporters(self._collector, options)
+                self._live = _live_reporters(self._collector, options)
             self._failure, self._abandoned, self._began = None, False, False
             ready = threading.Event()
             self._thread = threading.Thread(
@@ -241,8 +253,8 @@ class Profiler:
                 self._stopped.clear()
                 _session.active = session
                 self._collector.fold_where()  # until now, calls finished go to the buffer
-                if self._collector.trace is not None:
-                    self._collector.trace.attach()  # polls are traced from here on
+                if self._trace is not None:
+                    self._trace.attach()  # polls are traced from here on
                 self._collector.attach_polls()  # after the trace: its probe is shared
                 _active = _last = self
                 atexit.register(self.stop)
@@ -283,8 +295,8 @@ class Profiler:
             _session.active = None
         if collector is not None:
             collector.detach_polls()  # before the trace's detach: it shares the probe
-        if collector is not None and collector.trace is not None:
-            collector.trace.detach()
+        if collector is not None and self._trace is not None:
+            self._trace.detach()
         atexit.unregister(self.stop)
         self._state = "new"
         self.url = None
@@ -305,8 +317,8 @@ class Profiler:
             options = self.options
             if options.port is not None:
                 self.url = loop.run_until_complete(self._serve(loop, collector))
-            if collector.live is not None:
-                collector.live.open(loop)  # before ready: start() returns with them open
+            if self._live is not None:
+                self._live.open(loop)  # before ready: start() returns with them open
             tasks.append(loop.create_task(collector.run(), name="asyncflow-collector"))
             tasks.append(loop.create_task(collector.monitor.run(), name="asyncflow-monitor"))
             if options.duration is not None:
@@ -342,6 +354,7 @@ class Profiler:
         port = options.port
         assert port is not None
         server = Server(collector, options.host, port, options.token, lambda: self.running)
+        server.trace = self._trace
         try:
             url = await server.start()
         except AsyncflowError:
@@ -351,6 +364,7 @@ class Profiler:
             if options.port_source is not None:
                 raise PortInUseError(options.host, port, options.port_source) from None
             server = Server(collector, options.host, 0, options.token, lambda: self.running)
+            server.trace = self._trace
             url = await server.start()
             logger.warning(
                 "asyncflow: port %s on %s is in use; serving on %s instead", port, options.host, url
@@ -442,13 +456,13 @@ class Profiler:
         collector.monitor.stop()
         collector.drain()
         collector.detach_polls()  # before the trace's finish: it shares the probe
-        if collector.trace is not None:
-            collector.trace.finish()  # stops tracing polls; writes the file trace= named
+        if self._trace is not None:
+            self._trace.finish()  # stops tracing polls; writes the file trace= named
         final = views.snapshot(collector, running=False)
-        if collector.live is not None:  # the live reporters' last tick, then their close()
+        if self._live is not None:  # the live reporters' last tick, then their close()
             from asyncflow.reporters import figures_of
 
-            collector.live.close(figures_of(final))
+            self._live.close(figures_of(final))
         return final
 
     def _report(self, snapshot: Snapshot) -> None:
@@ -484,8 +498,8 @@ class Profiler:
         collector = self._collector
         if collector is not None:
             collector.detach_polls()
-        if collector is not None and collector.trace is not None:
-            collector.trace.detach()  # the parent's trace: this child's polls are not in it
+        if collector is not None and self._trace is not None:
+            self._trace.detach()  # the parent's trace: this child's polls are not in it
         atexit.unregister(self.stop)
         self._registration = None  # the parent's file: the parent removes it
         if self._state in ("running", "stopping", "new"):
@@ -565,7 +579,7 @@ class Profiler:
         collector = self._collector
         if self._state != "running" or collector is None:
             raise AsyncflowError(f"profiler {self.name!r} is not running: it has no trace to give")
-        recorder = collector.trace
+        recorder = self._trace
         if recorder is None:
             raise AsyncflowError(TRACE_OFF)
         import orjson

@@ -20,7 +20,7 @@ and calls the users' recorders only when there are some: ``to_users_span``/``to_
 and a third, for the tracked calls of futures, by the collector:
 
 ``call(call)``
-    one call of a tracked future ended (a :class:`asyncflow.reporters.FinishedCall`: its start
+    one call of a tracked future ended (a :class:`FinishedCall`: its start
     and end, outcome, error, busy time and polls).
 
 The coroutine wrappers count into a record of the call in place (in C where compiled: a call
@@ -40,28 +40,32 @@ must not block.
 from __future__ import annotations
 
 import heapq
+import itertools
 import logging
 import threading
 import weakref
 from collections import deque
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from asyncflow import _forksafe
 from asyncflow import stats as _stats
 from asyncflow.instrumentation import _session
 
 if TYPE_CHECKING:
-    from asyncflow.reporters import FinishedCall
-    from asyncflow.timing import Site
-    from asyncflow.values import Metric
+    from asyncflow.schema import Location
 
 __all__ = [
     "COLLECTOR",
     "ERROR_TYPES_KEPT",
     "VALUE_LOG_SIZE",
     "CollectorRecorder",
+    "FinishedCall",
     "FunctionStats",
+    "Metric",
     "MetricStats",
     "Recorder",
+    "Site",
     "add_recorder",
     "recorders",
     "remove_recorder",
@@ -72,6 +76,82 @@ ERROR_TYPES_KEPT = 16
 #: The last values a value log keeps (with their time).
 VALUE_LOG_SIZE = 100
 _logger = logging.getLogger("asyncflow")
+
+
+_site_ids = itertools.count(1)
+
+
+class Site:
+    """What is measured: one function or block label, and the collector's figures for it."""
+
+    __slots__ = (
+        "file",
+        "folded",
+        "id",
+        "is_async",
+        "kind",
+        "line",
+        "name",
+        "source",
+    )
+
+    def __init__(self, name: str, kind: str, source: str, file: str, line: int, is_async: bool):
+        self.id = next(_site_ids)
+        self.name = name
+        #: "function", "block", or "other" (the labels past MAX_NAMES)
+        self.kind = kind
+        self.source = source
+        self.file = file
+        self.line = line
+        self.is_async = is_async
+        #: labels counted here because the table was full (only on the OTHER_NAMES site)
+        self.folded = 0
+
+    def __repr__(self) -> str:
+        return f"<asyncflow.timing.Site {self.name!r} {self.kind}>"
+
+
+class Metric:
+    """One named metric: its kind, and the collector's figures for it (``stats``)."""
+
+    __slots__ = ("__weakref__", "folded", "id", "kind", "lock", "name", "stats")
+
+    kind: str
+
+    def __init__(self, name: str, metric_id: int) -> None:
+        self.id = metric_id
+        self.name = name
+        self.lock = _forksafe.lock(self)
+        #: the collector's aggregate (recording.MetricStats) of the current session, or None
+        self.stats: Any = None
+        #: names counted here because the table was full (only on OTHER_METRICS handles)
+        self.folded = 0
+
+    def __repr__(self) -> str:
+        return f"<asyncflow.{type(self).__name__} {self.name!r}>"
+
+
+@dataclass(frozen=True, slots=True)
+class FinishedCall:
+    """One call that finished since the previous tick."""
+
+    future_id: int
+    #: the future's label
+    label: str
+    location: Location
+    #: ``returned``, ``raised``, ``cancelled``, ``closed`` or ``never_awaited``
+    outcome: str
+    #: from the call's creation to its end
+    duration_ns: int
+    #: the sum of its polls' durations
+    busy_ns: int
+    polls: int
+    #: the clock (:mod:`asyncflow.clock`, monotonic ns) when the call was created, and when it
+    #: ended: where the span lies in time, for a recorder that sends it on
+    start_ns: int = 0
+    end_ns: int = 0
+    #: the qualified name of the exception type it raised (``outcome`` ``raised``), else None
+    error: str | None = None
 
 
 class Recorder:

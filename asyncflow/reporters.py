@@ -28,10 +28,12 @@ import concurrent.futures
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
+from asyncflow.collector import Collector, finished_call
 from asyncflow.instrumentation import _session
 from asyncflow.instrumentation.futures import CallRecord, call_field
+from asyncflow.recording import FinishedCall
 from asyncflow.schema import (
     ChannelsDocument,
     ExecutorsDocument,
@@ -46,9 +48,6 @@ from asyncflow.schema import (
     StreamsDocument,
     WarningsDocument,
 )
-
-if TYPE_CHECKING:
-    from asyncflow.collector import Collector
 
 __all__ = [
     "MAX_CALLS_PER_TICK",
@@ -67,29 +66,6 @@ __all__ = [
 #: (the collector's batch is bounded by the recorders' buffer anyway).
 MAX_CALLS_PER_TICK = 65_536
 _SOURCE_TIMEOUT = 10.0
-
-
-@dataclass(frozen=True, slots=True)
-class FinishedCall:
-    """One call that finished since the previous tick."""
-
-    future_id: int
-    #: the future's label
-    label: str
-    location: Location
-    #: ``returned``, ``raised``, ``cancelled``, ``closed`` or ``never_awaited``
-    outcome: str
-    #: from the call's creation to its end
-    duration_ns: int
-    #: the sum of its polls' durations
-    busy_ns: int
-    polls: int
-    #: the clock (:mod:`asyncflow.clock`, monotonic ns) when the call was created, and when it
-    #: ended: where the span lies in time, for a recorder that sends it on
-    start_ns: int = 0
-    end_ns: int = 0
-    #: the qualified name of the exception type it raised (``outcome`` ``raised``), else None
-    error: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -284,6 +260,10 @@ class Reporters:
     def __init__(self, reporters: Sequence[object], collector: Collector) -> None:
         self._reporters: list[Any] = list(reporters)
         self._collector = collector
+        # they register with the collector, which imports no reporter: handed every folded
+        # call, and ticked after each drain
+        collector.live = self
+        collector.on_tick("feeding the live reporters", self.tick)
         self._pending: list[CallRecord] = []
         self._lost = 0
         #: the collector's dropped count at the previous tick
@@ -407,20 +387,3 @@ class Reporters:
                 self._reporters.remove(reporter)
             self.failed += 1
             _session.internal_error(f"live reporter {_name(reporter)}.{what} (turned off)", exc)
-
-
-def finished_call(r: CallRecord) -> FinishedCall:
-    """The public view of one finished call's record."""
-    future = r.future
-    return FinishedCall(
-        future_id=future.id,
-        label=future.label,
-        location=Location(future.file, future.line),
-        outcome=call_field(r, "outcome") or "returned",
-        duration_ns=max(0, r.finished - r.created),
-        busy_ns=r.busy,
-        polls=r.polls,
-        start_ns=r.created,
-        end_ns=r.finished,
-        error=call_field(r, "exc_type"),
-    )

@@ -83,6 +83,7 @@ from asyncflow.threads import threads_document
 
 if TYPE_CHECKING:
     from asyncflow import _http
+    from asyncflow.trace import TraceRecorder
 
 __all__ = [
     "DEFAULT_LOGS",
@@ -265,6 +266,8 @@ class Server:
         self, collector: Collector, host: str, port: int, token: str | None, running: Any
     ) -> None:
         self.collector = collector
+        #: the trace recorder that ``/trace`` serves (the profiler sets it); None: no trace
+        self.trace: TraceRecorder | None = None
         self.host = host
         self.port = port
         self.token = token
@@ -655,7 +658,7 @@ class Server:
 
     @_builds("/trace")
     def _trace(self, query: _Query) -> Any:
-        recorder = self.collector.trace
+        recorder = self.trace
         if recorder is None:
             raise _Refused(404, TRACE_OFF)
         return recorder.data()  # bytes: sent as they are

@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
-import itertools
 import sys
 import threading
 import types
@@ -43,6 +42,7 @@ from asyncflow import config as _config
 from asyncflow import recording as _recording
 from asyncflow import stats as _stats
 from asyncflow.instrumentation import _session
+from asyncflow.recording import Site
 
 __all__ = [
     "MAX_NAMES",
@@ -62,39 +62,8 @@ _T = TypeVar("_T")
 MAX_NAMES = 1024
 OTHER_NAMES = "(other names)"
 
-_site_ids = itertools.count(1)
 #: per thread: ``.stack`` (timing's) and ``.shard`` (the recording interface's)
 _LOCAL = _recording.LOCAL
-
-
-class Site:
-    """What is measured: one function or block label, and the collector's figures for it."""
-
-    __slots__ = (
-        "file",
-        "folded",
-        "id",
-        "is_async",
-        "kind",
-        "line",
-        "name",
-        "source",
-    )
-
-    def __init__(self, name: str, kind: str, source: str, file: str, line: int, is_async: bool):
-        self.id = next(_site_ids)
-        self.name = name
-        #: "function", "block", or "other" (the labels past MAX_NAMES)
-        self.kind = kind
-        self.source = source
-        self.file = file
-        self.line = line
-        self.is_async = is_async
-        #: labels counted here because the table was full (only on the OTHER_NAMES site)
-        self.folded = 0
-
-    def __repr__(self) -> str:
-        return f"<asyncflow.timing.Site {self.name!r} {self.kind}>"
 
 
 _sites_lock = threading.Lock()

@@ -151,6 +151,7 @@ class TraceRecorder:
 
     def __init__(self, collector: Collector, capacity: int, output: str | None) -> None:
         self.collector = collector
+        collector.on_tick("recording the trace", self.tick)
         self.capacity = capacity
         #: where the trace is written when the profiler stops (None: only served)
         self.output = output

@@ -15,11 +15,11 @@ import math
 import threading
 from typing import Any
 
-from asyncflow import _forksafe
 from asyncflow import clock as _clock
 from asyncflow import recording as _recording
 from asyncflow import stats as _stats
 from asyncflow.instrumentation import _session
+from asyncflow.recording import Metric
 
 __all__ = [
     "KINDS",
@@ -43,26 +43,6 @@ MAX_METRICS = 1024
 OTHER_METRICS = "(other metrics)"
 #: the longest string a value log keeps (longer ones are cut)
 MAX_VALUE_CHARS = 200
-
-
-class Metric:
-    """One named metric: its kind, and the collector's figures for it (``stats``)."""
-
-    __slots__ = ("__weakref__", "folded", "id", "kind", "lock", "name", "stats")
-
-    kind: str
-
-    def __init__(self, name: str, metric_id: int) -> None:
-        self.id = metric_id
-        self.name = name
-        self.lock = _forksafe.lock(self)
-        #: the collector's aggregate (recording.MetricStats) of the current session, or None
-        self.stats: Any = None
-        #: names counted here because the table was full (only on OTHER_METRICS handles)
-        self.folded = 0
-
-    def __repr__(self) -> str:
-        return f"<asyncflow.{type(self).__name__} {self.name!r}>"
 
 
 def _shown(v: object) -> str:

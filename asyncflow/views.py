@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import platform
+import weakref
 from typing import Any, TypeVar
 
 from asyncflow import clock, function_views, lints, resource_views, stats, wait_views
@@ -688,8 +689,23 @@ def _warnings(
         block_threshold_ns=loop.block_threshold_ns,
         recent_ends=_recent_ends(collector),
     )
-    collector.warnings.update(docs)
-    return collector.warnings.document(collector.session.start_ns)
+    book = warning_book(collector)
+    book.update(docs)
+    return book.document(collector.session.start_ns)
+
+
+#: each collector's diagnoses over time, kept here (the documents' layer) and not on the
+#: collector, which imports no lint; gone with the collector
+_books: weakref.WeakKeyDictionary[Collector, lints.WarningBook] = weakref.WeakKeyDictionary()
+
+
+def warning_book(collector: Collector) -> lints.WarningBook:
+    """The collector's warnings over time (evaluated on its thread), made on first use."""
+    book = _books.get(collector)
+    if book is None:
+        thresholds = lints.Thresholds.from_options(collector.options.warn)
+        book = _books[collector] = lints.WarningBook(thresholds)
+    return book
 
 
 def _recent_ends(collector: Collector) -> dict[int, list[tuple[int, int, str]]]:

@@ -112,7 +112,7 @@ def memory_cost(capacity: int, repeats: int) -> None:
             if i == rounds // 2:
                 half = held[-1]
         tracemalloc.stop()
-        recorder = prof._collector.trace  # type: ignore[union-attr]
+        recorder = prof._trace
         assert recorder is not None
         builds = [prof._call(functools.partial(_build, recorder)) for _ in range(repeats)]
         data = builds[-1][2]

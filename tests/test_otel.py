@@ -110,9 +110,9 @@ def test_otel_option_builds_a_provider_from_the_otel_variables(
     monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "deployment.environment=test")
     with asyncflow.profile("svc", format="none", port=None, otel=True) as prof:
         assert prof.options.otel
-        collector = prof._collector
-        assert collector is not None and collector.live is not None
-        (reporter,) = collector.live.reporters
+        live = prof._live
+        assert live is not None
+        (reporter,) = live.reporters
         assert isinstance(reporter, otel.OtelReporter)
     provider = reporter.meter_provider
     assert isinstance(provider, MeterProvider)
@@ -129,9 +129,9 @@ def test_otel_service_name_comes_from_the_environment_first(
     monkeypatch.setenv("ASYNCFLOW_OTEL", "1")
     with asyncflow.profile("svc", format="none", port=None) as prof:
         assert prof.options.otel
-        collector = prof._collector
-        assert collector is not None and collector.live is not None
-        (reporter,) = collector.live.reporters
+        live = prof._live
+        assert live is not None
+        (reporter,) = live.reporters
     attributes = reporter.meter_provider._sdk_config.resource.attributes
     assert attributes["service.name"] == "checkout"
 

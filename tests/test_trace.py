@@ -218,9 +218,9 @@ def test_memory_stays_flat_however_many_polls() -> None:
 
     with asyncflow.profile("flat", format="none", port=None, trace=True, trace_events=100) as prof:
         asyncio.run(asyncflow.instrument(steps(5_000)))
-        collector = prof._collector
-        assert collector is not None and collector.trace is not None
-        assert len(collector.trace.ring) == 100
+        recorder = prof._trace
+        assert recorder is not None
+        assert len(recorder.ring) == 100
         meta = prof.trace()["metadata"]["asyncflow"]
     assert meta["recorded"] > 5_000 and meta["kept"] == 100
 
@@ -552,7 +552,7 @@ def test_polls_are_written_exactly_whatever_their_names(fake_clock: FakeClock) -
     with asyncflow.profile("trace-text", format="none", port=None, trace=True) as prof:
         fake_clock.advance(5)
         asyncio.run(main())
-        recorder = prof._collector.trace  # type: ignore[union-attr]
+        recorder = prof._trace
         assert recorder is not None
         data = prof._call(recorder.data)
         document = prof.trace()
