@@ -34,18 +34,18 @@ if TYPE_CHECKING:  # imported when first used: see __getattr__
     from asyncflow.instrumentation.queues import QueueInstrumentation as QueueInstrumentation
     from asyncflow.instrumentation.queues import instrument_queue as instrument_queue
     from asyncflow.instrumentation.queues import instrument_queues as instrument_queues
+    from asyncflow.instrumentation.recording import Recorder as Recorder
     from asyncflow.instrumentation.resources import LockInstrumentation as LockInstrumentation
     from asyncflow.instrumentation.resources import instrument_lock as instrument_lock
     from asyncflow.instrumentation.resources import instrument_locks as instrument_locks
     from asyncflow.instrumentation.streams import stream as stream
-    from asyncflow.recording import Recorder as Recorder
+    from asyncflow.instrumentation.timing import measure as measure
+    from asyncflow.instrumentation.timing import measure_block as measure_block
+    from asyncflow.instrumentation.values import counter as counter
+    from asyncflow.instrumentation.values import gauge as gauge
+    from asyncflow.instrumentation.values import histogram as histogram
+    from asyncflow.instrumentation.values import value as value
     from asyncflow.schema import Snapshot as Snapshot
-    from asyncflow.timing import measure as measure
-    from asyncflow.timing import measure_block as measure_block
-    from asyncflow.values import counter as counter
-    from asyncflow.values import gauge as gauge
-    from asyncflow.values import histogram as histogram
-    from asyncflow.values import value as value
 
 #: names imported only when first used, so that ``import asyncflow`` stays light for a program
 #: that only instruments (the documents' module alone costs more than the rest together), and
@@ -67,13 +67,13 @@ _LAZY = {
     "Snapshot": "asyncflow.schema",
     # function timing, the program's own metrics, the recording interface (issue 16); the
     # modules are named apart from the functions, so that importing one never shadows these
-    "Recorder": "asyncflow.recording",
-    "measure": "asyncflow.timing",
-    "measure_block": "asyncflow.timing",
-    "counter": "asyncflow.values",
-    "gauge": "asyncflow.values",
-    "histogram": "asyncflow.values",
-    "value": "asyncflow.values",
+    "Recorder": "asyncflow.instrumentation.recording",
+    "measure": "asyncflow.instrumentation.timing",
+    "measure_block": "asyncflow.instrumentation.timing",
+    "counter": "asyncflow.instrumentation.values",
+    "gauge": "asyncflow.instrumentation.values",
+    "histogram": "asyncflow.instrumentation.values",
+    "value": "asyncflow.instrumentation.values",
 }
 
 __all__ = [

@@ -488,7 +488,7 @@ def _check_host(options: config.Options, source: str) -> None:
     """
     if options.port is None:
         return
-    from asyncflow.server import is_loopback
+    from asyncflow.serve.server import is_loopback
 
     said = f"{source} {options.host}" if source.startswith("--") else f"{source}={options.host}"
     if options.token is None and not is_loopback(options.host):
@@ -706,7 +706,7 @@ def _fetch_picked(args: argparse.Namespace, command: str, path: str, timeout: fl
     except _Unanswered:
         if given:
             raise
-        from asyncflow import registry
+        from asyncflow.serve import registry
 
         if registry.entries():
             raise
@@ -733,7 +733,7 @@ def _snapshot(args: argparse.Namespace) -> int:
         Path(args.output).write_bytes(orjson.dumps(document))
     except OSError as exc:
         raise _Usage(f"cannot write {args.output!r}: {exc.strerror or exc}") from None
-    from asyncflow.report import counted
+    from asyncflow.render.report import counted
 
     futures = counted(document["futures"]["total"], "future")
     print(f"asyncflow: saved {futures} from {args.url} to {args.output}", file=sys.stderr)
@@ -749,7 +749,7 @@ def _trace(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise _Usage(f"cannot write {args.output!r}: {exc.strerror or exc}") from None
     meta = document.get("metadata", {}).get("asyncflow", {})
-    from asyncflow.report import counted
+    from asyncflow.render.report import counted
 
     events = counted(len(document["traceEvents"]), "trace event")
     print(
@@ -782,7 +782,7 @@ def read_snapshot(path: str) -> schema.Snapshot:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from asyncflow.report import render
+    from asyncflow.render.report import render
 
     given = {k: v for k, v in {"limit": args.limit, "percentiles": args.percentiles}.items() if v}
     try:
@@ -860,7 +860,7 @@ def _ps_table(running: Sequence[Any], numbered: bool = False) -> str:
 
 
 def _ps(args: argparse.Namespace) -> int:
-    from asyncflow import registry
+    from asyncflow.serve import registry
 
     running = registry.entries()
     if args.json:
@@ -878,7 +878,7 @@ def _pick_url(args: argparse.Namespace, command: str) -> str:
     url: str | None = getattr(args, "url", None)
     if url is not None:
         return url
-    from asyncflow import registry
+    from asyncflow.serve import registry
 
     running = registry.entries()
     if not running:
@@ -907,7 +907,7 @@ def _pick_url(args: argparse.Namespace, command: str) -> str:
 
 def _top(args: argparse.Namespace) -> int:
     try:
-        from asyncflow.top import TopApp
+        from asyncflow.render.top import TopApp
     except ImportError as exc:
         # textual, or rich (its dependency, imported first): either way textual is to install
         broken = exc.name is not None and exc.name.split(".")[0] not in ("textual", "rich")

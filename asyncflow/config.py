@@ -87,7 +87,7 @@ _ENV = {
 
 #: The warnings' thresholds that ``warn=`` may set, and what each takes: ``seconds`` (> 0, at
 #: most an hour), ``share`` (a fraction in (0, 1]) or ``count`` (a whole number >= 1). The
-#: defaults and meanings are those of ``asyncflow.lints.Thresholds``.
+#: defaults and meanings are those of ``asyncflow.views.lints.Thresholds``.
 WARN_THRESHOLDS = {
     "long_poll": "seconds",
     "cpu_share": "share",
@@ -162,7 +162,8 @@ class Options:
     #: warning thresholds that differ from the defaults, as (name, value) pairs; see
     #: ``WARN_THRESHOLDS``
     warn: tuple[tuple[str, float], ...] = ()
-    #: live reporters fed each collector tick on the profiler's thread (``asyncflow.reporters``)
+    #: live reporters fed each collector tick on the profiler's thread
+    #: (``asyncflow.render.reporters``)
     reporters: tuple[Any, ...] = ()
     #: export the figures as OpenTelemetry metrics (the ``otel`` extra; ``OTEL_*`` configure it)
     otel: bool = False
@@ -453,7 +454,8 @@ def _allowed_hosts(value: object, source: str) -> tuple[str, ...]:
 
 
 def _live_reporters(value: object, source: str) -> tuple[Any, ...]:
-    """``reporters=``: a list of objects with a ``tick(tick)`` method (asyncflow.reporters)."""
+    """``reporters=``: a list of objects with a ``tick(tick)`` method
+    (asyncflow.render.reporters)."""
     if isinstance(value, str | bytes) or not isinstance(value, list | tuple):
         raise ValueError(
             f"{source}={_shown(value)}: expected a list of live reporters (objects with a "

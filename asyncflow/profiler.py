@@ -32,12 +32,12 @@ from asyncflow.instrumentation import _session
 from asyncflow.instrumentation.futures import reset_for_session
 
 if TYPE_CHECKING:
-    from asyncflow.collector import Collector
-    from asyncflow.registry import Registration
-    from asyncflow.reporters import Reporters
+    from asyncflow.model.collector import Collector
+    from asyncflow.render.reporters import Reporters
+    from asyncflow.render.trace import TraceRecorder
     from asyncflow.schema import Snapshot
-    from asyncflow.server import Server
-    from asyncflow.trace import TraceRecorder
+    from asyncflow.serve.registry import Registration
+    from asyncflow.serve.server import Server
 
 __all__ = ["DISABLED", "Profiler", "active_profiler", "profile", "start", "stop"]
 
@@ -57,7 +57,7 @@ logger = logging.getLogger("asyncflow")
 
 
 #: What start() imports the first time, off the main thread (see _import_where_not_interrupted)
-_STARTUP_MODULES = ("asyncflow.collector", "asyncflow.registry")
+_STARTUP_MODULES = ("asyncflow.model.collector", "asyncflow.serve.registry")
 
 
 def _import_where_not_interrupted() -> None:
@@ -157,7 +157,7 @@ class Profiler:
             collector.options = self.options
         registration = self._registration
         if registration is not None and self.url is not None:
-            from asyncflow import registry
+            from asyncflow.serve import registry
 
             registration.remove()
             self._registration = registry.register(name, self.url, self.options.token is not None)
@@ -203,7 +203,6 @@ class Profiler:
                     "ASYNCFLOW_TOKEN), or bind to 127.0.0.1"
                 )
             _import_where_not_interrupted()
-            from asyncflow.collector import Collector
             from asyncflow.instrumentation import (
                 channels,
                 coroutines,
@@ -211,6 +210,7 @@ class Profiler:
                 resources,
                 streams,
             )
+            from asyncflow.model.collector import Collector
 
             reset_for_session()
             channels.reset_for_session()
@@ -222,7 +222,7 @@ class Profiler:
             self._collector = Collector(session, options)
             self._trace = self._live = None
             if options.trace:
-                from asyncflow.trace import TraceRecorder
+                from asyncflow.render.trace import TraceRecorder
 
                 self._trace = TraceRecorder(
                     self._collector, options.trace_events, options.trace_output
@@ -259,7 +259,7 @@ class Profiler:
                 _active = _last = self
                 atexit.register(self.stop)
                 if self.url is not None:
-                    from asyncflow import registry
+                    from asyncflow.serve import registry
 
                     self._registration = registry.register(
                         self.name, self.url, options.token is not None
@@ -348,7 +348,9 @@ class Profiler:
         A taken port that nobody chose (the default) gives way to a free one, and says where:
         a second worker of one service on one host must not crash at start. A chosen one fails.
         """
-        from asyncflow.server import Server  # aiohttp is imported only when an endpoint starts
+        from asyncflow.serve.server import (
+            Server,  # aiohttp is imported only when an endpoint starts
+        )
 
         options = self.options
         port = options.port
@@ -447,7 +449,7 @@ class Profiler:
         return self._final
 
     def _final_snapshot(self) -> Snapshot:
-        from asyncflow import views
+        from asyncflow.views import documents as views
 
         collector = self._collector
         assert collector is not None
@@ -460,7 +462,7 @@ class Profiler:
             self._trace.finish()  # stops tracing polls; writes the file trace= named
         final = views.snapshot(collector, running=False)
         if self._live is not None:  # the live reporters' last tick, then their close()
-            from asyncflow.reporters import figures_of
+            from asyncflow.render.reporters import figures_of
 
             self._live.close(figures_of(final))
         return final
@@ -473,7 +475,7 @@ class Profiler:
                 return
             if options.format == "none":
                 return
-            from asyncflow.report import render
+            from asyncflow.render.report import render
 
             text = render(snapshot, options.format, options.percentiles, options.limit)
             if options.output in (None, "-"):
@@ -558,7 +560,7 @@ class Profiler:
             )
 
         def take() -> Snapshot:
-            from asyncflow import views
+            from asyncflow.views import documents as views
 
             collector.drain()
             return views.snapshot(collector, running=self.running)
@@ -667,18 +669,18 @@ def active_profiler() -> Profiler | None:
 
 def _live_reporters(collector: Collector, options: Options) -> Reporters:
     """The live reporters asked for: ``reporters=[...]``, and the OpenTelemetry export."""
-    from asyncflow.reporters import Reporters
+    from asyncflow.render.reporters import Reporters
 
     reporters = list(options.reporters)
     if options.otel:
-        from asyncflow.otel import OtelReporter  # refuses clearly when the extra is missing
+        from asyncflow.render.otel import OtelReporter  # refuses clearly when the extra is missing
 
         reporters.append(OtelReporter(service_name=options.name))
     return Reporters(reporters, collector)
 
 
 def _is_loopback(host: str) -> bool:
-    from asyncflow.server import is_loopback
+    from asyncflow.serve.server import is_loopback
 
     return is_loopback(host)
 

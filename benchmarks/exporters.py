@@ -15,7 +15,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 import asyncflow
-from asyncflow import prometheus, reporters
+from asyncflow.render import prometheus, reporters
 
 try:
     from opentelemetry.sdk.metrics import MeterProvider
@@ -27,7 +27,7 @@ try:
         PeriodicExportingMetricReader,
     )
 
-    from asyncflow.otel import OtelReporter
+    from asyncflow.render.otel import OtelReporter
 except ImportError:  # the otel extra is not installed: its figures are skipped
     OtelReporter = None  # type: ignore[assignment,misc]
 

@@ -38,7 +38,7 @@ import orjson
 from run import make_pipeline  # benchmarks/run.py: the same pipeline as the overhead figures
 
 import asyncflow
-from asyncflow import server
+from asyncflow.serve import server
 
 ROUTES = ("/futures", "/loop", "/snapshot")
 

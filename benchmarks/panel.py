@@ -32,8 +32,8 @@ import time
 from typing import Any
 
 import asyncflow
-from asyncflow import cpu
-from asyncflow.threads import ThreadSampler
+from asyncflow.instrumentation import cpu
+from asyncflow.model.threads import ThreadSampler
 
 TASKS = 20_000
 STEPPERS = 1_000

@@ -32,7 +32,8 @@ from typing import Any
 from run import PATHS, Workload, hot_path, make_pipeline, make_steps  # benchmarks/run.py
 
 import asyncflow
-from asyncflow import config, trace
+from asyncflow import config
+from asyncflow.render import trace
 
 
 def _identity(fn: Any) -> Any:

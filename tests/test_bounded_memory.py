@@ -21,9 +21,10 @@ import anyio
 import pytest
 
 import asyncflow
-from asyncflow import clock, views
+from asyncflow import clock
 from asyncflow.instrumentation import channels, executors, futures, streams
 from asyncflow.schema import ChannelEntry, FutureEntry, Snapshot, StreamEntry
+from asyncflow.views import documents as views
 
 N = 1_000  # per batch: one fills the bounded history, the second must not grow it
 #: what a gone future or channel may still cost once the history is full, per object made:

@@ -6,9 +6,9 @@ import asyncio
 
 import pytest
 
-from asyncflow.collector import Collector
 from asyncflow.config import resolve_options
 from asyncflow.instrumentation import _session
+from asyncflow.model.collector import Collector
 
 
 async def test_a_failing_drain_is_counted_and_the_collector_goes_on(

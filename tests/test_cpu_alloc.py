@@ -11,10 +11,10 @@ import anyio
 import pytest
 
 import asyncflow
-from asyncflow import clock, cpu
+from asyncflow import clock
 from asyncflow.config import resolve_options
-from asyncflow.instrumentation import probes
-from asyncflow.report import render_table
+from asyncflow.instrumentation import cpu, probes
+from asyncflow.render.report import render_table
 
 MS = 1_000_000
 

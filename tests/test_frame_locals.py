@@ -20,8 +20,8 @@ import anyio
 import pytest
 
 import asyncflow
-from asyncflow import monitor, waits
 from asyncflow.instrumentation import resources
+from asyncflow.model import monitor, waits
 
 
 class _Done(Exception):

@@ -20,11 +20,11 @@ HEAVY = (
     "yarl",
     "multidict",
     "opentelemetry",
-    "asyncflow.server",
-    "asyncflow.views",
+    "asyncflow.serve.server",
+    "asyncflow.views.documents",
     "asyncflow.schema",
-    "asyncflow.collector",
-    "asyncflow.report",
+    "asyncflow.model.collector",
+    "asyncflow.render.report",
     "asyncflow.cli",
 )
 
@@ -111,7 +111,7 @@ def test_the_lazy_names_still_resolve() -> None:
     # the documents' module loads when first asked for, and only then
     loaded = _loaded_after("import asyncflow; asyncflow.Snapshot")
     assert "asyncflow.schema" in loaded
-    assert not {"aiohttp", "asyncflow.server", "asyncflow.collector"} & set(loaded)
+    assert not {"aiohttp", "asyncflow.serve.server", "asyncflow.model.collector"} & set(loaded)
 
 
 def test_the_small_bucket_table_is_bucket_of() -> None:

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from asyncflow import cli, otel
+from asyncflow import cli
 from asyncflow.errors import AsyncflowError
+from asyncflow.render import otel
 
 PYPROJECT = tomllib.loads(
     (Path(__file__).resolve().parent.parent / "pyproject.toml").read_text(encoding="utf-8")
@@ -50,7 +51,7 @@ def test_the_top_hint_names_textual_whatever_import_failed(
 ) -> None:
     """Without the ``top`` extra, importing the view fails on rich (textual's dependency,
     imported first) or on textual: either way the user is to install textual."""
-    monkeypatch.delitem(sys.modules, "asyncflow.top", raising=False)
+    monkeypatch.delitem(sys.modules, "asyncflow.render.top", raising=False)
     for name in list(sys.modules):
         if name.split(".")[0] in missing:
             monkeypatch.delitem(sys.modules, name)

@@ -17,10 +17,11 @@ from typing import Any
 import pytest
 
 import asyncflow
-from asyncflow import lints, schema, wait_views
+from asyncflow import schema
 from asyncflow.clock import FakeClock
-from asyncflow.lints import Documents, Finding, Thresholds
-from asyncflow.report import render_table
+from asyncflow.render.report import render_table
+from asyncflow.views import lints, wait_views
+from asyncflow.views.lints import Documents, Finding, Thresholds
 
 
 @pytest.fixture(autouse=True)

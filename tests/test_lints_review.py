@@ -10,9 +10,9 @@ import time
 import pytest
 
 import asyncflow
-from asyncflow import lints
 from asyncflow.clock import FakeClock
-from asyncflow.lints import Finding, Thresholds
+from asyncflow.views import lints
+from asyncflow.views.lints import Finding, Thresholds
 
 from .test_lints import _findings, _io, _only
 

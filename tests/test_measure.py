@@ -15,11 +15,11 @@ import anyio
 import pytest
 
 import asyncflow
-from asyncflow import recording, stats, timing
-from asyncflow import values as _values
+from asyncflow import stats
 from asyncflow.clock import FakeClock
-from asyncflow.instrumentation import _session
-from asyncflow.reporters import FinishedCall
+from asyncflow.instrumentation import _session, recording, timing
+from asyncflow.instrumentation import values as _values
+from asyncflow.render.reporters import FinishedCall
 from asyncflow.schema import FunctionEntry, Snapshot
 
 
@@ -730,7 +730,7 @@ def test_served_documents_with_every_field_filled_match_the_openapi_document(
 
 
 def test_exit_report_has_a_functions_table(fake_clock: FakeClock) -> None:
-    from asyncflow.report import render_table
+    from asyncflow.render.report import render_table
 
     @asyncflow.measure(name="reported work")
     def reported() -> None:

@@ -18,10 +18,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import asyncflow
-from asyncflow import prometheus
 from asyncflow.clock import FakeClock
 from asyncflow.instrumentation import _session
-from asyncflow.reporters import CallTotals, Figures, FinishedCall, Tick, figures_of
+from asyncflow.render import prometheus
+from asyncflow.render.reporters import CallTotals, Figures, FinishedCall, Tick, figures_of
 from asyncflow.schema import FutureEntry, Location, Snapshot
 
 _Series = dict[tuple[str, frozenset[tuple[str, str]]], float]

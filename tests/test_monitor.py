@@ -24,12 +24,15 @@ import anyio
 import pytest
 
 import asyncflow
-from asyncflow import clock, monitor, report, views
+from asyncflow import clock
 from asyncflow.clock import FakeClock
 from asyncflow.instrumentation import futures, loops, probes
 from asyncflow.instrumentation.futures import call_field
-from asyncflow.monitor import MAX_EPISODES, MAX_WORST, LoopMonitor, LoopState, Sample
+from asyncflow.model import monitor
+from asyncflow.model.monitor import MAX_EPISODES, MAX_WORST, LoopMonitor, LoopState, Sample
+from asyncflow.render import report
 from asyncflow.schema import LoopEntry, Snapshot
+from asyncflow.views import documents as views
 from tests.test_examples import run_example
 
 THRESHOLD = 0.1

@@ -19,9 +19,9 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 import asyncflow
-from asyncflow import otel
 from asyncflow.clock import FakeClock
 from asyncflow.errors import AsyncflowError
+from asyncflow.render import otel
 
 _Points = dict[tuple[str, frozenset[tuple[str, Any]]], Any]
 

@@ -25,10 +25,12 @@ import orjson
 import pytest
 
 import asyncflow
-from asyncflow import collector, config, profiler, recording, views
-from asyncflow.instrumentation import _session
-from asyncflow.reporters import FinishedCall
+from asyncflow import config, profiler
+from asyncflow.instrumentation import _session, recording
+from asyncflow.model import collector
+from asyncflow.render.reporters import FinishedCall
 from asyncflow.schema import Snapshot
+from asyncflow.views import documents as views
 
 
 @asyncflow.future(name="unit")
@@ -327,7 +329,7 @@ def test_table_report_lists_channels(capsys: pytest.CaptureFixture[str]) -> None
 
 
 def test_documents_page_by_offset_and_limit() -> None:
-    from asyncflow import views
+    from asyncflow.views import documents as views
 
     @asyncflow.future(name="paged-a")
     async def a() -> None:
@@ -508,14 +510,15 @@ def test_import_asyncflow_loads_no_server_until_an_endpoint_starts() -> None:
     probe = (
         "import sys\n"
         "import asyncflow\n"
-        "heavy = ('aiohttp', 'asyncflow.server', 'asyncflow.schema', 'asyncflow.views')\n"
+        "heavy = ('aiohttp', 'asyncflow.serve.server', 'asyncflow.schema',"
+        " 'asyncflow.views.documents')\n"
         "print(*[name in sys.modules for name in heavy])\n"
         "with asyncflow.profile('no-endpoint', format='none', port=None):\n"
         "    pass\n"
         "print('aiohttp' in sys.modules)\n"
         "with asyncflow.profile('endpoint', format='none', port=0):\n"
         "    pass\n"
-        "print('asyncflow.server' in sys.modules)\n"  # aiohttp only where HTTP is served
+        "print('asyncflow.serve.server' in sys.modules)\n"  # aiohttp only where HTTP is served
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("ASYNCFLOW_")}
     done = subprocess.run(
@@ -878,8 +881,8 @@ def test_a_forked_child_does_not_wait_for_a_gauge_lock_held_at_the_fork() -> Non
 def test_every_lock_asyncflow_made_is_free_in_a_forked_child() -> None:
     # Per-object locks (a gauge's, an executor record's, a loop state's) and module locks
     # that objects also keep (a history of gone records keeps its family's registry lock).
-    from asyncflow import monitor
     from asyncflow.instrumentation import executors, futures
+    from asyncflow.model import monitor
 
     loop = asyncio.new_event_loop()
     try:

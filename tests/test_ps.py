@@ -14,7 +14,8 @@ import orjson
 import pytest
 
 import asyncflow
-from asyncflow import cli, registry
+from asyncflow import cli
+from asyncflow.serve import registry
 
 #: a profiled program that serves until its standard input closes; argv: its name
 CHILD = """
@@ -181,7 +182,7 @@ def test_snapshot_and_top_without_a_url_pick_the_only_profiler(
             def run(self) -> None:
                 pass
 
-        monkeypatch.setattr("asyncflow.top.TopApp", FakeTop)
+        monkeypatch.setattr("asyncflow.render.top.TopApp", FakeTop)
         assert run_cli(capsys, "top")[0] == 0
         assert opened == [served[0][1]]
 
@@ -253,7 +254,7 @@ def test_a_forked_child_never_removes_its_parents_file(tmp_path: Path) -> None:
     script.write_text(
         "import os, sys, warnings\n"
         "import asyncflow\n"
-        "from asyncflow import registry\n"
+        "from asyncflow.serve import registry\n"
         "prof = asyncflow.start('parent', format='none', port=0)\n"
         "registration = prof._registration\n"
         "warnings.simplefilter('ignore', DeprecationWarning)\n"

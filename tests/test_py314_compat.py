@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from asyncflow import waits
 from asyncflow.instrumentation import loops
+from asyncflow.model import waits
 
 BOUND = 5.0  # seconds any wait in these tests may take at most
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from asyncflow import report
-from asyncflow.report import format_duration, render, render_table
+from asyncflow.render import report
+from asyncflow.render.report import format_duration, render, render_table
 from asyncflow.schema import (
     CallStates,
     FutureEntry,

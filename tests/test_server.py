@@ -19,9 +19,10 @@ import orjson
 import pytest
 
 import asyncflow
-from asyncflow import server, views
 from asyncflow.instrumentation import _session, loops
-from asyncflow.report import format_duration, render_table
+from asyncflow.render.report import format_duration, render_table
+from asyncflow.serve import server
+from asyncflow.views import documents as views
 
 
 @pytest.fixture(autouse=True)

@@ -18,8 +18,9 @@ import orjson
 import pytest
 
 import asyncflow
-from asyncflow import _protocol, server, views
 from asyncflow.instrumentation import _session
+from asyncflow.serve import _protocol, server
+from asyncflow.views import documents as views
 
 
 @pytest.fixture(autouse=True)

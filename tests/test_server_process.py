@@ -24,7 +24,8 @@ from typing import Any
 import pytest
 
 import asyncflow
-from asyncflow import server, views
+from asyncflow.serve import server
+from asyncflow.views import documents as views
 from tests.test_server import get
 from tests.test_server_hardening import address, read_response, request
 
@@ -310,7 +311,7 @@ def test_the_program_never_imports_aiohttp_when_the_endpoint_process_serves() ->
                 assert json.load(answer)["futures"] is not None
         http = ("aiohttp", "yarl", "multidict")
         loaded = sorted(m for m in sys.modules if m.split(".")[0] in http)
-        print(loaded, "asyncflow._http" in sys.modules)
+        print(loaded, "asyncflow.serve._http" in sys.modules)
         """
     )
     done = subprocess.run(

@@ -28,9 +28,9 @@ import pytest
 import asyncflow
 from asyncflow import stats
 from asyncflow.clock import FakeClock
-from asyncflow.collector import Collector
 from asyncflow.instrumentation import futures, streams
 from asyncflow.instrumentation.futures import FutureRecord, call_field, call_state
+from asyncflow.model.collector import Collector
 from tests.compiled_path import STATS_COUNTERS as _STATS_FIELDS
 from tests.compiled_path import compiled
 
@@ -631,7 +631,7 @@ def test_no_extensions_is_read_like_every_switch(value: str, forced: bool) -> No
 
 
 def test_the_report_header_says_when_the_python_path_recorded() -> None:
-    from asyncflow.report import render_table
+    from asyncflow.render.report import render_table
     from asyncflow.schema import FuturesDocument, ProfilerStatus, Snapshot
 
     def header(accelerated: bool | None) -> str:

@@ -20,8 +20,9 @@ import orjson
 import pytest
 
 import asyncflow
-from asyncflow import prometheus, schema, trace
-from asyncflow.reporters import figures_of
+from asyncflow import schema
+from asyncflow.render import prometheus, trace
+from asyncflow.render.reporters import figures_of
 from asyncflow.schema import Snapshot
 
 BAD = os.fsdecode(b"caf\xe9.txt")
@@ -228,7 +229,7 @@ def test_otel_attributes_are_valid_utf8() -> None:
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-    from asyncflow import otel
+    from asyncflow.render import otel
 
     reader = InMemoryMetricReader()
     reporter = otel.OtelReporter(meter_provider=MeterProvider(metric_readers=[reader]))
@@ -252,7 +253,7 @@ def test_otel_attributes_are_valid_utf8() -> None:
 
 def test_the_registry_lists_a_profiler_whose_name_is_not_utf8() -> None:
     # `asyncflow ps` reads these files: a name that is not UTF-8 left the profiler unlisted.
-    from asyncflow import registry
+    from asyncflow.serve import registry
 
     registration = registry.register(BAD, "http://127.0.0.1:1", False)
     assert registration is not None

@@ -16,10 +16,10 @@ import orjson
 import pytest
 
 import asyncflow
-from asyncflow import threads
 from asyncflow.instrumentation import _session
-from asyncflow.report import render_table
-from asyncflow.threads import EXITED_KEPT, ThreadReading, ThreadSampler, threads_document
+from asyncflow.model import threads
+from asyncflow.model.threads import EXITED_KEPT, ThreadReading, ThreadSampler, threads_document
+from asyncflow.render.report import render_table
 
 linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc is Linux's")
 MS = 1_000_000

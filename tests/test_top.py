@@ -16,8 +16,8 @@ from textual.pilot import Pilot
 from textual.widgets import DataTable
 
 import asyncflow
-from asyncflow import top
-from asyncflow.top import VIEWS, TopApp, compact_count, compact_duration, fit, help_text
+from asyncflow.render import top
+from asyncflow.render.top import VIEWS, TopApp, compact_count, compact_duration, fit, help_text
 from tests.test_server import workload
 
 SIZE = (160, 40)

@@ -25,10 +25,11 @@ import orjson
 import pytest
 
 import asyncflow
-from asyncflow import cli, config, trace
+from asyncflow import cli, config
 from asyncflow.clock import FakeClock
 from asyncflow.errors import AsyncflowError
 from asyncflow.instrumentation import probes
+from asyncflow.render import trace
 
 Event = dict[str, Any]
 TRACKS = ("X", "B", "E", "s", "f", "i", "I")

@@ -11,10 +11,10 @@ import orjson
 import pytest
 
 import asyncflow
-from asyncflow import recording, schema, stats
-from asyncflow import values as _values
+from asyncflow import schema, stats
 from asyncflow.clock import FakeClock
-from asyncflow.instrumentation import _session
+from asyncflow.instrumentation import _session, recording
+from asyncflow.instrumentation import values as _values
 from asyncflow.schema import MetricEntry, Snapshot, ValueSample
 
 

@@ -11,8 +11,9 @@ import anyio
 import orjson
 
 import asyncflow
-from asyncflow import schema, wait_views
+from asyncflow import schema
 from asyncflow.instrumentation import coroutines, loops
+from asyncflow.views import wait_views
 
 
 def checksum(data: bytes) -> int:

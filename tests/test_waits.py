@@ -13,8 +13,8 @@ import anyio
 import pytest
 
 import asyncflow
-from asyncflow import waits
 from asyncflow.instrumentation import loops
+from asyncflow.model import waits
 
 
 async def _settle(tasks: list[asyncio.Task[Any]], ready: Callable[[], bool]) -> None:

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 import asyncflow
-from asyncflow import web
+from asyncflow.render import web
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "page-t0ken"
@@ -338,8 +338,8 @@ def test_the_page_is_package_data() -> None:
     """A non-editable install must carry the page."""
     with (ROOT / "pyproject.toml").open("rb") as file:
         package_data = tomllib.load(file)["tool"]["setuptools"]["package-data"]
-    assert "*.html" in package_data["asyncflow.web"]
-    assert (ROOT / "asyncflow" / "web" / "page.html").is_file()
+    assert "*.html" in package_data["asyncflow.render.web"]
+    assert (ROOT / "asyncflow" / "render" / "web" / "page.html").is_file()
     assert os.path.basename(web.__file__) == "__init__.py"
 
 

@@ -17,7 +17,7 @@ import pytest
 import asyncflow
 from asyncflow.clock import FakeClock
 from asyncflow.instrumentation import _session
-from asyncflow.report import render
+from asyncflow.render.report import render
 from asyncflow.schema import ChannelEntry, ChannelLogs, Snapshot
 
 QueueFactory = Callable[[int], "asyncio.Queue[Any]"]

@@ -30,8 +30,13 @@ from asyncflow.instrumentation.resources import (
     instrument_locks,
     resource_of,
 )
-from asyncflow.resource_views import find_resource, resource_entry, resource_flow, resource_logs
 from asyncflow.schema import ResourceEntry, ResourceLogs, ResourcesDocument, dumps, load
+from asyncflow.views.resource_views import (
+    find_resource,
+    resource_entry,
+    resource_flow,
+    resource_logs,
+)
 
 MS = 1_000_000
 
@@ -654,7 +659,7 @@ def test_without_a_profiler_the_registry_reaps_itself() -> None:
 async def test_resources_document_pages_most_waited_first(
     fake_clock: FakeClock, prof: asyncflow.Profiler
 ) -> None:
-    from asyncflow.resource_views import resources_document
+    from asyncflow.views.resource_views import resources_document
 
     quiet = instrument_lock(asyncio.Lock(), name="quiet")
     busy = instrument_lock(asyncio.Lock(), name="busy")

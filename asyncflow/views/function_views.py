@@ -8,12 +8,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from asyncflow import recording as _recording
 from asyncflow import stats
-from asyncflow import timing as _measure
-from asyncflow import values as _values
 from asyncflow.instrumentation import _session
-from asyncflow.paging import at_most, within
+from asyncflow.instrumentation import recording as _recording
+from asyncflow.instrumentation import timing as _measure
+from asyncflow.instrumentation import values as _values
 from asyncflow.schema import (
     SCHEMA,
     FunctionEntry,
@@ -23,9 +22,10 @@ from asyncflow.schema import (
     MetricsDocument,
     ValueSample,
 )
+from asyncflow.views.paging import at_most, within
 
 if TYPE_CHECKING:
-    from asyncflow.collector import Collector
+    from asyncflow.model.collector import Collector
 
 __all__ = ["function_entry", "functions_document", "metric_entry", "metrics_document"]
 
@@ -39,7 +39,8 @@ def function_entry(
     now: int = 0,
 ) -> FunctionEntry:
     """One measured function or block, from its figures ``st`` (a recording.FunctionStats
-    summed over threads by :func:`asyncflow.recording.function_totals`: nobody writes it)."""
+    summed over threads by :func:`asyncflow.instrumentation.recording.function_totals`: nobody
+    writes it)."""
     calls, total, self_ns, max_ns, errors = st.calls, st.total_ns, st.self_ns, st.max_ns, st.errors
     types, hist = st.error_types, st.hist
     return FunctionEntry(
@@ -101,8 +102,8 @@ def metric_entry(
     metric: _values.Metric, st: Any, qs: tuple[float, ...], origin: int = 0
 ) -> MetricEntry:
     """One metric, from its figures ``st`` (a recording.MetricStats summed over threads by
-    :func:`asyncflow.recording.metric_totals`: nobody writes it); the times of a value log's
-    values count from ``origin`` (the profiler's start)."""
+    :func:`asyncflow.instrumentation.recording.metric_totals`: nobody writes it); the times of a
+    value log's values count from ``origin`` (the profiler's start)."""
     count, value, low, high, total = st.count, st.value, st.min, st.max, st.sum
     hist = st.hist
     recent = list(st.recent) if st.recent is not None else []

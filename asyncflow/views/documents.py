@@ -12,12 +12,11 @@ import platform
 import weakref
 from typing import Any, TypeVar
 
-from asyncflow import clock, function_views, lints, resource_views, stats, wait_views
+from asyncflow import clock, stats
 from asyncflow._version import __version__
-from asyncflow.collector import Collector, live_calls
-from asyncflow.cpu import PollFigures, call_figures
 from asyncflow.instrumentation import _session
 from asyncflow.instrumentation.channels import ChannelRecord, Edge, channel_registry, edge_counts
+from asyncflow.instrumentation.cpu import PollFigures, call_figures
 from asyncflow.instrumentation.executors import executor_registry
 from asyncflow.instrumentation.futures import (
     RUNNING,
@@ -30,8 +29,9 @@ from asyncflow.instrumentation.futures import (
 )
 from asyncflow.instrumentation.resources import resource_registry
 from asyncflow.instrumentation.streams import ACTIVE, StreamRecord, recent_items, stream_registry
-from asyncflow.monitor import Episode, LoopState, running_calls
-from asyncflow.paging import at_most, ordered_page
+from asyncflow.model.collector import Collector, live_calls
+from asyncflow.model.monitor import Episode, LoopState, running_calls
+from asyncflow.model.threads import FRESH_NS, threads_document
 from asyncflow.schema import (
     SCHEMA,
     BlockedEpisode,
@@ -69,7 +69,8 @@ from asyncflow.schema import (
     StreamsDocument,
     WarningsDocument,
 )
-from asyncflow.threads import FRESH_NS, threads_document
+from asyncflow.views import function_views, lints, resource_views, wait_views
+from asyncflow.views.paging import at_most, ordered_page
 
 __all__ = [
     "channel_entry",

@@ -56,6 +56,8 @@ MAX_CHAIN = 64
 _REPR_LIMIT = 120
 
 _ASYNCIO_DIR = os.path.dirname(asyncio.__file__) + os.sep
+#: asyncflow's own package (this module is in its ``model`` layer)
+_OURS = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 #: Python's own library, installed packages (asyncio, anyio, aiohttp...) and asyncflow itself:
 #: not where a person looks for the line their program waits at.
 _LIBRARY_DIRS = tuple(
@@ -64,11 +66,8 @@ _LIBRARY_DIRS = tuple(
         for key in ("stdlib", "platstdlib", "purelib", "platlib")
         if (path := sysconfig.get_paths().get(key))
     }
-    | {os.path.dirname(anyio.__file__) + os.sep, os.path.dirname(__file__) + os.sep}
+    | {os.path.dirname(anyio.__file__) + os.sep, _OURS}
 )
-
-
-_OURS = os.path.dirname(__file__) + os.sep
 
 
 def is_library_file(path: str) -> bool:

@@ -1,8 +1,8 @@
 """What the endpoint's two sides share: the route table, parameters, answers, the cache and the
 messages between the program and the endpoint process.
 
-The program's side (:mod:`asyncflow.server`) builds documents; the HTTP side
-(:mod:`asyncflow._http`, in the endpoint process or on the profiler's thread) parses requests,
+The program's side (:mod:`asyncflow.serve.server`) builds documents; the HTTP side
+(:mod:`asyncflow.serve._http`, in the endpoint process or on the profiler's thread) parses requests,
 checks them and caches answers. Both import this module and neither imports the other's internals.
 """
 
@@ -24,7 +24,7 @@ import orjson
 from asyncflow import (
     schema,
 )
-from asyncflow.openapi import Param, Route
+from asyncflow.serve.openapi import Param, Route
 
 #: Entries a list returns without ``?limit=``, and the most any ``?limit=`` may ask for.
 DEFAULT_PAGE = 1000

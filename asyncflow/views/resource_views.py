@@ -12,7 +12,6 @@ import math
 from collections.abc import Callable
 
 from asyncflow import stats
-from asyncflow.collector import Collector
 from asyncflow.instrumentation.futures import call_field, call_state, gone_labels
 from asyncflow.instrumentation.resources import (
     BARRIER,
@@ -30,7 +29,7 @@ from asyncflow.instrumentation.resources import (
     releases,
     resource_registry,
 )
-from asyncflow.paging import at_most, ordered_page
+from asyncflow.model.collector import Collector
 from asyncflow.schema import (
     SCHEMA,
     BarrierInfo,
@@ -47,6 +46,7 @@ from asyncflow.schema import (
     ResourceLogs,
     ResourcesDocument,
 )
+from asyncflow.views.paging import at_most, ordered_page
 
 __all__ = [
     "UNTRACKED",

@@ -39,7 +39,7 @@ from asyncflow.instrumentation.loops import loop_registry
 from asyncflow.schema import fit_text
 
 if TYPE_CHECKING:
-    from asyncflow.collector import Collector
+    from asyncflow.model.collector import Collector
 
 __all__ = ["PENDING_KEPT", "TraceRecorder", "flow_id", "render"]
 

@@ -1,7 +1,7 @@
 """Pure functions from the wait recorders' state to documents: executors, tasks, never-awaited.
 
-The companions of :mod:`asyncflow.views` for what tasks wait on. Built on the profiler's thread,
-in time proportional to what they return.
+The companions of :mod:`asyncflow.views.documents` for what tasks wait on. Built on the
+profiler's thread, in time proportional to what they return.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from asyncflow.instrumentation.coroutines import Site, never_awaited
 from asyncflow.instrumentation.executors import ExecutorRecord, JobFigures, executor_registry
 from asyncflow.instrumentation.futures import FutureRecord
 from asyncflow.instrumentation.loops import LoopRecord, loop_registry
-from asyncflow.monitor import LoopMonitor
-from asyncflow.paging import at_most
+from asyncflow.model.monitor import LoopMonitor
+from asyncflow.model.waits import TaskWalk, summarise, walk_on_loop
 from asyncflow.schema import (
     SCHEMA,
     AwaitFrame,
@@ -25,7 +25,7 @@ from asyncflow.schema import (
     NeverAwaitedEntry,
     TasksDocument,
 )
-from asyncflow.waits import TaskWalk, summarise, walk_on_loop
+from asyncflow.views.paging import at_most
 
 __all__ = [
     "TASK_WALK_TIMEOUT",

@@ -31,7 +31,7 @@ from textual.css.query import NoMatches
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Footer, Static
 
-from asyncflow.report import counted, named
+from asyncflow.render.report import counted, named
 
 __all__ = ["VIEWS", "Column", "Context", "TopApp", "View", "compact_count", "compact_duration"]
 

@@ -2,11 +2,11 @@
 
 The collector drains the recorders every 50 ms on the profiler's thread. After each drain, every
 live reporter is called with a :class:`Tick`: the calls that finished since the previous tick
-(exact: ``tick.calls``, one :class:`FinishedCall` each, or ``tick.totals()``, summed by future
-and outcome; both built only when read) and, on demand, the current :class:`Figures` (the JSON
-documents, unpaged). The OpenTelemetry export (:mod:`asyncflow.otel`), the Prometheus textfile
-writer (:mod:`asyncflow.prometheus`) and any object with a ``tick`` method plugged in with
-``reporters=[...]`` are live reporters; ``GET /metrics`` renders the same :class:`Figures`.
+(exact: ``tick.calls``, one :class:`FinishedCall` each, or ``tick.totals()``, summed by future and
+outcome; both built only when read) and, on demand, the current :class:`Figures` (the JSON
+documents, unpaged). The OpenTelemetry export (:mod:`asyncflow.render.otel`), the Prometheus
+textfile writer (:mod:`asyncflow.render.prometheus`) and any object with a ``tick`` method plugged
+in with ``reporters=[...]`` are live reporters; ``GET /metrics`` renders the same :class:`Figures`.
 
 A live reporter is any object with::
 
@@ -30,10 +30,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from asyncflow.collector import Collector, finished_call
 from asyncflow.instrumentation import _session
 from asyncflow.instrumentation.futures import CallRecord, call_field
-from asyncflow.recording import FinishedCall
+from asyncflow.instrumentation.recording import FinishedCall
+from asyncflow.model.collector import Collector, finished_call
 from asyncflow.schema import (
     ChannelsDocument,
     ExecutorsDocument,
@@ -102,14 +102,16 @@ class Figures:
     loop: LoopDocument
     warnings: WarningsDocument
     #: measured functions and blocks, and the program's own metrics (H7: see
-    #: asyncflow/function_views.py; None where a snapshot predates them)
+    #: asyncflow/views/function_views.py; None where a snapshot predates them)
     functions: FunctionsDocument | None = None
     user_metrics: MetricsDocument | None = None
 
 
 def figures(collector: Collector, running: bool = True) -> Figures:
     """The current figures, built on the profiler's thread (drain the collector first)."""
-    from asyncflow import clock, function_views, resource_views, views, wait_views
+    from asyncflow import clock
+    from asyncflow.views import documents as views
+    from asyncflow.views import function_views, resource_views, wait_views
 
     now = clock.now_ns()
     futures = views.futures_document(collector, now)

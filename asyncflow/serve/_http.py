@@ -1,8 +1,8 @@
 """The endpoint's HTTP side: the aiohttp application that checks, parses and caches requests.
 
-It runs in the endpoint process (``python -m asyncflow._endpoint``), and asks the program over
+It runs in the endpoint process (``python -m asyncflow.serve._endpoint``), and asks the program over
 a socket pair (:class:`_ParentLink`) for the documents its cache does not hold; where no such
-process can run, :class:`asyncflow.server.Server` runs it on the profiler's thread instead.
+process can run, :class:`asyncflow.serve.server.Server` runs it on the profiler's thread instead.
 aiohttp is imported here only: a program whose endpoint is served by the endpoint process
 never loads it.
 """
@@ -23,9 +23,10 @@ from typing import Any, cast
 import orjson
 from aiohttp import web
 
-from asyncflow import clock, openapi, schema
-from asyncflow import web as web_page
-from asyncflow._protocol import (
+from asyncflow import clock, schema
+from asyncflow.render import web as web_page
+from asyncflow.serve import openapi
+from asyncflow.serve._protocol import (
     _JSON,
     _LENGTH,
     MAX_ID,
@@ -45,7 +46,7 @@ from asyncflow._protocol import (
     _whole,
     logger,
 )
-from asyncflow.openapi import Route
+from asyncflow.serve.openapi import Route
 
 __all__ = ["serve_in_child"]
 

@@ -1,13 +1,13 @@
 """The recording interface: what the mechanism calls, and the collector's implementation of it.
 
-The mechanism (``@measure``, ``measure_block``, the metric handles of :mod:`asyncflow.values`)
-decides *what* happened and *when*: it reads the clock, keeps nesting and recursion per thread of
-control, and then calls a :class:`Recorder` with one finished span or one metric update. The
-recorder is the policy: what to keep. asyncflow's own recorder, :data:`COLLECTOR`, folds them into
-the calling thread's shard (no lock; the ``functions`` and ``metrics`` documents sum the shards on
-the cold side); a user's recorder, added with :func:`add_recorder`, receives the same calls and may
-route them anywhere (a tracing system, a log, a test). Two methods are called on the thread where
-the event happened, inline:
+The mechanism (``@measure``, ``measure_block``, the metric handles of
+:mod:`asyncflow.instrumentation.values`) decides *what* happened and *when*: it reads the clock,
+keeps nesting and recursion per thread of control, and then calls a :class:`Recorder` with one
+finished span or one metric update. The recorder is the policy: what to keep. asyncflow's own
+recorder, :data:`COLLECTOR`, folds them into the calling thread's shard (no lock; the ``functions``
+and ``metrics`` documents sum the shards on the cold side); a user's recorder, added with
+:func:`add_recorder`, receives the same calls and may route them anywhere (a tracing system, a log,
+a test). Two methods are called on the thread where the event happened, inline:
 
 (For speed the mechanism does what :data:`COLLECTOR` does inline, without the call through it,
 and calls the users' recorders only when there are some: ``to_users_span``/``to_users_metric``.)
@@ -108,7 +108,7 @@ class Site:
         self.folded = 0
 
     def __repr__(self) -> str:
-        return f"<asyncflow.timing.Site {self.name!r} {self.kind}>"
+        return f"<asyncflow.instrumentation.timing.Site {self.name!r} {self.kind}>"
 
 
 class Metric:
@@ -638,8 +638,8 @@ def add_recorder(recorder: Recorder) -> Recorder:
     global users, sink
     if not isinstance(recorder, Recorder):
         raise TypeError(
-            f"asyncflow.recording.add_recorder() needs a Recorder (subclass "
-            f"asyncflow.recording.Recorder), got {type(recorder).__qualname__}"
+            f"asyncflow.instrumentation.recording.add_recorder() needs a Recorder (subclass "
+            f"asyncflow.instrumentation.recording.Recorder), got {type(recorder).__qualname__}"
         )
     with _lock:
         if any(r is recorder for r in users):

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from asyncflow.model.waits import is_library_file
 from asyncflow.schema import (
     SCHEMA,
     BlockedEpisode,
@@ -33,7 +34,6 @@ from asyncflow.schema import (
     WarningsDocument,
     WarningSubject,
 )
-from asyncflow.waits import is_library_file
 
 __all__ = [
     "LINTS",

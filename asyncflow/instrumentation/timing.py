@@ -2,7 +2,7 @@
 
 The mechanism only: each measured call reads the clock on entry and exit, keeps the nesting of
 measured calls per thread of control, and hands the finished span to the recording interface
-(:mod:`asyncflow.recording`), whose collector implementation aggregates it.
+(:mod:`asyncflow.instrumentation.recording`), whose collector implementation aggregates it.
 
 What is measured, and how it is attributed:
 
@@ -18,10 +18,10 @@ What is measured, and how it is attributed:
 - **Errors**: a call that raised counts once in ``errors``, by exception type (including
   ``CancelledError``); it is still a call, with its time.
 
-With no profiler running (and no recorder of the user's, see :mod:`asyncflow.recording`), a
-measured function costs one function call and one check; calls started while one runs are
-recorded as soon as it starts. Names are bounded: past ``MAX_NAMES`` distinct labels, new ones
-are counted together under ``"(other names)"``.
+With no profiler running (and no recorder of the user's, see
+:mod:`asyncflow.instrumentation.recording`), a measured function costs one function call and one
+check; calls started while one runs are recorded as soon as it starts. Names are bounded: past
+``MAX_NAMES`` distinct labels, new ones are counted together under ``"(other names)"``.
 """
 
 from __future__ import annotations
@@ -39,10 +39,10 @@ from typing import Any, ParamSpec, TypeVar, overload
 
 from asyncflow import clock as _clock
 from asyncflow import config as _config
-from asyncflow import recording as _recording
 from asyncflow import stats as _stats
 from asyncflow.instrumentation import _session
-from asyncflow.recording import Site
+from asyncflow.instrumentation import recording as _recording
+from asyncflow.instrumentation.recording import Site
 
 __all__ = [
     "MAX_NAMES",

@@ -1,7 +1,7 @@
 """The endpoint process: serves a profiled program's endpoint over HTTP, beside the program.
 
-Started by :class:`asyncflow.server.Server` at the first connection, as
-``python -m asyncflow._endpoint CONTROL LISTENING...``, through an intermediate that exits at
+Started by :class:`asyncflow.serve.server.Server` at the first connection, as
+``python -m asyncflow.serve._endpoint CONTROL LISTENING...``, through an intermediate that exits at
 once (``server._DETACH``), so that it is no child of the program, in a session of its own.
 CONTROL is its end of a socket pair to the program, LISTENING the sockets the program bound.
 It asks the program for the documents its cache does not hold, and exits when the program
@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     control = socket.socket(fileno=int(args[0]))
     listening = [socket.socket(fileno=int(fd)) for fd in args[1:]]
-    from asyncflow._http import serve_in_child
+    from asyncflow.serve._http import serve_in_child
 
     loop = asyncio.new_event_loop()
     try:

@@ -2,7 +2,8 @@
 
 Each name gets one handle, made on first use and kept (``counter("hits")`` returns the same
 object every time, so keeping it in a module global saves the lookup). An update checks whether
-anybody listens, then hands the update to the recording interface (:mod:`asyncflow.recording`),
+anybody listens, then hands the update to the recording interface
+(:mod:`asyncflow.instrumentation.recording`),
 whose collector implementation keeps the session's figures in the calling thread's shard (a
 gauge's under its lock): exact from any number of threads. With no profiler running an update
 records nothing and costs the check of its argument (done first, so that a bad one is refused
@@ -16,10 +17,10 @@ import threading
 from typing import Any
 
 from asyncflow import clock as _clock
-from asyncflow import recording as _recording
 from asyncflow import stats as _stats
 from asyncflow.instrumentation import _session
-from asyncflow.recording import Metric
+from asyncflow.instrumentation import recording as _recording
+from asyncflow.instrumentation.recording import Metric
 
 __all__ = [
     "KINDS",

@@ -1,15 +1,15 @@
 """The figures in the Prometheus text exposition format (version 0.0.4): ``GET /metrics``.
 
-A renderer of :class:`asyncflow.reporters.Figures`: the values are the JSON documents' values,
-durations in seconds, percentiles as summaries (``quantile`` label). Every series is labelled
-by what it is about: ``label`` and ``location`` (``file:line``) for futures, streams and
+A renderer of :class:`asyncflow.render.reporters.Figures`: the values are the JSON documents'
+values, durations in seconds, percentiles as summaries (``quantile`` label). Every series is
+labelled by what it is about: ``label`` and ``location`` (``file:line``) for futures, streams and
 resources; ``label`` and ``kind`` for channels and executors; ``label`` and ``thread`` for loops.
 Measured functions (``@asyncflow.measure``) carry ``label``, ``kind`` and ``location``; the
 program's own counters, gauges, histograms and value logs one ``name`` label each, in four fixed
 families (``asyncflow_user_*``), so that no name of the program's can make the text invalid.
 Cardinality is that of the documents, which are bounded already (what is gone is folded into
-per-label aggregates). Two entries that would share every label (two definitions of one function
-on one line) are told apart by an ``id`` label on the second.
+per-label aggregates). Two entries that would share every label (two definitions of one function on
+one line) are told apart by an ``id`` label on the second.
 
 :class:`TextfileReporter` writes the same text to a file every few seconds, for
 node_exporter's textfile collector: a live reporter, for programs that serve no endpoint.
@@ -21,7 +21,7 @@ import math
 import os
 from collections.abc import Iterable, Mapping
 
-from asyncflow.reporters import Figures, Tick
+from asyncflow.render.reporters import Figures, Tick
 from asyncflow.schema import Location, fit_text
 
 __all__ = ["CONTENT_TYPE", "FAMILIES", "TextfileReporter", "render"]

@@ -19,22 +19,22 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from asyncflow import clock
-from asyncflow import recording as _recording
 from asyncflow.config import Options
 from asyncflow.instrumentation import _session
 from asyncflow.instrumentation import channels as _channels
 from asyncflow.instrumentation import executors as _executors
 from asyncflow.instrumentation import futures as _futures
+from asyncflow.instrumentation import recording as _recording
 from asyncflow.instrumentation import resources as _resources
 from asyncflow.instrumentation import streams as _streams
 from asyncflow.instrumentation.futures import CallRecord, FutureRecord, call_field, registry
-from asyncflow.monitor import LoopMonitor
-from asyncflow.recording import FinishedCall
+from asyncflow.instrumentation.recording import FinishedCall
+from asyncflow.model.monitor import LoopMonitor
+from asyncflow.model.threads import ThreadSampler, loop_threads
 from asyncflow.schema import Location
-from asyncflow.threads import ThreadSampler, loop_threads
 
 if TYPE_CHECKING:
-    from asyncflow.cpu import PollFigures
+    from asyncflow.instrumentation.cpu import PollFigures
 
 __all__ = ["DRAIN_INTERVAL", "SERIES_INTERVAL_NS", "Collector", "LiveSeries", "live_calls"]
 
@@ -111,7 +111,7 @@ class Collector:
 
     def attach_polls(self) -> None:
         """The profiler starts: filter tasks, and measure polls, as the options ask."""
-        from asyncflow import cpu
+        from asyncflow.instrumentation import cpu
 
         options = self.options
         try:
@@ -122,7 +122,7 @@ class Collector:
 
     def detach_polls(self) -> None:
         """The profiler stops (idempotent): the figures stay for the final snapshot."""
-        from asyncflow import cpu
+        from asyncflow.instrumentation import cpu
 
         try:
             cpu.detach(self.poll_figures)

@@ -1,14 +1,14 @@
 """asyncflow's figures as OpenTelemetry metrics, through the OTel SDK (the ``otel`` extra).
 
-:class:`OtelReporter` is a live reporter (:mod:`asyncflow.reporters`). Counters and gauges are
-observable instruments: the SDK's reader calls them on its own thread, and they answer with the
-current figures, built on the profiler's thread (the same values as the JSON documents, taken
-at most ``_FRESH_NS`` apart within one collection). The durations of finished calls are summed
-on the profiler's thread as the collector's ticks hand the calls over, into the observable
-counter ``asyncflow.future.call.time`` (exact: a mean call duration is its rate over the rate
-of ``asyncflow.future.calls.finished``). Not an OTel histogram: the SDK's ``record()`` costs
-tens of microseconds a call, which a program making many short calls would feel; the call-
-duration percentiles are exported as gauges instead, as for polls.
+:class:`OtelReporter` is a live reporter (:mod:`asyncflow.render.reporters`). Counters and gauges
+are observable instruments: the SDK's reader calls them on its own thread, and they answer with the
+current figures, built on the profiler's thread (the same values as the JSON documents, taken at
+most ``_FRESH_NS`` apart within one collection). The durations of finished calls are summed on the
+profiler's thread as the collector's ticks hand the calls over, into the observable counter
+``asyncflow.future.call.time`` (exact: a mean call duration is its rate over the rate of
+``asyncflow.future.calls.finished``). Not an OTel histogram: the SDK's ``record()`` costs tens of
+microseconds a call, which a program making many short calls would feel; the call-duration
+percentiles are exported as gauges instead, as for polls.
 
 Configuration is the OpenTelemetry standard's: with ``otel=True`` (``ASYNCFLOW_OTEL=1``,
 ``asyncflow run --otel``) asyncflow uses the program's global SDK meter provider if it set one,
@@ -31,7 +31,7 @@ from asyncflow import _forksafe, config
 from asyncflow._version import __version__
 from asyncflow.errors import AsyncflowError
 from asyncflow.instrumentation import _session
-from asyncflow.reporters import Figures, Tick
+from asyncflow.render.reporters import Figures, Tick
 from asyncflow.schema import Location, fit_text
 
 try:

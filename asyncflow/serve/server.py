@@ -4,13 +4,13 @@ Two halves, usually in two processes. The *documents* are built in the profiled 
 profiler's own thread, from the collector's state (:class:`Server`): the application's loop never
 runs a line of it, so the endpoint answers while that loop is blocked. The *HTTP side* (parsing,
 ``Host``/``Origin`` and token checks, deadlines, the connection cap, the response cache) runs in a
-helper process started at the first connection (``python -m asyncflow._endpoint``), which asks the
-program over a socket pair only for documents its cache does not hold. The program's thread thus
+helper process started at the first connection (``python -m asyncflow.serve._endpoint``), which asks
+the program over a socket pair only for documents its cache does not hold. The program's thread thus
 wakes at most once per distinct request per cache window, with one read and one write, instead of
 several GIL hand-offs per request: the program keeps its speed while clients poll. Where no helper
 process can run (no ``fork``/``exec`` with descriptor passing, no ``sys.executable``, or it keeps
 failing to start), the same HTTP side runs on the profiler's thread instead. The HTTP side is
-:mod:`asyncflow._http`, the only module that imports aiohttp: a program served by the helper
+:mod:`asyncflow.serve._http`, the only module that imports aiohttp: a program served by the helper
 process never loads it.
 
 The endpoint lives beside the observed program, so it must never be turned against it: it
@@ -21,8 +21,8 @@ cache keyed by the parsed request, and answers every error, the HTTP parser's ow
 ``{"error": {"status": ..., "message": ...}}``. Its own troubles go to the ``asyncflow`` logger
 at debug level, never as tracebacks on the program's standard error.
 
-Adding a route: a :class:`~asyncflow.openapi.Route` line in ``ROUTES`` (with ``media_type=`` when
-it is not JSON) and a builder method on :class:`Server` decorated with ``@_builds(path)``.
+Adding a route: a :class:`~asyncflow.serve.openapi.Route` line in ``ROUTES`` (with ``media_type=``
+when it is not JSON) and a builder method on :class:`Server` decorated with ``@_builds(path)``.
 """
 
 from __future__ import annotations
@@ -44,16 +44,15 @@ from typing import IO, TYPE_CHECKING, Any, TypeVar, cast
 
 import orjson
 
-from asyncflow import (
-    clock,
-    config,
-    function_views,
-    resource_views,
-    schema,
-    views,
-    wait_views,
-)
-from asyncflow._protocol import (
+from asyncflow import clock, config, schema
+from asyncflow.errors import TRACE_OFF, AsyncflowError
+from asyncflow.instrumentation import _session
+from asyncflow.instrumentation.channels import ChannelRecord, channel_registry
+from asyncflow.instrumentation.futures import FutureRecord, registry
+from asyncflow.instrumentation.streams import StreamRecord, stream_registry
+from asyncflow.model.collector import Collector
+from asyncflow.model.threads import threads_document
+from asyncflow.serve._protocol import (
     _JSON,
     _LENGTH,
     DEFAULT_LOGS,
@@ -73,17 +72,12 @@ from asyncflow._protocol import (
     _shown,
     logger,
 )
-from asyncflow.collector import Collector
-from asyncflow.errors import TRACE_OFF, AsyncflowError
-from asyncflow.instrumentation import _session
-from asyncflow.instrumentation.channels import ChannelRecord, channel_registry
-from asyncflow.instrumentation.futures import FutureRecord, registry
-from asyncflow.instrumentation.streams import StreamRecord, stream_registry
-from asyncflow.threads import threads_document
+from asyncflow.views import documents as views
+from asyncflow.views import function_views, resource_views, wait_views
 
 if TYPE_CHECKING:
-    from asyncflow import _http
-    from asyncflow.trace import TraceRecorder
+    from asyncflow.render.trace import TraceRecorder
+    from asyncflow.serve import _http
 
 __all__ = [
     "DEFAULT_LOGS",
@@ -404,7 +398,9 @@ class Server:
     async def _serve_here(self) -> None:
         """Serve HTTP on the profiler's thread (where no endpoint process can run)."""
         assert self.front_config is not None and self._listener is not None
-        from asyncflow import _http  # aiohttp: loaded only where the program serves HTTP itself
+        from asyncflow.serve import (
+            _http,  # aiohttp: loaded only where the program serves HTTP itself
+        )
 
         front = _http._Front(self.front_config, self._answer_here, _session.internal_error)
         await front.setup()
@@ -445,10 +441,11 @@ class Server:
         try:
             with contextlib.suppress(OSError):  # fewer wakes for a large document
                 ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
-            root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+            # the folder that holds the asyncflow package (this module is in asyncflow/serve/)
+            root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
             env = dict(os.environ)
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
-            command = [sys.executable, "-P", "-m", "asyncflow._endpoint"]
+            command = [sys.executable, "-P", "-m", "asyncflow.serve._endpoint"]
             command += [str(theirs.fileno()), *map(str, fds)]
             # Through an intermediate that exits at once, reaped here at once: the endpoint
             # process is no child of the program, whose generic reaping must never meet it.
@@ -665,7 +662,7 @@ class Server:
 
     @_builds("/metrics")
     def _metrics(self, query: _Query) -> Any:
-        from asyncflow import prometheus, reporters
+        from asyncflow.render import prometheus, reporters
 
         return prometheus.render(reporters.figures(self.collector, self._running()))
 
