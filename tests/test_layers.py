@@ -159,3 +159,32 @@ def test_each_layer_says_what_it_may_import() -> None:
     for layer in LAYERS:
         doc = ast.get_docstring(ast.parse((_ROOT / layer / "__init__.py").read_text("utf-8")))
         assert doc, layer
+
+
+#: the heavy third-party packages, and the only modules that may import them (at the edges, so
+#: that ``import asyncflow`` and the hot path never load them): aiohttp for the endpoint's HTTP
+#: side and the ``top`` client, textual for ``top``, the OTel SDK for its exporter
+HEAVY = {
+    "aiohttp": {"asyncflow.serve._http", "asyncflow.render.top"},
+    "textual": {"asyncflow.render.top"},
+    "opentelemetry": {"asyncflow.render.otel"},
+}
+
+
+def test_heavy_packages_are_imported_only_at_the_edges() -> None:
+    found: dict[str, set[str]] = {package: set() for package in HEAVY}
+    for name, path in _modules().items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                targets = [node.module or ""]
+            else:
+                continue
+            for target in targets:
+                top = target.partition(".")[0]
+                if top in found:
+                    found[top].add(name)
+    assert {package: found[package] - allowed for package, allowed in HEAVY.items()} == {
+        package: set() for package in HEAVY
+    }
