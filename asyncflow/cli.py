@@ -145,7 +145,7 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         metavar="NAME=VALUE,...",
         help="warning thresholds that differ from the defaults, e.g. long_poll=0.05 "
-        "(see the README's warnings section)",
+        "(see docs/warnings.md)",
     )
     run.add_argument(
         "--no-executors",

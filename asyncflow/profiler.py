@@ -621,7 +621,7 @@ def profile(name: str, **options: Any) -> Profiler:
             ``recent_logs``, ``reporter``, ``duration``, ``host``, ``port``, ``token``,
             ``block_threshold``, ``sampling``, ``include``, ``exclude``, ``cpu``,
             ``allocations``...), each also settable by an ``ASYNCFLOW_*`` environment
-            variable; see the README.
+            variable; see docs/profiler.md.
 
     Raises:
         ValueError: an option has a bad value (checked here, before anything starts).

@@ -191,7 +191,7 @@ _OUTCOMES = ("returned", "raised", "cancelled", "closed", "never_awaited")
 
 #: every observable instrument: name -> (kind, unit, description, points). ``counter`` is an
 #: observable (monotonic, cumulative) counter, ``gauge`` an observable gauge. ``CALL_TIME`` is
-#: fed by the ticks instead. The README lists them all.
+#: fed by the ticks instead. docs/exporters.md lists them all.
 INSTRUMENTS: dict[str, tuple[str, str, str, Callable[[Figures], _Points]]] = {
     "asyncflow.events.dropped": (
         "counter",

@@ -34,7 +34,7 @@ _Pairs = tuple[tuple[str, str], ...]
 _Labels = str
 _Sample = tuple[str, _Labels, float | int]
 
-#: every metric family: name -> (type, help). The README's table lists the same.
+#: every metric family: name -> (type, help). docs/exporters.md's table lists the same.
 FAMILIES: dict[str, tuple[str, str]] = {
     "asyncflow_info": ("gauge", "The profiler: its name, asyncflow's and Python's version; 1."),
     "asyncflow_uptime_seconds": ("gauge", "Time since the profiler started."),

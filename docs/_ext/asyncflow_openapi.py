@@ -17,10 +17,7 @@ from sphinx.util.docutils import SphinxDirective
 
 def openapi_document() -> dict[str, Any]:
     """The OpenAPI document of an endpoint without a token, as ``GET /openapi.json`` gives it."""
-    try:  # the endpoint's modules, in the serve layer
-        from asyncflow.serve import openapi, server
-    except ImportError:  # (at the top of asyncflow/ before the layers' move: drop this then)
-        from asyncflow import openapi, server  # type: ignore[no-redef,attr-defined]
+    from asyncflow.serve import openapi, server
 
     return openapi.document(server.ROUTES, False)
 
