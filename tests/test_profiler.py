@@ -807,7 +807,9 @@ def test_a_forked_child_starts_without_the_parents_profiler() -> None:
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork here")
 def test_forked_children_exit_at_once_and_do_not_keep_the_port(tmp_path: Path) -> None:
     # A fork-pool worker exits through the interpreter's normal exit (atexit included) while
-    # the parent still profiles; then the parent stops and its port must be free again.
+    # the parent still profiles; then the parent stops and its port must be free again. The
+    # parent waits until the child runs (its fork hooks close its copy of the listening socket):
+    # on a loaded machine the child was not scheduled yet, and its copy still held the port.
     script = tmp_path / "pool.py"
     script.write_text(
         "import os, socket, sys, warnings\n"
@@ -815,13 +817,16 @@ def test_forked_children_exit_at_once_and_do_not_keep_the_port(tmp_path: Path) -
         "prof = asyncflow.start('pool', format='none', port=0)\n"
         "port = int(prof.url.rsplit(':', 1)[1])\n"
         "go_r, go_w = os.pipe()\n"
+        "ready_r, ready_w = os.pipe()\n"
         "warnings.simplefilter('ignore', DeprecationWarning)\n"
         "pid = os.fork()\n"
         "if pid == 0:\n"
         "    os.close(go_w)\n"
+        "    os.write(ready_w, b'r')  # fork() returned here: the child's fork hooks have run\n"
         "    os.read(go_r, 1)  # lives on until the parent has stopped\n"
         "    sys.exit(0)  # the normal exit: atexit hooks run\n"
         "os.close(go_r)\n"
+        "os.read(ready_r, 1)\n"
         "prof.stop()\n"
         "with socket.socket() as s:\n"
         "    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
