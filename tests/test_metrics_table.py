@@ -54,7 +54,7 @@ def _otel_dump(figures: Figures) -> str:
         for scope in resource_metrics.scope_metrics:
             for metric in scope.metrics:
                 points = [
-                    [sorted((point.attributes or {}).items()), point.value]
+                    [sorted((point.attributes or {}).items()), getattr(point, "value", None)]
                     for point in metric.data.data_points
                 ]
                 kind = type(metric.data).__name__
