@@ -10,8 +10,8 @@ wakes at most once per distinct request per cache window, with one read and one 
 several GIL hand-offs per request: the program keeps its speed while clients poll. Where no helper
 process can run (no ``fork``/``exec`` with descriptor passing, no ``sys.executable``, or it keeps
 failing to start), the same HTTP side runs on the profiler's thread instead. The HTTP side is
-:mod:`asyncflow.serve._http`, the only module that imports aiohttp: a program served by the helper
-process never loads it.
+:mod:`asyncflow.serve._http`, the only module of the endpoint that imports aiohttp: a program
+served by the helper process never loads it.
 
 The endpoint lives beside the observed program, so it must never be turned against it: it
 answers only requests whose ``Host`` names the address it serves and refuses cross-origin
