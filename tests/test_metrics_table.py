@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from asyncflow import schema
-from asyncflow.render import prometheus
+from asyncflow.render import metrics, prometheus
 from asyncflow.render.reporters import Figures, figures_of
 
 _GOLDEN = Path(__file__).parent / "golden"
@@ -65,3 +65,50 @@ def _otel_dump(figures: Figures) -> str:
 def test_otel_instruments_are_unchanged() -> None:
     pytest.importorskip("opentelemetry.sdk.metrics", reason="the 'otel' extra is not installed")
     _check(_GOLDEN / "metrics_otel.json", _otel_dump(_figures()))
+
+
+def _table(text: str, header: str) -> list[list[str]]:
+    """The rows of the markdown table whose header row starts with ``header``."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"| {header} |"))
+    rows: list[list[str]] = []
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip().strip("|").split(" | ")])
+    return rows
+
+
+def _code(cell: str) -> str:
+    assert cell.startswith("`") and cell.endswith("`"), cell
+    return cell[1:-1]
+
+
+_DOCS = Path(__file__).parent.parent / "docs" / "exporters.md"
+
+
+def test_the_docs_list_exactly_the_prometheus_families() -> None:
+    rows = _table(_DOCS.read_text(encoding="utf-8"), "metric family")
+    listed = [(_code(name), kind, what) for name, kind, _labels, what in rows]
+    declared = [(m.prometheus, m.type, m.help) for m in metrics.METRICS if m.prometheus is not None]
+    assert listed == declared
+
+
+def test_the_docs_list_exactly_the_otel_instruments() -> None:
+    rows = _table(_DOCS.read_text(encoding="utf-8"), "instrument")
+    listed = [(_code(name), kind, _code(unit), what) for name, kind, unit, what in rows]
+    declared = [
+        (m.otel, f"observable {m.kind}", m.unit, m.description)
+        for m in metrics.METRICS
+        if m.otel is not None
+    ]
+    assert listed == declared
+
+
+def test_every_metric_is_exported_somewhere_under_one_name() -> None:
+    prometheus_names = [m.prometheus for m in metrics.METRICS if m.prometheus is not None]
+    otel_names = [m.otel for m in metrics.METRICS if m.otel is not None]
+    assert all(m.prometheus or m.otel for m in metrics.METRICS)
+    assert len(set(prometheus_names)) == len(prometheus_names)
+    assert len(set(otel_names)) == len(otel_names)
+    assert all(m.prometheus is None or m.points is not None for m in metrics.METRICS)

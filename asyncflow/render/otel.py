@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from asyncflow import _forksafe, config
 from asyncflow._version import __version__
 from asyncflow.errors import AsyncflowError
 from asyncflow.instrumentation import _session
+from asyncflow.render.metrics import METRICS, Metric
 from asyncflow.render.reporters import Figures, Tick
 from asyncflow.schema import Location, fit_text
 
@@ -59,421 +60,33 @@ def _where(location: Location | None) -> str:
     return f"{location.file}:{location.line}" if location is not None else ""
 
 
-def _s(ns: int) -> float:
-    return ns / 1e9
+def _observed(metric: Metric) -> Callable[[Figures], _Points]:
+    """The instrument's observations: each entry's points without a Prometheus suffix (not a
+    summary's ``_sum`` or ``_count``), its labels as attributes."""
+    subject, points = metric.subject, metric.points
+    assert points is not None
+
+    def observed(f: Figures) -> _Points:
+        for e in subject.entries(f):
+            attrs = dict(subject.labels(e))
+            for suffix, extra, value in points(e):
+                if not suffix:
+                    yield value, ({**attrs, **dict(extra)} if extra else attrs)
+
+    return observed
 
 
-def _futures(f: Figures) -> Iterator[tuple[Any, _Attrs]]:
-    for e in f.futures.futures:
-        yield e, {"label": e.label, "location": _where(e.location)}
-
-
-def _channels(f: Figures) -> Iterator[tuple[Any, _Attrs]]:
-    for e in f.channels.channels:
-        yield e, {"label": e.label, "kind": e.kind}
-
-
-def _streams(f: Figures) -> Iterator[tuple[Any, _Attrs]]:
-    for e in f.streams.streams:
-        yield e, {"label": e.label, "location": _where(e.location)}
-
-
-def _resources(f: Figures) -> Iterator[tuple[Any, _Attrs]]:
-    for e in f.resources.resources:
-        yield e, {"label": e.label, "primitive": e.primitive, "location": _where(e.location)}
-
-
-def _executors(f: Figures) -> Iterator[tuple[Any, _Attrs]]:
-    for e in f.executors.executors:
-        yield e, {"label": e.label, "kind": e.kind}
-
-
-def _loops(f: Figures) -> Iterator[tuple[Any, _Attrs]]:
-    for e in f.loop.loops:
-        yield e, {"label": e.label, "thread": e.thread}
-
-
-def _functions(f: Figures) -> Iterator[tuple[Any, _Attrs]]:
-    if f.functions is not None:
-        for e in f.functions.functions:
-            yield e, {"label": e.label, "kind": e.kind, "location": _where(e.location)}
-
-
-def _function_errors(f: Figures) -> _Points:
-    for e, attrs in _functions(f):
-        for error, count in e.errors.items():
-            yield count, {**attrs, "type": error}
-
-
-def _user(kind: str) -> Callable[[Figures], _Points]:
-    """The program's own metrics of one kind: their numeric ``value``, by ``name``."""
-
-    def points(f: Figures) -> _Points:
-        if f.user_metrics is None:
-            return
-        for e in f.user_metrics.metrics:
-            value = e.value
-            if e.kind == kind and isinstance(value, int | float) and not isinstance(value, bool):
-                yield value, {"name": e.name}
-
-    return points
-
-
-def _user_histograms(part: str) -> Callable[[Figures], _Points]:
-    def points(f: Figures) -> _Points:
-        if f.user_metrics is None:
-            return
-        for e in f.user_metrics.metrics:
-            if e.kind == "histogram":
-                yield (e.sum if part == "sum" else e.count), {"name": e.name}
-
-    return points
-
-
-def _each(
-    entries: Callable[[Figures], Iterator[tuple[Any, _Attrs]]], value: Callable[[Any], float | int]
-) -> Callable[[Figures], _Points]:
-    def points(f: Figures) -> _Points:
-        for e, attrs in entries(f):
-            yield value(e), attrs
-
-    return points
-
-
-def _by(
-    entries: Callable[[Figures], Iterator[tuple[Any, _Attrs]]],
-    key: str,
-    names: tuple[str, ...],
-    part: Callable[[Any], Any],
-) -> Callable[[Figures], _Points]:
-    """One point per entry and name: ``getattr(part(entry), name)`` with ``{key: name}``."""
-
-    def points(f: Figures) -> _Points:
-        for e, attrs in entries(f):
-            got = part(e)
-            for name in names:
-                yield getattr(got, name), {**attrs, key: name}
-
-    return points
-
-
-def _quantiles(
-    entries: Callable[[Figures], Iterator[tuple[Any, _Attrs]]],
-    percentiles: Callable[[Any], Mapping[str, int]],
-) -> Callable[[Figures], _Points]:
-    def points(f: Figures) -> _Points:
-        for e, attrs in entries(f):
-            for key, ns in percentiles(e).items():
-                yield _s(ns), {**attrs, "quantile": repr(float(key[1:]) / 100)}
-
-    return points
-
-
-def _status(value: Callable[[Any], float | int]) -> Callable[[Figures], _Points]:
-    def points(f: Figures) -> _Points:
-        yield value(f.status), {}
-
-    return points
-
-
-def _warnings(f: Figures) -> _Points:
-    counts: dict[tuple[str, str, str, str], int] = {}
-    for w in f.warnings.warnings:
-        if w.active:
-            key = (w.kind, w.severity, w.subject.kind, w.subject.label)
-            counts[key] = counts.get(key, 0) + 1
-    for (kind, severity, subject, label), n in counts.items():
-        yield n, {"kind": kind, "severity": severity, "subject": subject, "label": label}
-
-
-_STATES = ("pending", "running", "suspended")
-_OUTCOMES = ("returned", "raised", "cancelled", "closed", "never_awaited")
-
-#: every observable instrument: name -> (kind, unit, description, points). ``counter`` is an
-#: observable (monotonic, cumulative) counter, ``gauge`` an observable gauge. ``CALL_TIME`` is
-#: fed by the ticks instead. docs/exporters.md lists them all.
+#: every observable instrument fed by the figures, derived from
+#: :data:`asyncflow.render.metrics.METRICS`: name -> (kind, unit, description, points).
+#: ``counter`` is an observable (monotonic, cumulative) counter, ``gauge`` an observable gauge.
 INSTRUMENTS: dict[str, tuple[str, str, str, Callable[[Figures], _Points]]] = {
-    "asyncflow.events.dropped": (
-        "counter",
-        "{event}",
-        "Finished-call records lost because the buffer was full",
-        _status(lambda s: s.events_dropped),
-    ),
-    "asyncflow.internal_errors": (
-        "counter",
-        "{error}",
-        "Errors inside asyncflow (never raised into the program)",
-        _status(lambda s: s.internal_errors),
-    ),
-    "asyncflow.future.calls": (
-        "counter",
-        "{call}",
-        "Calls of the future, created so far",
-        _each(_futures, lambda e: e.call_count),
-    ),
-    "asyncflow.future.live_calls": (
-        "gauge",
-        "{call}",
-        "Unfinished calls now, by state",
-        _by(_futures, "state", _STATES, lambda e: e.calls),
-    ),
-    "asyncflow.future.calls.finished": (
-        "counter",
-        "{call}",
-        "Finished calls, by outcome",
-        _by(_futures, "outcome", _OUTCOMES, lambda e: e.outcomes),
-    ),
-    "asyncflow.future.polls": (
-        "counter",
-        "{poll}",
-        "Polls (steps) of the future's calls",
-        _each(_futures, lambda e: e.total_polls),
-    ),
-    "asyncflow.future.busy.time": (
-        "counter",
-        "s",
-        "Time inside polls",
-        _each(_futures, lambda e: _s(e.busy_ns)),
-    ),
-    "asyncflow.future.idle.time": (
-        "counter",
-        "s",
-        "Time suspended between polls",
-        _each(_futures, lambda e: _s(e.idle_ns)),
-    ),
-    "asyncflow.future.poll.duration.quantile": (
-        "gauge",
-        "s",
-        "Poll-duration percentiles",
-        _quantiles(_futures, lambda e: e.poll_duration_ns),
-    ),
-    "asyncflow.future.poll.duration.max": (
-        "gauge",
-        "s",
-        "The longest poll",
-        _each(_futures, lambda e: _s(e.max_poll_duration_ns)),
-    ),
-    "asyncflow.future.call.duration.quantile": (
-        "gauge",
-        "s",
-        "Call-duration percentiles (finished calls, creation to end)",
-        _quantiles(_futures, lambda e: e.call_duration_ns),
-    ),
-    "asyncflow.channel.sent": (
-        "counter",
-        "{message}",
-        "Messages sent into the channel",
-        _each(_channels, lambda e: e.sent_count),
-    ),
-    "asyncflow.channel.received": (
-        "counter",
-        "{message}",
-        "Messages received from the channel",
-        _each(_channels, lambda e: e.received_count),
-    ),
-    "asyncflow.channel.queue_size": (
-        "gauge",
-        "{message}",
-        "Messages in the channel now",
-        _each(_channels, lambda e: e.queue_size),
-    ),
-    "asyncflow.channel.delay.quantile": (
-        "gauge",
-        "s",
-        "Time-in-channel percentiles of timed messages",
-        _quantiles(_channels, lambda e: e.delay_ns),
-    ),
-    "asyncflow.channel.producers_blocked.time": (
-        "counter",
-        "s",
-        "Time producers spent blocked on a full channel",
-        _each(_channels, lambda e: _s(e.producers_blocked_ns)),
-    ),
-    "asyncflow.channel.consumers_starved.time": (
-        "counter",
-        "s",
-        "Time consumers spent waiting on an empty channel",
-        _each(_channels, lambda e: _s(e.consumers_starved_ns)),
-    ),
-    "asyncflow.stream.items": (
-        "counter",
-        "{item}",
-        "Items the stream yielded",
-        _each(_streams, lambda e: e.items_yielded),
-    ),
-    "asyncflow.stream.wait.time": (
-        "counter",
-        "s",
-        "Time the consumer waited for items",
-        _each(_streams, lambda e: _s(e.total_wait_ns)),
-    ),
-    "asyncflow.resource.acquisitions": (
-        "counter",
-        "{acquisition}",
-        "Successful acquisitions",
-        _each(_resources, lambda e: e.acquisitions),
-    ),
-    "asyncflow.resource.waits": (
-        "counter",
-        "{wait}",
-        "Waits that ended",
-        _each(_resources, lambda e: e.waits),
-    ),
-    "asyncflow.resource.wait.time": (
-        "counter",
-        "s",
-        "Time spent waiting",
-        _each(_resources, lambda e: _s(e.total_wait_ns)),
-    ),
-    "asyncflow.resource.holds": (
-        "counter",
-        "{hold}",
-        "Holds that ended",
-        _each(_resources, lambda e: e.holds),
-    ),
-    "asyncflow.resource.hold.time": (
-        "counter",
-        "s",
-        "Time held",
-        _each(_resources, lambda e: _s(e.total_hold_ns)),
-    ),
-    "asyncflow.resource.waiters": (
-        "gauge",
-        "{task}",
-        "Tasks waiting now",
-        _each(_resources, lambda e: e.waiters_now),
-    ),
-    "asyncflow.executor.jobs.submitted": (
-        "counter",
-        "{job}",
-        "Jobs submitted",
-        _each(_executors, lambda e: e.submitted),
-    ),
-    "asyncflow.executor.jobs.completed": (
-        "counter",
-        "{job}",
-        "Jobs that completed",
-        _each(_executors, lambda e: e.completed),
-    ),
-    "asyncflow.executor.jobs.raised": (
-        "counter",
-        "{job}",
-        "Jobs that raised",
-        _each(_executors, lambda e: e.raised),
-    ),
-    "asyncflow.executor.jobs.queued": (
-        "gauge",
-        "{job}",
-        "Jobs waiting for a worker now",
-        _each(_executors, lambda e: e.queued),
-    ),
-    "asyncflow.executor.jobs.running": (
-        "gauge",
-        "{job}",
-        "Jobs running now",
-        _each(_executors, lambda e: e.running),
-    ),
-    "asyncflow.executor.workers": (
-        "gauge",
-        "{thread}",
-        "Workers now",
-        _each(_executors, lambda e: e.workers),
-    ),
-    "asyncflow.loop.lag": (
-        "gauge",
-        "s",
-        "Event-loop lag now",
-        _each(_loops, lambda e: _s(e.lag_now_ns)),
-    ),
-    "asyncflow.loop.lag.max": (
-        "gauge",
-        "s",
-        "The largest event-loop lag seen",
-        _each(_loops, lambda e: _s(e.max_lag_ns)),
-    ),
-    "asyncflow.loop.tasks": (
-        "gauge",
-        "{task}",
-        "Tasks alive on the loop",
-        _each(_loops, lambda e: e.tasks_alive),
-    ),
-    "asyncflow.loop.blocked": (
-        "gauge",
-        "1",
-        "1 while a poll blocks the loop, else 0",
-        _each(_loops, lambda e: int(e.blocked)),
-    ),
-    "asyncflow.loop.blocked_episodes": (
-        "counter",
-        "{episode}",
-        "Blocked-loop episodes",
-        _each(_loops, lambda e: e.blocked_count),
-    ),
-    "asyncflow.warnings.active": (
-        "gauge",
-        "{warning}",
-        "Warnings that hold now",
-        _warnings,
-    ),
-    "asyncflow.function.calls": (
-        "counter",
-        "{call}",
-        "Calls of the measured function or block",
-        _each(_functions, lambda e: e.call_count),
-    ),
-    "asyncflow.function.errors": (
-        "counter",
-        "{call}",
-        "Calls that raised, by exception type",
-        _function_errors,
-    ),
-    "asyncflow.function.time": (
-        "counter",
-        "s",
-        "Wall time in the function, in all",
-        _each(_functions, lambda e: _s(e.total_ns)),
-    ),
-    "asyncflow.function.self_time": (
-        "counter",
-        "s",
-        "Wall time in the function outside measured calls nested in it",
-        _each(_functions, lambda e: _s(e.self_ns)),
-    ),
-    "asyncflow.function.duration.quantile": (
-        "gauge",
-        "s",
-        "Call-duration percentiles of the measured function",
-        _quantiles(_functions, lambda e: e.duration_ns),
-    ),
-    "asyncflow.user.counter": (
-        "counter",
-        "1",
-        "asyncflow.counter(name): its total",
-        _user("counter"),
-    ),
-    "asyncflow.user.gauge": ("gauge", "1", "asyncflow.gauge(name): its value now", _user("gauge")),
-    "asyncflow.user.histogram.sum": (
-        "counter",
-        "1",
-        "asyncflow.histogram(name): the sum of its samples",
-        _user_histograms("sum"),
-    ),
-    "asyncflow.user.histogram.count": (
-        "counter",
-        "{sample}",
-        "asyncflow.histogram(name): its samples",
-        _user_histograms("count"),
-    ),
-    "asyncflow.user.value": (
-        "gauge",
-        "1",
-        "asyncflow.value(name, v): the last number logged",
-        _user("value"),
-    ),
+    m.otel: (m.kind, m.unit, m.description, _observed(m))
+    for m in METRICS
+    if m.otel is not None and m.points is not None
 }
 
 #: the counter the ticks feed: finished calls' durations (creation to end), summed by outcome
-CALL_TIME = "asyncflow.future.call.time"
+(CALL_TIME,) = [m.otel for m in METRICS if m.otel is not None and m.points is None]
 
 
 def _exporters(names: Iterable[str]) -> list[Any]:
@@ -552,18 +165,19 @@ class OtelReporter:
             self._own = True
         self._provider = provider
         meter: Meter = provider.get_meter("asyncflow", __version__)
-        for name, (kind, unit, description, points) in INSTRUMENTS.items():
-            callback = self._callback(points)
-            if kind == "counter":
-                meter.create_observable_counter(name, [callback], unit, description)
+        for metric in METRICS:
+            name = metric.otel
+            if name is None:
+                continue
+            callback: Callable[[CallbackOptions], Iterable[Observation]]
+            if metric.points is None:  # the one the ticks feed
+                callback = self._call_time_callback
             else:
-                meter.create_observable_gauge(name, [callback], unit, description)
-        meter.create_observable_counter(
-            CALL_TIME,
-            [self._call_time_callback],
-            "s",
-            "Durations of finished calls (creation to end), summed, by outcome",
-        )
+                callback = self._callback(INSTRUMENTS[name][3])
+            if metric.kind == "counter":
+                meter.create_observable_counter(name, [callback], metric.unit, metric.description)
+            else:
+                meter.create_observable_gauge(name, [callback], metric.unit, metric.description)
 
     def tick(self, tick: Tick, /) -> None:
         """Sum the durations of the calls that finished since the previous tick."""
