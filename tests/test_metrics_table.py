@@ -102,7 +102,8 @@ def test_the_docs_list_exactly_the_otel_instruments() -> None:
         for m in metrics.METRICS
         if m.otel is not None
     ]
-    assert listed == declared
+    rows_wanted = "\n".join(f"| `{n}` | {k} | `{u}` | {d} |" for n, k, u, d in declared)
+    assert listed == declared, f"docs/exporters.md's instruments should be:\n{rows_wanted}"
 
 
 def test_every_metric_is_exported_somewhere_under_one_name() -> None:
