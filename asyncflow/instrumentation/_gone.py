@@ -6,9 +6,11 @@ leaves the registry for the history: the last ``GONE_KEPT`` stay as they were, o
 folded into one aggregate per (label, kind), at most ``AGGREGATES_KEPT`` of them, then into one
 "other" aggregate per kind. Memory then follows what is alive, and every total stays exact.
 
-Each family keeps what is its own: how its figures add up (``merge``), how an aggregate is made,
-what a record must let go of when it is reaped (``retire``), and whether its figures are final
-yet (``final``).
+A family's figures add up by ``Fold``, declared next to its figures' class: every ``int``
+field is summed unless named otherwise, so a new counter reaches the aggregates with no other
+edit. Each family keeps what is its own: what does not add up field by field (``merge``: the
+edges, the logs), how an aggregate is made, what a record must let go of when it is reaped
+(``retire``), and whether its figures are final yet (``final``).
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ from collections.abc import Callable, Hashable
 from typing import Any, Generic, Protocol, TypeVar
 
 from asyncflow.instrumentation import _session
+from asyncflow.stats import merge
 
-__all__ = ["AGGREGATES_KEPT", "GONE_KEPT", "GoneHistory", "Watch"]
+__all__ = ["AGGREGATES_KEPT", "GONE_KEPT", "Fold", "GoneHistory", "Watch"]
 
 #: gone records kept as they were, per family
 GONE_KEPT = 100
@@ -46,6 +49,79 @@ class Folded(Protocol):
 _R = TypeVar("_R", bound=Folded)
 
 
+def fields_of(cls: type) -> tuple[str, ...]:
+    """The fields a slotted class declares, its bases' first (``__weakref__`` is none)."""
+    return tuple(
+        name
+        for klass in reversed(cls.__mro__)
+        for name in klass.__dict__.get("__slots__", ())
+        if not name.startswith("__")
+    )
+
+
+class Fold:
+    """How one kind's figures add up, field by field, when a gone object's record is folded into
+    its aggregate. Declared next to the figures' class; applied by name (getattr and setattr:
+    the cold path, under the family's lock), so it works on a compiled class with the same
+    fields too.
+
+    Every field of ``cls`` that is an ``int`` on a fresh instance and is not named below is
+    summed: a new counter needs no other edit. The others must be named, or declaring the fold
+    raises ``TypeError``: no field silently drops out of the aggregates.
+
+    Args:
+        cls: the figures' class (slotted, made with no arguments).
+        maximum: fields whose larger value is kept (a longest time, a largest size).
+        histogram: mappings whose counts are added key by key (``stats.merge``).
+        left: fields not added here: state (sampling, what is live now), or what the family's
+            own ``merge`` adds (edges, logs).
+    """
+
+    __slots__ = ("histogram", "left", "maximum", "summed")
+
+    def __init__(
+        self,
+        cls: type,
+        *,
+        maximum: tuple[str, ...] = (),
+        histogram: tuple[str, ...] = (),
+        left: tuple[str, ...] = (),
+    ) -> None:
+        fields = fields_of(cls)
+        named = (*maximum, *histogram, *left)
+        for name in named:
+            if name not in fields:
+                raise TypeError(f"{cls.__qualname__} has no field {name!r} to fold")
+            if named.count(name) > 1:
+                raise TypeError(f"{cls.__qualname__}.{name} is declared to fold twice")
+        fresh = cls()
+        summed = []
+        for name in fields:
+            if name in named:
+                continue
+            if type(getattr(fresh, name)) is not int:
+                raise TypeError(
+                    f"{cls.__qualname__}.{name} is not an int counter: declare how it folds "
+                    "(maximum, histogram or left)"
+                )
+            summed.append(name)
+        self.summed = tuple(summed)
+        self.maximum = maximum
+        self.histogram = histogram
+        self.left = left
+
+    def __call__(self, into: Any, other: Any) -> None:
+        """Add the figures of ``other`` to ``into`` (an aggregate's)."""
+        for name in self.summed:
+            setattr(into, name, getattr(into, name) + getattr(other, name))
+        for name in self.maximum:
+            theirs = getattr(other, name)
+            if theirs > getattr(into, name):
+                setattr(into, name, theirs)
+        for name in self.histogram:
+            merge(getattr(into, name), getattr(other, name))
+
+
 class Watch(weakref.ref):  # type: ignore[type-arg]
     """The weak reference to what a record stands for; queues itself for its family's reap when
     that dies."""
@@ -68,7 +144,8 @@ class GoneHistory(Generic[_R]):
             labels, e.g. ``"(other gone channels)"``.
         kind: what, beside the label, keeps aggregates apart (a channel's kind, say).
         aggregate: an empty aggregate with this label, made from the first record folded into it.
-        merge: adds a gone record's figures to an aggregate.
+        merge: adds a gone record's figures to an aggregate: its ``Fold``, then what does not
+            add up field by field.
         retire: lets go of what a reaped record holds for its object (open holds, messages).
         final: whether a record whose object is gone has all its figures; it waits in the
             history's ``waiting`` list until then.

@@ -27,8 +27,8 @@ from typing import Any
 from asyncflow import clock as _clock
 from asyncflow.instrumentation import _session
 from asyncflow.instrumentation import futures as _futures
-from asyncflow.instrumentation._gone import AGGREGATES_KEPT, GONE_KEPT, GoneHistory
-from asyncflow.stats import SMALL_BUCKET, SMALL_LIMIT, bucket_of, merge, new_histogram
+from asyncflow.instrumentation._gone import AGGREGATES_KEPT, GONE_KEPT, Fold, GoneHistory
+from asyncflow.stats import SMALL_BUCKET, SMALL_LIMIT, bucket_of, new_histogram
 
 __all__ = [
     "AGGREGATES_KEPT",
@@ -62,6 +62,15 @@ class Edge:
         self.delay_sum = 0
         self.delay_max = 0
         self.delay_hist = new_histogram()
+
+
+#: how a gone channel's edge adds into its aggregate's (every other int field is summed)
+_EDGE_FOLD = Fold(
+    Edge,
+    maximum=("delay_max",),
+    histogram=("delay_hist",),
+    left=("count",),  # weighted by the channel's exact counts: see _merge_edges
+)
 
 
 class ChannelStats:
@@ -144,6 +153,33 @@ class ChannelStats:
     def received(self) -> int:
         """Messages taken out of the channel by its receive operations (exact)."""
         return self.taken - self.skew
+
+
+#: how a gone channel's figures add into its aggregate (every other int field is summed)
+_FOLD = Fold(
+    ChannelStats,
+    maximum=("delay_max", "interval", "max_size"),
+    histogram=("delay_hist",),
+    left=(
+        # sampling state, the messages in flight and the logs: this channel's own
+        "first_received",
+        "first_sent_ns",
+        "last_received",
+        "last_receiver",
+        "last_sender",
+        "last_sent",
+        "next_recv",
+        "next_send",
+        "pending",
+        "received_log",
+        "sampled_recv",
+        "sampled_send",
+        "sent_log",
+        # added by _merge
+        "receivers",
+        "senders",
+    ),
+)
 
 
 class ChannelRecord:
@@ -454,18 +490,7 @@ def _merge(agg: ChannelRecord, record: ChannelRecord) -> None:
     if agg.capacity != record.capacity:
         agg.capacity = max(agg.capacity, record.capacity)
     a, s = agg.stats, record.stats
-    a.sent += s.sent
-    a.taken += s.taken
-    a.skew += s.skew
-    a.unpaired += s.unpaired
-    a.lost += s.lost
-    a.timed += s.timed
-    a.blocked_ns += s.blocked_ns
-    a.starved_ns += s.starved_ns
-    a.max_size = max(a.max_size, s.max_size)
-    a.delay_max = max(a.delay_max, s.delay_max)
-    a.interval = max(a.interval, s.interval)
-    merge(a.delay_hist, s.delay_hist)
+    _FOLD(a, s)
     _merge_edges(a.senders, s.senders, edge_counts(s.senders, s.sent, s.last_sender))
     _merge_edges(a.receivers, s.receivers, edge_counts(s.receivers, s.received, s.last_receiver))
 
@@ -478,9 +503,7 @@ def _merge_edges(
         if target is None:
             target = into[fid] = Edge()
         target.count += counts.get(fid, edge.count)
-        target.delay_sum += edge.delay_sum
-        target.delay_max = max(target.delay_max, edge.delay_max)
-        merge(target.delay_hist, edge.delay_hist)
+        _EDGE_FOLD(target, edge)
 
 
 def _no_size(target: Any) -> int:

@@ -36,7 +36,7 @@ from typing import Any
 from asyncflow import _forksafe, stats
 from asyncflow import clock as _clock
 from asyncflow.instrumentation import _imports, _session
-from asyncflow.instrumentation._gone import AGGREGATES_KEPT, GONE_KEPT, GoneHistory, Watch
+from asyncflow.instrumentation._gone import AGGREGATES_KEPT, GONE_KEPT, Fold, GoneHistory, Watch
 from asyncflow.instrumentation.channels import caller
 
 __all__ = [
@@ -83,12 +83,12 @@ class JobFigures:
 
     def merge(self, other: JobFigures) -> None:
         """Add another's jobs (a gone executor's, into an aggregate)."""
-        self.jobs += other.jobs
-        self.raised += other.raised
-        self.queued_ns += other.queued_ns
-        self.run_ns += other.run_ns
-        self.max_queued_ns = max(self.max_queued_ns, other.max_queued_ns)
-        self.max_run_ns = max(self.max_run_ns, other.max_run_ns)
+        _JOBS_FOLD(self, other)
+
+
+#: how a gone executor's jobs of one function add into its aggregate's (every other int field
+#: is summed)
+_JOBS_FOLD = Fold(JobFigures, maximum=("max_queued_ns", "max_run_ns"))
 
 
 class ExecutorStats:
@@ -132,6 +132,15 @@ class ExecutorStats:
     def queued(self) -> int:
         """Jobs waiting for a worker thread now."""
         return max(0, self.submitted - self.started - self.cancelled)
+
+
+#: how a gone executor's figures add into its aggregate (every other int field is summed)
+_FOLD = Fold(
+    ExecutorStats,
+    maximum=("max_queued_ns", "max_run_ns"),
+    histogram=("queued_hist", "run_hist"),
+    left=("by_future", "by_function", "running"),  # none runs on a gone one; _merge adds jobs
+)
 
 
 class ExecutorRecord:
@@ -315,17 +324,7 @@ def _merge(agg: ExecutorRecord, record: ExecutorRecord) -> None:
         if record.max_workers is not None:
             agg.max_workers = max(agg.max_workers or 0, record.max_workers)
         a, s = agg.stats, record.stats
-        a.submitted += s.submitted
-        a.started += s.started
-        a.completed += s.completed
-        a.raised += s.raised
-        a.cancelled += s.cancelled
-        a.queued_ns += s.queued_ns
-        a.max_queued_ns = max(a.max_queued_ns, s.max_queued_ns)
-        a.run_ns += s.run_ns
-        a.max_run_ns = max(a.max_run_ns, s.max_run_ns)
-        stats.merge(a.queued_hist, s.queued_hist)
-        stats.merge(a.run_hist, s.run_hist)
+        _FOLD(a, s)
         for function, figures in s.by_function.items():
             into = a.by_function.get(function)
             if into is None:

@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 from asyncflow import clock as _clock
 from asyncflow import config as _config
 from asyncflow.instrumentation import _imports, _session, loops
-from asyncflow.instrumentation._gone import AGGREGATES_KEPT, GONE_KEPT, GoneHistory, Watch
-from asyncflow.stats import SMALL_BUCKET, SMALL_LIMIT, bucket_of, merge, new_histogram
+from asyncflow.instrumentation._gone import AGGREGATES_KEPT, GONE_KEPT, Fold, GoneHistory, Watch
+from asyncflow.stats import SMALL_BUCKET, SMALL_LIMIT, bucket_of, new_histogram
 
 __all__ = [
     "AGGREGATES_KEPT",
@@ -121,6 +121,16 @@ class FutureStats:
         self.call_hist: MutableMapping[int, int] = _new_poll_histogram()
         self.recent: Any = None  # deque of recent finished calls, made by the first one folded
         self.series: Any = None  # live calls over time (collector.LiveSeries), owned by it
+
+
+#: how a gone future's figures add into its aggregate (every other int field is summed); the
+#: compiled FutureStats has the same fields
+_FOLD = Fold(
+    FutureStats,
+    maximum=("max_cancel_to_end", "max_poll_done"),
+    histogram=("call_hist", "poll_hist"),
+    left=("live", "recent", "series"),  # a gone future has no live call; _merge moves recent
+)
 
 
 class FutureRecord:
@@ -293,22 +303,7 @@ def _aggregate(record: FutureRecord, label: str) -> FutureRecord:
 def _merge(agg: FutureRecord, record: FutureRecord) -> None:
     """Add a gone future's figures to its aggregate (under _registry_lock)."""
     a, s = agg.stats, record.stats
-    a.created += s.created
-    a.returned += s.returned
-    a.raised += s.raised
-    a.cancelled += s.cancelled
-    a.closed += s.closed
-    a.never_awaited += s.never_awaited
-    a.cancel_requested += s.cancel_requested
-    a.cancel_swallowed += s.cancel_swallowed
-    a.cancel_raised += s.cancel_raised
-    a.max_cancel_to_end = max(a.max_cancel_to_end, s.max_cancel_to_end)
-    a.polls_done += s.polls_done
-    a.busy_done += s.busy_done
-    a.idle_done += s.idle_done
-    a.max_poll_done = max(a.max_poll_done, s.max_poll_done)
-    merge(a.poll_hist, s.poll_hist)
-    merge(a.call_hist, s.call_hist)
+    _FOLD(a, s)
     if s.recent:
         if a.recent is None:
             a.recent = deque(maxlen=min(AGGREGATE_LOG, s.recent.maxlen or AGGREGATE_LOG))

@@ -35,14 +35,14 @@ from asyncflow import clock as _clock
 from asyncflow import config as _config
 from asyncflow.instrumentation import _session
 from asyncflow.instrumentation import futures as _futures_module
-from asyncflow.instrumentation._gone import AGGREGATES_KEPT, GONE_KEPT, GoneHistory
+from asyncflow.instrumentation._gone import AGGREGATES_KEPT, GONE_KEPT, Fold, GoneHistory
 from asyncflow.instrumentation._sites import creation_frame, site_label
 from asyncflow.instrumentation.futures import (
     CallRecord,
     _current_tasks,
     _get_running_loop,
 )
-from asyncflow.stats import SMALL_BUCKET, SMALL_LIMIT, bucket_of, merge, new_histogram
+from asyncflow.stats import SMALL_BUCKET, SMALL_LIMIT, bucket_of, new_histogram
 
 __all__ = [
     "AGGREGATES_KEPT",
@@ -125,6 +125,10 @@ class ResourceEdge:
         self.hold_max = 0
         #: sets of an event, notifies of a condition, aborts/resets of a barrier
         self.signals = 0
+
+
+#: how a gone resource's edge adds into its aggregate's (every other int field is summed)
+_EDGE_FOLD = Fold(ResourceEdge, maximum=("hold_max", "wait_max"))
 
 
 class ResourceStats:
@@ -210,6 +214,28 @@ class ResourceStats:
         self.wait_log: deque[tuple[Any, ...]] | None = None
         self.hold_log: deque[tuple[Any, ...]] | None = None
         self.signal_log: deque[tuple[Any, ...]] | None = None
+
+
+#: how a gone resource's figures add into its aggregate (every other int field is summed)
+_FOLD = Fold(
+    ResourceStats,
+    maximum=("hold_max", "max_waiting", "wait_max"),
+    histogram=("hold_hist", "wait_hist"),
+    left=(
+        # sampling state, and what is now (a gone one's holds are abandoned by _retire)
+        "hold_interval",
+        "last_hold",
+        "next_hold",
+        "sampled_hold",
+        "untracked",
+        "waiting",
+        # added by _merge
+        "edges",
+        "hold_log",
+        "signal_log",
+        "wait_log",
+    ),
+)
 
 
 def _no_target() -> None:
@@ -1483,21 +1509,12 @@ def _aggregate(record: ResourceRecord, label: str) -> ResourceRecord:
 def _merge(agg: ResourceRecord, record: ResourceRecord) -> None:
     """Add a gone resource's figures to its aggregate (under _lock)."""
     a, s = agg.stats, record.stats
-    for name in _SUMMED:
-        setattr(a, name, getattr(a, name) + getattr(s, name))
-    a.wait_max = max(a.wait_max, s.wait_max)
-    a.hold_max = max(a.hold_max, s.hold_max)
-    a.max_waiting = max(a.max_waiting, s.max_waiting)
-    merge(a.wait_hist, s.wait_hist)
-    merge(a.hold_hist, s.hold_hist)
+    _FOLD(a, s)
     for fid, edge in s.edges.items():
         into = a.edges.get(fid)
         if into is None:
             into = a.edges[fid] = ResourceEdge()
-        for name in _EDGE_SUMMED:
-            setattr(into, name, getattr(into, name) + getattr(edge, name))
-        into.wait_max = max(into.wait_max, edge.wait_max)
-        into.hold_max = max(into.hold_max, edge.hold_max)
+        _EDGE_FOLD(into, edge)
     for log_name in ("wait_log", "hold_log", "signal_log"):
         entries = getattr(s, log_name)
         if entries:
@@ -1508,27 +1525,6 @@ def _merge(agg: ResourceRecord, record: ResourceRecord) -> None:
             into_log.extend(entries)
 
 
-_SUMMED = (
-    "contended",
-    "unmatched",
-    "abandoned",
-    "wait_count",
-    "wait_failed",
-    "wait_ns",
-    "immediate",
-    "hold_count",
-    "hold_ns",
-    "hold_timed",
-    "sets",
-    "clears",
-    "notifies",
-    "passes",
-    "broken",
-    "aborts",
-    "resets",
-    "signal_count",
-)
-_EDGE_SUMMED = ("wait_count", "wait_ns", "hold_count", "hold_ns", "signals")
 _history: GoneHistory[ResourceRecord] = GoneHistory(
     _lock,
     _registry,

@@ -25,11 +25,11 @@ from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 from asyncflow import clock as _clock
 from asyncflow import config as _config
 from asyncflow.instrumentation import _session
-from asyncflow.instrumentation._gone import AGGREGATES_KEPT, GONE_KEPT, GoneHistory, Watch
+from asyncflow.instrumentation._gone import AGGREGATES_KEPT, GONE_KEPT, Fold, GoneHistory, Watch
 from asyncflow.instrumentation.channels import _message_repr
 from asyncflow.instrumentation.futures import _normalize_throw
 from asyncflow.instrumentation.futures import _speedups as _compiled_path
-from asyncflow.stats import SMALL_BUCKET, SMALL_LIMIT, bucket_of, merge, new_histogram
+from asyncflow.stats import SMALL_BUCKET, SMALL_LIMIT, bucket_of, new_histogram
 
 __all__ = [
     "AGGREGATES_KEPT",
@@ -97,6 +97,16 @@ class StreamStats:
         #: after each append, so it may be a little longer meanwhile: read it with
         #: ``recent_items``.
         self.log: list[tuple[int, int, int, str | None]] = []
+
+
+#: how a gone stream's figures add into its aggregate (every other int field is summed); the
+#: compiled StreamStats has the same fields
+_FOLD = Fold(
+    StreamStats,
+    maximum=("interval", "wait_max"),
+    histogram=("instances", "wait_hist"),  # instances: a count per state
+    left=("arm", "last_ns", "log", "sampled"),  # sampling state; _merge keeps the last items
+)
 
 
 class _Iteration:
@@ -301,15 +311,7 @@ def _aggregate(record: StreamRecord, label: str) -> StreamRecord:
 def _merge(agg: StreamRecord, record: StreamRecord) -> None:
     """Add a gone stream's figures to its aggregate (under _lock)."""
     a, s = agg.stats, record.stats
-    a.items += s.items
-    a.timed += s.timed
-    a.wait_ns += s.wait_ns
-    a.wait_max = max(a.wait_max, s.wait_max)
-    a.between_ns += s.between_ns
-    a.interval = max(a.interval, s.interval)
-    merge(a.wait_hist, s.wait_hist)
-    for state, n in s.instances.items():
-        a.instances[state] += n
+    _FOLD(a, s)
     if s.log:
         # a new list, set in one step: a reader never sees more than AGGREGATE_LOG items
         a.log = [*a.log, *s.log[-AGGREGATE_LOG:]][-AGGREGATE_LOG:]
