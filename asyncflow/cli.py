@@ -90,62 +90,25 @@ def _parser() -> argparse.ArgumentParser:
         help="the profile's name [the name the program gives its own profile, else the script "
         "or module name]",
     )
-    run.add_argument("--host", default=None, help=f"endpoint address [{config.DEFAULT_HOST}]")
-    run.add_argument(
-        "--port",
-        default=None,
-        help=f"endpoint port; 0 picks a free one, 'off' serves none [{config.DEFAULT_PORT}]",
-    )
-    run.add_argument(
-        "--format", default=None, choices=config.FORMATS, help="exit report format [table]"
-    )
-    run.add_argument(
-        "--output",
-        default=None,
-        metavar="FILE",
-        help="file for the exit report, '-' for standard output (where asyncflow writes nothing "
-        "else) [standard error for the table, standard output for json and json-pretty]",
-    )
-    run.add_argument(
-        "--limit",
-        default=None,
-        help=f"rows in each table of the report; 0 for all [{config.DEFAULT_LIMIT}]",
-    )
-    run.add_argument("--percentiles", default=None, help="percentiles reported [50,95,99]")
-    run.add_argument("--duration", default=None, help="stop profiling after SECONDS [never]")
-    run.add_argument(
-        "--sampling", default=None, help="time one message or item in N, or 'auto' [auto]"
-    )
-    run.add_argument(
-        "--block-threshold",
-        default=None,
-        metavar="SECONDS",
-        help="a task step running longer than this blocks the loop, from "
-        f"{config.MIN_BLOCK_THRESHOLD:g} to {config.MAX_BLOCK_THRESHOLD:g} "
-        f"[{config.DEFAULT_BLOCK_THRESHOLD:g}]",
-    )
-    run.add_argument(
-        "--trace",
-        default=None,
-        metavar="FILE",
-        help="record a trace (polls, blocked loops, queue depths, loop lag, message flows) and "
-        "write it to FILE at exit, for ui.perfetto.dev or chrome://tracing [off]",
-    )
-    run.add_argument(
-        "--trace-events",
-        default=None,
-        metavar="N",
-        help=f"the trace keeps the newest N events [{config.DEFAULT_TRACE_EVENTS}]",
-    )
+    for option in config.OPTIONS:  # every option's flag, from the options' table
+        if option.flag is None:
+            continue
+        if option.kind == "switch":
+            run.add_argument(
+                option.flag, dest=option.name, action="store_true", help=option.flag_help
+            )
+        else:
+            run.add_argument(
+                option.flag,
+                dest=option.name,
+                default=None,
+                action="append" if option.kind == "append" else "store",
+                metavar=option.metavar,
+                choices=option.choices,
+                help=option.flag_help,
+            )
     run.add_argument(
         "--no-queues", action="store_true", help="leave the program's asyncio queues alone"
-    )
-    run.add_argument(
-        "--warn",
-        default=None,
-        metavar="NAME=VALUE,...",
-        help="warning thresholds that differ from the defaults, e.g. long_poll=0.05 "
-        "(see docs/warnings.md)",
     )
     run.add_argument(
         "--no-executors",
@@ -161,38 +124,6 @@ def _parser() -> argparse.ArgumentParser:
         "--no-never-awaited",
         action="store_true",
         help="do not count coroutines the program creates and never awaits",
-    )
-    run.add_argument(
-        "--otel",
-        action="store_true",
-        help="export the figures as OpenTelemetry metrics, configured by the OTEL_* variables "
-        "(needs the 'otel' extra) [$ASYNCFLOW_OTEL]",
-    )
-    run.add_argument(
-        "--include",
-        action="append",
-        metavar="PATTERN",
-        help="track only tasks whose coroutine's module or qualified name matches, e.g. "
-        "'myapp.*' (repeatable, or comma-separated) [every task; $ASYNCFLOW_INCLUDE]",
-    )
-    run.add_argument(
-        "--exclude",
-        action="append",
-        metavar="PATTERN",
-        help="never track tasks whose coroutine's module or qualified name matches, e.g. "
-        "'aiohttp' or 'aiohttp.*' (repeatable; wins over --include) [$ASYNCFLOW_EXCLUDE]",
-    )
-    run.add_argument(
-        "--cpu",
-        action="store_true",
-        help="measure each poll's CPU time beside its busy time (two system calls per poll) "
-        "[$ASYNCFLOW_CPU]",
-    )
-    run.add_argument(
-        "--allocations",
-        action="store_true",
-        help="measure each poll's allocations through tracemalloc (slows the whole program) "
-        "[$ASYNCFLOW_ALLOCATIONS]",
     )
     run.add_argument("program", nargs=argparse.REMAINDER, help="script.py [args...], or args of -m")
     run.set_defaults(handler=_run)
@@ -320,29 +251,17 @@ def _run(args: argparse.Namespace) -> int:
         argv0 = target
         name = args.name or path.stem
         _program_path(target)
-    options = {
-        key: value
-        for key, value in {
-            "host": args.host,
-            "port": args.port,
-            "format": args.format,
-            "output": args.output,
-            "limit": args.limit,
-            "percentiles": args.percentiles,
-            "duration": args.duration,
-            "sampling": args.sampling,
-            "block_threshold": args.block_threshold,
-            "trace": args.trace,
-            "trace_events": args.trace_events,
-            "warn": args.warn,
-            "otel": True if args.otel else None,
-            "include": ",".join(args.include) if args.include else None,
-            "exclude": ",".join(args.exclude) if args.exclude else None,
-            "cpu": True if args.cpu else None,
-            "allocations": True if args.allocations else None,
-        }.items()
-        if value is not None
-    }
+    options: dict[str, object] = {}
+    for option in config.OPTIONS:  # the flags given, as profile()'s arguments
+        if option.flag is None:
+            continue
+        value = getattr(args, option.name)
+        if option.kind == "switch":
+            value = True if value else None  # not given: the variable may still turn it on
+        elif option.kind == "append":
+            value = ",".join(value) if value else None
+        if value is not None:
+            options[option.name] = value
     try:
         profiler = asyncflow.profile(name, **options)
     except (ValueError, TypeError) as exc:

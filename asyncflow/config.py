@@ -8,8 +8,8 @@ environment says (``port=None``: no endpoint at all).
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Protocol
 
 __all__ = [
@@ -27,6 +27,8 @@ __all__ = [
     "MAX_PERCENTILES",
     "MAX_SAMPLING",
     "MIN_BLOCK_THRESHOLD",
+    "OPTIONS",
+    "Option",
     "Options",
     "Reporter",
     "check_type",
@@ -62,29 +64,6 @@ MAX_SAMPLING = 65_536
 _MAX_NAME = 255
 _MAX_TOKEN = 4096
 
-_ENV = {
-    "percentiles": "ASYNCFLOW_PERCENTILES",
-    "limit": "ASYNCFLOW_LIMIT",
-    "format": "ASYNCFLOW_FORMAT",
-    "output": "ASYNCFLOW_OUTPUT",
-    "recent_logs": "ASYNCFLOW_RECENT_LOGS",
-    "duration": "ASYNCFLOW_DURATION",
-    "host": "ASYNCFLOW_HOST",
-    "port": "ASYNCFLOW_PORT",
-    "token": "ASYNCFLOW_TOKEN",
-    "block_threshold": "ASYNCFLOW_BLOCK_THRESHOLD",
-    "trace": "ASYNCFLOW_TRACE",
-    "trace_events": "ASYNCFLOW_TRACE_EVENTS",
-    "sampling": "ASYNCFLOW_SAMPLING",
-    "allowed_hosts": "ASYNCFLOW_ALLOWED_HOSTS",
-    "warn": "ASYNCFLOW_WARN",
-    "otel": "ASYNCFLOW_OTEL",
-    "include": "ASYNCFLOW_INCLUDE",
-    "exclude": "ASYNCFLOW_EXCLUDE",
-    "cpu": "ASYNCFLOW_CPU",
-    "allocations": "ASYNCFLOW_ALLOCATIONS",
-}
-
 #: The warnings' thresholds that ``warn=`` may set, and what each takes: ``seconds`` (> 0, at
 #: most an hour), ``share`` (a fraction in (0, 1]) or ``count`` (a whole number >= 1). The
 #: defaults and meanings are those of ``asyncflow.views.lints.Thresholds``.
@@ -113,70 +92,6 @@ class Reporter(Protocol):
     """Replaces the built-in report formats: receives the final snapshot when the profiler stops."""
 
     def report(self, snapshot: Any, /) -> None: ...
-
-
-@dataclass(frozen=True, slots=True)
-class Options:
-    """A profiler's resolved options."""
-
-    #: the profiler's name, shown in every report and status document
-    name: str
-    #: percentiles reported for poll and call durations, each in (0, 100]
-    percentiles: tuple[float, ...] = DEFAULT_PERCENTILES
-    #: rows in each table of the table report (not the loops'); 0 means all
-    limit: int = DEFAULT_LIMIT
-    #: exit report format: one of ``FORMATS``
-    format: str = DEFAULT_FORMAT
-    #: where the exit report goes: a file, "-" for standard output, None for the default (standard
-    #: error for the table, standard output for JSON)
-    output: str | None = None
-    #: finished calls kept per future for its log
-    recent_logs: int = DEFAULT_RECENT_LOGS
-    #: replaces the built-in formats when set
-    reporter: Reporter | None = None
-    #: stop and report after this many seconds; None means run until stopped
-    duration: float | None = None
-    #: the address the endpoint binds to; anything but loopback needs a ``token``
-    host: str = DEFAULT_HOST
-    #: the endpoint's port; 0 picks a free one, None serves no endpoint at all
-    port: int | None = DEFAULT_PORT
-    #: who chose ``port``: ``"port"`` (an argument), ``"ASYNCFLOW_PORT"``, or None for the
-    #: default, which gives way to a free port when it is taken
-    port_source: str | None = None
-    #: when set, every request must carry ``Authorization: Bearer <token>``
-    token: str | None = None
-    #: a poll (one step of a task) running longer than this many seconds is a blocked loop
-    block_threshold: float = DEFAULT_BLOCK_THRESHOLD
-    #: record a trace (polls, blocked loops, queue depths, loop lag, message flows) for
-    #: Perfetto, served at ``/trace``
-    trace: bool = False
-    #: where the trace is written when the profiler stops; None: only served
-    trace_output: str | None = None
-    #: the trace recorder's ring: it keeps the newest this many events
-    trace_events: int = DEFAULT_TRACE_EVENTS
-    #: time one message (or stream item) in this many; 0 ("auto") adapts to each one's rate.
-    #: Counts are exact either way.
-    sampling: int = 0
-    #: more host names the endpoint answers to (``Host``), beside loopback and ``host``; "*": any
-    allowed_hosts: tuple[str, ...] = ()
-    #: warning thresholds that differ from the defaults, as (name, value) pairs; see
-    #: ``WARN_THRESHOLDS``
-    warn: tuple[tuple[str, float], ...] = ()
-    #: live reporters fed each collector tick on the profiler's thread
-    #: (``asyncflow.render.reporters``)
-    reporters: tuple[Any, ...] = ()
-    #: export the figures as OpenTelemetry metrics (the ``otel`` extra; ``OTEL_*`` configure it)
-    otel: bool = False
-    #: whole-program mode tracks only tasks whose coroutine's module or qualified name matches
-    #: one of these patterns (empty: every task); see ``asyncflow.filtering``
-    include: tuple[str, ...] = ()
-    #: ... and never those matching one of these (exclude wins over include)
-    exclude: tuple[str, ...] = ()
-    #: measure each poll's CPU time (the polling thread's CPU clock: a system call per poll)
-    cpu: bool = False
-    #: measure each poll's allocations through ``tracemalloc`` (slows the whole program);
-    #: ``"blocks"`` also counts the net blocks each poll left in use (slower still)
-    allocations: bool | str = False
 
 
 def check_type(
@@ -495,6 +410,400 @@ def _reporter(value: object, source: str) -> Reporter | None:
     return value  # type: ignore[return-value]
 
 
+def _limit(value: object, source: str) -> int:
+    return _int(value, source, 0, 1_000_000, "a whole number >= 0 (0 shows every row)")
+
+
+def _recent_logs(value: object, source: str) -> int:
+    return _int(value, source, 0, MAX_RECENT_LOGS, f"a whole number from 0 to {MAX_RECENT_LOGS}")
+
+
+def _trace_events(value: object, source: str) -> int:
+    return _int(value, source, 1, MAX_TRACE_EVENTS, f"a whole number from 1 to {MAX_TRACE_EVENTS}")
+
+
+def _patterns(value: object, source: str) -> tuple[str, ...]:
+    from asyncflow.filtering import parse_patterns
+
+    return parse_patterns(value, source)
+
+
+def _allocations(value: object, source: str) -> bool | str:
+    if isinstance(value, str) and value.strip() == "blocks":
+        return "blocks"
+    try:
+        return _switch(value, source)
+    except ValueError:
+        raise ValueError(
+            f"{source}={_shown(value)}: expected true, false or blocks (1/0, yes/no, on/off)"
+        ) from None
+
+
+@dataclass(frozen=True, slots=True)
+class Option:
+    """One option of ``profile()``/``start()``: how it is checked, its variable, its
+    ``asyncflow run`` flag and its row of docs/profiler.md's options table."""
+
+    #: checks a value (an argument, a flag's or a variable's text) and returns the field's;
+    #: called with the value and where it came from (the option's or the variable's name)
+    parse: Callable[[object, str], Any]
+    #: the default, as the docs' table shows it
+    default: str
+    #: what it does, as the docs' table says it (markdown)
+    help: str
+    #: the ``ASYNCFLOW_*`` variable that sets it; None: only code can (it takes objects)
+    env: str | None = None
+    #: an example of the variable's text, shown beside it in the docs
+    example: str = ""
+    #: ``asyncflow run``'s flag (``--`` and the name with dashes); None: run has none
+    flag: str | None = None
+    #: the flag's ``--help`` text, its default in brackets
+    flag_help: str = ""
+    #: the flag's value's name in ``--help`` (argparse's default: the name in capitals)
+    metavar: str | None = None
+    #: ``value`` (the flag takes one), ``switch`` (the flag turns it on) or ``append``
+    #: (repeatable, the values joined with commas)
+    kind: str = "value"
+    #: the values the flag accepts, if it names them
+    choices: tuple[str, ...] | None = None
+    #: the ``Options`` fields ``parse`` sets (it then returns one value for each)
+    fields: tuple[str, ...] = ()
+    #: the keyword argument: the name of the ``Options`` field declared with it
+    name: str = ""
+
+    @property
+    def meta(self) -> dict[str, Option]:
+        """The metadata of the ``Options`` field that is this option."""
+        return {"option": self}
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    """A profiler's resolved options."""
+
+    #: the profiler's name, shown in every report and status document
+    name: str
+    #: percentiles reported for poll and call durations, each in (0, 100]
+    percentiles: tuple[float, ...] = field(
+        default=DEFAULT_PERCENTILES,
+        metadata=Option(
+            _percentiles,
+            "50, 95, 99",
+            "percentiles reported, each in (0, 100]",
+            env="ASYNCFLOW_PERCENTILES",
+            example="50,95,99",
+            flag="--percentiles",
+            flag_help="percentiles reported [50,95,99]",
+        ).meta,
+    )
+    #: rows in each table of the table report (not the loops'); 0 means all
+    limit: int = field(
+        default=DEFAULT_LIMIT,
+        metadata=Option(
+            _limit,
+            str(DEFAULT_LIMIT),
+            "rows in each table of the table report (every loop is listed); 0 shows all",
+            env="ASYNCFLOW_LIMIT",
+            flag="--limit",
+            flag_help=f"rows in each table of the report; 0 for all [{DEFAULT_LIMIT}]",
+        ).meta,
+    )
+    #: exit report format: one of ``FORMATS``
+    format: str = field(
+        default=DEFAULT_FORMAT,
+        metadata=Option(
+            _format,
+            f"`{DEFAULT_FORMAT}`",
+            "`table`, `json`, `json-pretty` or `none`",
+            env="ASYNCFLOW_FORMAT",
+            flag="--format",
+            flag_help=f"exit report format [{DEFAULT_FORMAT}]",
+            choices=FORMATS,
+        ).meta,
+    )
+    #: where the exit report goes: a file, "-" for standard output, None for the default (standard
+    #: error for the table, standard output for JSON)
+    output: str | None = field(
+        default=None,
+        metadata=Option(
+            _output,
+            "standard error for `table`, standard output for `json` and `json-pretty`",
+            "file the exit report is written to; `-` is standard output. asyncflow writes "
+            "nothing else on standard output, so a JSON report there is a clean document as long "
+            "as the program prints nothing",
+            env="ASYNCFLOW_OUTPUT",
+            flag="--output",
+            flag_help="file for the exit report, '-' for standard output (where asyncflow writes "
+            "nothing else) [standard error for the table, standard output for json and "
+            "json-pretty]",
+            metavar="FILE",
+        ).meta,
+    )
+    #: finished calls kept per future for its log
+    recent_logs: int = field(
+        default=DEFAULT_RECENT_LOGS,
+        metadata=Option(
+            _recent_logs,
+            str(DEFAULT_RECENT_LOGS),
+            "finished calls kept per future for its log (unfinished calls are always listed)",
+            env="ASYNCFLOW_RECENT_LOGS",
+        ).meta,
+    )
+    #: replaces the built-in formats when set
+    reporter: Reporter | None = field(
+        default=None,
+        metadata=Option(
+            _reporter,
+            "none",
+            "an object with `report(snapshot)`; replaces the built-in formats",
+        ).meta,
+    )
+    #: stop and report after this many seconds; None means run until stopped
+    duration: float | None = field(
+        default=None,
+        metadata=Option(
+            _duration,
+            "none",
+            f"stop and report after this many seconds, at most {MAX_DURATION:,.0f} (profile a "
+            "server for a fixed window)",
+            env="ASYNCFLOW_DURATION",
+            flag="--duration",
+            flag_help="stop profiling after SECONDS [never]",
+        ).meta,
+    )
+    #: the address the endpoint binds to; anything but loopback needs a ``token``
+    host: str = field(
+        default=DEFAULT_HOST,
+        metadata=Option(
+            _host,
+            f"`{DEFAULT_HOST}`",
+            "address the endpoint binds to; anything but loopback needs a `token`",
+            env="ASYNCFLOW_HOST",
+            flag="--host",
+            flag_help=f"endpoint address [{DEFAULT_HOST}]",
+        ).meta,
+    )
+    #: the endpoint's port; 0 picks a free one, None serves no endpoint at all
+    port: int | None = field(
+        default=DEFAULT_PORT,
+        metadata=Option(
+            _port,
+            str(DEFAULT_PORT),
+            "the endpoint's port; `0` picks a free one; `None` (or `off`) serves no endpoint. A "
+            "taken default gives way to a free port; a taken chosen one is an error (see [The "
+            "endpoint](endpoint.md#the-endpoint))",
+            env="ASYNCFLOW_PORT",
+            flag="--port",
+            flag_help=f"endpoint port; 0 picks a free one, 'off' serves none [{DEFAULT_PORT}]",
+        ).meta,
+    )
+    #: who chose ``port``: ``"port"`` (an argument), ``"ASYNCFLOW_PORT"``, or None for the
+    #: default, which gives way to a free port when it is taken
+    port_source: str | None = None
+    #: when set, every request must carry ``Authorization: Bearer <token>``
+    token: str | None = field(
+        default=None,
+        metadata=Option(
+            _token,
+            "none",
+            "every request must then carry `Authorization: Bearer <token>` (visible ASCII)",
+            env="ASYNCFLOW_TOKEN",
+        ).meta,
+    )
+    #: a poll (one step of a task) running longer than this many seconds is a blocked loop
+    block_threshold: float = field(
+        default=DEFAULT_BLOCK_THRESHOLD,
+        metadata=Option(
+            _block_threshold,
+            f"{DEFAULT_BLOCK_THRESHOLD:g}",
+            "seconds a loop may go without running callbacks before it counts as blocked, from "
+            f"{MIN_BLOCK_THRESHOLD:g} to {MAX_BLOCK_THRESHOLD:g}",
+            env="ASYNCFLOW_BLOCK_THRESHOLD",
+            flag="--block-threshold",
+            flag_help="a task step running longer than this blocks the loop, from "
+            f"{MIN_BLOCK_THRESHOLD:g} to {MAX_BLOCK_THRESHOLD:g} [{DEFAULT_BLOCK_THRESHOLD:g}]",
+            metavar="SECONDS",
+        ).meta,
+    )
+    #: record a trace (polls, blocked loops, queue depths, loop lag, message flows) for
+    #: Perfetto, served at ``/trace``
+    trace: bool = field(
+        default=False,
+        metadata=Option(
+            _trace,
+            "off",
+            "record a trace for Perfetto: `True` (served at `/trace`, `prof.trace()`), or a file "
+            "path it is also written to at exit (`1`/`on` in the variable for no file); see "
+            "[Traces for Perfetto](traces.md#traces-for-perfetto)",
+            env="ASYNCFLOW_TRACE",
+            flag="--trace",
+            flag_help="record a trace (polls, blocked loops, queue depths, loop lag, message "
+            "flows) and write it to FILE at exit, for ui.perfetto.dev or chrome://tracing [off]",
+            metavar="FILE",
+            fields=("trace", "trace_output"),
+        ).meta,
+    )
+    #: where the trace is written when the profiler stops; None: only served
+    trace_output: str | None = None
+    #: the trace recorder's ring: it keeps the newest this many events
+    trace_events: int = field(
+        default=DEFAULT_TRACE_EVENTS,
+        metadata=Option(
+            _trace_events,
+            str(DEFAULT_TRACE_EVENTS),
+            f"the trace keeps the newest this many events, from 1 to {MAX_TRACE_EVENTS:,}",
+            env="ASYNCFLOW_TRACE_EVENTS",
+            flag="--trace-events",
+            flag_help=f"the trace keeps the newest N events [{DEFAULT_TRACE_EVENTS}]",
+            metavar="N",
+        ).meta,
+    )
+    #: time one message (or stream item) in this many; 0 ("auto") adapts to each one's rate.
+    #: Counts are exact either way.
+    sampling: int = field(
+        default=0,
+        metadata=Option(
+            _sampling,
+            "`auto`",
+            "time one message or stream item in N (`1`: all); `auto` times every one while a "
+            "channel or stream is quiet and about a thousand a second of a busy one. Counts are "
+            "exact either way",
+            env="ASYNCFLOW_SAMPLING",
+            flag="--sampling",
+            flag_help="time one message or item in N, or 'auto' [auto]",
+        ).meta,
+    )
+    #: more host names the endpoint answers to (``Host``), beside loopback and ``host``; "*": any
+    allowed_hosts: tuple[str, ...] = field(
+        default=(),
+        metadata=Option(
+            _allowed_hosts,
+            "none",
+            "more names the endpoint answers to (`Host`) beside loopback and `host`; `*` for "
+            "any, with a token only (see [The endpoint](endpoint.md#the-endpoint))",
+            env="ASYNCFLOW_ALLOWED_HOSTS",
+        ).meta,
+    )
+    #: warning thresholds that differ from the defaults, as (name, value) pairs; see
+    #: ``WARN_THRESHOLDS``
+    warn: tuple[tuple[str, float], ...] = field(
+        default=(),
+        metadata=Option(
+            _warn,
+            "none",
+            "warning thresholds that differ from the defaults, as `name=value` pairs or a "
+            "mapping (see [Warnings](warnings.md#diagnosing-a-slow-service-warnings))",
+            env="ASYNCFLOW_WARN",
+            example="long_poll=0.05",
+            flag="--warn",
+            flag_help="warning thresholds that differ from the defaults, e.g. long_poll=0.05 "
+            "(see docs/warnings.md)",
+            metavar="NAME=VALUE,...",
+        ).meta,
+    )
+    #: live reporters fed each collector tick on the profiler's thread
+    #: (``asyncflow.render.reporters``)
+    reporters: tuple[Any, ...] = field(
+        default=(),
+        metadata=Option(
+            _live_reporters,
+            "none",
+            "live reporters, each with `tick(tick)`, fed every collector tick (see [live "
+            "reporters](exporters.md#prometheus-opentelemetry-and-live-reporters))",
+        ).meta,
+    )
+    #: export the figures as OpenTelemetry metrics (the ``otel`` extra; ``OTEL_*`` configure it)
+    otel: bool = field(
+        default=False,
+        metadata=Option(
+            _switch,
+            "off",
+            "export the figures as OpenTelemetry metrics, configured by the `OTEL_*` variables "
+            "(the `otel` extra)",
+            env="ASYNCFLOW_OTEL",
+            flag="--otel",
+            flag_help="export the figures as OpenTelemetry metrics, configured by the OTEL_* "
+            "variables (needs the 'otel' extra) [$ASYNCFLOW_OTEL]",
+            kind="switch",
+        ).meta,
+    )
+    #: whole-program mode tracks only tasks whose coroutine's module or qualified name matches
+    #: one of these patterns (empty: every task); see ``asyncflow.filtering``
+    include: tuple[str, ...] = field(
+        default=(),
+        metadata=Option(
+            _patterns,
+            "every task",
+            "whole-program mode tracks only tasks whose coroutine's module or qualified name "
+            "matches one of these patterns (see [Focusing on your own "
+            "code](cli.md#focusing-on-your-own-code---include-and---exclude))",
+            env="ASYNCFLOW_INCLUDE",
+            example="myapp.*,worker",
+            flag="--include",
+            flag_help="track only tasks whose coroutine's module or qualified name matches, e.g. "
+            "'myapp.*' (repeatable, or comma-separated) [every task; $ASYNCFLOW_INCLUDE]",
+            metavar="PATTERN",
+            kind="append",
+        ).meta,
+    )
+    #: ... and never those matching one of these (exclude wins over include)
+    exclude: tuple[str, ...] = field(
+        default=(),
+        metadata=Option(
+            _patterns,
+            "none",
+            "... and never those matching one of these; exclude wins over include",
+            env="ASYNCFLOW_EXCLUDE",
+            flag="--exclude",
+            flag_help="never track tasks whose coroutine's module or qualified name matches, "
+            "e.g. 'aiohttp' or 'aiohttp.*' (repeatable; wins over --include) [$ASYNCFLOW_EXCLUDE]",
+            metavar="PATTERN",
+            kind="append",
+        ).meta,
+    )
+    #: measure each poll's CPU time (the polling thread's CPU clock: a system call per poll)
+    cpu: bool = field(
+        default=False,
+        metadata=Option(
+            _switch,
+            "off",
+            "measure each poll's CPU time beside its busy time (see [Threads, CPU time and "
+            "allocations](threads.md#threads-cpu-time-and-allocations))",
+            env="ASYNCFLOW_CPU",
+            flag="--cpu",
+            flag_help="measure each poll's CPU time beside its busy time (two system calls per "
+            "poll) [$ASYNCFLOW_CPU]",
+            kind="switch",
+        ).meta,
+    )
+    #: measure each poll's allocations through ``tracemalloc`` (slows the whole program);
+    #: ``"blocks"`` also counts the net blocks each poll left in use (slower still)
+    allocations: bool | str = field(
+        default=False,
+        metadata=Option(
+            _allocations,
+            "off",
+            "measure each poll's allocations through `tracemalloc`, which slows the whole "
+            'program; `"blocks"` also counts the net blocks each poll left in use',
+            env="ASYNCFLOW_ALLOCATIONS",
+            flag="--allocations",
+            flag_help="measure each poll's allocations through tracemalloc (slows the whole "
+            "program) [$ASYNCFLOW_ALLOCATIONS]",
+            kind="switch",
+        ).meta,
+    )
+
+
+#: Every option, in the order of ``Options``' fields and of docs/profiler.md's table
+#: (tests/test_options_table.py checks the table against it). An option is one field of
+#: ``Options`` with ``metadata=Option(...).meta``: its check, variable, flag and docs row follow.
+OPTIONS: tuple[Option, ...] = tuple(
+    replace(f.metadata["option"], name=f.name) for f in fields(Options) if "option" in f.metadata
+)
+#: each option's variable, by option
+_ENV = {option.name: option.env for option in OPTIONS if option.env is not None}
+
+
 def resolve_options(
     name: str, given: Mapping[str, Any], environ: Mapping[str, str] | None = None
 ) -> Options:
@@ -514,30 +823,7 @@ def resolve_options(
         TypeError: an unknown option was passed.
     """
     env = os.environ if environ is None else environ
-    known = {
-        "percentiles",
-        "limit",
-        "format",
-        "output",
-        "recent_logs",
-        "reporter",
-        "duration",
-        "host",
-        "port",
-        "token",
-        "block_threshold",
-        "trace",
-        "trace_events",
-        "sampling",
-        "allowed_hosts",
-        "warn",
-        "reporters",
-        "otel",
-        "include",
-        "exclude",
-        "cpu",
-        "allocations",
-    }
+    known = {option.name for option in OPTIONS}
     unknown = sorted(set(given) - known)
     if unknown:
         raise TypeError(
@@ -546,79 +832,26 @@ def resolve_options(
     if not isinstance(name, str) or not name.strip():
         raise ValueError(f"name={name!r}: expected a non-empty string naming the profiled program")
 
-    def pick(option: str) -> tuple[object, str] | None:
-        """The value to parse and where it came from; None: the default. An explicit None
-        wins over the variable (as every argument does) and asks for the default."""
-        if option in given:
-            value = given[option]
-            return None if value is None else (value, option)
-        var = _ENV.get(option)
-        if var is not None and env.get(var, "").strip():
-            return env[var], var
-        return None
-
-    fields: dict[str, Any] = {}
-    if (p := pick("percentiles")) is not None:
-        fields["percentiles"] = _percentiles(*p)
-    if (p := pick("limit")) is not None:
-        fields["limit"] = _int(*p, 0, 1_000_000, "a whole number >= 0 (0 shows every row)")
-    if (p := pick("format")) is not None:
-        fields["format"] = _format(*p)
-    if (p := pick("output")) is not None:
-        fields["output"] = _output(*p)
-    if (p := pick("recent_logs")) is not None:
-        fields["recent_logs"] = _int(
-            *p, 0, MAX_RECENT_LOGS, f"a whole number from 0 to {MAX_RECENT_LOGS}"
-        )
-    if (p := pick("duration")) is not None:
-        fields["duration"] = _duration(*p)
-    if (p := pick("host")) is not None:
-        fields["host"] = _host(*p)
-    if given.get("port", 0) is None:
-        fields["port"] = None  # port=None: serve no endpoint
-    elif (p := pick("port")) is not None:
-        fields["port"], fields["port_source"] = _port(*p), p[1]
-    else:
-        fields["port"] = DEFAULT_PORT  # read now, so that tests can point it at a taken port
-    if (p := pick("token")) is not None:
-        fields["token"] = _token(*p)
-    if (p := pick("block_threshold")) is not None:
-        fields["block_threshold"] = _block_threshold(*p)
-    if (p := pick("trace")) is not None:
-        fields["trace"], fields["trace_output"] = _trace(*p)
-    if (p := pick("trace_events")) is not None:
-        fields["trace_events"] = _int(
-            *p, 1, MAX_TRACE_EVENTS, f"a whole number from 1 to {MAX_TRACE_EVENTS}"
-        )
-    if (p := pick("sampling")) is not None:
-        fields["sampling"] = _sampling(*p)
-    if (p := pick("allowed_hosts")) is not None:
-        fields["allowed_hosts"] = _allowed_hosts(*p)
-    if (p := pick("warn")) is not None:
-        fields["warn"] = _warn(*p)
-    if given.get("reporters") is not None:
-        fields["reporters"] = _live_reporters(given["reporters"], "reporters")
-    if (p := pick("otel")) is not None:
-        fields["otel"] = _switch(*p)
-    for option in ("include", "exclude"):
-        if (p := pick(option)) is not None:
-            from asyncflow.filtering import parse_patterns
-
-            fields[option] = parse_patterns(*p)
-    for option in ("cpu", "allocations"):
-        if (p := pick(option)) is not None:
-            if option == "allocations" and isinstance(p[0], str) and p[0].strip() == "blocks":
-                fields[option] = "blocks"
-            elif option == "allocations":
-                try:
-                    fields[option] = _switch(*p)
-                except ValueError:
-                    raise ValueError(
-                        f"{p[1]}={_shown(p[0])}: expected true, false or blocks "
-                        "(1/0, yes/no, on/off)"
-                    ) from None
+    chosen: dict[str, Any] = {}
+    for option in OPTIONS:
+        # The value to parse and where it came from. An explicit None wins over the variable
+        # (as every argument does) and asks for the default.
+        if option.name in given:
+            value, source = given[option.name], option.name
+        elif option.env is not None and env.get(option.env, "").strip():
+            value, source = env[option.env], option.env
+        else:
+            value, source = None, None
+        if option.name == "port":  # None serves no endpoint, and who chose the port is kept
+            if source is not None:
+                chosen["port"] = None if value is None else option.parse(value, source)
+                chosen["port_source"] = None if value is None else source
             else:
-                fields[option] = _switch(*p)
-    if given.get("reporter") is not None:
-        fields["reporter"] = _reporter(given["reporter"], "reporter")
-    return Options(name=name, **fields)
+                chosen["port"] = DEFAULT_PORT  # read now: tests point it at a taken port
+        elif value is not None and source is not None:
+            parsed = option.parse(value, source)
+            if option.fields:
+                chosen.update(zip(option.fields, parsed, strict=True))
+            else:
+                chosen[option.name] = parsed
+    return Options(name=name, **chosen)

@@ -617,11 +617,10 @@ def profile(name: str, **options: Any) -> Profiler:
 
     Args:
         name: names the profiled program in reports and status documents.
-        **options: keyword-only options (``percentiles``, ``limit``, ``format``, ``output``,
-            ``recent_logs``, ``reporter``, ``duration``, ``host``, ``port``, ``token``,
-            ``block_threshold``, ``sampling``, ``include``, ``exclude``, ``cpu``,
-            ``allocations``...), each also settable by an ``ASYNCFLOW_*`` environment
-            variable; see docs/profiler.md.
+        **options: keyword-only options, one for each row of ``asyncflow.config.OPTIONS``
+            (``percentiles``, ``limit``, ``format``, ``output``, ``port``, ``trace``...), which
+            gives each one's check, its ``ASYNCFLOW_*`` environment variable (if any) and its
+            meaning; docs/profiler.md's options table lists them.
 
     Raises:
         ValueError: an option has a bad value (checked here, before anything starts).
