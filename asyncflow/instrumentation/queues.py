@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 from asyncflow import clock as _clock
 from asyncflow import config as _config
 from asyncflow.instrumentation import _session
+from asyncflow.instrumentation._nested import Nested
 from asyncflow.instrumentation._sites import creation_frame, site_label
 from asyncflow.instrumentation.channels import ChannelRecord, ChannelStats, register
 from asyncflow.instrumentation.futures import _speedups
@@ -342,16 +343,13 @@ class QueueInstrumentation:
         mode nests: a program that calls ``instrument_queues()`` itself under ``asyncflow run``
         shares the mode ``run`` turned on); queues already instrumented keep recording.
         Idempotent."""
-        global _users, _log_users, _original
+        global _log_users
         with _instrument_lock:
             if not self._on:
                 return
             self._on = False
             _log_users -= self._logs
-            _users -= 1
-            if _users == 0 and _original is not None:
-                asyncio.Queue.__init__ = _original  # type: ignore[method-assign]
-                _original = None
+            _whole_program.leave()
 
     def __enter__(self) -> QueueInstrumentation:
         return self
@@ -360,11 +358,8 @@ class QueueInstrumentation:
         self.undo()
 
 
-#: handles of instrument_queues() not undone yet, and how many of them asked for message logs
-_users = 0
+#: how many handles of instrument_queues() not undone yet asked for message logs
 _log_users = 0
-#: asyncio.Queue's own __init__ while whole-program mode is on
-_original: Callable[..., None] | None = None
 
 
 def instrument_queues(*, log_messages: bool = False) -> QueueInstrumentation:
@@ -378,16 +373,19 @@ def instrument_queues(*, log_messages: bool = False) -> QueueInstrumentation:
     Returns:
         A handle whose ``undo()`` stops instrumenting new queues.
     """
-    global _users, _log_users, _original
+    global _log_users
     _config.check_type("instrument_queues", "log_messages", log_messages, bool)
     if _config.disabled():
         return QueueInstrumentation(False, False)
     with _instrument_lock:
-        _users += 1
         _log_users += log_messages
-        if _original is not None:
-            return QueueInstrumentation(True, log_messages)
-        original = _original = asyncio.Queue.__init__
+        _whole_program.enter()
+    return QueueInstrumentation(True, log_messages)
+
+
+def _hook_queues() -> Callable[..., None]:
+    """Instrument every queue created from now on; returns asyncio.Queue's own __init__."""
+    original = asyncio.Queue.__init__
 
     def __init__(self: asyncio.Queue[Any], *args: Any, **kwargs: Any) -> None:
         original(self, *args, **kwargs)
@@ -408,4 +406,12 @@ def instrument_queues(*, log_messages: bool = False) -> QueueInstrumentation:
             _session.internal_error("instrumenting a new queue", err)
 
     asyncio.Queue.__init__ = __init__  # type: ignore[method-assign]
-    return QueueInstrumentation(True, log_messages)
+    return original
+
+
+def _unhook_queues(original: Callable[..., None]) -> None:
+    asyncio.Queue.__init__ = original  # type: ignore[method-assign]
+
+
+#: whole-program mode: on while any handle of instrument_queues() is not undone
+_whole_program: Nested[Callable[..., None]] = Nested(_hook_queues, _unhook_queues)

@@ -36,6 +36,7 @@ from asyncflow import config as _config
 from asyncflow.instrumentation import _session
 from asyncflow.instrumentation import futures as _futures_module
 from asyncflow.instrumentation._gone import AGGREGATES_KEPT, GONE_KEPT, Fold, GoneHistory
+from asyncflow.instrumentation._nested import Nested
 from asyncflow.instrumentation._sites import creation_frame, site_label
 from asyncflow.instrumentation.futures import (
     CallRecord,
@@ -1335,35 +1336,26 @@ _ADAPTER_INTERNAL = {
 class LockInstrumentation:
     """Handle returned by :func:`instrument_locks`; ``undo()`` (or leaving ``with``) restores."""
 
-    __slots__ = ("_originals",)
+    __slots__ = ("_on",)
 
-    def __init__(self, originals: dict[type[Any], Any]) -> None:
-        self._originals = originals
+    def __init__(self, on: bool) -> None:
+        self._on = on
 
     @property
     def active(self) -> bool:
         """Whether primitives created now are instrumented through this handle."""
-        return bool(self._originals)
+        return self._on
 
     def undo(self) -> None:
         """Stop instrumenting new primitives, once every handle in use has been undone
         (whole-program mode nests: a program that calls ``instrument_locks()`` itself under
         ``asyncflow run`` shares the mode ``run`` turned on); those already instrumented keep
         recording. Idempotent."""
-        global _patched, _users
         with _instrument_lock:
-            if not self._originals:
+            if not self._on:
                 return
-            self._originals = {}
-            _users -= 1
-            if _users or _patched is None:
-                return
-            originals, _patched = _patched, None
-            for cls, init in originals.items():
-                if init is None:  # it had none of its own: inherited again
-                    del cls.__init__
-                else:
-                    cls.__init__ = init
+            self._on = False
+            _whole_program.leave()
 
     def __enter__(self) -> LockInstrumentation:
         return self
@@ -1372,9 +1364,6 @@ class LockInstrumentation:
         self.undo()
 
 
-#: the classes' own __init__ while whole-program mode is on, and the handles not undone yet
-_patched: dict[type[Any], Any] | None = None
-_users = 0
 _ADAPTER_PROPERTIES = frozenset({"_lock", "_semaphore", "_limiter", "_event"})
 
 
@@ -1423,34 +1412,48 @@ def instrument_locks() -> LockInstrumentation:
     Returns:
         A handle whose ``undo()`` stops instrumenting new primitives.
     """
-    global _patched, _users
     if _config.disabled():
-        return LockInstrumentation({})
+        return LockInstrumentation(False)
     with _instrument_lock:
-        _users += 1
-        if _patched is not None:
-            return LockInstrumentation(_patched)
-        originals: dict[type[Any], Any] = {}
-        for cls in (
-            asyncio.Lock,
-            asyncio.Semaphore,
-            asyncio.Condition,
-            asyncio.Event,
-            asyncio.Barrier,
-        ):
+        _whole_program.enter()
+    return LockInstrumentation(True)
+
+
+def _hook_primitives() -> dict[type[Any], Any]:
+    """Instrument every primitive created from now on (under _instrument_lock); returns the
+    classes' own __init__ (None: inherited)."""
+    originals: dict[type[Any], Any] = {}
+    for cls in (
+        asyncio.Lock,
+        asyncio.Semaphore,
+        asyncio.Condition,
+        asyncio.Event,
+        asyncio.Barrier,
+    ):
+        originals[cls] = cls.__dict__.get("__init__")
+        cls.__init__ = _init_hook(cls.__init__, _asyncio_primitive)  # type: ignore[method-assign]
+    classes = _anyio_classes()
+    if classes:
+        try:
+            _patch_anyio()
+        except TypeError:
+            classes = {}
+        for cls in classes.values():
             originals[cls] = cls.__dict__.get("__init__")
-            cls.__init__ = _init_hook(cls.__init__, _asyncio_primitive)  # type: ignore[method-assign]
-        classes = _anyio_classes()
-        if classes:
-            try:
-                _patch_anyio()
-            except TypeError:
-                classes = {}
-            for cls in classes.values():
-                originals[cls] = cls.__dict__.get("__init__")
-                cls.__init__ = _init_hook(cls.__init__, _anyio_primitive)
-        _patched = originals
-        return LockInstrumentation(originals)
+            cls.__init__ = _init_hook(cls.__init__, _anyio_primitive)
+    return originals
+
+
+def _unhook_primitives(originals: dict[type[Any], Any]) -> None:
+    for cls, init in originals.items():
+        if init is None:  # it had none of its own: inherited again
+            del cls.__init__
+        else:
+            cls.__init__ = init
+
+
+#: whole-program mode: on while any handle of instrument_locks() is not undone
+_whole_program: Nested[dict[type[Any], Any]] = Nested(_hook_primitives, _unhook_primitives)
 
 
 # ---------------------------------------------------------------------------------------------
