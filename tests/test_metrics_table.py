@@ -14,6 +14,7 @@ import pytest
 from asyncflow import schema
 from asyncflow.render import metrics, prometheus
 from asyncflow.render.reporters import Figures, figures_of
+from tests.markdown import table
 
 _GOLDEN = Path(__file__).parent / "golden"
 #: ASYNCFLOW_REGOLD=1 rewrites the golden files (only when an output is meant to change)
@@ -67,18 +68,6 @@ def test_otel_instruments_are_unchanged() -> None:
     _check(_GOLDEN / "metrics_otel.json", _otel_dump(_figures()))
 
 
-def _table(text: str, header: str) -> list[list[str]]:
-    """The rows of the markdown table whose header row starts with ``header``."""
-    lines = text.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith(f"| {header} |"))
-    rows: list[list[str]] = []
-    for line in lines[start + 2 :]:
-        if not line.startswith("|"):
-            break
-        rows.append([cell.strip() for cell in line.strip().strip("|").split(" | ")])
-    return rows
-
-
 def _code(cell: str) -> str:
     assert cell.startswith("`") and cell.endswith("`"), cell
     return cell[1:-1]
@@ -88,14 +77,14 @@ _DOCS = Path(__file__).parent.parent / "docs" / "exporters.md"
 
 
 def test_the_docs_list_exactly_the_prometheus_families() -> None:
-    rows = _table(_DOCS.read_text(encoding="utf-8"), "metric family")
+    rows = table(_DOCS.read_text(encoding="utf-8"), "metric family")
     listed = [(_code(name), kind, what) for name, kind, _labels, what in rows]
     declared = [(m.prometheus, m.type, m.help) for m in metrics.METRICS if m.prometheus is not None]
     assert listed == declared
 
 
 def test_the_docs_list_exactly_the_otel_instruments() -> None:
-    rows = _table(_DOCS.read_text(encoding="utf-8"), "instrument")
+    rows = table(_DOCS.read_text(encoding="utf-8"), "instrument")
     listed = [(_code(name), kind, _code(unit), what) for name, kind, unit, what in rows]
     declared = [
         (m.otel, f"observable {m.kind}", m.unit, m.description)

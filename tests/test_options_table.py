@@ -10,20 +10,9 @@ from pathlib import Path
 
 from asyncflow import cli, config
 from asyncflow.config import OPTIONS, Options
+from tests.markdown import table
 
 _DOCS = Path(__file__).parent.parent / "docs"
-
-
-def _table(text: str, header: str) -> list[list[str]]:
-    """The rows of the markdown table whose header row starts with ``header``."""
-    lines = text.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith(f"| {header} |"))
-    rows: list[list[str]] = []
-    for line in lines[start + 2 :]:
-        if not line.startswith("|"):
-            break
-        rows.append([cell.strip() for cell in line.strip().strip("|").split(" | ")])
-    return rows
 
 
 def _row(option: config.Option) -> list[str]:
@@ -35,8 +24,8 @@ def _row(option: config.Option) -> list[str]:
     return [f"`{option.name}`", variable, option.default, option.help]
 
 
-def test_the_docs_options_table_is_the_options_table() -> None:
-    rows = _table((_DOCS / "profiler.md").read_text(encoding="utf-8"), "option")
+def test_the_docs_options_table_is_the_optionstable() -> None:
+    rows = table((_DOCS / "profiler.md").read_text(encoding="utf-8"), "option")
     listed = [row for row in rows if row[0]]  # the rows after them are variables, not options
     declared = [_row(option) for option in OPTIONS]
     wanted = "\n".join("| " + " | ".join(row) + " |" for row in declared)
