@@ -5,15 +5,17 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-# docs/_ext holds the manual's own extension: the routes and documents reference, rendered from
-# the endpoint's OpenAPI document (so the package must be importable: the docs extra installs it)
+# docs/_ext holds the manual's own extensions: the routes and documents reference, rendered from
+# the endpoint's OpenAPI document, and the options' and metrics' tables, rendered from
+# config.OPTIONS and render/metrics.METRICS (so the package must be importable: the docs extra
+# installs it)
 sys.path.insert(0, str(Path(__file__).parent / "_ext"))
 
 project = "asyncflow"
 author = "asyncflow's authors"
 copyright = "asyncflow's authors"
 
-extensions = ["myst_parser", "asyncflow_openapi"]
+extensions = ["myst_parser", "asyncflow_openapi", "asyncflow_tables"]
 source_suffix = {".md": "markdown"}
 root_doc = "index"
 exclude_patterns = ["_build"]

@@ -1,11 +1,13 @@
 """The one metrics table: Prometheus' families, OTel's instruments and docs/exporters.md's
-tables all come from it, and what the exports write stays byte for byte what it was (golden
+tables (rendered at build time by the ``asyncflow-metrics`` directive, docs/_ext) all come
+from it, and what the exports write stays byte for byte what it was (golden
 files rendered from one recorded snapshot, tests/golden/)."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +16,7 @@ import pytest
 from asyncflow import schema
 from asyncflow.render import metrics, prometheus
 from asyncflow.render.reporters import Figures, figures_of
-from tests.markdown import table
+from tests.markdown import DOCS, directives, extension
 
 _GOLDEN = Path(__file__).parent / "golden"
 #: ASYNCFLOW_REGOLD=1 rewrites the golden files (only when an output is meant to change)
@@ -73,26 +75,63 @@ def _code(cell: str) -> str:
     return cell[1:-1]
 
 
-_DOCS = Path(__file__).parent.parent / "docs" / "exporters.md"
-
-
-def test_the_docs_list_exactly_the_prometheus_families() -> None:
-    rows = table(_DOCS.read_text(encoding="utf-8"), "metric family")
-    listed = [(_code(name), kind, what) for name, kind, _labels, what in rows]
+def test_the_rendered_prometheus_table_is_the_metrics_table() -> None:
+    rows = extension("asyncflow_rows")
+    assert rows.PROMETHEUS_HEADER == ("metric family", "type", "labels", "what")
+    listed = [
+        (_code(name), kind, what) for name, kind, _labels, what in rows.metric_rows("prometheus")
+    ]
     declared = [(m.prometheus, m.type, m.help) for m in metrics.METRICS if m.prometheus is not None]
     assert listed == declared
 
 
-def test_the_docs_list_exactly_the_otel_instruments() -> None:
-    rows = table(_DOCS.read_text(encoding="utf-8"), "instrument")
-    listed = [(_code(name), kind, _code(unit), what) for name, kind, unit, what in rows]
+def _said(labels: str) -> set[str]:
+    return set(re.findall(r"`([^`]+)`", labels))
+
+
+def test_the_rendered_labels_are_those_the_export_writes() -> None:
+    """Each family's labels, read from its row with a stand-in entry, are those the golden
+    export writes for it (``id`` aside: only a second entry with the same labels gets one)."""
+    rendered = {
+        _code(name): labels
+        for name, _kind, labels, _what in extension("asyncflow_rows").metric_rows("prometheus")
+    }
+    written: dict[str, set[str]] = {}
+    for line in (_GOLDEN / "metrics.prom").read_text(encoding="utf-8").splitlines():
+        sample = re.match(r"(\w+?)(?:_sum|_count)?(?:\{(.*)\})? ", line)
+        if line.startswith("#") or sample is None:
+            continue
+        family = sample.group(1) if sample.group(1) in rendered else line.split("{")[0]
+        names = set(re.findall(r'(\w+)="', sample.group(2) or ""))
+        written.setdefault(family, set()).update(names - {"id"})
+    assert len(written) > 40, "the golden export writes most families"
+    for family, names in written.items():
+        assert _said(rendered[family]) == names, family
+    assert rendered["asyncflow_future_live_calls"] == "`label`, `location`, `state`"
+    assert rendered["asyncflow_channel_delay_seconds"] == "`label`, `kind` (+ `quantile`)"
+    assert rendered["asyncflow_uptime_seconds"] == ""
+
+
+def test_the_rendered_otel_table_is_the_metrics_table() -> None:
+    rows = extension("asyncflow_rows")
+    assert rows.OTEL_HEADER == ("instrument", "kind", "unit", "what")
+    listed = [(_code(n), kind, _code(u), what) for n, kind, u, what in rows.metric_rows("otel")]
     declared = [
         (m.otel, f"observable {m.kind}", m.unit, m.description)
         for m in metrics.METRICS
         if m.otel is not None
     ]
-    rows_wanted = "\n".join(f"| `{n}` | {k} | `{u}` | {d} |" for n, k, u, d in declared)
-    assert listed == declared, f"docs/exporters.md's instruments should be:\n{rows_wanted}"
+    assert listed == declared
+
+
+def test_exporters_md_renders_both_tables_and_lists_no_metric_by_hand() -> None:
+    text = (DOCS / "exporters.md").read_text(encoding="utf-8")
+    assert directives(text, "asyncflow-metrics") == [("prometheus", []), ("otel", [])]
+    heads = ("| metric family |", "| instrument |")
+    assert not any(line.startswith(heads) for line in text.splitlines())
+    names = [n for m in metrics.METRICS for n in (m.prometheus, m.otel) if n is not None]
+    pasted = [n for n in names if f"| `{n}` |" in text]
+    assert pasted == [], "the metrics tables are rendered from METRICS: remove these rows"
 
 
 def test_every_metric_is_exported_somewhere_under_one_name() -> None:

@@ -1,18 +1,17 @@
 """The one options table (``config.OPTIONS``): the variables ``resolve_options()`` reads, the
-flags of ``asyncflow run`` and docs/profiler.md's options table all come from it, so that a new
-option is one row (and its ``Options`` field) instead of six edits that drift (issue 25)."""
+flags of ``asyncflow run`` and docs/profiler.md's options table (rendered at build time by the
+``asyncflow-options`` directive, docs/_ext) all come from it, so that a new option is one row
+(and its ``Options`` field) instead of six edits that drift (issue 25)."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-from pathlib import Path
 
 from asyncflow import cli, config
 from asyncflow.config import OPTIONS, Options
-from tests.markdown import table
-
-_DOCS = Path(__file__).parent.parent / "docs"
+from tests.markdown import DOCS as _DOCS
+from tests.markdown import directives, extension, table
 
 
 def _row(option: config.Option) -> list[str]:
@@ -24,12 +23,24 @@ def _row(option: config.Option) -> list[str]:
     return [f"`{option.name}`", variable, option.default, option.help]
 
 
-def test_the_docs_options_table_is_the_optionstable() -> None:
-    rows = table((_DOCS / "profiler.md").read_text(encoding="utf-8"), "option")
-    listed = [row for row in rows if row[0]]  # the rows after them are variables, not options
-    declared = [_row(option) for option in OPTIONS]
-    wanted = "\n".join("| " + " | ".join(row) + " |" for row in declared)
-    assert listed == declared, f"docs/profiler.md's options table should begin:\n{wanted}"
+def test_the_rendered_options_table_is_the_options_table() -> None:
+    rows = extension("asyncflow_rows")
+    assert rows.option_rows() == [_row(option) for option in OPTIONS]
+    assert rows.OPTIONS_HEADER == ("option", "variable", "default", "meaning")
+
+
+def test_profiler_md_renders_the_options_table_and_lists_no_option_by_hand() -> None:
+    text = (_DOCS / "profiler.md").read_text(encoding="utf-8")
+    ((argument, extra),) = directives(text, "asyncflow-options")
+    assert argument == ""
+    # what follows the options are variables that are no option's, with an empty first cell
+    variables = {option.env for option in OPTIONS if option.env is not None}
+    assert extra, "ASYNCFLOW_DISABLE and the other variables follow the options"
+    for row in table("| option | - |\n| - |\n" + "\n".join(extra), "option"):
+        assert row[0] == "" and row[1].strip("`") not in variables, row
+    assert not any(line.startswith("| option |") for line in text.splitlines())
+    pasted = [o.name for o in OPTIONS if f"| `{o.name}` |" in text]
+    assert pasted == [], "the options table is rendered from config.OPTIONS: remove these rows"
 
 
 def _run_parser() -> argparse.ArgumentParser:

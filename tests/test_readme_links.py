@@ -8,6 +8,8 @@ import re
 from collections import Counter
 from pathlib import Path
 
+from tests.markdown import extension
+
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"
@@ -54,20 +56,41 @@ def test_links_are_found_and_urls_left_out() -> None:
     assert links(text) == ["#x", "docs/q.md#y", "page.png"]
 
 
+def _broken(page: Path, text: str) -> tuple[int, list[str]]:
+    """How many links ``text`` (on ``page``) has, and those that lead nowhere."""
+    broken = []
+    found = links(text)
+    for target in found:
+        path, _, anchor = target.partition("#")
+        linked = (page.parent / path).resolve() if path else page
+        if not linked.is_file():
+            broken.append(f"{page.relative_to(ROOT)}: {target} (no such file)")
+        elif anchor and anchor not in anchors(linked.read_text(encoding="utf-8")):
+            broken.append(f"{page.relative_to(ROOT)}: {target} (no such heading)")
+    return len(found), broken
+
+
 def test_every_link_leads_to_a_file_and_a_heading_that_exist() -> None:
     broken = []
     count = 0
     for page in PAGES:
-        for target in links(page.read_text(encoding="utf-8")):
-            count += 1
-            path, _, anchor = target.partition("#")
-            linked = (page.parent / path).resolve() if path else page
-            if not linked.is_file():
-                broken.append(f"{page.relative_to(ROOT)}: {target} (no such file)")
-            elif anchor and anchor not in anchors(linked.read_text(encoding="utf-8")):
-                broken.append(f"{page.relative_to(ROOT)}: {target} (no such heading)")
+        found, wrong = _broken(page, page.read_text(encoding="utf-8"))
+        count += found
+        broken += wrong
     assert count > 50, "the README and the manual link each other's sections"
     assert broken == []
+
+
+def test_the_links_in_the_rendered_tables_lead_to_headings() -> None:
+    """The options' and metrics' tables are rendered from the code (docs/_ext): the links in
+    their cells lead from their page like its own."""
+    rows = extension("asyncflow_rows")
+    options = "\n".join(" ".join(row) for row in rows.option_rows())
+    metrics = "\n".join(" ".join(r) for e in ("prometheus", "otel") for r in rows.metric_rows(e))
+    count, broken = _broken(DOCS / "profiler.md", options)
+    assert count >= 5, "options link to the pages that say more"
+    assert broken == []
+    assert _broken(DOCS / "exporters.md", metrics)[1] == []
 
 
 def test_the_readme_links_every_page_of_the_manual() -> None:

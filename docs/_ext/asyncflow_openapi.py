@@ -98,7 +98,8 @@ class OpenApiReference(SphinxDirective):
         container = nodes.container()
         text = markdown(openapi_document())
         self.state.nested_parse(StringList(text.splitlines(), source="openapi.json"), 0, container)
-        return container.children
+        children: list[nodes.Node] = container.children
+        return children
 
 
 def setup(app: Sphinx) -> dict[str, Any]:
