@@ -27,7 +27,8 @@ def _any_free_port(
     every message and item, so that figures are exact; the tests of sampling itself ask for it
     explicitly. Their endpoints serve HTTP on the profiler's thread
     (``ASYNCFLOW_ENDPOINT_PROCESS=0``), sparing each test the start of an endpoint process (a
-    Python that imports aiohttp); tests/test_server*.py serve from the process, as programs do."""
+    Python that imports aiohttp); tests/serve/test_server*.py serve from the process, as
+    programs do."""
     monkeypatch.setenv("ASYNCFLOW_PORT", "0")
     monkeypatch.setenv("ASYNCFLOW_ENDPOINT_PROCESS", "0")
     monkeypatch.setenv("ASYNCFLOW_RUNTIME_DIR", str(tmp_path_factory.mktemp("runtime")))

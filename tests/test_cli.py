@@ -19,43 +19,8 @@ import pytest
 
 import asyncflow
 from asyncflow import cli, schema
-from tests.test_server import workload
-
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
-
-
-ASYNCFLOW = [sys.executable, "-m", "asyncflow"]
-
-
-def asyncflow_cmd(
-    *args: str, cwd: Path | None = None, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    """``python -m asyncflow ARGS`` (the ``asyncflow`` script calls the same main())."""
-    return subprocess.run(
-        [*ASYNCFLOW, *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=cwd,
-        env=None if env is None else {**os.environ, **env},
-    )
-
-
-def write(path: Path, text: str) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
-    return path
-
-
-def console_script(directory: Path) -> list[str]:
-    """What pip installs as the ``asyncflow`` command: a script in a directory of its own
-    (so the interpreter puts that directory, not the current one, first on ``sys.path``)."""
-    script = write(
-        directory / "bin" / "asyncflow",
-        "import sys\nfrom asyncflow.cli import main\n\n"
-        "if __name__ == '__main__':\n    sys.exit(main())\n",
-    )
-    return [sys.executable, str(script)]
+from tests.support.commands import ASYNCFLOW, EXAMPLES, asyncflow_cmd, console_script, write
+from tests.support.workload import workload
 
 
 def signalled(

@@ -15,7 +15,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from tests.test_cli import ASYNCFLOW, asyncflow_cmd, console_script, write
+from tests.support.commands import ASYNCFLOW, asyncflow_cmd, console_script, write
 
 SHOW_MAIN = """\
 import json, os, sys

@@ -14,7 +14,7 @@ import pytest
 
 from asyncflow.config import OPTIONS
 from asyncflow.render.metrics import METRICS
-from tests.markdown import DOCS
+from tests.support.markdown import DOCS
 
 pytest.importorskip("sphinx", reason="the 'docs' extra is not installed")
 pytest.importorskip("myst_parser", reason="the 'docs' extra is not installed")

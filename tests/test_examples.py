@@ -11,21 +11,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
-
-
-def run_example(name: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    """Run an example as a user would, with only the given ASYNCFLOW_* variables set."""
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("ASYNCFLOW_")}
-    done = subprocess.run(
-        [sys.executable, str(EXAMPLES / name), *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**clean, "ASYNCFLOW_PORT": "0", **env},  # any free port, never a fixed one
-    )
-    assert done.returncode == 0, done.stderr
-    return done
+from tests.support.commands import EXAMPLES, run_example
 
 
 def test_crawler_example_reports_every_stage(tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ from asyncflow.config import resolve_options
 from asyncflow.filtering import TargetFilter, matches, parse_patterns
 from asyncflow.instrumentation import futures
 from asyncflow.instrumentation.futures import InstrumentedCoroutine
-from tests.test_cli import asyncflow_cmd, write
+from tests.support.commands import asyncflow_cmd, write
 
 LIBRARY = """
 import asyncio

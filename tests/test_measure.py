@@ -769,7 +769,7 @@ def test_exit_report_has_a_functions_table(fake_clock: FakeClock) -> None:
 def test_shop_example_reports_functions_and_metrics() -> None:
     import orjson
 
-    from tests.test_examples import run_example
+    from tests.support.commands import run_example
 
     done = run_example("shop_timing.py", "--json")
     functions_line, metrics_line = done.stdout.strip().splitlines()[-2:]

@@ -10,8 +10,8 @@ import dataclasses
 
 from asyncflow import cli, config
 from asyncflow.config import OPTIONS, Options
-from tests.markdown import DOCS as _DOCS
-from tests.markdown import directives, extension, table
+from tests.support.markdown import DOCS as _DOCS
+from tests.support.markdown import directives, extension, table
 
 
 def _row(option: config.Option) -> list[str]:

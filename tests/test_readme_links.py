@@ -8,7 +8,7 @@ import re
 from collections import Counter
 from pathlib import Path
 
-from tests.markdown import extension
+from tests.support.markdown import extension
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"

@@ -2,7 +2,7 @@
 
 Prometheus' families (:mod:`asyncflow.render.prometheus`), OpenTelemetry's instruments
 (:mod:`asyncflow.render.otel`) and the two tables of docs/exporters.md (checked by
-tests/test_metrics_table.py) all read this table. A new metric is one row: what it is about (its
+tests/render/test_metrics_table.py) all read this table. A new metric is one row: what it is about (its
 :class:`Subject`), its points (values read from one entry of the figures), and its name, type and
 help in Prometheus, OpenTelemetry or both. Where the two exports differ (names, units, summaries
 in Prometheus against percentile gauges or summed counters in OTel), the row says so: a

@@ -14,7 +14,7 @@ import pytest
 import asyncflow
 from asyncflow.instrumentation import futures
 from asyncflow.instrumentation.futures import FutureRecord, call_field
-from tests.compiled_path import compiled
+from tests.support.compiled_path import compiled
 
 _SET_WHEN_THEY_HAPPEN = (
     "task",

@@ -11,8 +11,8 @@ import pytest
 from asyncflow import stats
 from asyncflow.instrumentation import futures
 from asyncflow.instrumentation.futures import FutureRecord
-from tests.compiled_path import STATS_COUNTERS as COUNTERS
-from tests.compiled_path import compiled
+from tests.support.compiled_path import STATS_COUNTERS as COUNTERS
+from tests.support.compiled_path import compiled
 
 
 def _kinds() -> list[Any]:

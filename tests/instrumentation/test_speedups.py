@@ -31,8 +31,8 @@ from asyncflow.clock import FakeClock
 from asyncflow.instrumentation import futures, streams
 from asyncflow.instrumentation.futures import FutureRecord, call_field, call_state
 from asyncflow.model.collector import Collector
-from tests.compiled_path import STATS_COUNTERS as _STATS_FIELDS
-from tests.compiled_path import compiled
+from tests.support.compiled_path import STATS_COUNTERS as _STATS_FIELDS
+from tests.support.compiled_path import compiled
 
 Wrap = Callable[[Coroutine[Any, Any, Any]], Any]
 

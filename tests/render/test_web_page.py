@@ -24,7 +24,7 @@ import pytest
 import asyncflow
 from asyncflow.render import web
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent.parent.parent
 TOKEN = "page-t0ken"
 #: bounds a browser run; it takes a few seconds
 BROWSER_TIMEOUT = 60.0

@@ -26,8 +26,7 @@ import pytest
 import asyncflow
 from asyncflow.serve import server
 from asyncflow.views import documents as views
-from tests.test_server import get
-from tests.test_server_hardening import address, read_response, request
+from tests.support.http import address, get, read_response, request
 
 
 @pytest.fixture(autouse=True)

@@ -13,7 +13,6 @@ import weakref
 from collections.abc import Iterator
 from typing import Any
 
-import anyio
 import jsonschema
 import orjson
 import pytest
@@ -23,6 +22,8 @@ from asyncflow.instrumentation import _session, loops
 from asyncflow.render.report import format_duration, render_table
 from asyncflow.serve import server
 from asyncflow.views import documents as views
+from tests.support.http import Reply, get
+from tests.support.workload import workload
 
 
 @pytest.fixture(autouse=True)
@@ -30,72 +31,6 @@ def _from_the_endpoint_process(monkeypatch: pytest.MonkeyPatch) -> None:
     """HTTP served from the endpoint process, as in programs (conftest.py serves the other
     tests' endpoints on the profiler's thread)."""
     monkeypatch.setenv("ASYNCFLOW_ENDPOINT_PROCESS", "1")
-
-
-Reply = tuple[int, Any, dict[str, str]]
-
-
-def get(url: str, path: str, token: str | None = None, method: str = "GET") -> Reply:
-    """Status, decoded JSON body and headers of one request."""
-    request = urllib.request.Request(url + path, method=method)
-    if token is not None:
-        request.add_header("Authorization", f"Bearer {token}")
-    try:
-        with urllib.request.urlopen(request, timeout=10) as response:
-            return (
-                response.status,
-                decoded(response.read(), response.headers),
-                dict(response.headers),
-            )
-    except urllib.error.HTTPError as error:
-        with error:
-            return error.code, decoded(error.read(), error.headers), dict(error.headers)
-
-
-def decoded(body: bytes, headers: Any) -> Any:
-    """A JSON body decoded; any other kind of body as text."""
-    if headers.get("Content-Type", "").startswith("application/json"):
-        return orjson.loads(body)
-    return body.decode("utf-8")
-
-
-@asyncflow.future(name="produce")
-async def produce(q: asyncio.Queue[int], n: int) -> None:
-    for i in range(n):
-        await q.put(i)
-
-
-@asyncflow.future(name="consume")
-async def consume(q: asyncio.Queue[int], n: int) -> int:
-    total = 0
-    for _ in range(n):
-        total += await q.get()
-    return total
-
-
-@asyncflow.stream(name="numbers")
-async def numbers(n: int) -> Any:
-    for i in range(n):
-        yield i
-
-
-async def workload() -> None:
-    """Futures, a queue, a memory stream and an async generator: every list gets entries."""
-    q: asyncio.Queue[int] = asyncflow.instrument_queue(asyncio.Queue(maxsize=2), name="work")
-    await asyncio.gather(produce(q, 20), consume(q, 20))
-    send, receive = asyncflow.instrument_memory_stream(
-        *anyio.create_memory_object_stream[int](1), name="mem"
-    )
-    async with send, receive:
-        await send.send(1)
-        await receive.receive()
-    async for _ in numbers(5):
-        pass
-    with asyncflow.instrument_executors():
-        await asyncio.to_thread(sum, [1, 2])
-    gate = asyncflow.instrument_lock(asyncio.Lock(), name="gate")
-    async with gate:
-        pass
 
 
 @pytest.fixture
@@ -407,7 +342,7 @@ def test_each_document_is_built_at_most_every_tenth_of_a_second(
     fake_clock: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Served on the profiler's thread, where the fake clock is also the cache's: the window is
-    # exact. (tests/test_server_process.py counts the builds behind an endpoint process.)
+    # exact. (tests/serve/test_server_process.py counts the builds behind an endpoint process.)
     monkeypatch.setattr(server, "PROCESS", False)
     monkeypatch.setattr(server, "LIMITS", server.Limits(cache_cost_share=0))
     with asyncflow.profile("cached", format="none", port=0) as prof:

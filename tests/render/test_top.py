@@ -18,7 +18,7 @@ from textual.widgets import DataTable
 import asyncflow
 from asyncflow.render import top
 from asyncflow.render.top import VIEWS, TopApp, compact_count, compact_duration, fit, help_text
-from tests.test_server import workload
+from tests.support.workload import workload
 
 SIZE = (160, 40)
 #: the tests refresh explicitly (``until``); the timer never fires while they run
@@ -142,7 +142,7 @@ async def test_top_shows_futures_channels_streams_and_loops() -> None:
             assert {"produce", "consume"} <= {r[0] for r in app.table_text()}
             produce = row(app, "produce")
             assert produce["calls"] == produce["done"] == "1" and produce["live"] == "0"
-            assert produce["where"].startswith("test_server.py:")  # where width allows
+            assert produce["where"].startswith("workload.py:")  # where width allows
             assert "futures by busyΣ ▼" in status(app)
 
             await pilot.press("c")

@@ -25,8 +25,8 @@ from hypothesis import strategies as st
 
 import asyncflow
 from asyncflow.instrumentation import _session
-from tests.test_server import workload
-from tests.test_server_hardening import address, read_response
+from tests.support.http import address, read_response
+from tests.support.workload import workload
 
 
 @pytest.fixture(autouse=True)

@@ -1,7 +1,7 @@
 """The one metrics table: Prometheus' families, OTel's instruments and docs/exporters.md's
 tables (rendered at build time by the ``asyncflow-metrics`` directive, docs/_ext) all come
 from it, and what the exports write stays byte for byte what it was (golden
-files rendered from one recorded snapshot, tests/golden/)."""
+files rendered from one recorded snapshot, tests/render/golden/)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import pytest
 from asyncflow import schema
 from asyncflow.render import metrics, prometheus
 from asyncflow.render.reporters import Figures, figures_of
-from tests.markdown import DOCS, directives, extension
+from tests.support.markdown import DOCS, directives, extension
 
 _GOLDEN = Path(__file__).parent / "golden"
 #: ASYNCFLOW_REGOLD=1 rewrites the golden files (only when an output is meant to change)

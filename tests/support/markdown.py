@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-DOCS = Path(__file__).parent.parent / "docs"
+DOCS = Path(__file__).resolve().parent.parent.parent / "docs"
 
 
 def table(text: str, header: str) -> list[list[str]]:

@@ -33,7 +33,7 @@ from asyncflow.model.monitor import MAX_EPISODES, MAX_WORST, LoopMonitor, LoopSt
 from asyncflow.render import report
 from asyncflow.schema import LoopEntry, Snapshot
 from asyncflow.views import documents as views
-from tests.test_examples import run_example
+from tests.support.commands import run_example
 
 THRESHOLD = 0.1
 MS = 1_000_000

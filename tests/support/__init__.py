@@ -1,0 +1,1 @@
+"""What several test files share: commands, HTTP clients, a workload that fills every list."""
