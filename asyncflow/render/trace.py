@@ -19,13 +19,11 @@ polls are still in the ring. The metadata says how many events the ring dropped.
 from __future__ import annotations
 
 import bisect
-import functools
 import itertools
 import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -34,8 +32,7 @@ import orjson
 from asyncflow import clock
 from asyncflow._version import __version__
 from asyncflow.instrumentation import _session
-from asyncflow.instrumentation.channels import channel_registry
-from asyncflow.instrumentation.loops import loop_registry
+from asyncflow.model import read
 from asyncflow.schema import fit_text
 
 if TYPE_CHECKING:
@@ -60,7 +57,7 @@ _LAG = "lag"
 _CHANNELS_PID = 1
 #: thread ids start high, so that none is taken for a process's main thread
 _FIRST_TID = 10_000
-_UNNAMED: tuple[int, str, str | None, int] = (0, "?", None, 0)
+_UNNAMED: read.CallName = (0, "?", None, 0)
 
 
 def flow_id(channel_id: int, msg_id: int) -> int:
@@ -68,60 +65,6 @@ def flow_id(channel_id: int, msg_id: int) -> int:
     2**32) in the low ones; below 2**53 for any channel id a program reaches, so that
     JavaScript viewers read it exactly."""
     return (channel_id << 32) | (msg_id & 0xFFFF_FFFF)
-
-
-class _Probe:
-    """The poll probe: ``begin`` numbers the poll's start, ``end`` appends the poll to the ring.
-
-    Polls are numbered as they begin, and enter the ring as they end: a poll is nested in
-    another when it began later and entered the ring sooner, which times alone cannot tell when
-    they are equal (a coarse or a fake clock, polls shorter than a tick of it).
-    """
-
-    __slots__ = ("begin", "end")
-
-    def __init__(
-        self,
-        append: Callable[[Any], None],
-        names: dict[int, tuple[int, str, str | None, int]],
-    ) -> None:
-        get_ident = threading.get_ident
-        # begin(r) is next(counter, r): the next number, with no Python frame to run
-        begin: Callable[[Any], int] = functools.partial(next, itertools.count())
-
-        def end(r: Any, token: Any, t0: int, dt: int, outcome: str) -> None:
-            # Only numbers and interned strings in the ring: such tuples leave the cyclic GC's
-            # lists at its next young collection, so a full ring costs collections nothing.
-            # A call is polled on one thread (its task's loop's): noted once, with its names.
-            call_id = r.call_id
-            if call_id not in names:
-                future = r.future
-                names[call_id] = (future.id, future.label, getattr(r, "task", None), get_ident())
-            append((t0, dt, call_id, outcome, token))
-
-        self.begin = begin
-        self.end = end
-
-
-class _Both:
-    """Two probes in one (there is one probe seam): ``first`` was set before the recorder."""
-
-    __slots__ = ("begin", "end", "first", "second")
-
-    def __init__(self, first: Any, second: _Probe) -> None:
-        self.first = first
-        self.second = second
-        begin1, end1, begin2, end2 = first.begin, first.end, second.begin, second.end
-
-        def begin(r: Any) -> tuple[Any, Any]:
-            return begin1(r), begin2(r)
-
-        def end(r: Any, token: Any, t0: int, dt: int, outcome: str) -> None:
-            end1(r, token[0], t0, dt, outcome)
-            end2(r, token[1], t0, dt, outcome)
-
-        self.begin = begin
-        self.end = end
 
 
 class _Cursor:
@@ -157,15 +100,15 @@ class TraceRecorder:
         self.output = output
         self.ring: deque[tuple[Any, ...]] = deque(maxlen=capacity)
         self._seq = itertools.count()
+        #: the model's tap of every poll, appended to the ring as it ends
+        self.tap = read.PollTap(self.ring.append)
         #: call id -> (future id, future label, task name, thread) of the calls whose polls are
         #: in the ring (pruned on the tick when it holds many more)
-        self.names: dict[int, tuple[int, str, str | None, int]] = {}
-        self.probe = _Probe(self.ring.append, self.names)
+        self.names = self.tap.names
         #: events the collector's tick appended (the polls' own numbers count the polls)
         self.cold = 0
         #: whether polls are recorded (the probe seam was there and took the probe)
         self.polls = False
-        self._attached = False
         self._cursors: dict[int, _Cursor] = {}
         self._loops: dict[int, tuple[int, int]] = {}  # loop id -> (last episode id, heartbeats)
         self.lost = _Figures()
@@ -173,33 +116,14 @@ class TraceRecorder:
     # -- lifecycle (the profiler's start and stop) ---------------------------------------------
 
     def attach(self) -> None:
-        """Start recording polls: set the probe on both hot paths (beside a probe already set,
-        which keeps its calls)."""
-        try:
-            from asyncflow.instrumentation import probes
-
-            other = probes.poll_probe()
-            probes.set_poll_probe(self.probe if other is None else _Both(other, self.probe))
-        except Exception as exc:  # no probe seam: the rest of the trace is still recorded
-            _session.internal_error("setting the trace recorder's poll probe", exc)
-            return
-        self._attached = self.polls = True
+        """Start recording polls: the model's tap on both hot paths (beside a probe already
+        set, which keeps its calls)."""
+        if self.tap.attach():
+            self.polls = True
 
     def detach(self) -> None:
         """Stop recording polls (idempotent); leaves any other probe in place."""
-        if not self._attached:
-            return
-        self._attached = False
-        try:
-            from asyncflow.instrumentation import probes
-
-            current = probes.poll_probe()
-            if current is self.probe:
-                probes.set_poll_probe(None)
-            elif isinstance(current, _Both) and current.second is self.probe:
-                probes.set_poll_probe(current.first)
-        except Exception as exc:
-            _session.internal_error("removing the trace recorder's poll probe", exc)
+        self.tap.detach()
 
     def finish(self) -> None:
         """The profiler stops: stop recording, read what is left, write the file if asked."""
@@ -239,65 +163,65 @@ class TraceRecorder:
     def _messages(self, now: int) -> None:
         cursors = self._cursors
         seen = set()
-        for record in channel_registry():
-            if record.folded:
-                continue  # an aggregate of gone channels
-            cid = record.id
+        for channel in read.channels():
+            cid = channel.id
             seen.add(cid)
             cursor = cursors.get(cid)
             if cursor is None:
                 cursor = cursors[cid] = _Cursor()
-            st = record.stats
-            if record.alive:
-                depth = record.size()
-                if depth != cursor.depth:
-                    cursor.depth = depth
-                    self._append(_DEPTH, now, cid, record.label, depth)
-            if st.sampled_send == cursor.last_sent and st.timed == cursor.timed:
+            depth = channel.depth
+            if depth is not None and depth != cursor.depth:
+                cursor.depth = depth
+                self._append(_DEPTH, now, cid, channel.label, depth)
+            if channel.newest_timed_send == cursor.last_sent and channel.timed == cursor.timed:
                 continue  # nothing timed since the last tick
             pending = cursor.pending
-            for entry in list(st.sent_log):
-                msg_id, at, call_id = entry[1], entry[2], entry[3]
-                if msg_id > cursor.last_sent:
-                    pending[msg_id] = (at, call_id)
-                    cursor.last_sent = msg_id
+            for send in channel.sends(cursor.last_sent):
+                if send.msg_id > cursor.last_sent:
+                    pending[send.msg_id] = (send.at_ns, send.call_id)
+                    cursor.last_sent = send.msg_id
             while len(pending) > PENDING_KEPT:
                 del pending[next(iter(pending))]
                 self.lost.sends_forgotten += 1
-            read = 0
-            for entry in list(st.received_log):
-                index, msg_id, at, call_id = entry[0], entry[1], entry[2], entry[3]
-                if index <= cursor.last_received:
+            taken = 0
+            for receive in channel.receives(cursor.last_received):
+                if receive.index <= cursor.last_received:
                     continue
-                cursor.last_received = index
-                read += 1
-                sent = pending.pop(msg_id, None)
+                cursor.last_received = receive.index
+                taken += 1
+                sent = pending.pop(receive.msg_id, None)
                 if sent is None:
                     continue  # its send was never read (forgotten, or timed before a reset)
-                self._append(_MESSAGE, cid, record.label, msg_id, sent[0], sent[1], at, call_id)
-            timed = st.timed
-            self.lost.messages_missed += max(0, timed - cursor.timed - read)
+                self._append(
+                    _MESSAGE,
+                    cid,
+                    channel.label,
+                    receive.msg_id,
+                    sent[0],
+                    sent[1],
+                    receive.at_ns,
+                    receive.call_id,
+                )
+            timed = channel.timed
+            self.lost.messages_missed += max(0, timed - cursor.timed - taken)
             cursor.timed = timed
         for cid in [c for c in cursors if c not in seen]:
             del cursors[cid]
 
     def _loop_events(self, now: int) -> None:
-        monitor = self.collector.monitor
-        for state in list(monitor.states.values()):
-            loop_id = state.record.id
+        states = read.loop_states(self.collector)
+        for state in states:
+            loop_id, thread = state.loop.id, state.loop.thread
             last_id, beats = self._loops.get(loop_id, (0, 0))
-            with state.lock:
-                finished = [e for e in state.episodes if e.id > last_id and not e.ongoing]
-                heartbeats, lag = state.heartbeats, state.lag_last
-                thread = state.record.thread
+            finished = [e for e in state.episodes if e.id > last_id and not e.ongoing]
             for e in sorted(finished, key=lambda e: e.id):
-                self._append(_EPISODE, thread, loop_id, e.since, e.blocked_ns, *_blame(e))
+                self._append(_EPISODE, thread, loop_id, e.since_ns, e.blocked_ns, *_blame(e))
                 last_id = e.id
-            if heartbeats != beats:
-                self._append(_LAG, now, thread, loop_id, lag)
-            self._loops[loop_id] = (last_id, heartbeats)
-        if len(self._loops) > len(monitor.states):  # loops the monitor forgot: so do we
-            known = {state.record.id for state in list(monitor.states.values())}
+            if state.heartbeats != beats:
+                self._append(_LAG, now, thread, loop_id, state.lag_last_ns)
+            self._loops[loop_id] = (last_id, state.heartbeats)
+        if len(self._loops) > len(states):  # loops the monitor forgot: so do we
+            known = {state.loop.id for state in states}
             for loop_id in [i for i in self._loops if i not in known]:
                 del self._loops[loop_id]
 
@@ -316,16 +240,9 @@ class TraceRecorder:
         return document
 
 
-def _blame(e: Any) -> tuple[int, str, str, str]:
+def _blame(e: read.EpisodeReading) -> tuple[int, str, str, str]:
     """(call id, future label, task name, innermost line) of a blocked-loop episode."""
-    call = e.call
-    where = ""
-    if e.stack:
-        file, line, function, _ = e.stack[0]
-        where = f"{function} ({os.path.basename(file)}:{line})"
-    if call is None:
-        return 0, "", e.task or "", where
-    return call.call_id, call.future.label, e.task or "", where
+    return e.call_id, e.future_label, e.task, e.where
 
 
 def _us(ns: int) -> float:
@@ -380,7 +297,7 @@ class _Builder:
         self._pids: dict[int, int] = {}  # thread ident -> pid
         self._tids = itertools.count(_FIRST_TID)
         self._loop_tracks: dict[int, int] = {}  # loop id -> tid
-        self._loops_by_thread: dict[int, Any] = {}
+        self._loops_by_thread: dict[int, read.LoopIdentity] = {}
         self.flows = 0
         self.flows_unbound = 0
 
@@ -391,10 +308,8 @@ class _Builder:
         # (less any still running now, which are not in the ring yet).
         polls = [i for i, e in enumerate(ring) if type(e[0]) is int]
         recorded = recorder.cold + 1 + max((ring[i][4] for i in polls), default=-1)
-        for state in recorder.collector.monitor.states.values():
-            self._loops_by_thread.setdefault(state.record.thread, state.record)
-        for record in loop_registry():
-            self._loops_by_thread.setdefault(record.thread, record)
+        for loop in read.loops(recorder.collector):
+            self._loops_by_thread.setdefault(loop.thread, loop)
         others = [e for e in ring if type(e[0]) is not int]
         kept = len(ring)
         self.meta.append(_meta(_CHANNELS_PID, None, "process_name", "channels"))
@@ -658,16 +573,13 @@ class _Builder:
 
     def _ongoing_episodes(self) -> None:
         """The episode a loop is in now, as long as it has lasted so far."""
-        for state in list(self.recorder.collector.monitor.states.values()):
-            with state.lock:
-                e = state.ongoing
-                if e is None or not e.id:
-                    continue
-                blocked = max(e.blocked_ns, self.now - e.since)
-                blame = _blame(e)
-            self._episode(
-                state.record.thread, state.record.id, e.since, blocked, blame, ongoing=True
-            )
+        for state in read.loop_states(self.recorder.collector):
+            e = state.ongoing
+            if e is None:
+                continue
+            blocked = max(e.blocked_ns, self.now - e.since_ns)
+            loop = state.loop
+            self._episode(loop.thread, loop.id, e.since_ns, blocked, _blame(e), ongoing=True)
 
     def _counter(self, pid: int, at: int, name: str, key: str, value: float) -> None:
         self._event(
@@ -700,7 +612,7 @@ def _meta(pid: int, tid: int | None, name: str, value: Any, key: str = "name") -
     return event
 
 
-def _thread_name(thread: int, loop: Any) -> str:
+def _thread_name(thread: int, loop: read.LoopIdentity | None) -> str:
     name = loop.thread_name if loop is not None and loop.thread == thread else ""
     if not name:
         name = next((t.name for t in threading.enumerate() if t.ident == thread), "")
