@@ -9,7 +9,6 @@ would under ``python``: its exit code, its traceback, and death by SIGINT or SIG
 from __future__ import annotations
 
 import argparse
-import asyncio
 import importlib.util
 import os
 import runpy
@@ -221,8 +220,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     import asyncflow
-    from asyncflow.instrumentation.executors import instrument_executors
-    from asyncflow.instrumentation.futures import instrument_tasks
+    from asyncflow.instrumentation.every_loop import track_every_loop
 
     program: list[str] = list(args.program)
     if args.module is None and program[:1] == [
@@ -281,8 +279,7 @@ def _run(args: argparse.Namespace) -> int:
             file=sys.stderr,
             flush=True,
         )
-    per_loop = [instrument_tasks] if args.no_executors else [instrument_tasks, instrument_executors]
-    undo_loops = _track_every_loop(per_loop)
+    every_loop = track_every_loop(executors=not args.no_executors)
     queues = None if args.no_queues else asyncflow.instrument_queues()
     never_awaited = None if args.no_never_awaited else asyncflow.track_never_awaited()
     locks = None if args.no_locks else asyncflow.instrument_locks()
@@ -304,7 +301,7 @@ def _run(args: argparse.Namespace) -> int:
             interrupted = exc
     finally:
         undo_sigterm()
-        undo_loops()
+        every_loop.undo()
         if queues is not None:
             queues.undo()
         if locks is not None:
@@ -544,34 +541,6 @@ def _print_program_error(exc: BaseException) -> None:
         traceback.print_exception(failure)
         print("\nOriginal exception was:", file=sys.stderr)
         traceback.print_exception(type(exc), exc, tb)
-
-
-def _track_every_loop(instrumenters: list[Callable[..., Any]]) -> Callable[[], None]:
-    """Make every event loop created from now on track its tasks, its executor jobs...
-    (asyncio.run, Runner...): each of ``instrumenters`` is called with ``loop=`` the new loop.
-
-    Returns the undo. Loops are caught where every asyncio loop is born, in
-    ``BaseEventLoop.__init__``; loops of other implementations (uvloop) are not.
-    """
-    original = asyncio.BaseEventLoop.__init__
-
-    def init(self: asyncio.BaseEventLoop, *args: Any, **kwargs: Any) -> None:
-        original(self, *args, **kwargs)
-        try:
-            for instrument in instrumenters:
-                instrument(loop=self)
-        except Exception as exc:  # observing never breaks the program
-            from asyncflow.instrumentation import _session
-
-            _session.internal_error("tracking a new event loop", exc)
-
-    asyncio.BaseEventLoop.__init__ = init  # type: ignore[method-assign,assignment]
-
-    def undo() -> None:
-        if asyncio.BaseEventLoop.__init__ is init:
-            asyncio.BaseEventLoop.__init__ = original  # type: ignore[method-assign]
-
-    return undo
 
 
 # -- asyncflow snapshot / report ---------------------------------------------------------------

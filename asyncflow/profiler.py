@@ -206,6 +206,7 @@ class Profiler:
             from asyncflow.instrumentation import (
                 channels,
                 coroutines,
+                every_loop,
                 executors,
                 resources,
                 streams,
@@ -218,6 +219,7 @@ class Profiler:
             executors.reset_for_session()
             resources.reset_for_session()
             coroutines.reset_for_session()
+            every_loop.reset_for_session()
             session = _session.Session(next(_epochs), clock.now_ns(), options.sampling)
             self._collector = Collector(session, options)
             self._trace = self._live = None

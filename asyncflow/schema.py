@@ -52,6 +52,7 @@ __all__ = [
     "MetricEntry",
     "MetricsDocument",
     "NeverAwaitedEntry",
+    "NotProfiledEntry",
     "Outcomes",
     "PermitsInfo",
     "PollAllocations",
@@ -304,6 +305,19 @@ class FutureLogs:
 
 
 @dataclass(frozen=True, slots=True)
+class NotProfiledEntry:
+    """Something the program ran that asyncflow could not profile, and why."""
+
+    #: ``loop`` (an event loop whose tasks are not tracked) or ``trio`` (trio's scheduler)
+    kind: str
+    #: the loop's class (``module.qualname``), or the trio entry point (``trio.run``)
+    name: str
+    reason: str
+    #: how many times it was met: loops of that class, runs of trio
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
 class ProfilerStatus:
     """``GET /profiler_status``: the profiler itself."""
 
@@ -327,6 +341,9 @@ class ProfilerStatus:
     #: true: the compiled hot path records calls; false: the pure-Python one does (not built,
     #: or ``ASYNCFLOW_NO_EXTENSIONS=1``); null: not said (a document from an older version)
     accelerated: bool | None = None
+    #: what the program ran that asyncflow could not profile (an event loop that refused its
+    #: task factory, trio), each with the reason
+    not_profiled: list[NotProfiledEntry] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,6 +13,7 @@ from asyncflow.schema import (
     ExecutorEntry,
     FutureEntry,
     LoopEntry,
+    ProfilerStatus,
     ResourceEntry,
     Snapshot,
     StreamEntry,
@@ -109,7 +110,7 @@ def render_table(snapshot: Snapshot, percentiles: tuple[float, ...], limit: int)
         *(f"{percentile_key(q)} poll" for q in percentiles),
         "max poll",
     ]
-    lines = [header, "", *_warnings(snapshot.warnings)]
+    lines = [header, "", *_not_profiled(status), *_warnings(snapshot.warnings)]
     if futures:
         lines += _table([columns, *(_row(f, percentiles, live) for f in shown)])
     if len(shown) < len(futures):
@@ -120,10 +121,7 @@ def render_table(snapshot: Snapshot, percentiles: tuple[float, ...], limit: int)
             names += f" and {len(never) - _NEVER_NAMED} more"
         lines.append(f"never called: {names}")
     if not every:
-        lines.append(
-            "(no futures were tracked: no call of an @asyncflow.future coroutine, and no task "
-            "under asyncflow.instrument_tasks() or asyncflow run)"
-        )
+        lines.append(_no_futures(snapshot))
     lines += _functions_section(snapshot, percentiles, limit)
     measured = [f for f in shown if f.cpu is not None or f.allocations is not None]
     if measured:
@@ -149,6 +147,34 @@ def render_table(snapshot: Snapshot, percentiles: tuple[float, ...], limit: int)
         for entry in loops:
             lines += _episodes(entry)
     return "\n".join(lines) + "\n"
+
+
+def _not_profiled(status: ProfilerStatus) -> list[str]:
+    """One line for each thing the program ran that asyncflow could not profile, and a blank."""
+    lines = []
+    for entry in status.not_profiled:
+        what = f"event loop {entry.name}" if entry.kind == "loop" else entry.name
+        times = f" ({entry.count:,} times)" if entry.count > 1 else ""
+        lines.append(f"not profiled: {what}{times}: {entry.reason}")
+    return [*lines, ""] if lines else []
+
+
+def _no_futures(snapshot: Snapshot) -> str:
+    """Why no future was tracked, as far as the snapshot tells."""
+    if snapshot.status.not_profiled:
+        return "(no futures were tracked: what the program ran is not profiled, see above)"
+    loops = snapshot.loop.loops if snapshot.loop is not None else []
+    if loops:
+        names = ", ".join(sorted({entry.label for entry in loops}))
+        return (
+            f"(no futures were tracked: asyncflow watched {counted(len(loops), 'event loop')} "
+            f"({names}), but no task it tracks ran there: no @asyncflow.future call, and no "
+            "task of the program's own that --include/--exclude kept)"
+        )
+    return (
+        "(no futures were tracked: no call of an @asyncflow.future coroutine, and no task "
+        "under asyncflow.instrument_tasks() or asyncflow run)"
+    )
 
 
 def _section(

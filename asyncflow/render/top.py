@@ -1,14 +1,17 @@
 """``asyncflow top``: a live terminal view of a running profiler's endpoint, built on textual.
 
-It reads the same JSON documents as any other client, about twice a second. An unreachable
-endpoint or a refused token is shown in the status line and retried; it never ends the view.
+It reads the same JSON documents as any other client, about twice a second, and parses each
+with the schema (:func:`asyncflow.schema.load`) into its typed document: top reads fields of
+the schema's classes, never keys of raw JSON. An unreachable endpoint, a refused token or a
+document that does not parse (said with the field at fault) is shown in the status line and
+retried; it never ends the view.
 
-Every table is one :class:`View` in :data:`VIEWS`: the route it lists, its columns (each a value
-read from a row, which is also what it sorts on, how that value is shown, a priority that
-decides which columns stay on a narrow terminal, and the line the help screen gives it), where
-a row's logs are and how to print them. A new document (resources...) joins top by adding one
-``View`` to that table; the key that shows it, the footer, sorting, the help screen and the
-logs pane follow from it.
+Every table is one :class:`View` in :data:`VIEWS`: the route it lists and the schema's class
+of its document, its columns (each a value read from an entry, which is also what it sorts on,
+how that value is shown, a priority that decides which columns stay on a narrow terminal, and
+the line the help screen gives it), where a row's logs are and how to print them. A new
+document (resources...) joins top by adding one ``View`` to that table; the key that shows it,
+the footer, sorting, the help screen and the logs pane follow from it.
 """
 
 from __future__ import annotations
@@ -17,9 +20,9 @@ import asyncio
 import io
 import os
 import textwrap
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 import aiohttp
 from rich.console import Console
@@ -32,11 +35,48 @@ from textual.screen import ModalScreen
 from textual.widgets import DataTable, Footer, Static
 
 from asyncflow.render.report import counted, named
+from asyncflow.schema import (
+    AwaitFrame,
+    ChannelEntry,
+    ChannelLogs,
+    ChannelsDocument,
+    DocumentError,
+    ErrorDocument,
+    ExecutorEntry,
+    ExecutorsDocument,
+    FunctionEntry,
+    FunctionsDocument,
+    FutureEntry,
+    FutureLogs,
+    FuturesDocument,
+    Location,
+    LoopDocument,
+    LoopEntry,
+    MetricEntry,
+    MetricsDocument,
+    ProfilerStatus,
+    ResourceEntry,
+    ResourcesDocument,
+    StackFrame,
+    StreamEntry,
+    StreamLogs,
+    StreamsDocument,
+    TaskEntry,
+    TasksDocument,
+    ThreadEntry,
+    ThreadsDocument,
+    WarningEntry,
+    WarningsDocument,
+    load,
+)
 
 __all__ = ["VIEWS", "Column", "Context", "TopApp", "View", "compact_count", "compact_duration"]
 
-Row = dict[str, Any]
-Get = Callable[[str], Awaitable[Row]]
+#: a list document, one of its entries, and a logs document
+D = TypeVar("D")
+E = TypeVar("E")
+L = TypeVar("L")
+_D = TypeVar("_D")
 
 
 # -- compact units: a column of durations stays at most six characters wide ---------------------
@@ -83,16 +123,28 @@ def _pct(values: dict[str, int] | None, key: str) -> int | None:
     return (values or {}).get(key)
 
 
-def _where(location: Row | None) -> str:
-    return f"{os.path.basename(location['file'])}:{location['line']}" if location else "-"
+def _where(location: Location | AwaitFrame | StackFrame | None) -> str:
+    return f"{os.path.basename(location.file)}:{location.line}" if location else "-"
 
 
 # -- the declarative table of views -------------------------------------------------------------
 
 
+@dataclass(eq=False)
+class Row(Generic[E]):
+    """One row of a table: an entry of the list document, its key in the table, and what top
+    fetched for it beyond the list."""
+
+    entry: E
+    #: its key in the table: its id, made unique (see ``_rows``)
+    key: str = ""
+    #: the age of a future's oldest live call, when top asked its logs (``_fetch_oldest``)
+    oldest_ns: int = -1
+
+
 @dataclass(frozen=True)
-class Column:
-    """One column of a view: a value read from a row (what it sorts on) and how it is shown.
+class Column(Generic[E]):
+    """One column of a view: a value read from an entry (what it sorts on) and how it is shown.
 
     ``priority`` decides which columns stay when the terminal is narrow: 0 always stays, then 1,
     2... while they fit; the rest are dropped (the help screen still lists them). Numeric
@@ -101,7 +153,7 @@ class Column:
 
     name: str
     priority: int
-    value: Callable[[Row], Any]
+    value: Callable[[E], Any]
     help: str
     show: Callable[[Any], str] = str
     numeric: bool = True
@@ -113,28 +165,32 @@ class Column:
     #: cut from the left, keeping the end (``…ers/app.py:12``: the line number stays)
     cut_left: bool = False
 
-    def cell(self, row: Row) -> str:
-        """The text of this column for ``row``."""
-        return self.show(self.value(row))
+    def read(self, row: Row[E]) -> Any:
+        """The value of this column for ``row``."""
+        return self.value(row.entry)
 
-    def key(self, row: Row) -> tuple[bool, Any]:
+    def cell(self, row: Row[E]) -> str:
+        """The text of this column for ``row``."""
+        return self.show(self.read(row))
+
+    def key(self, row: Row[E]) -> tuple[bool, Any]:
         """The sort key of ``row``: missing values (None) sort after the others when the
         order is biggest first."""
-        value = self.value(row)
+        value = self.read(row)
         return (value is not None, 0 if value is None else value)
 
 
-def _dur(name: str, priority: int, value: Callable[[Row], Any], help: str) -> Column:
+def _dur(name: str, priority: int, value: Callable[[E], Any], help: str) -> Column[E]:
     return Column(name, priority, value, help, show=dur)
 
 
-def _count(name: str, priority: int, value: Callable[[Row], Any], help: str) -> Column:
+def _count(name: str, priority: int, value: Callable[[E], Any], help: str) -> Column[E]:
     return Column(name, priority, value, help, show=count)
 
 
 def _text(
-    name: str, priority: int, value: Callable[[Row], Any], help: str, **options: Any
-) -> Column:
+    name: str, priority: int, value: Callable[[E], Any], help: str, **options: Any
+) -> Column[E]:
     return Column(name, priority, value, help, numeric=False, **options)
 
 
@@ -147,8 +203,8 @@ class Context:
     labels: dict[int, str] = field(default_factory=dict)
     #: future ids a printer could not name (top then asks /futures and prints again)
     missing: set[int] = field(default_factory=set)
-    #: the selected row of the list, as the list document gives it
-    row: Row = field(default_factory=dict)
+    #: the selected row's entry, as the list document gives it (None: no row)
+    row: Any = None
 
     def future(self, future_id: int | None, call_id: int | None = None) -> str:
         """A future's label (and the call), as a person reads it."""
@@ -162,8 +218,28 @@ class Context:
         return label if call_id is None else f"{label} (call {call_id})"
 
 
+class Get(Protocol):
+    """Fetch a route of the endpoint and parse it as the schema's ``document`` class."""
+
+    def __call__(self, path: str, document: type[_D], /) -> Awaitable[_D]: ...
+
+
 @dataclass(frozen=True)
-class View:
+class Logs(Generic[L]):
+    """Where a row's logs are, and how to print them."""
+
+    #: the route (``{id}`` is the row's id) and the schema's class of its document
+    route: str
+    document: type[L]
+    lines: Callable[[L, Context], list[str]]
+
+
+def _entry_id(entry: Any) -> str:
+    return str(entry.id)
+
+
+@dataclass(frozen=True)
+class View(Generic[D, E]):
     """One of top's tables: which document it lists and how."""
 
     name: str
@@ -171,30 +247,36 @@ class View:
     key: str
     #: one line for the help screen: what a row is
     about: str
-    #: the list route, and the field of its document that holds the list
+    #: the list route, the schema's class of its document, and the entries it lists
     route: str
-    list_field: str
-    columns: tuple[Column, ...]
+    document: type[D]
+    entries: Callable[[D], list[E]]
+    columns: tuple[Column[E], ...]
     #: the column it is sorted by at first
     sort: str
-    #: a row's logs route (``{id}``), and how to print that document
-    logs: str | None = None
-    log_lines: Callable[[Row, Context], list[str]] | None = None
+    #: a row's logs: fetched from their own route, or printed from the row itself
+    logs: Logs[Any] | None = None
+    row_lines: Callable[[E, Context], list[str]] | None = None
     #: what the pane below the table shows while no row is selected, from the list document
-    detail: Callable[[Row], list[str]] | None = None
+    detail: Callable[[D], list[str]] | None = None
     #: fetches more per row (e.g. each future's oldest live call) for the first rows shown
-    enrich: Callable[[Get, list[Row], Context], Awaitable[None]] | None = None
+    enrich: Callable[[Get, list[Row[E]], Context], Awaitable[None]] | None = None
     #: a row's identity, which the cursor and the logs follow across sorts and refreshes
-    row_id: Callable[[Row], str] = lambda row: str(row["id"])
+    row_id: Callable[[E], str] = _entry_id
 
-    def column(self, name: str) -> Column:
+    def column(self, name: str) -> Column[E]:
         """The column called ``name``."""
         return next(c for c in self.columns if c.name == name)
 
+    @property
+    def has_logs(self) -> bool:
+        """Whether enter shows something for a row."""
+        return self.logs is not None or self.row_lines is not None
 
-def _thread_name(t: Row) -> str:
-    name = str(t["name"]) + (" (asyncflow)" if t["asyncflow"] else "")
-    loops = t.get("loop_ids") or []
+
+def _thread_name(t: ThreadEntry) -> str:
+    name = t.name + (" (asyncflow)" if t.asyncflow else "")
+    loops = t.loop_ids
     return name + (f" (loop {', '.join(map(str, loops))})" if loops else "")
 
 
@@ -205,20 +287,20 @@ def _percent(share: float | None) -> str:
 # futures ---------------------------------------------------------------------------------------
 
 
-def _live(f: Row) -> int:
-    calls = f["calls"]
-    return int(calls["pending"] + calls["running"] + calls["suspended"])
+def _live(f: FutureEntry) -> int:
+    calls = f.calls
+    return calls.pending + calls.running + calls.suspended
 
 
-def _started(f: Row) -> int:
+def _started(f: FutureEntry) -> int:
     """Calls that were polled at least once (live or finished): idle time is theirs."""
-    o = f["outcomes"]
-    return max(0, int(f["call_count"] - f["calls"]["pending"] - o["never_awaited"]))
+    o = f.outcomes
+    return max(0, f.call_count - f.calls.pending - o.never_awaited)
 
 
-def _idle_per_call(f: Row) -> int | None:
+def _idle_per_call(f: FutureEntry) -> int | None:
     started = _started(f)
-    return f["idle_ns"] // started if started else None
+    return f.idle_ns // started if started else None
 
 
 #: how many futures with live calls top asks for their oldest live call each refresh
@@ -229,40 +311,47 @@ OLDEST_FETCHES = 24
 _UNASKED = -1
 
 
-def _oldest(f: Row) -> int | None:
-    return f.get("_oldest_ns", _UNASKED) if _live(f) else None
+@dataclass(frozen=True)
+class _OldestColumn(Column[FutureEntry]):
+    """The age of a future's oldest live call: what top fetched for the row, not in the
+    list."""
+
+    def read(self, row: Row[FutureEntry]) -> Any:
+        return row.oldest_ns if _live(row.entry) else None
 
 
 def _show_oldest(age: int | None) -> str:
     return "?" if age == _UNASKED else dur(age)
 
 
-async def _fetch_oldest(get: Get, rows: list[Row], ctx: Context) -> None:
+async def _fetch_oldest(get: Get, rows: list[Row[FutureEntry]], ctx: Context) -> None:
     """The age of each future's oldest live call, from its logs (live calls come first there,
     oldest first). ``/futures`` does not carry it, so only the first rows shown are asked."""
-    wanted = [f for f in rows if _live(f)][:OLDEST_FETCHES]
-    logs = await asyncio.gather(*(get(f"/futures/{f['id']}/logs?limit=1") for f in wanted))
-    for f, log in zip(wanted, logs, strict=True):
-        calls = log["calls"]
-        if calls and calls[0]["finished_ns"] is None:
-            f["_oldest_ns"] = max(0, ctx.uptime_ns - calls[0]["created_ns"])
+    wanted = [row for row in rows if _live(row.entry)][:OLDEST_FETCHES]
+    logs = await asyncio.gather(
+        *(get(f"/futures/{row.entry.id}/logs?limit=1", FutureLogs) for row in wanted)
+    )
+    for row, log in zip(wanted, logs, strict=True):
+        calls = log.calls
+        if calls and calls[0].finished_ns is None:
+            row.oldest_ns = max(0, ctx.uptime_ns - calls[0].created_ns)
 
 
-def _call_lines(document: Row, ctx: Context) -> list[str]:
+def _call_lines(document: FutureLogs, ctx: Context) -> list[str]:
     lines = [
-        f"{document['label']}: live calls first (time = age), then finished ones (time = duration)",
+        f"{document.label}: live calls first (time = age), then finished ones (time = duration)",
         f"{'call':>7}  {'state':<9}  {'time':>6}  {'polls':>5}  {'busy':>6}  {'idle':>6}  task",
     ]
-    for c in document["calls"]:
-        if c["finished_ns"] is None:
-            time, state = max(0, ctx.uptime_ns - c["created_ns"]), c["state"]
+    for c in document.calls:
+        if c.finished_ns is None:
+            time, state = max(0, ctx.uptime_ns - c.created_ns), c.state
         else:
-            time, state = c["finished_ns"] - c["created_ns"], c["outcome"] or c["state"]
-        error = c["exception"]
+            time, state = c.finished_ns - c.created_ns, c.outcome or c.state
+        error = c.exception
         lines.append(
-            f"{c['call_id']:>7}  {state:<9}  {dur(time):>6}  {count(c['poll_count']):>5}  "
-            f"{dur(c['busy_ns']):>6}  {dur(c['idle_ns']):>6}  {c['task'] or '-'}"
-            + (f"  {error['type']}: {error['message']}"[:60] if error else "")
+            f"{c.call_id:>7}  {state:<9}  {dur(time):>6}  {count(c.poll_count):>5}  "
+            f"{dur(c.busy_ns):>6}  {dur(c.idle_ns):>6}  {c.task or '-'}"
+            + (f"  {error.type}: {error.message}"[:60] if error else "")
         )
     return lines
 
@@ -270,29 +359,30 @@ def _call_lines(document: Row, ctx: Context) -> list[str]:
 # channels --------------------------------------------------------------------------------------
 
 
-def _capacity(c: Row) -> str:
-    kind: str = c["channel_type"]
+def _capacity(c: ChannelEntry) -> str:
+    kind = c.channel_type
     return kind[len("bounded[") : -1] if kind.startswith("bounded[") else "∞"
 
 
-def _message_lines(document: Row, ctx: Context) -> list[str]:
+def _message_lines(document: ChannelLogs, ctx: Context) -> list[str]:
     """Sends and receives, one per line, newest first; a receive says how long its message
     waited, and each names the future (and call) that sent or received it."""
-    for edge in ctx.row.get("senders", []) + ctx.row.get("receivers", []):
-        if edge["future_id"] is not None:
-            ctx.labels.setdefault(edge["future_id"], edge["label"])
-    events = [("sent", e) for e in document["sent_logs"]]
-    events += [("received", e) for e in document["received_logs"]]
-    events.sort(key=lambda pair: -pair[1]["timestamp_ns"])
-    lines = [f"{document['label']}: sends and receives, newest first"]
+    edges = ctx.row.senders + ctx.row.receivers if isinstance(ctx.row, ChannelEntry) else []
+    for edge in edges:
+        if edge.future_id is not None:
+            ctx.labels.setdefault(edge.future_id, edge.label)
+    events = [("sent", e) for e in document.sent_logs]
+    events += [("received", e) for e in document.received_logs]
+    events.sort(key=lambda pair: -pair[1].timestamp_ns)
+    lines = [f"{document.label}: sends and receives, newest first"]
     for what, e in events[:20]:
-        msg = "?" if e["msg_id"] is None else str(e["msg_id"])
-        line = f"{dur(e['timestamp_ns']):>6}  {what:<8}  msg {msg:>6}  "
-        line += f"by {ctx.future(e['future_id'], e['call_id'])}"
-        if e["delay_ns"] is not None:
-            line += f"  after {dur(e['delay_ns'])}"
-        if e["message"] is not None:
-            line += f"  {e['message']}"
+        msg = "?" if e.msg_id is None else str(e.msg_id)
+        line = f"{dur(e.timestamp_ns):>6}  {what:<8}  msg {msg:>6}  "
+        line += f"by {ctx.future(e.future_id, e.call_id)}"
+        if e.delay_ns is not None:
+            line += f"  after {dur(e.delay_ns)}"
+        if e.message is not None:
+            line += f"  {e.message}"
         lines.append(line)
     return lines
 
@@ -300,82 +390,82 @@ def _message_lines(document: Row, ctx: Context) -> list[str]:
 # streams and loops -----------------------------------------------------------------------------
 
 
-def _item_lines(document: Row, ctx: Context) -> list[str]:
-    return [f"{document['label']}: items, newest first"] + [
-        f"item {e['index']:>7}  at {dur(e['timestamp_ns']):>6}  waited {dur(e['wait_ns']):>6}"
-        + (f"  {e['item']}" if e["item"] is not None else "")
-        for e in document["items"]
+def _item_lines(document: StreamLogs, ctx: Context) -> list[str]:
+    return [f"{document.label}: items, newest first"] + [
+        f"item {e.index:>7}  at {dur(e.timestamp_ns):>6}  waited {dur(e.wait_ns):>6}"
+        + (f"  {e.item}" if e.item is not None else "")
+        for e in document.items
     ]
 
 
-def _episode_lines(document: Row) -> list[str]:
+def _episode_lines(document: LoopDocument) -> list[str]:
     lines = []
-    for loop in document["loops"]:
-        for e in loop["episodes"][:5]:
-            who = e["call"]["label"] if e["call"] else (e["task"] or "untracked code")
-            top = e["stack"][0] if e["stack"] else None
-            where = f" at {top['file']}:{top['line']} ({top['function']})" if top else ""
-            state = "blocking now" if e["ongoing"] else "blocked"
-            lines.append(f"loop {loop['id']} {state} {dur(e['blocked_ns'])} by {who}{where}")
+    for loop in document.loops:
+        for e in loop.episodes[:5]:
+            who = e.call.label if e.call else (e.task or "untracked code")
+            top = e.stack[0] if e.stack else None
+            where = f" at {top.file}:{top.line} ({top.function})" if top else ""
+            state = "blocking now" if e.ongoing else "blocked"
+            lines.append(f"loop {loop.id} {state} {dur(e.blocked_ns)} by {who}{where}")
     return lines or ["no blocked-loop episodes"]
 
 
-def _waits_on(task: Row) -> str | None:
-    target = task["waits_on"]
-    return None if target is None else str(target["description"])
+def _waits_on(task: TaskEntry) -> str | None:
+    target = task.waits_on
+    return None if target is None else target.description
 
 
-def _program_frame(chain: list[Row]) -> Row | None:
+def _program_frame(chain: list[AwaitFrame]) -> AwaitFrame | None:
     """The innermost frame outside the installed Python (asyncio, site-packages), else the
     innermost."""
-    ours = [f for f in chain if "/lib/python3" not in f["file"].replace(os.sep, "/")]
+    ours = [f for f in chain if "/lib/python3" not in f.file.replace(os.sep, "/")]
     frames = ours or chain
     return frames[-1] if frames else None
 
 
-def _task_where(task: Row) -> str:
+def _task_where(task: TaskEntry) -> str:
     # the document names the program's own frame; older ones did not: guess from the chain
-    where = task.get("where")
-    return _where(where if where is not None else _program_frame(task["chain"]))
+    where = task.where
+    return _where(where if where is not None else _program_frame(task.chain))
 
 
-def _chain_lines(task: Row, ctx: Context) -> list[str]:
-    lines = [f"{task['name']}: its await chain, innermost last"]
-    lines += [f"  {f['file']}:{f['line']} {f['function']}" for f in task["chain"]]
-    target = task["waits_on"]
-    lines.append(f"waits on: {target['description'] if target else 'nothing known'}")
+def _chain_lines(task: TaskEntry, ctx: Context) -> list[str]:
+    lines = [f"{task.name}: its await chain, innermost last"]
+    lines += [f"  {f.file}:{f.line} {f.function}" for f in task.chain]
+    target = task.waits_on
+    lines.append(f"waits on: {target.description if target else 'nothing known'}")
     return lines
 
 
-def _wait_lines(document: Row) -> list[str]:
+def _wait_lines(document: TasksDocument) -> list[str]:
     lines = []
-    for w in document["waits"][:8]:
-        target = w["waits_on"]
-        where = f" at {_where(w['where'])}" if w["where"] else ""
-        what = f" on {target['description']}" if target else ""
-        n = w["tasks"]
+    for w in document.waits[:8]:
+        target = w.waits_on
+        where = f" at {_where(w.where)}" if w.where else ""
+        what = f" on {target.description}" if target else ""
+        n = w.tasks
         tasks = (
-            f"{count(n)} task of {w['label']} waits"
+            f"{count(n)} task of {w.label} waits"
             if n == 1
-            else (f"{count(n)} tasks of {w['label']} wait")
+            else (f"{count(n)} tasks of {w.label} wait")
         )
         lines.append(f"{tasks}{where}{what}")
-    if not document["consistent"]:
+    if not document.consistent:
         lines.append("(a blocked loop was read from outside: its chains may be changing)")
     return lines or ["no task is waiting"]
 
 
-def _status_line(status: Row) -> str:
+def _status_line(status: ProfilerStatus) -> str:
     """The profiler's name, pid, age and counts, as the first line says them."""
-    live = status["calls_live"]
+    live = status.calls_live
     return (
-        f"{status['name']} · pid {status['pid']} · up {dur(status['uptime_ns'])} · "
-        f"{counted(status['futures'], 'future')} · {count(live)} live "
-        f"call{'' if live == 1 else 's'} · {counted(status['channels'], 'channel')} · "
-        f"{counted(status['streams'], 'stream')}"
+        f"{status.name} · pid {status.pid} · up {dur(status.uptime_ns)} · "
+        f"{counted(status.futures, 'future')} · {count(live)} live "
+        f"call{'' if live == 1 else 's'} · {counted(status.channels, 'channel')} · "
+        f"{counted(status.streams, 'stream')}"
         + (
-            f" · {counted(status['internal_errors'], 'internal error')}"
-            if status["internal_errors"]
+            f" · {counted(status.internal_errors, 'internal error')}"
+            if status.internal_errors
             else ""
         )
     )
@@ -386,45 +476,45 @@ def _noun(n: int, noun: str) -> str:
     return f"{noun if n == 1 else noun + 's':<{len(noun) + 1}}"
 
 
-def _job_lines(executor: Row, ctx: Context) -> list[str]:
-    lines = [f"{executor['label']}: jobs by function, then by the future that submitted them"]
-    for group in executor["functions"][:6] + executor["futures"][:6]:
+def _job_lines(executor: ExecutorEntry, ctx: Context) -> list[str]:
+    lines = [f"{executor.label}: jobs by function, then by the future that submitted them"]
+    for group in executor.functions[:6] + executor.futures[:6]:
         lines.append(
-            f"{count(group['jobs']):>6} {_noun(group['jobs'], 'job')}  "
-            f"{group['name'][:30]:<30}  queued "
-            f"{dur(group['queued_ns']):>6} (max {dur(group['max_queued_ns'])})  ran "
-            f"{dur(group['run_ns'])}" + (f"  {group['raised']} raised" if group["raised"] else "")
+            f"{count(group.jobs):>6} {_noun(group.jobs, 'job')}  "
+            f"{group.name[:30]:<30}  queued "
+            f"{dur(group.queued_ns):>6} (max {dur(group.max_queued_ns)})  ran "
+            f"{dur(group.run_ns)}" + (f"  {group.raised} raised" if group.raised else "")
         )
     return lines
 
 
-def _resource_lines(resource: Row, ctx: Context) -> list[str]:
-    lines = [f"{resource['label']} ({resource['kind']}): who waited and who held it"]
-    for h in resource["holders"][:4]:
-        ended = f", its call {h['outcome']}" if h["outcome"] else ""
-        lines.append(f"  held by {h['label']} for {dur(h['held_ns'])}{ended}")
-    for f in resource["futures"][:6]:
+def _resource_lines(resource: ResourceEntry, ctx: Context) -> list[str]:
+    lines = [f"{resource.label} ({resource.kind}): who waited and who held it"]
+    for h in resource.holders[:4]:
+        ended = f", its call {h.outcome}" if h.outcome else ""
+        lines.append(f"  held by {h.label} for {dur(h.held_ns)}{ended}")
+    for f in resource.futures[:6]:
         lines.append(
-            f"{count(f['waits']):>6} {_noun(f['waits'], 'wait')} {dur(f['total_wait_ns']):>6} (max "
-            f"{dur(f['max_wait_ns'])})  {count(f['holds']):>6} {_noun(f['holds'], 'hold')} "
-            f"{dur(f['total_hold_ns']):>6}"
-            f"  {f['label'][:30]}"
+            f"{count(f.waits):>6} {_noun(f.waits, 'wait')} {dur(f.total_wait_ns):>6} (max "
+            f"{dur(f.max_wait_ns)})  {count(f.holds):>6} {_noun(f.holds, 'hold')} "
+            f"{dur(f.total_hold_ns):>6}"
+            f"  {f.label[:30]}"
         )
     return lines
 
 
-def _warning_subject(w: Row) -> str:
-    s = w["subject"]
-    return f"{s['kind']} {s['label']}"
+def _warning_subject(w: WarningEntry) -> str:
+    s = w.subject
+    return f"{s.kind} {s.label}"
 
 
-def _warning_lines(w: Row, ctx: Context) -> list[str]:
-    lines = textwrap.wrap(w["message"], 78) + textwrap.wrap(f"→ {w['hint']}", 78)
-    lines.append("evidence: " + _evidence(w["evidence"]))
+def _warning_lines(w: WarningEntry, ctx: Context) -> list[str]:
+    lines = textwrap.wrap(w.message, 78) + textwrap.wrap(f"→ {w.hint}", 78)
+    lines.append("evidence: " + _evidence(w.evidence))
     return lines
 
 
-def _evidence(evidence: Row) -> str:
+def _evidence(evidence: Mapping[str, Any]) -> str:
     """A warning's evidence in words and units: ``producers blocked 28s, in use 7.07s``."""
     parts = []
     for key, value in evidence.items():
@@ -440,324 +530,331 @@ def _evidence(evidence: Row) -> str:
 _SEVERITY = {"error": 3, "warning": 2, "info": 1}
 
 
-def _loop_name(loop: Row) -> tuple[int, str]:
-    return loop["id"], loop["label"].rsplit(".", 1)[-1]
+def _loop_name(loop: LoopEntry) -> tuple[int, str]:
+    return loop.id, loop.label.rsplit(".", 1)[-1]
 
 
-def _running(loop: Row) -> str:
-    running = loop["running"]
-    return f"{running['label']} {dur(running['elapsed_ns'])}" if running else "-"
+def _running(loop: LoopEntry) -> str:
+    running = loop.running
+    return f"{running.label} {dur(running.elapsed_ns)}" if running else "-"
 
 
-def _warning_count(warnings: list[Row]) -> str:
+def _warning_count(warnings: list[WarningEntry]) -> str:
     """The warnings that hold now, shown on the status line whatever the view."""
-    now = [w for w in warnings if w["active"]]
+    now = [w for w in warnings if w.active]
     if not now:
         return "no warnings · "
-    worst = max(now, key=lambda w: _SEVERITY.get(w["severity"], 0))["severity"]
+    worst = max(now, key=lambda w: _SEVERITY.get(w.severity, 0)).severity
     return f"⚠ {len(now)} warning{'' if len(now) == 1 else 's'} ({worst}; w shows them) · "
 
 
 # fmt: off
-def _function_errors(document: Row) -> list[str]:
+def _function_errors(document: FunctionsDocument) -> list[str]:
     """Below the functions: what each one that raised raised, by exception type."""
     return [
-        f"{f['label']} raised " + ", ".join(f"{name} {n:,}" for name, n in f["errors"].items())
-        for f in document.get("functions", [])
-        if f.get("errors")
+        f"{f.label} raised " + ", ".join(f"{name} {n:,}" for name, n in f.errors.items())
+        for f in document.functions
+        if f.errors
     ][:8]
 
 
-def _named(row: dict[str, Any]) -> str:
-    """A row's label, saying when it is the sum of gone objects or one that is gone (the text
-    report's ``named``, over a document's row)."""
-    folded = row.get("folded_count", row.get("folded", 0))
-    gone = row.get("alive") is False or row.get("state") == "gone"
-    return named(row["label"], folded, gone)
+# A row's label, saying when it is the sum of gone objects or one that is gone (the text
+# report's ``named``), from each document's own fields: ``folded_count`` (``folded`` for
+# resources) and ``alive`` (``state`` ``gone`` for executors and resources).
+def _named_alive(e: FutureEntry | ChannelEntry | StreamEntry) -> str:
+    return named(e.label, e.folded_count, not e.alive)
 
 
-VIEWS: tuple[View, ...] = (
-    View(
+def _named_resource(r: ResourceEntry) -> str:
+    return named(r.label, r.folded, r.state == "gone")
+
+
+def _named_executor(e: ExecutorEntry) -> str:
+    return named(e.label, e.folded_count, e.state == "gone")
+
+
+VIEWS: tuple[View[Any, Any], ...] = (
+    View[FuturesDocument, FutureEntry](
         "futures", "f",
         "one row per future: a decorated coroutine function, or every task running the same "
         "coroutine in whole-program mode",
-        "/futures", "futures",
+        "/futures", FuturesDocument, lambda d: d.futures,
         (
-            _text("future", 0, _named, "the future's label", flex=True),
+            _text("future", 0, _named_alive, "the future's label", flex=True),
             _count("live", 1, _live, "calls not finished now (pending + running + suspended)"),
-            Column("oldest", 1, _oldest, "age of the oldest live call: a call waiting forever "
-                   "keeps growing here (? = not asked: only the first "
-                   f"{OLDEST_FETCHES} futures with live calls are, in the order shown)",
-                   show=_show_oldest),
-            _count("calls", 2, lambda f: f["call_count"], "calls so far (live and finished)"),
-            _dur("p95", 1, lambda f: _pct(f["poll_duration_ns"], "p95"),
+            _OldestColumn("oldest", 1, _live, "age of the oldest live call: a call waiting "
+                          "forever keeps growing here (? = not asked: only the first "
+                          f"{OLDEST_FETCHES} futures with live calls are, in the order shown)",
+                          show=_show_oldest),
+            _count("calls", 2, lambda f: f.call_count, "calls so far (live and finished)"),
+            _dur("p95", 1, lambda f: _pct(f.poll_duration_ns, "p95"),
                  "95th percentile of the poll duration (one step from an await to the next); "
                  "a long poll blocks the loop"),
-            _dur("max", 1, lambda f: f["max_poll_duration_ns"], "the longest poll"),
-            _dur("busyΣ", 2, lambda f: f["busy_ns"],
+            _dur("max", 1, lambda f: f.max_poll_duration_ns, "the longest poll"),
+            _dur("busyΣ", 2, lambda f: f.busy_ns,
                  "time spent polling, summed over all calls (live ones included)"),
-            _count("polls", 3, lambda f: f["total_polls"], "polls over all calls"),
+            _count("polls", 3, lambda f: f.total_polls, "polls over all calls"),
             _dur("idle/call", 4, _idle_per_call,
                  "mean time a call spent suspended between polls (idleΣ / calls that started)"),
-            _dur("idleΣ", 5, lambda f: f["idle_ns"],
+            _dur("idleΣ", 5, lambda f: f.idle_ns,
                  "time suspended between polls, summed over all calls: with many calls at "
                  "once it is longer than the run"),
-            _count("run", 6, lambda f: f["calls"]["running"], "calls inside a poll now"),
-            _count("susp", 6, lambda f: f["calls"]["suspended"],
+            _count("run", 6, lambda f: f.calls.running, "calls inside a poll now"),
+            _count("susp", 6, lambda f: f.calls.suspended,
                    "calls suspended now (awaiting something)"),
-            _count("pend", 7, lambda f: f["calls"]["pending"], "calls created, not polled yet"),
-            _count("done", 6, lambda f: f["calls"]["ready"], "calls that returned or raised"),
-            _count("cxl", 7, lambda f: f["calls"]["cancelled"],
+            _count("pend", 7, lambda f: f.calls.pending, "calls created, not polled yet"),
+            _count("done", 6, lambda f: f.calls.ready, "calls that returned or raised"),
+            _count("cxl", 7, lambda f: f.calls.cancelled,
                    "calls cancelled, closed unfinished or never awaited"),
-            _text("where", 8, lambda f: _where(f["location"]),
+            _text("where", 8, lambda f: _where(f.location),
                   "where the function is defined (file:line)", max_width=28,
                   cut_left=True),
         ),
         sort="busyΣ",
-        logs="/futures/{id}/logs?limit=20", log_lines=_call_lines, enrich=_fetch_oldest,
+        logs=Logs("/futures/{id}/logs?limit=20", FutureLogs, _call_lines), enrich=_fetch_oldest,
     ),
-    View(
+    View[ChannelsDocument, ChannelEntry](
         "channels", "c",
         "one row per instrumented queue or memory stream",
-        "/channels", "channels",
+        "/channels", ChannelsDocument, lambda d: d.channels,
         (
-            _text("channel", 0, _named, "the channel's label", flex=True),
-            Column("depth", 1, lambda c: (c["queue_size"], _capacity(c)),
+            _text("channel", 0, _named_alive, "the channel's label", flex=True),
+            Column("depth", 1, lambda c: (c.queue_size, _capacity(c)),
                    "messages in it now / its capacity (∞: unbounded)",
                    show=lambda v: f"{v[0]}/{v[1]}"),
-            _dur("blockedΣ", 1, lambda c: c["producers_blocked_ns"],
+            _dur("blockedΣ", 1, lambda c: c.producers_blocked_ns,
                  "time producers waited on a full channel, summed over producers"),
-            _dur("starvedΣ", 1, lambda c: c["consumers_starved_ns"],
+            _dur("starvedΣ", 1, lambda c: c.consumers_starved_ns,
                  "time consumers waited on an empty channel, summed over consumers"),
-            _count("sent", 2, lambda c: c["sent_count"], "messages sent"),
-            _count("recv", 2, lambda c: c["received_count"], "messages received"),
-            _dur("p95", 2, lambda c: _pct(c["delay_ns"], "p95"),
+            _count("sent", 2, lambda c: c.sent_count, "messages sent"),
+            _count("recv", 2, lambda c: c.received_count, "messages received"),
+            _dur("p95", 2, lambda c: _pct(c.delay_ns, "p95"),
                  "95th percentile of a message's time in the channel (send to receive)"),
-            _dur("max", 3, lambda c: c["max_delay_ns"], "the longest time in the channel"),
-            _dur("p50", 4, lambda c: _pct(c["delay_ns"], "p50"), "median time in the channel"),
-            _count("peak", 5, lambda c: c["max_queue_size"], "the most messages it ever held"),
-            Column("recv/s", 6, lambda c: c["receive_rate"], "messages received per second",
+            _dur("max", 3, lambda c: c.max_delay_ns, "the longest time in the channel"),
+            _dur("p50", 4, lambda c: _pct(c.delay_ns, "p50"), "median time in the channel"),
+            _count("peak", 5, lambda c: c.max_queue_size, "the most messages it ever held"),
+            Column("recv/s", 6, lambda c: c.receive_rate, "messages received per second",
                    show=lambda v: f"{v:.3g}"),
-            _text("kind", 7, lambda c: c["kind"].rsplit(".", 1)[-1],
+            _text("kind", 7, lambda c: c.kind.rsplit(".", 1)[-1],
                   "Queue, PriorityQueue, LifoQueue (asyncio) or MemoryObjectStream (anyio)",
                   max_width=20),
         ),
         sort="sent",
-        logs="/channels/{id}/logs?limit=20", log_lines=_message_lines,
+        logs=Logs("/channels/{id}/logs?limit=20", ChannelLogs, _message_lines),
     ),
-    View(
+    View[StreamsDocument, StreamEntry](
         "streams", "s",
         "one row per async generator or iterator: how long its consumer waited for items",
-        "/streams", "streams",
+        "/streams", StreamsDocument, lambda d: d.streams,
         (
-            _text("stream", 0, _named, "the stream's label", flex=True),
-            _text("state", 2, lambda s: s["state"], "active, or how the last iteration ended"),
-            _count("items", 1, lambda s: s["items_yielded"], "items yielded"),
-            _dur("p50", 2, lambda s: _pct(s["wait_ns"], "p50"),
+            _text("stream", 0, _named_alive, "the stream's label", flex=True),
+            _text("state", 2, lambda s: s.state, "active, or how the last iteration ended"),
+            _count("items", 1, lambda s: s.items_yielded, "items yielded"),
+            _dur("p50", 2, lambda s: _pct(s.wait_ns, "p50"),
                  "median time the consumer waited for an item"),
-            _dur("max", 1, lambda s: s["max_wait_ns"], "the longest wait for an item"),
-            _dur("waitΣ", 3, lambda s: s["total_wait_ns"],
+            _dur("max", 1, lambda s: s.max_wait_ns, "the longest wait for an item"),
+            _dur("waitΣ", 3, lambda s: s.total_wait_ns,
                  "time the consumer waited for items, summed over items"),
-            _dur("usedΣ", 4, lambda s: s["consumer_ns"],
+            _dur("usedΣ", 4, lambda s: s.consumer_ns,
                  "time the consumer spent between an item and asking for the next, summed"),
-            _count("live", 3, lambda s: s["instances"].get("active"), "iterations running now"),
-            _text("where", 6, lambda s: _where(s["location"]),
+            _count("live", 3, lambda s: s.instances.get("active"), "iterations running now"),
+            _text("where", 6, lambda s: _where(s.location),
                   "where it is defined (file:line)", max_width=28, cut_left=True),
         ),
         sort="items",
-        logs="/streams/{id}/logs?limit=20", log_lines=_item_lines,
+        logs=Logs("/streams/{id}/logs?limit=20", StreamLogs, _item_lines),
     ),
-    View(
+    View[LoopDocument, LoopEntry](
         "loops", "l",
         "one row per event loop: how late its callbacks run (lag) and what blocked it; the "
         "latest blocked-loop episodes are listed below the table",
-        "/loop", "loops",
+        "/loop", LoopDocument, lambda d: d.loops,
         (
             Column("loop", 0, _loop_name, "the loop's number and class",
                    show=lambda v: f"{v[0]} {v[1]}", numeric=False, flex=True),
-            _text("state", 1, lambda lp: "BLOCKED" if lp["blocked"] else lp["state"],
+            _text("state", 1, lambda lp: "BLOCKED" if lp.blocked else lp.state,
                   "running, BLOCKED now, stopped or closed"),
-            _dur("lag", 1, lambda lp: lp["lag_now_ns"],
+            _dur("lag", 1, lambda lp: lp.lag_now_ns,
                  "the current lag: how late a callback scheduled now would run"),
-            _dur("p99", 2, lambda lp: _pct(lp["lag_ns"], "p99"), "99th percentile of the lag"),
-            _dur("max", 1, lambda lp: lp["max_lag_ns"], "the longest lag"),
-            _count("blocks", 1, lambda lp: lp["blocked_count"],
+            _dur("p99", 2, lambda lp: _pct(lp.lag_ns, "p99"), "99th percentile of the lag"),
+            _dur("max", 1, lambda lp: lp.max_lag_ns, "the longest lag"),
+            _count("blocks", 1, lambda lp: lp.blocked_count,
                    "blocked-loop episodes so far (longer than the block threshold)"),
-            _count("tasks", 2, lambda lp: lp["tasks_alive"], "tasks alive on it"),
+            _count("tasks", 2, lambda lp: lp.tasks_alive, "tasks alive on it"),
             _text("running", 3, _running, "the tracked call in a poll now, and for how long",
                   max_width=30),
-            _dur("p50", 4, lambda lp: _pct(lp["lag_ns"], "p50"), "median lag"),
-            _text("thread", 5, lambda lp: lp["thread"], "the thread it runs in", max_width=20),
+            _dur("p50", 4, lambda lp: _pct(lp.lag_ns, "p50"), "median lag"),
+            _text("thread", 5, lambda lp: lp.thread, "the thread it runs in", max_width=20),
         ),
         sort="loop",
         detail=_episode_lines,
     ),
-    View(
+    View[TasksDocument, TaskEntry](
         "tasks", "t",
         "one row per live task (the first 200): what it runs, for how long, and what it waits "
         "on; below the table, waiting tasks counted by future, line and what they wait on",
-        "/tasks?limit=200", "tasks",
+        "/tasks?limit=200", TasksDocument, lambda d: d.tasks,
         (
-            _text("future", 0, lambda t: t["future_label"] or t["coroutine"],
+            _text("future", 0, lambda t: t.future_label or t.coroutine,
                   "the tracked future it runs, else its coroutine's name", flex=True),
-            _dur("age", 1, lambda t: t["age_ns"], "time since its tracked call was created"),
+            _dur("age", 1, lambda t: t.age_ns, "time since its tracked call was created"),
             _text("waits", 1, _waits_on, "what it waits on, as a person names it",
                   max_width=40),
-            _text("state", 2, lambda t: t["state"], "waiting, scheduled, running or done"),
-            _text("task", 3, lambda t: t["name"], "the task's name", max_width=16),
+            _text("state", 2, lambda t: t.state, "waiting, scheduled, running or done"),
+            _text("task", 3, lambda t: t.name, "the task's name", max_width=16),
             _text("where", 3, _task_where,
                   "the innermost line of the program's own code it is suspended at",
                   max_width=28, cut_left=True),
-            _count("loop", 6, lambda t: t["loop_id"], "the loop it runs on"),
+            _count("loop", 6, lambda t: t.loop_id, "the loop it runs on"),
         ),
         sort="age",
-        log_lines=_chain_lines, detail=_wait_lines,
-        row_id=lambda t: f"{t['loop_id']}:{t['name']}",
+        row_lines=_chain_lines, detail=_wait_lines,
+        row_id=lambda t: f"{t.loop_id}:{t.name}",
     ),
-    View(
+    View[WarningsDocument, WarningEntry](
         "warnings", "w",
         "one row per diagnosis: the culprit in one sentence (enter shows it whole, with what "
         "to do and the figures); those that no longer hold are marked earlier",
-        "/warnings", "warnings",
+        "/warnings", WarningsDocument, lambda d: d.warnings,
         (
-            _text("warning", 0, lambda w: w["message"], "the diagnosis", flex=True,
+            _text("warning", 0, lambda w: w.message, "the diagnosis", flex=True,
                   max_width=200),
-            Column("sev", 1, lambda w: (w["active"], _SEVERITY.get(w["severity"], 0),
-                                         w["severity"]),
+            Column("sev", 1, lambda w: (w.active, _SEVERITY.get(w.severity, 0),
+                                         w.severity),
                    "severity: error, warning or info; in ( ) when it no longer holds",
                    show=lambda v: v[2].upper() if v[0] else f"({v[2]})"),
-            _text("kind", 2, lambda w: w["kind"], "what kind of problem (a stable name)",
+            _text("kind", 2, lambda w: w.kind, "what kind of problem (a stable name)",
                   max_width=22),
             _text("about", 3, _warning_subject, "the future, channel, resource, executor or "
                   "loop it is about", max_width=30),
         ),
         sort="sev",
-        log_lines=_warning_lines,
-        row_id=lambda w: f"{w['kind']}:{w['subject']['kind']}:{w['subject']['id']}:"
-        f"{w['subject']['label']}",
+        row_lines=_warning_lines,
+        row_id=lambda w: f"{w.kind}:{w.subject.kind}:{w.subject.id}:"
+        f"{w.subject.label}",
     ),
-    View(
+    View[ResourcesDocument, ResourceEntry](
         "resources", "k",
         "one row per lock, semaphore, condition, event, barrier or capacity limiter: who waits "
         "for it and for how long, and who holds it now",
-        "/resources", "resources",
+        "/resources", ResourcesDocument, lambda d: d.resources,
         (
-            _text("resource", 0, _named, "the resource's label", flex=True),
-            _text("kind", 1, lambda r: r["primitive"], "lock, semaphore, event..."),
-            _count("waiting", 1, lambda r: r["waiters_now"], "tasks waiting for it now"),
-            _dur("waitΣ", 1, lambda r: r["total_wait_ns"],
+            _text("resource", 0, _named_resource, "the resource's label", flex=True),
+            _text("kind", 1, lambda r: r.primitive, "lock, semaphore, event..."),
+            _count("waiting", 1, lambda r: r.waiters_now, "tasks waiting for it now"),
+            _dur("waitΣ", 1, lambda r: r.total_wait_ns,
                  "time callers waited for it, summed over waits"),
-            _dur("holdΣ", 2, lambda r: r["total_hold_ns"],
+            _dur("holdΣ", 2, lambda r: r.total_hold_ns,
                  "time it was held, summed over holds (a wait far longer: contention)"),
-            _count("acq", 2, lambda r: r["acquisitions"], "acquisitions so far"),
-            _count("waited", 3, lambda r: r["contended_acquisitions"],
+            _count("acq", 2, lambda r: r.acquisitions, "acquisitions so far"),
+            _count("waited", 3, lambda r: r.contended_acquisitions,
                    "acquisitions that had to wait"),
-            _dur("w-max", 3, lambda r: r["max_wait_ns"], "the longest wait"),
-            _count("held", 4, lambda r: len(r["holders"]), "holds open now"),
-            _text("where", 6, lambda r: _where(r["location"]),
+            _dur("w-max", 3, lambda r: r.max_wait_ns, "the longest wait"),
+            _count("held", 4, lambda r: len(r.holders), "holds open now"),
+            _text("where", 6, lambda r: _where(r.location),
                   "where it was created or instrumented (file:line)", max_width=28,
                   cut_left=True),
         ),
         sort="waitΣ",
-        log_lines=_resource_lines,
+        row_lines=_resource_lines,
     ),
-    View(
+    View[ExecutorsDocument, ExecutorEntry](
         "executors", "x",
         "one row per thread or process pool jobs were submitted to (run_in_executor, "
         "to_thread): jobs waiting for a worker are queued",
-        "/executors", "executors",
+        "/executors", ExecutorsDocument, lambda d: d.executors,
         (
-            _text("executor", 0, _named, "the executor's label", flex=True),
-            Column("workers", 1, lambda e: (e["workers"], e["max_workers"]),
+            _text("executor", 0, _named_executor, "the executor's label", flex=True),
+            Column("workers", 1, lambda e: (e.workers, e.max_workers),
                    "workers started / the most it may start",
                    show=lambda v: f"{v[0]}/{'?' if v[1] is None else v[1]}"),
-            _count("queued", 1, lambda e: e["queued"], "jobs waiting for a worker now"),
-            _count("running", 1, lambda e: e["running"], "jobs running now"),
-            _dur("q-p95", 1, lambda e: _pct(e["queued_ns"], "p95"),
+            _count("queued", 1, lambda e: e.queued, "jobs waiting for a worker now"),
+            _count("running", 1, lambda e: e.running, "jobs running now"),
+            _dur("q-p95", 1, lambda e: _pct(e.queued_ns, "p95"),
                  "95th percentile of the time a job waited for a worker"),
-            _dur("q-max", 2, lambda e: e["max_queued_ns"], "the longest wait for a worker"),
-            _count("jobs", 2, lambda e: e["submitted"], "jobs submitted"),
-            _dur("run-p95", 3, lambda e: _pct(e["run_ns"], "p95"),
+            _dur("q-max", 2, lambda e: e.max_queued_ns, "the longest wait for a worker"),
+            _count("jobs", 2, lambda e: e.submitted, "jobs submitted"),
+            _dur("run-p95", 3, lambda e: _pct(e.run_ns, "p95"),
                  "95th percentile of a job's run time"),
-            _dur("queuedΣ", 4, lambda e: e["total_queued_ns"],
+            _dur("queuedΣ", 4, lambda e: e.total_queued_ns,
                  "time jobs waited for a worker, summed over jobs"),
-            _count("raised", 4, lambda e: e["raised"], "jobs that raised"),
-            _count("cxl", 5, lambda e: e["cancelled"], "jobs cancelled before they ran"),
-            _text("kind", 6, lambda e: e["kind"], "thread or process"),
+            _count("raised", 4, lambda e: e.raised, "jobs that raised"),
+            _count("cxl", 5, lambda e: e.cancelled, "jobs cancelled before they ran"),
+            _text("kind", 6, lambda e: e.kind, "thread or process"),
         ),
         sort="queued",
-        log_lines=_job_lines,
+        row_lines=_job_lines,
     ),
-    View(
+    View[ThreadsDocument, ThreadEntry](
         "threads", "h",
         "one row per thread of the process: its state and the CPU it used, as a share of one "
         "core (a saturated executor or a busy thread beside the loop shows here)",
-        "/threads", "threads",
+        "/threads", ThreadsDocument, lambda d: d.threads,
         (
             _text("thread", 0, _thread_name, "the thread's name; (loop N) when it runs an "
                   "instrumented event loop", flex=True),
-            _text("state", 1, lambda t: t["state"] or "-", "running, sleeping, waiting (a "
+            _text("state", 1, lambda t: t.state or "-", "running, sleeping, waiting (a "
                   "blocking kernel call), exited"),
-            Column("cpu%", 1, lambda t: t["share"], "CPU over wall time in the last interval "
+            Column("cpu%", 1, lambda t: t.share, "CPU over wall time in the last interval "
                    "(100%: one core busy)", show=_percent),
-            Column("avg%", 2, lambda t: t["avg_share"], "CPU over wall time since first seen",
+            Column("avg%", 2, lambda t: t.avg_share, "CPU over wall time since first seen",
                    show=_percent),
-            Column("max%", 2, lambda t: t["max_share"], "the highest cpu% of any interval",
+            Column("max%", 2, lambda t: t.max_share, "the highest cpu% of any interval",
                    show=_percent),
-            _dur("cpu", 3, lambda t: t["cpu_ns"], "CPU time used since the thread started"),
-            _dur("sys", 4, lambda t: t["system_ns"], "of which in the kernel (system time)"),
-            _count("tid", 5, lambda t: t["native_id"], "the kernel's thread id"),
+            _dur("cpu", 3, lambda t: t.cpu_ns, "CPU time used since the thread started"),
+            _dur("sys", 4, lambda t: t.system_ns, "of which in the kernel (system time)"),
+            _count("tid", 5, lambda t: t.native_id, "the kernel's thread id"),
         ),
         sort="cpu%",
-        row_id=lambda t: str(t["native_id"]),
+        row_id=lambda t: str(t.native_id),
     ),
-    View(
+    View[FunctionsDocument, FunctionEntry](
         "functions", "m",
         "one row per measured function or block (@asyncflow.measure, measure_block): wall time "
         "per call, from call to return, awaits included",
-        "/functions", "functions",
+        "/functions", FunctionsDocument, lambda d: d.functions,
         (
-            _text("function", 0, lambda f: f["label"] + (" [block]" if f["kind"] == "block"
+            _text("function", 0, lambda f: f.label + (" [block]" if f.kind == "block"
                                                           else ""), "the label", flex=True),
-            _count("calls", 1, lambda f: f["call_count"],
+            _count("calls", 1, lambda f: f.call_count,
                    "calls so far (recursion: the outermost call only)"),
-            _dur("totalΣ", 1, lambda f: f["total_ns"], "wall time summed over calls"),
-            _dur("p95", 1, lambda f: _pct(f["duration_ns"], "p95"),
+            _dur("totalΣ", 1, lambda f: f.total_ns, "wall time summed over calls"),
+            _dur("p95", 1, lambda f: _pct(f.duration_ns, "p95"),
                  "95th percentile of a call's wall time"),
-            _dur("max", 2, lambda f: f["max_ns"], "the longest call"),
-            Column("share", 2, lambda f: f["share"], "totalΣ over the profile's wall time "
+            _dur("max", 2, lambda f: f.max_ns, "the longest call"),
+            Column("share", 2, lambda f: f.share, "totalΣ over the profile's wall time "
                    "(above 100% when calls overlap)", show=_percent),
-            _dur("selfΣ", 2, lambda f: f["self_ns"], "totalΣ less the time in measured calls "
+            _dur("selfΣ", 2, lambda f: f.self_ns, "totalΣ less the time in measured calls "
                  "nested in it (same task or thread)"),
-            _count("errors", 3, lambda f: f["error_count"], "calls that raised"),
-            _count("run", 3, lambda f: f.get("running_count", 0), "calls entered and not "
+            _count("errors", 3, lambda f: f.error_count, "calls that raised"),
+            _count("run", 3, lambda f: f.running_count, "calls entered and not "
                    "returned now: a call that never returns shows here"),
-            _dur("mean", 4, lambda f: f["mean_ns"], "mean wall time of a call"),
-            _text("where", 6, lambda f: _where(f["location"]),
+            _dur("mean", 4, lambda f: f.mean_ns, "mean wall time of a call"),
+            _text("where", 6, lambda f: _where(f.location),
                   "where it is defined (file:line)", max_width=28, cut_left=True),
         ),
         sort="totalΣ",
         detail=_function_errors,
     ),
-    View(
+    View[MetricsDocument, MetricEntry](
         "user metrics", "u",
         "one row per counter, gauge, histogram or value log the program updates "
         "(asyncflow.counter, gauge, histogram, value)",
-        "/user_metrics", "metrics",
+        "/user_metrics", MetricsDocument, lambda d: d.metrics,
         (
-            _text("metric", 0, lambda m: m["name"], "the metric's name", flex=True),
-            _text("kind", 1, lambda m: m["kind"], "counter, gauge, histogram or value"),
-            Column("value", 1, lambda m: m["value"], "a counter's total, a gauge's value now, "
+            _text("metric", 0, lambda m: m.name, "the metric's name", flex=True),
+            _text("kind", 1, lambda m: m.kind, "counter, gauge, histogram or value"),
+            Column("value", 1, lambda m: m.value, "a counter's total, a gauge's value now, "
                    "the last value logged", show=lambda v: "-" if v is None else
                    (compact_count(v) if isinstance(v, int) else str(v)[:12]), numeric=False,
                    sortable=False),
-            _count("updates", 1, lambda m: m["count"],
+            _count("updates", 1, lambda m: m.count,
                    "updates, samples or values logged so far"),
-            Column("p50", 2, lambda m: _pct(m["percentiles"], "p50"), "a histogram's median",
+            Column("p50", 2, lambda m: _pct(m.percentiles, "p50"), "a histogram's median",
                    show=lambda v: "-" if v is None else compact_count(v)),
-            Column("max", 2, lambda m: m["max"], "the highest value (not counters)",
+            Column("max", 2, lambda m: m.max, "the highest value (not counters)",
                    show=lambda v: "-" if v is None else f"{v:g}"),
-            Column("min", 3, lambda m: m["min"], "the lowest value (not counters)",
+            Column("min", 3, lambda m: m.min, "the lowest value (not counters)",
                    show=lambda v: "-" if v is None else f"{v:g}"),
         ),
         sort="updates",
@@ -766,18 +863,16 @@ VIEWS: tuple[View, ...] = (
 # fmt: on
 
 
-#: where each row keeps its key in the table (its id, made unique)
-_KEY = "\0key"
-
-
-def _keyed(view: View, rows: list[Row]) -> None:
-    """Give each row its table key: its id, with ``#2``, ``#3``... on repeats (two tasks may
+def _rows(view: View[Any, E], entries: list[E]) -> list[Row[E]]:
+    """The table's rows, each keyed by its id, with ``#2``, ``#3``... on repeats (two tasks may
     bear one name), so that one odd document never stops the table from filling."""
     seen: dict[str, int] = {}
-    for row in rows:
-        key = view.row_id(row)
+    rows = []
+    for entry in entries:
+        key = view.row_id(entry)
         seen[key] = n = seen.get(key, 0) + 1
-        row[_KEY] = key if n == 1 else f"{key}#{n}"
+        rows.append(Row(entry, key if n == 1 else f"{key}#{n}"))
+    return rows
 
 
 # -- fitting columns to the width --------------------------------------------------------------
@@ -787,7 +882,9 @@ _PADDING = 2
 _SCROLLBAR = 1
 
 
-def fit(view: View, cells: list[tuple[str, ...]], width: int, sort: str) -> list[tuple[int, int]]:
+def fit(
+    view: View[Any, Any], cells: list[tuple[str, ...]], width: int, sort: str
+) -> list[tuple[int, int]]:
     """The columns that fit in ``width``, as (index, width) in the view's order: the flex column
     always, then by priority (the view's order breaking ties) while the rest still fit; the flex
     column then takes the room left, up to its longest cell."""
@@ -834,7 +931,7 @@ def _why(exc: BaseException) -> str:
         return "the profiler did not answer in time"
     if isinstance(exc, aiohttp.ClientError):
         return f"the connection failed ({type(exc).__name__})"
-    return str(exc) or type(exc).__name__
+    return " ".join(str(exc).split()) or type(exc).__name__  # one line: the status line
 
 
 class HelpScreen(ModalScreen[None]):
@@ -951,21 +1048,22 @@ class TopApp(App[None]):
         self.reversed = dict.fromkeys(self.sort, False)
         self.paused = False
         self.selected: str | None = None  # id of the row whose logs are shown
-        self.rows: list[Row] = []
-        self.detail: Row | None = None  # the list document, for views with a detail pane
-        self.logs: Row | None = None  # the selected row's logs document
+        self.rows: list[Row[Any]] = []
+        self.detail: Any = None  # the list document, for views with a detail pane
+        #: the selected row's logs document (or its entry, for a view without a logs route)
+        self.logs: Any = None
         self.context = Context()
         self.error: str | None = None
         self.name_line = ""
         self.refreshes = 0  # answers shown so far (tests wait on it)
-        # what was fetched per row beyond its list (oldest live call...), kept until asked again
-        self._extra: dict[tuple[str, str], Row] = {}
+        # what was fetched per row beyond its list (oldest live call), kept until asked again
+        self._oldest: dict[tuple[str, str], int] = {}
         self._shown: list[tuple[int, int]] = []  # (column index, width) on screen now
         self._session: aiohttp.ClientSession | None = None
         self._busy = False  # a refresh is in flight; a tick meanwhile is skipped
 
     @property
-    def current(self) -> View:
+    def current(self) -> View[Any, Any]:
         """The view shown."""
         return next(v for v in VIEWS if v.name == self.view)
 
@@ -988,17 +1086,30 @@ class TopApp(App[None]):
         if self._session is not None:
             await self._session.close()
 
-    async def _get(self, path: str) -> Row:
+    async def _get(self, path: str, document: type[_D]) -> _D:
+        """``path``'s document, parsed with the schema.
+
+        Raises:
+            RuntimeError: the endpoint answered an error (its message is said).
+            DocumentError: the answer is not a ``document`` (the message says where).
+        """
         assert self._session is not None
         async with self._session.get(self.url + path) as response:
             body = await response.json(content_type=None)
             if response.status != 200:
-                message = body.get("error", {}).get("message", response.reason)
+                try:
+                    message = load(ErrorDocument, body).error.message
+                except DocumentError:
+                    message = response.reason or "no reason given"
                 if response.status == 401:
                     message = f"the endpoint refused the token: {message}"
                 raise RuntimeError(f"{response.status}: {message}")
-            result: Row = body
-            return result
+        try:
+            return load(document, body)
+        except DocumentError as exc:
+            raise DocumentError(
+                f"GET {path.partition('?')[0]} answered a document top cannot read: {exc}"
+            ) from None
 
     async def refresh_now(self) -> None:
         """Fetch the current view's documents and redraw; errors go to the status line."""
@@ -1012,44 +1123,40 @@ class TopApp(App[None]):
         finally:
             self._busy = False
 
-    async def _fetch(self, view: View) -> None:
+    async def _fetch(self, view: View[Any, Any]) -> None:
         asked = self.selected
         selected = asked
         try:
-            status = await self._get("/profiler_status")
-            warnings = await self._get("/warnings")
-            document = await self._get(view.route)
-            rows: list[Row] = document[view.list_field]
-            _keyed(view, rows)
-            ids = {row[_KEY] for row in rows}
+            status = await self._get("/profiler_status", ProfilerStatus)
+            warnings = await self._get("/warnings", WarningsDocument)
+            document = await self._get(view.route, view.document)
+            rows = _rows(view, view.entries(document))
+            ids = {row.key for row in rows}
             if selected is not None and selected not in ids:
                 selected = None  # gone from the list: nothing to follow
-            context = Context(uptime_ns=status["uptime_ns"], labels=self.context.labels)
+            context = Context(uptime_ns=status.uptime_ns, labels=self.context.labels)
             for row in rows:  # what each row had fetched for it last time, until asked again
-                old = self._extra.get((view.name, row[_KEY]))
-                if old:
-                    row.update(old)
+                row.oldest_ns = self._oldest.get((view.name, row.key), _UNASKED)
             if view.name == "futures":
-                context.labels.update({f["id"]: f["label"] for f in rows})
+                context.labels.update({row.entry.id: row.entry.label for row in rows})
             if view.enrich is not None:
                 await view.enrich(self._get, self._sorted(view, rows), context)
             logs = None
             if selected is not None and view.logs is not None:
-                logs = await self._get(view.logs.format(id=selected))
+                logs = await self._get(view.logs.route.format(id=selected), view.logs.document)
             elif selected is not None:  # a view without logs shows the row itself
-                logs = next(row for row in rows if row[_KEY] == selected)
-        except (aiohttp.ClientError, TimeoutError, RuntimeError, ValueError, KeyError) as exc:
+                logs = next(row.entry for row in rows if row.key == selected)
+        except (aiohttp.ClientError, TimeoutError, RuntimeError, ValueError) as exc:
             self.error = f"{_why(exc)} · {self.url} · retrying every {self.interval:g} s"
             self._status()
             return
         if view.name != self.view or self.selected != asked:
             return  # the user switched views or rows meanwhile: this answer is for another
-        self._extra = {
-            (view.name, row[_KEY]): {k: v for k, v in row.items() if k.startswith("_")}
-            for row in rows
+        self._oldest = {
+            (view.name, row.key): row.oldest_ns for row in rows if row.oldest_ns != _UNASKED
         }
         self.error = None
-        self.name_line = _warning_count(warnings["warnings"]) + _status_line(status)
+        self.name_line = _warning_count(warnings.warnings) + _status_line(status)
         self.rows, self.detail, self.logs, self.context = rows, document, logs, context
         if self.selected is not None and selected is None:
             self.selected = None  # the selected row is gone
@@ -1062,10 +1169,10 @@ class TopApp(App[None]):
     async def _name_futures(self) -> None:
         """Logs named futures top has not seen: read their labels once and print again."""
         try:
-            futures = await self._get("/futures")
-        except (aiohttp.ClientError, TimeoutError, RuntimeError, ValueError, KeyError):
+            futures = await self._get("/futures", FuturesDocument)
+        except (aiohttp.ClientError, TimeoutError, RuntimeError, ValueError):
             return
-        self.context.labels.update({f["id"]: f["label"] for f in futures["futures"]})
+        self.context.labels.update({f.id: f.label for f in futures.futures})
         self.context.missing.clear()
         self._show_detail()
 
@@ -1079,7 +1186,7 @@ class TopApp(App[None]):
         )
         self.query_one("#status", Static).update(Text(text, style="bold red" if self.error else ""))
 
-    def _sorted(self, view: View, rows: Iterable[Row]) -> list[Row]:
+    def _sorted(self, view: View[Any, E], rows: Iterable[Row[E]]) -> list[Row[E]]:
         column = view.column(self.sort[view.name])
         # Stable: ties keep the document's order. Numbers biggest first, text A to Z.
         descending = column.numeric != self.reversed[view.name]
@@ -1117,10 +1224,10 @@ class TopApp(App[None]):
                     )
                     for i, w in shown
                 ),
-                key=row[_KEY],
+                key=row.key,
             )
         if rows:
-            ids = [row[_KEY] for row in rows]
+            ids = [row.key for row in rows]
             target = ids.index(follow) if follow in ids else min(cursor, len(rows) - 1)
             table.move_cursor(row=target, animate=False)
         self._show_detail()
@@ -1128,10 +1235,13 @@ class TopApp(App[None]):
     def _show_detail(self) -> None:
         view = self.current
         lines: list[str] = []
-        if self.selected is not None and self.logs is not None and view.log_lines is not None:
-            row = next((r for r in self.rows if r[_KEY] == self.selected), {})
-            self.context.row = row
-            lines = view.log_lines(self.logs, self.context)
+        if self.selected is not None and self.logs is not None and view.has_logs:
+            row = next((r for r in self.rows if r.key == self.selected), None)
+            self.context.row = None if row is None else row.entry
+            if view.logs is not None:
+                lines = view.logs.lines(self.logs, self.context)
+            elif view.row_lines is not None:
+                lines = view.row_lines(self.logs, self.context)
         elif self.selected is not None:
             lines = ["loading logs…"]
         elif view.detail is not None and self.detail is not None:
@@ -1221,7 +1331,7 @@ class TopApp(App[None]):
         self.call_later(self.refresh_now)
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
-        if self.current.log_lines is None or event.row_key.value is None:
+        if not self.current.has_logs or event.row_key.value is None:
             return
         self._select(event.row_key.value)
 

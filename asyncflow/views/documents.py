@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 from asyncflow import clock, stats
 from asyncflow._version import __version__
-from asyncflow.instrumentation import _session
+from asyncflow.instrumentation import _session, every_loop
 from asyncflow.instrumentation.channels import ChannelRecord, Edge, channel_registry, edge_counts
 from asyncflow.instrumentation.cpu import PollFigures, call_figures
 from asyncflow.instrumentation.executors import executor_registry
@@ -55,6 +55,7 @@ from asyncflow.schema import (
     Location,
     LoopDocument,
     LoopEntry,
+    NotProfiledEntry,
     Outcomes,
     PollAllocations,
     PollCpu,
@@ -335,6 +336,9 @@ def status(collector: Collector, now: int, running: bool) -> ProfilerStatus:
         channels=len(channel_registry()),
         streams=len(stream_registry()),
         accelerated=accelerated,
+        not_profiled=[
+            NotProfiledEntry(b.kind, b.name, b.reason, b.count) for b in every_loop.not_profiled()
+        ],
     )
 
 

@@ -7,15 +7,20 @@ import re
 import socket
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
+from types import SimpleNamespace
 from typing import Any
 
 import anyio
+import orjson
 import pytest
+from aiohttp import web
 from textual.binding import Binding
 from textual.pilot import Pilot
 from textual.widgets import DataTable
 
 import asyncflow
+from asyncflow import schema
 from asyncflow.render import top
 from asyncflow.render.top import VIEWS, TopApp, compact_count, compact_duration, fit, help_text
 from tests.support.workload import workload
@@ -352,7 +357,7 @@ def test_every_view_is_one_entry_of_the_table() -> None:
         assert [c.flex for c in view.columns].count(True) == 1 and view.columns[0].flex
         assert view.column(view.sort).sortable
         assert all(c.help for c in view.columns)
-        assert view.logs is None or view.log_lines is not None
+        assert view.logs is None or view.row_lines is None  # logs of one kind only
     bound = {b.key for b in TopApp.BINDINGS if isinstance(b, Binding)}
     assert set(keys) <= bound
 
@@ -362,20 +367,16 @@ def test_a_rows_name_says_when_it_sums_gone_objects_or_is_gone() -> None:
     ``alive`` (``state: gone`` for executors and resources)."""
     views = {v.name: v for v in VIEWS}
     rows = {
-        "futures": ({"label": "parse", "alive": False, "folded_count": 0}, "parse (gone)"),
-        "streams": ({"label": "lines", "alive": True, "folded_count": 0}, "lines"),
-        "channels": (
-            {"label": "jobs", "state": "closed", "folded_count": 7},
-            "jobs (7 gone, summed)",
-        ),
-        "resources": ({"label": "db", "state": "gone", "folded": 0}, "db (gone)"),
-        "executors": (
-            {"label": "img", "state": "gone", "folded_count": 1200},
-            "img (1,200 gone, summed)",
-        ),
-    }
-    for name, (row, shown) in rows.items():
-        assert views[name].columns[0].cell(row) == shown, name
+        "futures": (fake_future(label="parse", alive=False), schema.FutureEntry, "parse (gone)"),
+        "channels": (fake_channel(label="jobs", folded_count=7), schema.ChannelEntry,
+                     "jobs (7 gone, summed)"),
+        "resources": ({"label": "db", "state": "gone", "folded": 0}, None, "db (gone)"),
+        "executors": ({"label": "img", "state": "gone", "folded_count": 1200}, None,
+                      "img (1,200 gone, summed)"),
+    }  # fmt: skip
+    for name, (fields, cls, shown) in rows.items():
+        entry = schema.load(cls, fields) if cls is not None else SimpleNamespace(**fields)
+        assert views[name].columns[0].cell(top.Row(entry)) == shown, name
 
 
 # -- what the logs and the columns say ---------------------------------------------------------
@@ -461,6 +462,94 @@ async def test_a_call_waiting_forever_shows_as_live_with_its_age() -> None:
 # -- the endpoint away or refusing -------------------------------------------------------------
 
 
+def fake_status() -> schema.ProfilerStatus:
+    return schema.ProfilerStatus(
+        schema.SCHEMA, "fake", "0", 7, "3", 2_000_000_000, True, 0, 0, 0, None, 1, 0, 0, 0
+    )
+
+
+def fake_channel(**fields: Any) -> dict[str, Any]:
+    """One entry of ``/channels`` as JSON, with ``fields`` changed."""
+    entry = schema.ChannelEntry(
+        2, "jobs", "asyncio.Queue", "unbounded", "active", 0, 0, 0, 0, 0, 0.0, 0.0, {}, 0, 0, 0,
+        [], [],
+    )  # fmt: skip
+    return {**orjson.loads(schema.dumps(entry)), **fields}
+
+
+def fake_future(**fields: Any) -> dict[str, Any]:
+    """One entry of ``/futures`` as JSON, with ``fields`` changed."""
+    entry = schema.FutureEntry(
+        1, "fetch", "app:fetch", schema.Location("app.py", 3), "decorator", 2,
+        schema.CallStates(0, 0, 0, 2, 0), schema.Outcomes(2, 0, 0, 0, 0), 4, 1_000, 0,
+        500, {"p95": 500}, {"p95": 900},
+    )  # fmt: skip
+    return {**orjson.loads(schema.dumps(entry)), **fields}
+
+
+async def test_a_document_top_cannot_read_is_said_on_the_status_line() -> None:
+    """top parses every document with the schema: one that does not parse is named, with the
+    field, in the status line (one line, no traceback), and top keeps asking."""
+    answers: dict[str, tuple[int, Any]] = {
+        "/profiler_status": (200, orjson.loads(schema.dumps(fake_status()))),
+        "/warnings": (200, {"schema": schema.SCHEMA, "evaluated_ns": 0, "warnings": []}),
+        "/futures": (200, {}),
+    }
+
+    async def answer(request: web.Request) -> web.Response:
+        status, body = answers[request.path]
+        return web.json_response(body, status=status)
+
+    app_server = web.Application()
+    app_server.router.add_get("/{route:.*}", answer)
+    runner = web.AppRunner(app_server)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        port = runner.addresses[0][1]
+        app = TopApp(f"http://127.0.0.1:{port}", interval=NEVER)
+        async with app.run_test(size=SIZE) as pilot:
+            page = {"schema": schema.SCHEMA, "total": 1, "offset": 0, "limit": 100}
+            for entry, said in (
+                (
+                    fake_future(busy_ns="a lot"),
+                    "FuturesDocument.futures[0].busy_ns: expected int, got str",
+                ),
+                (
+                    {k: v for k, v in fake_future().items() if k != "label"},
+                    "FuturesDocument.futures[0]: missing field 'label'",
+                ),
+                (
+                    fake_future(location={"file": "app.py", "line": 3, "column\n2": 1}),
+                    "FuturesDocument.futures[0].location: unknown field(s) column 2",
+                ),
+            ):
+                answers["/futures"] = (200, {**page, "futures": [entry]})
+                await app.refresh_now()
+                await pilot.pause()
+                assert status(app).startswith(
+                    f"GET /futures answered a document top cannot read: {said} · "
+                ), status(app)
+                assert "\n" not in status(app) and app.is_running and app.table_text() == []
+            # an error whose body is not the endpoint's error document
+            answers["/warnings"] = (503, ["down"])
+            await app.refresh_now()
+            await pilot.pause()
+            assert status(app).startswith("503: Service Unavailable · "), status(app)
+            # the endpoint mends: top shows it at the next refresh
+            answers["/warnings"] = (
+                200,
+                {"schema": schema.SCHEMA, "evaluated_ns": 0, "warnings": []},
+            )
+            answers["/futures"] = (200, {**page, "futures": [fake_future()]})
+            await app.refresh_now()
+            await pilot.pause()
+            assert "fake · pid 7" in status(app) and app.table_text()[0][0] == "fetch"
+    finally:
+        await runner.cleanup()
+
+
 async def test_top_says_what_is_wrong_and_keeps_retrying() -> None:
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
@@ -517,24 +606,16 @@ async def test_at_80_columns_the_footer_shows_help_and_quit_whole() -> None:
 
 
 def test_counts_of_one_are_said_in_the_singular() -> None:
-    status = {
-        "name": "svc",
-        "pid": 7,
-        "uptime_ns": 2_000_000_000,
-        "futures": 1,
-        "calls_live": 1,
-        "channels": 1,
-        "streams": 1,
-        "internal_errors": 1,
-    }
-    line = top._status_line(status)
+    status = replace(fake_status(), futures=1, calls_live=1, channels=1, streams=1)
+    line = top._status_line(replace(status, internal_errors=1))
     assert line.endswith("1 future · 1 live call · 1 channel · 1 stream · 1 internal error"), line
-    many = {**status, "futures": 2, "calls_live": 0, "channels": 3, "streams": 0}
+    many = replace(status, futures=2, calls_live=0, channels=3, streams=0)
     assert "2 futures · 0 live calls · 3 channels · 0 streams" in top._status_line(many)
-    group = {"name": "f", "jobs": 1, "queued_ns": 0, "max_queued_ns": 0, "run_ns": 0, "raised": 0}
-    jobs = top._job_lines({"label": "pool", "functions": [group], "futures": []}, top.Context())
+    group = schema.JobGroup("f", None, 1, 0, 0, 0, 0, 0)
+    executor = SimpleNamespace(label="pool", functions=[group], futures=[])
+    jobs = top._job_lines(executor, top.Context())  # type: ignore[arg-type]
     assert jobs[1].split()[:3] == ["1", "job", "f"], jobs
-    holder = {"waits": 1, "total_wait_ns": 0, "max_wait_ns": 0, "holds": 1, "total_hold_ns": 0}
-    resource = {"label": "l", "kind": "lock", "holders": [], "futures": [{**holder, "label": "g"}]}
-    said = top._resource_lines(resource, top.Context())[1].split()
+    waits = schema.ResourceFutureEntry(None, "g", 1, 0, 0, 1, 0, 0, 0)
+    resource = SimpleNamespace(label="l", kind="lock", holders=[], futures=[waits])
+    said = top._resource_lines(resource, top.Context())[1].split()  # type: ignore[arg-type]
     assert "wait" in said and "hold" in said and "waits" not in said, said

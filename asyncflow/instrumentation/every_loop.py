@@ -1,0 +1,295 @@
+"""Whole-program mode's loops: every event loop the program makes or runs tracks its tasks.
+
+A loop is caught where it is born: asyncio's in ``BaseEventLoop.__init__`` (``asyncio.run``,
+``Runner``, ``new_event_loop``, any policy), uvloop's in ``uvloop.Loop.__init__``
+(``uvloop.run``, ``uvloop.new_event_loop``, a ``loop_factory``, uvloop's policy), hooked once
+the program imports uvloop: asyncflow never imports it itself. A loop of any other class is
+caught when it starts running, in ``asyncio.events._set_running_loop``, which asyncio's loops
+call and uvloop too (uvloop reads it when it is imported, so it calls this hook when the
+program imports uvloop after the hooks are in place, as under ``asyncflow run``). Tasks made
+on such a loop before it ran cannot be tracked afterwards: a task's coroutine is fixed. Starting
+to run is also where a loop whose task factory the program replaced since gets asyncflow's
+again, chained to the program's.
+
+A loop that cannot be instrumented (its ``set_task_factory`` refuses) runs on untouched but
+for the loop monitor's heartbeat, and is named, with the reason, in :func:`not_profiled`, as
+is a program that runs trio (``trio.run``, anyio's trio backend), whose tasks asyncflow does
+not see.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import threading
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+from asyncflow.instrumentation import _imports, _session, loops
+from asyncflow.instrumentation.executors import instrument_executors
+from asyncflow.instrumentation.futures import instrument_tasks
+
+__all__ = ["LoopTracking", "NotProfiled", "not_profiled", "track_every_loop"]
+
+#: the most blind spots kept; past it, only the ones already named are counted
+MAX_NOT_PROFILED = 32
+
+
+@dataclass(slots=True)
+class NotProfiled:
+    """Something the program runs that asyncflow cannot profile: one per kind, name and reason."""
+
+    #: ``loop`` (an event loop whose tasks are not tracked) or ``trio`` (trio's scheduler)
+    kind: str
+    #: the loop's class (``module.qualname``), or the trio entry point (``trio.run``)
+    name: str
+    reason: str
+    #: how many times it was met (loops of that class, calls of ``trio.run``)
+    count: int = 1
+
+
+_lock = threading.Lock()
+_blind: dict[tuple[str, str, str], NotProfiled] = {}
+#: (instrumenter, what failing to apply it means)... while every loop is tracked; () when not
+_instrumenters: tuple[tuple[Callable[..., Any], str], ...] = ()
+#: the handles of what was instrumented per loop, undone with the tracking (weak: a loop the
+#: program let go is not kept alive by asyncflow; the handles hold their loop weakly)
+_handles: weakref.WeakKeyDictionary[Any, list[Any]] = weakref.WeakKeyDictionary()
+#: loops that refused once: not asked again at each start
+_refused: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def not_profiled() -> list[NotProfiled]:
+    """What the program ran that asyncflow could not profile, first met first (copies)."""
+    with _lock:
+        return [NotProfiled(b.kind, b.name, b.reason, b.count) for b in _blind.values()]
+
+
+def note_not_profiled(kind: str, name: str, reason: str) -> None:
+    """Name something asyncflow cannot profile (bounded: see :data:`MAX_NOT_PROFILED`)."""
+    key = (kind, name, reason)
+    with _lock:
+        known = _blind.get(key)
+        if known is not None:
+            known.count += 1
+        elif len(_blind) < MAX_NOT_PROFILED:
+            _blind[key] = NotProfiled(kind, name, reason)
+
+
+def reset_for_session() -> None:
+    """A new profiler starts with nothing named."""
+    with _lock:
+        _blind.clear()
+
+
+def _label(obj: object) -> str:
+    cls = type(obj)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _instrument(loop: Any) -> None:
+    """Give ``loop`` what whole-program mode tracks (idempotent; never raises)."""
+    instrumenters = _instrumenters
+    if not instrumenters:
+        return
+    try:
+        if not isinstance(loop, asyncio.AbstractEventLoop):
+            note_not_profiled("loop", _label(loop), "it is not an asyncio event loop")
+            return
+        if loop in _refused:
+            return
+        for instrument, what in instrumenters:
+            try:
+                handle = instrument(loop=loop)
+            except Exception as exc:  # the loop refuses: it runs on as it would
+                _refused.add(loop)
+                reason = f"{what}: {type(exc).__name__}: {exc}"
+                note_not_profiled("loop", _label(loop), reason)
+                # its health and blocks are still watched: the heartbeat needs nothing else
+                loops.see(loop, on_its_thread=loop is asyncio._get_running_loop())
+                return
+            if handle.active:
+                with _lock:
+                    _handles.setdefault(loop, []).append(handle)
+    except Exception as exc:  # observing never breaks the program
+        _session.internal_error("tracking an event loop", exc)
+
+
+def _hooked_init(original: Callable[..., None]) -> Callable[..., None]:
+    """``original`` (a loop class's ``__init__``), then the new loop instrumented."""
+
+    @functools.wraps(original)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        _instrument(self)
+
+    return __init__
+
+
+_real_set_running_loop: Callable[[Any], None] = asyncio.events._set_running_loop
+
+
+def _set_running_loop(loop: Any) -> None:
+    """asyncio's ``_set_running_loop``, then a loop that starts running is instrumented.
+
+    uvloop keeps a reference to the function it found when it was imported: this one stays
+    cheap and correct after the tracking ends (it only passes the call on).
+    """
+    _real_set_running_loop(loop)
+    if loop is not None and _instrumenters:
+        _instrument(loop)
+
+
+class LoopTracking:
+    """Handle returned by :func:`track_every_loop`; ``undo()`` takes every hook back."""
+
+    __slots__ = ("_undo",)
+
+    def __init__(self, undo: list[Callable[[], None]]) -> None:
+        self._undo = undo
+
+    @property
+    def active(self) -> bool:
+        """Whether new loops are tracked through this handle."""
+        return bool(self._undo)
+
+    def undo(self) -> None:
+        """Leave new loops alone, and put back the task factory and ``run_in_executor`` of
+        the loops instrumented; tasks tracked already stay tracked. Idempotent."""
+        global _instrumenters
+        steps, self._undo = self._undo, []
+        if not steps:
+            return
+        _instrumenters = ()
+        for step in reversed(steps):
+            try:
+                step()
+            except Exception as exc:  # observing never breaks the program
+                _session.internal_error("untracking event loops", exc)
+        with _lock:
+            handles = [h for hs in _handles.values() for h in hs]
+            _handles.clear()
+        for handle in handles:
+            try:
+                handle.undo()
+            except Exception as exc:
+                _session.internal_error("untracking an event loop", exc)
+
+
+def track_every_loop(*, executors: bool = True) -> LoopTracking:
+    """Track the tasks (and, with ``executors``, the executor jobs) of every event loop the
+    program makes or runs from now on: ``asyncflow run``'s whole-program mode.
+
+    Args:
+        executors: also time the jobs each loop hands to its executors.
+
+    Returns:
+        A handle whose ``undo()`` restores every hook.
+
+    Raises:
+        RuntimeError: every loop is tracked already (through a handle not undone).
+    """
+    global _instrumenters
+    if _instrumenters:
+        raise RuntimeError("asyncflow tracks every event loop already")
+    chosen: list[tuple[Callable[..., Any], str]] = [
+        (instrument_tasks, "its task factory cannot be set")
+    ]
+    if executors:
+        chosen.append((instrument_executors, "its run_in_executor cannot be wrapped"))
+    _instrumenters = tuple(chosen)
+    steps = [
+        _undo_late,
+        _patch(asyncio.BaseEventLoop, "__init__", _hooked_init(asyncio.BaseEventLoop.__init__)),
+        _patch_set_running_loop(),
+        _imports.after_import("uvloop", _hook_uvloop),
+        _imports.after_import("trio", _hook_trio),
+    ]
+    return LoopTracking(steps)
+
+
+def _patch(owner: Any, name: str, value: Any) -> Callable[[], None]:
+    """Set ``owner.name`` to ``value``; returns what puts back the attribute it had there
+    (or removes it, where it was inherited), unless something else replaced ours since."""
+    had = name in vars(owner)
+    before = vars(owner).get(name)
+    setattr(owner, name, value)
+
+    def restore() -> None:
+        if vars(owner).get(name) is not value:
+            return
+        if had:
+            setattr(owner, name, before)
+        else:
+            delattr(owner, name)
+
+    return restore
+
+
+def _patch_set_running_loop() -> Callable[[], None]:
+    events = asyncio.events
+    if events._set_running_loop is not _real_set_running_loop:
+        # Something else wrapped it since asyncflow was imported: wrap nothing (loops are
+        # still caught where they are born).
+        return _nothing
+    undo = [_patch(module, "_set_running_loop", _set_running_loop) for module in (events, asyncio)]
+
+    def restore() -> None:
+        for step in undo:
+            step()
+
+    return restore
+
+
+def _nothing() -> None:
+    pass
+
+
+def _hook_uvloop(module: ModuleType) -> None:
+    """uvloop is imported: its ``Loop`` (a Python subclass of the compiled loop, which every
+    uvloop entry point makes) instruments each loop it makes."""
+    if not _instrumenters:
+        return
+    cls = module.Loop
+    undo = _patch(cls, "__init__", _hooked_init(cls.__init__))
+    _late_undo.append(undo)
+
+
+def _hook_trio(module: ModuleType) -> None:
+    """trio is imported: its runs are named as not profiled (once per entry point)."""
+    if not _instrumenters:
+        return
+    lowlevel = getattr(module, "lowlevel", None)
+    for owner, name in ((module, "run"), (lowlevel, "start_guest_run")):
+        original = getattr(owner, name, None)
+        if original is None:
+            continue
+        _late_undo.append(_patch(owner, name, _noting_trio(original, f"trio.{name}")))
+
+
+_TRIO_REASON = (
+    "trio's tasks are not profiled: asyncflow tracks asyncio's and uvloop's event loops "
+    "(with anyio, its asyncio backend is profiled)"
+)
+
+
+def _noting_trio(original: Callable[..., Any], name: str) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        if _instrumenters:
+            note_not_profiled("trio", name, _TRIO_REASON)
+        return original(*args, **kwargs)
+
+    return run
+
+
+#: undoes of the hooks made after an import, taken back with the tracking
+_late_undo: list[Callable[[], None]] = []
+
+
+def _undo_late() -> None:
+    while _late_undo:
+        _late_undo.pop()()
