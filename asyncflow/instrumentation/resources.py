@@ -253,6 +253,8 @@ class ResourceRecord:
         "bound",
         "file",
         "folded",
+        "handoff_ns",
+        "held_polls",
         "holds",
         "id",
         "initial",
@@ -264,6 +266,7 @@ class ResourceRecord:
         "primitive",
         "slot",
         "stats",
+        "yielded",
     )
 
     def __init__(
@@ -302,6 +305,12 @@ class ResourceRecord:
         self.holds: list[tuple[int, int, CallRecord | None]] = []
         #: holder keys inside an anyio acquire now (its own rollback release is not a release)
         self.pending: set[int] = set()
+        #: when an anyio release last handed the primitive to a waiter (its hold begins then)
+        self.handoff_ns = 0
+        #: an anyio lock's holds that spanned an await (a task blocked meanwhile waited on
+        #: them), and its holder call's polls when it was acquired
+        self.yielded = 0
+        self.held_polls = -1
         self._refs: list[Any] = []  # weak references that keep the id table clean
         self._target: Callable[[], Any] = _no_target
         if target is not None:
@@ -1119,8 +1128,14 @@ def _anyio_acquire(
             return await original(self, *args)
         try:
             key, call = _anyio_key(args[0] if borrower else None)
-            waits = busy(self, key)
-            since = _clock.now_ns() if waits else 0
+            blocked = busy(self, key)
+            # anyio takes ownership, then yields (a checkpoint): the hold begins now. A task
+            # blocked behind a lock whose owner is still in its own acquire (that checkpoint,
+            # or woken and not yet run) waits on the loop, not on anyone holding the lock,
+            # as it would not have waited at all on an asyncio.Lock.
+            waits = blocked and (record.match or record.slot[0] is not None)
+            yielded = record.yielded
+            since = _clock.now_ns()
             if waits:
                 _wait_began(record.stats)
             record.pending.add(key)
@@ -1139,11 +1154,19 @@ def _anyio_acquire(
             raise
         record.pending.discard(key)
         try:
-            now = _clock.now_ns()
-            if waits:
-                record.stats.contended += 1
-                _waited(record, since, now, call, ACQUIRED)
-            _held(record, now, key, call)
+            if blocked:  # owned since the release that handed it over, not since it ran
+                now = _clock.now_ns()
+                handoff = record.handoff_ns
+                since_ns, since = since, handoff if since <= handoff <= now else now
+                if not waits and record.yielded != yielded:  # behind a hold that awaited
+                    waits = True
+                    _wait_began(record.stats)
+                if waits:
+                    record.stats.contended += 1
+                    _waited(record, since_ns, since, call, ACQUIRED)
+            _held(record, since, key, call)
+            if not record.match:
+                record.held_polls = call.polls if call is not None else -1
         except Exception as err:
             _broken("recording an acquisition", err)
         return result
@@ -1160,6 +1183,8 @@ def _anyio_nowait(original: Callable[..., Any], borrower: bool) -> Callable[...,
                 key, call = _anyio_key(args[0] if borrower else None)
                 if key not in record.pending:  # the blocking acquire's own first try
                     _held(record, _clock.now_ns(), key, call)
+                    if not record.match:
+                        record.held_polls = call.polls if call is not None else -1
             except Exception as err:
                 _broken("recording an acquisition", err)
         return result
@@ -1173,14 +1198,25 @@ def _anyio_release(original: Callable[..., Any], borrower: bool) -> Callable[...
         record = _anyio.get(id(self))
         if record is not None and _session.active is not None:
             try:
-                key = id(args[0]) if borrower else _whom()[0]
+                key, call = (id(args[0]), None) if borrower else _whom()
                 if key not in record.pending:  # an acquire undoing itself (cancelled)
+                    if not record.match and _awaited_holding(record, call):
+                        record.yielded += 1
                     _released(record, key)
+                if record.pending:  # anyio hands it to a waiter now, not when the waiter runs
+                    record.handoff_ns = _clock.now_ns()
             except Exception as err:
                 _broken("recording a release", err)
         return result
 
     return release
+
+
+def _awaited_holding(record: ResourceRecord, call: CallRecord | None) -> bool:
+    """Whether the hold of an anyio lock that ``call`` releases now spanned an await: its call
+    was polled again since the acquisition (an untracked or another call: it may have)."""
+    held: CallRecord | None = record.slot[1]
+    return held is None or held is not call or held.polls != record.held_polls
 
 
 def _adapter_getter(fget: Callable[[Any], Any], internal: str) -> Callable[[Any], Any]:
