@@ -32,7 +32,15 @@ FOUNDATION = frozenset(
 )
 #: the modules at the top that sit above every layer: the front door, ``python -m asyncflow``,
 #: the profiler's lifecycle and the command line
-FRONT = frozenset({"asyncflow", "asyncflow.__main__", "asyncflow.profiler", "asyncflow.cli"})
+FRONT = frozenset(
+    {
+        "asyncflow",
+        "asyncflow.__main__",
+        "asyncflow.profiler",
+        "asyncflow.cli",
+        "asyncflow._children",
+    }
+)
 #: the subpackages, lowest first: each may import its own layer, the ones before it and the
 #: foundation, never one after it (nor the front)
 LAYERS = ("instrumentation", "model", "views", "render", "serve")
@@ -148,6 +156,48 @@ def test_no_module_imports_a_higher_layer() -> None:
 
 def test_no_import_circle() -> None:
     assert _circles(_graph()) == []
+
+
+#: all that the renderers and the endpoint may take from the hot path: ``_session``, whose
+#: ``internal_error`` counts a failure where it happens. Everything else they read from the
+#: documents or from the model's read model (``asyncflow.model.read``): no registry, no record,
+#: no log tuple, no probe.
+HOT_PATH_ABOVE_THE_VIEWS = frozenset({"asyncflow.instrumentation._session"})
+
+
+def _hot_path_reads(graph: dict[str, dict[str, int]]) -> list[str]:
+    """The imports of the hot path by render/ and serve/ beyond ``HOT_PATH_ABOVE_THE_VIEWS``."""
+    found = []
+    for name, targets in sorted(graph.items()):
+        if name.split(".")[1:2] not in (["render"], ["serve"]):
+            continue
+        for target, line in sorted(targets.items()):
+            hot = target == "asyncflow.instrumentation" or target.startswith(
+                "asyncflow.instrumentation."
+            )
+            if hot and target not in HOT_PATH_ABOVE_THE_VIEWS:
+                found.append(f"{name}:{line} imports {target}")
+    return found
+
+
+def test_renderers_and_the_endpoint_read_the_model_not_the_hot_path() -> None:
+    assert _hot_path_reads(_graph()) == []
+
+
+def test_a_renderer_reading_the_hot_path_is_caught() -> None:
+    graph = {
+        "asyncflow.render.trace": {
+            "asyncflow.instrumentation._session": 3,
+            "asyncflow.instrumentation.channels": 4,
+        },
+        "asyncflow.serve.server": {"asyncflow.instrumentation": 9},
+        "asyncflow.views.documents": {"asyncflow.instrumentation.futures": 5},
+        "asyncflow.model.read": {"asyncflow.instrumentation.loops": 6},
+    }
+    assert _hot_path_reads(graph) == [
+        "asyncflow.render.trace:4 imports asyncflow.instrumentation.channels",
+        "asyncflow.serve.server:9 imports asyncflow.instrumentation",
+    ]
 
 
 def test_few_modules_at_the_top() -> None:

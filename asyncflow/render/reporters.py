@@ -31,15 +31,13 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from asyncflow.instrumentation import _session
-from asyncflow.instrumentation.futures import CallRecord, call_field
-from asyncflow.instrumentation.recording import FinishedCall
-from asyncflow.model.collector import Collector, finished_call
+from asyncflow.model.collector import Collector
+from asyncflow.model.read import CallBatch, CallTotals, FinishedCall, finished_call
 from asyncflow.schema import (
     ChannelsDocument,
     ExecutorsDocument,
     FunctionsDocument,
     FuturesDocument,
-    Location,
     LoopDocument,
     MetricsDocument,
     ProfilerStatus,
@@ -66,21 +64,6 @@ __all__ = [
 #: (the collector's batch is bounded by the recorders' buffer anyway).
 MAX_CALLS_PER_TICK = 65_536
 _SOURCE_TIMEOUT = 10.0
-
-
-@dataclass(frozen=True, slots=True)
-class CallTotals:
-    """The calls of one future that finished since the previous tick with one outcome."""
-
-    future_id: int
-    label: str
-    location: Location
-    outcome: str
-    calls: int
-    #: their durations (creation to end), summed
-    duration_ns: int
-    busy_ns: int
-    polls: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,11 +146,9 @@ class Tick:
     """
 
     __slots__ = (
+        "_batch",
         "_build",
-        "_calls",
         "_figures",
-        "_records",
-        "_totals",
         "dropped",
         "interval_ns",
         "now_ns",
@@ -179,7 +160,7 @@ class Tick:
         number: int,
         now_ns: int,
         interval_ns: int,
-        records: list[CallRecord],
+        calls: CallBatch,
         dropped: int,
         build: Callable[[], Figures],
     ) -> None:
@@ -192,47 +173,19 @@ class Tick:
         #: finished calls left out of ``calls`` since the previous tick: those the recorders'
         #: buffer lost, and those past ``MAX_CALLS_PER_TICK``
         self.dropped = dropped
-        self._records = records
+        self._batch = calls
         self._build = build
         self._figures: Figures | None = None
-        self._calls: tuple[FinishedCall, ...] | None = None
-        self._totals: list[CallTotals] | None = None
 
     @property
     def calls(self) -> tuple[FinishedCall, ...]:
         """Every call folded since the previous tick, oldest first (exact)."""
-        if self._calls is None:
-            self._calls = tuple(finished_call(r) for r in self._records)
-        return self._calls
+        return self._batch.calls()
 
     def totals(self) -> list[CallTotals]:
         """The calls folded since the previous tick, summed by future and outcome (the cheap
         way to read them: one entry per future and outcome, not one per call)."""
-        if self._totals is None:
-            sums: dict[tuple[Any, str], list[int]] = {}
-            for r in self._records:
-                key = (r.future, call_field(r, "outcome") or "returned")
-                s = sums.get(key)
-                if s is None:
-                    s = sums[key] = [0, 0, 0, 0]
-                s[0] += 1
-                s[1] += r.finished - r.created
-                s[2] += r.busy
-                s[3] += r.polls
-            self._totals = [
-                CallTotals(
-                    future.id,
-                    future.label,
-                    Location(future.file, future.line),
-                    outcome,
-                    calls,
-                    duration,
-                    busy,
-                    polls,
-                )
-                for (future, outcome), (calls, duration, busy, polls) in sums.items()
-            ]
-        return self._totals
+        return self._batch.totals()
 
     def figures(self) -> Figures:
         """The current figures (built on first use, then the same object for this tick)."""
@@ -241,7 +194,7 @@ class Tick:
         return self._figures
 
     def __repr__(self) -> str:
-        return f"<Tick {self.number} at {self.now_ns} ns: {len(self._records)} calls>"
+        return f"<Tick {self.number} at {self.now_ns} ns: {len(self._batch)} calls>"
 
 
 @runtime_checkable
@@ -266,7 +219,9 @@ class Reporters:
         # call, and ticked after each drain
         collector.live = self
         collector.on_tick("feeding the live reporters", self.tick)
-        self._pending: list[CallRecord] = []
+        #: the calls folded since the last tick, as the collector handed them (the model's
+        #: records: only the read model's CallBatch reads them)
+        self._pending: list[object] = []
         self._lost = 0
         #: the collector's dropped count at the previous tick
         self._dropped_seen = 0
@@ -284,7 +239,7 @@ class Reporters:
         """The reporters still on."""
         return list(self._reporters)
 
-    def add(self, record: CallRecord) -> None:
+    def add(self, record: object, /) -> None:
         """Keep a call the collector just folded, for the next tick (no work beyond this)."""
         if len(self._pending) < MAX_CALLS_PER_TICK:
             self._pending.append(record)
@@ -322,7 +277,7 @@ class Reporters:
             self._number,
             max(0, now - origin),
             max(0, now - self._last_ns),
-            records,
+            CallBatch(records),
             lost + max(0, dropped - self._dropped_seen),
             self._build,
         )

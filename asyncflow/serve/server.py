@@ -39,7 +39,7 @@ import sys
 import tempfile
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import IO, TYPE_CHECKING, Any, TypeVar, cast
 
 import orjson
@@ -47,9 +47,7 @@ import orjson
 from asyncflow import clock, config, schema
 from asyncflow.errors import TRACE_OFF, AsyncflowError
 from asyncflow.instrumentation import _session
-from asyncflow.instrumentation.channels import ChannelRecord, channel_registry
-from asyncflow.instrumentation.futures import FutureRecord, registry
-from asyncflow.instrumentation.streams import StreamRecord, stream_registry
+from asyncflow.model import read
 from asyncflow.model.collector import Collector
 from asyncflow.model.threads import threads_document
 from asyncflow.serve._protocol import (
@@ -577,7 +575,7 @@ class Server:
 
     @_builds("/futures/{id}/logs")
     def _future_logs(self, query: _Query) -> Any:
-        record = _record(query, "future", registry())
+        record = _record(query, "future", read.future(query.id))
         origin = self.collector.session.start_ns
         return views.future_logs(record, clock.now_ns(), origin, query.limit)
 
@@ -587,7 +585,7 @@ class Server:
 
     @_builds("/channels/{id}/logs")
     def _channel_logs(self, query: _Query) -> Any:
-        record = _record(query, "channel", channel_registry())
+        record = _record(query, "channel", read.channel(query.id))
         return views.channel_logs(record, self.collector.session.start_ns, query.limit)
 
     @_builds("/streams")
@@ -596,7 +594,7 @@ class Server:
 
     @_builds("/streams/{id}/logs")
     def _stream_logs(self, query: _Query) -> Any:
-        record = _record(query, "stream", stream_registry())
+        record = _record(query, "stream", read.stream(query.id))
         return views.stream_logs(record, self.collector.session.start_ns, query.limit)
 
     @_builds("/flow")
@@ -712,15 +710,14 @@ def _loop_error(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> Non
         _session.internal_error(str(context.get("message", "the profiler's loop")), exc)
 
 
-_R = TypeVar("_R", FutureRecord, ChannelRecord, StreamRecord)
+_R = TypeVar("_R")
 
 
-def _record(query: _Query, kind: str, records: Sequence[_R]) -> _R:
-    """The record a ``/{kind}s/{id}/logs`` request names."""
-    for record in records:
-        if record.id == query.id:
-            return record
-    raise _Refused(404, f"no {kind} with id {query.id}; GET /{kind}s lists them")
+def _record(query: _Query, kind: str, record: _R | None) -> _R:
+    """The record a ``/{kind}s/{id}/logs`` request names, as the read model found it."""
+    if record is None:
+        raise _Refused(404, f"no {kind} with id {query.id}; GET /{kind}s lists them")
+    return record
 
 
 _ROUTE_BY_PATH = {route.path: route for route in ROUTES}
