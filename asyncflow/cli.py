@@ -9,6 +9,7 @@ would under ``python``: its exit code, its traceback, and death by SIGINT or SIG
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import os
 import runpy
@@ -167,8 +168,9 @@ def _parser() -> argparse.ArgumentParser:
         "ps",
         help="list the profilers running on this machine",
         description="List the profilers with an endpoint that run on this machine for this user "
-        "(each registers itself while it runs): pid, name, endpoint URL, whether it needs a "
-        "token, how long it has run, and its command line.",
+        "(each registers itself while it runs): pid, the parent's pid for a worker process "
+        "profiled under its parent's 'asyncflow run' (listed after it), name, endpoint URL, "
+        "whether it needs a token, how long it has run, and its command line.",
     )
     ps.add_argument("--json", action="store_true", help="print a JSON array instead of a table")
     ps.set_defaults(handler=_ps)
@@ -219,9 +221,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    import asyncflow
-    from asyncflow.instrumentation.every_loop import track_every_loop
-
     program: list[str] = list(args.program)
     if args.module is None and program[:1] == [
         "-m"
@@ -249,6 +248,28 @@ def _run(args: argparse.Namespace) -> int:
         argv0 = target
         name = args.name or path.stem
         _program_path(target)
+    run: Callable[[], object]
+    if args.module is not None:
+        run = functools.partial(runpy.run_module, target, run_name="__main__", alter_sys=True)
+    else:
+        run = functools.partial(_run_script, target)
+    return _profiled(args, name, target, run, [argv0, *program])
+
+
+def _profiled(
+    args: argparse.Namespace,
+    name: str,
+    target: str,
+    run: Callable[[], object],
+    argv: list[str] | None,
+) -> int:
+    """``run()`` the program (``target``, a script or ``args.module``) profiled as a whole:
+    the body of ``asyncflow run``, also run by the processes the program starts (see
+    :mod:`asyncflow._children`), with ``argv`` None there (a worker's is set already)."""
+    import asyncflow
+    from asyncflow import _children
+    from asyncflow.instrumentation.every_loop import track_every_loop
+
     options: dict[str, object] = {}
     for option in config.OPTIONS:  # the flags given, as profile()'s arguments
         if option.flag is None:
@@ -267,6 +288,7 @@ def _run(args: argparse.Namespace) -> int:
     _check_host(profiler.options, "--host" if args.host is not None else "ASYNCFLOW_HOST")
     profiler.hosting = True  # the program's own asyncflow.profile() joins this one
     profiler.adopts_name = args.name is None  # and names the profile, unless --name did
+    profiler.child_of = getattr(args, "child_of", None)  # a worker: its parent's pid, its role
     try:
         profiler.start()
     except PortInUseError as exc:
@@ -283,15 +305,14 @@ def _run(args: argparse.Namespace) -> int:
     queues = None if args.no_queues else asyncflow.instrument_queues()
     never_awaited = None if args.no_never_awaited else asyncflow.track_never_awaited()
     locks = None if args.no_locks else asyncflow.instrument_locks()
+    children = _children.follow(profiler, args, target, _profiled)
     undo_sigterm = _report_on_sigterm(profiler.stop)
-    sys.argv = [argv0, *program]
+    if argv is not None:
+        sys.argv = argv
     code = 0
     interrupted: BaseException | None = None
     try:
-        if args.module is not None:
-            runpy.run_module(target, run_name="__main__", alter_sys=True)
-        else:
-            _run_script(target)
+        run()
     except SystemExit as exc:
         code = _exit_code(exc.code)
     except BaseException as exc:
@@ -307,6 +328,7 @@ def _run(args: argparse.Namespace) -> int:
         if locks is not None:
             locks.undo()
         profiler.stop()
+        children.undo()  # after the report: where the children's reports went
         if never_awaited is not None:
             never_awaited.undo()
     if interrupted is not None:
@@ -728,11 +750,12 @@ def _ps_table(running: Sequence[Any], numbered: bool = False) -> str:
 
     now = time.time()
     rows: list[list[str]] = [["#"] if numbered else []]
-    rows[0] += ["PID", "NAME", "URL", "TOKEN", "UP", "COMMAND"]
+    rows[0] += ["PID", "PARENT", "NAME", "URL", "TOKEN", "UP", "COMMAND"]
     for number, entry in enumerate(running, 1):
         rows.append([str(number)] if numbered else [])
         rows[-1] += [
             str(entry.pid),
+            "-" if entry.parent is None else str(entry.parent),
             entry.name,
             entry.url,
             "yes" if entry.token else "no",
@@ -747,10 +770,30 @@ def _ps_table(running: Sequence[Any], numbered: bool = False) -> str:
     return "\n".join(line.rstrip() for line in lines) + "\n"
 
 
+def _families(running: Sequence[Any]) -> list[Any]:
+    """``running`` (oldest first) with each worker process right after its parent."""
+    listed = {entry.pid for entry in running}
+    children: dict[int, list[Any]] = {}
+    for entry in running:
+        if entry.parent in listed:
+            children.setdefault(entry.parent, []).append(entry)
+    ordered: list[Any] = []
+
+    def add(entry: Any) -> None:
+        ordered.append(entry)
+        for child in children.pop(entry.pid, []):
+            add(child)
+
+    for entry in running:
+        if entry.parent not in listed:
+            add(entry)
+    return ordered
+
+
 def _ps(args: argparse.Namespace) -> int:
     from asyncflow.serve import registry
 
-    running = registry.entries()
+    running = _families(registry.entries())
     if args.json:
         sys.stdout.write(orjson.dumps(running, option=orjson.OPT_INDENT_2).decode() + "\n")
     elif running:
@@ -768,7 +811,7 @@ def _pick_url(args: argparse.Namespace, command: str) -> str:
         return url
     from asyncflow.serve import registry
 
-    running = registry.entries()
+    running = _families(registry.entries())
     if not running:
         return DEFAULT_URL
     if len(running) == 1:

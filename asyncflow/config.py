@@ -792,6 +792,24 @@ class Options:
             kind="switch",
         ).meta,
     )
+    #: under ``asyncflow run``, leave the processes the program starts unprofiled
+    #: (``asyncflow._children``)
+    no_children: bool = field(
+        default=False,
+        metadata=Option(
+            _switch,
+            "off",
+            "under `asyncflow run`, leave the processes the program starts unprofiled "
+            "(multiprocessing's, uvicorn's and gunicorn's workers, forks): only the program's own "
+            "process is (see [Worker processes](services.md#worker-processes))",
+            env="ASYNCFLOW_NO_CHILDREN",
+            flag="--no-children",
+            flag_help="leave the processes the program starts (multiprocessing, forked or "
+            "spawned workers) unprofiled; each is profiled on its own otherwise "
+            "[$ASYNCFLOW_NO_CHILDREN]",
+            kind="switch",
+        ).meta,
+    )
 
 
 #: Every option, in the order of ``Options``' fields and of docs/profiler.md's table

@@ -126,6 +126,9 @@ class Profiler:
         self._joined: Profiler | None = None
         #: this process's file in the registry of running profilers (``asyncflow ps``)
         self._registration: Registration | None = None
+        #: a worker process's profile (see asyncflow._children): its parent's pid and its role,
+        #: registered for ``asyncflow ps``; its report never goes to standard output
+        self.child_of: tuple[int, str] | None = None
 
     @property
     def name(self) -> str:
@@ -160,7 +163,9 @@ class Profiler:
             from asyncflow.serve import registry
 
             registration.remove()
-            self._registration = registry.register(name, self.url, self.options.token is not None)
+            self._registration = registry.register(
+                name, self.url, self.options.token is not None, self.child_of
+            )
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -264,7 +269,7 @@ class Profiler:
                     from asyncflow.serve import registry
 
                     self._registration = registry.register(
-                        self.name, self.url, options.token is not None
+                        self.name, self.url, options.token is not None, self.child_of
                     )
             except BaseException:
                 self._abandon(ready)
@@ -485,6 +490,9 @@ class Profiler:
                 # asked for with "-", on standard output, where asyncflow writes nothing else.
                 json = options.output == "-" or options.format != "table"
                 stream = sys.stdout if json else sys.stderr
+                if self.child_of is not None:  # a worker's: standard output is its parent's
+                    stream = sys.stderr
+                    text = f"asyncflow: report of {self.name!r} (pid {os.getpid()}):\n{text}"
                 stream.write(text)
                 stream.flush()
             else:

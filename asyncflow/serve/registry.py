@@ -4,10 +4,11 @@ Each profiler that serves an endpoint writes ``<pid>.json`` into a per-user runt
 (``$XDG_RUNTIME_DIR/asyncflow``, else ``asyncflow-<uid>`` under the temporary directory, mode
 0700; ``ASYNCFLOW_RUNTIME_DIR`` overrides both). The file says what a client needs to find the
 endpoint (pid, name, command line, URL, start time, whether a token is needed) and never the
-token itself. It is written atomically (a temporary file renamed over it), removed when the
-profiler stops, and recognised as stale when its process is gone or its pid now belongs to
-another process (the process's start time, where the platform gives it, no longer matches):
-listing then removes it. A forked child never removes its parent's file.
+token itself; a worker process of a profiled program (see :mod:`asyncflow._children`) also
+names its parent's pid and its role there. It is written atomically (a temporary file renamed
+over it), removed when the profiler stops, and recognised as stale when its process is gone or
+its pid now belongs to another process (the process's start time, where the platform gives it,
+no longer matches): listing then removes it. A forked child never removes its parent's file.
 """
 
 from __future__ import annotations
@@ -55,6 +56,10 @@ class Entry:
     #: the process's start time as the platform counts it (Linux: clock ticks after boot);
     #: None where it cannot be read
     process_start: int | None
+    #: a worker process of a profiled program: its parent's pid (None: no parent profiled)
+    parent: int | None = None
+    #: ... and its role there (``process-1``, ``fork-2``), which ends its ``name``
+    role: str | None = None
 
 
 def directory() -> Path:
@@ -156,9 +161,12 @@ class Registration:
             logger.debug("asyncflow: cannot remove %s: %r", self.path, exc)
 
 
-def register(name: str, url: str, token: bool) -> Registration | None:
+def register(
+    name: str, url: str, token: bool, child_of: tuple[int, str] | None = None
+) -> Registration | None:
     """Write this process's registry file; None when it cannot be written (said on the
-    ``asyncflow`` logger at debug level: profiling goes on without it)."""
+    ``asyncflow`` logger at debug level: profiling goes on without it). ``child_of`` is a
+    worker process's parent pid and role."""
     try:
         folder = _private_directory(create=True)
         if folder is None:
@@ -173,6 +181,8 @@ def register(name: str, url: str, token: bool) -> Registration | None:
             "started": time.time(),
             "token": token,
             "process_start": process_start(pid),
+            "parent": None if child_of is None else child_of[0],
+            "role": None if child_of is None else child_of[1],
         }
         path = folder / f"{pid}.json"
         fd, scratch = tempfile.mkstemp(prefix=f".{pid}.", suffix=".tmp", dir=folder)
@@ -205,6 +215,7 @@ def _read(path: Path) -> Entry | None:
             return None
         pid, name, argv, url = data["pid"], data["name"], data["argv"], data["url"]
         started, token, start = data["started"], data["token"], data.get("process_start")
+        parent, role = data.get("parent"), data.get("role")  # absent: written before workers
         ok = (
             isinstance(pid, int)
             and not isinstance(pid, bool)
@@ -215,12 +226,14 @@ def _read(path: Path) -> Entry | None:
             and isinstance(started, int | float)
             and isinstance(token, bool)
             and (start is None or (isinstance(start, int) and not isinstance(start, bool)))
+            and (parent is None or (isinstance(parent, int) and not isinstance(parent, bool)))
+            and (role is None or isinstance(role, str))
         )
     except (orjson.JSONDecodeError, KeyError):
         return None
     if not ok or path.name != f"{pid}.json":
         return None
-    return Entry(pid, name, tuple(argv), url, float(started), token, start)
+    return Entry(pid, name, tuple(argv), url, float(started), token, start, parent, role)
 
 
 def _sweep(folder: Path) -> list[Entry]:

@@ -112,11 +112,11 @@ def test_ps_lists_every_running_profiler_and_forgets_those_that_stop(
         code, out, err = run_cli(capsys, "ps")
         assert (code, err) == (0, "")
         header, *rows = out.splitlines()
-        assert header.split() == ["PID", "NAME", "URL", "TOKEN", "UP", "COMMAND"]
+        assert header.split() == ["PID", "PARENT", "NAME", "URL", "TOKEN", "UP", "COMMAND"]
         assert len(rows) == 3
         for entry in listed:
             (row,) = [row.split() for row in rows if row.split()[0] == str(entry["pid"])]
-            assert row[1:4] == [entry["name"], entry["url"], "yes" if entry["token"] else "no"]
+            assert row[1:5] == ["-", entry["name"], entry["url"], "yes" if entry["token"] else "no"]
 
         # several, and no URL given: not at a terminal, one line and exit 2
         saved = tmp_path / "snap.json"

@@ -1,0 +1,474 @@
+"""Worker processes: under ``asyncflow run``, each process the program starts is profiled too.
+
+How a child is found depends on how it starts:
+
+- **multiprocessing** (spawn, fork, forkserver; uvicorn's ``--workers`` and ``--reload``):
+  ``BaseProcess.start`` is wrapped. While ``start()`` runs, the process object's ``run`` is an
+  instance attribute (:class:`_InChild`, picklable: it carries the child's names and the
+  parent's ``asyncflow run`` arguments), so that what the child runs, the target or a
+  subclass's ``run()``, runs profiled. It is gone again when ``start()`` returns; the target
+  and its arguments are pickled as they are. In a fresh interpreter (spawn, forkserver) the
+  child sets up what ``asyncflow run`` sets up; a forked one has those hooks already, and only
+  starts a profiler of its own.
+- **a bare fork** (gunicorn's workers, ``os.fork()``): the child is profiled from the first event
+  loop it makes or runs, so that a child that only ``exec``\\ s another program costs nothing.
+  Its report is written when it leaves through the interpreter's exit (``sys.exit``, the end of
+  the program), not through ``os._exit``.
+
+Each child's profile is named ``<parent's name>/<role>`` (``process-1``, ``fork-2``: numbered per
+parent; a multiprocessing child the program named is called by its name), serves its own
+endpoint on a free port where the parent serves one, is listed by ``asyncflow ps`` with its
+parent's pid, and writes its report where the parent's options say: beside the parent's file
+(``report.process-1.json`` beside ``report.json``), or on standard error under a line that names
+it (standard output stays the parent's). Reports are not merged: a report keeps percentiles, not
+histograms, and percentiles of several processes cannot be added up; the parent says where its
+children's reports went when it stops.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import dataclasses
+import functools
+import itertools
+import os
+import re
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from asyncflow import config
+from asyncflow.instrumentation import _session
+
+if TYPE_CHECKING:
+    from asyncflow.profiler import Profiler
+
+__all__ = ["Child", "Following", "follow"]
+
+#: the most children a parent lists when it stops (the others are counted)
+MAX_LISTED = 100
+
+#: ``asyncflow run``'s body (``cli._profiled``): (arguments, name, target, run, argv) -> code
+Setup = Callable[[argparse.Namespace, str, str, Callable[[], object], list[str] | None], int]
+
+#: multiprocessing's own names for a process it numbered (``SpawnProcess-3``, ``Process-1:2``)
+_NUMBERED = re.compile(r"\w*Process-\d+(?::\d+)*")
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+@dataclass(frozen=True, slots=True)
+class Child:
+    """A process the profiled program started, as its profile is set up there (pickled into a
+    spawned child)."""
+
+    #: its profile's name: the parent's, a slash and the role (``app/process-1``)
+    name: str
+    #: ``process-N`` for a multiprocessing child (or the name the program gave it, numbered),
+    #: ``fork-N`` for a bare fork: N counts the parent's children
+    role: str
+    #: the parent's pid
+    parent_pid: int
+    #: its report's file, beside the parent's; None: on standard error, under a heading
+    output: str | None
+    #: its trace's file, beside the parent's; None: no file
+    trace_output: str | None
+    #: the parent's ``asyncflow run`` arguments, with this child's name, output, port and trace
+    args: dict[str, Any]
+    #: what the parent runs (a script's path, a module's name), for a fresh interpreter's setup
+    target: str
+    #: ``asyncflow run``'s setup, by reference (pickled as its module and name)
+    setup: Setup
+
+
+def _beside(path: str, role: str) -> str:
+    """``report.json`` -> ``report.<role>.json``, in the same directory."""
+    where = Path(path)
+    return str(where.with_name(f"{where.stem}.{role}{where.suffix}"))
+
+
+def _role_base(process: Any) -> str:
+    name = str(getattr(process, "name", "") or "")
+    if not name or _NUMBERED.fullmatch(name):
+        return "process"
+    return _UNSAFE.sub("-", name).strip("-.")[:40] or "process"
+
+
+class Following:
+    """The children of one profiled process: numbered, named and listed at its end.
+
+    :meth:`undo` (after the parent's report) stops following and says where the reports went.
+    """
+
+    def __init__(
+        self, profiler: Profiler, args: argparse.Namespace, target: str, setup: Setup
+    ) -> None:
+        self.profiler = profiler
+        self.pid = os.getpid()
+        self.args = dict(vars(args))
+        self.target = target
+        self.setup = setup
+        self.active = False
+        self._numbers = itertools.count(1)
+        #: (child, pid) of the multiprocessing children started, at most MAX_LISTED
+        self.started: list[tuple[Child, int | None]] = []
+        #: the bare forks (pid unknown to the parent), at most MAX_LISTED
+        self.forked: list[Child] = []
+        #: children not listed (past MAX_LISTED)
+        self.more = 0
+        self._installed: Callable[[], None] | None = None
+
+    def child(self, base: str) -> Child:
+        """The next child's names and options (its role numbered ``base-N``)."""
+        role = f"{base}-{next(self._numbers)}"
+        options = self.profiler.options
+        output = options.output if options.output not in (None, "-") else None
+        output = None if output is None else _beside(output, role)
+        trace_output = None if options.trace_output is None else _beside(options.trace_output, role)
+        name = f"{self.profiler.name}/{role}"
+        args = dict(self.args)
+        args.update(
+            name=name,
+            output=output,
+            port="off" if options.port is None else "0",  # never the parent's port
+            child_of=(self.pid, role),
+        )
+        if options.trace:
+            args["trace"] = trace_output or "on"
+        return Child(name, role, self.pid, output, trace_output, args, self.target, self.setup)
+
+    def _note(self, listed: list[Any], item: Any) -> None:
+        if len(self.started) + len(self.forked) < MAX_LISTED:
+            listed.append(item)
+        else:
+            self.more += 1
+
+    def activate(self) -> None:
+        global _following
+        _following = self
+        self.active = True
+        self._installed = _patch_start()
+
+    def undo(self) -> None:
+        """Stop following (in the process that followed: a forked child unwinding through its
+        parent's ``asyncflow run`` does nothing here), then say where the reports went."""
+        global _following
+        if not self.active or os.getpid() != self.pid:
+            return
+        self.active = False
+        if _following is self:
+            _following = None
+        installed, self._installed = self._installed, None
+        if installed is not None:
+            installed()
+        text = self.summary()
+        if not text:
+            return
+        try:
+            sys.stderr.write(text)
+            sys.stderr.flush()
+            options = self.profiler.options
+            if options.format == "table" and options.output not in (None, "-"):
+                with open(options.output, "a", encoding="utf-8") as out:
+                    out.write("\n" + text)
+        except Exception as exc:  # a list that cannot be written must not break the program
+            _session.internal_error("listing the children's reports", exc)
+
+    def summary(self) -> str:
+        """Where the children's reports went, one line each; empty when there were none."""
+        lines: list[str] = []
+        for child, pid in self.started:
+            lines.append(f"  {child.name}  pid {pid}  {child.output or 'standard error'}")
+        forks = 0
+        for child in self.forked:
+            if child.output is None:
+                forks += 1
+            elif os.path.exists(child.output):
+                lines.append(f"  {child.name}  forked  {child.output}")
+        if forks and not lines:
+            # a fork is profiled from its first event loop: the parent cannot know which did
+            lines.append("  forked processes: on standard error, each under its name")
+        elif forks:
+            lines.append(f"  {forks} forked processes: on standard error, each under its name")
+        if self.more:
+            lines.append(f"  and {self.more} more, not listed")
+        if not lines:
+            return ""
+        return "asyncflow: the processes the program started were profiled on their own:\n" + (
+            "\n".join(lines) + "\n"
+        )
+
+
+def follow(profiler: Profiler, args: argparse.Namespace, target: str, setup: Setup) -> Following:
+    """Profile the processes the program of ``asyncflow run`` starts from now on, unless the
+    profiler is off (``ASYNCFLOW_DISABLE``) or asked not to (``no_children``).
+
+    Args:
+        profiler: the run's profiler, started.
+        args: ``asyncflow run``'s arguments, given again to a spawned child's own setup.
+        target: the program (a script's path, a module's name).
+        setup: ``asyncflow run``'s body, which a spawned child runs its work in.
+
+    Returns:
+        The handle whose ``undo()``, after the parent's report, lists the children's reports.
+    """
+    following = Following(profiler, args, target, setup)
+    if config.disabled() or profiler.options.no_children or not profiler.running:
+        return following
+    following.activate()
+    return following
+
+
+# -- in the parent: multiprocessing's start, and forks -------------------------------------------
+
+#: the following of this process (inherited by a forked child until it follows its own)
+_following: Following | None = None
+#: set in the forking thread while multiprocessing starts a process: its fork is no bare fork
+_local = threading.local()
+
+
+def _patch_start() -> Callable[[], None]:
+    """Wrap ``BaseProcess.start``; returns what puts it back."""
+    from multiprocessing import process
+
+    original = process.BaseProcess.start
+    if getattr(original, "__asyncflow_start__", False):
+        return lambda: None  # wrapped already (inherited through a fork)
+
+    @functools.wraps(original)
+    def start(self: Any) -> None:
+        following = _following
+        if (
+            following is None
+            or not following.active
+            or following.pid != os.getpid()
+            or "run" in vars(self)  # the program's own, per instance: left alone
+        ):
+            return original(self)
+        try:
+            child = following.child(_role_base(self))
+            vars(self)["run"] = _InChild(child)
+        except Exception as exc:  # the child runs unprofiled
+            _session.internal_error("following a child process", exc)
+            return original(self)
+        _local.starting = True
+        try:
+            return original(self)
+        finally:
+            _local.starting = False
+            # pickled or forked by now: the program's object is as it was
+            if isinstance(vars(self).get("run"), _InChild):
+                del vars(self)["run"]
+            following._note(following.started, (child, getattr(self, "pid", None)))
+
+    start.__asyncflow_start__ = True  # type: ignore[attr-defined]
+    process.BaseProcess.start = start  # type: ignore[method-assign]
+
+    def restore() -> None:
+        if process.BaseProcess.start is start:
+            process.BaseProcess.start = original  # type: ignore[method-assign]
+
+    return restore
+
+
+def _before_fork() -> None:
+    _local.fork = None
+    following = _following
+    if (
+        following is None
+        or not following.active
+        or following.pid != os.getpid()
+        or getattr(_local, "starting", False)  # multiprocessing's: its run() is profiled
+    ):
+        return
+    try:
+        _local.fork = following.child("fork")
+    except Exception as exc:
+        _session.internal_error("following a forked process", exc)
+
+
+def _after_fork_in_parent() -> None:
+    child, _local.fork = getattr(_local, "fork", None), None
+    following = _following
+    if child is not None and following is not None:
+        following._note(following.forked, child)
+
+
+def _after_fork_in_child() -> None:
+    global _pending
+    child, _local.fork = getattr(_local, "fork", None), None
+    _pending = None
+    if child is None:
+        return
+    try:
+        from asyncflow.instrumentation import every_loop
+
+        current = every_loop._instrumenters
+        if current:  # profiled from the first loop it makes or runs
+            _pending = child
+            every_loop._instrumenters = ((_first_loop, "its process is not profiled"), *current)
+    except Exception as exc:  # the child must go on, whatever happens here
+        _session.internal_error("following a forked process", exc)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(
+        before=_before_fork,
+        after_in_parent=_after_fork_in_parent,
+        after_in_child=_after_fork_in_child,
+    )
+
+
+# -- in the child -------------------------------------------------------------------------------
+
+#: a bare fork's profile, started by the first event loop it makes or runs
+_pending: Child | None = None
+
+
+class _Nothing:
+    """What :func:`_first_loop` gives the loop tracking back: nothing to undo."""
+
+    active = False
+
+    def undo(self) -> None:
+        pass
+
+
+def _first_loop(loop: Any = None) -> _Nothing:
+    """A forked child makes or runs its first event loop: its profile starts, before that
+    loop's tasks are tracked (never raises: the loop runs on whatever happens here)."""
+    global _pending
+    child, _pending = _pending, None
+    try:
+        from asyncflow.instrumentation import every_loop
+
+        every_loop._instrumenters = tuple(
+            pair for pair in every_loop._instrumenters if pair[0] is not _first_loop
+        )
+        parent = _following
+        if child is not None and parent is not None and parent.pid != os.getpid():
+            started = _start_forked(child, parent)
+            if started is not None:
+                # leaving through the interpreter's exit: the report, then its own children's
+                atexit.register(_finish, *started)
+    except Exception as exc:
+        _session.internal_error("profiling a forked process", exc)
+    return _Nothing()
+
+
+def _finish(profiler: Profiler, following: Following) -> None:
+    profiler.stop()
+    following.undo()
+
+
+def _start_forked(child: Child, parent: Following) -> tuple[Profiler, Following] | None:
+    """In a forked child, where ``asyncflow run``'s hooks came along: a profiler of its own
+    (the parent's was left behind at the fork), and its own children followed. None when it
+    cannot start (said on standard error: the child runs on unprofiled)."""
+    global _following
+    from asyncflow.profiler import Profiler
+
+    options = parent.profiler.options
+    try:
+        profiler = Profiler(
+            dataclasses.replace(
+                options,
+                name=child.name,
+                output=child.output,
+                port=None if options.port is None else 0,
+                port_source=None,
+                trace_output=child.trace_output,
+            )
+        )
+        profiler.hosting = True  # the program's own asyncflow.profile() joins it
+        profiler.child_of = (child.parent_pid, child.role)
+        _start_untracked(profiler)
+    except Exception as exc:
+        print(f"asyncflow: {child.name!r} runs unprofiled: {exc}", file=sys.stderr, flush=True)
+        return None
+    print(
+        f"asyncflow: profiling {child.name!r} (pid {os.getpid()}); endpoint: "
+        f"{profiler.url or 'not served'}",
+        file=sys.stderr,
+        flush=True,
+    )
+    following = Following(profiler, argparse.Namespace(**child.args), parent.target, parent.setup)
+    following.active = True  # its parent followed it: it follows its own
+    _following = following  # the start wrapper came along: it reads this
+    return profiler, following
+
+
+def _start_untracked(profiler: Profiler) -> None:
+    """Start ``profiler`` where every loop is tracked already (a fork of a process under
+    ``asyncflow run``), leaving its own event loop out: the tracking is paused while the loop
+    is made and first run, and the loop is then one it never asks again."""
+    from asyncflow.instrumentation import every_loop
+
+    paused, every_loop._instrumenters = every_loop._instrumenters, ()
+    try:
+        profiler.start()
+    finally:
+        loop = profiler._loop
+        if loop is not None:
+            every_loop._refused.add(loop)
+        every_loop._instrumenters = paused
+
+
+class _InChild:
+    """A multiprocessing child's ``run``, for the length of its parent's ``start()``: runs the
+    process's own ``run()`` (its target, or a subclass's) profiled."""
+
+    __slots__ = ("child",)
+
+    def __init__(self, child: Child) -> None:
+        self.child = child
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_InChild, (self.child,))
+
+    def __call__(self) -> None:
+        global _pending
+        import multiprocessing
+
+        _local.starting = False  # inherited from the parent's start() by a forked child
+        _pending = None
+        process = multiprocessing.current_process()
+        run = functools.partial(type(process).run, process)
+        parent = _following
+        if parent is not None and parent.pid != os.getpid():  # forked: the hooks came along
+            started = _start_forked(self.child, parent)
+            try:
+                run()
+            finally:
+                if started is not None:
+                    _finish(*started)
+            return
+        _fresh(self.child, run)
+
+
+def _fresh(child: Child, run: Callable[[], None]) -> None:
+    """In a fresh interpreter (spawn, forkserver): ``run()`` as ``asyncflow run`` runs a program,
+    and whatever it raises raised on to multiprocessing, as it would be unprofiled."""
+    outcome: list[BaseException] = []
+    ran = False
+
+    def program() -> None:
+        nonlocal ran
+        ran = True
+        try:
+            run()
+        except BaseException as exc:  # raised again below, once the report is written
+            outcome.append(exc)
+
+    args = argparse.Namespace(**child.args)
+    try:
+        child.setup(args, child.name, child.target, program, None)
+    except Exception as exc:  # e.g. the endpoint cannot start: the work runs unprofiled
+        print(f"asyncflow: {child.name!r} runs unprofiled: {exc}", file=sys.stderr, flush=True)
+    if not ran:
+        run()
+    elif outcome:
+        raise outcome[0]
