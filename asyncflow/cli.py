@@ -111,6 +111,11 @@ def _parser() -> argparse.ArgumentParser:
         "--no-queues", action="store_true", help="leave the program's asyncio queues alone"
     )
     run.add_argument(
+        "--no-memory-streams",
+        action="store_true",
+        help="leave the program's anyio memory object streams alone",
+    )
+    run.add_argument(
         "--no-executors",
         action="store_true",
         help="leave run_in_executor, asyncio.to_thread and anyio's worker threads alone",
@@ -269,6 +274,7 @@ def _profiled(
     import asyncflow
     from asyncflow import _children
     from asyncflow.instrumentation.every_loop import track_every_loop
+    from asyncflow.instrumentation.memory import instrument_memory_streams
 
     options: dict[str, object] = {}
     for option in config.OPTIONS:  # the flags given, as profile()'s arguments
@@ -303,6 +309,7 @@ def _profiled(
         )
     every_loop = track_every_loop(executors=not args.no_executors)
     queues = None if args.no_queues else asyncflow.instrument_queues()
+    streams = None if args.no_memory_streams else instrument_memory_streams()
     never_awaited = None if args.no_never_awaited else asyncflow.track_never_awaited()
     locks = None if args.no_locks else asyncflow.instrument_locks()
     children = _children.follow(profiler, args, target, _profiled)
@@ -325,6 +332,8 @@ def _profiled(
         every_loop.undo()
         if queues is not None:
             queues.undo()
+        if streams is not None:
+            streams.undo()
         if locks is not None:
             locks.undo()
         profiler.stop()

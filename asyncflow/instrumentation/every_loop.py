@@ -99,7 +99,10 @@ def _instrument(loop: Any) -> None:
         if not isinstance(loop, asyncio.AbstractEventLoop):
             note_not_profiled("loop", _label(loop), "it is not an asyncio event loop")
             return
+        running = loop is asyncio._get_running_loop()
         if loop in _refused:
+            if running:  # its thread is known now: the monitor watches it from here
+                loops.see(loop)
             return
         for instrument, what in instrumenters:
             try:
@@ -109,7 +112,7 @@ def _instrument(loop: Any) -> None:
                 reason = f"{what}: {type(exc).__name__}: {exc}"
                 note_not_profiled("loop", _label(loop), reason)
                 # its health and blocks are still watched: the heartbeat needs nothing else
-                loops.see(loop, on_its_thread=loop is asyncio._get_running_loop())
+                loops.see(loop, on_its_thread=running)
                 return
             if handle.active:
                 with _lock:
@@ -271,8 +274,8 @@ def _hook_trio(module: ModuleType) -> None:
 
 
 _TRIO_REASON = (
-    "trio's tasks are not profiled: asyncflow tracks asyncio's and uvloop's event loops "
-    "(with anyio, its asyncio backend is profiled)"
+    "asyncflow watches asyncio's and uvloop's event loops, not trio's: trio's tasks, its "
+    "loop's health and blocked-loop detection are not profiled (anyio's asyncio backend is)"
 )
 
 

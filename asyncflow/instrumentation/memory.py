@@ -15,20 +15,29 @@ out by a path asyncflow does not see (tested on the lowest and the newest anyio 
 
 from __future__ import annotations
 
+import sys
 import threading
+import typing
 from collections import OrderedDict, deque
-from collections.abc import Iterator, MutableMapping
+from collections.abc import Callable, Iterator, MutableMapping
+from types import FrameType, ModuleType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from asyncflow import clock as _clock
 from asyncflow import config as _config
-from asyncflow.instrumentation import _session
+from asyncflow.instrumentation import _imports, _session
+from asyncflow.instrumentation._nested import Nested
+from asyncflow.instrumentation._sites import site_label
 from asyncflow.instrumentation.channels import ChannelRecord, caller, register
 
 if TYPE_CHECKING:  # anyio is imported on first use: `import asyncflow` stays light
-    from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+    from anyio.streams.memory import (
+        MemoryObjectReceiveStream,
+        MemoryObjectSendStream,
+        _MemoryObjectStreamState,
+    )
 
-__all__ = ["instrument_memory_stream"]
+__all__ = ["MemoryStreamInstrumentation", "instrument_memory_stream", "instrument_memory_streams"]
 
 _S = TypeVar("_S", bound="MemoryObjectSendStream[Any]")
 _R = TypeVar("_R", bound="MemoryObjectReceiveStream[Any]")
@@ -314,6 +323,18 @@ def instrument_memory_stream(
     _config.check_type("instrument_memory_stream", "log_messages", log_messages, bool)
     if _config.disabled():
         return send, receive
+    _instrument_state(state, name, log_messages)
+    return send, receive
+
+
+def _instrument_state(
+    state: _MemoryObjectStreamState[Any],
+    name: str | None,
+    log_messages: bool,
+    site: str | None = None,
+) -> None:
+    """Instrument a stream's shared state; ``site``: the label of a stream whole-program mode
+    found, which never replaces a name given."""
     with _instrument_lock:
         existing = state.buffer
         if isinstance(existing, _Buffer):
@@ -322,10 +343,10 @@ def instrument_memory_stream(
             if name is not None:
                 existing.record.label = name
             existing.record.log_messages = existing.record.log_messages or log_messages
-            return send, receive
+            return
         record = register(
             _StreamRecord(
-                name or f"memory-stream@{id(state):x}",
+                name or site or f"memory-stream@{id(state):x}",
                 "anyio.MemoryObjectStream",
                 state.max_buffer_size,
                 log_messages,
@@ -338,7 +359,6 @@ def instrument_memory_stream(
         state.waiting_senders = _Senders(state.waiting_senders, record, buffer)  # type: ignore[assignment]
         state.waiting_receivers = _Receivers(state.waiting_receivers, record)  # type: ignore[assignment]
         state.buffer = buffer  # last: what the check above reads
-    return send, receive
 
 
 class _StreamRecord(ChannelRecord):
@@ -361,3 +381,113 @@ class _StreamRecord(ChannelRecord):
         if state is not None and state.open_receive_channels == 0:
             return len(state.buffer)
         return super().lost_count()
+
+
+class MemoryStreamInstrumentation:
+    """Handle returned by :func:`instrument_memory_streams`; ``undo()`` stops instrumenting
+    new streams."""
+
+    __slots__ = ("_logs", "_on")
+
+    def __init__(self, on: bool, logs: bool) -> None:
+        self._on = on
+        self._logs = logs
+
+    @property
+    def active(self) -> bool:
+        """Whether streams created now are instrumented through this handle."""
+        return self._on
+
+    def undo(self) -> None:
+        """Stop instrumenting new streams once every handle in use has been undone; streams
+        instrumented already keep recording. Idempotent."""
+        global _log_users
+        with _instrument_lock:
+            if not self._on:
+                return
+            self._on = False
+            _log_users -= self._logs
+        _whole_program.leave()
+
+
+#: how many handles of instrument_memory_streams() not undone yet asked for message logs
+_log_users = 0
+
+
+def instrument_memory_streams(*, log_messages: bool = False) -> MemoryStreamInstrumentation:
+    """Whole-program mode for anyio memory object streams: every stream pair created from now
+    on (``anyio.create_memory_object_stream()``) is instrumented, labelled by where it was
+    created (``file:line``), as :func:`~asyncflow.instrumentation.queues.instrument_queues`
+    does for queues. anyio is not imported for it: the hook waits for the program's import.
+
+    Args:
+        log_messages: keep a truncated ``repr()`` of each message in the channels' logs.
+
+    Returns:
+        A handle whose ``undo()`` stops instrumenting new streams (calls nest).
+    """
+    global _log_users
+    _config.check_type("instrument_memory_streams", "log_messages", log_messages, bool)
+    if _config.disabled():
+        return MemoryStreamInstrumentation(False, False)
+    with _instrument_lock:
+        _log_users += log_messages
+    _whole_program.enter()
+    return MemoryStreamInstrumentation(True, log_messages)
+
+
+#: the module that defines ``create_memory_object_stream`` (anyio 4.x)
+_STREAMS_MODULE = "anyio._core._streams"
+#: what made a stream on the way from the program's line: a subscripted generic's __call__
+_TYPING_FILE = typing.__file__
+
+
+def _hook_creation() -> Callable[[], None]:
+    """Hook ``create_memory_object_stream`` once anyio's streams module is imported; returns
+    what takes the hook (or the wait for the import) back."""
+    undo: list[Callable[[], None]] = []
+
+    def hooked(module: ModuleType) -> None:
+        cls = module.create_memory_object_stream
+        original = cls.__dict__["__new__"]
+        make = original.__func__ if isinstance(original, staticmethod) else original
+
+        def __new__(cls: Any, *args: Any, **kwargs: Any) -> Any:
+            pair = make(cls, *args, **kwargs)
+            try:
+                frame: FrameType | None = sys._getframe(1)
+                while frame is not None and frame.f_code.co_filename == _TYPING_FILE:
+                    frame = frame.f_back  # create_memory_object_stream[int](...)
+                site = site_label(frame) if frame is not None else None
+                _instrument_state(pair[0]._state, None, _log_users > 0, site)
+            except Exception as err:  # observing never breaks the program
+                _session.internal_error("instrumenting a new memory stream", err)
+            return pair
+
+        cls.__new__ = staticmethod(__new__)
+
+        def restore() -> None:
+            if (
+                cls.__dict__.get("__new__") is not None
+                and cls.__dict__["__new__"].__func__ is __new__
+            ):
+                cls.__new__ = original
+
+        undo.append(restore)
+
+    cancel = _imports.after_import(_STREAMS_MODULE, hooked)
+
+    def revert() -> None:
+        cancel()
+        while undo:
+            undo.pop()()
+
+    return revert
+
+
+def _unhook_creation(revert: Callable[[], None]) -> None:
+    revert()
+
+
+#: whole-program mode: on while any handle of instrument_memory_streams() is not undone
+_whole_program: Nested[Callable[[], None]] = Nested(_hook_creation, _unhook_creation)
