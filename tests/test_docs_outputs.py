@@ -1,56 +1,131 @@
-"""The manual's runnable examples print what the manual shows, numbers aside.
+"""Every block of the manual and the README that shows output is what its command prints now.
 
-A Python block marked ``<!-- docs:output -->`` in docs/*.md is run as a program of its own, and
-what it prints is compared, line by line, with the plain block that follows it: every number
-(a duration, a count) may differ from run to run, every word and the order of the lines may not.
+Each such block carries a marker (tests/support/docs_blocks.py says the words): ``docs:run``
+runs its command and compares what it prints with the block, masking only the figures the
+marker names; ``docs:skip`` says why it cannot run here. A block that shows output and has
+neither fails the inventory, so a new one cannot go unchecked.
 """
 
 from __future__ import annotations
 
-import os
-import re
-import subprocess
-import sys
-from pathlib import Path
+import socket
+from collections.abc import Iterator
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-MARKED = re.compile(r"<!-- docs:output -->\n```python\n(.*?)^```\n\n```\n(.*?)^```", re.S | re.M)
+from tests.support.docs_blocks import Block, Spec, Workspace, compare, output_blocks
+
+BLOCKS = output_blocks()
 
 
-def examples() -> list[tuple[str, str, str]]:
-    """(page:line, the program, the output shown) of every marked example."""
-    found = []
-    for page in sorted((ROOT / "docs").glob("*.md")):
-        text = page.read_text(encoding="utf-8")
-        for m in MARKED.finditer(text):
-            line = text.count("\n", 0, m.start()) + 2
-            found.append((f"{page.name}:{line}", m.group(1), m.group(2)))
-    return found
+@pytest.fixture(scope="module")
+def workspace() -> Iterator[Workspace]:
+    space = Workspace()
+    try:
+        yield space
+    finally:
+        space.close()
 
 
-def masked(text: str) -> list[str]:
-    return [re.sub(r"\d[\d,.]*", "N", line).rstrip() for line in text.strip().splitlines()]
+# -- the comparison can fail -------------------------------------------------------------------
 
 
-def test_numbers_are_masked_and_words_kept() -> None:
-    assert masked("read: 3,186 ns (self 1.5 ns)\n") == ["read: N ns (self N ns)"]
-    assert masked("fetch: raised KeyError after 10.7 ms") != masked("fetch: returned after 1 ms")
+def test_masked_numbers_may_differ_and_words_may_not() -> None:
+    spec = Spec.parse("mask=numbers")
+    assert compare("read: 3,186 ns (self 1.5 ns)", "read: 12 ns (self 7 ns)\n", spec) is None
+    assert compare("fetch: raised KeyError after 10.7 ms", "fetch: returned after 1 ms", spec)
+    assert compare("p50 poll", "p95 poll", spec)  # a number glued to a word is a name
+    assert compare("a 1", "a 1", Spec()) is None
+    assert compare("a 1", "a 2", Spec())  # unmasked, every figure counts
 
 
-def test_the_manual_marks_its_runnable_examples() -> None:
-    assert len(examples()) >= 2
+def test_columns_may_widen_but_rows_and_lines_may_not_change() -> None:
+    spec = Spec.parse("mask=numbers")
+    shown = "future  calls\nparse       4\nstore       1"
+    assert compare(shown, "future    calls\nparse      400\nstore        1\n", spec) is None
+    assert compare(shown, "future calls\nparse 4\nfetch 1", spec)  # a row label
+    assert compare(shown, "future calls\nparse 4", spec)  # a row fewer
+    assert compare(shown, "future calls\nparse 4\nstore 1\nfetch 2", spec)  # a row more
+    assert compare(shown, "function calls\nparse 4\nstore 1", spec)  # a header
+    assert compare(shown, "future calls\nstore 1\nparse 4", spec)  # the order
+    assert compare(shown, "future calls\nstore 1\nparse 4", Spec.parse("mask=numbers sort")) is None
 
 
-@pytest.mark.parametrize(("where", "code", "shown"), examples(), ids=[e[0] for e in examples()])
-def test_a_runnable_example_prints_what_the_manual_shows(where: str, code: str, shown: str) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ASYNCFLOW_")}
-    env["ASYNCFLOW_PORT"] = "0"  # a profiler the example starts serves on a free port
-    if os.environ.get("ASYNCFLOW_NO_EXTENSIONS"):  # (the hot path the suite runs on)
-        env["ASYNCFLOW_NO_EXTENSIONS"] = os.environ["ASYNCFLOW_NO_EXTENSIONS"]
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env
+def test_an_ellipsis_line_stands_for_lines_and_excerpts_are_consecutive() -> None:
+    shown = "head\n…\ntail"
+    assert compare(shown, "head\na\nb\ntail", Spec()) is None
+    assert compare(shown, "head\ntail", Spec()) is None
+    assert compare(shown, "head\na\ntail\nmore", Spec())
+    assert compare("b\nc", "a\nb\nc\nd", Spec.parse("excerpt")) is None
+    assert compare("b\nd", "a\nb\nc\nd", Spec.parse("excerpt"))
+    assert compare("b\nd", "a\nb\nc\nd", Spec.parse("lines")) is None
+    assert compare("d\nb", "a\nb\nc\nd", Spec.parse("lines"))
+
+
+def test_json_keeps_keys_and_their_order_and_masks_what_is_named() -> None:
+    spec = Spec.parse("mask=numbers keys=python lists", "json")
+    shown = '{"pid":1,"python":"3.11.7","series":[{"ago_ns":5}],"ok":true}'
+    printed = (
+        '{"pid": 72, "python": "3.13.0", "series": [{"ago_ns": 9}, {"ago_ns": 1}], "ok": true}'
     )
-    assert done.returncode == 0, f"{where}: {done.stderr}"
-    assert masked(done.stdout) == masked(shown), where
+    assert compare(shown, printed, spec) is None
+    assert compare(shown, printed.replace('"ok": true', '"ok": false'), spec)
+    assert compare(shown, printed.replace('"pid": 72, ', ""), spec)  # a key gone
+    assert compare(shown, printed.replace('"ago_ns"', '"age_ns"'), spec)  # a key renamed
+    swapped = '{"python": "3", "pid": 72, "series": [{"ago_ns": 9}], "ok": true}'
+    assert compare(shown, swapped, spec)  # keys reordered
+    two = shown + "\n" + shown
+    assert compare(two, printed + printed, spec) is None  # curl's answers end with no newline
+    assert compare(shown, printed, Spec.parse("mask=numbers keys=python", "json"))  # lists count
+
+
+def test_the_checkout_and_the_interpreter_read_as_on_the_pages() -> None:
+    import sys
+
+    from tests.support.docs_blocks import ROOT
+
+    printed = f"{sys.executable} {ROOT}/examples/crawler.py"
+    assert compare(".venv/bin/python /work/main/examples/crawler.py", printed, Spec()) is None
+
+
+def test_a_marker_with_an_unknown_word_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown word 'exerpt'"):
+        Spec.parse("exerpt")
+    with pytest.raises(ValueError, match="no mask 'digits'"):
+        Spec.parse("mask=digits")
+    with pytest.raises(ValueError, match="no live program 'crawl'"):
+        Spec.parse("with=crawl")
+
+
+# -- the inventory -----------------------------------------------------------------------------
+
+
+def test_every_block_that_shows_output_is_run_or_says_why_not() -> None:
+    unmarked = [b.where for b in BLOCKS if b.marker is None]
+    assert not unmarked, f"blocks showing output with no docs:run or docs:skip marker: {unmarked}"
+    silent = [b.where for b in BLOCKS if b.marker == "skip" and len(b.words) < 10]
+    assert not silent, f"docs:skip markers that give no reason: {silent}"
+    for block in BLOCKS:
+        if block.marker == "run":
+            Spec.parse(block.words, block.lang)  # every marker reads
+    assert sum(b.marker == "run" for b in BLOCKS) >= 30
+
+
+# -- the blocks --------------------------------------------------------------------------------
+
+
+def _nothing_at_default_port() -> bool:
+    with socket.socket() as probe:
+        return probe.connect_ex(("127.0.0.1", 6780)) != 0
+
+
+@pytest.mark.parametrize("block", BLOCKS, ids=[b.where for b in BLOCKS])
+def test_a_block_shows_what_its_command_prints(block: Block, workspace: Workspace) -> None:
+    if block.marker == "skip":
+        pytest.skip(block.words)
+    spec = Spec.parse(block.words, block.lang)
+    if "nothing answers at http://127.0.0.1:6780" in block.body and not _nothing_at_default_port():
+        pytest.skip("something else serves 127.0.0.1:6780 on this machine now")
+    printed = workspace.output(block, spec)
+    difference = compare(block.body, printed, spec)
+    assert difference is None, f"{block.where}: {difference}\n--- printed:\n{printed}"

@@ -1,0 +1,345 @@
+"""The cost on a real service: CPU per request of uvicorn/FastAPI and aiohttp, plain and profiled.
+
+Each service is started as a user starts it, twice side by side: plainly, and under
+``python -m asyncflow run`` (everything it turns on by default, the endpoint on a free port):
+
+    fastapi-uvloop    uvicorn fastapi_app:app --uds SOCK --loop uvloop --no-access-log
+    fastapi-asyncio   the same with --loop asyncio
+    aiohttp           python aiohttp_app.py --path SOCK (web.run_app, no access log)
+
+The apps are in ``benchmarks/services_apps/``: the FastAPI one takes a permit of a semaphore,
+calls an upstream through httpx and queries SQLite through aiosqlite; the aiohttp one calls the
+upstream through its ClientSession. The upstream is a process of its own, never profiled.
+
+This process is the load generator: ``--clients`` httpx clients over the service's unix socket,
+each with one keep-alive connection, send a fixed rotation of GETs until ``--requests`` are
+answered (any answer but 200 stops the benchmark). Both servers are warmed up first; then, for
+each of ``--pairs`` pairs, the same load goes to the plain server and to the profiled one in
+slices of 100 requests, to each in turn (ABBA), so that what the machine's other work does over
+a pair hits both alike. A server's CPU time over its slices (user + system, every thread, read
+from the process's CPU-time clock) divided by the requests is its CPU per request.
+
+Printed per service: the median over pairs of profiled / plain CPU per request, its spread (the
+lowest and the highest pair), the median of the slices' ratios, the CPU per request of each, and
+each server's resident memory at the end and at its peak. asyncflow's endpoint process starts
+when a client first connects to the endpoint; none does here. Access logs are off in both: they
+are work the service does alike either way, and leaving them out makes the ratio the worse one.
+``--aa`` runs the second server plainly too, so that the ratios show the machine's noise alone;
+``--run-options`` passes options to ``asyncflow run`` (``--no-locks``...) to see what a part
+costs.
+
+    python benchmarks/services.py                         # every service, 7 pairs
+    python benchmarks/services.py --only aiohttp --pairs 9 --requests 4000
+    python benchmarks/services.py --reports /tmp/reports  # keep asyncflow's exit reports
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+APPS = Path(__file__).resolve().parent / "services_apps"
+#: requests of a slice: a pair's load goes to the two servers in turn, a slice at a time
+SLICE = 100
+#: how long a server may take to answer its first request (asyncflow's start included)
+START_TIMEOUT = 60.0
+
+
+@dataclass(frozen=True)
+class Service:
+    """How to start one service, and the GETs its load rotates through."""
+
+    name: str
+    #: the command after the interpreter, ``{sock}`` standing for the service's socket
+    command: tuple[str, ...]
+    #: the load's rotation of paths, ``{n}`` standing for the request's number
+    paths: tuple[str, ...]
+    #: requests per run by default
+    requests: int
+
+
+def _uvicorn(loop: str) -> tuple[str, ...]:
+    return (
+        "-m",
+        "uvicorn",
+        "fastapi_app:app",
+        "--app-dir",
+        str(APPS),
+        "--uds",
+        "{sock}",
+        "--loop",
+        loop,
+        "--no-access-log",
+    )
+
+
+_FASTAPI_PATHS = ("/items/{n}", "/items/{n}", "/users/{n}", "/health")
+SERVICES = {
+    s.name: s
+    for s in (
+        Service("fastapi-uvloop", _uvicorn("uvloop"), _FASTAPI_PATHS, 2000),
+        Service("fastapi-asyncio", _uvicorn("asyncio"), _FASTAPI_PATHS, 2000),
+        Service(
+            "aiohttp",
+            (str(APPS / "aiohttp_app.py"), "--path", "{sock}"),
+            ("/items/{n}", "/items/{n}", "/items/{n}", "/health"),
+            3000,
+        ),
+    )
+}
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid`` (all its threads, live and gone), in seconds,
+    read from its CPU-time clock (nanoseconds; ``/proc/PID/stat`` counts in 10 ms ticks)."""
+    return time.clock_gettime(((~pid) << 3) | 2)  # CPUCLOCK_SCHED of the whole process
+
+
+def memory_mib(pid: int) -> tuple[float, float]:
+    """Resident memory of ``pid`` now and at its peak (``VmRSS``, ``VmHWM``), in MiB."""
+    figures = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if key in ("VmRSS", "VmHWM"):
+                figures[key] = int(value.split()[0]) / 1024
+    return figures["VmRSS"], figures["VmHWM"]
+
+
+async def drive(sock: str, paths: tuple[str, ...], requests: int, clients: int) -> None:
+    """Send ``requests`` GETs over ``clients`` keep-alive connections to the service at
+    ``sock``, rotating through ``paths``; raises if one is not answered 200."""
+    numbers = iter(range(requests))
+
+    async def client() -> None:
+        transport = httpx.AsyncHTTPTransport(uds=sock)
+        async with httpx.AsyncClient(transport=transport, base_url="http://service") as http:
+            for n in numbers:
+                path = paths[n % len(paths)].format(n=n)
+                response = await http.get(path)
+                if response.status_code != 200:
+                    raise RuntimeError(f"GET {path}: {response.status_code} {response.text!r}")
+
+    await asyncio.gather(*(client() for _ in range(clients)))
+
+
+@dataclass
+class Server:
+    """One running service, plain or under ``asyncflow run``."""
+
+    service: Service
+    profiled: bool
+    workdir: Path
+    reports: Path | None
+    #: more options of ``asyncflow run`` (before the program); None: run plainly all the same
+    options: tuple[str, ...] | None = ()
+    process: subprocess.Popen[bytes] = field(init=False)
+    sock: str = field(init=False)
+
+    def start(self, upstream: str) -> None:
+        kind = "profiled" if self.profiled else "plain"
+        self.sock = str(self.workdir / f"{self.service.name}-{kind}.sock")
+        command = [a.format(sock=self.sock) for a in self.service.command]
+        if self.profiled and self.options is not None:
+            report = (
+                self.reports / f"{self.service.name}.txt"
+                if self.reports
+                else self.workdir / "report.txt"
+            )
+            run = ["-m", "asyncflow", "run", "--port", "0", "--output", str(report), *self.options]
+            command = [*run, *command]
+        env = dict(
+            os.environ,
+            SERVICES_UPSTREAM=upstream,
+            SERVICES_DB=str(self.workdir / f"{self.service.name}-{kind}.db"),
+        )
+        self.log = open(self.workdir / f"{self.service.name}-{kind}.log", "wb")  # noqa: SIM115
+        self.process = subprocess.Popen(
+            [sys.executable, *command], env=env, stdout=self.log, stderr=subprocess.STDOUT
+        )
+
+    async def ready(self) -> None:
+        """Wait until the service answers ``/health`` (bounded)."""
+        deadline = time.monotonic() + START_TIMEOUT
+        while True:
+            if self.process.poll() is not None:
+                self.log.flush()
+                said = Path(self.log.name).read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"{self.service.name} exited, saying:\n{said}")
+            try:
+                await drive(self.sock, ("/health",), 1, 1)
+                return
+            except (httpx.TransportError, FileNotFoundError):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{self.service.name} did not answer in time") from None
+                await asyncio.sleep(0.1)
+
+    async def load(self, requests: int, clients: int) -> float:
+        """Run the load; returns this server's CPU seconds over it."""
+        before = cpu_seconds(self.process.pid)
+        await drive(self.sock, self.service.paths, requests, clients)
+        return cpu_seconds(self.process.pid) - before
+
+    def stop(self) -> None:
+        self.process.send_signal(signal.SIGINT)
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.log.close()
+
+
+@dataclass
+class Figures:
+    ratios: list[float] = field(default_factory=list)
+    slice_ratios: list[float] = field(default_factory=list)
+    plain_us: list[float] = field(default_factory=list)
+    profiled_us: list[float] = field(default_factory=list)
+    memory: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+
+async def measure(
+    service: Service,
+    upstream: str,
+    workdir: Path,
+    pairs: int,
+    requests: int,
+    clients: int,
+    reports: Path | None,
+    options: tuple[str, ...] | None = (),
+) -> Figures:
+    """``pairs`` paired loads on a plain and a profiled server of ``service``."""
+    plain = Server(service, False, workdir, reports)
+    profiled = Server(service, True, workdir, reports, options)
+    figures = Figures()
+    try:
+        for server in (plain, profiled):
+            server.start(upstream)
+        for server in (plain, profiled):
+            await server.ready()
+            await server.load(max(200, requests // 5), clients)  # imports, caches, pools
+        for k in range(pairs):
+            # A pair's load goes in slices, to each server in turn (ABBA...), so that what the
+            # machine's other work does over the pair hits both servers alike.
+            spent = {False: 0.0, True: 0.0}
+            slices = max(1, requests // SLICE)
+            for i in range(slices):
+                size = requests // slices + (i < requests % slices)
+                order = (plain, profiled) if (k + i) % 2 == 0 else (profiled, plain)
+                both = {s.profiled: await s.load(size, clients) for s in order}
+                for profiled_, cpu in both.items():
+                    spent[profiled_] += cpu
+                figures.slice_ratios.append(both[True] / both[False])
+            figures.plain_us.append(spent[False] / requests * 1e6)
+            figures.profiled_us.append(spent[True] / requests * 1e6)
+            figures.ratios.append(spent[True] / spent[False])
+            print(
+                f"  pair {k + 1}: plain {figures.plain_us[-1]:.0f} µs, asyncflow "
+                f"{figures.profiled_us[-1]:.0f} µs a request: {figures.ratios[-1]:.3f}x",
+                flush=True,
+            )
+        for server in (plain, profiled):
+            figures.memory["asyncflow" if server.profiled else "plain"] = memory_mib(
+                server.process.pid
+            )
+    finally:
+        for server in (plain, profiled):
+            if hasattr(server, "process"):
+                server.stop()
+    return figures
+
+
+def report(service: Service, figures: Figures, pairs: int, requests: int, clients: int) -> None:
+    ratios = sorted(figures.ratios)
+    plain_rss, plain_peak = figures.memory["plain"]
+    rss, peak = figures.memory["asyncflow"]
+    print(
+        f"{service.name}: {requests:,} requests a run, {clients} clients, {pairs} pairs\n"
+        f"  CPU per request: plain {statistics.median(figures.plain_us):.0f} µs, "
+        f"asyncflow {statistics.median(figures.profiled_us):.0f} µs\n"
+        f"  ratio: median {statistics.median(ratios):.3f}x, "
+        f"spread {ratios[0]:.3f}x .. {ratios[-1]:.3f}x; "
+        f"median of the {len(figures.slice_ratios)} slices' ratios "
+        f"{statistics.median(figures.slice_ratios):.3f}x\n"
+        f"  resident memory at the end (peak): plain {plain_rss:.1f} MiB ({plain_peak:.1f}), "
+        f"asyncflow {rss:.1f} MiB ({peak:.1f})",
+        flush=True,
+    )
+
+
+async def run(args: argparse.Namespace) -> None:
+    with tempfile.TemporaryDirectory(prefix="asyncflow-services-") as tmp:
+        workdir = Path(tmp)
+        upstream_sock = str(workdir / "upstream.sock")
+        upstream = subprocess.Popen([sys.executable, str(APPS / "upstream.py"), upstream_sock])
+        try:
+            deadline = time.monotonic() + START_TIMEOUT
+            while not os.path.exists(upstream_sock):
+                if upstream.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("the upstream did not start")
+                await asyncio.sleep(0.05)
+            for name in args.only or list(SERVICES):
+                service = SERVICES[name]
+                requests = args.requests or service.requests
+                print(f"\n{name}", flush=True)
+                figures = await measure(
+                    service,
+                    upstream_sock,
+                    workdir,
+                    args.pairs,
+                    requests,
+                    args.clients,
+                    args.reports,
+                    None if args.aa else tuple(args.run_options.split()),
+                )
+                report(service, figures, args.pairs, requests, args.clients)
+        finally:
+            upstream.terminate()
+            upstream.wait()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pairs", type=int, default=7, help="paired runs (default 7)")
+    parser.add_argument(
+        "--requests", type=int, help="requests a run (default 2000 for FastAPI, 3000 aiohttp)"
+    )
+    parser.add_argument("--clients", type=int, default=4, help="concurrent clients (default 4)")
+    parser.add_argument("--only", choices=list(SERVICES), action="append", help="repeatable")
+    parser.add_argument("--reports", type=Path, help="write asyncflow's exit reports there")
+    parser.add_argument(
+        "--run-options",
+        default="",
+        metavar="'OPTIONS'",
+        help="more options of asyncflow run, e.g. '--no-locks' (to see what a part costs)",
+    )
+    parser.add_argument(
+        "--aa",
+        action="store_true",
+        help="run the second server plainly too: the ratios then show the noise alone",
+    )
+    args = parser.parse_args(argv)
+    if args.reports:
+        args.reports.mkdir(parents=True, exist_ok=True)
+    commit = subprocess.run(
+        ["git", "-C", str(APPS), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    print(f"Python {sys.version.split()[0]}, asyncflow at {commit or '?'}")
+    asyncio.run(run(args))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
