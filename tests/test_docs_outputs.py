@@ -62,6 +62,16 @@ def test_an_ellipsis_line_stands_for_lines_and_excerpts_are_consecutive() -> Non
     assert compare("d\nb", "a\nb\nc\nd", Spec.parse("lines"))
 
 
+def test_an_optional_item_may_be_missing_and_nothing_else() -> None:
+    spec = Spec.parse("optional='^  INFO'")
+    shown = "warnings\n  WARNING  a\n           more of a\n  INFO     b\n           more of b\nend"
+    assert compare(shown, shown, spec) is None
+    assert compare(shown, "warnings\n  WARNING  a\n           more of a\nend", spec) is None
+    assert compare(shown, "warnings\n  INFO     b\n           more of b\nend", spec)
+    assert compare(shown, "warnings\n  WARNING  a\n           more of a\n  INFO     b\nend", spec)
+    assert compare(shown, "warnings\n  WARNING  a\n           more of a\nend", Spec())
+
+
 def test_json_keeps_keys_and_their_order_and_masks_what_is_named() -> None:
     spec = Spec.parse("mask=numbers keys=python lists", "json")
     shown = '{"pid":1,"python":"3.11.7","series":[{"ago_ns":5}],"ok":true}'
@@ -119,6 +129,7 @@ def _nothing_at_default_port() -> bool:
         return probe.connect_ex(("127.0.0.1", 6780)) != 0
 
 
+@pytest.mark.slow  # about 40 s in all: some twenty programs run, most for a second or two
 @pytest.mark.parametrize("block", BLOCKS, ids=[b.where for b in BLOCKS])
 def test_a_block_shows_what_its_command_prints(block: Block, workspace: Workspace) -> None:
     if block.marker == "skip":

@@ -24,7 +24,10 @@ docs/*.md or README.md has a marker on the line above its fence:
       JSON, those keys' values; ``lists``: in JSON, a list is compared by its first item;
       ``excerpt``: the block is a run of consecutive lines of the output, not all of it;
       ``lines``: each of its lines (or JSON documents) is in the output, in that order;
-      ``sort``: lines are compared in any order (rows sorted by a figure that varies).
+      ``sort``: lines are compared in any order (rows sorted by a figure that varies);
+      ``optional='REGEX'``: an item of the block (a line the expression matches, and the lines
+      indented under it) may be missing from the output (a warning whose threshold a run may
+      just miss).
 
 Always: runs of spaces count as one (columns are as wide as their figures), the checkout's
 path reads ``/work/main`` and the interpreter ``.venv/bin/python``, as on the pages, the
@@ -143,6 +146,7 @@ class Spec:
     mode: str = "whole"  #: "whole", "excerpt" or "lines"
     sort: bool = False
     json: bool = False
+    optional: str | None = None  #: items starting with a line this matches may be absent
 
     @classmethod
     def parse(cls, words: str, lang: str = "") -> Spec:
@@ -178,6 +182,9 @@ class Spec:
             elif name == "mask-re":
                 re.compile(value)
                 mask_res.append(value)
+            elif name == "optional":
+                re.compile(value)
+                values["optional"] = value
             elif name == "keys":
                 values["keys"] = tuple(value.split(","))
             else:
@@ -276,17 +283,38 @@ def _in_order(shown: list[str], actual: list[str]) -> bool:
     return all(any(unit == seen for seen in rest) for unit in shown if unit != _ANY_LINES)
 
 
+def _without_optional(shown: str, pattern: str) -> str:
+    """The shown text without the items (a line and the lines indented under it) that start
+    with a line the pattern matches."""
+    kept: list[str] = []
+    indent = None  # the indent of the item being left out
+    for line in shown.split("\n"):
+        depth = len(line) - len(line.lstrip())
+        if indent is not None and line.strip() and depth > indent:
+            continue
+        indent = depth if re.search(pattern, line) else None
+        if indent is None:
+            kept.append(line)
+    return "\n".join(kept)
+
+
+def _agrees(want: list[str], got: list[str], mode: str) -> bool:
+    if mode == "whole":
+        return _matches(want, got)
+    if mode == "excerpt":
+        return any(_matches([*want, _ANY_LINES], got[i:]) for i in range(len(got) + 1))
+    return _in_order(want, got)
+
+
 def compare(shown: str, actual: str, spec: Spec) -> str | None:
     """None when the output is what the block shows, masks aside; else a diff saying how not."""
     want = _units(shown, spec)
     got = _units(_normal(actual), spec)
-    if spec.mode == "whole":
-        ok = _matches(want, got)
-    elif spec.mode == "excerpt":
-        ok = any(_matches([*want, _ANY_LINES], got[i:]) for i in range(len(got) + 1))
-    else:
-        ok = _in_order(want, got)
-    if ok:
+    if _agrees(want, got, spec.mode):
+        return None
+    if spec.optional and _agrees(
+        _units(_without_optional(shown, spec.optional), spec), got, spec.mode
+    ):
         return None
     diff = difflib.unified_diff(
         "\n".join(want).split("\n"), "\n".join(got).split("\n"), "shown", "printed", lineterm=""
