@@ -69,6 +69,7 @@ _MAX_TOKEN = 4096
 #: defaults and meanings are those of ``asyncflow.views.lints.Thresholds``.
 WARN_THRESHOLDS = {
     "long_poll": "seconds",
+    "block_total": "seconds",
     "cpu_share": "share",
     "cpu_wall_share": "share",
     "blocked_share": "share",

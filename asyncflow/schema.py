@@ -20,6 +20,7 @@ __all__ = [
     "AwaitFrame",
     "BarrierInfo",
     "BlockedEpisode",
+    "BlockedLine",
     "CallEntry",
     "CallStates",
     "Cancellations",
@@ -582,6 +583,40 @@ class BlockedEpisode:
     call: RunningCall | None
     #: the loop thread's stack taken while it was blocked, innermost frame first
     stack: list[StackFrame]
+    #: CPU time the loop's thread used over ``cpu_wall_ns`` of the episode (from the first look
+    #: at it to its end); null where another thread's CPU clock cannot be read (not Linux)
+    cpu_ns: int | None = None
+    cpu_wall_ns: int = 0
+    #: ``cpu`` (the thread was on the CPU at least half of the time measured, or runnable at
+    #: most looks: computing, if short of a core), ``blocking`` (a sleep, blocking I/O, a lock:
+    #: little CPU), or null when the CPU was not measured
+    kind: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class BlockedLine:
+    """One line of the program that blocked its loop, each time at least ``block_min_ns``:
+    the line's total, which ranks it (time lost, not the longest block)."""
+
+    file: str
+    line: int
+    function: str
+    #: the source line, when it could be read
+    code: str | None
+    #: blocks at this line, their sum, the longest, and when the latest ended
+    count: int
+    total_ns: int
+    max_ns: int
+    last_ns: int
+    #: CPU time the loop's thread used over ``cpu_wall_ns`` of those blocks; null where
+    #: another thread's CPU clock cannot be read (not Linux)
+    cpu_ns: int | None
+    cpu_wall_ns: int
+    #: ``cpu``, ``blocking`` or null, as for an episode
+    kind: str | None
+    #: the innermost tracked call's future at the latest block (null: untracked code)
+    future_id: int | None
+    label: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -609,6 +644,11 @@ class LoopEntry:
     #: heartbeats late by more than the block threshold while the loop waited in its selector:
     #: woken, its thread waited for the CPU or the GIL; no code blocked it (not in blocked_count)
     late_wakeups: int = 0
+    #: the lines that blocked it for ``block_min_ns`` or more, the most time lost first (at most
+    #: 32; blocks at lines no longer listed are counted in ``other_blocks``, ``other_blocks_ns``)
+    blocking_lines: list[BlockedLine] = field(default_factory=list)
+    other_blocks: int = 0
+    other_blocks_ns: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -618,6 +658,8 @@ class LoopDocument:
     schema: int
     block_threshold_ns: int
     loops: list[LoopEntry]
+    #: a block this long is counted on its line's total (``blocking_lines``)
+    block_min_ns: int = 0
 
 
 @dataclass(frozen=True, slots=True)

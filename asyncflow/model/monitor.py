@@ -20,6 +20,26 @@ thread's stack every tick (``sys._current_frames()``), *while* the loop is late:
 An episode ends when the heartbeat finally runs, when the poll it blames is seen to be over, or
 when the loop is seen waiting in its selector again.
 
+Blocks that matter are often shorter than an episode: a 40 ms ``time.sleep`` in every request
+never reaches a 100 ms threshold, yet it costs the loop seconds. So the monitor ticks often
+enough, and looks at a loop late by half of the lower ``block_min_ns`` (20 ms by default), to
+see such blocks while they last. Each look notes the program's own line on the stack (the
+innermost frame outside the standard library, installed packages and asyncflow); each *block*
+(one poll of a tracked call, or a stretch of untracked code, named after the line its looks saw
+most often) that lasted ``block_min_ns`` is added to its line's total: count, sum and longest,
+ranked by the sum. A tracked poll's length is the hot path's own (exact); untracked code's runs
+from the heartbeat's posting (or the end of the block before) to the heartbeat, a lower bound.
+At most ``MAX_BLOCK_LINES`` lines are kept per loop; a new line pushes out the one that lost the
+least time, and blocks at lines not kept are counted.
+
+The loop thread's CPU clock is read at the first look at a block and when it ends (on Linux,
+from the profiler's thread, by the thread's kernel id; at the heartbeat, on the loop's own
+thread), and its state at each look (``/proc``: running or waiting for a core, or asleep), so
+that each block and episode says whether the thread computed: ``cpu`` (on the CPU at least half
+of the time, or runnable at most looks: on a machine short of cores a computing thread waits
+for one) or ``blocking`` (a sleep, blocking I/O, a lock). Where another thread's CPU clock
+cannot be read (macOS, Windows) the kind is unknown (None).
+
 Nothing here runs on the hot path; the heartbeat is the only code that runs on the user's loop.
 """
 
@@ -27,9 +47,11 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import linecache
 import selectors
 import sys
 import threading
+import time
 import traceback
 import types
 from collections import deque
@@ -40,14 +62,22 @@ from asyncflow import _forksafe, clock, stats
 from asyncflow.instrumentation import _session, futures, loops
 from asyncflow.instrumentation.futures import CallRecord
 from asyncflow.instrumentation.loops import LoopRecord, loop_registry
+from asyncflow.model.threads import _cpu_clock
+from asyncflow.model.waits import is_library_file
 
 __all__ = [
+    "BLOCK_MIN_NS",
+    "CPU_SHARE",
+    "MAX_BLOCK_LINES",
     "MAX_EPISODES",
     "MAX_WORST",
+    "BlockLine",
     "Episode",
     "LoopMonitor",
     "LoopState",
     "Sample",
+    "block_kind",
+    "own_line",
     "running_calls",
     "sample_loop",
     "waiting_in_selector",
@@ -61,6 +91,13 @@ MAX_WORST = 10
 STACK_LIMIT = 40
 #: States of loops that are gone (garbage collected) still listed, the most recent.
 MAX_GONE = 16
+#: A block of the loop this long is counted on its line's total (when the block threshold is
+#: lower, that threshold); blocks that are shorter are left to the lag percentiles.
+BLOCK_MIN_NS = 20_000_000
+#: Blocking lines kept per loop; a new line pushes out the one that lost the least time.
+MAX_BLOCK_LINES = 32
+#: A block whose thread was on the CPU for at least this share of it was computing.
+CPU_SHARE = 0.5
 
 
 def _selector_codes() -> frozenset[CodeType]:
@@ -125,6 +162,173 @@ def extract_stack(top: FrameType | None) -> list[tuple[str, int, str, str | None
     return [(f.filename, f.lineno or 0, f.name, f.line or None) for f in summary]
 
 
+def block_kind(cpu_ns: int, wall_ns: int, runnable: int = 0, looks: int = 0) -> str | None:
+    """``cpu`` when the thread computed at least ``CPU_SHARE`` of ``wall_ns``, or was seen
+    runnable at most of the ``looks`` that read its state (on a machine short of cores, a
+    computing thread waits for a core a good part of the time: it still wants the CPU), else
+    ``blocking``; None when no CPU time was measured (``wall_ns`` 0)."""
+    if wall_ns <= 0:
+        return None
+    computing = cpu_ns >= CPU_SHARE * wall_ns or 2 * runnable > looks > 0
+    return "cpu" if computing else "blocking"
+
+
+#: A line of code: its file, its line number and its function.
+LineKey = tuple[str, int, str]
+
+
+def own_line(top: FrameType | None) -> LineKey | None:
+    """The program's own line in a stack: the innermost frame outside the standard library,
+    installed packages and asyncflow, else the innermost frame (a library's line is still the
+    best name there is); None for no stack."""
+    frame = top
+    while frame is not None:
+        code = frame.f_code
+        if not is_library_file(code.co_filename):
+            return code.co_filename, frame.f_lineno or 0, code.co_name
+        frame = frame.f_back
+    if top is None:
+        return None
+    return top.f_code.co_filename, top.f_lineno or 0, top.f_code.co_name
+
+
+def _cpu_of(native_id: int) -> int | None:
+    """Another thread's CPU time in nanoseconds (Linux, by its kernel id), else None."""
+    return _cpu_clock(native_id) if native_id and _LINUX else None
+
+
+def _runnable(native_id: int) -> bool | None:
+    """Whether another thread is running or waiting for a core now (Linux: its state in
+    ``/proc``, ``R``), rather than asleep in a system call; None where that cannot be read."""
+    if not native_id or not _LINUX:
+        return None
+    try:
+        with open(f"/proc/self/task/{native_id}/stat", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return None
+    end = raw.rfind(b")")
+    return raw[end + 2 : end + 3] == b"R" if end > 0 else None
+
+
+def _own_cpu() -> int:
+    """The calling thread's CPU time: the heartbeat reads its loop thread's this way."""
+    return time.thread_time_ns()
+
+
+_LINUX = sys.platform.startswith("linux")
+
+
+class BlockLine:
+    """One line's blocks of a loop, each at least the loop's ``block_min_ns``: how many, how
+    long in all and at most, and the CPU the loop's thread used over the part measured."""
+
+    __slots__ = (
+        "code",
+        "count",
+        "cpu_ns",
+        "cpu_wall_ns",
+        "file",
+        "function",
+        "future_id",
+        "label",
+        "last_ns",
+        "line",
+        "looks",
+        "max_ns",
+        "runnable",
+        "total_ns",
+    )
+
+    def __init__(self, key: LineKey, code: str | None) -> None:
+        self.file, self.line, self.function = key
+        #: its source line, read once when it was first seen
+        self.code = code
+        self.count = 0
+        self.total_ns = 0
+        self.max_ns = 0
+        #: CPU time the loop's thread used over ``cpu_wall_ns`` of its blocks
+        self.cpu_ns = 0
+        self.cpu_wall_ns = 0
+        #: looks that read the thread's state, and those that saw it runnable
+        self.looks = 0
+        self.runnable = 0
+        #: the innermost tracked call's future at its latest block (None: untracked code)
+        self.future_id: int | None = None
+        self.label: str | None = None
+        #: when its latest block ended
+        self.last_ns = 0
+
+    @property
+    def kind(self) -> str | None:
+        return block_kind(self.cpu_ns, self.cpu_wall_ns, self.runnable, self.looks)
+
+
+class _Block:
+    """The block a late loop's looks see now, not yet ended: one poll of a tracked call, or a
+    stretch of untracked code, named after the line its looks saw most often."""
+
+    __slots__ = (
+        "busy",
+        "call",
+        "codes",
+        "cpu0",
+        "cpu_at",
+        "label",
+        "looks",
+        "poll_start",
+        "polls",
+        "runnable",
+        "since",
+        "states",
+    )
+
+    def __init__(self, sample: Sample, since: int, cpu: int | None, now: int) -> None:
+        #: the outermost tracked call (the task's step), its poll, and its figures before it
+        call = self.call = sample.outer
+        self.poll_start = sample.outer_start
+        self.polls = call.polls if call is not None else 0
+        self.busy = call.busy if call is not None else 0
+        inner = sample.inner
+        #: the innermost tracked call's future, id and label
+        self.label = (inner.future.id, inner.future.label) if inner is not None else None
+        self.since = since
+        #: the loop thread's CPU clock at the first look, and when it was read
+        self.cpu0 = cpu
+        self.cpu_at = now
+        #: looks that saw each line (a CPU-bound poll is seen at several), and their source
+        self.looks: dict[LineKey, int] = {}
+        self.codes: dict[LineKey, str | None] = {}
+        #: looks that read the thread's state, and those that saw it runnable
+        self.states = 0
+        self.runnable = 0
+
+    def same_poll(self, sample: Sample) -> bool:
+        """Whether ``sample`` sees the poll (or the untracked code) this block is part of."""
+        return self.call is sample.outer and self.poll_start == sample.outer_start
+
+    def saw(self, key: LineKey, code: str | None, runnable: bool | None) -> None:
+        self.looks[key] = self.looks.get(key, 0) + 1
+        if code is not None:
+            self.codes.setdefault(key, code)
+        if runnable is not None:
+            self.states += 1
+            self.runnable += runnable
+
+    def line(self) -> LineKey:
+        """The line seen most often (the first seen of those seen as often)."""
+        return max(self.looks, key=self.looks.__getitem__)
+
+    def end(self, now: int) -> int:
+        """When it ended: a tracked poll that is over ended when the hot path measured it
+        (its length; with later short polls of the call in between, their sum), else ``now``."""
+        call = self.call
+        if call is None or not self.poll_start or call.start == self.poll_start:
+            return now
+        length = call.last if call.polls - self.polls == 1 else call.busy - self.busy
+        return min(now, max(self.since, self.poll_start + length))
+
+
 #: What blocks a loop at one look: the innermost tracked call's id and poll start, then the
 #: innermost frame's file, function (its first line) and line.
 Key = tuple[int, int, str, int, int]
@@ -133,7 +337,7 @@ Key = tuple[int, int, str, int, int]
 class Sample:
     """One look at a late loop's thread."""
 
-    __slots__ = ("idle", "inner", "inner_start", "key", "outer_start", "top")
+    __slots__ = ("idle", "inner", "inner_start", "key", "outer", "outer_start", "top")
 
     def __init__(
         self,
@@ -147,6 +351,7 @@ class Sample:
         #: the loop is waiting in its selector: no code is running on it
         self.idle = idle
         self.inner = inner
+        self.outer = outer
         # Poll starts are read once: the loop's thread moves on while we look.
         self.inner_start = inner.start if inner is not None else 0
         self.outer_start = outer.start if outer is not None else 0
@@ -176,11 +381,16 @@ class Episode:
     __slots__ = (
         "blocked_ns",
         "call",
+        "cpu0",
+        "cpu_at",
+        "cpu_ns",
+        "cpu_wall_ns",
         "id",
         "key",
         "looks",
         "ongoing",
         "poll_start",
+        "runnable",
         "since",
         "stack",
         "task",
@@ -199,6 +409,18 @@ class Episode:
         self.looks = 1
         self.task = task
         self.stack = extract_stack(sample.top)
+        #: the loop thread's CPU clock when first seen (and when read), and the CPU time it
+        #: used over ``cpu_wall_ns`` of the episode (0 and 0 when it could not be read)
+        self.cpu0: int | None = None
+        self.cpu_at = now
+        self.cpu_ns = 0
+        self.cpu_wall_ns = 0
+        #: looks that read the thread's state, and those that saw it runnable
+        self.runnable = [0, 0]
+
+    @property
+    def kind(self) -> str | None:
+        return block_kind(self.cpu_ns, self.cpu_wall_ns, self.runnable[1], self.runnable[0])
 
     def same_function(self, key: Key) -> bool:
         """Whether ``key`` is another line of the same function, in the same poll."""
@@ -218,9 +440,15 @@ class LoopState:
     """What the monitor knows of one loop in this session. Shared by two threads: the heartbeat
     runs on the loop's thread, ticks on the profiler's, so every change is made under ``lock``."""
 
-    def __init__(self, record: LoopRecord, threshold_ns: int = 100_000_000) -> None:
+    def __init__(
+        self, record: LoopRecord, threshold_ns: int = 100_000_000, block_min_ns: int | None = None
+    ) -> None:
         self.record = record
         self.threshold_ns = threshold_ns
+        #: blocks at least this long are counted on their line
+        self.block_min_ns = (
+            min(BLOCK_MIN_NS, threshold_ns) if block_min_ns is None else block_min_ns
+        )
         self.lock = _forksafe.lock(self)
         self.lag_hist = stats.new_histogram()
         self.lag_max = 0
@@ -242,6 +470,21 @@ class LoopState:
         self.late_wakeups = 0
         self.starved = False  # the heartbeat in flight was counted as a late wake-up
         self.closed = False
+        #: each line's blocks of at least ``block_min_ns``, at most ``MAX_BLOCK_LINES`` lines
+        self.lines: dict[LineKey, BlockLine] = {}
+        #: blocks counted on lines no longer kept (pushed out, or never let in), and their time
+        self.lines_evicted = 0
+        self.evicted_ns = 0
+        #: the block seen now, and when the last one ended
+        self.block: _Block | None = None
+        self.block_end = 0
+        #: the loop thread's kernel id (for its CPU clock), and the thread ident it is of
+        self.native_id = 0
+        self.native_of = 0
+        #: the loop thread's CPU clock at the look or heartbeat being folded in (None where it
+        #: cannot be read), and when it was read
+        self.cpu: int | None = None
+        self.cpu_at = 0
 
     def loop(self) -> asyncio.AbstractEventLoop | None:
         return self.record.loop()
@@ -254,6 +497,9 @@ class LoopState:
     def beat(self, token: int) -> None:
         """The heartbeat: runs on the loop's own thread."""
         now = clock.now_ns()
+        # Read here, on the loop's thread, only when a block or an episode is open: its end.
+        open_ = self.block is not None or self.ongoing is not None or self.candidate is not None
+        cpu = _own_cpu() if open_ else None
         with self.lock:
             if token != self.token or not self.pending:
                 return
@@ -264,15 +510,18 @@ class LoopState:
             if lag > self.lag_max:
                 self.lag_max = lag
             stats.record(self.lag_hist, lag)
-            self.end_episode(now)
+            self.end_episode(now, cpu)
         self.record.on_thread()
 
-    def end_episode(self, now: int) -> None:
+    def end_episode(self, now: int, cpu: int | None = None) -> None:
         """The loop ran its callbacks again (or is gone): end what was blocking it (under lock).
 
         A candidate that has lasted the threshold by now is an episode of its own (if it would
-        split the ongoing one, once it was seen twice, as in :meth:`look`).
+        split the ongoing one, once it was seen twice, as in :meth:`look`). ``cpu`` is the loop
+        thread's CPU clock now, if it was read.
         """
+        self.cpu, self.cpu_at = cpu, now
+        self.end_block(now)
         ongoing, candidate = self.ongoing, self.candidate
         self.ongoing = self.candidate = None
         self.last_seen = 0
@@ -289,12 +538,16 @@ class LoopState:
         if ongoing is not None:
             self._close(ongoing, now)
 
-    def look(self, sample: Sample, fresh: Episode | None, pending: int, now: int) -> None:
+    def look(
+        self, sample: Sample, fresh: Episode | None, pending: int, now: int, cpu: int | None = None
+    ) -> None:
         """Fold one look at the late loop into its episodes (under lock).
 
         ``fresh`` is a candidate made from ``sample`` (its stack read outside the lock) when the
-        sample matches neither the ongoing episode nor the candidate.
+        sample matches neither the ongoing episode nor the candidate; ``cpu`` the loop thread's
+        CPU clock at this look, if it was read.
         """
+        self.cpu, self.cpu_at = cpu, now
         ongoing, candidate = self.ongoing, self.candidate
         floor, self.last_seen = self.last_seen, now
         if sample.idle:
@@ -361,20 +614,98 @@ class LoopState:
     def _close(self, episode: Episode, end: int) -> None:
         episode.blocked_ns = max(0, end - episode.since)
         episode.ongoing = False
+        if self.cpu is not None and episode.cpu0 is not None and self.cpu_at > episode.cpu_at:
+            episode.cpu_ns = max(0, self.cpu - episode.cpu0)
+            episode.cpu_wall_ns = self.cpu_at - episode.cpu_at
         worst = self.worst
         if len(worst) < MAX_WORST or episode.blocked_ns > worst[-1].blocked_ns:
             bisect.insort(worst, episode, key=lambda e: -e.blocked_ns)
             del worst[MAX_WORST:]
+
+    def see_block(
+        self,
+        sample: Sample,
+        key: LineKey | None,
+        code: str | None,
+        pending: int,
+        now: int,
+        cpu: int | None = None,
+        runnable: bool | None = None,
+    ) -> None:
+        """Fold one look at the late loop (by ``block_min_ns / 2`` or more) into its blocks
+        (under lock): ``key`` is the program's own line on the stack, ``code`` its source if
+        that line is new here; ``cpu`` and ``runnable`` the thread's CPU clock and state."""
+        self.cpu, self.cpu_at = cpu, now
+        block = self.block
+        if sample.idle or key is None:
+            self.end_block(now)
+            return
+        if block is not None and not block.same_poll(sample):
+            self.end_block(now)  # another poll runs now: the one seen before is over
+            block = None
+        if block is None:
+            # A tracked poll began when it began; untracked code, when the heartbeat was posted
+            # or the block before it ended, whichever came last (a lower bound).
+            tracked = sample.outer is not None and sample.outer_start
+            since = sample.outer_start if tracked else max(pending, self.block_end)
+            block = self.block = _Block(sample, since, cpu, now)
+        block.saw(key, code, runnable)
+
+    def end_block(self, now: int) -> None:
+        """The block seen is over (under lock): add it to its line if it lasted ``block_min_ns``."""
+        block, self.block = self.block, None
+        if block is None:
+            return
+        end = self.block_end = block.end(now)
+        length = end - block.since
+        if length < self.block_min_ns:
+            return
+        key = block.line()
+        lines = self.lines
+        line = lines.get(key)
+        if line is None:
+            if len(lines) >= MAX_BLOCK_LINES:
+                least = min(lines.values(), key=lambda entry: entry.total_ns)
+                if least.total_ns >= length:  # lost less than any line kept: counted apart
+                    self.lines_evicted += 1
+                    self.evicted_ns += length
+                    return
+                del lines[least.file, least.line, least.function]
+                self.lines_evicted += least.count
+                self.evicted_ns += least.total_ns
+            line = lines[key] = BlockLine(key, block.codes.get(key))
+        line.count += 1
+        line.total_ns += length
+        line.max_ns = max(line.max_ns, length)
+        line.last_ns = end
+        if block.label is not None:
+            line.future_id, line.label = block.label
+        line.looks += block.states
+        line.runnable += block.runnable
+        cpu = self.cpu
+        if cpu is not None and block.cpu0 is not None and self.cpu_at > block.cpu_at:
+            line.cpu_ns += max(0, cpu - block.cpu0)
+            line.cpu_wall_ns += self.cpu_at - block.cpu_at
+
+    def blocking_lines(self) -> list[BlockLine]:
+        """The lines kept, the most time lost first (under lock)."""
+        return sorted(self.lines.values(), key=lambda entry: (-entry.total_ns, -entry.count))
 
 
 class LoopMonitor:
     """Owns the loops' states; everything but the heartbeat (and the first heartbeat of a loop
     registered on its own thread) runs on the profiler's thread."""
 
-    def __init__(self, threshold_ns: int) -> None:
+    def __init__(self, threshold_ns: int, block_min_ns: int | None = None) -> None:
         self.threshold_ns = threshold_ns
-        #: seconds between ticks: fine enough to catch a block soon after the threshold
-        self.interval = min(0.05, max(0.005, threshold_ns / 4e9))
+        #: blocks this long are counted per line
+        self.block_min_ns = (
+            min(BLOCK_MIN_NS, threshold_ns) if block_min_ns is None else block_min_ns
+        )
+        #: seconds between ticks: fine enough to catch a block soon after the threshold, and to
+        #: look at a block of ``block_min_ns`` before it ends
+        finest = min(threshold_ns / 4, self.block_min_ns / 2)
+        self.interval = min(0.05, max(0.005, finest / 1e9))
         self.states: dict[int, LoopState] = {}
         self._lock = _forksafe.lock(self)  # states are added from the threads that register loops
         # Hear of each loop as it is registered: a profiler is starting, and this is its monitor.
@@ -385,7 +716,9 @@ class LoopMonitor:
         with self._lock:
             state = self.states.get(record.id)
             if state is None:
-                state = self.states[record.id] = LoopState(record, self.threshold_ns)
+                state = self.states[record.id] = LoopState(
+                    record, self.threshold_ns, self.block_min_ns
+                )
             return state
 
     def _registered(self, record: LoopRecord) -> None:
@@ -412,7 +745,7 @@ class LoopMonitor:
         for state in gone:
             state.closed = True
             with state.lock:
-                state.end_episode(clock.now_ns())
+                state.end_episode(clock.now_ns())  # (its thread's CPU clock is not read)
         if len(gone) > MAX_GONE:
             with self._lock:
                 for state in gone[:-MAX_GONE]:
@@ -447,20 +780,42 @@ class LoopMonitor:
         state.closed = False
         self._post(state, loop, now)
         pending = state.pending
-        if not pending or now - pending < self.threshold_ns // 2:
+        if not pending or now - pending < state.block_min_ns // 2:
             return  # on time (a poll longer than the threshold keeps the heartbeat waiting)
         # Late: look at the loop thread's stack now, while the loop is still late. Looking from
         # half the threshold on catches a poll that blocks just over it between two ticks.
-        sample = sample_loop(_thread_of(state.record, loop), loop)
+        thread = _thread_of(state.record, loop)
+        sample = sample_loop(thread, loop)
+        if state.native_of != thread:
+            state.native_of, state.native_id = thread, _native_id(thread)
+        cpu = _cpu_of(state.native_id)
+        runnable = _runnable(state.native_id) if not sample.idle else None
+        key = code = None
+        if not sample.idle:
+            key = own_line(sample.top)
+            if key is not None and key not in state.lines:  # its source, read once: no lock
+                code = linecache.getline(key[0], key[1]).strip() or None
+        episode = now - pending >= self.threshold_ns // 2
         ongoing, candidate = state.ongoing, state.candidate  # re-checked under the lock
         fresh = None
-        if not sample.idle and all(e is None or e.key != sample.key for e in (ongoing, candidate)):
+        if (
+            episode
+            and not sample.idle
+            and all(e is None or e.key != sample.key for e in (ongoing, candidate))
+        ):
             fresh = Episode(sample, pending, now, _task_name(loop))  # reads the stack: no lock
+            fresh.cpu0 = cpu
         sample.top = None  # hold no frame longer than needed
         with state.lock:
             if state.pending != pending:
                 return  # the loop answered meanwhile: it was slow, but is not late now
-            state.look(sample, fresh, pending, now)
+            state.see_block(sample, key, code, pending, now, cpu, runnable)
+            if episode:
+                state.look(sample, fresh, pending, now, cpu)
+                seen = state.candidate or state.ongoing  # what this look was folded into
+                if runnable is not None and seen is not None:
+                    seen.runnable[0] += 1
+                    seen.runnable[1] += runnable
 
     async def run(self) -> None:
         """Tick forever; cancelled when the profiler stops."""
@@ -480,10 +835,11 @@ class LoopMonitor:
         with self._lock:
             states = list(self.states.values())
         for state in states:
+            cpu = _cpu_of(state.native_id)
             with state.lock:
                 state.token += 1
                 state.pending = 0
-                state.end_episode(now)
+                state.end_episode(now, cpu)
 
 
 def _thread_of(record: LoopRecord, loop: asyncio.AbstractEventLoop) -> int:
@@ -495,6 +851,11 @@ def _thread_of(record: LoopRecord, loop: asyncio.AbstractEventLoop) -> int:
         record.thread = thread
         record.thread_name = next((t.name for t in threading.enumerate() if t.ident == thread), "")
     return thread
+
+
+def _native_id(thread: int) -> int:
+    """The kernel's id of the thread whose ident is ``thread`` (0 when it is not found)."""
+    return next((t.native_id or 0 for t in threading.enumerate() if t.ident == thread), 0)
 
 
 def _task_name(loop: asyncio.AbstractEventLoop) -> str | None:

@@ -265,6 +265,30 @@ def _path(file: str) -> str:
     return file if relative.startswith(os.pardir) else relative
 
 
+def _blocking_lines(entry: LoopEntry, shown: int) -> list[str]:
+    """The lines that cost the loop the most time in all, blocks short of an episode included:
+    a line blocking every request 40 ms outranks a one-off start-up block."""
+    lines = []
+    for b in entry.blocking_lines[:shown]:
+        kind = ""
+        if b.kind is not None and b.cpu_ns is not None and b.cpu_wall_ns:
+            kind = f", {b.kind} ({round(100 * b.cpu_ns / b.cpu_wall_ns)}% CPU)"
+        who = f" by {b.label}" if b.label else ""
+        lines.append(
+            f"  loop {entry.id} lost {format_duration(b.total_ns)} at {_path(b.file)}:{b.line} "
+            f"({b.function}) {b.count:,}x, longest {format_duration(b.max_ns)}{kind}{who}"
+            + (f": {b.code}" if b.code else "")
+        )
+    more = len(entry.blocking_lines) - len(lines) + entry.other_blocks
+    if more > 0:
+        lost = sum(b.total_ns for b in entry.blocking_lines[shown:]) + entry.other_blocks_ns
+        lines.append(
+            f"  … {format_duration(lost)} more lost at other lines of loop {entry.id} "
+            f"(the {len(lines)} that lost the most are shown)"
+        )
+    return lines
+
+
 def _episodes(entry: LoopEntry, shown: int = 3) -> list[str]:
     """The longest blocked-loop episodes, each with the line that blocked, and what is left out.
 
@@ -273,7 +297,7 @@ def _episodes(entry: LoopEntry, shown: int = 3) -> list[str]:
     """
     kept = {e.id: e for e in (*entry.worst_episodes, *entry.episodes)}
     longest = sorted(kept.values(), key=lambda e: (-e.blocked_ns, e.id))[:shown]
-    lines = []
+    lines = _blocking_lines(entry, shown)
     for e in longest:
         who = e.call.label if e.call is not None else (e.task or "untracked code")
         where = ""

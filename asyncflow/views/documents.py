@@ -30,11 +30,12 @@ from asyncflow.instrumentation.futures import (
 from asyncflow.instrumentation.resources import resource_registry
 from asyncflow.instrumentation.streams import ACTIVE, StreamRecord, recent_items, stream_registry
 from asyncflow.model.collector import Collector, live_calls
-from asyncflow.model.monitor import Episode, LoopState, running_calls
+from asyncflow.model.monitor import BlockLine, Episode, LoopState, running_calls
 from asyncflow.model.threads import FRESH_NS, threads_document
 from asyncflow.schema import (
     SCHEMA,
     BlockedEpisode,
+    BlockedLine,
     CallEntry,
     CallStates,
     Cancellations,
@@ -584,6 +585,27 @@ def _episode(e: Episode, now: int, origin: int) -> BlockedEpisode:
             call.future.id, call.future.label, call.call_id, e.since - origin, blocked
         ),
         stack=[StackFrame(*frame) for frame in e.stack],
+        cpu_ns=e.cpu_ns if e.cpu_wall_ns else None,
+        cpu_wall_ns=e.cpu_wall_ns,
+        kind=e.kind,
+    )
+
+
+def _blocked_line(line: BlockLine, origin: int) -> BlockedLine:
+    return BlockedLine(
+        file=line.file,
+        line=line.line,
+        function=line.function,
+        code=line.code,
+        count=line.count,
+        total_ns=line.total_ns,
+        max_ns=line.max_ns,
+        last_ns=max(0, line.last_ns - origin),
+        cpu_ns=line.cpu_ns if line.cpu_wall_ns else None,
+        cpu_wall_ns=line.cpu_wall_ns,
+        kind=line.kind,
+        future_id=line.future_id,
+        label=line.label,
     )
 
 
@@ -609,6 +631,8 @@ def loop_entry(state: LoopState, now: int, origin: int, qs: tuple[float, ...]) -
         worst = [_episode(e, now, origin) for e in state.worst]
         lag_now = state.lag_now(now) if condition == "running" else state.lag_last
         ongoing = state.ongoing is not None
+        lines = [_blocked_line(line, origin) for line in state.blocking_lines()]
+        other_blocks, other_ns = state.lines_evicted, state.evicted_ns
     return LoopEntry(
         id=state.record.id,
         label=state.record.label,
@@ -625,6 +649,9 @@ def loop_entry(state: LoopState, now: int, origin: int, qs: tuple[float, ...]) -
         episodes=episodes,
         worst_episodes=worst,
         late_wakeups=state.late_wakeups,
+        blocking_lines=lines,
+        other_blocks=other_blocks,
+        other_blocks_ns=other_ns,
     )
 
 
@@ -638,6 +665,7 @@ def loop_document(collector: Collector, now: int) -> LoopDocument:
         schema=SCHEMA,
         block_threshold_ns=monitor.threshold_ns,
         loops=[loop_entry(s, now, origin, qs) for s in states],
+        block_min_ns=monitor.block_min_ns,
     )
 
 

@@ -20,6 +20,7 @@ from asyncflow.model.waits import is_library_file
 from asyncflow.schema import (
     SCHEMA,
     BlockedEpisode,
+    BlockedLine,
     ChannelEntry,
     EdgeEntry,
     ExecutorEntry,
@@ -57,6 +58,9 @@ class Thresholds:
 
     #: a poll that runs this long without yielding holds every other task back
     long_poll_ns: int = 100_000_000
+    #: a line whose blocks of the loop (each of at least the monitor's ``block_min``) add up
+    #: to this is named, even when none reached the block threshold
+    block_total_ns: int = 200_000_000
     #: a future whose polls take this share of all busy time, and this share of the wall time
     cpu_share: float = 0.5
     cpu_wall_share: float = 0.2
@@ -87,7 +91,7 @@ class Thresholds:
         """The defaults, with what the ``warn`` option sets (seconds become nanoseconds)."""
         values: dict[str, Any] = {}
         for name, value in pairs:
-            if name in ("long_poll", "min_wait"):  # seconds
+            if name in ("long_poll", "min_wait", "block_total"):  # seconds
                 values[f"{name}_ns"] = round(value * 1e9)
             elif isinstance(getattr(cls, name, None), int):
                 values[name] = int(value)
@@ -250,38 +254,203 @@ def _episode_line(episode: BlockedEpisode) -> str:
     return f" at {where}" if mine is stack[0] else f" at {where} (in {called})"
 
 
-def blocked_loop(docs: Documents, th: Thresholds) -> Iterator[Finding]:
-    """The loop was blocked: by which call and line, for how long."""
+def _own_frame(episode: BlockedEpisode) -> StackFrame | None:
+    """The frame a blocking line is named after: the program's own, else the innermost."""
+    stack = episode.stack
+    return next((f for f in stack if not is_library_file(f.file)), stack[0] if stack else None)
+
+
+class _Cause:
+    """One blocking line of a loop, and what the lints know of it: its blocks (of at least
+    ``block_min``), the episode that holds now at it, the futures whose figures it explains."""
+
+    __slots__ = ("line", "loop", "ongoing")
+
+    def __init__(self, loop: LoopEntry, line: BlockedLine | None, ongoing: BlockedEpisode | None):
+        self.loop = loop
+        self.line = line
+        self.ongoing = ongoing
+
+    @property
+    def future_id(self) -> int | None:
+        if self.ongoing is not None and self.ongoing.call is not None:
+            return self.ongoing.call.future_id
+        return self.line.future_id if self.line is not None else None
+
+    @property
+    def total_ns(self) -> int:
+        return self.line.total_ns if self.line is not None else 0
+
+
+def _causes(docs: Documents, th: Thresholds) -> list[_Cause]:
+    """The blocking lines that cost enough to name, the most time lost first: a line that
+    blocked the loop for the block threshold once, or ``block_total`` in all, or blocks it now.
+    (Loops read from an older recording, without lines, are judged by their episodes.)"""
+    causes: list[_Cause] = []
     for loop in docs.loops:
-        kept = [*loop.episodes, *loop.worst_episodes]  # the newest, and the longest ever
-        if not loop.blocked_count or not kept:
-            continue
-        worst = max(kept, key=lambda e: e.blocked_ns)
-        culprit = f"`{worst.call.label}`" if worst.call is not None else "untracked code"
-        severity = "error" if worst.ongoing or worst.blocked_ns >= 1_000_000_000 else "warning"
-        times = "once" if loop.blocked_count == 1 else f"{loop.blocked_count} times"
+        ongoing = next((e for e in loop.episodes if e.ongoing), None)
+        where = _own_frame(ongoing) if ongoing is not None else None
+        for line in loop.blocking_lines:
+            now = None
+            if where is not None and (where.file, where.line) == (line.file, line.line):
+                now, ongoing = ongoing, None
+            if now or line.max_ns >= docs.block_threshold_ns or line.total_ns >= th.block_total_ns:
+                causes.append(_Cause(loop, line, now))
+        if ongoing is not None and loop.blocking_lines:
+            causes.append(_Cause(loop, None, ongoing))
+    causes.sort(key=lambda c: (c.ongoing is None, -c.total_ns))
+    return causes
+
+
+def _explained(docs: Documents, th: Thresholds) -> set[int]:
+    """Futures whose long polls and busy time a blocking line's finding already names."""
+    return {c.future_id for c in _causes(docs, th) if c.future_id is not None}
+
+
+def _cpu_words(kind: str | None, cpu_ns: int | None, wall_ns: int) -> str:
+    if kind is None or cpu_ns is None or wall_ns <= 0:
+        return ""
+    percent = _percent(cpu_ns, wall_ns)
+    if kind == "cpu":
+        return f", computing ({percent}% of it on the CPU): CPU work on the loop"
+    return (
+        f", using little CPU ({percent}% of it): a blocking call (a sleep, blocking I/O, a "
+        "lock) on the loop"
+    )
+
+
+_HINTS = {
+    "cpu": "run the CPU work in an executor (await asyncio.to_thread(...), or a process pool "
+    "for pure Python) or yield (await asyncio.sleep(0)) more often",
+    "blocking": "await asyncio.to_thread(...) for the call, or use an async API (asyncio.sleep, "
+    "an async client or driver)",
+}
+_HINT = (
+    "move the blocking call off the loop (asyncio.to_thread) or make it await; the episode's "
+    "stack is in /loop"
+)
+
+
+def _line_finding(cause: _Cause, futures: dict[int, FutureEntry], top: int | None) -> Finding:
+    """One blocking line's finding: what blocks now, how often and how long in all, whether the
+    thread computed, and its future's long poll and busy time (the same cause)."""
+    loop, line, now = cause.loop, cause.line, cause.ongoing
+    frame = _own_frame(now) if now is not None else None
+    if line is not None:
+        file, number, function, code, label = (
+            line.file, line.line, line.function, line.code, line.label
+        )  # fmt: skip
+    else:
+        file, number = (frame.file, frame.line) if frame is not None else ("?", 0)
+        function, code = (frame.function, frame.code) if frame is not None else ("?", None)
+        label = None
+    if now is not None and now.call is not None:
+        label = now.call.label
+    where = f"{os.path.basename(file)}:{number}"
+    who = f"`{label}`" if label else f"Untracked code in {function}"
+    shown = (code or "").split("  #")[0].strip()  # the statement, without its comment
+    at = f"at {where}" + (f" (`{shown}`)" if shown else "")
+    evidence: dict[str, int] = {"loop_id": loop.id}
+    kind, cpu_ns, wall = None, None, 0
+    if now is not None:
         message = (
-            f"The event loop was blocked {times}, the longest for {_duration(worst.blocked_ns)},"
-            f" by {culprit}{_episode_line(worst)}: every other task waited meanwhile"
+            f"The event loop is blocked now, for {_duration(now.blocked_ns)} so far, by "
+            f"{who[0].lower() + who[1:] if not label else who} {at}"
         )
-        if worst.ongoing:
-            message = (
-                f"The event loop is blocked now, for {_duration(worst.blocked_ns)} so far, by "
-                f"{culprit}{_episode_line(worst)}"
-            )
-        yield Finding(
-            "loop-blocked",
-            severity,
-            WarningSubject("loop", loop.id, loop.label, None),
-            message,
-            "move the blocking call off the loop (asyncio.to_thread) or make it await; "
-            "the episode's stack is in /loop",
-            {
-                "episodes": loop.blocked_count,
-                "longest_ns": worst.blocked_ns,
-                "max_lag_ns": loop.max_lag_ns,
-            },
+        evidence["ongoing_ns"] = now.blocked_ns
+        if line is not None:
+            message += "; before, it blocked it {}, {}".format(*_blocks(line))
+    else:
+        assert line is not None
+        times, amount = _blocks(line)
+        message = f"{who} blocked the event loop {times} {at}, {amount}"
+    if line is not None:
+        kind, cpu_ns, wall = line.kind, line.cpu_ns, line.cpu_wall_ns
+        evidence |= {"blocks": line.count, "total_ns": line.total_ns, "longest_ns": line.max_ns}
+    f = futures.get(cause.future_id) if cause.future_id is not None else None
+    if f is not None and kind is None and f.cpu is not None and f.cpu.busy_ns:
+        # measured per poll instead (cpu=True): what the long-poll or off-cpu-poll lint read
+        kind = "cpu" if f.cpu.cpu_ns * 2 > f.cpu.busy_ns else "blocking"
+        cpu_ns, wall = f.cpu.cpu_ns, f.cpu.busy_ns
+    if cpu_ns is not None and wall:
+        evidence |= {"cpu_ns": cpu_ns, "cpu_wall_ns": wall}
+    message += _cpu_words(kind, cpu_ns, wall)
+    if f is not None:
+        evidence["max_poll_ns"] = f.max_poll_duration_ns
+        if f.id == top:  # what cpu-bound would say, of the same cause
+            evidence["busy_ns"] = f.busy_ns
+            message += f"; `{f.label}` held the loop {_duration(f.busy_ns)} in all"
+    if kind is None and now is None:
+        message += ": every other task waited meanwhile"
+    total_ns = line.total_ns if line is not None else 0
+    longest_ns = max(line.max_ns if line is not None else 0, now.blocked_ns if now else 0)
+    lost = now is not None or longest_ns >= 1_000_000_000 or total_ns >= 1_000_000_000
+    return Finding(
+        "loop-blocked",
+        "error" if lost else "warning",
+        WarningSubject("line", None, where, Location(file, number)),
+        message,
+        _HINTS.get(kind or "", _HINT),
+        evidence,
+    )
+
+
+def _blocks(line: BlockedLine) -> tuple[str, str]:
+    """``once``, ``for 602 ms``; ``149 times``, ``6.71 s in all (the longest 45 ms)``."""
+    if line.count == 1:
+        return "once", f"for {_duration(line.max_ns)}"
+    return (
+        f"{line.count} times",
+        f"{_duration(line.total_ns)} in all (the longest {_duration(line.max_ns)})",
+    )
+
+
+def _loop_episodes(loop: LoopEntry) -> Finding | None:
+    """A loop's episodes, for a loop read without blocking lines (an older recording)."""
+    kept = [*loop.episodes, *loop.worst_episodes]  # the newest, and the longest ever
+    if not loop.blocked_count or not kept:
+        return None
+    worst = max(kept, key=lambda e: e.blocked_ns)
+    culprit = f"`{worst.call.label}`" if worst.call is not None else "untracked code"
+    severity = "error" if worst.ongoing or worst.blocked_ns >= 1_000_000_000 else "warning"
+    times = "once" if loop.blocked_count == 1 else f"{loop.blocked_count} times"
+    message = (
+        f"The event loop was blocked {times}, the longest for {_duration(worst.blocked_ns)},"
+        f" by {culprit}{_episode_line(worst)}: every other task waited meanwhile"
+    )
+    if worst.ongoing:
+        message = (
+            f"The event loop is blocked now, for {_duration(worst.blocked_ns)} so far, by "
+            f"{culprit}{_episode_line(worst)}"
         )
+    return Finding(
+        "loop-blocked",
+        severity,
+        WarningSubject("loop", loop.id, loop.label, None),
+        message,
+        _HINTS.get(worst.kind or "", _HINT),
+        {
+            "episodes": loop.blocked_count,
+            "longest_ns": worst.blocked_ns,
+            "max_lag_ns": loop.max_lag_ns,
+        },
+    )
+
+
+def blocked_loop(docs: Documents, th: Thresholds) -> Iterator[Finding]:
+    """A line blocked the loop: which, how often, how long in all, and whether its thread
+    computed or waited meanwhile. One finding per line, the most time lost first, carrying
+    what the long-poll and cpu-bound lints would have said of its future (one cause, one
+    finding)."""
+    futures = _by_id(docs)
+    top = _cpu_top(docs, th)
+    for cause in _causes(docs, th):
+        yield _line_finding(cause, futures, top.id if top is not None else None)
+    for loop in docs.loops:
+        if not loop.blocking_lines:
+            finding = _loop_episodes(loop)
+            if finding is not None:
+                yield finding
 
 
 def _frame_of(f: FutureEntry, frame: StackFrame) -> bool:
@@ -319,33 +488,69 @@ def _callers_of_long_polls(docs: Documents, long: Sequence[FutureEntry]) -> dict
     return callers
 
 
-def long_poll(docs: Documents, th: Thresholds) -> Iterator[Finding]:
-    """A poll ran longer than the threshold without yielding to the loop: the innermost
-    future's, not its callers' too."""
+def _long_polls(docs: Documents, th: Thresholds) -> list[FutureEntry]:
+    """Futures with a poll over ``long_poll`` that is their own (not only a callee's) and that
+    no blocking line's finding names already."""
+    explained = _explained(docs, th)
     long = [f for f in docs.futures if f.max_poll_duration_ns >= th.long_poll_ns]
     callers = _callers_of_long_polls(docs, long)
-    for f in long:
+    return [
+        f
+        for f in long
+        if f.id not in explained
+        and not (f.id in callers and f.max_poll_duration_ns - callers[f.id] < th.long_poll_ns)
+    ]
+
+
+def _off_cpu(f: FutureEntry, th: Thresholds) -> bool:
+    """Its longest poll off the CPU (measured with ``cpu=True``) held the loop ``long_poll``
+    and was mostly not computing."""
+    c = f.cpu
+    return (
+        c is not None
+        and c.worst_poll_busy_ns >= th.long_poll_ns
+        and c.worst_poll_cpu_ns * 2 <= c.worst_poll_busy_ns
+    )
+
+
+def long_poll(docs: Documents, th: Thresholds) -> Iterator[Finding]:
+    """A poll ran longer than the threshold without yielding to the loop: the innermost
+    future's, not its callers' too. One finding per future: when it also holds most of the
+    loop's busy time (cpu-bound), that is said here; when its poll was off the CPU, in
+    off-cpu-poll's finding instead."""
+    top = _cpu_top(docs, th)
+    for f in _long_polls(docs, th):
+        if _off_cpu(f, th):
+            continue
         longest = f.max_poll_duration_ns
-        if f.id in callers and longest - callers[f.id] < th.long_poll_ns:
-            continue  # its longest poll was its callee's
+        message = (
+            f"A poll of `{f.label}`{_where(f.location)} ran {_duration(longest)} without "
+            f"yielding to the event loop"
+        )
+        evidence = {"max_poll_ns": longest, "threshold_ns": th.long_poll_ns, "polls": f.total_polls}
+        if top is not None and top.id == f.id:
+            total = sum(g.busy_ns for g in docs.futures)
+            message += (
+                f"; it holds the loop {_percent(f.busy_ns, total)}% of all busy time "
+                f"({_duration(f.busy_ns)} over {f.call_count} calls)"
+            )
+            evidence["busy_ns"] = f.busy_ns
         yield Finding(
             "long-poll",
             "warning",
             _future_subject(f),
-            f"A poll of `{f.label}`{_where(f.location)} ran {_duration(longest)} without "
-            f"yielding to the event loop",
+            message,
             "look for blocking or CPU-heavy code between two awaits in it",
-            {"max_poll_ns": longest, "threshold_ns": th.long_poll_ns, "polls": f.total_polls},
+            evidence,
         )
 
 
 def off_cpu_poll(docs: Documents, th: Thresholds) -> Iterator[Finding]:
-    """A long poll used little CPU (with ``cpu=True``): it held the loop without computing."""
-    for f in docs.futures:
+    """A long poll used little CPU (with ``cpu=True``): it held the loop without computing.
+    (Its long poll is this finding's, not long-poll's too.)"""
+    for f in _long_polls(docs, th):
         c = f.cpu
-        if c is None or c.worst_poll_busy_ns < th.long_poll_ns:
-            continue
-        if c.worst_poll_cpu_ns * 2 > c.worst_poll_busy_ns:  # mostly computing: long-poll's
+        if c is None or not _off_cpu(f, th):
             continue
         yield Finding(
             "off-cpu-poll",
@@ -361,28 +566,64 @@ def off_cpu_poll(docs: Documents, th: Thresholds) -> Iterator[Finding]:
                 "cpu_ns": c.worst_poll_cpu_ns,
                 "call_id": c.worst_poll_call_id or 0,
                 "off_cpu_ns": c.off_cpu_ns,
+                "max_poll_ns": f.max_poll_duration_ns,
             },
         )
 
 
-def cpu_bound(docs: Documents, th: Thresholds) -> Iterator[Finding]:
-    """One future holds the loop far more than every other: CPU work on the loop."""
+def _cpu_top(docs: Documents, th: Thresholds) -> FutureEntry | None:
+    """The future that holds the loop far more than every other, and a real share of the wall
+    time; None when none does."""
     total = sum(f.busy_ns for f in docs.futures)
     if total <= 0 or docs.elapsed_ns <= 0 or len(docs.futures) < 2:
-        return
+        return None
     top, second = sorted(docs.futures, key=lambda f: -f.busy_ns)[:2]
     share, wall = top.busy_ns / total, top.busy_ns / docs.elapsed_ns
-    # far more than any other future, and a real share of the wall time
     if share < th.cpu_share or wall < th.cpu_wall_share or top.busy_ns < 3 * second.busy_ns:
+        return None
+    return top
+
+
+def _cpu_used(docs: Documents, f: FutureEntry) -> bool | None:
+    """Whether ``f``'s busy time was spent on the CPU: measured per poll (``cpu=True``), else
+    by its blocking lines' thread CPU clock; None when nothing says."""
+    if f.cpu is not None and f.cpu.busy_ns:
+        return f.cpu.cpu_ns * 2 > f.cpu.busy_ns
+    kinds = {
+        line.kind
+        for loop in docs.loops
+        for line in loop.blocking_lines
+        if line.future_id == f.id and line.kind is not None
+    }
+    return ("cpu" in kinds) if kinds else None
+
+
+def cpu_bound(docs: Documents, th: Thresholds) -> Iterator[Finding]:
+    """One future holds the loop far more than every other: CPU work on the loop, if its
+    thread was computing. Said by the blocking line's or the long poll's finding when there is
+    one (one cause, one finding); not said when the CPU was measured idle (then it is blocking,
+    which the lines name)."""
+    top = _cpu_top(docs, th)
+    if top is None or top.id in _explained(docs, th):
         return
+    if top in _long_polls(docs, th):
+        return  # long-poll or off-cpu-poll names it, with its share of the busy time
+    used = _cpu_used(docs, top)
+    if used is False:
+        return
+    total = sum(f.busy_ns for f in docs.futures)
+    what = "CPU work on the loop" if used else "CPU work or blocking calls on the loop"
     yield Finding(
         "cpu-bound",
         "warning",
         _future_subject(top),
         f"`{top.label}`{_where(top.location)} holds the event loop {_percent(top.busy_ns, total)}%"
         f" of all busy time ({_duration(top.busy_ns)} over {top.call_count} calls,"
-        f" {_percent(top.busy_ns, docs.elapsed_ns)}% of the wall time): CPU work on the loop",
-        "run its CPU work in an executor (asyncio.to_thread) or yield more often",
+        f" {_percent(top.busy_ns, docs.elapsed_ns)}% of the wall time): {what}",
+        "run its CPU work in an executor (asyncio.to_thread) or yield more often"
+        if used
+        else "run its CPU work in an executor (asyncio.to_thread) or yield more often; if it "
+        "makes blocking calls, await them in a thread (asyncio.to_thread) or use an async API",
         {
             "busy_ns": top.busy_ns,
             "busy_percent": _percent(top.busy_ns, total),
