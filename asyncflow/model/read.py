@@ -21,7 +21,7 @@ import functools
 import itertools
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -175,9 +175,14 @@ class TimedReceive:
     call_id: int | None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ChannelReading:
-    """One channel (not an aggregate of gone ones) as it is now; its logs are read on demand."""
+    """One channel (not an aggregate of gone ones) as it is now; its logs are read on demand.
+
+    A fresh one each call, read-only by convention: not frozen, because the trace reads every
+    channel on every tick, and a frozen dataclass costs four times as much to make (2 µs
+    instead of 0.5 µs: 2 ms a tick for a thousand channels).
+    """
 
     id: int
     label: str
@@ -256,7 +261,8 @@ class LoopReading:
     heartbeats: int
     #: the lag the last heartbeat measured
     lag_last_ns: int
-    #: the newest published episodes (at most the monitor's ``MAX_EPISODES``), newest first
+    #: the newest published episodes (at most the monitor's ``MAX_EPISODES``; those above the
+    #: id :func:`loop_states` was given for this loop), newest first
     episodes: list[EpisodeReading]
     #: the episode under way, once published; None when the loop is not blocked now
     ongoing: EpisodeReading | None
@@ -273,19 +279,26 @@ def loops(collector: Collector) -> list[LoopIdentity]:
     return list(found.values())
 
 
-def loop_states(collector: Collector) -> list[LoopReading]:
-    """The monitor's reading of every loop it watches."""
+def loop_states(collector: Collector, after: Mapping[int, int] | None = None) -> list[LoopReading]:
+    """The monitor's reading of every loop it watches.
+
+    Args:
+        collector: whose monitor.
+        after: loop id -> the id of the newest episode already read: only newer ones are
+            listed (read every tick, the others would be made again each time); None for all.
+    """
     found = []
     for state in list(collector.monitor.states.values()):
         with state.lock:
             record = state.record
             ongoing = state.ongoing
+            seen = 0 if after is None else after.get(record.id, 0)
             found.append(
                 LoopReading(
                     LoopIdentity(record.id, record.thread, record.thread_name),
                     state.heartbeats,
                     state.lag_last,
-                    [_episode(e) for e in state.episodes],
+                    [_episode(e) for e in state.episodes if e.id > seen],
                     _episode(ongoing) if ongoing is not None and ongoing.id else None,
                 )
             )

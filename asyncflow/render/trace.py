@@ -209,7 +209,7 @@ class TraceRecorder:
             del cursors[cid]
 
     def _loop_events(self, now: int) -> None:
-        states = read.loop_states(self.collector)
+        states = read.loop_states(self.collector, {i: last for i, (last, _) in self._loops.items()})
         for state in states:
             loop_id, thread = state.loop.id, state.loop.thread
             last_id, beats = self._loops.get(loop_id, (0, 0))
