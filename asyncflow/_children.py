@@ -54,6 +54,8 @@ MAX_LISTED = 100
 
 #: ``asyncflow run``'s body (``cli._profiled``): (arguments, name, target, run, argv) -> code
 Setup = Callable[[argparse.Namespace, str, str, Callable[[], object], list[str] | None], int]
+#: ``asyncflow run``'s report on SIGTERM (``cli._report_on_sigterm``): (stop) -> undo
+OnSigterm = Callable[[Callable[[], object]], Callable[[], None]]
 
 #: multiprocessing's own names for a process it numbered (``SpawnProcess-3``, ``Process-1:2``)
 _NUMBERED = re.compile(r"\w*Process-\d+(?::\d+)*")
@@ -202,7 +204,13 @@ class Following:
         )
 
 
-def follow(profiler: Profiler, args: argparse.Namespace, target: str, setup: Setup) -> Following:
+def follow(
+    profiler: Profiler,
+    args: argparse.Namespace,
+    target: str,
+    setup: Setup,
+    on_sigterm: OnSigterm,
+) -> Following:
     """Profile the processes the program of ``asyncflow run`` starts from now on, unless the
     profiler is off (``ASYNCFLOW_DISABLE``) or asked not to (``no_children``).
 
@@ -211,10 +219,14 @@ def follow(profiler: Profiler, args: argparse.Namespace, target: str, setup: Set
         args: ``asyncflow run``'s arguments, given again to a spawned child's own setup.
         target: the program (a script's path, a module's name).
         setup: ``asyncflow run``'s body, which a spawned child runs its work in.
+        on_sigterm: what makes SIGTERM write the report first (``asyncflow run``'s), given a
+            stop; returns its undo. A forked child installs it for its own profiler.
 
     Returns:
         The handle whose ``undo()``, after the parent's report, lists the children's reports.
     """
+    global _on_sigterm
+    _on_sigterm = on_sigterm
     following = Following(profiler, args, target, setup)
     if config.disabled() or profiler.options.no_children or not profiler.running:
         return following
@@ -226,6 +238,8 @@ def follow(profiler: Profiler, args: argparse.Namespace, target: str, setup: Set
 
 #: the following of this process (inherited by a forked child until it follows its own)
 _following: Following | None = None
+#: ``asyncflow run``'s report on SIGTERM, for a forked child's own profiler
+_on_sigterm: OnSigterm | None = None
 #: set in the forking thread while multiprocessing starts a process: its fork is no bare fork
 _local = threading.local()
 
@@ -398,7 +412,27 @@ def _start_forked(child: Child, parent: Following) -> tuple[Profiler, Following]
     following = Following(profiler, argparse.Namespace(**child.args), parent.target, parent.setup)
     following.active = True  # its parent followed it: it follows its own
     _following = following  # the start wrapper came along: it reads this
+    _report_on_sigterm(profiler)
     return profiler, following
+
+
+def _report_on_sigterm(profiler: Profiler) -> None:
+    """A forked child's SIGTERM writes its report first, as the parent's does, where SIGTERM
+    would end it outright: its default action, or the parent's handler of that kind, which
+    came along and would end it without a report (uvicorn's server, gunicorn's workers restore
+    the handler they found and raise SIGTERM again once they shut down)."""
+    import signal
+
+    on_sigterm = _on_sigterm
+    if on_sigterm is None or threading.current_thread() is not threading.main_thread():
+        return
+    try:
+        handler = signal.getsignal(signal.SIGTERM)
+        if getattr(handler, "__asyncflow_sigterm__", False):
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        on_sigterm(profiler.stop)
+    except Exception as exc:  # the child runs on, its report written at its exit
+        _session.internal_error("reporting on SIGTERM in a forked process", exc)
 
 
 def _start_untracked(profiler: Profiler) -> None:

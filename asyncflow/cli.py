@@ -312,7 +312,7 @@ def _profiled(
     streams = None if args.no_memory_streams else instrument_memory_streams()
     never_awaited = None if args.no_never_awaited else asyncflow.track_never_awaited()
     locks = None if args.no_locks else asyncflow.instrument_locks()
-    children = _children.follow(profiler, args, target, _profiled)
+    children = _children.follow(profiler, args, target, _profiled, _report_on_sigterm)
     undo_sigterm = _report_on_sigterm(profiler.stop)
     if argv is not None:
         sys.argv = argv
@@ -516,6 +516,7 @@ def _report_on_sigterm(stop: Callable[[], object]) -> Callable[[], None]:
             return
         die(signum)
 
+    handler.__asyncflow_sigterm__ = True  # type: ignore[attr-defined]  # a fork replaces it
     signal.signal(signal.SIGTERM, handler)
 
     def undo() -> None:
