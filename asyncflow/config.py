@@ -83,6 +83,26 @@ WARN_THRESHOLDS = {
     "leak_finish_share": "share",
     "contention_min_waits": "count",
 }
+#: The warnings' kinds, which ``warn="no-KIND"`` silences (docs/warnings.md lists each; a test
+#: checks both against the lints).
+WARNING_KINDS = (
+    "loop-blocked",
+    "long-poll",
+    "off-cpu-poll",
+    "cpu-bound",
+    "never-awaited",
+    "task-leak",
+    "channel-unread",
+    "messages-lost",
+    "bottleneck",
+    "starved",
+    "cancellation-storm",
+    "cancellation-swallowed",
+    "executor-saturated",
+    "lock-contention",
+    "permits-leaked",
+    "event-never-set",
+)
 _DISABLE = "ASYNCFLOW_DISABLE"
 _NO_EXTENSIONS = "ASYNCFLOW_NO_EXTENSIONS"
 _RUNTIME_DIR = "ASYNCFLOW_RUNTIME_DIR"
@@ -224,28 +244,58 @@ def _seconds(
     return float(value)
 
 
-def _warn(value: object, source: str) -> tuple[tuple[str, float], ...]:
-    """``"long_poll=0.05,blocked_share=0.5"`` (or a mapping): thresholds of the warnings."""
+def _warn(value: object, source: str) -> tuple[tuple[str, float | str], ...]:
+    """``"long_poll=0.05,no-starved,ignore:httpcore.*"`` (or a mapping): thresholds of the
+    warnings, kinds silenced (``("no", kind)``) and modules ignored (``("ignore", pattern)``)."""
     if isinstance(value, str):
         pairs: list[tuple[str, object]] = []
         for part in value.split(","):
-            if not part.strip():
+            part = part.strip()
+            if not part:
+                continue
+            if part.startswith(("no-", "ignore:")):
+                key, _, rest = part.partition(":" if part.startswith("ignore:") else "-")
+                pairs.append((key, rest.strip()))
                 continue
             key, sep, number = part.partition("=")
             if not sep:
                 raise ValueError(
-                    f"{source}={_shown(value)}: expected name=value pairs separated by commas, "
-                    f"such as long_poll=0.05; names: {', '.join(WARN_THRESHOLDS)}"
+                    f"{source}={_shown(value)}: expected name=value thresholds, no-KIND or "
+                    f"ignore:MODULE, separated by commas, such as long_poll=0.05,no-starved; "
+                    f"names: {', '.join(WARN_THRESHOLDS)}"
                 )
             pairs.append((key.strip(), number.strip()))
     elif isinstance(value, Mapping):
-        pairs = list(value.items())
+        pairs = []
+        for key, raw in value.items():
+            listed = key in ("no", "ignore") and not isinstance(raw, str)
+            if listed and isinstance(raw, Iterable):
+                pairs.extend((key, item) for item in raw)
+            else:
+                pairs.append((key, raw))
     else:
         raise ValueError(
             f"{source}={_shown(value)}: expected a mapping or 'name=value,...' of thresholds"
         )
     out: dict[str, float] = {}
+    quiet: list[tuple[str, str]] = []
     for key, raw in pairs:
+        if key == "no":
+            if raw not in WARNING_KINDS:
+                raise ValueError(
+                    f"{source}: no-{raw}: unknown warning kind; known: {', '.join(WARNING_KINDS)}"
+                )
+            quiet.append(("no", str(raw)))
+            continue
+        if key == "ignore":
+            from asyncflow.filtering import parse_patterns
+
+            if isinstance(raw, str) and not raw.strip():
+                raise ValueError(
+                    f"{source}: ignore: names no module; give one, such as ignore:httpcore"
+                )
+            quiet.extend(("ignore", p) for p in parse_patterns(raw, f"{source}[ignore]"))
+            continue
         kind = WARN_THRESHOLDS.get(key) if isinstance(key, str) else None
         if kind is None:
             raise ValueError(
@@ -258,7 +308,7 @@ def _warn(value: object, source: str) -> tuple[tuple[str, float], ...]:
             out[key] = _seconds(raw, where, 1.0, "a fraction > 0, at most 1")
         else:
             out[key] = float(_int(raw, where, 1, 1_000_000_000, "a whole number >= 1"))
-    return tuple(sorted(out.items()))
+    return (*sorted(out.items()), *dict.fromkeys(quiet))
 
 
 def _format(value: object, source: str) -> str:
@@ -685,21 +735,24 @@ class Options:
             env="ASYNCFLOW_ALLOWED_HOSTS",
         ).meta,
     )
-    #: warning thresholds that differ from the defaults, as (name, value) pairs; see
-    #: ``WARN_THRESHOLDS``
-    warn: tuple[tuple[str, float], ...] = field(
+    #: warning thresholds that differ from the defaults, as (name, value) pairs (see
+    #: ``WARN_THRESHOLDS``), then the kinds silenced, ``("no", kind)``, and the modules
+    #: ignored, ``("ignore", pattern)``
+    warn: tuple[tuple[str, float | str], ...] = field(
         default=(),
         metadata=Option(
             _warn,
             "none",
-            "warning thresholds that differ from the defaults, as `name=value` pairs or a "
-            "mapping (see [Warnings](warnings.md#diagnosing-a-slow-service-warnings))",
+            "warning thresholds that differ from the defaults (`name=value`), kinds silenced "
+            "(`no-KIND`) and modules whose warnings are left out (`ignore:PATTERN`), separated "
+            "by commas, or a mapping (see [Silencing](warnings.md#silencing-a-kind-or-a-module))",
             env="ASYNCFLOW_WARN",
-            example="long_poll=0.05",
+            example="long_poll=0.05,no-starved,ignore:httpcore",
             flag="--warn",
-            flag_help="warning thresholds that differ from the defaults, e.g. long_poll=0.05 "
-            "(see docs/warnings.md)",
-            metavar="NAME=VALUE,...",
+            flag_help="warning thresholds that differ from the defaults, kinds silenced and "
+            "modules ignored, e.g. long_poll=0.05,no-starved,ignore:httpcore (see "
+            "docs/warnings.md)",
+            metavar="NAME=VALUE|no-KIND|ignore:MODULE,...",
         ).meta,
     )
     #: live reporters fed each collector tick on the profiler's thread

@@ -42,6 +42,7 @@ __all__ = [
     "MAX_CHAIN",
     "TaskWalk",
     "describe_future",
+    "is_asyncflow_file",
     "is_library_file",
     "summarise",
     "tasks_by_loop",
@@ -70,9 +71,25 @@ _LIBRARY_DIRS = tuple(
 )
 
 
+#: where installers put console scripts: ``asyncflow:8`` (``sys.exit(main())``) launches a
+#: program, it is no line of it
+_SCRIPTS_DIR = os.path.normpath(sysconfig.get_paths().get("scripts") or os.sep) + os.sep
+
+
 def is_library_file(path: str) -> bool:
-    """Whether a frame's file is Python's, an installed package's or asyncflow's own."""
-    return path.startswith("<") or path.startswith(_LIBRARY_DIRS)
+    """Whether a frame's file is Python's, an installed package's or asyncflow's own (or a
+    console script that launched the program)."""
+    return path.startswith("<") or path.startswith(_LIBRARY_DIRS) or is_asyncflow_file(path)
+
+
+def is_asyncflow_file(path: str) -> bool:
+    """Whether a file is asyncflow's own, or a console script (``asyncflow``, wherever it was
+    installed; any script in the interpreter's scripts directory): no warning's site."""
+    return (
+        path.startswith(_OURS)
+        or path.startswith(_SCRIPTS_DIR)
+        or os.path.basename(path) == "asyncflow"
+    )
 
 
 def _is_library(code: CodeType) -> bool:

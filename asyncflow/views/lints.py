@@ -12,11 +12,13 @@ work, not a problem, so starvation is only ``info``.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from asyncflow.model.waits import is_library_file
+from asyncflow.filtering import matches
+from asyncflow.model.waits import is_asyncflow_file, is_library_file
 from asyncflow.schema import (
     SCHEMA,
     BlockedEpisode,
@@ -29,6 +31,7 @@ from asyncflow.schema import (
     LoopEntry,
     NeverAwaitedEntry,
     ResourceEntry,
+    ResourceFutureEntry,
     Snapshot,
     StackFrame,
     WarningEntry,
@@ -85,19 +88,35 @@ class Thresholds:
     #: a lock, semaphore or limiter at least this many acquisitions of which had to wait, whose
     #: waiters waited more than twice as long as it was held
     contention_min_waits: int = 10
+    #: finding kinds silenced (``warn="no-lock-contention"``)
+    silenced: frozenset[str] = frozenset()
+    #: modules whose findings are silenced (``warn="ignore:httpcore.*"``): patterns matched as
+    #: ``--exclude`` matches them, against the module (and function) of a finding's subject
+    ignored: tuple[str, ...] = ()
 
     @classmethod
-    def from_options(cls, pairs: Iterable[tuple[str, float]]) -> Thresholds:
-        """The defaults, with what the ``warn`` option sets (seconds become nanoseconds)."""
+    def from_options(cls, pairs: Iterable[tuple[str, float | str]]) -> Thresholds:
+        """The defaults, with what the ``warn`` option sets (seconds become nanoseconds), the
+        kinds it silences (``("no", kind)``) and the modules it ignores
+        (``("ignore", pattern)``)."""
         values: dict[str, Any] = {}
+        silenced: set[str] = set()
+        ignored: list[str] = []
         for name, value in pairs:
+            if name == "no":
+                silenced.add(str(value))
+                continue
+            if name == "ignore":
+                ignored.append(str(value))
+                continue
+            assert isinstance(value, float | int)
             if name in ("long_poll", "min_wait", "block_total"):  # seconds
                 values[f"{name}_ns"] = round(value * 1e9)
             elif isinstance(getattr(cls, name, None), int):
                 values[name] = int(value)
             else:
                 values[name] = float(value)
-        return cls(**values)
+        return cls(**values, silenced=frozenset(silenced), ignored=tuple(ignored))
 
 
 @dataclass(frozen=True, slots=True)
@@ -660,10 +679,27 @@ def never_awaited(docs: Documents, th: Thresholds) -> Iterator[Finding]:
             )
 
 
+def _own_futures(docs: Documents) -> set[int]:
+    """The futures of the program's own code: defined outside Python's library, installed
+    packages and asyncflow."""
+    return {f.id for f in docs.futures if not is_library_file(f.location.file)}
+
+
+def _library_channel(c: ChannelEntry, own: set[int]) -> bool:
+    """Whether only libraries' futures use a channel (a framework's internal queue, such as
+    uvicorn's lifespan queue): every side that moved messages is a tracked future of library
+    code. Untracked code may be the program's, so a channel it uses is the program's."""
+    used = [e for e in (*c.senders, *c.receivers) if e.messages]
+    return bool(used) and all(e.future_id is not None and e.future_id not in own for e in used)
+
+
 def unread_channel(docs: Documents, th: Thresholds) -> Iterator[Finding]:
     """A channel written and never read: its messages pile up."""
+    own = _own_futures(docs)
     for c in docs.channels:
         if c.received_count or c.sent_count < th.unread_messages or c.state != "active":
+            continue
+        if _library_channel(c, own):
             continue
         yield Finding(
             "channel-unread",
@@ -678,8 +714,9 @@ def unread_channel(docs: Documents, th: Thresholds) -> Iterator[Finding]:
 
 def lost_messages(docs: Documents, th: Thresholds) -> Iterator[Finding]:
     """A channel collected or closed with messages still in it."""
+    own = _own_futures(docs)
     for c in docs.channels:
-        if not c.lost_count:
+        if not c.lost_count or _library_channel(c, own):
             continue
         yield Finding(
             "messages-lost",
@@ -733,6 +770,7 @@ def bottleneck(docs: Documents, th: Thresholds) -> Iterator[Finding]:
     ``parse`` calls blocked the whole second make 100%, not 400%.
     """
     futures = _by_id(docs)
+    own = _own_futures(docs)
     backed_up = {
         c.id: s for c in docs.channels if (s := _blocked_share(c, docs, th, futures)) is not None
     }
@@ -745,7 +783,7 @@ def bottleneck(docs: Documents, th: Thresholds) -> Iterator[Finding]:
     }
     for c in docs.channels:
         share = backed_up.get(c.id)
-        if share is None:
+        if share is None or _library_channel(c, own):
             continue
         readers = {e.future_id for e in c.receivers if e.messages}
         if readers and readers <= held_up:
@@ -783,9 +821,12 @@ def starved(docs: Documents, th: Thresholds) -> Iterator[Finding]:
     on each other's output, which is how it ends, not a pace set from outside.
     """
     futures = _by_id(docs)
+    own = _own_futures(docs)
     for c in docs.channels:
         if docs.elapsed_ns <= 0 or not c.received_count or c.producers_blocked_ns:
             continue
+        if _library_channel(c, own):
+            continue  # a framework's own queue (a server waiting for its shutdown signal)
         if c.consumers_starved_ns < th.min_wait_ns or _self_fed(c):
             continue
         in_use = _active_ns(c, docs.elapsed_ns)
@@ -985,7 +1026,11 @@ def _resource_subject(r: ResourceEntry) -> WarningSubject:
 
 
 def _waiters(r: ResourceEntry, limit: int = 3) -> str:
-    waited = [f for f in sorted(r.futures, key=lambda f: -f.total_wait_ns) if f.waits]
+    return _waiting(r.futures, limit)
+
+
+def _waiting(futures: Iterable[ResourceFutureEntry], limit: int = 3) -> str:
+    waited = [f for f in sorted(futures, key=lambda f: -f.total_wait_ns) if f.waits]
     if not waited:
         return "its callers"
     shown = ", ".join(f"`{f.label}`" for f in waited[:limit])
@@ -1004,62 +1049,165 @@ def _failed(r: ResourceEntry) -> str:
     return f"{n} wait{' was' if n == 1 else 's were'} given up (timed out or cancelled)"
 
 
+@dataclass(slots=True)
+class _Site:
+    """The resources created at one line (one label, one kind): one finding for all of them,
+    with their figures summed. A library's resources (a connection pool's lock per
+    connection) count only the waits of the program's own futures."""
+
+    first: ResourceEntry
+    count: int = 0
+    acquisitions: int = 0
+    contended: int = 0
+    failed: int = 0
+    wait_ns: int = 0
+    hold_ns: int = 0
+    max_waiters: int = 0
+    futures: dict[str, ResourceFutureEntry] = field(default_factory=dict)
+
+    def add(self, r: ResourceEntry) -> None:
+        self.count += 1
+        self.acquisitions += r.acquisitions
+        self.contended += r.contended_acquisitions
+        self.failed += r.failed_waits
+        self.wait_ns += r.total_wait_ns
+        self.hold_ns += r.total_hold_ns
+        self.max_waiters = max(self.max_waiters, r.max_waiters)
+        for f in r.futures:
+            had = self.futures.get(f.label)
+            if had is None:
+                self.futures[f.label] = f
+                continue
+            self.futures[f.label] = ResourceFutureEntry(
+                had.future_id,
+                f.label,
+                had.waits + f.waits,
+                had.total_wait_ns + f.total_wait_ns,
+                max(had.max_wait_ns, f.max_wait_ns),
+                had.holds + f.holds,
+                had.total_hold_ns + f.total_hold_ns,
+                max(had.max_hold_ns, f.max_hold_ns),
+                had.signals + f.signals,
+            )
+
+    def judged_for(self, own: set[int]) -> None:
+        """A library's resources: keep only the waits of the program's own futures."""
+        if not is_library_file(self.first.location.file):
+            return
+        mine = {k: f for k, f in self.futures.items() if f.future_id in own}
+        if len(mine) < len(self.futures):
+            self.failed = 0  # whose waits were given up is not known per future
+        self.futures = mine
+        self.contended = sum(f.waits for f in mine.values())
+        self.wait_ns = sum(f.total_wait_ns for f in mine.values())
+
+    def name(self) -> str:
+        """``Lock `cache```, ``16 locks created at `_synchronization.py:68```."""
+        primitive = self.first.primitive.replace("_", " ")
+        if self.count == 1:
+            return f"{primitive.capitalize()} `{self.first.label}`"
+        plural = primitive[:-1] + "ies" if primitive.endswith("y") else primitive + "s"
+        return f"{self.count} {plural} created at `{self.first.label}`"
+
+
+def _site_key(r: ResourceEntry) -> tuple[str, str, str, int]:
+    return (r.primitive, r.label, r.location.file, r.location.line)
+
+
+def _by_site(resources: Iterable[ResourceEntry]) -> list[_Site]:
+    """The resources grouped by creation site, the most waited on first in each group."""
+    sites: dict[tuple[str, str, str, int], _Site] = {}
+    for r in sorted(resources, key=lambda r: -r.total_wait_ns):
+        site = sites.get(_site_key(r))
+        if site is None:
+            site = sites[_site_key(r)] = _Site(r)
+        site.add(r)
+    return list(sites.values())
+
+
+def _site_subject(site: _Site) -> WarningSubject:
+    return _resource_subject(site.first)
+
+
 def contention(docs: Documents, th: Thresholds) -> Iterator[Finding]:
     """A lock or semaphore that its callers queue for far longer than anyone holds it.
 
     Judged on the waits that acquired it: waits that were given up (timed out, cancelled) got
     nothing to hold, and when holds were never given back (see permits-leaked) they waited
     for permits that no longer existed, which holding it for less would not cure. Where most
-    waits were given up, the warning says so instead.
+    waits were given up, the warning says so instead. The resources created at one line are
+    judged together, and a library's by the waits of the program's own futures: a library's
+    lock that serialises the library's own tasks is not the program's to fix.
     """
-    for r in docs.resources:
-        if r.primitive not in _ACQUIRED or r.contended_acquisitions < th.contention_min_waits:
+    own = _own_futures(docs)
+    acquired = [
+        r
+        for r in docs.resources
+        if r.primitive in _ACQUIRED and not (_leaked_holds(r) and r.state != "gone")
+    ]  # (leaked permits: permits-leaked says why the waits were long)
+    for site in _by_site(acquired):
+        site.judged_for(own)
+        if site.contended < th.contention_min_waits or site.wait_ns <= 2 * site.hold_ns:
             continue
-        if r.total_wait_ns <= 2 * r.total_hold_ns or (_leaked_holds(r) and r.state != "gone"):
-            continue  # (leaked permits: permits-leaked says why the waits were long)
-        name = f"{r.primitive.replace('_', ' ').capitalize()} `{r.label}`"
+        name, waiters = site.name(), _waiting(site.futures.values())
+        many = site.count > 1
         evidence = {
-            "contended": r.contended_acquisitions,
-            "acquisitions": r.acquisitions,
-            "failed_waits": r.failed_waits,
-            "wait_ns": r.total_wait_ns,
-            "hold_ns": r.total_hold_ns,
-            "max_waiters": r.max_waiters,
+            "contended": site.contended,
+            "acquisitions": site.acquisitions,
+            "failed_waits": site.failed,
+            "wait_ns": site.wait_ns,
+            "hold_ns": site.hold_ns,
+            "max_waiters": site.max_waiters,
         }
-        if r.failed_waits >= r.contended_acquisitions:
+        if many:
+            evidence["resources"] = site.count
+        failed = f"{site.failed} wait{' was' if site.failed == 1 else 's were'} given up"
+        failed += " (timed out or cancelled)"
+        if site.failed >= site.contended:
             yield Finding(
                 "lock-contention",
                 "warning",
-                _resource_subject(r),
-                f"{name} is held longer than {_waiters(r)} will wait: {_failed(r)} against "
-                f"{r.contended_acquisitions} that waited and got it, {_duration(r.total_wait_ns)}"
-                f" of waiting in all, while it was held {_duration(r.total_hold_ns)}"
-                f" (up to {r.max_waiters} waiting at once)",
+                _site_subject(site),
+                f"{name} {'are' if many else 'is'} held longer than {waiters} will wait: "
+                f"{failed} against {site.contended} that waited and got "
+                f"{'them' if many else 'it'}, {_duration(site.wait_ns)} of waiting in all, "
+                f"while {'they were' if many else 'it was'} held {_duration(site.hold_ns)}"
+                f" (up to {site.max_waiters} waiting at once)",
                 "find what holds it so long (the holders in /resources), or give its callers "
                 "longer timeouts",
                 evidence,
             )
             continue
-        also = f", and {_failed(r)}" if r.failed_waits else ""
+        also = f", and {failed}" if site.failed else ""
         yield Finding(
             "lock-contention",
             "warning",
-            _resource_subject(r),
-            f"{name} serialises {_waiters(r)}: {r.contended_acquisitions} of {r.acquisitions}"
-            f" acquisitions waited{also}, {_duration(r.total_wait_ns)} in all, to hold it "
-            f"{_duration(r.total_hold_ns)} (up to {r.max_waiters} waiting at once)",
+            _site_subject(site),
+            f"{name} serialise{'' if many else 's'} {waiters}: {site.contended} of "
+            f"{site.acquisitions} acquisitions waited{also}, {_duration(site.wait_ns)} in all, "
+            f"to hold {'them' if many else 'it'} {_duration(site.hold_ns)} (up to "
+            f"{site.max_waiters} waiting at once)",
             "hold it for less (no await while holding it), or split what it guards",
             evidence,
         )
 
 
+def _library_resource(r: ResourceEntry, own: set[int]) -> bool:
+    """Whether a resource is a library's own business: created in library code, and none of
+    the program's own futures waited on it, held it or signalled it."""
+    return is_library_file(r.location.file) and not any(f.future_id in own for f in r.futures)
+
+
 def permits_leaked(docs: Documents, th: Thresholds) -> Iterator[Finding]:
     """Permits taken by calls that ended without giving them back."""
+    own = _own_futures(docs)
     for r in docs.resources:
         ended = [h for h in r.holders if h.outcome is not None]
         leaked = len(ended) + r.abandoned_holds
         if not leaked or r.primitive not in _ACQUIRED or r.state == "gone":
             continue  # (once the primitive is gone, its permits no longer hold anyone up)
+        if _library_resource(r, own):
+            continue
         calls: dict[tuple[str, str], int] = {}
         for h in ended:
             key = (h.label, h.outcome or "ended")
@@ -1103,9 +1251,10 @@ def _and(parts: Sequence[str]) -> str:
 
 def event_never_set(docs: Documents, th: Thresholds) -> Iterator[Finding]:
     """Tasks wait on an event nobody has set."""
+    own = _own_futures(docs)
     for r in docs.resources:
         e = r.event
-        if e is None or e.sets or not r.waiters_now:
+        if e is None or e.sets or not r.waiters_now or _library_resource(r, own):
             continue
         yield Finding(
             "event-never-set",
@@ -1145,7 +1294,110 @@ def evaluate(
     findings: list[Finding] = []
     for lint in lints:
         findings.extend(lint(docs, thresholds))
-    return findings
+    kept = [f for f in findings if not _ours(f) and not _silenced(f, docs, thresholds)]
+    return _one_per_site(kept)
+
+
+#: subjects named by their creation site: several at one line make one finding
+_BY_SITE = ("resource", "channel", "stream")
+
+
+def _site_of(finding: Finding) -> tuple[str, str, str, str, int] | None:
+    s = finding.subject
+    if s.kind not in _BY_SITE:
+        return None
+    where = s.location
+    return (finding.kind, s.kind, s.label, where.file if where else "", where.line if where else 0)
+
+
+def _one_per_site(findings: list[Finding]) -> list[Finding]:
+    """Findings of one kind about several channels or streams created at one line (or named
+    alike) become one, the first (the worst, in each lint's order), saying how many."""
+    groups: dict[tuple[str, str, str, str, int], list[Finding]] = {}
+    out: list[Finding | tuple[str, str, str, str, int]] = []
+    for f in findings:
+        site = _site_of(f)
+        if site is None:
+            out.append(f)
+            continue
+        if site not in groups:
+            groups[site] = []
+            out.append(site)
+        groups[site].append(f)
+    merged: list[Finding] = []
+    for item in out:
+        if isinstance(item, Finding):
+            merged.append(item)
+            continue
+        first, *rest = groups[item]
+        if not rest:
+            merged.append(first)
+            continue
+        n = len(rest) + 1
+        merged.append(
+            Finding(
+                first.kind,
+                max((f.severity for f in groups[item]), key=SEVERITIES.index),
+                first.subject,
+                f"{first.message} (and {n - 1} more {first.subject.kind}s created at "
+                f"`{first.subject.label}` alike)",
+                first.hint,
+                {**first.evidence, f"{first.subject.kind}s": n},
+            )
+        )
+    return merged
+
+
+def _ours(finding: Finding) -> bool:
+    """A finding whose site is asyncflow's own code or the console script that launched the
+    program: never the program's to act on."""
+    where = finding.subject.location
+    return where is not None and bool(where.file) and is_asyncflow_file(where.file)
+
+
+def _module_of(path: str) -> str:
+    """The dotted module a file is, read against ``sys.path`` (the longest entry holding
+    it); its name without ``.py`` when none does."""
+    best = ""
+    for entry in sys.path:
+        root = os.path.join(os.path.abspath(entry or os.curdir), "")
+        if path.startswith(root) and len(root) > len(best):
+            best = root
+    relative = path[len(best) :] if best else os.path.basename(path)
+    module = os.path.splitext(relative)[0].replace(os.sep, ".")
+    return module.removesuffix(".__init__")
+
+
+def _subject_names(finding: Finding, docs: Documents) -> list[tuple[str, str]]:
+    """(module, qualified name) pairs a finding is about, for ``ignore:PATTERN``: a future's
+    own, a located subject's module; a channel's, the futures that used it."""
+    s = finding.subject
+    futures = {f.id: f for f in docs.futures}
+    if s.kind == "future" and s.id in futures:
+        module, _, qualname = futures[s.id].source.rpartition(":")
+        return [(module, qualname)]
+    if s.location is not None and s.location.file and s.location.file != "?":
+        return [(_module_of(s.location.file), s.label)]
+    if s.kind == "channel":
+        channel = next((c for c in docs.channels if c.id == s.id), None)
+        used = [] if channel is None else [*channel.senders, *channel.receivers]
+        ids = [e.future_id for e in used if e.messages]
+        sources = [futures[i].source for i in ids if i is not None and i in futures]
+        if sources and len(sources) == len(ids):
+            return [(m, q) for m, _, q in (source.rpartition(":") for source in sources)]
+    return []
+
+
+def _silenced(finding: Finding, docs: Documents, th: Thresholds) -> bool:
+    """Whether the user silenced the finding's kind, or every module it is about."""
+    if finding.kind in th.silenced:
+        return True
+    if not th.ignored:
+        return False
+    names = _subject_names(finding, docs)
+    return bool(names) and all(
+        any(matches(p, module, qualname) for p in th.ignored) for module, qualname in names
+    )
 
 
 class _Held:
@@ -1159,7 +1411,12 @@ class _Held:
 
 
 def _key(finding: Finding) -> tuple[str, str, int | None, str]:
+    """One warning per kind and subject; subjects named by their site are one per site (the
+    site's first resource or channel may change from one evaluation to the next)."""
     s = finding.subject
+    if s.kind in _BY_SITE:
+        where = f"{s.location.file}:{s.location.line}" if s.location is not None else ""
+        return (finding.kind, s.kind, None, f"{s.label}\0{where}")
     return (finding.kind, s.kind, s.id, s.label)
 
 
