@@ -1108,24 +1108,28 @@ class DocumentError(ValueError):
     """A JSON document does not have the shape of the schema's class; the message says where."""
 
 
-def load(cls: type[_D], data: Any) -> _D:
+def load(cls: type[_D], data: Any, *, ignore_unknown: bool = False) -> _D:
     """Rebuild a document (e.g. a :class:`Snapshot` read back from a file) from decoded JSON.
+
+    Args:
+        ignore_unknown: leave out fields the class does not have (a newer asyncflow's: a new
+            field is compatible), as a client of the endpoint does; else they are an error.
 
     Raises:
         DocumentError: a field is missing, unknown or of the wrong type; the message gives its
             path, e.g. ``futures.futures[3].busy_ns``.
     """
-    result: _D = _load(cls, data, cls.__name__)
+    result: _D = _load(cls, data, cls.__name__, not ignore_unknown)
     return result
 
 
-def _load(tp: Any, data: Any, where: str) -> Any:
+def _load(tp: Any, data: Any, where: str, strict: bool = True) -> Any:
     origin = typing.get_origin(tp)
     if origin in (types.UnionType, typing.Union):
         errors = []
         for option in typing.get_args(tp):
             try:
-                return _load(option, data, where)
+                return _load(option, data, where, strict)
             except DocumentError as exc:
                 # "expected null" says nothing about a value that is there: what failed inside
                 # the other option (an unknown field three levels down, say) is the news
@@ -1149,24 +1153,24 @@ def _load(tp: Any, data: Any, where: str) -> Any:
         if not isinstance(data, list):
             raise DocumentError(f"{where}: expected a list, got {type(data).__name__}")
         (item,) = typing.get_args(tp)
-        return [_load(item, x, f"{where}[{i}]") for i, x in enumerate(data)]
+        return [_load(item, x, f"{where}[{i}]", strict) for i, x in enumerate(data)]
     if origin is dict:
         if not isinstance(data, dict):
             raise DocumentError(f"{where}: expected an object, got {type(data).__name__}")
         _, value = typing.get_args(tp)
-        return {str(k): _load(value, v, f"{where}.{k}") for k, v in data.items()}
+        return {str(k): _load(value, v, f"{where}.{k}", strict) for k, v in data.items()}
     if dataclasses.is_dataclass(tp) and isinstance(tp, type):
         if not isinstance(data, dict):
             raise DocumentError(f"{where}: expected an object, got {type(data).__name__}")
         hints = _hints(tp)
         fields = {f.name: f for f in dataclasses.fields(tp)}
         unknown = sorted(set(data) - set(fields))
-        if unknown:
+        if unknown and strict:
             raise DocumentError(f"{where}: unknown field(s) {', '.join(unknown)}")
         values = {}
         for name, f in fields.items():
             if name in data:
-                values[name] = _load(hints[name], data[name], f"{where}.{name}")
+                values[name] = _load(hints[name], data[name], f"{where}.{name}", strict)
             elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
                 raise DocumentError(f"{where}: missing field {name!r}")
         return tp(**values)

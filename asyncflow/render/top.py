@@ -2,9 +2,9 @@
 
 It reads the same JSON documents as any other client, about twice a second, and parses each
 with the schema (:func:`asyncflow.schema.load`) into its typed document: top reads fields of
-the schema's classes, never keys of raw JSON. An unreachable endpoint, a refused token or a
-document that does not parse (said with the field at fault) is shown in the status line and
-retried; it never ends the view.
+the schema's classes, never keys of raw JSON (and leaves out fields a newer asyncflow added).
+An unreachable endpoint, a refused token or a document that does not parse (said with the
+field at fault) is shown in the status line and retried; it never ends the view.
 
 Every table is one :class:`View` in :data:`VIEWS`: the route it lists and the schema's class
 of its document, its columns (each a value read from an entry, which is also what it sorts on,
@@ -1091,21 +1091,23 @@ class TopApp(App[None]):
 
         Raises:
             RuntimeError: the endpoint answered an error (its message is said).
-            DocumentError: the answer is not a ``document`` (the message says where).
+            DocumentError: the answer is not a ``document``: a field is missing or of another
+                type (the message says which); fields it does not have are left out.
         """
         assert self._session is not None
         async with self._session.get(self.url + path) as response:
             body = await response.json(content_type=None)
             if response.status != 200:
                 try:
-                    message = load(ErrorDocument, body).error.message
+                    message = load(ErrorDocument, body, ignore_unknown=True).error.message
                 except DocumentError:
                     message = response.reason or "no reason given"
                 if response.status == 401:
                     message = f"the endpoint refused the token: {message}"
                 raise RuntimeError(f"{response.status}: {message}")
         try:
-            return load(document, body)
+            # a field top does not know is a newer asyncflow's: a new field is compatible
+            return load(document, body, ignore_unknown=True)
         except DocumentError as exc:
             raise DocumentError(
                 f"GET {path.partition('?')[0]} answered a document top cannot read: {exc}"
