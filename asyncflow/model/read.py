@@ -2,8 +2,8 @@
 
 The hot path's registries, records and log tuples, and the loop monitor's states, are read
 here and nowhere above the model (views excepted: they are functions of the model). The trace
-recorder, the live reporters and the endpoint ask this module, and get small frozen
-dataclasses (or the hot path's records handed on whole to a view, never read above it):
+recorder, the live reporters and the endpoint ask this module, and get small dataclasses (or
+the hot path's records handed on whole to a view, never read above it):
 
 - the channels with their timed messages (:func:`channels`), the event loops with their threads
   (:func:`loops`) and the monitor's reading of each (:func:`loop_states`), for the trace;
@@ -88,9 +88,9 @@ class CallBatch:
 
     __slots__ = ("_calls", "_records", "_totals")
 
-    def __init__(self, records: Sequence[object] = ()) -> None:
-        # the hot path's call records, as the collector handed them (read only here)
-        self._records: Sequence[CallRecord] = records  # type: ignore[assignment]
+    def __init__(self, records: Sequence[Any] = ()) -> None:
+        #: the hot path's call records, as the collector handed them (read only here)
+        self._records: Sequence[CallRecord] = records
         self._calls: tuple[FinishedCall, ...] | None = None
         self._totals: list[CallTotals] | None = None
 
