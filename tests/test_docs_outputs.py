@@ -72,6 +72,19 @@ def test_an_optional_item_may_be_missing_and_nothing_else() -> None:
     assert compare(shown, "warnings\n  WARNING  a\n           more of a\nend", Spec())
 
 
+def test_reflow_compares_a_wrapped_warning_as_one_line() -> None:
+    shown = "  WARNING  it grew over 1.27\n           s in all\n           → look at it\n  INFO  x"
+    printed = (
+        "  WARNING  it grew over\n           980 ms in all\n           → look at\n           it\n"
+        "  INFO  x"
+    )
+    spec = Spec.parse("mask=numbers reflow")
+    assert compare(shown, printed, spec) is None
+    assert compare(shown, printed, Spec.parse("mask=numbers"))
+    assert compare(shown, printed.replace("look at", "see"), spec)
+    assert compare(shown, printed.replace("  INFO", "  WARNING"), spec)  # items stay apart
+
+
 def test_json_keeps_keys_and_their_order_and_masks_what_is_named() -> None:
     spec = Spec.parse("mask=numbers keys=python lists", "json")
     shown = '{"pid":1,"python":"3.11.7","series":[{"ago_ns":5}],"ok":true}'

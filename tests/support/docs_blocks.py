@@ -25,6 +25,8 @@ docs/*.md or README.md has a marker on the line above its fence:
       ``excerpt``: the block is a run of consecutive lines of the output, not all of it;
       ``lines``: each of its lines (or JSON documents) is in the output, in that order;
       ``sort``: lines are compared in any order (rows sorted by a figure that varies);
+      ``reflow``: an item wrapped over several lines (a warning, indented under its first line)
+      is compared as one line (where a sentence wraps depends on its figures' widths);
       ``optional='REGEX'``: an item of the block (a line the expression matches, and the lines
       indented under it) may be missing from the output (a warning whose threshold a run may
       just miss).
@@ -147,6 +149,7 @@ class Spec:
     sort: bool = False
     json: bool = False
     optional: str | None = None  #: items starting with a line this matches may be absent
+    reflow: bool = False  #: wrapped items are compared unwrapped
 
     @classmethod
     def parse(cls, words: str, lang: str = "") -> Spec:
@@ -156,7 +159,7 @@ class Spec:
         for word in shlex.split(words):
             name, eq, value = word.partition("=")
             if not eq:
-                if name in ("python", "curl", "lists", "sort", "json"):
+                if name in ("python", "curl", "lists", "sort", "json", "reflow"):
                     values[name] = True
                 elif name in ("excerpt", "lines"):
                     values["mode"] = name
@@ -250,6 +253,25 @@ def _json_masked(value: Any, spec: Spec) -> Any:
     return value
 
 
+def _reflowed(lines: list[str]) -> list[str]:
+    """Each item on one line: a line indented deeper than the line that begins its item (a
+    warning's sentence, wrapped where its figures' widths put the breaks) joins that line; a
+    hint (``→ ...``) begins an item, and its own lines at its indent join it."""
+    out: list[str] = []
+    head = -1  # the indent of the line that began the current item
+    arrow = False  # whether that line is a hint
+    for line in lines:
+        depth = len(line) - len(line.lstrip())
+        hint = line.lstrip().startswith("→")
+        joins = bool(out and out[-1].strip() and line.strip()) and not hint
+        if joins and (depth > head or (arrow and depth == head)):
+            out[-1] += " " + line.strip()
+            continue
+        out.append(line)
+        head, arrow = depth, hint
+    return out
+
+
 def _units(text: str, spec: Spec) -> list[str]:
     """The text as the units compared: masked lines, or masked JSON documents."""
     if spec.json:
@@ -261,7 +283,8 @@ def _units(text: str, spec: Spec) -> list[str]:
             dumped = json.dumps(_json_masked(document, spec), ensure_ascii=False, indent=1)
             units.append("\n".join(_masked_line(line, spec) for line in dumped.split("\n")))
         return units
-    lines = [_masked_line(line, spec) for line in text.strip("\n").split("\n")]
+    raw = text.strip("\n").split("\n")
+    lines = [_masked_line(line, spec) for line in (_reflowed(raw) if spec.reflow else raw)]
     if not spec.sort:
         return lines
     # rows in any order within each paragraph (a table sorted by a figure that varies)
