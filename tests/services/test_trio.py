@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.commands import asyncflow_cmd, write
+from tests.support.commands import EXAMPLES, asyncflow_cmd, write
 
 _ETL = """\
 import sys
@@ -114,3 +114,12 @@ def test_a_trio_program_is_told_once_that_trio_is_not_profiled(tmp_path: Path) -
         "reason": line.split("trio.run (2 times): ", 1)[1],
         "count": 2,
     }
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_the_anyio_example_runs_under_run(backend: str) -> None:
+    done = asyncflow_cmd("run", str(EXAMPLES / "anyio_etl.py"), backend)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "loaded 200 rows\n"
+    assert "anyio_etl.py:40  bounded[10]   200       200" in done.stderr, done.stderr
+    assert ("not profiled: trio.run:" in done.stderr) == (backend == "trio")

@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support.commands import ASYNCFLOW, asyncflow_cmd, write
+from tests.support.commands import ASYNCFLOW, EXAMPLES, asyncflow_cmd, write
 
 _APP = """\
 import time
@@ -143,3 +143,10 @@ def test_uvloop_table_report_names_the_loop_and_the_block(tmp_path: Path) -> Non
     assert "0 futures" not in done.stderr
     assert "no futures were tracked" not in done.stderr
     assert f"prog.py:{_planted(_UVLOOP_RUN)} (main)" in done.stderr, done.stderr
+
+
+def test_the_uvloop_example_runs_under_run(tmp_path: Path) -> None:
+    done = asyncflow_cmd("run", str(EXAMPLES / "uvloop_service.py"), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "· 4 futures · 42 calls ·" in done.stderr, done.stderr
+    assert "uvloop_service.py:25 (handle)" in done.stderr, done.stderr
