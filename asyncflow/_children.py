@@ -480,12 +480,17 @@ class _InChild:
                 if started is not None:
                     _finish(*started)
             return
-        _fresh(self.child, run)
+        failure = _fresh(self.child, run)
+        if failure is not None:
+            raise failure  # the work's own exception, raised on once its report is written
 
 
-def _fresh(child: Child, run: Callable[[], None]) -> None:
-    """In a fresh interpreter (spawn, forkserver): ``run()`` as ``asyncflow run`` runs a program,
-    and whatever it raises raised on to multiprocessing, as it would be unprofiled."""
+def _fresh(child: Child, run: Callable[[], None]) -> BaseException | None:
+    """In a fresh interpreter (spawn, forkserver): ``run()`` as ``asyncflow run`` runs a program.
+
+    Returns what it raised, for the caller to raise on to multiprocessing as it would be
+    unprofiled, with no frame of asyncflow's between the caller and the work's own.
+    """
     outcome: list[BaseException] = []
     ran = False
 
@@ -494,7 +499,9 @@ def _fresh(child: Child, run: Callable[[], None]) -> None:
         ran = True
         try:
             run()
-        except BaseException as exc:  # raised again below, once the report is written
+        except BaseException as exc:
+            tb = exc.__traceback__
+            exc.__traceback__ = tb.tb_next if tb is not None else None  # from run() on
             outcome.append(exc)
 
     args = argparse.Namespace(**child.args)
@@ -504,5 +511,4 @@ def _fresh(child: Child, run: Callable[[], None]) -> None:
         print(f"asyncflow: {child.name!r} runs unprofiled: {exc}", file=sys.stderr, flush=True)
     if not ran:
         run()
-    elif outcome:
-        raise outcome[0]
+    return outcome[0] if outcome else None

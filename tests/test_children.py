@@ -9,6 +9,9 @@ sees does not change: exit codes, tracebacks, pickled targets. ``--no-children``
 from __future__ import annotations
 
 import multiprocessing
+import re
+import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -92,3 +95,132 @@ def test_each_child_gets_its_own_report_beside_the_parents(tmp_path: Path, how: 
     assert "child_main" not in _labels(report)  # the parent's profile is the parent's alone
     # the parent says where its children's reports went
     assert f"app/{role}" in done.stderr and str(child) in done.stderr, done.stderr
+
+
+#: a child that fails, and what the parent sees of it and of its process object
+FAILING = """\
+import multiprocessing
+import pickle
+import sys
+
+
+class Work:
+    def __init__(self, word):
+        self.word = word
+
+    def __call__(self):
+        raise ValueError(f"{self.word} in the child")
+
+
+if __name__ == "__main__":
+    process = multiprocessing.get_context(sys.argv[1]).Process(target=Work("boom"))
+    process.start()
+    process.join()
+    print("exitcode", process.exitcode, "run" in vars(process), type(process).run.__qualname__)
+"""
+
+
+@pytest.mark.parametrize("how", ["spawn", "fork"])
+def test_a_failing_child_fails_as_it_would_unprofiled(tmp_path: Path, how: str) -> None:
+    if how not in multiprocessing.get_all_start_methods():
+        pytest.skip(f"no {how} here")
+    script = write(tmp_path / "fail.py", FAILING)
+    plain = subprocess.run(
+        [sys.executable, str(script), how], capture_output=True, text=True, timeout=60
+    )
+    profiled = asyncflow_cmd("run", "--port", "off", "--format", "none", str(script), how)
+    assert plain.returncode == profiled.returncode == 0
+    # the same exit code, the process object as it was (its own run(), no attribute left)
+    assert profiled.stdout == plain.stdout == "exitcode 1 False BaseProcess.run\n"
+    # the same traceback, with one frame of asyncflow's where it ran the work
+    plain_lines = plain.stderr.splitlines()
+    said, _, _ = profiled.stderr.partition("asyncflow: the processes the program started")
+    lines = [line for line in said.splitlines() if not line.startswith("asyncflow:")]
+    ours = [i for i, line in enumerate(lines) if "asyncflow" in line]
+    assert len(ours) == 1 and "_children.py" in lines[ours[0]], profiled.stderr
+    carets = set(lines[ours[0] + 2].strip()) <= set("^~")  # under the line, on 3.11+
+    del lines[ours[0] : ours[0] + (3 if carets else 2)]
+    assert lines == plain_lines, profiled.stderr
+
+
+def test_no_children_leaves_them_unprofiled(tmp_path: Path) -> None:
+    script = write(tmp_path / "app.py", CHILDREN)
+    report = tmp_path / "report.json"
+    for given in (["--no-children"], []):
+        env = {} if given else {"ASYNCFLOW_NO_CHILDREN": "1"}
+        done = asyncflow_cmd(
+            "run",
+            *given,
+            "--format",
+            "json",
+            "--output",
+            str(report),
+            str(script),
+            "spawn",
+            env=env,
+        )
+        assert done.returncode == 3, done.stderr
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["app.py", "report.json"]
+        assert "profiled on their own" not in done.stderr
+        assert "app/process-1" not in done.stderr
+
+
+def test_a_table_report_on_stderr_is_headed_by_the_childs_name(tmp_path: Path) -> None:
+    script = write(tmp_path / "app.py", CHILDREN)
+    done = asyncflow_cmd("run", "--port", "off", str(script), "spawn", cwd=tmp_path)
+    assert done.returncode == 3, done.stderr
+    assert done.stdout == ""  # standard output stays the program's
+    heading = re.search(
+        r"^asyncflow: report of 'app/process-1' \(pid (\d+)\):\n", done.stderr, re.M
+    )
+    assert heading is not None, done.stderr
+    after = done.stderr[heading.end() :]
+    assert after.startswith("asyncflow · app/process-1 · ")
+    assert re.search(r"^child_main +1 ", after, re.M)
+    # the parent's report, then where the child's went
+    parents = done.stderr.index("asyncflow · app · ")
+    listed = done.stderr.index("asyncflow: the processes the program started were profiled")
+    assert heading.start() < parents < listed
+    assert f"  app/process-1  pid {heading[1]}  standard error\n" in done.stderr[listed:]
+
+
+#: a child that waits until its parent terminates it (SIGTERM)
+TERMINATED = """\
+import asyncio
+import multiprocessing
+import sys
+
+
+async def wait_for_the_end(ready):
+    ready.set()
+    await asyncio.sleep(3600)
+
+
+def work(ready):
+    asyncio.run(wait_for_the_end(ready))
+
+
+if __name__ == "__main__":
+    context = multiprocessing.get_context(sys.argv[1])
+    ready = context.Event()
+    process = context.Process(target=work, args=(ready,))
+    process.start()
+    assert ready.wait(60)
+    process.terminate()
+    process.join(60)
+    print("exitcode", process.exitcode)
+"""
+
+
+@pytest.mark.parametrize("how", ["spawn", "fork"])
+def test_a_terminated_child_reports_then_dies_by_sigterm(tmp_path: Path, how: str) -> None:
+    if how not in multiprocessing.get_all_start_methods():
+        pytest.skip(f"no {how} here")
+    script = write(tmp_path / "app.py", TERMINATED)
+    report = tmp_path / "report.json"
+    done = asyncflow_cmd(
+        "run", "--port", "off", "--format", "json", "--output", str(report), str(script), how
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == f"exitcode -{signal.SIGTERM.value}\n"  # as it would be unprofiled
+    assert "wait_for_the_end" in _labels(tmp_path / "report.process-1.json")
