@@ -243,6 +243,12 @@ def _no_target() -> None:
     return None
 
 
+#: shared by the records that never use them (see ResourceRecord: holds, pending, _refs)
+_NO_HOLDS: list[Any] = []
+_NO_PENDING: set[int] = set()
+_NO_REFS: list[Any] = []
+
+
 class ResourceRecord:
     """An instrumented primitive: identity, labels, open holds and this session's figures."""
 
@@ -261,6 +267,7 @@ class ResourceRecord:
         "kind",
         "label",
         "line",
+        "loop",
         "match",
         "pending",
         "primitive",
@@ -301,17 +308,24 @@ class ResourceRecord:
         #: Two item stores per acquisition, where a list of tuples costs an allocation.
         self.slot: list[Any] = [None, None]
         #: holds of a semaphore or limiter open now: (since, holder key, call record or None),
-        #: oldest first; the key is the holding task's id (or the borrower's)
-        self.holds: list[tuple[int, int, CallRecord | None]] = []
-        #: holder keys inside an anyio acquire now (its own rollback release is not a release)
-        self.pending: set[int] = set()
+        #: oldest first; the key is the holding task's id (or the borrower's). Other kinds
+        #: share one empty list, never added to: a primitive made per request (an event, a
+        #: lock) then costs the collector's young generation a few objects fewer.
+        self.holds: list[tuple[int, int, CallRecord | None]] = [] if self.match else _NO_HOLDS
+        #: holder keys inside an anyio acquire now (its own rollback release is not a release);
+        #: made by _bind for an anyio primitive, the shared empty set for the others
+        self.pending: set[int] = _NO_PENDING
         #: when an anyio release last handed the primitive to a waiter (its hold begins then)
         self.handoff_ns = 0
+        #: the loop the primitive ran on last, to find the running task without asking asyncio
+        #: (see _task_for); dropped when the primitive is gone
+        self.loop: Any = None
         #: an anyio lock's holds that spanned an await (a task blocked meanwhile waited on
         #: them), and its holder call's polls when it was acquired
         self.yielded = 0
         self.held_polls = -1
-        self._refs: list[Any] = []  # weak references that keep the id table clean
+        #: weak references that keep the id table clean (anyio's; made by _bind)
+        self._refs: list[Any] = _NO_REFS
         self._target: Callable[[], Any] = _no_target
         if target is not None:
             self._target = _history.watch(self, target)
@@ -337,28 +351,29 @@ try:  # loop -> its running task: the dict asyncio's C tasks keep (3.11 to 3.13)
 except (ImportError, AttributeError):  # pragma: no cover - no C accelerator, or 3.14
     _c_tasks = _current_tasks
 _current_task = asyncio.current_task
-#: loop -> its running task, or always None (then _running_task asks asyncio)
-_tasks_get: Callable[[Any], Any] = _c_tasks.get if _c_tasks is not None else lambda loop: None
+_running_call_here = _futures_module.running_call_here
 
 
-def _running_task(loops: list[Any]) -> Any:
-    """The task running now; ``loops[0]`` caches the loop it was found on.
+def _task_for(record: ResourceRecord) -> Any:
+    """The task running now, caching on the record the loop it was found on.
 
     Reading the running loop costs a ``getpid()`` system call on 3.11, more than everything
-    else an acquisition records, so a hook keeps the loop it ran on last and asks again only
-    when that loop has no task running.
+    else an acquisition records; a primitive runs on one loop, so the loop is asked for again
+    only when the one it ran on last has no task running.
     """
     if _c_tasks is not None:
-        task = _c_tasks.get(loops[0])
+        task = _c_tasks.get(record.loop)
         if task is None:
-            loop = loops[0] = _get_running_loop()
+            loop = record.loop = _get_running_loop()
             task = _c_tasks.get(loop)
         return task
-    loop = loops[0] = _get_running_loop()  # pragma: no cover - 3.14's per-thread tasks
+    loop = _get_running_loop()  # pragma: no cover - 3.14's per-thread tasks
     return None if loop is None else _current_task(loop)
 
 
-_running_call_here = _futures_module.running_call_here
+def _call_for(record: ResourceRecord) -> CallRecord | None:
+    """The call that waits, holds or signals now (see _call_of); None outside a task."""
+    return None if _task_for(record) is None else _running_call_here()
 
 
 def _call_of(task: Any) -> CallRecord | None:
@@ -368,12 +383,6 @@ def _call_of(task: Any) -> CallRecord | None:
         return None
     r: CallRecord | None = _running_call_here()
     return r
-
-
-def _whom() -> tuple[int, CallRecord | None]:
-    """(holder key, tracked call) of the task running now: the key is the task's id."""
-    task = _running_task([None])
-    return (0, None) if task is None else (id(task), _call_of(task))
 
 
 def _edge(st: ResourceStats, call: CallRecord | None) -> ResourceEdge:
@@ -512,7 +521,7 @@ def _waited(
 def _signalled(record: ResourceRecord, action: str) -> None:
     """Log a set, clear, notify, abort or reset, by the call running now."""
     st = record.stats
-    _, call = _whom()
+    call = _call_for(record)
     _edge(st, call).signals += 1
     log = st.signal_log
     if log is None:
@@ -538,31 +547,37 @@ def _broken(where: str, err: Exception) -> None:
 # asyncio: per-instance hooks
 
 
-def _lock_busy(primitive: Any) -> Callable[[], bool]:
-    """Whether ``acquire()`` is about to wait: the negation of its own fast path."""
-    lock: Any = primitive  # read through its private fields, as its own methods do
-    cls = type(lock)
+def _std_lock_busy(lock: Any) -> bool:
+    """Whether ``Lock.acquire`` (3.11 to 3.13) will wait: the negation of its fast path."""
+    if lock._locked:
+        return True
+    waiters = lock._waiters
+    return bool(waiters) and not all(w.cancelled() for w in waiters)
+
+
+def _std_semaphore_busy(lock: Any) -> bool:
+    """Whether ``Semaphore.acquire`` (3.11 to 3.13) will wait: it waits when ``locked()``."""
+    return lock._value == 0 or any(not w.cancelled() for w in (lock._waiters or ()))
+
+
+def _locked(lock: Any) -> bool:
+    """A subclass with its own acquire: whether it is locked, near enough."""
+    return bool(lock.locked())
+
+
+def _lock_busy(primitive: Any) -> Callable[[Any], bool]:
+    """Whether ``acquire()`` is about to wait, as a function of the primitive: the negation of
+    its own fast path (read through its private fields, as its own methods do)."""
+    cls = type(primitive)
     if issubclass(cls, asyncio.Lock) and cls.acquire is asyncio.Lock.acquire:
-
-        def busy() -> bool:  # Lock.acquire, 3.11 to 3.13
-            if lock._locked:
-                return True
-            waiters = lock._waiters
-            return bool(waiters) and not all(w.cancelled() for w in waiters)
-
-        return busy
+        return _std_lock_busy
     if (
         issubclass(cls, asyncio.Semaphore)
         and cls.acquire is asyncio.Semaphore.acquire
         and cls.locked is asyncio.Semaphore.locked
     ):
-
-        def busy() -> bool:  # Semaphore.acquire waits when locked(), 3.11 to 3.13
-            return lock._value == 0 or any(not w.cancelled() for w in (lock._waiters or ()))
-
-        return busy
-    locked: Callable[[], bool] = lock.locked  # a subclass with its own acquire: near enough
-    return locked
+        return _std_semaphore_busy
+    return _locked
 
 
 #: Which of asyncio's own fast paths a hook runs in place of calling the method. On 3.11 to 3.13
@@ -612,175 +627,228 @@ def _inline_release(lock: Any, release: Any) -> int:
     return _GENERIC
 
 
-def _lock_hooks(
-    record: ResourceRecord, lock: Any, acquire: Callable[[], Any], release: Callable[[], None]
-) -> tuple[Callable[[], Any], Callable[[], None]]:
-    """``acquire``/``release`` for a lock, semaphore or condition whose lock is ``lock``.
+#: asyncio's own methods, which the standard classes' hooks call with the primitive (no bound
+#: method kept per instance)
+_LOCK_ACQUIRE = asyncio.Lock.acquire
+_LOCK_RELEASE = asyncio.Lock.release
+_SEMAPHORE_ACQUIRE = asyncio.Semaphore.acquire
+_EVENT_WAIT = asyncio.Event.wait
+_EVENT_SET = asyncio.Event.set
+_EVENT_CLEAR = asyncio.Event.clear
 
-    The path nobody contends is written out in full: it runs on every ``async with``.
+# The hooks are closures over the record and the primitive only, and everything else they do is
+# a module-level function given those: a primitive made per request (uvicorn's Event, httpcore's
+# locks) then costs its hooks' two or three functions and two cells, where a closure per helper
+# over every local cost some twenty objects, made at its creation and collected with it.
+
+
+def _note_hold(record: ResourceRecord, session: _session.Session) -> None:
+    """Open the hold of an acquisition that did not wait: who holds it, and since when.
+
+    Only a hold that will be timed needs the clock; the others note when they began to the
+    collector's last tick, negated to say so (holds_of() reads it back).
     """
     st = record.stats  # reset in place, never replaced; so are the slot and the holds
-    slot = record.slot
-    holds = record.holds
-    busy = _lock_busy(lock)
-    exclusive = not record.match
-    loops: list[Any] = [None]  # the loop this primitive ran on last (dies with the hooks)
+    now = _clock.now_ns() if st.hold_count >= st.next_hold - 1 else -session.tick
+    task = _task_for(record)
+    call = _running_call_here() if task is not None else None  # see _call_of
+    if not record.match:
+        slot = record.slot
+        slot[1] = call
+        slot[0] = now
+    elif len(record.holds) < HOLDS_KEPT:
+        record.holds.append((now, id(task), call))
+    else:
+        st.untracked += 1
 
-    def note_hold(session: _session.Session) -> None:
-        """Open the hold of an acquisition that did not wait: who holds it, and since when.
 
-        Only a hold that will be timed needs the clock; the others note when they began to the
-        collector's last tick, negated to say so (holds_of() reads it back).
-        """
-        now = _clock.now_ns() if st.hold_count >= st.next_hold - 1 else -session.tick
-        task = _tasks_get(loops[0])  # _running_task(), inlined
-        if task is None:
-            task = _running_task(loops)
-        # the innermost tracked call running (see _call_of), inlined
-        call = _running_call_here() if task is not None else None
-        if exclusive:
-            slot[1] = call
-            slot[0] = now
-        elif len(holds) < HOLDS_KEPT:
-            holds.append((now, id(task), call))
+def _note_release(record: ResourceRecord) -> None:
+    """Close the hold a release ends (a profiler is running); time it if it is sampled."""
+    st = record.stats
+    if not record.match:
+        slot = record.slot
+        since = slot[0]
+        if since is None:
+            _unmatched(st)
+            return
+        call = slot[1]
+        slot[0] = slot[1] = None
+    else:
+        holds = record.holds
+        if not holds:
+            _unmatched(st)
+            return
+        if len(holds) == 1:
+            since, _, call = holds.pop()
         else:
-            st.untracked += 1
+            since, _, call = holds.pop(_own_hold(holds, id(_task_for(record))))
+    st.hold_count = count = st.hold_count + 1
+    if count >= st.next_hold and since > 0:  # (a hold not timed waits for the next)
+        _sample_hold(st, since, call)
 
-    async def acquire_may_wait() -> Any:
-        """The primitive's own acquire, timed as a wait if it is about to wait."""
+
+async def _acquire_may_wait(
+    record: ResourceRecord,
+    lock: Any,
+    busy: Callable[[Any], bool],
+    acquire: Callable[..., Any],
+    *args: Any,
+) -> Any:
+    """The primitive's own acquire (``acquire(*args)``), timed as a wait if it is about to
+    wait."""
+    session = _session.active
+    if session is None:
+        return await acquire(*args)
+    try:
+        waits = busy(lock)
+    except Exception as err:
+        _broken("reading a lock's state", err)
+        waits = False
+    if waits:
+        return await _contended(record, acquire, *args)
+    result = await acquire(*args)
+    try:
+        _note_hold(record, session)
+    except Exception as err:  # observing never breaks the program
+        _broken("recording an acquisition", err)
+    return result
+
+
+def _std_lock_acquire(record: ResourceRecord, lock: Any) -> Callable[[], Any]:
+    """``acquire`` of a standard ``asyncio.Lock`` (or a condition's): its fast path in place."""
+
+    async def acquire_hook() -> Any:
+        if lock._locked or lock._waiters:  # it may wait: Lock.acquire decides
+            return await _acquire_may_wait(record, lock, _std_lock_busy, _LOCK_ACQUIRE, lock)
+        lock._locked = True  # Lock.acquire's fast path
         session = _session.active
-        if session is None:
-            return await acquire()
-        try:
-            waits = busy()
-        except Exception as err:
-            _broken("reading a lock's state", err)
-            waits = False
-        if waits:
-            return await _contended(record, acquire, loops)
-        result = await acquire()
-        try:
-            note_hold(session)
-        except Exception as err:  # observing never breaks the program
-            _broken("recording an acquisition", err)
-        return result
+        if session is not None:
+            # _note_hold(record, session), written out: this runs on every `async with`
+            try:
+                st = record.stats
+                now = _clock.now_ns() if st.hold_count >= st.next_hold - 1 else -session.tick
+                slot = record.slot
+                slot[1] = _running_call_here()  # the call polled on this thread now
+                slot[0] = now
+            except Exception as err:  # observing never breaks the program
+                _broken("recording an acquisition", err)
+        return True
 
-    def note_release() -> None:
-        """Close the hold a release ends (a profiler is running); time it if it is sampled."""
-        if exclusive:
+    return acquire_hook
+
+
+def _std_semaphore_acquire(record: ResourceRecord, lock: Any) -> Callable[[], Any]:
+    """``acquire`` of a standard ``asyncio.Semaphore``: its fast path in place."""
+
+    async def acquire_hook() -> Any:
+        if lock._value == 0 or lock._waiters:  # it may wait: Semaphore.acquire decides
+            return await _acquire_may_wait(
+                record, lock, _std_semaphore_busy, _SEMAPHORE_ACQUIRE, lock
+            )
+        lock._value -= 1  # Semaphore.acquire's fast path
+        session = _session.active
+        if session is not None:
+            try:
+                _note_hold(record, session)
+            except Exception as err:
+                _broken("recording an acquisition", err)
+        return True
+
+    return acquire_hook
+
+
+def _std_lock_release(record: ResourceRecord, lock: Any) -> Callable[[], None]:
+    """``release`` of a standard ``asyncio.Lock`` (or a condition's), in place."""
+
+    def release_hook() -> None:
+        if lock._locked:  # Lock.release
+            lock._locked = False
+            if lock._waiters:
+                lock._wake_up_first()
+        else:
+            _LOCK_RELEASE(lock)  # its RuntimeError, from its own frame
+        if _session.active is None:
+            return
+        # _note_release(record), written out for a lock: this runs on every `async with`
+        try:
+            slot = record.slot
             since = slot[0]
             if since is None:
-                _unmatched(st)
+                _unmatched(record.stats)
                 return
             call = slot[1]
             slot[0] = slot[1] = None
-        elif not holds:
-            _unmatched(st)
-            return
-        elif len(holds) == 1:
-            since, _, call = holds.pop()
-        else:
-            since, _, call = holds.pop(_own_hold(holds, id(_running_task(loops))))
-        st.hold_count = count = st.hold_count + 1
-        if count >= st.next_hold and since > 0:  # (a hold not timed waits for the next)
-            _sample_hold(st, since, call)
+            st = record.stats
+            st.hold_count = count = st.hold_count + 1
+            if count >= st.next_hold and since > 0:
+                _sample_hold(st, since, call)
+        except Exception as err:
+            _broken("recording a release", err)
 
-    quick_acquire = _inline_acquire(lock, acquire)
-    quick_release = _inline_release(lock, release)
+    return release_hook
 
-    if quick_acquire == _STD_LOCK:
 
-        async def acquire_hook() -> Any:
-            if lock._locked or lock._waiters:  # it may wait: Lock.acquire decides
-                return await acquire_may_wait()
-            lock._locked = True  # Lock.acquire's fast path
-            session = _session.active
-            if session is not None:
-                # note_hold(session), written out: this runs on every `async with`
-                try:
-                    now = _clock.now_ns() if st.hold_count >= st.next_hold - 1 else -session.tick
-                    slot[1] = _running_call_here()  # the call polled on this thread now
-                    slot[0] = now
-                except Exception as err:  # observing never breaks the program
-                    _broken("recording an acquisition", err)
-            return True
+def _std_semaphore_release(record: ResourceRecord, lock: Any) -> Callable[[], None]:
+    """``release`` of a standard ``asyncio.Semaphore``, in place."""
 
-    elif quick_acquire == _STD_SEMAPHORE:
-
-        async def acquire_hook() -> Any:
-            if lock._value == 0 or lock._waiters:  # it may wait: Semaphore.acquire decides
-                return await acquire_may_wait()
-            lock._value -= 1  # Semaphore.acquire's fast path
-            session = _session.active
-            if session is not None:
-                try:
-                    note_hold(session)
-                except Exception as err:
-                    _broken("recording an acquisition", err)
-            return True
-
-    else:
-        acquire_hook = acquire_may_wait
-
-    if quick_release == _STD_LOCK:
-
-        def release_hook() -> None:
-            if lock._locked:  # Lock.release
-                lock._locked = False
-                if lock._waiters:
-                    lock._wake_up_first()
-            else:
-                release()  # its RuntimeError, from its own frame
-            if _session.active is None:
-                return
-            # note_release(), written out for a lock: this runs on every `async with`
+    def release_hook() -> None:
+        lock._value += 1  # Semaphore.release
+        if lock._waiters:
+            lock._wake_up_next()
+        if _session.active is not None:
             try:
-                since = slot[0]
-                if since is None:
-                    _unmatched(st)
-                    return
-                call = slot[1]
-                slot[0] = slot[1] = None
-                st.hold_count = count = st.hold_count + 1
-                if count >= st.next_hold and since > 0:
-                    _sample_hold(st, since, call)
+                _note_release(record)
             except Exception as err:
                 _broken("recording a release", err)
 
+    return release_hook
+
+
+def _lock_hooks(
+    record: ResourceRecord, lock: Any, acquire: Callable[[], Any], release: Callable[[], None]
+) -> tuple[Callable[[], Any], Callable[[], None]]:
+    """``acquire``/``release`` for a lock, semaphore or condition whose lock is ``lock``: the
+    standard classes' fast paths in place (see _INLINE), anything else through the primitive's
+    own methods."""
+    quick_acquire = _inline_acquire(lock, acquire)
+    if quick_acquire == _STD_LOCK:
+        acquire_hook = _std_lock_acquire(record, lock)
+    elif quick_acquire == _STD_SEMAPHORE:
+        acquire_hook = _std_semaphore_acquire(record, lock)
+    else:
+        busy = _lock_busy(lock)
+
+        async def acquire_hook() -> Any:
+            return await _acquire_may_wait(record, lock, busy, acquire)
+
+    quick_release = _inline_release(lock, release)
+    if quick_release == _STD_LOCK:
+        release_hook = _std_lock_release(record, lock)
     elif quick_release == _STD_SEMAPHORE:
-
-        def release_hook() -> None:
-            lock._value += 1  # Semaphore.release
-            if lock._waiters:
-                lock._wake_up_next()
-            if _session.active is not None:
-                try:
-                    note_release()
-                except Exception as err:
-                    _broken("recording a release", err)
-
+        release_hook = _std_semaphore_release(record, lock)
     else:
 
         def release_hook() -> None:
             release()  # first: one that raises (not acquired, too many times) releases nothing
             if _session.active is not None:
                 try:
-                    note_release()
+                    _note_release(record)
                 except Exception as err:
                     _broken("recording a release", err)
 
     return acquire_hook, release_hook
 
 
-async def _contended(record: ResourceRecord, acquire: Callable[[], Any], loops: list[Any]) -> Any:
-    """An acquisition that waits: timed from the call to its return (or its exception)."""
+async def _contended(record: ResourceRecord, acquire: Callable[..., Any], *args: Any) -> Any:
+    """An acquisition that waits (``acquire(*args)``): timed from the call to its return (or
+    its exception)."""
     since = _clock.now_ns()
-    task = _running_task(loops)
+    task = _task_for(record)
     call = _call_of(task)
     st = record.stats
     _wait_began(st)
     try:
-        result = await acquire()
+        result = await acquire(*args)
     except BaseException as exc:
         try:
             _waited(record, since, _clock.now_ns(), call, _outcome(exc))
@@ -797,6 +865,48 @@ async def _contended(record: ResourceRecord, acquire: Callable[[], Any], loops: 
     return result
 
 
+async def _timed_wait(
+    record: ResourceRecord,
+    ready: Callable[[], bool] | None,
+    on_return: Callable[[Any], None] | None,
+    wait: Callable[..., Any],
+    *args: Any,
+    **kwargs: Any,
+) -> Any:
+    """``wait(*args, **kwargs)`` timed in full (see _timed_wait_hook)."""
+    if _session.active is None:
+        return await wait(*args, **kwargs)
+    st = record.stats
+    try:
+        if ready is not None and ready():
+            st.immediate += 1
+            return await wait(*args, **kwargs)
+        since = _clock.now_ns()
+        call = _call_for(record)
+        _wait_began(st)
+    except Exception as err:
+        _broken("recording a wait", err)
+        return await wait(*args, **kwargs)
+    try:
+        result = await wait(*args, **kwargs)
+    except BaseException as exc:
+        try:
+            outcome = _outcome(exc)
+            if outcome == BROKEN:
+                st.broken += 1
+            _waited(record, since, _clock.now_ns(), call, outcome)
+        except Exception as err:
+            _broken("recording a wait", err)
+        raise
+    try:
+        if on_return is not None:
+            on_return(result)
+        _waited(record, since, _clock.now_ns(), call, WOKEN)
+    except Exception as err:
+        _broken("recording a wait", err)
+    return result
+
+
 def _timed_wait_hook(
     record: ResourceRecord,
     wait: Callable[..., Any],
@@ -809,37 +919,7 @@ def _timed_wait_hook(
     """
 
     async def wait_hook(*args: Any, **kwargs: Any) -> Any:
-        if _session.active is None:
-            return await wait(*args, **kwargs)
-        st = record.stats
-        try:
-            if ready is not None and ready():
-                st.immediate += 1
-                return await wait(*args, **kwargs)
-            since = _clock.now_ns()
-            _, call = _whom()
-            _wait_began(st)
-        except Exception as err:
-            _broken("recording a wait", err)
-            return await wait(*args, **kwargs)
-        try:
-            result = await wait(*args, **kwargs)
-        except BaseException as exc:
-            try:
-                outcome = _outcome(exc)
-                if outcome == BROKEN:
-                    st.broken += 1
-                _waited(record, since, _clock.now_ns(), call, outcome)
-            except Exception as err:
-                _broken("recording a wait", err)
-            raise
-        try:
-            if on_return is not None:
-                on_return(result)
-            _waited(record, since, _clock.now_ns(), call, WOKEN)
-        except Exception as err:
-            _broken("recording a wait", err)
-        return result
+        return await _timed_wait(record, ready, on_return, wait, *args, **kwargs)
 
     return wait_hook
 
@@ -847,29 +927,55 @@ def _timed_wait_hook(
 def _event_wait_hook(
     record: ResourceRecord, event: Any, wait: Callable[[], Any]
 ) -> Callable[[], Any]:
-    """``asyncio.Event.wait``: a wait on a set event is counted, written out in full."""
-    st = record.stats
-    timed = _timed_wait_hook(record, wait, None)
-
+    """``wait`` of an event whose ``is_set`` and ``wait`` are asyncio's own: a wait on a set
+    event is counted, written out in full (and run in place where _INLINE)."""
     if not (_INLINE and _bound(wait, asyncio.Event.wait, event)):
 
         async def wait_hook() -> Any:
             if event._value:
                 if _session.active is not None:
-                    st.immediate += 1
+                    record.stats.immediate += 1
                 return await wait()
-            return await timed()
+            return await _timed_wait(record, None, None, wait)
 
         return wait_hook
 
     async def inline_wait_hook() -> Any:
         if event._value:  # Event.wait's fast path
             if _session.active is not None:
-                st.immediate += 1
+                record.stats.immediate += 1
             return True
-        return await timed()
+        return await _timed_wait(record, None, None, _EVENT_WAIT, event)
 
     return inline_wait_hook
+
+
+def _count_signal(record: ResourceRecord, action: str, count: str) -> None:
+    """Count and log a set, clear... (a profiler is running)."""
+    try:
+        st = record.stats
+        setattr(st, count, getattr(st, count) + 1)
+        _signalled(record, action)
+    except Exception as err:
+        _broken("recording a signal", err)
+
+
+def _std_event_signals(
+    record: ResourceRecord, event: Any
+) -> tuple[Callable[[], None], Callable[[], None]]:
+    """``set`` and ``clear`` of an event whose own are asyncio's (3.11 to 3.13)."""
+
+    def set_hook() -> None:
+        _EVENT_SET(event)
+        if _session.active is not None:
+            _count_signal(record, "set", "sets")
+
+    def clear_hook() -> None:
+        _EVENT_CLEAR(event)
+        if _session.active is not None:
+            _count_signal(record, "clear", "clears")
+
+    return set_hook, clear_hook
 
 
 def _signal_hook(
@@ -880,12 +986,7 @@ def _signal_hook(
     def signal_hook(*args: Any, **kwargs: Any) -> _T:
         result = method(*args, **kwargs)
         if _session.active is not None:
-            try:
-                st = record.stats
-                setattr(st, count, getattr(st, count) + 1)
-                _signalled(record, action)
-            except Exception as err:
-                _broken("recording a signal", err)
+            _count_signal(record, action, count)
         return result
 
     return signal_hook
@@ -971,14 +1072,12 @@ def _instrument_asyncio(obj: Any, record: ResourceRecord) -> None:
             wait = _event_wait_hook(record, obj, obj.wait)
         else:
             wait = _timed_wait_hook(record, obj.wait, obj.is_set)
-        _set_hooks(
-            obj,
-            {
-                "wait": wait,
-                "set": _signal_hook(record, obj.set, "set", "sets"),
-                "clear": _signal_hook(record, obj.clear, "clear", "clears"),
-            },
-        )
+        if _INLINE and _bound(obj.set, _EVENT_SET, obj) and _bound(obj.clear, _EVENT_CLEAR, obj):
+            set_hook, clear_hook = _std_event_signals(record, obj)
+        else:
+            set_hook = _signal_hook(record, obj.set, "set", "sets")
+            clear_hook = _signal_hook(record, obj.clear, "clear", "clears")
+        _set_hooks(obj, {"wait": wait, "set": set_hook, "clear": clear_hook})
     elif primitive == BARRIER:
 
         def passed(index: Any) -> None:
@@ -1035,6 +1134,9 @@ _anyio_patched = False
 def _bind(obj: Any, record: ResourceRecord) -> None:
     key = id(obj)
     _anyio[key] = record
+    if record._refs is _NO_REFS:  # its first anyio primitive: the sets an anyio record uses
+        record._refs = []
+        record.pending = set()
 
     def forget(_: object) -> None:  # runs when obj is freed, in any thread: no lock
         _anyio.pop(key, None)
@@ -1114,9 +1216,12 @@ def _patch_anyio() -> None:
     _anyio_patched = True
 
 
-def _anyio_key(borrower: Any) -> tuple[int, CallRecord | None]:
-    key, call = _whom()
-    return (id(borrower), call) if borrower is not None else (key, call)
+def _anyio_key(record: ResourceRecord, borrower: Any) -> tuple[int, CallRecord | None]:
+    """(holder key, tracked call): the key is the borrower's id, else the running task's."""
+    task = _task_for(record)
+    if task is None:
+        return (0, None) if borrower is None else (id(borrower), None)
+    return id(task if borrower is None else borrower), _running_call_here()
 
 
 def _anyio_acquire(
@@ -1127,7 +1232,7 @@ def _anyio_acquire(
         if record is None or _session.active is None:
             return await original(self, *args)
         try:
-            key, call = _anyio_key(args[0] if borrower else None)
+            key, call = _anyio_key(record, args[0] if borrower else None)
             blocked = busy(self, key)
             # anyio takes ownership, then yields (a checkpoint): the hold begins now. A task
             # blocked behind a lock whose owner is still in its own acquire (that checkpoint,
@@ -1180,7 +1285,7 @@ def _anyio_nowait(original: Callable[..., Any], borrower: bool) -> Callable[...,
         record = _anyio.get(id(self))
         if record is not None and _session.active is not None:
             try:
-                key, call = _anyio_key(args[0] if borrower else None)
+                key, call = _anyio_key(record, args[0] if borrower else None)
                 if key not in record.pending:  # the blocking acquire's own first try
                     _held(record, _clock.now_ns(), key, call)
                     if not record.match:
@@ -1198,7 +1303,7 @@ def _anyio_release(original: Callable[..., Any], borrower: bool) -> Callable[...
         record = _anyio.get(id(self))
         if record is not None and _session.active is not None:
             try:
-                key, call = (id(args[0]), None) if borrower else _whom()
+                key, call = (id(args[0]), None) if borrower else _anyio_key(record, None)
                 if key not in record.pending:  # an acquire undoing itself (cancelled)
                     if not record.match and _awaited_holding(record, call):
                         record.yielded += 1
@@ -1525,6 +1630,7 @@ def _retire(record: ResourceRecord) -> None:
     record.holds.clear()
     slot[0] = slot[1] = None
     record.stats.waiting = 0
+    record.loop = None
 
 
 def _record_kind(record: ResourceRecord) -> str:
