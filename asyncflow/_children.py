@@ -181,6 +181,8 @@ class Following:
 
     def summary(self) -> str:
         """Where the children's reports went, one line each; empty when there were none."""
+        if self.profiler.options.format == "none":
+            return ""  # no report, theirs neither
         lines: list[str] = []
         for child, pid in self.started:
             lines.append(f"  {child.name}  pid {pid}  {child.output or 'standard error'}")

@@ -18,7 +18,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from tests.support.commands import asyncflow_cmd, write
+from tests.support.commands import EXAMPLES, asyncflow_cmd, write
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX start methods")
 
@@ -224,3 +224,19 @@ def test_a_terminated_child_reports_then_dies_by_sigterm(tmp_path: Path, how: st
     assert done.returncode == 0, done.stderr
     assert done.stdout == f"exitcode -{signal.SIGTERM.value}\n"  # as it would be unprofiled
     assert "wait_for_the_end" in _labels(tmp_path / "report.process-1.json")
+
+
+def test_the_workers_example_gets_a_report_per_worker(tmp_path: Path) -> None:
+    report = tmp_path / "report.txt"
+    done = asyncflow_cmd("run", "--output", str(report), str(EXAMPLES / "workers.py"))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "2 workers done\n"
+    for role in ("process-1", "process-2"):
+        text = (tmp_path / f"report.{role}.txt").read_text()
+        assert text.startswith(f"asyncflow · workers/{role} · ")
+        assert re.search(r"^handle +20 +20/0/0 ", text, re.M), text
+        assert f"  workers/{role}  pid " in done.stderr
+    # the parent's table report ends with the same list
+    assert report.read_text().endswith(
+        done.stderr[done.stderr.index("asyncflow: the processes the program started") :]
+    )
