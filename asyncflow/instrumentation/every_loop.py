@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import sys
 import threading
 import weakref
 from collections.abc import Callable
@@ -142,7 +143,15 @@ def _set_running_loop(loop: Any) -> None:
     cheap and correct after the tracking ends (it only passes the call on).
     """
     _real_set_running_loop(loop)
-    if loop is not None and _instrumenters:
+    if not _instrumenters:
+        return
+    if not isinstance(loop, asyncio.BaseEventLoop):  # None (it stops), or a compiled loop
+        # The Python frame under uvloop's run_forever: while it is the thread's innermost,
+        # the loop waits in compiled code (the loop monitor reads it).
+        loops.entered_compiled_loop(
+            threading.get_ident(), None if loop is None else sys._getframe(1)
+        )
+    if loop is not None:
         _instrument(loop)
 
 

@@ -16,10 +16,11 @@ import itertools
 import threading
 import weakref
 from collections.abc import Callable
+from types import CodeType, FrameType
 
 from asyncflow.instrumentation import _session
 
-__all__ = ["LoopRecord", "loop_registry", "on_register", "see"]
+__all__ = ["LoopRecord", "in_compiled_loop", "loop_registry", "on_register", "see"]
 
 _ids = itertools.count(1)
 _lock = threading.RLock()  # a loop may die (and be forgotten) inside see()
@@ -100,3 +101,26 @@ def loop_registry() -> list[LoopRecord]:
     """The instrumented loops still alive, oldest first (a copy)."""
     with _lock:
         return sorted(_by_key.values(), key=lambda r: r.id)
+
+
+#: thread id -> (code, instruction offset) of the Python frame that called a compiled loop's
+#: run (uvloop's ``run_forever``), while that loop runs there: set by whole-program mode
+#: (``every_loop``), which hears of it through ``asyncio.events._set_running_loop``
+_compiled_runs: dict[int, tuple[CodeType, int]] = {}
+
+
+def entered_compiled_loop(thread: int, caller: FrameType | None) -> None:
+    """A compiled loop starts running on ``thread``, called from ``caller`` (None: it stops)."""
+    if caller is None:
+        _compiled_runs.pop(thread, None)
+    else:
+        _compiled_runs[thread] = (caller.f_code, caller.f_lasti)
+
+
+def in_compiled_loop(top: FrameType, thread: int) -> bool:
+    """Whether ``top``, the innermost frame of ``thread``, is the frame that called a compiled
+    loop's run, still in that call: no Python code of the program (nor any callback) runs on
+    the thread, the loop is in its own compiled code (waiting for I/O, the CPU or the GIL).
+    uvloop has no frame of its own there, unlike asyncio's ``_run_once`` and selector."""
+    site = _compiled_runs.get(thread)
+    return site is not None and top.f_code is site[0] and top.f_lasti == site[1]

@@ -141,6 +141,8 @@ def waiting_in_selector(top: FrameType | None, loop: object, thread: int) -> boo
     snapshot of the locals of a running frame on it, keeping what it holds alive.
     """
     frame = top
+    if frame is not None and loops.in_compiled_loop(frame, thread):
+        return True  # uvloop in its own compiled code: no frame of the program's runs there
     if frame is None or frame.f_code not in _SELECTOR_CODES:
         return False
     while frame is not None and frame.f_code in _SELECTOR_CODES:

@@ -150,3 +150,54 @@ def test_the_uvloop_example_runs_under_run(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert "· 4 futures · 42 calls ·" in done.stderr, done.stderr
     assert "uvloop_service.py:25 (handle)" in done.stderr, done.stderr
+
+
+_IDLE_OR_BUSY = """\
+import sys
+import threading
+import time
+
+import uvloop
+
+from asyncflow.model.monitor import waiting_in_selector
+
+loop = uvloop.new_event_loop()
+running, busy, release = threading.Event(), threading.Event(), threading.Event()
+thread = threading.Thread(target=loop.run_forever)
+thread.start()
+loop.call_soon_threadsafe(running.set)
+running.wait(10)
+
+
+def look():
+    return waiting_in_selector(sys._current_frames()[thread.ident], loop, thread.ident)
+
+
+idle = look()  # in uvloop's compiled wait for I/O, under the frame that called run_forever
+
+
+def block():
+    busy.set()
+    release.wait(10)  # the program's code, blocking the loop
+
+
+loop.call_soon_threadsafe(block)
+busy.wait(10)
+blocked = look()
+release.set()
+loop.call_soon_threadsafe(loop.stop)
+thread.join(10)
+loop.close()
+print(idle, blocked)
+"""
+
+
+def test_an_idle_uvloop_loop_is_seen_waiting_and_a_blocked_one_is_not(tmp_path: Path) -> None:
+    """uvloop waits for I/O in compiled code, with no frame of its own: the loop monitor must
+    tell that wait (a heartbeat late there is a late wake-up: the thread waited for the CPU or
+    the GIL) from the program's code blocking the loop, or it blames the line that started the
+    loop (``uvloop.run(main())``, ``asyncio.Runner.run``) for blocking it."""
+    path = write(tmp_path / "prog.py", _IDLE_OR_BUSY)
+    done = asyncflow_cmd("run", str(path), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "True False\n"
