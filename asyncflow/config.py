@@ -55,6 +55,8 @@ MAX_TRACE_EVENTS = 10_000_000
 #: longer than an hour is no threshold at all
 MIN_BLOCK_THRESHOLD = 0.001
 MAX_BLOCK_THRESHOLD = 3600.0
+#: blocks of the loop this long (or the block threshold, if lower) are summed per line
+DEFAULT_BLOCK_MIN = 0.02
 #: the longest ``duration``, in seconds (a year): beyond it timers lose their meaning
 MAX_DURATION = 31_536_000.0
 #: the most percentiles one profile reports
@@ -218,6 +220,11 @@ def _duration(value: object, source: str) -> float | None:
     if value is None:
         return None
     return _seconds(value, source, MAX_DURATION, f"a finite number > 0, at most {MAX_DURATION:.0f}")
+
+
+def _block_min(value: object, source: str) -> float:
+    low, high = MIN_BLOCK_THRESHOLD, MAX_BLOCK_THRESHOLD
+    return _seconds(value, source, high, f"a finite number from {low:g} to {high:g}", low)
 
 
 def _block_threshold(value: object, source: str) -> float:
@@ -673,6 +680,22 @@ class Options:
             flag="--block-threshold",
             flag_help="a task step running longer than this blocks the loop, from "
             f"{MIN_BLOCK_THRESHOLD:g} to {MAX_BLOCK_THRESHOLD:g} [{DEFAULT_BLOCK_THRESHOLD:g}]",
+            metavar="SECONDS",
+        ).meta,
+    )
+    #: a block of the loop this long (or ``block_threshold``, if lower) is summed on its line
+    block_min: float = field(
+        default=DEFAULT_BLOCK_MIN,
+        metadata=Option(
+            _block_min,
+            f"{DEFAULT_BLOCK_MIN:g}",
+            "seconds a loop must go without running callbacks for the block to count on its "
+            "line's total (`blocking_lines` in `/loop`; at most `block_threshold`), from "
+            f"{MIN_BLOCK_THRESHOLD:g} to {MAX_BLOCK_THRESHOLD:g}",
+            env="ASYNCFLOW_BLOCK_MIN",
+            flag="--block-min",
+            flag_help="blocks of the loop this long are summed per line, however short of "
+            f"--block-threshold [{DEFAULT_BLOCK_MIN:g}]",
             metavar="SECONDS",
         ).meta,
     )

@@ -241,6 +241,7 @@ def _a_value_of_each_variable(tmp_path: Path) -> dict[str, str]:
         "port": "7001",
         "token": "sekrit",
         "block_threshold": "0.5",
+        "block_min": "0.05",
         "trace": "1",
         "trace_events": "10",
         "sampling": "4",

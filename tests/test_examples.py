@@ -190,6 +190,7 @@ def test_crawler_example_refuses_a_timeout_that_is_not_a_usable_number(value: st
         ("blocked_loop.py", ["--requests", "4"]),
         ("connection_pool.py", ["--requests", "20"]),
         ("loop_episodes.py", ["--stalls", "1"]),
+        ("blocking_lines.py", ["--requests", "3"]),
         ("slow_service.py", ["--orders", "20"]),
     ],
 )

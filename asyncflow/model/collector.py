@@ -94,7 +94,10 @@ class Collector:
         #: records taken out of the buffer so far (folded or, from an older session, skipped)
         self.taken = 0
         #: the instrumented loops' health; ticks as its own task beside the collector's
-        self.monitor = LoopMonitor(round(options.block_threshold * 1e9))
+        self.monitor = LoopMonitor(
+            round(options.block_threshold * 1e9),
+            round(min(options.block_min, options.block_threshold) * 1e9),
+        )
         self.series_interval = SERIES_INTERVAL_NS
         self._next_sample = 0
         #: handed every folded call (the live reporters set themselves here); None when none
