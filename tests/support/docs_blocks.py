@@ -69,6 +69,7 @@ __all__ = [
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 PAGES = [*sorted((ROOT / "docs").glob("*.md")), ROOT / "README.md"]
+PROGRAMS = Path(__file__).resolve().parent / "docs_programs"
 OUTPUT_LANGS = frozenset({"", "text", "json", "console"})
 
 _FENCE = re.compile(r"^(```+|~~~+)\s*(\S*)")
@@ -397,6 +398,7 @@ LIVE: dict[str, Live] = {
         "stuck for",
         asked=("/tasks", '"health-check"'),
     ),
+    "thumbs": Live(("python", "thumbs.py"), "waiting"),  # tests/support/docs_programs/
     "shop": Live(("examples/shop_timing.py",), "lingering", linger=True),
     "pipeline": Live(
         (str(ROOT / "examples" / "pipeline.py"),),
@@ -416,13 +418,16 @@ class _Started:
 
 class Workspace:
     """A scratch directory where the pages' commands run as a user's would: ``asyncflow`` and
-    ``python`` on the PATH, ``examples/`` beside them, no ASYNCFLOW_* variable of the test run
-    (but the hot path's), free ports, and a directory of running profilers of its own."""
+    ``python`` on the PATH, ``examples/`` and the programs of ``docs_programs/`` beside them,
+    no ASYNCFLOW_* variable of the test run (but the hot path's), free ports, and a directory
+    of running profilers of its own."""
 
     def __init__(self) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="asyncflow-docs-"))
         (self.dir / "examples").symlink_to(ROOT / "examples")
         (self.dir / "benchmarks").symlink_to(ROOT / "benchmarks")
+        for program in PROGRAMS.glob("*.py"):  # programs a page describes, not in examples/
+            (self.dir / program.name).symlink_to(program)
         bin_dir = self.dir / "bin"
         bin_dir.mkdir()
         for name, target in (("python", ""), ("python3", ""), ("asyncflow", " -m asyncflow")):
