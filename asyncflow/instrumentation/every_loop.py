@@ -118,6 +118,8 @@ def _instrument(loop: Any) -> None:
             if handle.active:
                 with _lock:
                     _handles.setdefault(loop, []).append(handle)
+        if running:  # watched from its start, whether or not a task of it is tracked
+            loops.see(loop)
     except Exception as exc:  # observing never breaks the program
         _session.internal_error("tracking an event loop", exc)
 

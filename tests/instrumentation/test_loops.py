@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import warnings
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -182,3 +183,26 @@ def test_a_task_factory_set_after_the_loop_is_made_is_chained_when_it_runs(
         loop.close()
     assert made == ["_main", "_child", "_child", "_child"]
     assert _calls(tracked.snapshot()) == {"_child": 3}
+
+
+def test_a_loop_with_no_task_tracked_is_watched_and_the_report_says_so() -> None:
+    """A loop whose tasks are all left out (--include) is still watched from its start, and
+    a report with no futures names the loops asyncflow watched."""
+    with asyncflow.profile("loops", format="none", include="no_such_module") as prof:
+        tracking = track_every_loop()
+        try:
+            assert asyncio.run(_main()) == [0, 2, 4]
+        finally:
+            tracking.undo()
+        snapshot = prof.snapshot()
+    assert _calls(snapshot) == {}
+    assert _loop_labels(snapshot) == ["asyncio.unix_events._UnixSelectorEventLoop"]
+    # (futures known from earlier tests, never called here, are left out of the table)
+    alone = replace(snapshot, futures=replace(snapshot.futures, futures=[]))
+    table = render_table(alone, (0.5,), 15)
+    assert (
+        "(no futures were tracked: asyncflow watched 1 event loop "
+        "(asyncio.unix_events._UnixSelectorEventLoop), but no task it tracks ran there: no "
+        "@asyncflow.future call, and no task of the program's own that --include/--exclude "
+        "kept)" in table
+    ), table
