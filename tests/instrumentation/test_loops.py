@@ -17,6 +17,7 @@ import asyncflow
 from asyncflow.instrumentation.every_loop import track_every_loop
 from asyncflow.render.report import render_table
 from asyncflow.schema import Snapshot
+from tests.support.http import get
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # uvloop's policy, 3.12+
 
@@ -143,6 +144,12 @@ def test_a_loop_that_cannot_be_instrumented_is_named(tracked: asyncflow.Profiler
     assert entry.reason == (
         "its task factory cannot be set: NotImplementedError: this loop makes its own tasks"
     )
+    assert tracked.url is not None
+    status, body, _ = get(tracked.url, "/profiler_status")
+    assert status == 200
+    assert body["not_profiled"] == [
+        {"kind": "loop", "name": entry.name, "reason": entry.reason, "count": 1}
+    ]
     table = render_table(snapshot, (0.5,), 15)
     assert (
         f"not profiled: event loop {__name__}._Refusing: its task factory cannot be set: "
