@@ -57,8 +57,9 @@ Setup = Callable[[argparse.Namespace, str, str, Callable[[], object], list[str] 
 #: ``asyncflow run``'s report on SIGTERM (``cli._report_on_sigterm``): (stop) -> undo
 OnSigterm = Callable[[Callable[[], object]], Callable[[], None]]
 
-#: multiprocessing's own names for a process it numbered (``SpawnProcess-3``, ``Process-1:2``)
-_NUMBERED = re.compile(r"\w*Process-\d+(?::\d+)*")
+#: multiprocessing's own names for a process it numbered (``SpawnProcess-3``, ``Process-1:2``,
+#: a pool's ``ForkPoolWorker-2``)
+_NUMBERED = re.compile(r"(?:Spawn|Fork|ForkServer)?(Process|PoolWorker)-\d+(?::\d+)*")
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
@@ -69,8 +70,8 @@ class Child:
 
     #: its profile's name: the parent's, a slash and the role (``app/process-1``)
     name: str
-    #: ``process-N`` for a multiprocessing child (or the name the program gave it, numbered),
-    #: ``fork-N`` for a bare fork: N counts the parent's children
+    #: ``process-N`` for a multiprocessing child (``pool-worker-N`` for a pool's, or the name
+    #: the program gave it, numbered), ``fork-N`` for a bare fork: N counts the parent's children
     role: str
     #: the parent's pid
     parent_pid: int
@@ -94,7 +95,10 @@ def _beside(path: str, role: str) -> str:
 
 def _role_base(process: Any) -> str:
     name = str(getattr(process, "name", "") or "")
-    if not name or _NUMBERED.fullmatch(name):
+    numbered = _NUMBERED.fullmatch(name)
+    if numbered is not None:
+        return "pool-worker" if numbered[1] == "PoolWorker" else "process"
+    if not name:
         return "process"
     return _UNSAFE.sub("-", name).strip("-.")[:40] or "process"
 
@@ -272,13 +276,13 @@ def _patch_start() -> Callable[[], None]:
             return original(self)
         _local.starting = True
         try:
-            return original(self)
+            original(self)
         finally:
             _local.starting = False
             # pickled or forked by now: the program's object is as it was
             if isinstance(vars(self).get("run"), _InChild):
                 del vars(self)["run"]
-            following._note(following.started, (child, getattr(self, "pid", None)))
+        following._note(following.started, (child, self.pid))  # started (else it raised)
 
     start.__asyncflow_start__ = True  # type: ignore[attr-defined]
     process.BaseProcess.start = start  # type: ignore[method-assign]
@@ -476,11 +480,16 @@ class _InChild:
         parent = _following
         if parent is not None and parent.pid != os.getpid():  # forked: the hooks came along
             started = _start_forked(self.child, parent)
+            deferral = _SigtermDeferral()
             try:
                 run()
             finally:
-                if started is not None:
-                    _finish(*started)
+                deferral.begin()
+                try:
+                    if started is not None:
+                        _finish(*started)
+                finally:
+                    deferral.end()
             return
         failure = _fresh(self.child, run)
         if failure is not None:
@@ -495,6 +504,7 @@ def _fresh(child: Child, run: Callable[[], None]) -> BaseException | None:
     """
     outcome: list[BaseException] = []
     ran = False
+    deferral = _SigtermDeferral()
 
     def program() -> None:
         nonlocal ran
@@ -505,12 +515,56 @@ def _fresh(child: Child, run: Callable[[], None]) -> BaseException | None:
             tb = exc.__traceback__
             exc.__traceback__ = tb.tb_next if tb is not None else None  # from run() on
             outcome.append(exc)
+        finally:
+            deferral.begin()  # the work is done: its report comes next
 
     args = argparse.Namespace(**child.args)
     try:
         child.setup(args, child.name, child.target, program, None)
     except Exception as exc:  # e.g. the endpoint cannot start: the work runs unprofiled
         print(f"asyncflow: {child.name!r} runs unprofiled: {exc}", file=sys.stderr, flush=True)
+    finally:
+        deferral.end()
     if not ran:
         run()
     return outcome[0] if outcome else None
+
+
+class _SigtermDeferral:
+    """From the end of a child's work until its report is written, a SIGTERM waits.
+
+    A pool's workers, for one, are told there is no more work and are then terminated: a
+    worker that would have been gone is still writing its report, and must not die half-way
+    through it. When the report is written, a SIGTERM that came meanwhile is raised again, to
+    the handler that was there before (asyncflow's, the program's own, or the default action).
+    Only the main thread can set handlers; elsewhere this does nothing.
+    """
+
+    def __init__(self) -> None:
+        self._previous: Any = None
+        self._begun = False
+        self._received: list[int] = []
+
+    def begin(self) -> None:
+        import signal
+
+        if self._begun or threading.current_thread() is not threading.main_thread():
+            return
+        try:
+            self._previous = signal.signal(
+                signal.SIGTERM, lambda signum, frame: self._received.append(signum)
+            )
+        except (ValueError, OSError):  # no SIGTERM here
+            return
+        self._begun = True
+
+    def end(self) -> None:
+        import signal
+
+        if not self._begun:
+            return
+        self._begun = False
+        previous = self._previous if self._previous is not None else signal.SIG_DFL
+        signal.signal(signal.SIGTERM, previous)
+        if self._received:
+            signal.raise_signal(signal.SIGTERM)

@@ -240,3 +240,53 @@ def test_the_workers_example_gets_a_report_per_worker(tmp_path: Path) -> None:
     assert report.read_text().endswith(
         done.stderr[done.stderr.index("asyncflow: the processes the program started") :]
     )
+
+
+#: a pool whose workers are told there is no more work, then terminated (``with Pool(...)``)
+POOL = """\
+import asyncio
+import multiprocessing
+import sys
+
+
+async def square(n):
+    await asyncio.sleep(0)
+    return n * n
+
+
+def job(n):
+    return asyncio.run(square(n))
+
+
+def ready(started):
+    started.release()
+
+
+if __name__ == "__main__":
+    context = multiprocessing.get_context(sys.argv[1])
+    started = context.Semaphore(0)
+    with context.Pool(2, initializer=ready, initargs=(started,)) as pool:
+        for _ in range(2):  # both workers run (unprofiled, one could be terminated first)
+            assert started.acquire(timeout=60)
+        print(sum(pool.map(job, range(10))), flush=True)
+"""
+
+
+@pytest.mark.parametrize("how", ["spawn", "fork"])
+def test_a_pools_workers_report_though_the_pool_terminates_them(tmp_path: Path, how: str) -> None:
+    if how not in multiprocessing.get_all_start_methods():
+        pytest.skip(f"no {how} here")
+    script = write(tmp_path / "app.py", POOL)
+    report = tmp_path / "report.json"
+    done = asyncflow_cmd(
+        "run", "--port", "off", "--format", "json", "--output", str(report), str(script), how
+    )
+    assert (done.returncode, done.stdout) == (0, "285\n"), done.stderr
+    squares = 0
+    for number in (1, 2):  # a worker still writing its report when terminated finishes it
+        child = orjson.loads((tmp_path / f"report.pool-worker-{number}.json").read_bytes())
+        assert child["status"]["name"] == f"app/pool-worker-{number}"
+        squares += sum(
+            e["call_count"] for e in child["futures"]["futures"] if e["label"] == "square"
+        )
+    assert squares == 10
