@@ -401,13 +401,19 @@ def _item_lines(document: StreamLogs, ctx: Context) -> list[str]:
 def _episode_lines(document: LoopDocument) -> list[str]:
     lines = []
     for loop in document.loops:
+        for b in loop.blocking_lines[:3]:  # the lines that cost the most in all, first
+            kind = f", {b.kind}" if b.kind else ""
+            lines.append(
+                f"loop {loop.id} blocked {b.count}x, {dur(b.total_ns)} in all, at {b.file}:"
+                f"{b.line} ({b.function}), longest {dur(b.max_ns)}{kind}"
+            )
         for e in loop.episodes[:5]:
             who = e.call.label if e.call else (e.task or "untracked code")
             top = e.stack[0] if e.stack else None
             where = f" at {top.file}:{top.line} ({top.function})" if top else ""
             state = "blocking now" if e.ongoing else "blocked"
             lines.append(f"loop {loop.id} {state} {dur(e.blocked_ns)} by {who}{where}")
-    return lines or ["no blocked-loop episodes"]
+    return lines or ["no blocked-loop episodes, no blocking lines"]
 
 
 def _waits_on(task: TaskEntry) -> str | None:

@@ -25,8 +25,8 @@ from asyncflow.config import resolve_options
 from asyncflow.instrumentation import loops
 from asyncflow.model import monitor
 from asyncflow.model.monitor import MAX_BLOCK_LINES, LoopMonitor, LoopState, Sample
-from asyncflow.render import report
-from asyncflow.schema import Snapshot
+from asyncflow.render import report, top
+from asyncflow.schema import SCHEMA, LoopDocument, Snapshot
 from asyncflow.views import documents as views
 from asyncflow.views import lints
 from tests.support.commands import asyncflow_cmd, run_example, write
@@ -216,6 +216,13 @@ def test_a_repeated_short_block_outranks_a_long_one_off(harness: Harness) -> Non
     # The report's loop section and the warnings rank them the same way.
     rows = [line for line in report._episodes(entry) if " lost " in line]
     assert "handler.py:1" in rows[0] and "149x" in rows[0] and "startup.py:1" in rows[1]
+    # ... and so does top's loop view
+    shown = top._episode_lines(LoopDocument(SCHEMA, THRESHOLD_NS, [entry]))
+    assert (
+        shown[0]
+        == f"loop {entry.id} blocked 149x, 6.71s in all, at handler.py:1 (handler), longest 45ms, "
+        "blocking"
+    )
     docs = lints.Documents(clock.now_ns(), 10_000 * MS, loops=[entry])
     blocked = [f for f in lints.evaluate(docs, lints.Thresholds()) if f.kind == "loop-blocked"]
     assert [f.subject.label for f in blocked][:2] == ["handler.py:1", "startup.py:1"]
