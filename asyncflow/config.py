@@ -804,6 +804,19 @@ class Options:
             kind="switch",
         ).meta,
     )
+    #: Prometheus and OpenTelemetry write a series per object (an ``id`` label) instead of one
+    #: per creation site
+    metric_ids: bool = field(
+        default=False,
+        metadata=Option(
+            _switch,
+            "off",
+            "`/metrics` and the OpenTelemetry export write a series per object, an `id` label "
+            "telling apart those created at one line, instead of one per creation site (see "
+            "[Exporters](exporters.md#one-series-per-creation-site))",
+            env="ASYNCFLOW_METRIC_IDS",
+        ).meta,
+    )
     #: whole-program mode tracks only tasks whose coroutine's module or qualified name matches
     #: one of these patterns (empty: every task); see ``asyncflow.filtering``
     include: tuple[str, ...] = field(

@@ -684,7 +684,7 @@ def _live_reporters(collector: Collector, options: Options) -> Reporters:
     if options.otel:
         from asyncflow.render.otel import OtelReporter  # refuses clearly when the extra is missing
 
-        reporters.append(OtelReporter(service_name=options.name))
+        reporters.append(OtelReporter(service_name=options.name, ids=options.metric_ids))
     return Reporters(reporters, collector)
 
 

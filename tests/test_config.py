@@ -248,6 +248,7 @@ def _a_value_of_each_variable(tmp_path: Path) -> dict[str, str]:
         "allowed_hosts": "myhost",
         "warn": "long_poll=0.05",
         "otel": "1",
+        "metric_ids": "1",
         "include": "myapp.*",
         "exclude": "worker",
         "cpu": "1",

@@ -2,13 +2,14 @@
 
 Prometheus' families (:mod:`asyncflow.render.prometheus`), OpenTelemetry's instruments
 (:mod:`asyncflow.render.otel`) and the two tables of docs/exporters.md (checked by
-tests/render/test_metrics_table.py) all read this table. A new metric is one row: what it is about (its
-:class:`Subject`), its points (values read from one entry of the figures), and its name, type and
-help in Prometheus, OpenTelemetry or both. Where the two exports differ (names, units, summaries
-in Prometheus against percentile gauges or summed counters in OTel), the row says so: a
-Prometheus summary's ``_sum`` and ``_count`` points are not exported to OTel, and a figure that
-only one of them shows is a row with only that name. Rows are in the order both exports write
-them.
+tests/render/test_metrics_table.py) all read this table. A new metric is one row: what it is
+about (its :class:`Subject`), its points (values read from one entry of the figures), and its
+name, type and help in Prometheus, OpenTelemetry or both. Where the two exports differ (names,
+units, summaries in Prometheus against percentile gauges or summed counters in OTel), the row
+says so: a Prometheus summary's ``_sum`` and ``_count`` points are not exported to OTel, and a
+figure that only one of them shows is a row with only that name. Rows are in the order both
+exports write them. Both write a series per creation site (:func:`series`), unless asked for one
+per object.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any, Literal
 from asyncflow.render.reporters import Figures
 from asyncflow.schema import Location
 
-__all__ = ["METRICS", "Metric", "Pairs", "Point", "Subject"]
+__all__ = ["METRICS", "Metric", "Pairs", "Point", "Subject", "points_of", "series"]
 
 #: labels (Prometheus) or attributes (OTel), in order
 Pairs = tuple[tuple[str, str], ...]
@@ -36,8 +37,9 @@ class Subject:
 
     entries: Callable[[Figures], Iterable[Any]]
     labels: Callable[[Any], Pairs]
-    #: two entries with the same labels are told apart in Prometheus by an ``id`` label on the
-    #: second (entries have an ``id``)
+    #: entries with the same labels (the objects created at one line, live and gone) are one
+    #: series, their points merged; with ``ids`` (``metric_ids``), each is a series of its own,
+    #: told apart by an ``id`` label on the second and later (entries have an ``id``)
     distinct: bool = True
 
 
@@ -58,10 +60,53 @@ class Metric:
     kind: Literal["counter", "gauge"] = "gauge"
     unit: str = ""
     description: str = ""
+    #: how the points of entries with the same labels make one series: summed (counts, times,
+    #: sizes now), or their largest (a maximum, a 0/1 state); percentiles are always the largest
+    merge: Literal["sum", "max"] = "sum"
 
 
 def _where(location: Location | None) -> str:
     return f"{location.file}:{location.line}" if location is not None else ""
+
+
+def series(subject: Subject, figures: Figures, ids: bool = False) -> list[tuple[Pairs, list[Any]]]:
+    """The subject's series: each one's labels and the entries it stands for.
+
+    One series per set of labels: the resources, channels or streams created at one line (a
+    connection pool's lock per connection, live and gone alike) are one series per site, so a
+    scrape's series do not come and go with short-lived objects. With ``ids``, every entry is a
+    series, and one whose labels an earlier entry has gets an ``id`` label.
+    """
+    groups: dict[Pairs, list[Any]] = {}
+    for e in subject.entries(figures):
+        pairs = subject.labels(e)
+        if ids and subject.distinct and pairs in groups:
+            pairs = (*pairs, ("id", str(e.id)))
+        groups.setdefault(pairs, []).append(e)
+    return list(groups.items())
+
+
+def points_of(metric: Metric, entries: list[Any]) -> Iterator[Point]:
+    """The points of one series: an entry's own, or those of several entries merged point by
+    point (by suffix and added labels), in the first entry's order."""
+    points = metric.points
+    assert points is not None
+    if len(entries) == 1:
+        yield from points(entries[0])
+        return
+    merged: dict[tuple[str, Pairs], float | int] = {}
+    for e in entries:
+        for suffix, extra, value in points(e):
+            key = (suffix, extra)
+            had = merged.get(key)
+            if had is None:
+                merged[key] = value
+            elif metric.merge == "max" or (not suffix and any(k == "quantile" for k, _ in extra)):
+                merged[key] = max(had, value)
+            else:
+                merged[key] = had + value
+    for (suffix, extra), value in merged.items():
+        yield suffix, extra, value
 
 
 def _warnings(f: Figures) -> list[tuple[Pairs, int]]:
@@ -201,6 +246,7 @@ _OUTCOMES = ("returned", "raised", "cancelled", "closed", "never_awaited")
 _COUNTER: Literal["counter"] = "counter"
 _GAUGE: Literal["gauge"] = "gauge"
 _SUMMARY: Literal["summary"] = "summary"
+_MAX: Literal["max"] = "max"
 
 #: every metric, in the order Prometheus writes its families and OTel registers its instruments
 METRICS: tuple[Metric, ...] = (
@@ -334,6 +380,7 @@ METRICS: tuple[Metric, ...] = (
         _GAUGE,
         "s",
         "The longest poll",
+        merge=_MAX,
     ),
     Metric(
         FUTURES,
@@ -392,6 +439,7 @@ METRICS: tuple[Metric, ...] = (
         "asyncflow_channel_max_queue_size",
         _GAUGE,
         "The most messages it held at once.",
+        merge=_MAX,
     ),
     Metric(
         CHANNELS,
@@ -410,6 +458,7 @@ METRICS: tuple[Metric, ...] = (
         "asyncflow_channel_max_delay_seconds",
         _GAUGE,
         "The longest time a message waited.",
+        merge=_MAX,
     ),
     Metric(
         CHANNELS,
@@ -540,6 +589,7 @@ METRICS: tuple[Metric, ...] = (
         "asyncflow_resource_locked",
         _GAUGE,
         "1 while held (or out of permits), else 0.",
+        merge=_MAX,
     ),
     # Prometheus writes the workers first, OTel registers them last: two rows
     Metric(
@@ -664,6 +714,7 @@ METRICS: tuple[Metric, ...] = (
         _GAUGE,
         "s",
         "Event-loop lag now",
+        merge=_MAX,
     ),
     Metric(
         LOOPS,
@@ -675,6 +726,7 @@ METRICS: tuple[Metric, ...] = (
         _GAUGE,
         "s",
         "The largest event-loop lag seen",
+        merge=_MAX,
     ),
     Metric(
         LOOPS,
@@ -697,6 +749,7 @@ METRICS: tuple[Metric, ...] = (
         _GAUGE,
         "1",
         "1 while a poll blocks the loop, else 0",
+        merge=_MAX,
     ),
     Metric(
         LOOPS,

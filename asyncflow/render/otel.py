@@ -31,7 +31,7 @@ from asyncflow import _forksafe, config
 from asyncflow._version import __version__
 from asyncflow.errors import AsyncflowError
 from asyncflow.instrumentation import _session
-from asyncflow.render.metrics import METRICS, Metric
+from asyncflow.render.metrics import METRICS, Metric, points_of, series
 from asyncflow.render.reporters import Figures, Tick
 from asyncflow.schema import Location, fit_text
 
@@ -60,16 +60,17 @@ def _where(location: Location | None) -> str:
     return f"{location.file}:{location.line}" if location is not None else ""
 
 
-def _observed(metric: Metric) -> Callable[[Figures], _Points]:
-    """The instrument's observations: each entry's points without a Prometheus suffix (not a
-    summary's ``_sum`` or ``_count``), its labels as attributes."""
-    subject, points = metric.subject, metric.points
-    assert points is not None
+def _observed(metric: Metric) -> Callable[[Figures, bool], _Points]:
+    """The instrument's observations: each series' points without a Prometheus suffix (not a
+    summary's ``_sum`` or ``_count``), its labels as attributes; a series per creation site, or
+    per object (an ``id`` attribute) with ``ids``, as in Prometheus."""
+    subject = metric.subject
+    assert metric.points is not None
 
-    def observed(f: Figures) -> _Points:
-        for e in subject.entries(f):
-            attrs = dict(subject.labels(e))
-            for suffix, extra, value in points(e):
+    def observed(f: Figures, ids: bool = False) -> _Points:
+        for pairs, members in series(subject, f, ids):
+            attrs = dict(pairs)
+            for suffix, extra, value in points_of(metric, members):
                 if not suffix:
                     yield value, ({**attrs, **dict(extra)} if extra else attrs)
 
@@ -79,7 +80,7 @@ def _observed(metric: Metric) -> Callable[[Figures], _Points]:
 #: every observable instrument fed by the figures, derived from
 #: :data:`asyncflow.render.metrics.METRICS`: name -> (kind, unit, description, points).
 #: ``counter`` is an observable (monotonic, cumulative) counter, ``gauge`` an observable gauge.
-INSTRUMENTS: dict[str, tuple[str, str, str, Callable[[Figures], _Points]]] = {
+INSTRUMENTS: dict[str, tuple[str, str, str, Callable[[Figures, bool], _Points]]] = {
     m.otel: (m.kind, m.unit, m.description, _observed(m))
     for m in METRICS
     if m.otel is not None and m.points is not None
@@ -124,18 +125,22 @@ class OtelReporter:
             (and shut down, with a last export, when the profiler stops).
         service_name: ``service.name`` of the provider built here, when ``OTEL_SERVICE_NAME``
             and ``OTEL_RESOURCE_ATTRIBUTES`` give none.
+        ids: a series per object (an ``id`` attribute) instead of per creation site.
 
     Raises:
         AsyncflowError: the ``otel`` extra is not installed, or an exporter that
             ``OTEL_METRICS_EXPORTER`` names is not.
     """
 
-    def __init__(self, *, meter_provider: Any = None, service_name: str | None = None) -> None:
+    def __init__(
+        self, *, meter_provider: Any = None, service_name: str | None = None, ids: bool = False
+    ) -> None:
         if not _INSTALLED:
             raise AsyncflowError(f"the OpenTelemetry export needs the OpenTelemetry SDK: {_EXTRA}")
         self._provider: Any = meter_provider
         self._own = False
         self._service_name = service_name
+        self._ids = ids
         self._exporter_classes: list[Any] = []
         if meter_provider is None and not _global_sdk_provider():
             self._exporter_classes = _exporters(config.otel_exporters())
@@ -244,14 +249,15 @@ class OtelReporter:
         return built
 
     def _callback(
-        self, points: Callable[[Figures], _Points]
+        self, points: Callable[[Figures, bool], _Points]
     ) -> Callable[[CallbackOptions], Iterable[Observation]]:
         def callback(options: CallbackOptions) -> Iterable[Observation]:
             try:
                 figures = self._figures()
                 if figures is None:
                     return []
-                return [Observation(value, _fit(attrs)) for value, attrs in points(figures)]
+                observed = points(figures, self._ids)
+                return [Observation(value, _fit(attrs)) for value, attrs in observed]
             except Exception as exc:  # the SDK would log it on every export: say it once
                 _session.internal_error("the OpenTelemetry export's callback", exc)
                 return []

@@ -7,9 +7,12 @@ resources; ``label`` and ``kind`` for channels and executors; ``label`` and ``th
 Measured functions (``@asyncflow.measure``) carry ``label``, ``kind`` and ``location``; the
 program's own counters, gauges, histograms and value logs one ``name`` label each, in four fixed
 families (``asyncflow_user_*``), so that no name of the program's can make the text invalid.
-Cardinality is that of the documents, which are bounded already (what is gone is folded into
-per-label aggregates). Two entries that would share every label (two definitions of one function on
-one line) are told apart by an ``id`` label on the second.
+Series are per creation site, not per object: the entries that share every label (the locks a
+connection pool creates at one line, one per connection, live and gone) are one series, their
+points merged (counts and times summed, maxima and percentiles the largest), so that the series
+of a scrape do not come and go with short-lived objects. Cardinality is that of the program's
+lines, bounded. ``ids=True`` (``metric_ids``) writes one series per entry instead, an ``id``
+label telling apart the second and later.
 
 :class:`TextfileReporter` writes the same text to a file every few seconds, for
 node_exporter's textfile collector: a live reporter, for programs that serve no endpoint.
@@ -21,7 +24,7 @@ import math
 import os
 from typing import Any
 
-from asyncflow.render.metrics import METRICS, Pairs, Subject
+from asyncflow.render.metrics import METRICS, Pairs, Subject, points_of, series
 from asyncflow.render.reporters import Figures, Tick
 from asyncflow.schema import fit_text
 
@@ -36,9 +39,10 @@ FAMILIES: dict[str, tuple[str, str]] = {
 }
 
 
-def render(figures: Figures) -> str:
-    """The figures as Prometheus text (every family, even empty, with its HELP and TYPE)."""
-    labelled: dict[int, list[tuple[Any, str]]] = {}  # each subject's entries, labelled once
+def render(figures: Figures, *, ids: bool = False) -> str:
+    """The figures as Prometheus text (every family, even empty, with its HELP and TYPE): a
+    series per creation site, or per object with ``ids``."""
+    labelled: dict[int, list[tuple[list[Any], str]]] = {}  # each subject's series, labelled once
     lines: list[str] = []
     for metric in METRICS:
         name, points = metric.prometheus, metric.points
@@ -49,9 +53,9 @@ def render(figures: Figures) -> str:
         subject = metric.subject
         entries = labelled.get(id(subject))
         if entries is None:
-            entries = labelled[id(subject)] = _labelled(subject, figures)
-        for entry, labels in entries:
-            for suffix, extra, value in points(entry):
+            entries = labelled[id(subject)] = _labelled(subject, figures, ids)
+        for members, labels in entries:
+            for suffix, extra, value in points_of(metric, members):
                 if extra:
                     more = _labels(extra)
                     sample_labels = f"{labels},{more}" if labels else more
@@ -90,19 +94,9 @@ def _value(value: float | int) -> str:
     return repr(value)
 
 
-def _labelled(subject: Subject, figures: Figures) -> list[tuple[Any, str]]:
-    """Each entry with its labels, and ``id`` added to any that another entry already has."""
-    if not subject.distinct:
-        return [(e, _labels(subject.labels(e))) for e in subject.entries(figures)]
-    seen: set[Pairs] = set()
-    out: list[tuple[Any, str]] = []
-    for e in subject.entries(figures):
-        pairs = subject.labels(e)
-        if pairs in seen:
-            pairs = (*pairs, ("id", str(e.id)))
-        seen.add(pairs)
-        out.append((e, _labels(pairs)))
-    return out
+def _labelled(subject: Subject, figures: Figures, ids: bool) -> list[tuple[list[Any], str]]:
+    """Each series' entries, with its labels written out."""
+    return [(members, _labels(pairs)) for pairs, members in series(subject, figures, ids)]
 
 
 class TextfileReporter:
@@ -113,12 +107,15 @@ class TextfileReporter:
     Args:
         path: the file to write; its directory must exist.
         interval: seconds between writes, at least the collector's tick (0.05).
+        ids: a series per object (``id`` label) instead of per creation site.
 
     Raises:
         ValueError: a bad ``path`` or ``interval``.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, interval: float = 15.0) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], *, interval: float = 15.0, ids: bool = False
+    ) -> None:
         text = os.fspath(path)
         if not isinstance(text, str) or not text:
             raise ValueError(f"path={path!r}: expected a file path")
@@ -131,6 +128,7 @@ class TextfileReporter:
         ):
             raise ValueError(f"interval={interval!r}: expected seconds from 0.05 to 86400")
         self.path = text
+        self.ids = ids
         self.interval_ns = round(interval * 1e9)
         self._next_ns = 0
         #: files written so far
@@ -148,6 +146,6 @@ class TextfileReporter:
     def _write(self, figures: Figures) -> None:
         partial = f"{self.path}.{os.getpid()}.tmp"
         with open(partial, "w", encoding="utf-8") as out:
-            out.write(render(figures))
+            out.write(render(figures, ids=self.ids))
         os.replace(partial, self.path)  # never a half-written file for the collector to read
         self.writes += 1

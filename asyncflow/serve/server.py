@@ -662,7 +662,8 @@ class Server:
     def _metrics(self, query: _Query) -> Any:
         from asyncflow.render import prometheus, reporters
 
-        return prometheus.render(reporters.figures(self.collector, self._running()))
+        figures = reporters.figures(self.collector, self._running())
+        return prometheus.render(figures, ids=self.collector.options.metric_ids)
 
 
 def _listen(fd: int) -> None:

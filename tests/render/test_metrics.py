@@ -225,7 +225,7 @@ async def test_metrics_parse_and_equal_the_documents(fake_clock: FakeClock) -> N
 _TWIN = "async def twin():\n    await asyncio.sleep(0)\n"
 
 
-def test_label_values_are_escaped_and_duplicates_told_apart() -> None:
+def test_label_values_are_escaped_and_duplicates_merged_or_told_apart() -> None:
     weird = 'say "hi"\\there\nnext line'
 
     async def main() -> None:
@@ -242,17 +242,18 @@ def test_label_values_are_escaped_and_duplicates_told_apart() -> None:
     with asyncflow.profile("escape", format="none", port=None) as prof:
         asyncio.run(main())
         snap = prof.snapshot()
-    _types, series = _parse(prometheus.render(figures_of(snap)))
     twins = [e for e in snap.futures.futures if e.label == weird]
     assert len(twins) == 2
-    calls = {
-        dict(labels)["location"] + dict(labels).get("id", ""): value
-        for (name, labels), value in series.items()
-        if name == "asyncflow_future_calls_total" and dict(labels)["label"] == weird
-    }
     where = f"{twins[0].location.file}:{twins[0].location.line}"
     later = max(e.id for e in twins)
-    assert calls == {where: 1, f"{where}{later}": 1}
+    for ids, expected in ((False, {where: 2}), (True, {where: 1, f"{where}{later}": 1})):
+        _types, series = _parse(prometheus.render(figures_of(snap), ids=ids))
+        calls = {
+            dict(labels)["location"] + dict(labels).get("id", ""): value
+            for (name, labels), value in series.items()
+            if name == "asyncflow_future_calls_total" and dict(labels)["label"] == weird
+        }
+        assert calls == expected, ids  # one series for the site; with ids, one per definition
 
 
 def test_empty_profile_renders_every_family() -> None:

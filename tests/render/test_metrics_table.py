@@ -38,6 +38,12 @@ def test_prometheus_text_is_unchanged() -> None:
     _check(_GOLDEN / "metrics.prom", prometheus.render(_figures()))
 
 
+def test_prometheus_text_per_object_is_unchanged() -> None:
+    """With ``ids``, a series per object (the twin definitions told apart by ``id``): the
+    text written before series became one per creation site."""
+    _check(_GOLDEN / "metrics_ids.prom", prometheus.render(_figures(), ids=True))
+
+
 def _otel_dump(figures: Figures) -> str:
     """Every instrument the reporter registers, in order: name, type, unit, description and
     every data point (attributes and value), as the SDK's in-memory reader collects them."""
