@@ -1356,8 +1356,11 @@ def _ours(finding: Finding) -> bool:
 
 
 def _module_of(path: str) -> str:
-    """The dotted module a file is, read against ``sys.path`` (the longest entry holding
-    it); its name without ``.py`` when none does."""
+    """The dotted module a file is: ``__main__`` for the program's script, else read against
+    ``sys.path`` (the longest entry holding it), or its name without ``.py`` when none does."""
+    main = getattr(sys.modules.get("__main__"), "__file__", None)
+    if main and os.path.abspath(main) == path:
+        return "__main__"
     best = ""
     for entry in sys.path:
         root = os.path.join(os.path.abspath(entry or os.curdir), "")
