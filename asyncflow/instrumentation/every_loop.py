@@ -21,15 +21,17 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import os
 import sys
 import threading
+import types
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from asyncflow.instrumentation import _imports, _session, loops
+from asyncflow.instrumentation import _imports, _session, futures, loops
 from asyncflow.instrumentation.executors import instrument_executors
 from asyncflow.instrumentation.futures import instrument_tasks
 
@@ -273,31 +275,69 @@ def _hook_uvloop(module: ModuleType) -> None:
 
 
 def _hook_trio(module: ModuleType) -> None:
-    """trio is imported: its runs are named as not profiled (once per entry point)."""
+    """trio is imported: each run tracks its tasks through trio's Instrument API, and is
+    named as not profiled for what that leaves out (its loop's health and blocks)."""
     if not _instrumenters:
         return
     lowlevel = getattr(module, "lowlevel", None)
+    instrument = _trio_tasks(module)
     for owner, name in ((module, "run"), (lowlevel, "start_guest_run")):
         original = getattr(owner, name, None)
         if original is None:
             continue
-        _late_undo.append(_patch(owner, name, _noting_trio(original, f"trio.{name}")))
+        wrapped = _tracking_trio(original, f"trio.{name}", instrument)
+        _late_undo.append(_patch(owner, name, wrapped))
 
 
 _TRIO_REASON = (
-    "asyncflow watches asyncio's and uvloop's event loops, not trio's: trio's tasks, its "
-    "loop's health and blocked-loop detection are not profiled (anyio's asyncio backend is)"
+    "trio's tasks are tracked, not its loop: asyncflow watches asyncio's and uvloop's event "
+    "loops, so there is no loop health and no blocked-loop detection on trio (anyio's asyncio "
+    "backend has them)"
 )
 
 
-def _noting_trio(original: Callable[..., Any], name: str) -> Callable[..., Any]:
+def _tracking_trio(original: Callable[..., Any], name: str, instrument: Any) -> Callable[..., Any]:
+    """``trio.run`` (or ``start_guest_run``), with asyncflow's instrument added to the run's."""
+
     @functools.wraps(original)
     def run(*args: Any, **kwargs: Any) -> Any:
         if _instrumenters:
             note_not_profiled("trio", name, _TRIO_REASON)
+            if instrument is not None:
+                kwargs["instruments"] = (*kwargs.get("instruments", ()), instrument)
         return original(*args, **kwargs)
 
     return run
+
+
+def _trio_tasks(trio: ModuleType) -> Any:
+    """A trio Instrument that tracks each task spawned as a task on an asyncio loop is: its
+    coroutine is wrapped before its first step, under its coroutine function's future. trio's
+    own tasks (its system tasks, the wrappers of its compiled coroutines) are left alone."""
+    try:
+        base = trio.abc.Instrument
+        trio_dir = os.path.dirname(str(trio.__file__)) + os.sep
+    except Exception as exc:  # an unknown trio: only named as not profiled
+        _session.internal_error("adapting trio", exc)
+        return None
+
+    class _TrioTasks(base):  # type: ignore[misc, valid-type]
+        def task_spawned(self, task: Any) -> None:
+            if _session.active is None or not _instrumenters:
+                return
+            try:
+                coro = task.coro
+                if type(coro) is not types.CoroutineType:
+                    return  # tracked already (a decorated function), or not a coroutine
+                if coro.cr_code.co_filename.startswith(trio_dir):
+                    return
+                record = futures._task_record(coro)
+                if record is not None:
+                    task.coro = futures.InstrumentedCoroutine(coro, record)
+            except Exception as exc:  # observing never breaks the program
+                _session.internal_error("tracking a trio task", exc)
+
+    return _TrioTasks()
 
 
 #: undoes of the hooks made after an import, taken back with the tracking

@@ -5,6 +5,8 @@ on either backend, and a program on trio is told, once, that trio's tasks are no
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -53,19 +55,22 @@ trio.run(main)
 """
 
 _TRIO_LINE = (
-    "not profiled: {name}{times}: asyncflow watches asyncio's and uvloop's event loops, not "
-    "trio's: trio's tasks, its loop's health and blocked-loop detection are not profiled "
-    "(anyio's asyncio backend is)"
+    "not profiled: {name}{times}: trio's tasks are tracked, not its loop: asyncflow watches "
+    "asyncio's and uvloop's event loops, so there is no loop health and no blocked-loop "
+    "detection on trio (anyio's asyncio backend has them)"
 )
 
 
-def _run(tmp_path: Path, script: str, *args: str) -> tuple[str, dict[str, object]]:
+def _run(
+    tmp_path: Path, script: str, *args: str, env: dict[str, str] | None = None
+) -> tuple[str, dict[str, object]]:
     """The program's standard output, and its JSON report."""
     path = write(tmp_path / "prog.py", script)
     report = tmp_path / "report.json"
     done = asyncflow_cmd(
-        "run", "--format", "json", "--output", str(report), str(path), *args, cwd=tmp_path
-    )
+        "run", "--format", "json", "--output", str(report), str(path), *args, cwd=tmp_path,
+        env=env,
+    )  # fmt: skip
     assert done.returncode == 0, done.stderr
     data: dict[str, object] = json.loads(report.read_text())
     return done.stdout, data
@@ -123,3 +128,78 @@ def test_the_anyio_example_runs_under_run(backend: str) -> None:
     assert done.stdout == "loaded 200 rows\n"
     assert "anyio_etl.py:40  bounded[10]   200       200" in done.stderr, done.stderr
     assert ("not profiled: trio.run:" in done.stderr) == (backend == "trio")
+
+
+def test_trio_tasks_are_tracked_as_asyncio_tasks_are(tmp_path: Path) -> None:
+    """Through trio's Instrument API: each task spawned on trio (trio.run, anyio's trio
+    backend) is a call of its coroutine function's future, tracked by ``task`` (the program's
+    own coroutine functions, tracked as such, are left out here)."""
+    alone = {"ASYNCFLOW_NO_OWN_CODE": "1"}
+    out, report = _run(tmp_path, _TRIO, env=alone)
+    assert out == "done\ndone\n"
+    futures = report["futures"]["futures"]  # type: ignore[index]
+    tasks = {f["label"]: f for f in futures if f["tracked_by"] == "task"}
+    assert tasks["child"]["call_count"] == 6, tasks
+    assert tasks["child"]["outcomes"]["returned"] == 6
+    assert tasks["child"]["total_polls"] >= 12  # a start, a sleep(0), an end: two steps each
+    assert tasks["main"]["call_count"] == 2
+    assert not any(label.startswith("trio.") for label in tasks), tasks  # not trio's own
+    _, etl = _run(tmp_path, _ETL, "trio", env=alone)
+    labels = {f["label"] for f in etl["futures"]["futures"] if f["tracked_by"] == "task"}  # type: ignore[index]
+    assert {"produce", "consume"} <= labels, labels
+
+
+_TRIO_BEHAVIOUR = """\
+import traceback
+
+import trio
+
+
+async def fails():
+    await trio.sleep(0)
+    raise ValueError("boom")
+
+
+async def sleeps_forever(task_status=trio.TASK_STATUS_IGNORED):
+    task_status.started("started")
+    await trio.sleep_forever()
+
+
+async def frames():
+    return [f.f_code.co_name for f, _ in trio.lowlevel.current_task().iter_await_frames()]
+
+
+async def main():
+    print(await frames())
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(fails)
+    except* ValueError as group:
+        print("caught", [str(e) for e in group.exceptions])
+    with trio.move_on_after(0.01) as scope:
+        async with trio.open_nursery() as nursery:
+            print(await nursery.start(sleeps_forever))
+    print("cancelled", scope.cancelled_caught)
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(fails)
+    except* ValueError as group:
+        tb = traceback.extract_tb(group.exceptions[0].__traceback__)
+        print("raised in", [frame.name for frame in tb][-1])
+
+
+trio.run(main)
+"""
+
+
+def test_trio_programs_behave_as_without_asyncflow(tmp_path: Path) -> None:
+    """Values, exceptions, cancellation, task_status, await frames and tracebacks of trio
+    tasks are those of the program run plainly."""
+    path = write(tmp_path / "prog.py", _TRIO_BEHAVIOUR)
+    plain = subprocess.run(
+        [sys.executable, str(path)], capture_output=True, text=True, timeout=60, cwd=tmp_path
+    )
+    assert plain.returncode == 0, plain.stderr
+    profiled, _ = _run(tmp_path, _TRIO_BEHAVIOUR, env={"ASYNCFLOW_NO_OWN_CODE": "1"})
+    assert profiled == plain.stdout
+    assert "caught ['boom']" in plain.stdout and "raised in fails" in plain.stdout
