@@ -12,9 +12,10 @@ to run is also where a loop whose task factory the program replaced since gets a
 again, chained to the program's.
 
 A loop that cannot be instrumented (its ``set_task_factory`` refuses) runs on untouched but
-for the loop monitor's heartbeat, and is named, with the reason, in :func:`not_profiled`, as
-is a program that runs trio (``trio.run``, anyio's trio backend), whose tasks asyncflow does
-not see.
+for the loop monitor's heartbeat, and is named, with the reason, in :func:`not_profiled`. On
+trio (``trio.run``, ``start_guest_run``, anyio's trio backend), each task is tracked through
+trio's public Instrument API (``task_spawned``), but trio's loop is not watched: that is
+named in :func:`not_profiled` too.
 """
 
 from __future__ import annotations
