@@ -36,6 +36,7 @@ import os
 import re
 import sys
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -114,6 +115,9 @@ class Following:
     ) -> None:
         self.profiler = profiler
         self.pid = os.getpid()
+        #: when it began, in seconds since the epoch: a fork's report file older than that is
+        #: an earlier run's
+        self.since = time.time()
         self.args = dict(vars(args))
         self.target = target
         self.setup = setup
@@ -194,7 +198,7 @@ class Following:
         for child in self.forked:
             if child.output is None:
                 forks += 1
-            elif os.path.exists(child.output):
+            elif _written_since(child.output, self.since):
                 lines.append(f"  {child.name}  forked  {child.output}")
         if forks and not lines:
             # a fork is profiled from its first event loop: the parent cannot know which did
@@ -208,6 +212,13 @@ class Following:
         return "asyncflow: the processes the program started were profiled on their own:\n" + (
             "\n".join(lines) + "\n"
         )
+
+
+def _written_since(path: str, since: float) -> bool:
+    try:
+        return os.stat(path).st_mtime >= since - 1.0  # (file systems' clocks are coarse)
+    except OSError:
+        return False
 
 
 def follow(

@@ -9,6 +9,7 @@ sees does not change: exit codes, tracebacks, pickled targets. ``--no-children``
 from __future__ import annotations
 
 import multiprocessing
+import os
 import re
 import signal
 import subprocess
@@ -290,3 +291,34 @@ def test_a_pools_workers_report_though_the_pool_terminates_them(tmp_path: Path, 
             e["call_count"] for e in child["futures"]["futures"] if e["label"] == "square"
         )
     assert squares == 10
+
+
+#: forks that run no event loop: one execs another program, one just exits
+FORKS_WITHOUT_A_LOOP = """\
+import os
+import sys
+
+for how in ("exec", "exit"):
+    pid = os.fork()
+    if pid == 0:
+        if how == "exec":
+            os.execv(sys.executable, [sys.executable, "-c", "print('exec', flush=True)"])
+        sys.exit(0)
+    os.waitpid(pid, 0)
+"""
+
+
+def test_a_fork_that_runs_no_event_loop_is_left_alone(tmp_path: Path) -> None:
+    script = write(tmp_path / "app.py", FORKS_WITHOUT_A_LOOP)
+    report = tmp_path / "report.txt"
+    stale = write(tmp_path / "report.fork-1.txt", "an earlier run's")
+    os.utime(stale, (0, 0))
+    done = asyncflow_cmd("run", "--output", str(report), str(script))
+    assert (done.returncode, done.stdout) == (0, "exec\n"), done.stderr
+    assert "app/fork" not in done.stderr  # not profiled, not listed (nor the earlier file)
+    assert stale.read_text() == "an earlier run's"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "app.py",
+        "report.fork-1.txt",
+        "report.txt",
+    ]
