@@ -19,6 +19,8 @@ from pathlib import Path
 import orjson
 import pytest
 
+from asyncflow import cli
+from asyncflow.serve import registry
 from tests.support.commands import EXAMPLES, asyncflow_cmd, write
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX start methods")
@@ -322,3 +324,53 @@ def test_a_fork_that_runs_no_event_loop_is_left_alone(tmp_path: Path) -> None:
         "report.fork-1.txt",
         "report.txt",
     ]
+
+
+def _register_as(pid: int, name: str, started: float, child_of: tuple[int, str] | None) -> None:
+    """A registry file for live process ``pid``, as its own profiler would write it."""
+    document = {
+        "version": 1,
+        "pid": pid,
+        "name": name,
+        "argv": ["python", name],
+        "url": f"http://127.0.0.1:{6000 + pid % 1000}",
+        "started": started,
+        "token": False,
+        "process_start": registry.process_start(pid),
+        "parent": None if child_of is None else child_of[0],
+        "role": None if child_of is None else child_of[1],
+    }
+    registry.directory().mkdir(mode=0o700, parents=True, exist_ok=True)
+    (registry.directory() / f"{pid}.json").write_bytes(orjson.dumps(document))
+
+
+def test_ps_lists_each_worker_after_its_parent_with_the_parents_pid(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    sleeping = [
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) for _ in range(3)
+    ]
+    try:
+        parent, worker, other = (p.pid for p in sleeping)
+        _register_as(parent, "app", 100.0, None)
+        _register_as(other, "other", 101.0, None)  # started before the worker
+        _register_as(worker, "app/fork-1", 102.0, (parent, "fork-1"))
+        assert cli.main(["ps"]) == 0
+        header, *rows = capsys.readouterr().out.splitlines()
+        assert header.split()[:3] == ["PID", "PARENT", "NAME"]
+        assert [row.split()[:3] for row in rows] == [
+            [str(parent), "-", "app"],
+            [str(worker), str(parent), "app/fork-1"],
+            [str(other), "-", "other"],
+        ]
+        assert cli.main(["ps", "--json"]) == 0
+        listed = orjson.loads(capsys.readouterr().out)
+        assert [(e["pid"], e["parent"], e["role"]) for e in listed] == [
+            (parent, None, None),
+            (worker, parent, "fork-1"),
+            (other, None, None),
+        ]
+    finally:
+        for process in sleeping:
+            process.kill()
+            process.wait()
