@@ -904,10 +904,20 @@ def _swept_together(ends: Sequence[tuple[int, int, str]]) -> int:
     )
 
 
+def _judged(docs: Documents) -> list[FutureEntry]:
+    """The futures whose calls' lives are judged (cancelled, leaking): the program's own, where
+    it has any tracked. A library's tasks (a server's connection handlers, cancelled when a
+    client closes its keep-alive connection, alive as long as it stays) live by the library's
+    rules; where they cut the program's work short, the program's own calls inside them say
+    so. With no future of the program's own (``--no-own-code``), every future is judged."""
+    own = [f for f in docs.futures if not is_library_file(f.location.file)]
+    return own or list(docs.futures)
+
+
 def cancellation_storm(docs: Documents, th: Thresholds) -> Iterator[Finding]:
     """Most calls of a future end cancelled (timeouts, usually); calls cancelled in one sweep
     at the end after long lives (a shutdown) are left out."""
-    for f in docs.futures:
+    for f in _judged(docs):
         o = f.outcomes
         at_end = max(_swept_at_the_end(f), _swept_together(docs.recent_ends.get(f.id, ())))
         swept = min(o.cancelled, at_end)
@@ -953,7 +963,7 @@ def swallowed_cancellation(docs: Documents, th: Thresholds) -> Iterator[Finding]
 
 def task_leak(docs: Documents, th: Thresholds) -> Iterator[Finding]:
     """A future's live calls keep growing and almost none finish."""
-    for f in docs.futures:
+    for f in _judged(docs):
         series = f.live_series
         if len(series) < 4:
             continue

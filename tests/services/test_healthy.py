@@ -216,7 +216,7 @@ def _precise(warnings: list[dict[str, Any]]) -> None:
             assert Path(where["file"]).name != "asyncflow", _shown(warnings)
 
 
-@pytest.mark.parametrize("loop", ["asyncio"])
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
 async def test_a_healthy_fastapi_service_gets_at_most_two_warnings(
     tmp_path: Path, upstream: Path, loop: str
 ) -> None:

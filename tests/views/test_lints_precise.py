@@ -8,7 +8,9 @@ import asyncio
 import dataclasses
 import gc
 import re
+import sys
 import sysconfig
+import types
 from pathlib import Path
 from typing import Any
 
@@ -137,6 +139,44 @@ async def test_a_library_s_internal_queue_is_not_the_program_s(
     assert _evaluate(dataclasses.replace(docs, futures=library)) == []
 
 
+async def test_a_library_s_tasks_cancelled_are_judged_by_the_program_s_own(
+    fake_clock: FakeClock, prof: asyncflow.Profiler
+) -> None:
+    """aiohttp cancels a connection's handler task when its client closes the keep-alive
+    connection: a library's task living by its rules. Where the program has futures of its own,
+    theirs are judged; with none (``--no-own-code``), every future is."""
+    never = asyncio.Event()
+
+    @asyncflow.future(name="RequestHandler.start")
+    async def start() -> None:
+        await never.wait()
+
+    @asyncflow.future(name="item")
+    async def item() -> None:
+        await asyncio.sleep(0)
+
+    collector = prof._collector
+    assert collector is not None
+    prof._call(lambda: collector.sample_live(fake_clock()))  # no sample while they live
+    calls = [asyncio.create_task(start()) for _ in range(12)]
+    await asyncio.sleep(0)
+    for call in calls:
+        call.cancel()
+    await asyncio.gather(*calls, return_exceptions=True)
+    await item()
+    docs = _docs(prof)
+    assert _kinds(_evaluate(docs)) == [("cancellation-storm", "RequestHandler.start")]
+    library = [
+        dataclasses.replace(f, location=LIBRARY) if f.label == "RequestHandler.start" else f
+        for f in docs.futures
+    ]
+    assert _evaluate(dataclasses.replace(docs, futures=library)) == []
+    alone = [f for f in library if f.label == "RequestHandler.start"]
+    assert _kinds(_evaluate(dataclasses.replace(docs, futures=alone))) == [
+        ("cancellation-storm", "RequestHandler.start")
+    ]
+
+
 def test_no_warning_names_asyncflow_or_its_launcher() -> None:
     """Coroutines never awaited, as the lint sees them, at asyncflow's own line or the
     ``asyncflow`` console script's: neither is the program's to fix."""
@@ -166,6 +206,21 @@ async def test_warn_silences_a_kind_or_a_module(
         thresholds = Thresholds.from_options(asyncflow.profile("t", warn=warn).options.warn)
         assert _kinds(lints.evaluate(docs, thresholds)) == [("lock-contention", "conn.py:12")]
     del locks
+
+
+def test_ignore_main_reaches_what_the_program_s_script_made(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``ignore:__main__`` silences warnings about a resource the script made (located in the
+    script's file) as it does about the script's futures."""
+    script = tmp_path / "service.py"
+    monkeypatch.setitem(sys.modules, "__main__", types.SimpleNamespace(__file__=str(script)))
+    entry = NeverAwaitedEntry("send_mail", Location(str(script), 5), None, 2)
+    docs = Documents(now_ns=1, elapsed_ns=1, never_awaited=[entry])
+    assert len(_evaluate(docs)) == 1
+    for warn, left in (("ignore:__main__", 0), ("ignore:service", 1)):
+        thresholds = Thresholds.from_options(asyncflow.profile("t", warn=warn).options.warn)
+        assert len(lints.evaluate(docs, thresholds)) == left, warn
 
 
 def test_warn_refuses_what_it_cannot_silence() -> None:
