@@ -34,6 +34,7 @@ import functools
 import itertools
 import os
 import re
+import signal
 import sys
 import threading
 import time
@@ -55,8 +56,8 @@ MAX_LISTED = 100
 
 #: ``asyncflow run``'s body (``cli._profiled``): (arguments, name, target, run, argv) -> code
 Setup = Callable[[argparse.Namespace, str, str, Callable[[], object], list[str] | None], int]
-#: ``asyncflow run``'s report on SIGTERM (``cli._report_on_sigterm``): (stop) -> undo
-OnSigterm = Callable[[Callable[[], object]], Callable[[], None]]
+#: ``asyncflow run``'s report on SIGTERM (``cli._report_on_sigterm``): (stop, signal) -> undo
+OnSigterm = Callable[[Callable[[], object], signal.Signals], Callable[[], None]]
 
 #: multiprocessing's own names for a process it numbered (``SpawnProcess-3``, ``Process-1:2``,
 #: a pool's ``ForkPoolWorker-2``)
@@ -437,17 +438,18 @@ def _report_on_sigterm(profiler: Profiler) -> None:
     """A forked child's SIGTERM writes its report first, as the parent's does, where SIGTERM
     would end it outright: its default action, or the parent's handler of that kind, which
     came along and would end it without a report (uvicorn's server, gunicorn's workers restore
-    the handler they found and raise SIGTERM again once they shut down)."""
-    import signal
-
+    the handler they found and raise SIGTERM again once they shut down). The same for SIGINT
+    where the child set it to its default action (gunicorn's uvicorn workers do: Ctrl-C at
+    the terminal reaches them too)."""
     on_sigterm = _on_sigterm
     if on_sigterm is None or threading.current_thread() is not threading.main_thread():
         return
     try:
-        handler = signal.getsignal(signal.SIGTERM)
-        if getattr(handler, "__asyncflow_sigterm__", False):
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        on_sigterm(profiler.stop)
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            handler = signal.getsignal(signum)
+            if getattr(handler, "__asyncflow_sigterm__", False):
+                signal.signal(signum, signal.SIG_DFL)
+            on_sigterm(profiler.stop, signum)  # where the signal would end it outright
     except Exception as exc:  # the child runs on, its report written at its exit
         _session.internal_error("reporting on SIGTERM in a forked process", exc)
 
@@ -557,8 +559,6 @@ class _SigtermDeferral:
         self._received: list[int] = []
 
     def begin(self) -> None:
-        import signal
-
         if self._begun or threading.current_thread() is not threading.main_thread():
             return
         try:
@@ -570,8 +570,6 @@ class _SigtermDeferral:
         self._begun = True
 
     def end(self) -> None:
-        import signal
-
         if not self._begun:
             return
         self._begun = False

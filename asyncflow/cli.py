@@ -465,8 +465,13 @@ def _reason(exc: BaseException) -> str:
     return str(strerror or exc)
 
 
-def _report_on_sigterm(stop: Callable[[], object]) -> Callable[[], None]:
+def _report_on_sigterm(
+    stop: Callable[[], object], watched: signal.Signals = signal.SIGTERM
+) -> Callable[[], None]:
     """On SIGTERM (docker stop, systemd), write the report, then die by SIGTERM as before.
+
+    (Or on ``watched``: a forked worker whose SIGINT a server set to its default action, as
+    gunicorn's uvicorn workers do, reports on SIGINT as well; see asyncflow._children.)
 
     Installed only where SIGTERM would kill the program outright (its handler is SIG_DFL), so
     a program that handles SIGTERM itself, or ignores it, keeps doing so; one that installs a
@@ -480,7 +485,7 @@ def _report_on_sigterm(stop: Callable[[], object]) -> Callable[[], None]:
     and SIGTERM is raised again once the report is written, or at the deadline.
     """
     try:
-        if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        if signal.getsignal(watched) is not signal.SIG_DFL:
             return lambda: None
     except ValueError:  # not the main thread: signals cannot be handled here
         return lambda: None
@@ -517,11 +522,11 @@ def _report_on_sigterm(stop: Callable[[], object]) -> Callable[[], None]:
         die(signum)
 
     handler.__asyncflow_sigterm__ = True  # type: ignore[attr-defined]  # a fork replaces it
-    signal.signal(signal.SIGTERM, handler)
+    signal.signal(watched, handler)
 
     def undo() -> None:
-        if signal.getsignal(signal.SIGTERM) is handler:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        if signal.getsignal(watched) is handler:
+            signal.signal(watched, signal.SIG_DFL)
 
     return undo
 

@@ -88,18 +88,23 @@ def _labels(report: Path) -> set[str]:
 
 
 def _serve_and_stop(
-    tmp_path: Path, server: list[str]
+    tmp_path: Path, server: list[str], ctrl_c: bool = False
 ) -> tuple[list[dict[str, Any]], set[int], str]:
     """Run ``asyncflow run`` with ``server`` (which serves ``app:app`` on ``tmp_path/app.sock``)
-    until two workers are registered and two have answered, then SIGTERM it; returns what
-    ``asyncflow ps`` listed meanwhile, the pids that answered and the run's standard error."""
+    until two workers are registered and two have answered, then SIGTERM it (or, ``ctrl_c``,
+    SIGINT its process group, as Ctrl-C at a terminal does); returns what ``asyncflow ps``
+    listed meanwhile, the pids that answered and the run's standard error."""
     write(tmp_path / "app.py", APP)
     sock = tmp_path / "app.sock"
     err = tmp_path / "stderr.txt"
     command = [*ASYNCFLOW, "run", "--format", "json", "--output", str(tmp_path / "report.json")]
     with err.open("w") as stderr:
         run = subprocess.Popen(
-            [*command, *server], cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=stderr
+            [*command, *server],
+            cwd=tmp_path,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            start_new_session=True,  # a process group of its own, for Ctrl-C
         )
     served: set[int] = set()
     try:
@@ -120,7 +125,10 @@ def _serve_and_stop(
                 return len(served) >= 2
 
             _until("answers from two workers", both)
-        run.send_signal(signal.SIGTERM)
+        if ctrl_c:
+            os.killpg(run.pid, signal.SIGINT)
+        else:
+            run.send_signal(signal.SIGTERM)
         run.wait(DEADLINE)
     finally:
         if run.poll() is None:
@@ -160,10 +168,15 @@ def test_uvicorn_workers_are_profiled_each_on_its_own(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="gunicorn forks its workers")
-def test_gunicorn_uvicorn_workers_are_profiled_each_on_its_own(tmp_path: Path) -> None:
+@pytest.mark.parametrize("ctrl_c", [False, True], ids=["sigterm", "ctrl-c"])
+def test_gunicorn_uvicorn_workers_are_profiled_each_on_its_own(
+    tmp_path: Path, ctrl_c: bool
+) -> None:
     sock = tmp_path / "app.sock"
     # the app first: what follows it is the program's (asyncflow run's own options come before)
     server = ["-m", "gunicorn", "app:app", "-k", "uvicorn.workers.UvicornWorker", "-w", "2"]
     server += ["--bind", f"unix:{sock}"]
-    listed, served, stderr = _serve_and_stop(tmp_path, server)
+    # (gunicorn's uvicorn workers set SIGINT to its default action: Ctrl-C reaches them too, and
+    # uvicorn raises it again once it has shut down)
+    listed, served, stderr = _serve_and_stop(tmp_path, server, ctrl_c)
     _check(tmp_path, listed, served, stderr, "fork")
