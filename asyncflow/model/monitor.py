@@ -1,9 +1,11 @@
 """Event-loop health, watched from the profiler's thread: lag, the running call, blocked loops.
 
-Every ``tick`` the monitor posts a heartbeat callback to each instrumented loop that is running
-(``call_soon_threadsafe``: one callback per tick, the only work it adds to a loop), and posts
-one as soon as a running loop is registered, so that a block at the very start of a loop is
-measured whole. The delay between posting and running is the loop's lag.
+Every quarter of the block threshold (25 ms by default) the monitor posts a heartbeat callback
+to each instrumented loop that is running, unless the last one has not run yet
+(``call_soon_threadsafe``: the only work it adds to a loop), and posts one as soon as a running
+loop is registered, so that a block at the very start of a loop is measured whole. The delay
+between posting and running is the loop's lag. It ticks more often (every half ``block_min``,
+10 ms by default) to look at a late loop while it is still late.
 
 While a heartbeat is overdue by half the block threshold or more, the monitor looks at the loop
 thread's stack every tick (``sys._current_frames()``), *while* the loop is late:
@@ -98,6 +100,8 @@ BLOCK_MIN_NS = 20_000_000
 MAX_BLOCK_LINES = 32
 #: A block whose thread was on the CPU for at least this share of it was computing.
 CPU_SHARE = 0.5
+#: Looks at a block that read its thread's state (running or asleep): enough to tell.
+MAX_STATE_READS = 8
 
 
 def _selector_codes() -> frozenset[CodeType]:
@@ -483,6 +487,8 @@ class LoopState:
         #: the loop thread's kernel id (for its CPU clock), and the thread ident it is of
         self.native_id = 0
         self.native_of = 0
+        #: when the last heartbeat was posted
+        self.posted_at = 0
         #: the loop thread's CPU clock at the look or heartbeat being folded in (None where it
         #: cannot be read), and when it was read
         self.cpu: int | None = None
@@ -708,6 +714,10 @@ class LoopMonitor:
         #: look at a block of ``block_min_ns`` before it ends
         finest = min(threshold_ns / 4, self.block_min_ns / 2)
         self.interval = min(0.05, max(0.005, finest / 1e9))
+        #: ... but a heartbeat is posted at most every quarter of the threshold (between 5 and
+        #: 50 ms): one is then always posted during a block of ``block_min`` + that, and looked
+        #: at by a later tick while it lasts, without waking the loop every tick
+        self.post_every_ns = round(min(0.05, max(0.005, threshold_ns / 4e9)) * 1e9)
         self.states: dict[int, LoopState] = {}
         self._lock = _forksafe.lock(self)  # states are added from the threads that register loops
         # Hear of each loop as it is registered: a profiler is starting, and this is its monitor.
@@ -734,7 +744,7 @@ class LoopMonitor:
         loop = record.loop()
         if loop is None or loop.is_closed() or not loop.is_running():
             return  # not running yet: watched from its first tracked poll, or the next tick
-        self._post(self.state_of(record), loop, clock.now_ns())
+        self._post(self.state_of(record), loop, clock.now_ns(), at_once=True)
 
     def tick(self) -> None:
         """Post heartbeats, and detect blocked loops; called every ``interval``."""
@@ -753,13 +763,16 @@ class LoopMonitor:
                 for state in gone[:-MAX_GONE]:
                     del self.states[state.record.id]
 
-    def _post(self, state: LoopState, loop: asyncio.AbstractEventLoop, now: int) -> None:
-        """Post a heartbeat unless one is in flight."""
+    def _post(
+        self, state: LoopState, loop: asyncio.AbstractEventLoop, now: int, at_once: bool = False
+    ) -> None:
+        """Post a heartbeat unless one is in flight, or (unless ``at_once``) the last one was
+        posted less than ``post_every_ns`` ago."""
         with state.lock:
-            if state.pending:
+            if state.pending or (not at_once and now - state.posted_at < self.post_every_ns):
                 return
             state.token += 1
-            state.pending = now
+            state.pending = state.posted_at = now
             token = state.token
         try:
             loop.call_soon_threadsafe(state.beat, token)
@@ -790,15 +803,13 @@ class LoopMonitor:
         sample = sample_loop(thread, loop)
         if state.native_of != thread:
             state.native_of, state.native_id = thread, _native_id(thread)
-        cpu = _cpu_of(state.native_id)
-        runnable = _runnable(state.native_id) if not sample.idle else None
         key = code = None
         if not sample.idle:
             key = own_line(sample.top)
             if key is not None and key not in state.lines:  # its source, read once: no lock
                 code = linecache.getline(key[0], key[1]).strip() or None
         episode = now - pending >= self.threshold_ns // 2
-        ongoing, candidate = state.ongoing, state.candidate  # re-checked under the lock
+        block, ongoing, candidate = state.block, state.ongoing, state.candidate  # re-checked
         fresh = None
         if (
             episode
@@ -806,7 +817,18 @@ class LoopMonitor:
             and all(e is None or e.key != sample.key for e in (ongoing, candidate))
         ):
             fresh = Episode(sample, pending, now, _task_name(loop))  # reads the stack: no lock
+        # The thread's CPU clock is read where a block or an episode may begin or end, and its
+        # state at a block's first looks (enough to tell): each read is a system call or two.
+        new = block is None or not block.same_poll(sample)
+        if sample.idle:
+            ends = block is not None or ongoing is not None or candidate is not None
+        else:
+            ends = new or fresh is not None or ongoing is not None or candidate is not None
+        cpu = _cpu_of(state.native_id) if ends else None
+        if fresh is not None:
             fresh.cpu0 = cpu
+        reads = MAX_STATE_READS - (0 if new or block is None else block.states)
+        runnable = _runnable(state.native_id) if not sample.idle and reads > 0 else None
         sample.top = None  # hold no frame longer than needed
         with state.lock:
             if state.pending != pending:

@@ -135,6 +135,7 @@ class Harness:
         self.clock = fake_clock
         self.loop = FakeLoop()
         self.monitor = LoopMonitor(THRESHOLD_NS)
+        self.monitor.post_every_ns = 0  # each beat() runs a heartbeat: post the next at once
         record = loops.LoopRecord(self.loop, id(self.loop))  # type: ignore[arg-type]
         self.state = self.monitor.state_of(record)
         self.sample = Sample(None, None, None, False)
