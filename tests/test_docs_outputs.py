@@ -72,6 +72,16 @@ def test_an_optional_item_may_be_missing_and_nothing_else() -> None:
     assert compare(shown, "warnings\n  WARNING  a\n           more of a\nend", Spec())
 
 
+def test_an_extra_item_may_be_printed_and_nothing_else() -> None:
+    spec = Spec.parse("extra='^  WARNING  A poll'")
+    shown = "warnings\n  ERROR  a\n         more of a\nend"
+    printed = "warnings\n  ERROR  a\n         more of a\n  WARNING  A poll ran\n     long\nend"
+    assert compare(shown, printed, spec) is None
+    assert compare(shown, printed, Spec())
+    assert compare(shown, printed.replace("A poll", "A lock"), spec)
+    assert compare(shown, printed.replace("ERROR  a", "ERROR  b"), spec)
+
+
 def test_reflow_compares_a_wrapped_warning_as_one_line() -> None:
     shown = "  WARNING  it grew over 1.27\n           s in all\n           → look at it\n  INFO  x"
     printed = (

@@ -29,7 +29,8 @@ docs/*.md or README.md has a marker on the line above its fence:
       is compared as one line (where a sentence wraps depends on its figures' widths);
       ``optional='REGEX'``: an item of the block (a line the expression matches, and the lines
       indented under it) may be missing from the output (a warning whose threshold a run may
-      just miss).
+      just miss); ``extra='REGEX'``: the output may have more such items than the block
+      shows (a warning a loaded machine adds).
 
 Always: runs of spaces count as one (columns are as wide as their figures), the checkout's
 path reads ``/work/main`` and the interpreter ``.venv/bin/python``, as on the pages, the
@@ -151,6 +152,7 @@ class Spec:
     json: bool = False
     optional: str | None = None  #: items starting with a line this matches may be absent
     reflow: bool = False  #: wrapped items are compared unwrapped
+    extra: str | None = None  #: items of the output starting with a line this matches may be more
 
     @classmethod
     def parse(cls, words: str, lang: str = "") -> Spec:
@@ -186,9 +188,9 @@ class Spec:
             elif name == "mask-re":
                 re.compile(value)
                 mask_res.append(value)
-            elif name == "optional":
+            elif name in ("optional", "extra"):
                 re.compile(value)
-                values["optional"] = value
+                values[name] = value
             elif name == "keys":
                 values["keys"] = tuple(value.split(","))
             else:
@@ -334,11 +336,13 @@ def compare(shown: str, actual: str, spec: Spec) -> str | None:
     """None when the output is what the block shows, masks aside; else a diff saying how not."""
     want = _units(shown, spec)
     got = _units(_normal(actual), spec)
-    if _agrees(want, got, spec.mode):
-        return None
-    if spec.optional and _agrees(
-        _units(_without_optional(shown, spec.optional), spec), got, spec.mode
-    ):
+    wants = [want]
+    if spec.optional:
+        wants.append(_units(_without_optional(shown, spec.optional), spec))
+    gots = [got]
+    if spec.extra:
+        gots.append(_units(_without_optional(_normal(actual), spec.extra), spec))
+    if any(_agrees(w, g, spec.mode) for w in wants for g in gots):
         return None
     diff = difflib.unified_diff(
         "\n".join(want).split("\n"), "\n".join(got).split("\n"), "shown", "printed", lineterm=""
