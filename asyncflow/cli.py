@@ -274,6 +274,7 @@ def _profiled(
     import asyncflow
     from asyncflow import _children
     from asyncflow.instrumentation.every_loop import track_every_loop
+    from asyncflow.instrumentation.own_code import track_own_code
     from asyncflow.instrumentation.memory import instrument_memory_streams
 
     options: dict[str, object] = {}
@@ -312,6 +313,7 @@ def _profiled(
     streams = None if args.no_memory_streams else instrument_memory_streams()
     never_awaited = None if args.no_never_awaited else asyncflow.track_never_awaited()
     locks = None if args.no_locks else asyncflow.instrument_locks()
+    own = None if profiler.options.no_own_code else track_own_code(target, args.module)
     children = _children.follow(profiler, args, target, _profiled, _report_on_sigterm)
     undo_sigterm = _report_on_sigterm(profiler.stop)
     if argv is not None:
@@ -336,6 +338,8 @@ def _profiled(
             streams.undo()
         if locks is not None:
             locks.undo()
+        if own is not None:
+            own.undo()
         profiler.stop()
         children.undo()  # after the report: where the children's reports went
         if never_awaited is not None:
@@ -361,6 +365,8 @@ def _run_script(script: str) -> None:
     import types
     from importlib.machinery import SourceFileLoader, SourcelessFileLoader
 
+    from asyncflow.instrumentation.own_code import compile_source
+
     if pkgutil.get_importer(script) is not None:
         runpy.run_path(script, run_name="__main__")
         return
@@ -371,7 +377,7 @@ def _run_script(script: str) -> None:
     if code is None:
         with io.open_code(path) as file:
             # dont_inherit: this module's own __future__ imports are no part of the program
-            code = compile(file.read(), path, "exec", dont_inherit=True)
+            code = compile_source(file.read(), path)  # (the own-code decorators added, if on)
         loader = SourceFileLoader("__main__", path)
     else:
         loader = SourcelessFileLoader("__main__", path)

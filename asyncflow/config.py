@@ -851,6 +851,26 @@ class Options:
             kind="append",
         ).meta,
     )
+    #: under ``asyncflow run``, leave the program's own coroutine functions alone: only its
+    #: tasks are futures (``asyncflow.instrumentation.own_code``)
+    no_own_code: bool = field(
+        default=False,
+        metadata=Option(
+            _switch,
+            "off",
+            "under `asyncflow run`, leave the program's own coroutine functions alone; otherwise "
+            "each one of the program's own code (not the standard library's or an installed "
+            "package's) is a future, as if decorated with `@asyncflow.future`, so that a route "
+            "handler is a row, and `include`/`exclude` choose among them (see [A row per "
+            "route](services.md#a-row-per-route))",
+            env="ASYNCFLOW_NO_OWN_CODE",
+            flag="--no-own-code",
+            flag_help="leave the program's own coroutine functions alone (only its tasks are "
+            "futures); each one is tracked as @asyncflow.future would otherwise "
+            "[$ASYNCFLOW_NO_OWN_CODE]",
+            kind="switch",
+        ).meta,
+    )
     #: measure each poll's CPU time (the polling thread's CPU clock: a system call per poll)
     cpu: bool = field(
         default=False,

@@ -69,7 +69,8 @@ def test_run_a_script_with_its_arguments_and_every_task_tracked(tmp_path: Path) 
     document = orjson.loads(report.read_bytes())
     futures = {f["label"]: f for f in document["futures"]["futures"]}
     assert {"fetch", "parse", "crawl_one", "worker", "main"} <= set(futures)
-    assert futures["main"]["tracked_by"] == "task"  # asyncio.run's main task, tracked
+    # asyncio.run's main task, tracked: its coroutine function is the program's own
+    assert futures["main"]["tracked_by"] == "own_code"
     assert not any(label.startswith("BaseEventLoop.") for label in futures)  # asyncio's own
 
 

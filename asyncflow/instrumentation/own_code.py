@@ -1,0 +1,335 @@
+"""The program's own coroutine functions as futures, under ``asyncflow run``, with no code change.
+
+A web framework registers a route handler when the module defining it runs (``@app.get(...)``),
+so a handler can only be tracked if it is wrapped when it is *created*. While
+:func:`track_own_code` is on, the modules of the program's own code (under its directories, never
+the standard library, site-packages or asyncflow) and the script ``asyncflow run`` runs are
+compiled from an abstract syntax tree in which every ``async def`` that is not an async generator
+gets one more decorator, innermost: :func:`_own`, which is ``@asyncflow.future`` (so each call is
+tracked exactly as a decorated one is) unless ``--include``/``--exclude`` leave the function out.
+Only decorators are added, with the ``def``'s own position: line numbers, tracebacks, names,
+signatures and the source ``inspect`` reads are the file's. The code compiled is never written
+to ``__pycache__`` (and no cached bytecode is read for these modules): a later plain run gets the
+file's own code.
+
+A function already decorated by a decorator named ``future`` (``@asyncflow.future``,
+``@future(name=...)``) is left to it: the program asked for its own label or options.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import contextlib
+import importlib.machinery
+import importlib.util
+import inspect
+import os
+import site
+import sys
+import sysconfig
+import threading
+import types
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from asyncflow.instrumentation import _session, futures
+
+__all__ = [
+    "OWN_CODE",
+    "OwnCodeTracking",
+    "compile_source",
+    "program_roots",
+    "track_own_code",
+    "transform",
+]
+
+#: ``tracked_by`` of the futures made for the program's own coroutine functions
+OWN_CODE = "own_code"
+#: the name the added decorator is looked up by (in builtins: no module's namespace changes)
+DECORATOR = "__asyncflow_own_code__"
+
+_lock = threading.Lock()
+#: the handles on now; the finder and the decorator act while there is one
+_handles: list[OwnCodeTracking] = []
+#: finding a module's spec on this thread now (the finders asked in turn may ask again)
+_finding = threading.local()
+
+
+def _own(fn: Any) -> Any:
+    """The decorator added to each ``async def`` of the program's own code: tracks it as
+    ``@asyncflow.future`` does, unless no tracking is on or the filters leave it out. Never
+    fails: anything unexpected gives the function back as it is."""
+    if not _handles or type(fn) is not types.FunctionType:
+        return fn
+    try:
+        if not fn.__code__.co_flags & inspect.CO_COROUTINE:
+            return fn
+        target = futures.task_filter  # --include/--exclude, while a profiler with them runs
+        admits = getattr(target, "admits", None)
+        if admits is not None and not admits(str(fn.__module__), fn.__qualname__):
+            return fn
+        tracked = futures.future(fn)
+        record = getattr(tracked, "future_record", None)
+        if record is not None and record.tracked_by == "decorator":
+            record.tracked_by = OWN_CODE  # one definition, one future: set once, same each time
+        return tracked
+    except Exception as err:  # observing never breaks the program: it runs untracked
+        _session.internal_error("tracking a coroutine function of the program's own code", err)
+        return fn
+
+
+def _asks_by_name(node: ast.AsyncFunctionDef) -> bool:
+    """Whether a decorator named ``future`` is on it (``asyncflow.future``, ``future(name=x)``)."""
+    for decorator in node.decorator_list:
+        if isinstance(decorator, ast.Call):
+            decorator = decorator.func
+        if isinstance(decorator, ast.Name) and decorator.id == "future":
+            return True
+        if isinstance(decorator, ast.Attribute) and decorator.attr == "future":
+            return True
+    return False
+
+
+def _yields(node: ast.AsyncFunctionDef) -> bool:
+    """Whether the function's own body yields (an async generator), nested scopes aside."""
+    todo: list[ast.AST] = list(node.body)
+    while todo:
+        child = todo.pop()
+        if isinstance(child, (ast.Yield, ast.YieldFrom)):
+            return True
+        if isinstance(
+            child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
+        ):  # their own scopes: only what decorates them or gives defaults runs here
+            todo.extend(getattr(child, "decorator_list", ()))
+            arguments = getattr(child, "args", None)
+            if arguments is not None:
+                todo.extend(d for d in (*arguments.defaults, *arguments.kw_defaults) if d)
+            continue
+        todo.extend(ast.iter_child_nodes(child))
+    return False
+
+
+class _AddDecorator(ast.NodeTransformer):
+    def visit_AsyncFunctionDef(self, node: ast.AsyncFunctionDef) -> ast.AST:
+        self.generic_visit(node)  # nested functions and classes first
+        if not _yields(node) and not _asks_by_name(node):
+            # innermost (applied first, to the function itself), at the def's own position:
+            # the code's first line stays the first decorator's or the def's, as it was
+            node.decorator_list.append(
+                ast.Name(
+                    id=DECORATOR,
+                    ctx=ast.Load(),
+                    lineno=node.lineno,
+                    col_offset=node.col_offset,
+                    end_lineno=node.lineno,
+                    end_col_offset=node.col_offset,
+                )
+            )
+        return node
+
+
+def transform(source: str | bytes, path: str) -> types.CodeType:
+    """Compile a module's source as the import system does, every coroutine function in it
+    decorated with the own-code decorator.
+
+    Raises:
+        SyntaxError: as compiling the source would (the same message and position).
+    """
+    tree = ast.parse(source, path)
+    tree = _AddDecorator().visit(tree)
+    # dont_inherit: this module's own __future__ imports are no part of the program's
+    code: types.CodeType = compile(tree, path, "exec", dont_inherit=True)
+    return code
+
+
+def compile_source(source: str | bytes, path: str) -> types.CodeType:
+    """The main script's code, as ``asyncflow run`` runs it: transformed while own-code tracking
+    is on, else exactly ``compile()``'s."""
+    if _handles:
+        return transform(source, path)
+    code: types.CodeType = compile(source, path, "exec", dont_inherit=True)
+    return code
+
+
+def _own_loader(name: str, path: str) -> importlib.machinery.SourceFileLoader:
+    """The import system's own loader for the file, whose ``get_code`` compiles the source with
+    the own-code decorators: bytecode is neither read nor written, so that no plain run ever
+    gets this code from ``__pycache__``. Its type is the one the program would see."""
+    loader = importlib.machinery.SourceFileLoader(name, path)
+
+    def get_code(fullname: str) -> types.CodeType:
+        return transform(loader.get_data(path), path)
+
+    loader.get_code = get_code  # type: ignore[method-assign]
+    return loader
+
+
+def _real(path: str) -> str:
+    return os.path.normcase(os.path.realpath(path))
+
+
+def _excluded_dirs() -> tuple[str, ...]:
+    """Where code is never the program's own: the standard library, site-packages, asyncflow."""
+    dirs: set[str] = set()
+    paths = sysconfig.get_paths()
+    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
+        if paths.get(key):
+            dirs.add(paths[key])
+    with contextlib.suppress(AttributeError):  # (an old virtualenv's site module has none)
+        dirs.update(site.getsitepackages())
+    if site.ENABLE_USER_SITE and site.USER_SITE:
+        dirs.add(site.USER_SITE)
+    dirs.add(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # asyncflow
+    return tuple(sorted({_real(d) for d in dirs}))
+
+
+_INSTALLED = ("site-packages", "dist-packages")
+
+
+def _under(path: str, roots: Iterable[str]) -> bool:
+    return any(path == root or path.startswith(root.rstrip(os.sep) + os.sep) for root in roots)
+
+
+def program_roots(script: str | None, module: str | None) -> tuple[str, ...]:
+    """The program's own code: the script's directory, or the current one and the ``-m``
+    module's package (its file, for a plain module), unless that is installed."""
+    roots: list[str] = []
+    cwd = os.getcwd()
+    if script is not None and module is None:
+        roots.append(os.path.dirname(os.path.abspath(script)))
+    if os.path.dirname(cwd) != cwd:  # never the whole file system
+        roots.append(cwd)
+    if module is not None:
+        try:
+            spec = importlib.util.find_spec(module.partition(".")[0])
+        except (ImportError, ValueError):
+            spec = None
+        if spec is not None:
+            places = list(spec.submodule_search_locations or ())
+            if not places and spec.origin and spec.has_location:
+                places = [spec.origin]
+            roots.extend(places)
+    return tuple(dict.fromkeys(_real(r) for r in roots))
+
+
+class _Finder:
+    """First on ``sys.meta_path`` while tracking is on: asks the finders after it, and gives a
+    source module of the program's own code a loader that adds the decorators."""
+
+    def __init__(self) -> None:
+        self.roots: tuple[str, ...] = ()
+        self.excluded: tuple[str, ...] = ()
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        if getattr(_finding, "name", None) == name:
+            return None  # asked again by a finder we asked: let it go on without us
+        _finding.name = name
+        try:
+            spec = self._find(name, path, target)
+        finally:
+            _finding.name = None
+        if spec is None:
+            return None
+        try:
+            self._adopt(spec)
+        except Exception as err:  # observing never breaks the program: the import goes on
+            _session.internal_error(f"tracking {name}'s coroutine functions", err)
+        return spec  # found once: the finders after us are not asked twice
+
+    def _find(self, name: str, path: Any, target: Any) -> Any:
+        finders: Sequence[Any] = list(sys.meta_path)
+        for finder in finders[finders.index(self) + 1 :] if self in finders else finders:
+            find = getattr(finder, "find_spec", None)
+            if find is None or finder is self:
+                continue
+            spec = find(name, path, target)
+            if spec is not None:
+                return spec
+        return None
+
+    def _adopt(self, spec: Any) -> None:
+        loader = spec.loader
+        origin = spec.origin
+        if (
+            type(loader) is not importlib.machinery.SourceFileLoader
+            or "exec_module" in vars(loader)  # another hook wraps its run: leave it so
+            or not isinstance(origin, str)
+            or not origin.endswith(".py")
+        ):
+            return
+        if any(part in _INSTALLED for part in origin.split(os.sep)):
+            return  # (most imports: said before resolving the path, which costs system calls)
+        real = _real(origin)
+        if (
+            not _under(real, self.roots)
+            or _under(real, self.excluded)
+            or any(part in _INSTALLED for part in real.split(os.sep))
+        ):
+            return
+        spec.loader = _own_loader(spec.name, origin)
+
+
+_finder = _Finder()
+
+
+class OwnCodeTracking:
+    """Handle returned by :func:`track_own_code`; ``undo()`` stops adding the decorators to what
+    is imported or defined afterwards (functions tracked already stay tracked)."""
+
+    __slots__ = ("_active", "roots")
+
+    def __init__(self, roots: tuple[str, ...]) -> None:
+        self.roots = roots
+        self._active = True
+
+    @property
+    def active(self) -> bool:
+        """Whether this handle still keeps the tracking on."""
+        return self._active
+
+    def undo(self) -> None:
+        """Stop (when no other handle keeps it on); idempotent."""
+        with _lock:
+            if not self._active:
+                return
+            self._active = False
+            _handles.remove(self)
+            _sync()
+
+
+def _sync() -> None:
+    """The finder is on ``sys.meta_path`` exactly while a handle is on (under _lock)."""
+    _finder.roots = tuple(dict.fromkeys(r for h in _handles for r in h.roots))
+    on = _finder in sys.meta_path
+    if _handles and not on:
+        _finder.excluded = _excluded_dirs()
+        sys.meta_path.insert(0, _finder)
+    elif not _handles and on:
+        sys.meta_path.remove(_finder)
+
+
+def track_own_code(script: str | None = None, module: str | None = None) -> OwnCodeTracking:
+    """Track the program's own coroutine functions as futures, from now on.
+
+    Modules of the program's own code imported afterwards, and the script ``asyncflow run``
+    compiles through :func:`compile_source`, have each ``async def`` that is not an async
+    generator decorated as ``@asyncflow.future`` would (unless the profiler's
+    ``include``/``exclude`` leave it out). Modules imported before are left as they are.
+
+    Args:
+        script: the program's script, whose directory is its own code (unless ``module``).
+        module: the module run with ``-m``, whose package is its own code (unless installed).
+
+    Returns:
+        A handle whose ``undo()`` stops it.
+    """
+    handle = OwnCodeTracking(program_roots(script, module))
+    with _lock:
+        # The decorator's name stays once set: a nested function defined after undo() still
+        # finds it (and is then left untracked).
+        if getattr(builtins, DECORATOR, None) is not _own:
+            setattr(builtins, DECORATOR, _own)
+        _handles.append(handle)
+        _sync()
+    return handle

@@ -1,0 +1,150 @@
+"""A row per route on real services, with no code change: a FastAPI app under uvicorn and an
+aiohttp app, run under ``asyncflow run``, each with a slow route (it awaits) and a blocking one
+(it sleeps on the loop), show the two handlers as two rows with their own figures, beside the
+framework's request task that every request used to fold into (issue 26).
+
+Each service listens on a unix socket; the requests come from this process.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import orjson
+import pytest
+
+from tests.support.commands import write
+
+#: requests per route, one at a time; each route takes ``WAIT`` seconds
+REQUESTS = 10
+WAIT = 0.02
+
+FASTAPI_APP = f"""
+import asyncio
+import time
+
+from fastapi import FastAPI
+
+app = FastAPI()
+
+
+@app.get("/orders/{{order_id}}")
+async def get_order(order_id: int) -> dict[str, int]:
+    await asyncio.sleep({WAIT})  # slow: it waits, the loop is free
+    return {{"id": order_id}}
+
+
+@app.get("/report")
+async def build_report() -> dict[str, str]:
+    time.sleep({WAIT})  # blocking: the loop waits with it
+    return {{"report": "ready"}}
+"""
+
+AIOHTTP_APP = f"""
+import asyncio
+import os
+import time
+
+from aiohttp import web
+
+routes = web.RouteTableDef()
+
+
+@routes.get("/orders/{{order_id}}")
+async def get_order(request):
+    await asyncio.sleep({WAIT})
+    return web.json_response({{"id": int(request.match_info["order_id"])}})
+
+
+@routes.view("/report")
+class Report(web.View):
+    async def get(self):
+        time.sleep({WAIT})
+        return web.json_response({{"report": "ready"}})
+
+
+app = web.Application()
+app.add_routes(routes)
+web.run_app(app, path=os.environ["APP_SOCK"], print=None, access_log=None)
+"""
+
+
+async def _served(tmp_path: Path, program: list[str], sock: Path) -> dict[str, Any]:
+    """Run ``program`` under ``asyncflow run``, send each route ``REQUESTS`` requests, stop it
+    as a user would (Ctrl-C) and return its JSON exit report."""
+    report = tmp_path / "report.json"
+    # the test's own settings aside; the hot path chosen for the suite stays chosen
+    clean = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("ASYNCFLOW_") or k == "ASYNCFLOW_NO_EXTENSIONS"
+    }
+    asyncflow = [sys.executable, "-m", "asyncflow", "run", "--port", "off"]
+    process = subprocess.Popen(
+        [*asyncflow, "--format", "json", "--output", str(report), *program],
+        cwd=tmp_path,
+        env={**clean, "APP_SOCK": str(sock)},
+        stderr=subprocess.PIPE,
+    )
+    try:
+        with anyio.fail_after(30):
+            while not sock.exists():
+                assert process.poll() is None, f"the service exited with {process.returncode}"
+                await anyio.sleep(0.02)
+        transport = httpx.AsyncHTTPTransport(uds=str(sock))
+        async with httpx.AsyncClient(transport=transport, base_url="http://service") as client:
+            with anyio.fail_after(60):
+                for i in range(REQUESTS):
+                    assert (await client.get(f"/orders/{i}")).json() == {"id": i}
+                    assert (await client.get("/report")).json() == {"report": "ready"}
+    finally:
+        process.send_signal(signal.SIGINT)
+        _, stderr = await anyio.to_thread.run_sync(lambda: process.communicate(timeout=60))
+    assert process.returncode == 0, stderr.decode()
+    return dict(orjson.loads(report.read_bytes()))
+
+
+def _two_rows(report: dict[str, Any], slow_label: str, blocking_label: str) -> None:
+    """The slow route and the blocking one are two rows of the program's own code, each
+    called once per request: the blocking one's time is in its polls, the slow one's between
+    them."""
+    rows = {f["label"]: f for f in report["futures"]["futures"]}
+    slow, blocking = rows[slow_label], rows[blocking_label]
+    assert (slow["call_count"], slow["tracked_by"]) == (REQUESTS, "own_code")
+    assert (blocking["call_count"], blocking["tracked_by"]) == (REQUESTS, "own_code")
+    wait_ns = int(WAIT * 1e9)
+    assert blocking["busy_ns"] >= REQUESTS * wait_ns
+    assert blocking["poll_duration_ns"]["p50"] >= wait_ns * 0.9  # (bucketed: within 10%)
+    # (medians: one stall of a loaded machine in a slow route's poll changes nothing)
+    assert slow["idle_ns"] >= REQUESTS * (wait_ns - 1_000_000)
+    assert slow["poll_duration_ns"]["p50"] < wait_ns / 2
+    assert slow["call_duration_ns"]["p50"] >= wait_ns * 0.9
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+async def test_fastapi_under_uvicorn_has_a_row_per_route(tmp_path: Path, loop: str) -> None:
+    write(tmp_path / "shop.py", FASTAPI_APP)
+    sock = tmp_path / "app.sock"
+    command = ["-m", "uvicorn", "shop:app", "--loop", loop, "--uds", str(sock)]
+    report = await _served(tmp_path, [*command, "--log-level", "warning"], sock)
+    # (the handlers are rows whatever the loop: they are tracked where they are defined)
+    _two_rows(report, "get_order", "build_report")
+    # uvicorn's own coroutine functions are an installed package's: never the program's own
+    own = {f["label"] for f in report["futures"]["futures"] if f["tracked_by"] == "own_code"}
+    assert own == {"get_order", "build_report"}
+
+
+async def test_aiohttp_has_a_row_per_route(tmp_path: Path) -> None:
+    write(tmp_path / "shop.py", AIOHTTP_APP)
+    sock = tmp_path / "app.sock"
+    report = await _served(tmp_path, ["shop.py"], sock)
+    _two_rows(report, "get_order", "Report.get")
+    own = {f["label"] for f in report["futures"]["futures"] if f["tracked_by"] == "own_code"}
+    assert own == {"get_order", "Report.get"}  # aiohttp's own are an installed package's
