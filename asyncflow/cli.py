@@ -75,6 +75,9 @@ def _parser() -> argparse.ArgumentParser:
 
     run = commands.add_parser(
         "run",
+        # no abbreviations: a program's own argument ("--b") must never be taken for one of
+        # run's options, nor refused as an ambiguous prefix of two of them
+        allow_abbrev=False,
         help="run a Python program with every task and queue profiled",
         description=(
             "Run a program as 'python script.py' (or 'python -m module') would, with the "
@@ -274,8 +277,8 @@ def _profiled(
     import asyncflow
     from asyncflow import _children
     from asyncflow.instrumentation.every_loop import track_every_loop
-    from asyncflow.instrumentation.own_code import track_own_code
     from asyncflow.instrumentation.memory import instrument_memory_streams
+    from asyncflow.instrumentation.own_code import track_own_code
 
     options: dict[str, object] = {}
     for option in config.OPTIONS:  # the flags given, as profile()'s arguments
