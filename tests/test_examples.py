@@ -160,10 +160,14 @@ def test_every_problem_example_gets_every_warning(tmp_path: Path) -> None:
         "poll_forever",
     )
     assert (named["task-leak"], named["never-awaited"]) == ("subscribe", "send_mail")
-    # render_page's long poll is its blocking line's warning: one cause, one warning
-    assert named["loop-blocked"] == f"every_problem.py:{line_of('time.sleep(0.15)')}"
-    assert "`render_page` blocked the event loop once" in kinds["loop-blocked"]["message"]
-    assert "long-poll" not in kinds
+    # render_page's long poll is its blocking line's warning: one cause, one warning (on a
+    # loaded machine another line may block the loop too, each its own warning)
+    at = f"every_problem.py:{line_of('time.sleep(0.15)')}"
+    (blocked,) = [
+        w for w in warnings if w["kind"] == "loop-blocked" and w["subject"]["label"] == at
+    ]
+    assert "`render_page` blocked the event loop once" in blocked["message"]
+    assert not [w for w in warnings if w["subject"]["label"] == "render_page"]
 
 
 def line_of(text: str) -> int:
