@@ -65,7 +65,7 @@ from asyncflow.instrumentation import _session, futures, loops
 from asyncflow.instrumentation.futures import CallRecord
 from asyncflow.instrumentation.loops import LoopRecord, loop_registry
 from asyncflow.model.threads import _cpu_clock
-from asyncflow.model.waits import is_library_file
+from asyncflow.model.waits import is_asyncflow_file, is_library_file
 
 __all__ = [
     "BLOCK_MIN_NS",
@@ -185,17 +185,22 @@ LineKey = tuple[str, int, str]
 
 def own_line(top: FrameType | None) -> LineKey | None:
     """The program's own line in a stack: the innermost frame outside the standard library,
-    installed packages and asyncflow, else the innermost frame (a library's line is still the
-    best name there is); None for no stack."""
+    installed packages and asyncflow, else the innermost library frame that is not asyncflow's
+    or a console script's (a library's line is still the best name there is), else the
+    innermost; None for no stack."""
     frame = top
+    library = None  # the innermost library frame that is not asyncflow's or a launcher's
     while frame is not None:
         code = frame.f_code
         if not is_library_file(code.co_filename):
             return code.co_filename, frame.f_lineno or 0, code.co_name
+        if library is None and not is_asyncflow_file(code.co_filename):
+            library = frame
         frame = frame.f_back
-    if top is None:
+    frame = library or top
+    if frame is None:
         return None
-    return top.f_code.co_filename, top.f_lineno or 0, top.f_code.co_name
+    return frame.f_code.co_filename, frame.f_lineno or 0, frame.f_code.co_name
 
 
 def _cpu_of(native_id: int) -> int | None:
