@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -114,7 +115,7 @@ def _serve_and_stop(
             return listed if [e for e in listed if e["parent"] is not None][1:] else []
 
         listed = _until("two workers in asyncflow ps", workers)
-        _until("the socket", sock.exists)
+        _until("the socket listening", lambda: _listening(sock))
         with httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)), timeout=10) as client:
 
             def both() -> bool:
@@ -180,3 +181,53 @@ def test_gunicorn_uvicorn_workers_are_profiled_each_on_its_own(
     # uvicorn raises it again once it has shut down)
     listed, served, stderr = _serve_and_stop(tmp_path, server, ctrl_c)
     _check(tmp_path, listed, served, stderr, "fork")
+
+
+def test_uvicorns_reloaded_server_is_profiled_each_time(tmp_path: Path) -> None:
+    write(tmp_path / "app.py", APP)
+    sock = tmp_path / "app.sock"
+    report = tmp_path / "report.json"
+    command = [*ASYNCFLOW, "run", "--format", "json", "--output", str(report)]
+    server = ["-m", "uvicorn", "app:app", "--reload", "--uds", str(sock)]
+    err = tmp_path / "stderr.txt"
+    with err.open("w") as stderr:
+        run = subprocess.Popen(
+            [*command, *server], cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=stderr
+        )
+    served: list[int] = []
+    try:
+        with httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)), timeout=10) as client:
+            for role in ("process-1", "process-2"):  # the server, then the one reloaded
+
+                def serving(role: str = role) -> list[dict[str, Any]]:
+                    return [e for e in _ps() if e["role"] == role]
+
+                (entry,) = _until(f"{role} in asyncflow ps", serving)
+                # the reloader's socket, which the first server starts listening on, and which
+                # outlives it: a request waits in its backlog until the next server accepts it
+                _until("the socket listening", lambda: _listening(sock))
+                response = client.get("http://app/", headers={"Connection": "close"})
+                assert int(response.text) == entry["pid"]
+                served.append(entry["pid"])
+                write(tmp_path / "app.py", APP + "\n# changed\n")  # uvicorn reloads
+        run.send_signal(signal.SIGTERM)
+        run.wait(DEADLINE)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+    stderr_text = err.read_text()
+    for number, pid in enumerate(served, 1):
+        child = tmp_path / f"report.process-{number}.json"
+        assert orjson.loads(child.read_bytes())["status"]["pid"] == pid, stderr_text
+        assert "audit" in _labels(child)
+        assert str(child) in stderr_text
+
+
+def _listening(path: Path) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        try:
+            probe.connect(str(path))
+        except OSError:  # not there yet, or not listening yet
+            return False
+    return True
