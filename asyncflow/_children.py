@@ -123,6 +123,8 @@ class Following:
         self.target = target
         self.setup = setup
         self.active = False
+        #: whether a child's setup pickles (known at the first start)
+        self.picklable: bool | None = None
         self._numbers = itertools.count(1)
         #: (child, pid) of the multiprocessing children started, at most MAX_LISTED
         self.started: list[tuple[Child, int | None]] = []
@@ -282,8 +284,15 @@ def _patch_start() -> Callable[[], None]:
             return original(self)
         try:
             child = following.child(_role_base(self))
+            if following.picklable is None:  # once: a spawned child gets it pickled
+                from multiprocessing.reduction import ForkingPickler
+
+                ForkingPickler.dumps(_InChild(child))
+                following.picklable = True
             vars(self)["run"] = _InChild(child)
-        except Exception as exc:  # the child runs unprofiled
+        except Exception as exc:  # the child runs unprofiled; its start() is not ours to break
+            following.picklable = False
+            following.active = False
             _session.internal_error("following a child process", exc)
             return original(self)
         _local.starting = True
