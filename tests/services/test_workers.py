@@ -163,7 +163,8 @@ def _check(
 
 
 def test_uvicorn_workers_are_profiled_each_on_its_own(tmp_path: Path) -> None:
-    server = ["-m", "uvicorn", "app:app", "--workers", "2", "--uds", str(tmp_path / "app.sock")]
+    server = ["-m", "uvicorn", "app:app", "--workers", "2", "--loop", "uvloop"]
+    server += ["--uds", str(tmp_path / "app.sock")]
     listed, served, stderr = _serve_and_stop(tmp_path, server)
     _check(tmp_path, listed, served, stderr, "process")
 
