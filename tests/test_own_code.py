@@ -27,6 +27,8 @@ HELPER = '''\
 """The program's own module, imported by the script."""
 import asyncio
 
+from pydantic import validate_call
+
 
 async def fetch(n):
     await asyncio.sleep(0)
@@ -62,6 +64,11 @@ async def numbers():  # an async generator: left alone
 
 def plain(x):  # a plain function: left alone
     return x
+
+
+@validate_call  # refuses anything but a plain function: given one (and left untracked)
+async def validated(x: int) -> int:
+    return x * 2
 '''
 
 PROGRAM = """\
@@ -100,7 +107,7 @@ async def main():
         await helper.fetch(1), await helper.fetch(2), await helper.Worker().run(1),
         await helper.Worker.make(), await helper.Worker.ping(), await nested(3),
         await decorated(1), await asked_for(), [x async for x in helper.numbers()],
-        helper.plain(4),
+        helper.plain(4), await helper.validated("3"),
     ]
     print("results", results)
     for fn in (main, nested, decorated, helper.fetch, helper.Worker.run, helper.Worker().run,
@@ -170,16 +177,17 @@ def test_the_programs_coroutine_functions_are_rows_with_no_code_change(tmp_path:
     # the program's own decorator keeps its name; async generators are not futures
     assert calls["explicit"] == (1, "decorator")
     assert "asked_for" not in calls and "numbers" not in calls
+    assert calls.get("validated", (0,))[0] == 0  # pydantic's wrapper calls the plain function
     location = futures["fetch"]["location"]
-    assert (Path(location["file"]).name, location["line"]) == ("helper.py", 5)
+    assert (Path(location["file"]).name, location["line"]) == ("helper.py", 7)
     assert not any(label.startswith(("sleep", "Runner.", "BaseEventLoop.")) for label in calls)
 
 
 def test_the_program_sees_what_it_sees_without_asyncflow(tmp_path: Path) -> None:
     _program(tmp_path)
     plain = _python(tmp_path / "app.py", cwd=tmp_path)
-    assert "results [2, 4, 2, 'Worker', 'pong', 3, 3, 'e', [1, 2], 4]" in plain
-    assert "traceback [('main', 50, 'await helper.fail()'), ('fail', 11, " in plain
+    assert "results [2, 4, 2, 'Worker', 'pong', 3, 3, 'e', [1, 2], 4, 6]" in plain
+    assert "traceback [('main', 50, 'await helper.fail()'), ('fail', 13, " in plain
     assert "syntax error invalid syntax 2 13" in plain
     for flag in ([], ["--no-own-code"]):
         done = asyncflow_cmd("run", "--format", "none", *flag, "app.py", cwd=tmp_path, env=_env())
@@ -437,3 +445,37 @@ def test_the_program_runs_on_the_running_loop_as_before() -> None:
         tracking.undo()
     (row,) = [f for f in snap.futures.futures if f.label.endswith("work")]
     assert (row.call_count, row.total_polls) == (1, 2)
+
+
+def test_a_decorator_that_refuses_the_tracked_function_gets_the_function_itself() -> None:
+    import types
+
+    async def handler() -> None:
+        pass
+
+    def strict(fn: Any) -> Any:  # as pydantic's validate_call
+        if not isinstance(fn, types.FunctionType):
+            raise TypeError("should be applied to functions")
+        return fn
+
+    registered: list[Any] = []
+
+    def route(fn: Any) -> Any:  # as @app.get(...)
+        registered.append(fn)
+        return fn
+
+    def broken(fn: Any) -> Any:
+        raise ValueError("the program's own mistake")
+
+    tracking = own_code.track_own_code()
+    try:
+        with asyncflow.profile("t", format="none"):
+            assert own_code._guard(strict)(own_code._own(handler)) is handler
+            tracked = own_code._own(handler)
+            assert own_code._guard(route)(tracked) is tracked and registered == [tracked]
+            assert own_code._guard(route)(handler) is handler  # not ours: as it is
+            with pytest.raises(ValueError, match="own mistake") as raised:
+                own_code._guard(broken)(own_code._own(handler))
+    finally:
+        tracking.undo()
+    assert raised.value.__context__ is None  # raised as without asyncflow, not during ours

@@ -48,6 +48,8 @@ __all__ = [
 OWN_CODE = "own_code"
 #: the name the added decorator is looked up by (in builtins: no module's namespace changes)
 DECORATOR = "__asyncflow_own_code__"
+#: the name each of the program's own decorators of such a function is passed through
+GUARD = "__asyncflow_own_code_guard__"
 
 _lock = threading.Lock()
 #: the handles on now; the finder and the decorator act while there is one
@@ -77,6 +79,25 @@ def _own(fn: Any) -> Any:
     except Exception as err:  # observing never breaks the program: it runs untracked
         _session.internal_error("tracking a coroutine function of the program's own code", err)
         return fn
+
+
+def _guard(decorator: Any) -> Any:
+    """What a decorator of the program's becomes on a function that the own-code decorator
+    tracks: the decorator itself, unless it refuses the tracked function. A decorator that
+    demands a plain function (pydantic's ``validate_call``: "should be applied to functions")
+    is given the function itself instead, as it would be without asyncflow (which leaves it
+    untracked); an error it raises for that too is the program's own, raised as it would be."""
+
+    def guarded(fn: Any) -> Any:
+        if type(fn) is not futures.FutureFunction or fn.future_record.tracked_by != OWN_CODE:
+            return decorator(fn)
+        try:
+            return decorator(fn)
+        except Exception:
+            pass  # (given the plain function below, outside this handler: no context of ours)
+        return decorator(fn.__wrapped__)
+
+    return guarded
 
 
 def _asks_by_name(node: ast.AsyncFunctionDef) -> bool:
@@ -110,10 +131,20 @@ def _yields(node: ast.AsyncFunctionDef) -> bool:
     return False
 
 
+def _guarded(decorator: ast.expr) -> ast.expr:
+    """``GUARD(decorator)``, where the decorator was."""
+    call = ast.Call(func=ast.Name(id=GUARD, ctx=ast.Load()), args=[decorator], keywords=[])
+    ast.copy_location(call, decorator)
+    ast.copy_location(call.func, decorator)
+    call.func.end_lineno, call.func.end_col_offset = decorator.lineno, decorator.col_offset
+    return call
+
+
 class _AddDecorator(ast.NodeTransformer):
     def visit_AsyncFunctionDef(self, node: ast.AsyncFunctionDef) -> ast.AST:
         self.generic_visit(node)  # nested functions and classes first
         if not _yields(node) and not _asks_by_name(node):
+            node.decorator_list = [_guarded(d) for d in node.decorator_list]
             # innermost (applied first, to the function itself), at the def's own position:
             # the code's first line stays the first decorator's or the def's, as it was
             node.decorator_list.append(
@@ -328,8 +359,9 @@ def track_own_code(script: str | None = None, module: str | None = None) -> OwnC
     with _lock:
         # The decorator's name stays once set: a nested function defined after undo() still
         # finds it (and is then left untracked).
-        if getattr(builtins, DECORATOR, None) is not _own:
-            setattr(builtins, DECORATOR, _own)
+        for name, function in ((DECORATOR, _own), (GUARD, _guard)):
+            if getattr(builtins, name, None) is not function:
+                setattr(builtins, name, function)
         _handles.append(handle)
         _sync()
     return handle
