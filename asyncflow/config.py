@@ -104,6 +104,7 @@ WARNING_KINDS = (
     "lock-contention",
     "permits-leaked",
     "event-never-set",
+    "deadlock",
 )
 _DISABLE = "ASYNCFLOW_DISABLE"
 _NO_EXTENSIONS = "ASYNCFLOW_NO_EXTENSIONS"

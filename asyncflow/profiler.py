@@ -236,6 +236,9 @@ class Profiler:
                 )
             if options.reporters or options.otel:
                 self._live = _live_reporters(self._collector, options)
+            from asyncflow.views.documents import watch_for_deadlocks
+
+            watch_for_deadlocks(self._collector)
             self._failure, self._abandoned, self._began = None, False, False
             ready = threading.Event()
             self._thread = threading.Thread(
@@ -569,11 +572,13 @@ class Profiler:
                 "reported when it happened)"
             )
 
+        caller = threading.get_ident()  # its loop, if any, waits for this: read it from outside
+
         def take() -> Snapshot:
             from asyncflow.views import documents as views
 
             collector.drain()
-            return views.snapshot(collector, running=self.running)
+            return views.snapshot(collector, running=self.running, waiting_thread=caller)
 
         result: Snapshot = self._call(take)
         return result

@@ -45,6 +45,10 @@ __all__ = [
     "FutureEntry",
     "FutureLogs",
     "FuturesDocument",
+    "GraphCycle",
+    "GraphDocument",
+    "GraphEdge",
+    "GraphNode",
     "JobGroup",
     "LiveSample",
     "Location",
@@ -715,6 +719,20 @@ class TaskEntry:
     #: the innermost frame of the chain in the program's own code (not asyncio's, not an
     #: installed package's, not asyncflow's): the line a person looks at
     where: AwaitFrame | None = None
+    #: the tracked calls in its await chain, outermost first: a resource's holder
+    #: (``ResourceHolder.call_id``) is one of them when this task holds it
+    chain_calls: list[int] = field(default_factory=list)
+    #: the ``async with`` blocks open in its chain, outermost first: the lines where it took
+    #: the locks and permits it holds while it waits
+    held_at: list[AwaitFrame] = field(default_factory=list)
+    #: the tasks it waits for (the task it awaits, a gather's, ``asyncio.wait``'s or a task
+    #: group's unfinished children), by name
+    awaits: list[str] = field(default_factory=list)
+    #: the tasks that wait for it, by name (the task tree's edges upwards)
+    awaiters: list[str] = field(default_factory=list)
+    #: the task that created it, by name, when asyncflow saw it made (None: made outside a
+    #: task, before asyncflow watched, or untracked)
+    parent: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -743,6 +761,75 @@ class TasksDocument:
     tasks: list[TaskEntry]
     #: waiting tasks grouped by future, line and what they wait on, most first (all tasks)
     waits: list[WaitSummary]
+
+
+@dataclass(frozen=True, slots=True)
+class GraphNode:
+    """One node of the wait-for graph: a task, what it waits on, or who can release that."""
+
+    #: ``task:NAME``, ``resource:ID``, ``channel:ID:get`` (its readers' wait) or
+    #: ``channel:ID:put`` (its writers'); for a wait asyncflow does not track,
+    #: ``KIND:DESCRIPTION`` (``sleep:...``, ``executor:...``)
+    id: str
+    #: ``task``, or what it is: a WaitTarget's kind (``lock``, ``semaphore``, ``condition``,
+    #: ``event``, ``queue_get``...), ``channel`` or ``resource``
+    kind: str
+    #: a task's name, a resource's or channel's label (``app.py:12 #3``), or the description
+    label: str
+    #: a task's state (``waiting``, ``scheduled``, ``running``); None for other nodes
+    state: str | None = None
+    #: a task's coroutine (its tracked future's label when tracked)
+    coroutine: str | None = None
+    #: a task's line in the program's own code where it waits
+    where: AwaitFrame | None = None
+    #: a task that cannot go on: what it waits on can only be released by tasks that
+    #: cannot go on either (a member of a cycle, or stuck behind one)
+    stuck: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class GraphEdge:
+    """``source`` waits for ``target``: a task for what it waits on, and that for the tasks
+    that can release it."""
+
+    source: str
+    target: str
+    #: ``waits`` (a task waits on the target), ``awaits`` (a task waits for the target task to
+    #: end), ``held_by`` (a lock or permit held by the target task), ``sent_by`` (a queue that
+    #: the target task, a producer, can fill), ``received_by`` (a full queue the target task,
+    #: a consumer, can drain)
+    relation: str
+    #: ``waits``: the program's line where the task waits; ``held_by``: the line of the
+    #: ``async with`` block in which the holder took it, when it is one
+    where: AwaitFrame | None = None
+    #: ``held_by``: how long it has been held
+    held_ns: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GraphCycle:
+    """A deadlock: tasks each waiting on what the next holds (or is), around to the first."""
+
+    #: the cycle's node ids in order (a task, what it waits on, the task that holds it...)
+    nodes: list[str]
+    #: its tasks' names, in the same order
+    tasks: list[str]
+
+
+@dataclass(frozen=True, slots=True)
+class GraphDocument:
+    """``GET /graph``: the wait-for graph of every waiting task, and the cycles in it."""
+
+    schema: int
+    #: as ``TasksDocument.consistent``: False when a blocked loop was read from outside
+    consistent: bool
+    #: the waiting tasks, what they wait on and the tasks that can release it
+    nodes: list[GraphNode]
+    edges: list[GraphEdge]
+    #: deadlocks: cycles of tasks that wait on one another through locks, queues or awaits
+    cycles: list[GraphCycle]
+    #: nodes (and their edges) left out past the graph's bound; cycles are found first
+    omitted: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -1037,6 +1124,8 @@ class Snapshot:
     resources: ResourcesDocument | None = None
     resource_logs: list[ResourceLogs] = field(default_factory=list)
     tasks: TasksDocument | None = None
+    #: the wait-for graph and its deadlocks (``GET /graph``)
+    graph: GraphDocument | None = None
     #: every thread of the process (``GET /threads``)
     threads: ThreadsDocument | None = None
     #: the diagnoses, as ``GET /warnings`` lists them

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextvars
+import dis
 import functools
 import gc
 import os
@@ -346,6 +347,129 @@ def _closure_value(fn: Any, name: str) -> Any:
         return None
 
 
+def _chain_calls(coro: Any) -> list[int]:
+    """The ids of the tracked calls down a task's await chain, outermost first."""
+    calls: list[int] = []
+    obj = coro
+    for _ in range(MAX_CHAIN):
+        if type(obj) is InstrumentedCoroutine:
+            calls.append(obj._r.call_id)
+            obj = obj._coro
+            continue
+        nxt = getattr(obj, "cr_await", None)
+        if nxt is None:
+            nxt = getattr(obj, "gi_yieldfrom", None)
+        if nxt is None:
+            break
+        obj = nxt
+    return calls
+
+
+def _awaited(frames: list[FrameType], owners: list[Any], waiter: Any) -> list[str]:
+    """The unfinished tasks a waiting task waits for: the task it awaits, a gather's children,
+    ``asyncio.wait``'s or ``wait_for``'s tasks, a task group's tasks."""
+    found: Iterable[Any] = ()
+    if isinstance(waiter, asyncio.Task):
+        found = (waiter,)
+    elif isinstance(getattr(waiter, "_children", None), list):  # asyncio.gather's
+        found = waiter._children
+    else:
+        for frame, owner in zip(reversed(frames), reversed(owners), strict=True):
+            code = frame.f_code
+            if not _is_library(code):
+                break
+            qualname = code.co_qualname
+            if qualname in ("TaskGroup.__aexit__", "TaskGroup._aexit"):
+                found = getattr(_self_of(owner, code), "_tasks", None) or ()
+                break
+            if code.co_filename.startswith(_ASYNCIO_DIR):
+                if qualname in ("_wait", "wait"):
+                    found = _held(owner, (set, frozenset)) or ()
+                    break
+                if qualname == "wait_for":
+                    inner = _held(owner, asyncio.Task)
+                    found = (inner,) if inner is not None else ()
+                    break
+    return sorted(
+        {t.get_name() for t in list(found) if isinstance(t, asyncio.Task) and not t.done()}
+    )
+
+
+#: code object -> the lines of the ``async with`` / ``with`` blocks around each of its offsets
+#: (read from the exception table: a with block's cleanup is its handler, on its line); bounded
+_WITH_CACHE: dict[CodeType, list[tuple[int, int, int, int | None]]] = {}
+_WITH_CACHE_LIMIT = 512
+
+
+def _handlers(code: CodeType) -> list[tuple[int, int, int, int | None]]:
+    """The code's exception table as (start, end, target, the target's with-line or None)."""
+    table = _WITH_CACHE.get(code)
+    if table is not None:
+        return table
+    table = []
+    parse = getattr(dis, "_parse_exception_table", None)
+    if parse is not None:
+        try:
+            instructions = list(dis.get_instructions(code))
+            at = {ins.offset: k for k, ins in enumerate(instructions)}
+            for entry in parse(code):
+                k = at.get(entry.target)
+                line = None
+                if k is not None:
+                    names = [ins.opname for ins in instructions[k : k + 3]]
+                    if "WITH_EXCEPT_START" in names:
+                        line = instructions[k].positions.lineno  # type: ignore[union-attr]
+                table.append((entry.start, entry.end, entry.target, line))
+        except Exception:  # an unreadable table: no lines, never a failed document
+            table = []
+    if len(_WITH_CACHE) >= _WITH_CACHE_LIMIT:
+        _WITH_CACHE.clear()
+    _WITH_CACHE[code] = table
+    return table
+
+
+def _with_lines(frame: FrameType) -> list[int]:
+    """The lines of the ``with`` blocks open at the frame's current instruction, outermost
+    first: follow the handler of the current offset, then the handler of that handler..."""
+    table = _handlers(frame.f_code)
+    lines: list[int] = []
+    offset = frame.f_lasti
+    for _ in range(MAX_CHAIN):
+        entry = next((e for e in table if e[0] <= offset < e[1]), None)
+        if entry is None:
+            break
+        if entry[3] is not None and entry[3] not in lines:
+            lines.append(entry[3])
+        if entry[2] == offset:
+            break
+        offset = entry[2]
+    return lines[::-1]
+
+
+def _held_at(frames: list[FrameType]) -> list[schema.AwaitFrame]:
+    """The ``with`` blocks open in the program's own frames of a chain, outermost first."""
+    out = []
+    for frame in frames:
+        code = frame.f_code
+        if _is_library(code):
+            continue
+        for line in _with_lines(frame):
+            out.append(schema.AwaitFrame(code.co_filename, line, code.co_qualname))
+    return out
+
+
+def _done(fut: Any) -> bool:
+    try:
+        return bool(fut.done())
+    except Exception:  # a foreign future that cannot say: waiting, as it looks
+        return False
+
+
+def _parent_of(task: asyncio.Task[Any]) -> str | None:
+    """The name of the task that created ``task``, when the task factory noted it."""
+    return None
+
+
 def _frame_entry(frame: FrameType) -> schema.AwaitFrame:
     code = frame.f_code
     return schema.AwaitFrame(code.co_filename, frame.f_lineno or 0, code.co_qualname)
@@ -371,7 +495,8 @@ def walk_task(
         state = "running"
     else:
         waiter = getattr(task, "_fut_waiter", None)
-        state = "waiting" if waiter is not None else "scheduled"
+        # a waiter already done has woken the task: it runs at the loop's next turn
+        state = "waiting" if waiter is not None and not _done(waiter) else "scheduled"
         for frame, owner in zip(reversed(frames), reversed(owners), strict=True):
             if not _is_library(frame.f_code):
                 break
@@ -382,6 +507,11 @@ def walk_task(
             waits_on = describe_future(waiter)
         if waits_on is None and innermost is not None and state == "waiting":
             waits_on = _target("future", _short(type(innermost).__qualname__))
+    awaits: list[str] = []
+    held_at: list[schema.AwaitFrame] = []
+    if state == "waiting":
+        awaits = _awaited(frames, owners, getattr(task, "_fut_waiter", None))
+        held_at = _held_at(frames)
     future_id = future_label = call_id = age = None
     if type(coro) is InstrumentedCoroutine:
         r = coro._r
@@ -403,6 +533,10 @@ def walk_task(
         chain=chain,
         waits_on=waits_on,
         where=where,
+        chain_calls=_chain_calls(coro),
+        held_at=held_at,
+        awaits=awaits,
+        parent=_parent_of(task),
     )
     key = (
         f"{waits_on.kind}:{waits_on.ref or waits_on.label or waits_on.description}"

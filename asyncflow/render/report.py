@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import textwrap
 from collections.abc import Callable
+from dataclasses import replace
 from functools import partial
 from typing import TypeVar
 
@@ -12,6 +13,8 @@ from asyncflow.schema import (
     ChannelEntry,
     ExecutorEntry,
     FutureEntry,
+    GraphDocument,
+    GraphEdge,
     LoopEntry,
     ProfilerStatus,
     ResourceEntry,
@@ -22,6 +25,7 @@ from asyncflow.schema import (
     dumps,
 )
 from asyncflow.stats import percentile_key
+from asyncflow.views.graph import resource_names
 
 __all__ = ["counted", "format_duration", "named", "printable", "render", "render_table"]
 
@@ -122,6 +126,7 @@ def render_table(snapshot: Snapshot, percentiles: tuple[float, ...], limit: int)
         lines.append(f"never called: {names}")
     if not every:
         lines.append(_no_futures(snapshot))
+    lines += _stuck_section(snapshot.graph, limit)
     lines += _functions_section(snapshot, percentiles, limit)
     measured = [f for f in shown if f.cpu is not None or f.allocations is not None]
     if measured:
@@ -131,6 +136,8 @@ def render_table(snapshot: Snapshot, percentiles: tuple[float, ...], limit: int)
         _CHANNEL_COLUMNS, partial(_channel_row, live=live), channels, limit, "channels"
     )
     resources = snapshot.resources.resources if snapshot.resources is not None else []
+    distinct = resource_names(resources)  # locks made on one line: `app.py:9 #1`, `#2`
+    resources = [replace(r, label=distinct[r.id]) for r in resources]
     lines += _section(
         _RESOURCE_COLUMNS, partial(_resource_row, live=live), resources, limit, "resources"
     )
@@ -357,6 +364,44 @@ _RESOURCE_COLUMNS = [
     "waiting now/max",
     "held by",
 ]
+
+
+def _stuck_section(graph: GraphDocument | None, limit: int) -> list[str]:
+    """The tasks that cannot go on when the snapshot was taken (those of a deadlock first):
+    what each waits on, where, and who holds it."""
+    if graph is None:
+        return []
+    stuck = [n for n in graph.nodes if n.stuck]
+    if not stuck:
+        return []
+    nodes = {n.id: n for n in graph.nodes}
+    out: dict[str, list[GraphEdge]] = {}
+    for e in graph.edges:
+        out.setdefault(e.source, []).append(e)
+    k = len(graph.cycles)
+    heading = f"stuck tasks ({len(stuck)}" + (f", in {counted(k, 'deadlock')})" if k else ")")
+    lines = ["", heading]
+    for node in stuck if limit == 0 else stuck[:limit]:
+        who = f"{node.label} ({node.coroutine})" if node.coroutine else node.label
+        where = f" at {_path(node.where.file)}:{node.where.line}" if node.where else ""
+        for e in out.get(node.id, []):
+            target = nodes.get(e.target)
+            if target is None:
+                continue
+            if e.relation == "awaits":
+                lines.append(f"  {who} awaits task {target.label}{where}")
+                continue
+            held = [
+                f"{nodes[h.target].label}"
+                + (f" (took it at {_path(h.where.file)}:{h.where.line})" if h.where else "")
+                for h in out.get(target.id, [])
+                if h.relation == "held_by" and h.target in nodes
+            ]
+            by = f", held by {', '.join(held)}" if held else ""
+            lines.append(f"  {who} waits{where} on {target.kind} {target.label}{by}")
+    if limit and len(stuck) > limit:
+        lines.append(_more(len(stuck) - limit, "stuck tasks", limit))
+    return lines
 
 
 def _resource_row(r: ResourceEntry, live: bool) -> list[str]:

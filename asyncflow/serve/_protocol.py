@@ -115,6 +115,12 @@ ROUTES: tuple[Route, ...] = (
         _PAGED,
     ),
     Route(
+        "/graph",
+        "The wait-for graph: every waiting task, what it waits on and the tasks that can "
+        "release it (holders, producers, awaited tasks), and the deadlocks (cycles) in it.",
+        schema.GraphDocument,
+    ),
+    Route(
         "/resources",
         "Every lock, semaphore, condition, event, barrier and limiter, most waited on first.",
         schema.ResourcesDocument,

@@ -614,6 +614,10 @@ class Server:
         responsive = wait_views.responsive_loops(self.collector.monitor, clock.now_ns())
         return wait_views.tasks_document(query.offset, query.limit, responsive)
 
+    @_builds("/graph")
+    def _graph(self, query: _Query) -> Any:
+        return views.wait_for_graph(self.collector)
+
     @_builds("/resources")
     def _resources(self, query: _Query) -> Any:
         now = clock.now_ns()

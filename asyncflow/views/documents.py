@@ -27,11 +27,13 @@ from asyncflow.instrumentation.futures import (
     call_state,
     gone_labels,
 )
+from asyncflow.instrumentation.loops import LoopRecord
 from asyncflow.instrumentation.resources import resource_registry
 from asyncflow.instrumentation.streams import ACTIVE, StreamRecord, recent_items, stream_registry
 from asyncflow.model.collector import Collector, live_calls
 from asyncflow.model.monitor import BlockLine, Episode, LoopState, running_calls
 from asyncflow.model.threads import FRESH_NS, threads_document
+from asyncflow.model.waits import summarise
 from asyncflow.schema import (
     SCHEMA,
     BlockedEpisode,
@@ -52,6 +54,7 @@ from asyncflow.schema import (
     FutureEntry,
     FutureLogs,
     FuturesDocument,
+    GraphDocument,
     LiveSample,
     Location,
     LoopDocument,
@@ -69,9 +72,11 @@ from asyncflow.schema import (
     StreamItemEntry,
     StreamLogs,
     StreamsDocument,
+    TasksDocument,
     WarningsDocument,
 )
 from asyncflow.views import function_views, lints, resource_views, wait_views
+from asyncflow.views.graph import graph_document
 from asyncflow.views.paging import at_most, ordered_page
 
 __all__ = [
@@ -88,7 +93,9 @@ __all__ = [
     "stream_entry",
     "stream_logs",
     "streams_document",
+    "wait_for_graph",
     "warnings_document",
+    "watch_for_deadlocks",
 ]
 
 
@@ -669,8 +676,15 @@ def loop_document(collector: Collector, now: int) -> LoopDocument:
     )
 
 
-def snapshot(collector: Collector, running: bool = True) -> Snapshot:
-    """Every document at once, as of now (drain first for an up-to-date picture)."""
+def snapshot(
+    collector: Collector, running: bool = True, waiting_thread: int | None = None
+) -> Snapshot:
+    """Every document at once, as of now (drain first for an up-to-date picture).
+
+    Args:
+        waiting_thread: the thread that asked and waits for it (``prof.snapshot()``): a loop
+            of that thread cannot run a callback now, so its tasks are read from here.
+    """
     now = clock.now_ns()
     origin = collector.session.start_ns
     futures = futures_document(collector, now)
@@ -679,7 +693,10 @@ def snapshot(collector: Collector, running: bool = True) -> Snapshot:
     loop = loop_document(collector, now)
     executors = wait_views.executors_document(collector.options.percentiles, by_id.values())
     resources = resource_views.resources_document(collector, now)
-    warnings = _warnings(collector, now, futures, channels, loop, executors, resources)
+    tasks, graph = _tasks_and_graph(
+        collector, now, resources, channels, SNAPSHOT_TASKS, waiting_thread
+    )
+    warnings = _warnings(collector, now, futures, channels, loop, executors, resources, graph)
     return Snapshot(
         schema=SCHEMA,
         status=status(collector, now, running),
@@ -694,6 +711,8 @@ def snapshot(collector: Collector, running: bool = True) -> Snapshot:
         executors=executors,
         resources=resources,
         resource_logs=[resource_views.resource_logs(r, origin) for r in resource_registry()],
+        tasks=tasks,
+        graph=graph,
         threads=threads_document(collector.threads, now, origin, 0 if not running else FRESH_NS),
         warnings=warnings.warnings,
         functions=function_views.functions_document(collector, now),
@@ -709,6 +728,7 @@ def _warnings(
     loop: LoopDocument,
     executors: ExecutorsDocument,
     resources: ResourcesDocument,
+    graph: GraphDocument | None = None,
 ) -> WarningsDocument:
     docs = lints.Documents(
         now_ns=now,
@@ -721,6 +741,7 @@ def _warnings(
         never_awaited=futures.never_awaited,
         block_threshold_ns=loop.block_threshold_ns,
         recent_ends=_recent_ends(collector),
+        graph=graph,
     )
     book = warning_book(collector)
     book.update(docs)
@@ -760,12 +781,110 @@ def warnings_document(collector: Collector) -> WarningsDocument:
     """``GET /warnings``: every lint evaluated now over every document."""
     now = clock.now_ns()
     qs = collector.options.percentiles
+    channels = channels_document(collector)
+    resources = resource_views.resources_document(collector, now)
+    loop = loop_document(collector, now)
+    graph = None
+    if _worth_a_walk(loop, resources):
+        graph = _tasks_and_graph(collector, now, resources, channels, 0)[1]
     return _warnings(
         collector,
         now,
         futures_document(collector, now),
-        channels_document(collector),
-        loop_document(collector, now),
+        channels,
+        loop,
         wait_views.executors_document(qs, collector.futures()),
-        resource_views.resources_document(collector, now),
+        resources,
+        graph,
     )
+
+
+#: tasks a snapshot lists at most (the summary of where they wait counts them all)
+SNAPSHOT_TASKS = 200
+#: live tasks up to which ``/warnings`` reads every task for the deadlock lint; past it, only
+#: while a lock or semaphore has both a holder and a waiter
+WALK_TASKS = 2000
+
+
+def _worth_a_walk(loop: LoopDocument, resources: ResourcesDocument) -> bool:
+    """Whether reading every task for the wait-for graph may find a deadlock: few tasks, or a
+    lock held while another task waits on it (a deadlock through locks always has one)."""
+    if sum(entry.tasks_alive for entry in loop.loops) <= WALK_TASKS:
+        return True
+    return any(r.waiters_now and r.holders for r in resources.resources)
+
+
+def _tasks_and_graph(
+    collector: Collector,
+    now: int,
+    resources: ResourcesDocument,
+    channels: ChannelsDocument,
+    limit: int,
+    waiting_thread: int | None = None,
+) -> tuple[TasksDocument, GraphDocument]:
+    """Every live task, read now, as ``/tasks`` lists them (its first ``limit``), and the
+    wait-for graph they make with the resources and channels."""
+    answers = wait_views.responsive_loops(collector.monitor, now)
+
+    def responsive(record: LoopRecord) -> bool:
+        return record.thread != waiting_thread and answers(record)
+
+    walks, consistent = wait_views.task_walks(responsive)
+    entries = [w.entry for w in walks]
+    tasks = TasksDocument(
+        schema=SCHEMA,
+        total=len(walks),
+        consistent=consistent,
+        tasks=entries[:limit],
+        waits=summarise(walks),
+    )
+    return tasks, graph_document(entries, resources.resources, channels.channels, consistent)
+
+
+#: how often the collector looks for deadlocks with nobody asking
+STUCK_EVERY_NS = 1_000_000_000
+#: past ``WALK_TASKS`` live tasks, a lock held this long while a task waits on it is what
+#: makes the watch read every task
+STUCK_HELD_NS = 1_000_000_000
+
+
+def watch_for_deadlocks(collector: Collector) -> None:
+    """Look for deadlocks every second on the collector's tick, so that one that held during
+    the run reaches the exit report whether or not anyone asked: a deadlocked program is
+    ended by a timeout, Ctrl-C or SIGTERM, and its shutdown cancels the stuck tasks before
+    the report is written. The tasks are read only where a deadlock may be: few tasks, or a
+    lock held for a second while another task waits on it."""
+    due = [0]
+
+    def tick(now: int) -> None:
+        if now < due[0]:
+            return
+        due[0] = now + STUCK_EVERY_NS
+        resources = resource_views.resources_document(collector, now)
+        alive = 0
+        for state in list(collector.monitor.states.values()):
+            loop = state.loop()
+            alive += _tasks_alive(loop) if loop is not None and not loop.is_closed() else 0
+        held = any(
+            r.waiters_now and any(h.held_ns >= STUCK_HELD_NS for h in r.holders)
+            for r in resources.resources
+        )
+        if alive > WALK_TASKS and not held:
+            return
+        graph = _tasks_and_graph(collector, now, resources, channels_document(collector), 0)[1]
+        book = warning_book(collector)
+        if not graph.cycles and not book.holds("deadlock"):
+            return
+        docs = lints.Documents(
+            now_ns=now, elapsed_ns=max(0, now - collector.session.start_ns), graph=graph
+        )
+        book.update(docs, (lints.deadlock,), frozenset({"deadlock"}))
+
+    collector.on_tick("looking for deadlocks", tick)
+
+
+def wait_for_graph(collector: Collector) -> GraphDocument:
+    """``GET /graph``: the wait-for graph of every live task, and its deadlocks."""
+    now = clock.now_ns()
+    resources = resource_views.resources_document(collector, now)
+    return _tasks_and_graph(collector, now, resources, channels_document(collector), 0)[1]

@@ -21,12 +21,14 @@ from asyncflow.filtering import matches
 from asyncflow.model.waits import is_asyncflow_file, is_library_file
 from asyncflow.schema import (
     SCHEMA,
+    AwaitFrame,
     BlockedEpisode,
     BlockedLine,
     ChannelEntry,
     EdgeEntry,
     ExecutorEntry,
     FutureEntry,
+    GraphDocument,
     Location,
     LoopEntry,
     NeverAwaitedEntry,
@@ -136,6 +138,8 @@ class Documents:
     #: future id -> (created_ns, finished_ns, outcome) of its recent finished calls, in
     #: nanoseconds since the profile's start, oldest first
     recent_ends: Mapping[int, Sequence[tuple[int, int, str]]] = field(default_factory=dict)
+    #: the wait-for graph (``/graph``), when the tasks were read
+    graph: GraphDocument | None = None
 
 
 def documents_of(snapshot: Snapshot, now_ns: int = 0) -> Documents:
@@ -159,6 +163,7 @@ def documents_of(snapshot: Snapshot, now_ns: int = 0) -> Documents:
             ]
             for logs in snapshot.future_logs
         },
+        graph=snapshot.graph,
     )
 
 
@@ -1277,6 +1282,86 @@ def event_never_set(docs: Documents, th: Thresholds) -> Iterator[Finding]:
         )
 
 
+def _at(frame: AwaitFrame | None) -> str:
+    return f"{os.path.basename(frame.file)}:{frame.line}" if frame is not None else "?"
+
+
+def deadlock(docs: Documents, th: Thresholds) -> Iterator[Finding]:
+    """Tasks wait on one another in a cycle (through locks, queues or awaits): none can go on."""
+    graph = docs.graph
+    if graph is None:
+        return
+    nodes = {n.id: n for n in graph.nodes}
+    edges = {(e.source, e.target): e for e in graph.edges}
+    for cycle in graph.cycles:
+        path = cycle.nodes
+        if not path or any(n not in nodes for n in path):
+            continue
+        parts: list[str] = []
+        resources = 0
+        held: list[int] = []
+        for i, node_id in enumerate(path):
+            node = nodes[node_id]
+            nxt = path[(i + 1) % len(path)]
+            if node.kind == "task":
+                who = f"`{node.label}`" + (f" ({node.coroutine})" if node.coroutine else "")
+                edge = edges.get((node_id, nxt))
+                if edge is not None and edge.relation == "awaits":
+                    parts.append(f"{who} awaits task `{nodes[nxt].label}` at {_at(edge.where)}")
+                else:
+                    target = nodes[nxt]
+                    at = _at(edge.where if edge is not None else node.where)
+                    parts.append(f"{who} waits at {at} on {target.kind} `{target.label}`")
+                continue
+            resources += 1
+            edge = edges.get((node_id, nxt))
+            if edge is None:
+                continue
+            if edge.relation == "held_by":
+                took = f", taken at {_at(edge.where)}" if edge.where is not None else ""
+                since = f" for {_duration(edge.held_ns)}" if edge.held_ns is not None else ""
+                parts[-1] += f", held by `{nodes[nxt].label}`{took}{since}"
+                if edge.held_ns is not None:
+                    held.append(edge.held_ns)
+            else:
+                role = "filled" if edge.relation == "sent_by" else "drained"
+                parts[-1] += f", {role} only by `{nodes[nxt].label}`"
+        first = nodes[path[0]]
+        where = first.where
+        n = len(cycle.tasks)
+        what = "on locks or queues they hold" if resources else "for one another"
+        subject_label = " -> ".join(cycle.tasks)
+        message = (
+            f"Deadlock: {n} task{'s wait' if n > 1 else ' waits'} {what} in a cycle, "
+            f"and none can go on: " + "; ".join(parts)
+        )
+        if n == 1 and resources:
+            message += " (itself: asyncio's locks are not reentrant)"
+        hint = (
+            "take the locks in one order everywhere (sort them by a key), or hold one at a "
+            "time; /graph shows the cycle"
+            if resources
+            else "a task must not await a task that awaits it (directly or through others); "
+            "/graph shows the cycle"
+        )
+        evidence = {"tasks": n, "resources": resources}
+        if held:
+            evidence["held_ns"] = min(held)
+        yield Finding(
+            "deadlock",
+            "error",
+            WarningSubject(
+                "task",
+                None,
+                subject_label,
+                Location(where.file, where.line) if where is not None else None,
+            ),
+            message,
+            hint,
+            evidence,
+        )
+
+
 LINTS: tuple[Lint, ...] = (
     blocked_loop,
     long_poll,
@@ -1294,6 +1379,7 @@ LINTS: tuple[Lint, ...] = (
     contention,
     permits_leaked,
     event_never_set,
+    deadlock,
 )
 
 
@@ -1442,10 +1528,14 @@ class WarningBook:
         self._held: dict[tuple[str, str, int | None, str], _Held] = {}
         self.evaluated_ns = 0
 
-    def update(self, docs: Documents) -> None:
-        """Evaluate every lint now; warnings not found again no longer hold."""
+    def update(
+        self, docs: Documents, lints: Sequence[Lint] = LINTS, kinds: frozenset[str] | None = None
+    ) -> None:
+        """Evaluate every lint now; warnings not found again no longer hold. Given ``lints``
+        and the ``kinds`` of warning they make, only those are evaluated and may stop holding
+        (the collector's watch for deadlocks, with nobody asking)."""
         seen = set()
-        for finding in evaluate(docs, self.thresholds):
+        for finding in evaluate(docs, self.thresholds, lints):
             key = _key(finding)
             seen.add(key)
             held = self._held.get(key)
@@ -1454,7 +1544,7 @@ class WarningBook:
             else:
                 held.finding, held.last_seen, held.active = finding, docs.now_ns, True
         for key, held in self._held.items():
-            if key not in seen:
+            if key not in seen and (kinds is None or key[0] in kinds):
                 held.active = False
         self.evaluated_ns = docs.now_ns
         if len(self._held) > self.limit:
@@ -1462,6 +1552,10 @@ class WarningBook:
             ranked = sorted(self._held.items(), key=lambda kv: (kv[1].active, kv[1].last_seen))
             for key, _ in ranked[: len(self._held) - self.limit]:
                 del self._held[key]
+
+    def holds(self, kind: str) -> bool:
+        """Whether a warning of ``kind`` held at the last evaluation."""
+        return any(h.active for key, h in self._held.items() if key[0] == kind)
 
     def document(self, start_ns: int) -> WarningsDocument:
         """Most severe first, those that hold now before those that held earlier."""

@@ -7,6 +7,7 @@ profiler's thread, in time proportional to what they return.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 
 from asyncflow import stats
 from asyncflow.instrumentation.coroutines import Site, never_awaited
@@ -33,6 +34,7 @@ __all__ = [
     "executors_document",
     "never_awaited_entries",
     "responsive_loops",
+    "task_walks",
     "tasks_document",
 ]
 
@@ -130,6 +132,39 @@ def responsive_loops(monitor: LoopMonitor, now: int) -> Callable[[LoopRecord], b
     return responsive
 
 
+def task_walks(
+    responsive: Callable[[LoopRecord], bool], loops: Iterable[LoopRecord] | None = None
+) -> tuple[list[TaskWalk], bool]:
+    """Every live task on every watched loop (or on ``loops``), tracked calls oldest first,
+    each with the tasks that await it; and whether every loop was read on its own thread."""
+    walks: list[TaskWalk] = []
+    consistent = True
+    for record in loop_registry() if loops is None else loops:
+        found, on_its_thread = walk_on_loop(record, TASK_WALK_TIMEOUT, responsive(record))
+        walks.extend(found)
+        consistent = consistent and on_its_thread
+    # The task tree upwards: who awaits each task (each waiting task names what it awaits).
+    awaiters: dict[str, list[str]] = {}
+    for walk in walks:
+        for name in walk.entry.awaits:
+            awaiters.setdefault(name, []).append(walk.entry.name)
+    if awaiters:
+        for walk in walks:
+            theirs = awaiters.get(walk.entry.name)
+            if theirs:
+                walk.entry = replace(walk.entry, awaiters=sorted(theirs))
+    # Tracked calls oldest first, then the others by name: a stuck call is near the top.
+    walks.sort(
+        key=lambda w: (
+            w.entry.age_ns is None,
+            -(w.entry.age_ns or 0),
+            w.entry.loop_id,
+            w.entry.name,
+        )
+    )
+    return walks, consistent
+
+
 def tasks_document(
     offset: int,
     limit: int | None,
@@ -145,21 +180,7 @@ def tasks_document(
         responsive: whether a loop answers now (a blocked loop is read from outside at once).
         loops: the loops to read; defaults to every watched loop.
     """
-    walks: list[TaskWalk] = []
-    consistent = True
-    for record in loop_registry() if loops is None else loops:
-        found, on_its_thread = walk_on_loop(record, TASK_WALK_TIMEOUT, responsive(record))
-        walks.extend(found)
-        consistent = consistent and on_its_thread
-    # Tracked calls oldest first, then the others by name: a stuck call is near the top.
-    walks.sort(
-        key=lambda w: (
-            w.entry.age_ns is None,
-            -(w.entry.age_ns or 0),
-            w.entry.loop_id,
-            w.entry.name,
-        )
-    )
+    walks, consistent = task_walks(responsive, loops)
     page = walks[offset : None if limit is None else offset + limit]
     return TasksDocument(
         schema=SCHEMA,
