@@ -1329,7 +1329,9 @@ def deadlock(docs: Documents, th: Thresholds) -> Iterator[Finding]:
         first = nodes[path[0]]
         where = first.where
         n = len(cycle.tasks)
-        what = "on locks or queues they hold" if resources else "for one another"
+        plural = {"queue_get": "queues", "queue_put": "queues"}
+        kinds = sorted({plural.get(nodes[n].kind, nodes[n].kind + "s") for n in path[1::2]})
+        what = f"on one another's {_and(kinds)}" if resources else "for one another"
         subject_label = " -> ".join(cycle.tasks)
         message = (
             f"Deadlock: {n} task{'s wait' if n > 1 else ' waits'} {what} in a cycle, "
