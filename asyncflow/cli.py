@@ -209,7 +209,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     prog = parser.prog
     try:
+        argv = list(sys.argv[1:] if argv is None else argv)
+        argv, module_args = _split_at_module(parser, argv)
         args, unknown = parser.parse_known_args(argv)
+        if module_args is not None:  # everything after "-m MODULE" is the module's own
+            args.program = module_args
         if args.command is not None:
             prog = f"{parser.prog} {args.command}"
         if unknown:  # said by the subcommand, whose help lists what it takes
@@ -226,6 +230,50 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 # -- asyncflow run -----------------------------------------------------------------------------
+
+
+def _split_at_module(
+    parser: argparse.ArgumentParser, argv: list[str]
+) -> tuple[list[str], list[str] | None]:
+    """``run [options] -m MODULE ARGS``: the arguments up to the module's name, and the
+    module's own arguments (None when there is no ``-m`` among run's options).
+
+    As ``python -m``, everything after the module's name is the module's: ``asyncflow run -m
+    uvicorn --port 8000 app:app`` must not set asyncflow's ``--port``, nor refuse gunicorn's
+    ``-k``. run's options are walked as argparse reads them (an option that takes a value takes
+    the next word); a script's name ends them, as does ``--``.
+    """
+    if "run" not in argv:
+        return argv, None
+    start = argv.index("run") + 1
+    if any(not word.startswith("-") for word in argv[: start - 1]):
+        return argv, None  # "run" is not the command here
+    takes_value = _options_taking_a_value(parser)
+    i = start
+    while i < len(argv):
+        word = argv[i]
+        if word == "--" or not word.startswith("-"):
+            return argv, None
+        if word == "-m":
+            return argv[: i + 2], argv[i + 2 :]
+        if word.startswith("-m") and not word.startswith("--"):
+            return argv[: i + 1], argv[i + 1 :]
+        i += 2 if word in takes_value else 1
+    return argv, None
+
+
+def _options_taking_a_value(parser: argparse.ArgumentParser) -> set[str]:
+    """The option strings of ``run`` that take a value in the next word."""
+    for action in parser._actions:  # the subcommands' choices hold each command's parser
+        if isinstance(action, argparse._SubParsersAction):
+            run: argparse.ArgumentParser = action.choices["run"]
+            return {
+                option
+                for each in run._actions
+                if each.option_strings and each.nargs != 0
+                for option in each.option_strings
+            }
+    return set()
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -658,3 +658,21 @@ def test_run_sees_executors_and_never_awaited_coroutines_without_code_changes(
     assert document["executors"]["executors"] == []
     assert document["futures"]["never_awaited"] == []
     assert document["resources"]["resources"] == []
+
+
+@pytest.mark.parametrize("module", [["-m", "app"], ["-mapp"]])
+def test_the_arguments_after_dash_m_module_are_the_modules_own(
+    tmp_path: Path, module: list[str]
+) -> None:
+    """As python -m: 'run -m uvicorn --port 8000 app:app' must not set asyncflow's --port, and
+    gunicorn's '-k' must not be refused as one of run's unknown options."""
+    write(tmp_path / "app" / "__init__.py", "")
+    write(tmp_path / "app" / "__main__.py", "import sys\nprint(sys.argv[1:])\n")
+    done = asyncflow_cmd(
+        "run", "--format", "none", *module, "--port", "1", "-k", "x", "--name", "y",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["['--port', '1', '-k', 'x', '--name', 'y']"]
+    endpoint = done.stderr.split("endpoint: ", 1)[1].split()[0]
+    assert "profiling 'app'" in done.stderr and not endpoint.endswith(":1"), endpoint
