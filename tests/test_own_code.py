@@ -27,7 +27,7 @@ HELPER = '''\
 """The program's own module, imported by the script."""
 import asyncio
 
-from pydantic import validate_call
+from pydantic import BaseModel, validate_call
 
 
 async def fetch(n):
@@ -69,6 +69,13 @@ def plain(x):  # a plain function: left alone
 @validate_call  # refuses anything but a plain function: given one (and left untracked)
 async def validated(x: int) -> int:
     return x * 2
+
+
+class Order(BaseModel):  # its metaclass refuses any attribute but fields and functions
+    id: int
+
+    async def total(self) -> int:
+        return self.id
 '''
 
 PROGRAM = """\
@@ -107,7 +114,7 @@ async def main():
         await helper.fetch(1), await helper.fetch(2), await helper.Worker().run(1),
         await helper.Worker.make(), await helper.Worker.ping(), await nested(3),
         await decorated(1), await asked_for(), [x async for x in helper.numbers()],
-        helper.plain(4), await helper.validated("3"),
+        helper.plain(4), await helper.validated("3"), await helper.Order(id=5).total(),
     ]
     print("results", results)
     for fn in (main, nested, decorated, helper.fetch, helper.Worker.run, helper.Worker().run,
@@ -168,6 +175,7 @@ def test_the_programs_coroutine_functions_are_rows_with_no_code_change(tmp_path:
     assert calls["Base.run"] == (1, "own_code")
     assert calls["Worker.make"] == (1, "own_code")
     assert calls["Worker.ping"] == (1, "own_code")
+    assert calls["Order.total"] == (1, "own_code")  # tracked once its class exists
     assert calls["main.<locals>.nested"] == (1, "own_code")
     assert calls["decorated"] == (1, "own_code")  # the function the program's decorator wraps
     assert calls["logged.<locals>.wrapper"] == (1, "own_code")  # and the wrapper it made
@@ -186,7 +194,7 @@ def test_the_programs_coroutine_functions_are_rows_with_no_code_change(tmp_path:
 def test_the_program_sees_what_it_sees_without_asyncflow(tmp_path: Path) -> None:
     _program(tmp_path)
     plain = _python(tmp_path / "app.py", cwd=tmp_path)
-    assert "results [2, 4, 2, 'Worker', 'pong', 3, 3, 'e', [1, 2], 4, 6]" in plain
+    assert "results [2, 4, 2, 'Worker', 'pong', 3, 3, 'e', [1, 2], 4, 6, 5]" in plain
     assert "traceback [('main', 50, 'await helper.fail()'), ('fail', 13, " in plain
     assert "syntax error invalid syntax 2 13" in plain
     for flag in ([], ["--no-own-code"]):
@@ -411,7 +419,17 @@ def test_the_transform_adds_one_decorator_per_coroutine_function_only() -> None:
         decorated.append(fn.__qualname__)
         return fn
 
-    namespace: dict[str, Any] = {own_code.DECORATOR: record, "asyncflow": asyncflow}
+    def record_class(cls: type) -> type:
+        decorated.extend(
+            f.__qualname__ for f in vars(cls).values() if asyncio.iscoroutinefunction(f)
+        )
+        return cls
+
+    namespace: dict[str, Any] = {
+        own_code.DECORATOR: record,
+        own_code.CLASS_DECORATOR: record_class,
+        "asyncflow": asyncflow,
+    }
     exec(code, namespace)
     namespace["s"]()
     assert sorted(decorated) == ["K.m", "a", "h", "s.<locals>.inner"]

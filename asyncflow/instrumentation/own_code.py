@@ -50,6 +50,8 @@ OWN_CODE = "own_code"
 DECORATOR = "__asyncflow_own_code__"
 #: the name each of the program's own decorators of such a function is passed through
 GUARD = "__asyncflow_own_code_guard__"
+#: the class decorator that tracks a class's methods once the class exists
+CLASS_DECORATOR = "__asyncflow_own_code_class__"
 
 _lock = threading.Lock()
 #: the handles on now; the finder and the decorator act while there is one
@@ -100,6 +102,31 @@ def _guard(decorator: Any) -> Any:
     return guarded
 
 
+def _own_class(cls: Any) -> Any:
+    """The class decorator added to a class of the program's own code that has coroutine
+    methods: tracks each (plain, static or class method) defined in its body, as the
+    own-code decorator does, once the class exists. Never fails: a class that refuses the new
+    attribute keeps its method, untracked."""
+    if not _handles or not isinstance(cls, type):
+        return cls
+    try:
+        prefix = cls.__qualname__ + "."
+        for name, value in list(vars(cls).items()):
+            kind = type(value)
+            fn = value.__func__ if kind in (staticmethod, classmethod) else value
+            if (
+                type(fn) is not types.FunctionType
+                or fn.__code__.co_qualname != prefix + fn.__code__.co_name
+            ):
+                continue  # not a function of this class's own body
+            tracked = _own(fn)
+            if tracked is not fn:
+                setattr(cls, name, kind(tracked) if fn is not value else tracked)
+    except Exception as err:  # observing never breaks the program: the methods stay untracked
+        _session.internal_error("tracking the coroutine methods of a class of the program's", err)
+    return cls
+
+
 def _asks_by_name(node: ast.AsyncFunctionDef) -> bool:
     """Whether a decorator named ``future`` is on it (``asyncflow.future``, ``future(name=x)``)."""
     for decorator in node.decorator_list:
@@ -140,23 +167,62 @@ def _guarded(decorator: ast.expr) -> ast.expr:
     return call
 
 
+#: decorators of a method that only make a descriptor of it or mark it: a method with no other
+#: is tracked once its class exists (see _own_class), never while the class is being made
+_DESCRIPTORS = frozenset({"staticmethod", "classmethod", "abstractmethod", "override", "final"})
+
+
+def _name(name: str, node: ast.AST) -> ast.Name:
+    """The name, at ``node``'s position (an empty span: the code's lines are its own)."""
+    return ast.Name(
+        id=name,
+        ctx=ast.Load(),
+        lineno=getattr(node, "lineno", 1),
+        col_offset=getattr(node, "col_offset", 0),
+        end_lineno=getattr(node, "lineno", 1),
+        end_col_offset=getattr(node, "col_offset", 0),
+    )
+
+
+def _plain_method(node: ast.AsyncFunctionDef) -> bool:
+    """Whether a method's decorators are only those of _DESCRIPTORS."""
+    for decorator in node.decorator_list:
+        name = decorator.attr if isinstance(decorator, ast.Attribute) else None
+        name = decorator.id if isinstance(decorator, ast.Name) else name
+        if name not in _DESCRIPTORS:
+            return False
+    return True
+
+
 class _AddDecorator(ast.NodeTransformer):
+    def visit_ClassDef(self, node: ast.ClassDef) -> ast.AST:
+        # A method is tracked once its class exists, by a class decorator (outermost: the class
+        # the program's own decorators made): a metaclass that checks what the class body holds
+        # (pydantic's: every attribute must be a field or a function) sees the functions.
+        later = [
+            child
+            for child in node.body
+            if isinstance(child, ast.AsyncFunctionDef) and _plain_method(child)
+        ]
+        for child in later:
+            child.af_later = True  # type: ignore[attr-defined]
+        self.generic_visit(node)
+        if any(not getattr(child, "af_tracked", True) for child in later):
+            where = node.decorator_list[0] if node.decorator_list else node
+            node.decorator_list.insert(0, _name(CLASS_DECORATOR, where))
+        return node
+
     def visit_AsyncFunctionDef(self, node: ast.AsyncFunctionDef) -> ast.AST:
         self.generic_visit(node)  # nested functions and classes first
-        if not _yields(node) and not _asks_by_name(node):
-            node.decorator_list = [_guarded(d) for d in node.decorator_list]
-            # innermost (applied first, to the function itself), at the def's own position:
-            # the code's first line stays the first decorator's or the def's, as it was
-            node.decorator_list.append(
-                ast.Name(
-                    id=DECORATOR,
-                    ctx=ast.Load(),
-                    lineno=node.lineno,
-                    col_offset=node.col_offset,
-                    end_lineno=node.lineno,
-                    end_col_offset=node.col_offset,
-                )
-            )
+        if _yields(node) or _asks_by_name(node):
+            return node
+        if getattr(node, "af_later", False):
+            node.af_tracked = False  # type: ignore[attr-defined]
+            return node
+        node.decorator_list = [_guarded(d) for d in node.decorator_list]
+        # innermost (applied first, to the function itself), at the def's own position: the
+        # code's first line stays the first decorator's or the def's, as it was
+        node.decorator_list.append(_name(DECORATOR, node))
         return node
 
 
@@ -359,7 +425,7 @@ def track_own_code(script: str | None = None, module: str | None = None) -> OwnC
     with _lock:
         # The decorator's name stays once set: a nested function defined after undo() still
         # finds it (and is then left untracked).
-        for name, function in ((DECORATOR, _own), (GUARD, _guard)):
+        for name, function in ((DECORATOR, _own), (GUARD, _guard), (CLASS_DECORATOR, _own_class)):
             if getattr(builtins, name, None) is not function:
                 setattr(builtins, name, function)
         _handles.append(handle)
