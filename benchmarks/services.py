@@ -31,6 +31,13 @@ costs.
     python benchmarks/services.py                         # every service, 7 pairs
     python benchmarks/services.py --only aiohttp --pairs 9 --requests 4000
     python benchmarks/services.py --reports /tmp/reports  # keep asyncflow's exit reports
+    python benchmarks/services.py --primitives            # what a per-request primitive costs
+
+``--primitives`` times instead, in this process, what such a service pays per primitive it makes
+per request (uvicorn's Event, httpcore's anyio Event) or takes per request (httpcore's pool
+Lock): each made, used once and dropped (or one used again), plainly and under
+``instrument_locks()`` with a profiler running, in alternating pairs (CPU time of the process:
+the profiler's thread, which reaps and folds the gone ones, included).
 """
 
 from __future__ import annotations
@@ -44,9 +51,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+import anyio
 import httpx
 
 APPS = Path(__file__).resolve().parent / "services_apps"
@@ -310,6 +320,78 @@ async def run(args: argparse.Namespace) -> None:
             upstream.wait()
 
 
+#: the per-request primitives ``--primitives`` times, each run ``PRIMITIVE_USES`` times
+PRIMITIVE_USES = 20_000
+
+
+async def _event_made() -> None:
+    for _ in range(PRIMITIVE_USES):
+        event = asyncio.Event()
+        event.set()
+        await event.wait()
+
+
+async def _anyio_event_made() -> None:
+    for _ in range(PRIMITIVE_USES):
+        event = anyio.Event()
+        event.set()
+        await event.wait()
+
+
+async def _lock_made() -> None:
+    for _ in range(PRIMITIVE_USES):
+        async with asyncio.Lock():
+            pass
+
+
+async def _anyio_lock_made() -> None:
+    for _ in range(PRIMITIVE_USES):
+        async with anyio.Lock():
+            pass
+
+
+async def _anyio_lock_reused() -> None:
+    lock = anyio.Lock()
+    for _ in range(PRIMITIVE_USES):
+        async with lock:
+            pass
+
+
+PRIMITIVES = {
+    "asyncio.Event made, set, awaited": _event_made,
+    "anyio.Event made, set, awaited": _anyio_event_made,
+    "asyncio.Lock made, taken once": _lock_made,
+    "anyio.Lock made, taken once": _anyio_lock_made,
+    "anyio.Lock taken again": _anyio_lock_reused,
+}
+
+
+def primitives(pairs: int) -> None:
+    """Print, per case, plain and instrumented CPU time per use, medians over ``pairs``."""
+    import asyncflow
+
+    def per_use(case: Callable[[], Coroutine[Any, Any, None]], on: bool) -> float:
+        start = time.process_time()
+        if on:
+            with asyncflow.instrument_locks():
+                asyncio.run(case())
+        else:
+            asyncio.run(case())
+        return (time.process_time() - start) / PRIMITIVE_USES * 1e9
+
+    print(f"{'':36} {'plain':>9} {'asyncflow':>10} {'added':>9}   ({pairs} pairs)")
+    with asyncflow.profile("primitives", format="none", port=None):
+        for name, case in PRIMITIVES.items():
+            per_use(case, False)  # warm up both
+            per_use(case, True)
+            plain, on = [], []
+            for _ in range(pairs):
+                plain.append(per_use(case, False))
+                on.append(per_use(case, True))
+            a, b = statistics.median(plain), statistics.median(on)
+            print(f"{name:36} {a:7,.0f} ns {b:8,.0f} ns {b - a:+7,.0f} ns", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pairs", type=int, default=7, help="paired runs (default 7)")
@@ -326,11 +408,19 @@ def main(argv: list[str] | None = None) -> int:
         help="more options of asyncflow run, e.g. '--no-locks' (to see what a part costs)",
     )
     parser.add_argument(
+        "--primitives",
+        action="store_true",
+        help="instead: what a primitive made (or taken) per request costs, in this process",
+    )
+    parser.add_argument(
         "--aa",
         action="store_true",
         help="run the second server plainly too: the ratios then show the noise alone",
     )
     args = parser.parse_args(argv)
+    if args.primitives:
+        primitives(args.pairs)
+        return 0
     if args.reports:
         args.reports.mkdir(parents=True, exist_ok=True)
     commit = subprocess.run(
