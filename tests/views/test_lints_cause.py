@@ -8,6 +8,7 @@ import asyncio
 import sys
 import time
 
+import anyio
 import pytest
 
 import asyncflow
@@ -34,6 +35,10 @@ def test_one_blocking_line_is_one_warning_not_four() -> None:
         await asyncio.sleep(0)
 
     async def main() -> None:
+        await ping()  # the loop is watched from its first tracked call
+        with anyio.fail_after(10):  # ... and looked at once the profiler's thread ticks
+            while not [e for e in monitored(prof) if e.heartbeats >= 2]:
+                await asyncio.sleep(0.005)
         for _ in range(3):
             await handler()
             await ping()
@@ -58,6 +63,11 @@ def test_one_blocking_line_is_one_warning_not_four() -> None:
     # the facts of the lints it stands for
     assert warning.evidence["blocks"] == 3 and warning.evidence["max_poll_ns"] >= 300 * MS
     assert warning.evidence["busy_ns"] >= 900 * MS  # cpu-bound's figure, of the same cause
+
+
+def monitored(prof: asyncflow.Profiler) -> list[schema.LoopEntry]:
+    loop = prof.snapshot().loop
+    return loop.loops if loop is not None else []
 
 
 def line_of_sleep() -> int:
