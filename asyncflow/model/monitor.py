@@ -724,6 +724,9 @@ class LoopMonitor:
         #: at by a later tick while it lasts, without waking the loop every tick
         self.post_every_ns = round(min(0.05, max(0.005, threshold_ns / 4e9)) * 1e9)
         self.states: dict[int, LoopState] = {}
+        #: set once the monitor has ticked: from then on a block is looked at while it lasts (a
+        #: block before, while the profiler's thread starts, is seen only from the first tick)
+        self.ticking = threading.Event()
         self._lock = _forksafe.lock(self)  # states are added from the threads that register loops
         # Hear of each loop as it is registered: a profiler is starting, and this is its monitor.
         loops.on_register = self._registered
@@ -853,6 +856,7 @@ class LoopMonitor:
                 self.tick()
             except Exception as exc:  # observing never breaks the program, nor the profiler
                 _session.internal_error("watching event loops", exc)
+            self.ticking.set()
             await asyncio.sleep(self.interval)
 
     def stop(self) -> None:

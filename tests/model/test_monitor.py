@@ -54,6 +54,9 @@ def record_of(loop: asyncio.AbstractEventLoop) -> loops.LoopRecord:
 @pytest.fixture
 def profiled() -> Iterator[asyncflow.Profiler]:
     with asyncflow.profile("loops", format="none", port=None, block_threshold=THRESHOLD) as p:
+        # The programs here block as soon as they start: once the monitor ticks, not before
+        # (on a loaded machine the profiler's thread can start ticking 250 ms late).
+        assert p._collector is not None and p._collector.monitor.ticking.wait(10)
         yield p
 
 
