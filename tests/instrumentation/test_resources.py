@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import gc
 import importlib.util
 import inspect
@@ -13,8 +14,8 @@ import os
 import sys
 import threading
 import unittest
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import anyio
 import pytest
@@ -39,6 +40,7 @@ from asyncflow.views.resource_views import (
 )
 
 MS = 1_000_000
+_T = TypeVar("_T")
 
 
 def _record(obj: object) -> ResourceRecord:
@@ -521,7 +523,7 @@ async def test_anyio_cancelled_acquire_is_not_a_release(prof: asyncflow.Profiler
 async def test_anyio_primitives_made_outside_a_loop_record_once_used(
     prof: asyncflow.Profiler,
 ) -> None:
-    lock, event = await asyncio.to_thread(lambda: (anyio.Lock(), anyio.Event()))
+    lock, event = await _outside_any_loop(lambda: (anyio.Lock(), anyio.Event()))
     assert type(lock).__name__ == "LockAdapter"
     instrument_lock(lock, name="module lock")
     instrument_lock(event, name="module event")
@@ -535,6 +537,16 @@ async def test_anyio_primitives_made_outside_a_loop_record_once_used(
     assert (entry.kind, entry.acquisitions, entry.releases) == ("anyio.Lock", 1, 1)
     entry = _entry(prof, event)
     assert entry.event is not None and (entry.event.sets, entry.event.is_set) == (1, True)
+
+
+async def _outside_any_loop(make: Callable[[], _T]) -> _T:
+    """What ``make`` returns, made on a thread that runs no event loop and knows of none.
+
+    Not ``asyncio.to_thread``: it copies the caller's context into the thread, and anyio 4.16
+    keeps the running backend in a context variable, so there anyio would see the test's
+    asyncio backend and make its asyncio primitives, not the adapters made outside a loop.
+    """
+    return await asyncio.get_running_loop().run_in_executor(None, contextvars.Context().run, make)
 
 
 # -- whole-program mode ----------------------------------------------------------------------------
@@ -740,7 +752,7 @@ async def test_anyio_primitives_made_at_import_time_are_labelled_where_made(
         assert all(_record(p).line == line + 1 for p in made)
         return made
 
-    lock, sem, limiter = await asyncio.to_thread(module_level)  # no event loop there
+    lock, sem, limiter = await _outside_any_loop(module_level)  # no event loop there
     assert [type(p).__name__ for p in (lock, sem, limiter)] == [
         "LockAdapter",
         "SemaphoreAdapter",
