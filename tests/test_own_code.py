@@ -66,7 +66,7 @@ def plain(x):  # a plain function: left alone
     return x
 
 
-@validate_call  # refuses anything but a plain function: given one (and left untracked)
+@validate_call  # refuses anything but a function (isinstance(f, types.FunctionType))
 async def validated(x: int) -> int:
     return x * 2
 
@@ -121,8 +121,8 @@ async def main():
                helper.Worker.make, helper.Worker.ping):
         print(fn.__qualname__, fn.__module__, inspect.iscoroutinefunction(fn),
               inspect.signature(fn), inspect.getsourcelines(fn)[1])
-    print("async gen", inspect.isasyncgenfunction(helper.numbers), type(helper.numbers).__name__)
-    print("plain", type(helper.plain).__name__)
+    print("kinds", inspect.isasyncgenfunction(helper.numbers), type(helper.numbers).__name__,
+          type(helper.plain).__name__, inspect.isfunction(helper.fetch), helper.fetch.__class__)
     print("pickled", pickle.loads(pickle.dumps(helper.fetch)) is helper.fetch,
           pickle.loads(pickle.dumps(main)) is main)
     print("code lines", helper.fetch.__code__.co_firstlineno, main.__code__.co_firstlineno,
@@ -185,7 +185,7 @@ def test_the_programs_coroutine_functions_are_rows_with_no_code_change(tmp_path:
     # the program's own decorator keeps its name; async generators are not futures
     assert calls["explicit"] == (1, "decorator")
     assert "asked_for" not in calls and "numbers" not in calls
-    assert calls.get("validated", (0,))[0] == 0  # pydantic's wrapper calls the plain function
+    assert calls["validated"] == (1, "own_code")  # validate_call takes it for a function
     location = futures["fetch"]["location"]
     assert (Path(location["file"]).name, location["line"]) == ("helper.py", 7)
     assert not any(label.startswith(("sleep", "Runner.", "BaseEventLoop.")) for label in calls)
@@ -471,8 +471,8 @@ def test_a_decorator_that_refuses_the_tracked_function_gets_the_function_itself(
     async def handler() -> None:
         pass
 
-    def strict(fn: Any) -> Any:  # as pydantic's validate_call
-        if not isinstance(fn, types.FunctionType):
+    def strict(fn: Any) -> Any:  # a decorator that takes only a function, by its type
+        if type(fn) is not types.FunctionType:
             raise TypeError("should be applied to functions")
         return fn
 
@@ -497,3 +497,39 @@ def test_a_decorator_that_refuses_the_tracked_function_gets_the_function_itself(
     finally:
         tracking.undo()
     assert raised.value.__context__ is None  # raised as without asyncflow, not during ours
+
+
+STARLETTE_APP = """\
+from starlette.applications import Starlette
+from starlette.responses import PlainTextResponse
+from starlette.routing import Route
+
+
+async def homepage(request):
+    return PlainTextResponse("home")
+
+
+app = Starlette(routes=[Route("/", homepage)])  # anything but a function is taken for an app
+"""
+
+
+async def test_a_starlette_route_takes_the_tracked_handler_for_a_function(
+    app_module: str, tmp_path: Path
+) -> None:
+    import httpx
+
+    write(tmp_path / f"{app_module}.py", STARLETTE_APP)
+    with asyncflow.profile("t", format="none") as prof:
+        tracking = own_code.track_own_code(script=f"{app_module}.py")
+        try:
+            module = importlib.import_module(app_module)
+        finally:
+            tracking.undo()
+        assert isinstance(module.homepage, own_code.OwnFunction)
+        transport = httpx.ASGITransport(app=module.app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            with anyio.fail_after(30):
+                assert (await client.get("/")).text == "home"
+        snap = prof.snapshot()
+    (row,) = [f for f in snap.futures.futures if f.label == "homepage"]
+    assert (row.call_count, row.tracked_by) == (1, "own_code")

@@ -38,6 +38,7 @@ from asyncflow.instrumentation import _session, futures
 __all__ = [
     "OWN_CODE",
     "OwnCodeTracking",
+    "OwnFunction",
     "compile_source",
     "program_roots",
     "track_own_code",
@@ -60,6 +61,24 @@ _handles: list[OwnCodeTracking] = []
 _finding = threading.local()
 
 
+class OwnFunction(futures.FutureFunction):  # type: ignore[type-arg]
+    """What a coroutine function of the program's own code becomes: a decorated function
+    (``@asyncflow.future``'s) that passes for a function where a framework asks
+    ``isinstance(f, types.FunctionType)``/``inspect.isfunction(f)`` (Starlette's ``Route``
+    treats anything else as an ASGI app, pydantic refuses it), with the function's
+    ``__globals__``, ``__closure__`` and ``__builtins__``."""
+
+    __slots__ = ()
+
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:  # (what isinstance() reads when the type is not the one)
+        return types.FunctionType
+
+
+if futures.accelerated and issubclass(OwnFunction, futures._speedups.FunctionBase):
+    futures._speedups.calls_without_method(OwnFunction)  # called in C, as its base is
+
+
 def _own(fn: Any) -> Any:
     """The decorator added to each ``async def`` of the program's own code: tracks it as
     ``@asyncflow.future`` does, unless no tracking is on or the filters leave it out. Never
@@ -74,9 +93,17 @@ def _own(fn: Any) -> Any:
         if admits is not None and not admits(str(fn.__module__), fn.__qualname__):
             return fn
         tracked = futures.future(fn)
-        record = getattr(tracked, "future_record", None)
-        if record is not None and record.tracked_by == "decorator":
+        if type(tracked) is not futures.FutureFunction:
+            return tracked  # (asyncflow is disabled: the function itself)
+        record = tracked.future_record
+        if record.tracked_by == "decorator":
             record.tracked_by = OWN_CODE  # one definition, one future: set once, same each time
+        tracked.__class__ = OwnFunction  # (the same layout: made by future(), as it makes any)
+        tracked.__dict__.update(
+            __globals__=fn.__globals__,
+            __closure__=fn.__closure__,
+            __builtins__=getattr(fn, "__builtins__", builtins.__dict__),  # (3.10+ has it)
+        )
         return tracked
     except Exception as err:  # observing never breaks the program: it runs untracked
         _session.internal_error("tracking a coroutine function of the program's own code", err)
@@ -91,7 +118,7 @@ def _guard(decorator: Any) -> Any:
     untracked); an error it raises for that too is the program's own, raised as it would be."""
 
     def guarded(fn: Any) -> Any:
-        if type(fn) is not futures.FutureFunction or fn.future_record.tracked_by != OWN_CODE:
+        if type(fn) is not OwnFunction:
             return decorator(fn)
         try:
             return decorator(fn)
