@@ -533,3 +533,26 @@ async def test_a_starlette_route_takes_the_tracked_handler_for_a_function(
         snap = prof.snapshot()
     (row,) = [f for f in snap.futures.futures if f.label == "homepage"]
     assert (row.call_count, row.tracked_by) == (1, "own_code")
+
+
+def test_a_class_that_refuses_new_attributes_keeps_its_methods() -> None:
+    from asyncflow.instrumentation import _session
+
+    class Frozen(type):
+        def __setattr__(cls, name: str, value: Any) -> None:
+            raise AttributeError(f"{cls.__name__} is frozen")
+
+    class Service(metaclass=Frozen):
+        async def handle(self) -> int:
+            return 1
+
+    plain = vars(Service)["handle"]
+    tracking = own_code.track_own_code()
+    try:
+        with asyncflow.profile("t", format="none"):
+            errors = _session.errors.count
+            assert own_code._own_class(Service) is Service
+            assert _session.errors.count == errors  # not asyncflow's error: the class's choice
+    finally:
+        tracking.undo()
+    assert vars(Service)["handle"] is plain

@@ -148,7 +148,10 @@ def _own_class(cls: Any) -> Any:
                 continue  # not a function of this class's own body
             tracked = _own(fn)
             if tracked is not fn:
-                setattr(cls, name, kind(tracked) if fn is not value else tracked)
+                try:
+                    setattr(cls, name, kind(tracked) if fn is not value else tracked)
+                except Exception:  # (its metaclass refuses: the method stays as it is)
+                    continue
     except Exception as err:  # observing never breaks the program: the methods stay untracked
         _session.internal_error("tracking the coroutine methods of a class of the program's", err)
     return cls
