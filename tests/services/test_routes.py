@@ -101,6 +101,12 @@ async def _served(tmp_path: Path, program: list[str], sock: Path) -> dict[str, A
         transport = httpx.AsyncHTTPTransport(uds=str(sock))
         async with httpx.AsyncClient(transport=transport, base_url="http://service") as client:
             with anyio.fail_after(60):
+                while True:  # until it answers (a route of none of the handlers: no call)
+                    try:
+                        assert (await client.get("/nowhere")).status_code == 404
+                        break
+                    except httpx.TransportError:  # (listening, or its workers not yet)
+                        await anyio.sleep(0.05)
                 for i in range(REQUESTS):
                     assert (await client.get(f"/orders/{i}")).json() == {"id": i}
                     assert (await client.get("/report")).json() == {"report": "ready"}
@@ -148,3 +154,18 @@ async def test_aiohttp_has_a_row_per_route(tmp_path: Path) -> None:
     _two_rows(report, "get_order", "Report.get")
     own = {f["label"] for f in report["futures"]["futures"] if f["tracked_by"] == "own_code"}
     assert own == {"get_order", "Report.get"}  # aiohttp's own are an installed package's
+
+
+async def test_each_uvicorn_worker_has_the_rows_of_its_requests(tmp_path: Path) -> None:
+    write(tmp_path / "shop.py", FASTAPI_APP)
+    sock = tmp_path / "app.sock"
+    command = ["-m", "uvicorn", "shop:app", "--workers", "2", "--uds", str(sock)]
+    await _served(tmp_path, [*command, "--log-level", "warning"], sock)
+    calls: dict[str, int] = {}
+    workers = sorted(tmp_path.glob("report.process-*.json"))
+    assert len(workers) == 2, workers
+    for path in workers:  # each worker's own report (docs/services.md, Worker processes)
+        for row in orjson.loads(path.read_bytes())["futures"]["futures"]:
+            if row["tracked_by"] == "own_code":
+                calls[row["label"]] = calls.get(row["label"], 0) + row["call_count"]
+    assert calls == {"get_order": REQUESTS, "build_report": REQUESTS}
