@@ -1008,6 +1008,7 @@ typedef struct {
     long long first;
     long long finished;
     long long cancel_at;
+    long long parent_call; /* the creating task's outermost call, for a task's call; 0: none */
     PyObject *future;
     PyObject *stats;
     PyObject *hist;
@@ -1116,7 +1117,7 @@ record_setup(RecordObject *self, PyObject *future, PyObject *stats, long long no
         return -1;
     }
     self->start = self->polls = self->busy = self->max = self->last = 0;
-    self->first = self->finished = self->cancel_at = 0;
+    self->first = self->finished = self->cancel_at = self->parent_call = 0;
     self->created = now;
     PyObject *live = stats_field(stats, FS_LIVE);
     int rc = live == NULL                ? -1
@@ -1158,6 +1159,9 @@ static PyMemberDef record_members[] = {
     {"first", T_LONGLONG, offsetof(RecordObject, first), 0, NULL},
     {"finished", T_LONGLONG, offsetof(RecordObject, finished), 0, NULL},
     {"cancel_at", T_LONGLONG, offsetof(RecordObject, cancel_at), 0, NULL},
+    {"parent_call", T_LONGLONG, offsetof(RecordObject, parent_call), 0,
+     "for a task's call: the id of the outermost call polled when the task was made (its "
+     "creator's); 0 when none was"},
     {"future", T_OBJECT_EX, offsetof(RecordObject, future), 0, NULL},
     {"stats", T_OBJECT_EX, offsetof(RecordObject, stats), 0, NULL},
     {"hist", T_OBJECT_EX, offsetof(RecordObject, hist), 0, NULL},
@@ -2759,6 +2763,18 @@ task_factory_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf
         }
         else if (record != NULL && record != Py_None && !PyErr_Occurred()) {
             PyErr_SetString(PyExc_RuntimeError, "asyncflow: futures.InstrumentedCoroutine is missing");
+        }
+        if (wrapped != NULL && Py_IS_TYPE(wrapped, &WrapperType)) {
+            /* the task tree: the call polled outermost on this thread now is the creating
+             * task's own (one store; no slot on this thread: no call runs here) */
+            WrapperObject *outer = tls_slot != NULL ? tls_slot->inner : NULL;
+            for (long i = 0; outer != NULL && outer->outer != NULL && i < WALK_LIMIT; i++) {
+                outer = outer->outer;
+            }
+            RecordObject *made = ((WrapperObject *)wrapped)->r;
+            if (outer != NULL && outer->r != NULL && made != NULL) {
+                made->parent_call = outer->r->call_id;
+            }
         }
         Py_XDECREF(record);
         if (PyErr_Occurred()) { /* observing never breaks the program: the task goes untracked */

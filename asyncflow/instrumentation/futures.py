@@ -409,6 +409,7 @@ class CallRecord:
         "last",
         "max",
         "outcome",
+        "parent_call",
         "polls",
         "probe_data",
         "result",
@@ -428,6 +429,9 @@ class CallRecord:
     cancel_requests: int
     cancel_to_end: int
     cancel_outcome: str
+    #: for a task's call: the id of the outermost call polled when the task was made (its
+    #: creating task's own), set by the task factory; read with call_field (0 or None: none)
+    parent_call: int
     #: owned by the poll probe (asyncflow.instrumentation.probes), if one wants to keep figures on
     #: the call itself; never set or read by asyncflow
     probe_data: Any
@@ -1261,6 +1265,9 @@ class _TaskFactory:
                 record = _task_record(coro)
                 if record is not None:
                     coro = InstrumentedCoroutine(coro, record)
+                    parent = _parent_call()
+                    if parent:
+                        coro._r.parent_call = parent
             except Exception as err:  # observing never breaks the program
                 _session.internal_error("instrumenting a task", err)
         previous = self.previous
@@ -1272,6 +1279,24 @@ class _TaskFactory:
             return made
         task: asyncio.Future[Any] = previous(loop, coro, **kwargs)
         return task
+
+
+def _parent_call() -> int:
+    """The id of the outermost call polled on this thread now (0: none): where a task is made,
+    its creating task's own call. The task tree's one store per task, no frame read."""
+    if accelerated:  # the compiled path's slots (its own factory does this in C)
+        outer = running_on_thread(threading.get_ident())[1]
+        return int(outer.call_id) if outer is not None else 0
+    slot = _here.slot
+    wrapper = slot.inner if slot is not None else None
+    if wrapper is None:
+        return 0
+    for _ in range(WALK_LIMIT):
+        nxt = wrapper._outer
+        if nxt is None or nxt is _IDLE:
+            break
+        wrapper = nxt
+    return int(wrapper._r.call_id)
 
 
 def _task_record(coro: types.CoroutineType[Any, Any, Any]) -> FutureRecord | None:

@@ -100,15 +100,22 @@ def _is_library(code: CodeType) -> bool:
 class TaskWalk:
     """One task as read now: the wire entry plus what the summary groups it by."""
 
-    __slots__ = ("entry", "wait_key", "where")
+    __slots__ = ("entry", "parent_call", "wait_key", "where")
 
     def __init__(
-        self, entry: schema.TaskEntry, where: schema.AwaitFrame | None, wait_key: str
+        self,
+        entry: schema.TaskEntry,
+        where: schema.AwaitFrame | None,
+        wait_key: str,
+        parent_call: int = 0,
     ) -> None:
         self.entry = entry
         #: the innermost frame of the program's own code in the chain
         self.where = where
         self.wait_key = wait_key
+        #: the call of the task that made this one (0: unknown): the parent is the live task
+        #: with that call in its chain
+        self.parent_call = parent_call
 
 
 def _chain(task: asyncio.Task[Any]) -> tuple[list[FrameType], list[Any], Any, Any]:
@@ -128,14 +135,18 @@ def _chain(task: asyncio.Task[Any]) -> tuple[list[FrameType], list[Any], Any, An
             continue
         frame = getattr(obj, "cr_frame", None)
         if frame is not None:
-            nxt = obj.cr_await
+            # a coroutine in the middle of a step (the running task's, read from outside):
+            # what it awaits is read off its frame's stack, which that step is changing, and
+            # may be freed memory; its frame is the innermost to follow
+            nxt = None if getattr(obj, "cr_running", False) else obj.cr_await
         else:
             frame = getattr(obj, "gi_frame", None)
             if frame is not None:
-                nxt = obj.gi_yieldfrom
+                nxt = None if getattr(obj, "gi_running", False) else obj.gi_yieldfrom
             else:
                 frame = getattr(obj, "ag_frame", None)
-                nxt = getattr(obj, "ag_await", None) if frame is not None else None
+                running = getattr(obj, "ag_running", False)
+                nxt = getattr(obj, "ag_await", None) if frame is not None and not running else None
         if frame is None:
             break  # a future's iterator, an async generator's step, or a finished coroutine
         frames.append(frame)
@@ -356,6 +367,8 @@ def _chain_calls(coro: Any) -> list[int]:
             calls.append(obj._r.call_id)
             obj = obj._coro
             continue
+        if getattr(obj, "cr_running", False) or getattr(obj, "gi_running", False):
+            break  # in the middle of a step: what it awaits is not to be read (see _chain)
         nxt = getattr(obj, "cr_await", None)
         if nxt is None:
             nxt = getattr(obj, "gi_yieldfrom", None)
@@ -363,6 +376,12 @@ def _chain_calls(coro: Any) -> list[int]:
             break
         obj = nxt
     return calls
+
+
+#: what a task waits on when it waits for other tasks
+_AWAITS_TASKS = frozenset({"task", "gather", "wait", "taskgroup", "future"})
+#: waits that end by themselves: no deadlock goes through them
+_NEVER_STUCK = frozenset({"sleep", "io", "executor"})
 
 
 def _awaited(frames: list[FrameType], owners: list[Any], waiter: Any) -> list[str]:
@@ -465,11 +484,6 @@ def _done(fut: Any) -> bool:
         return False
 
 
-def _parent_of(task: asyncio.Task[Any]) -> str | None:
-    """The name of the task that created ``task``, when the task factory noted it."""
-    return None
-
-
 def _frame_entry(frame: FrameType) -> schema.AwaitFrame:
     code = frame.f_code
     return schema.AwaitFrame(code.co_filename, frame.f_lineno or 0, code.co_qualname)
@@ -509,9 +523,11 @@ def walk_task(
             waits_on = _target("future", _short(type(innermost).__qualname__))
     awaits: list[str] = []
     held_at: list[schema.AwaitFrame] = []
-    if state == "waiting":
-        awaits = _awaited(frames, owners, getattr(task, "_fut_waiter", None))
-        held_at = _held_at(frames)
+    if state == "waiting" and waits_on is not None:
+        if waits_on.kind in _AWAITS_TASKS:
+            awaits = _awaited(frames, owners, getattr(task, "_fut_waiter", None))
+        if waits_on.kind not in _NEVER_STUCK:  # a task that may be stuck: what it holds
+            held_at = _held_at(frames)
     future_id = future_label = call_id = age = None
     if type(coro) is InstrumentedCoroutine:
         r = coro._r
@@ -536,14 +552,16 @@ def walk_task(
         chain_calls=_chain_calls(coro),
         held_at=held_at,
         awaits=awaits,
-        parent=_parent_of(task),
     )
     key = (
         f"{waits_on.kind}:{waits_on.ref or waits_on.label or waits_on.description}"
         if (waits_on is not None)
         else state
     )
-    return TaskWalk(entry, where, key)
+    parent_call = 0
+    if type(coro) is InstrumentedCoroutine:
+        parent_call = getattr(coro._r, "parent_call", 0) or 0
+    return TaskWalk(entry, where, key, parent_call)
 
 
 def _all_tasks(loop: asyncio.AbstractEventLoop) -> list[asyncio.Task[Any]]:
@@ -604,10 +622,11 @@ def _running_task(loop: asyncio.AbstractEventLoop) -> asyncio.Task[Any] | None:
 
 
 def walk_on_loop(
-    record: LoopRecord, timeout: float, responsive: bool
+    record: LoopRecord, timeout: float, responsive: bool, outside: bool = True
 ) -> tuple[list[TaskWalk], bool]:
     """Walk the loop's tasks on its own thread when it answers within ``timeout``; otherwise
-    (blocked, stopped, or the caller is that thread) read them from here.
+    (blocked, stopped, or the caller is that thread) read them from here, unless ``outside``
+    is False: then a running loop that does not answer is left out (no walks).
 
     Returns the walks and whether they were read on the loop's thread (consistent).
     """
@@ -616,8 +635,10 @@ def walk_on_loop(
         return [], True
     if record.thread == threading.get_ident():
         return walk_loop(record), True  # we are the loop's thread: nothing else runs on it
-    if not responsive or not loop.is_running():
-        return walk_loop(record), not loop.is_running()
+    if not loop.is_running():
+        return walk_loop(record), True
+    if not responsive:
+        return (walk_loop(record) if outside else []), False
     done: concurrent.futures.Future[list[TaskWalk]] = concurrent.futures.Future()
 
     def walk() -> None:
@@ -632,7 +653,7 @@ def walk_on_loop(
         return done.result(timeout), True
     except (concurrent.futures.TimeoutError, RuntimeError):
         done.cancel()
-        return walk_loop(record), False
+        return (walk_loop(record) if outside else []), False
 
 
 def summarise(walks: Iterable[TaskWalk]) -> list[schema.WaitSummary]:

@@ -744,7 +744,8 @@ def _warnings(
         graph=graph,
     )
     book = warning_book(collector)
-    book.update(docs)
+    # Without the tasks read (``/warnings``), the deadlocks are the collector's watch's.
+    book.update(docs, keep=frozenset() if graph is not None else frozenset({"deadlock"}))
     return book.document(collector.session.start_ns)
 
 
@@ -781,37 +782,22 @@ def warnings_document(collector: Collector) -> WarningsDocument:
     """``GET /warnings``: every lint evaluated now over every document."""
     now = clock.now_ns()
     qs = collector.options.percentiles
-    channels = channels_document(collector)
-    resources = resource_views.resources_document(collector, now)
-    loop = loop_document(collector, now)
-    graph = None
-    if _worth_a_walk(loop, resources):
-        graph = _tasks_and_graph(collector, now, resources, channels, 0)[1]
     return _warnings(
         collector,
         now,
         futures_document(collector, now),
-        channels,
-        loop,
+        channels_document(collector),
+        loop_document(collector, now),
         wait_views.executors_document(qs, collector.futures()),
-        resources,
-        graph,
+        resource_views.resources_document(collector, now),
     )
 
 
 #: tasks a snapshot lists at most (the summary of where they wait counts them all)
 SNAPSHOT_TASKS = 200
-#: live tasks up to which ``/warnings`` reads every task for the deadlock lint; past it, only
-#: while a lock or semaphore has both a holder and a waiter
+#: live tasks up to which the collector's watch reads every task each second; past it, only
+#: while a lock or semaphore has been held ``STUCK_HELD_NS`` with a task waiting on it
 WALK_TASKS = 2000
-
-
-def _worth_a_walk(loop: LoopDocument, resources: ResourcesDocument) -> bool:
-    """Whether reading every task for the wait-for graph may find a deadlock: few tasks, or a
-    lock held while another task waits on it (a deadlock through locks always has one)."""
-    if sum(entry.tasks_alive for entry in loop.loops) <= WALK_TASKS:
-        return True
-    return any(r.waiters_now and r.holders for r in resources.resources)
 
 
 def _tasks_and_graph(
@@ -821,6 +807,7 @@ def _tasks_and_graph(
     channels: ChannelsDocument,
     limit: int,
     waiting_thread: int | None = None,
+    outside: bool = True,
 ) -> tuple[TasksDocument, GraphDocument]:
     """Every live task, read now, as ``/tasks`` lists them (its first ``limit``), and the
     wait-for graph they make with the resources and channels."""
@@ -829,7 +816,7 @@ def _tasks_and_graph(
     def responsive(record: LoopRecord) -> bool:
         return record.thread != waiting_thread and answers(record)
 
-    walks, consistent = wait_views.task_walks(responsive)
+    walks, consistent = wait_views.task_walks(responsive, None, outside)
     entries = [w.entry for w in walks]
     tasks = TasksDocument(
         schema=SCHEMA,
@@ -871,7 +858,12 @@ def watch_for_deadlocks(collector: Collector) -> None:
         )
         if alive > WALK_TASKS and not held:
             return
-        graph = _tasks_and_graph(collector, now, resources, channels_document(collector), 0)[1]
+        channels = channels_document(collector)
+        began = clock.now_ns()
+        graph = _tasks_and_graph(collector, now, resources, channels, 0, outside=False)[1]
+        # reading every task costs the program's loop: at most 1% of the time (10,000 tasks
+        # take about a second to read, so they are read every 100 s or so)
+        due[0] = max(due[0], now + 100 * (clock.now_ns() - began))
         book = warning_book(collector)
         if not graph.cycles and not book.holds("deadlock"):
             return

@@ -229,20 +229,35 @@ def _releasers_of_channel(
 
 def _stuck(g: _Builder) -> set[str]:
     """The nodes that cannot go on: start from every waiting task and what it waits on, and
-    free whatever can be released, until nothing changes (the greatest fixed point)."""
+    free whatever can be released, until nothing changes (the greatest fixed point), each
+    edge looked at once: freeing a node frees the nodes that wait on it."""
     stuck = {n for n, node in g.nodes.items() if node.state in (None, "waiting")} - g.open
-    changed = True
-    while changed:
-        changed = False
-        for n in list(stuck):
-            targets = g.out.get(n, [])
-            if n in g.all_of:  # a gather: it goes on once every task it awaits does
-                free = all(t not in stuck for t in targets)
-            else:  # a lock held by several, a queue with producers: any one will do
-                free = not targets or any(t not in stuck for t in targets)
-            if free:
-                stuck.discard(n)
-                changed = True
+    waiting_on: dict[str, list[str]] = {}
+    need: dict[str, int] = {}  # a gather's: the stuck tasks it still waits for
+    free: list[str] = []
+    for n in stuck:
+        targets = g.out.get(n, [])
+        for t in targets:
+            waiting_on.setdefault(t, []).append(n)
+        if n in g.all_of:  # a gather goes on once every task it awaits does
+            need[n] = sum(1 for t in targets if t in stuck)
+            if not need[n]:
+                free.append(n)
+        elif not targets or any(t not in stuck for t in targets):  # else any one will do
+            free.append(n)
+    while free:
+        n = free.pop()
+        if n not in stuck:
+            continue
+        stuck.discard(n)
+        for source in waiting_on.get(n, ()):
+            if source not in stuck:
+                continue
+            if source in need:
+                need[source] -= 1
+                if need[source] > 0:
+                    continue
+            free.append(source)
     return stuck
 
 

@@ -1531,11 +1531,16 @@ class WarningBook:
         self.evaluated_ns = 0
 
     def update(
-        self, docs: Documents, lints: Sequence[Lint] = LINTS, kinds: frozenset[str] | None = None
+        self,
+        docs: Documents,
+        lints: Sequence[Lint] = LINTS,
+        kinds: frozenset[str] | None = None,
+        keep: frozenset[str] = frozenset(),
     ) -> None:
         """Evaluate every lint now; warnings not found again no longer hold. Given ``lints``
         and the ``kinds`` of warning they make, only those are evaluated and may stop holding
-        (the collector's watch for deadlocks, with nobody asking)."""
+        (the collector's watch for deadlocks, with nobody asking); warnings of the kinds in
+        ``keep`` hold as they did (``docs`` lacks what their lint reads)."""
         seen = set()
         for finding in evaluate(docs, self.thresholds, lints):
             key = _key(finding)
@@ -1546,7 +1551,7 @@ class WarningBook:
             else:
                 held.finding, held.last_seen, held.active = finding, docs.now_ns, True
         for key, held in self._held.items():
-            if key not in seen and (kinds is None or key[0] in kinds):
+            if key not in seen and (kinds is None or key[0] in kinds) and key[0] not in keep:
                 held.active = False
         self.evaluated_ns = docs.now_ns
         if len(self._held) > self.limit:

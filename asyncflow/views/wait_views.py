@@ -133,26 +133,34 @@ def responsive_loops(monitor: LoopMonitor, now: int) -> Callable[[LoopRecord], b
 
 
 def task_walks(
-    responsive: Callable[[LoopRecord], bool], loops: Iterable[LoopRecord] | None = None
+    responsive: Callable[[LoopRecord], bool],
+    loops: Iterable[LoopRecord] | None = None,
+    outside: bool = True,
 ) -> tuple[list[TaskWalk], bool]:
     """Every live task on every watched loop (or on ``loops``), tracked calls oldest first,
-    each with the tasks that await it; and whether every loop was read on its own thread."""
+    each with the tasks that await it; and whether every loop was read on its own thread.
+    With ``outside`` False, a loop that does not answer is left out instead of read from
+    this thread (the collector's watch: a deadlocked loop is idle, and answers)."""
     walks: list[TaskWalk] = []
     consistent = True
     for record in loop_registry() if loops is None else loops:
-        found, on_its_thread = walk_on_loop(record, TASK_WALK_TIMEOUT, responsive(record))
+        found, on_its_thread = walk_on_loop(record, TASK_WALK_TIMEOUT, responsive(record), outside)
         walks.extend(found)
         consistent = consistent and on_its_thread
-    # The task tree upwards: who awaits each task (each waiting task names what it awaits).
+    # The task tree: who awaits each task (each waiting task names what it awaits), and who
+    # made it (the live task whose chain holds the call its factory noted).
     awaiters: dict[str, list[str]] = {}
+    by_call: dict[int, str] = {}
     for walk in walks:
         for name in walk.entry.awaits:
             awaiters.setdefault(name, []).append(walk.entry.name)
-    if awaiters:
-        for walk in walks:
-            theirs = awaiters.get(walk.entry.name)
-            if theirs:
-                walk.entry = replace(walk.entry, awaiters=sorted(theirs))
+        for call in walk.entry.chain_calls:
+            by_call[call] = walk.entry.name
+    for walk in walks:
+        theirs = awaiters.get(walk.entry.name)
+        parent = by_call.get(walk.parent_call) if walk.parent_call else None
+        if theirs or parent:
+            walk.entry = replace(walk.entry, awaiters=sorted(theirs or ()), parent=parent)
     # Tracked calls oldest first, then the others by name: a stuck call is near the top.
     walks.sort(
         key=lambda w: (

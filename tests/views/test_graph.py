@@ -182,6 +182,39 @@ def _ref(g: schema.GraphDocument, label: str) -> str:
     return next(n.id for n in g.nodes if n.label == label).split(":", 1)[1]
 
 
+async def test_the_task_tree_shows_a_task_groups_children(prof: asyncflow.Profiler) -> None:
+    asyncflow.instrument_tasks()
+    release = asyncio.Event()
+    started = 0
+
+    async def child() -> None:
+        nonlocal started
+        started += 1
+        await release.wait()
+
+    async def parent() -> None:
+        async with asyncio.TaskGroup() as tg:
+            for i in range(3):
+                tg.create_task(child(), name=f"child-{i}")
+
+    task = asyncio.create_task(parent(), name="parent")
+    await _settle(lambda: started == 3)
+    try:
+        tasks = {t.name: t for t in prof.snapshot().tasks.tasks}  # type: ignore[union-attr]
+        assert tasks["parent"].awaits == ["child-0", "child-1", "child-2"]
+        for i in range(3):
+            entry = tasks[f"child-{i}"]
+            assert entry.parent == "parent"
+            assert entry.awaiters == ["parent"]
+        g = _graph(prof)
+        awaits = {(e.source, e.target) for e in g.edges if e.relation == "awaits"}
+        assert awaits == {("task:parent", f"task:child-{i}") for i in range(3)}
+        assert g.cycles == []
+    finally:
+        release.set()
+        await task
+
+
 async def test_the_collector_keeps_a_deadlock_nobody_asked_for(
     prof: asyncflow.Profiler,
 ) -> None:
