@@ -119,6 +119,11 @@ def test_a_deadlock_is_live_at_graph_and_warnings_then_in_the_report_at_sigterm(
                 found = _deadlocks(orjson.loads(response.read()))
         (live,) = found
         assert live["active"] and live["severity"] == "error"
+        # the task tree: main made both transfers and awaits them
+        with urllib.request.urlopen(graph["url"] + "/tasks", timeout=10) as response:
+            tasks = {t["coroutine"]: t for t in orjson.loads(response.read())["tasks"]}
+        main = tasks["main"]["name"]
+        assert tasks["transfer"]["parent"] == main and tasks["transfer"]["awaiters"] == [main]
         process.send_signal(signal.SIGTERM)
         process.communicate(timeout=30)
     document = _report(report)

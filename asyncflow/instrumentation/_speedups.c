@@ -2764,18 +2764,6 @@ task_factory_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf
         else if (record != NULL && record != Py_None && !PyErr_Occurred()) {
             PyErr_SetString(PyExc_RuntimeError, "asyncflow: futures.InstrumentedCoroutine is missing");
         }
-        if (wrapped != NULL && Py_IS_TYPE(wrapped, &WrapperType)) {
-            /* the task tree: the call polled outermost on this thread now is the creating
-             * task's own (one store; no slot on this thread: no call runs here) */
-            WrapperObject *outer = tls_slot != NULL ? tls_slot->inner : NULL;
-            for (long i = 0; outer != NULL && outer->outer != NULL && i < WALK_LIMIT; i++) {
-                outer = outer->outer;
-            }
-            RecordObject *made = ((WrapperObject *)wrapped)->r;
-            if (outer != NULL && outer->r != NULL && made != NULL) {
-                made->parent_call = outer->r->call_id;
-            }
-        }
         Py_XDECREF(record);
         if (PyErr_Occurred()) { /* observing never breaks the program: the task goes untracked */
             Py_CLEAR(wrapped);
@@ -2788,6 +2776,19 @@ task_factory_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf
         }
     }
     PyObject *use = wrapped != NULL ? wrapped : coro;
+    if (track && active != NULL && active != Py_None && Py_IS_TYPE(use, &WrapperType)) {
+        /* the task tree (a coroutine tracked here, or a tracked function's, made before): the
+         * call polled outermost on this thread now is the creating task's own (one store; no
+         * slot on this thread: no call runs here) */
+        WrapperObject *outer = tls_slot != NULL ? tls_slot->inner : NULL;
+        for (long i = 0; outer != NULL && outer->outer != NULL && i < WALK_LIMIT; i++) {
+            outer = outer->outer;
+        }
+        RecordObject *made = ((WrapperObject *)use)->r;
+        if (outer != NULL && outer->r != NULL && made != NULL && outer->r != made) {
+            made->parent_call = outer->r->call_id;
+        }
+    }
     PyObject *previous = field_get(self, TF_PREVIOUS);
     PyObject *task = NULL;
     if (previous == NULL) {

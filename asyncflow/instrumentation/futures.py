@@ -1265,11 +1265,13 @@ class _TaskFactory:
                 record = _task_record(coro)
                 if record is not None:
                     coro = InstrumentedCoroutine(coro, record)
-                    parent = _parent_call()
-                    if parent:
-                        coro._r.parent_call = parent
             except Exception as err:  # observing never breaks the program
                 _session.internal_error("instrumenting a task", err)
+        if self.enabled and _session.active is not None and type(coro) is InstrumentedCoroutine:
+            # the task tree (a coroutine tracked here, or a tracked function's, made before)
+            parent = _parent_call()
+            if parent and parent != coro._r.call_id:
+                coro._r.parent_call = parent
         previous = self.previous
         if previous is None:
             made: asyncio.Task[Any] = asyncio.Task(coro, loop=loop, **kwargs)
