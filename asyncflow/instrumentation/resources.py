@@ -1110,14 +1110,16 @@ def _instance_event_hooks(obj: Any, record: ResourceRecord) -> None:
 # for the cyclic collector, whose extra collections cost a FastAPI service some 45 µs a request.
 # An event that is not instrumented pays one attribute read (the class's None) per call.
 
-#: the attribute that holds an event's record for the class-level hooks (None on the class)
+#: the attribute that holds an event's record for the class-level hooks (None on the class).
+#: Read with a default: a subclass's per-instance hooks made while the mode is on keep the
+#: class-level methods, bound, after it ends (and the class's None is gone).
 _EVENT_RECORD = "_asyncflow_event"
 #: the events the class-level hooks record for: given per-instance hooks when the mode ends
 _class_hooked: weakref.WeakSet[asyncio.Event] = weakref.WeakSet()
 
 
 async def _class_event_wait(self: asyncio.Event) -> Literal[True]:
-    record: ResourceRecord | None = getattr(self, _EVENT_RECORD)
+    record: ResourceRecord | None = getattr(self, _EVENT_RECORD, None)
     if self._value:  # type: ignore[attr-defined]  # Event.wait's fast path
         if record is not None and _session.active is not None:
             record.stats.immediate += 1
@@ -1130,14 +1132,14 @@ async def _class_event_wait(self: asyncio.Event) -> Literal[True]:
 
 def _class_event_set(self: asyncio.Event) -> None:
     _EVENT_SET(self)
-    record: ResourceRecord | None = getattr(self, _EVENT_RECORD)
+    record: ResourceRecord | None = getattr(self, _EVENT_RECORD, None)
     if record is not None and _session.active is not None:
         _count_signal(record, "set", "sets")
 
 
 def _class_event_clear(self: asyncio.Event) -> None:
     _EVENT_CLEAR(self)
-    record: ResourceRecord | None = getattr(self, _EVENT_RECORD)
+    record: ResourceRecord | None = getattr(self, _EVENT_RECORD, None)
     if record is not None and _session.active is not None:
         _count_signal(record, "clear", "clears")
 

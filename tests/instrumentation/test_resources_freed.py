@@ -83,3 +83,18 @@ async def test_an_event_made_outside_whole_program_mode_is_left_alone() -> None:
         event = asyncio.Event()
         await _use(event)
         assert resources.resource_of(event) is None
+
+
+class _MyEvent(asyncio.Event):
+    pass
+
+
+async def test_an_event_subclass_made_in_whole_program_mode_works_after_it_ends() -> None:
+    with asyncflow.profile("freed", format="none", port=None):
+        with asyncflow.instrument_locks():
+            event = _MyEvent()
+        await _use(event)
+        event.clear()
+        record = resources.resource_of(event)
+        assert record is not None
+        assert (record.stats.sets, record.stats.clears, record.stats.wait_count) == (1, 1, 1)
