@@ -1428,6 +1428,9 @@ class ResourceEntry:
     condition: ConditionInfo | None
     #: which futures waited on it, held it, signalled it; most holds first
     futures: list[ResourceFutureEntry]
+    #: its label, with ``#id`` when other resources have the same (locks made on one line:
+    #: ``bank.py:9 #1``, ``bank.py:9 #2``), as the wait-for graph and its findings name it
+    name: str = ""
 
 
 @dataclass(frozen=True, slots=True)

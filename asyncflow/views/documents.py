@@ -7,9 +7,12 @@ cheap key first, and only the entries of the page are built.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import os
 import platform
+import threading
 import weakref
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from asyncflow import clock, stats
@@ -27,13 +30,13 @@ from asyncflow.instrumentation.futures import (
     call_state,
     gone_labels,
 )
-from asyncflow.instrumentation.loops import LoopRecord
+from asyncflow.instrumentation.loops import LoopRecord, loop_registry
 from asyncflow.instrumentation.resources import resource_registry
 from asyncflow.instrumentation.streams import ACTIVE, StreamRecord, recent_items, stream_registry
 from asyncflow.model.collector import Collector, live_calls
 from asyncflow.model.monitor import BlockLine, Episode, LoopState, running_calls
 from asyncflow.model.threads import FRESH_NS, threads_document
-from asyncflow.model.waits import summarise
+from asyncflow.model.waits import TaskWalk, summarise, walk_loop
 from asyncflow.schema import (
     SCHEMA,
     BlockedEpisode,
@@ -64,6 +67,7 @@ from asyncflow.schema import (
     PollAllocations,
     PollCpu,
     ProfilerStatus,
+    ResourceEntry,
     ResourcesDocument,
     RunningCall,
     Snapshot,
@@ -842,10 +846,28 @@ def watch_for_deadlocks(collector: Collector) -> None:
     ended by a timeout, Ctrl-C or SIGTERM, and its shutdown cancels the stuck tasks before
     the report is written. The tasks are read only where a deadlock may be: few tasks, or a
     lock held for a second while another task waits on it; reading the tasks costs the
-    program at most 1% of its time."""
+    program at most 1% of its time.
+
+    Each loop reads its own tasks in a callback the tick asks it to run, and a later tick
+    takes what it read: the collector's thread never waits for the program (the loop monitor
+    runs there), and a loop that does not answer within half a second is not read this time
+    (a deadlocked loop is idle, and answers)."""
     due = [0]
+    asked: list[_Asked] = []
 
     def tick(now: int) -> None:
+        if asked:
+            if not asked[0].ready(now):
+                return
+            reading = asked.pop()
+            walks, spent_ns, consistent = reading.taken()
+            if consistent:  # reading every task costs the program's loop: 1% of the time
+                due[0] = max(due[0], reading.asked_ns + 100 * spent_ns)
+            entries = [w.entry for w in wait_views.task_tree(walks)]
+            channels = channels_document(collector).channels
+            graph = graph_document(entries, reading.resources, channels, consistent)
+            _judge_deadlocks(collector, now, graph)
+            return
         if now < due[0]:
             return
         due[0] = now + STUCK_EVERY_NS
@@ -858,19 +880,84 @@ def watch_for_deadlocks(collector: Collector) -> None:
             r.waiters_now and any(h.held_ns >= STUCK_HELD_NS for h in r.holders)
             for r in resources.resources
         )
-        if alive > WALK_TASKS and not held:
-            return
-        channels = channels_document(collector)
-        began = clock.now_ns()
-        graph = _tasks_and_graph(collector, now, resources, channels, 0, outside=False)[1]
-        if graph.consistent:
-            # reading every task costs the program's loop: at most 1% of the time (10,000
-            # tasks take about half a second to read: read every minute or so). A loop that
-            # did not answer was not read, and cost nothing: tried again next second.
-            due[0] = max(due[0], now + 100 * (clock.now_ns() - began))
-        _judge_deadlocks(collector, now, graph)
+        if alive <= WALK_TASKS or held:
+            responsive = wait_views.responsive_loops(collector.monitor, now)
+            asked.append(_Asked(now, resources.resources, responsive))
 
     collector.on_tick("looking for deadlocks", tick)
+
+
+class _Asked:
+    """One reading of every loop's tasks for the deadlock watch: asked of each running loop
+    (a callback it runs), read here for a loop that is not running."""
+
+    def __init__(
+        self, now: int, resources: list[ResourceEntry], responsive: Callable[[LoopRecord], bool]
+    ) -> None:
+        self.asked_ns = now
+        self.resources = resources
+        self.walks: list[TaskWalk] = []
+        self.spent_ns = 0
+        self.consistent = True
+        self.pending: list[concurrent.futures.Future[tuple[list[TaskWalk], int]]] = []
+        for record in loop_registry():
+            loop = record.loop()
+            if loop is None or loop.is_closed():
+                continue
+            if not loop.is_running():  # parked between runs: nothing changes it meanwhile
+                self.walks.extend(walk_loop(record))
+                continue
+            if record.thread == threading.get_ident() or not responsive(record):
+                self.consistent = False
+                continue
+            self.pending.append(_ask(loop, record))
+
+    def ready(self, now: int) -> bool:
+        """Whether every loop answered, or the time to answer is over (then those that did
+        not are left out)."""
+        if all(f.done() for f in self.pending):
+            return True
+        if now - self.asked_ns < STUCK_EVERY_NS:
+            return False
+        for f in self.pending:
+            if f.cancel():
+                self.consistent = False
+        return True
+
+    def taken(self) -> tuple[list[TaskWalk], int, bool]:
+        """The walks read, the time the loops spent reading them, and whether every loop
+        was read."""
+        for f in self.pending:
+            if f.cancelled() or f.exception() is not None:
+                self.consistent = False
+                continue
+            walks, spent = f.result()
+            self.walks.extend(walks)
+            self.spent_ns += spent
+        return self.walks, self.spent_ns, self.consistent
+
+
+def _ask(
+    loop: asyncio.AbstractEventLoop, record: LoopRecord
+) -> concurrent.futures.Future[tuple[list[TaskWalk], int]]:
+    """Have ``loop`` read its own tasks (and time it), soon, in a callback."""
+    done: concurrent.futures.Future[tuple[list[TaskWalk], int]] = concurrent.futures.Future()
+
+    def walk() -> None:
+        if done.set_running_or_notify_cancel():
+            began = clock.now_ns()
+            try:
+                walks = walk_loop(record)
+            except Exception as exc:  # taken as a loop not read; never the program's
+                done.set_exception(exc)
+            else:
+                done.set_result((walks, clock.now_ns() - began))
+
+    try:
+        loop.call_soon_threadsafe(walk)
+    except RuntimeError:  # closed meanwhile
+        done.cancel()
+    return done
 
 
 def wait_for_graph(collector: Collector) -> GraphDocument:

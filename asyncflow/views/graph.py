@@ -47,7 +47,9 @@ def resource_names(resources: Iterable[ResourceEntry]) -> dict[int, str]:
     seen: dict[str, int] = {}
     for r in entries:
         seen[r.label] = seen.get(r.label, 0) + 1
-    return {r.id: f"{r.label} #{r.id}" if seen[r.label] > 1 else r.label for r in entries}
+    return {
+        r.id: r.name or (f"{r.label} #{r.id}" if seen[r.label] > 1 else r.label) for r in entries
+    }
 
 
 class _Builder:

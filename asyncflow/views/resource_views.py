@@ -9,7 +9,9 @@ unpacks a recorder's tuples.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable
+from dataclasses import replace
 
 from asyncflow import stats
 from asyncflow.instrumentation.futures import call_field, call_state, gone_labels
@@ -219,6 +221,10 @@ def resources_document(
     qs = collector.options.percentiles
     page = ordered_page(records, _most_waited, offset, limit)
     entries = [resource_entry(r, labels, now, origin, qs) for r in page]
+    shared = Counter(r.label for r in records)  # distinct names for one line's locks
+    entries = [
+        replace(e, name=f"{e.label} #{e.id}" if shared[e.label] > 1 else e.label) for e in entries
+    ]
     return ResourcesDocument(
         schema=SCHEMA,
         total=len(records),

@@ -34,6 +34,7 @@ __all__ = [
     "executors_document",
     "never_awaited_entries",
     "responsive_loops",
+    "task_tree",
     "task_walks",
     "tasks_document",
 ]
@@ -147,6 +148,12 @@ def task_walks(
         found, on_its_thread = walk_on_loop(record, TASK_WALK_TIMEOUT, responsive(record), outside)
         walks.extend(found)
         consistent = consistent and on_its_thread
+    return task_tree(walks), consistent
+
+
+def task_tree(walks: list[TaskWalk]) -> list[TaskWalk]:
+    """The walks of every loop's tasks, each with the tasks that await it and its parent,
+    tracked calls oldest first."""
     # The task tree: who awaits each task (each waiting task names what it awaits), and who
     # made it (the live task whose chain holds the call its factory noted).
     awaiters: dict[str, list[str]] = {}
@@ -170,7 +177,7 @@ def task_walks(
             w.entry.name,
         )
     )
-    return walks, consistent
+    return walks
 
 
 def tasks_document(

@@ -81,8 +81,14 @@ async def test_a_lock_order_deadlock_is_a_cycle_and_an_error(prof: asyncflow.Pro
         assert "`one`" in finding.message and "`two`" in finding.message
         # two locks created with one label get distinct names
         assert "accounts #" in finding.message
-        names = graph.resource_names(prof.snapshot().resources.resources)  # type: ignore[union-attr]
+        resources = prof.snapshot().resources
+        assert resources is not None
+        names = graph.resource_names(resources.resources)
         assert len(set(names.values())) == len(names)
+        # ... in the resources document too
+        mine = sorted((r.id, r.name) for r in resources.resources if r.label == "accounts")
+        assert [name for _, name in mine] == [f"accounts #{i}" for i, _ in mine]
+        assert len(mine) == 2
         assert f"taken at test_graph.py:{lines.pop()}" in finding.message
         # the table report has a section for the stuck tasks
         text = render_table(prof.snapshot(), (50.0,), 10)
