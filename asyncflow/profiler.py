@@ -45,6 +45,8 @@ __all__ = ["DISABLED", "Profiler", "active_profiler", "profile", "start", "stop"
 DISABLED = "asyncflow is disabled (ASYNCFLOW_DISABLE=1)"
 
 _STARTUP_TIMEOUT = 10.0
+#: how long start() waits for the loop monitor's first look (seconds)
+_FIRST_LOOK_TIMEOUT = 1.0
 _lock = threading.Lock()
 _active: Profiler | None = None
 #: the profiler started last: ``asyncflow.stop()`` returns its final snapshot once it stopped
@@ -259,6 +261,10 @@ class Profiler:
                         raise failure
                     reason = f": {failure!r}" if failure is not None else " in time"
                     raise AsyncflowError(f"the profiler thread could not start{reason}")
+                # A block at the program's very start is measured whole only once the loop
+                # monitor looks: return after its first look (on a loaded machine the thread
+                # can start ticking 250 ms late), but never wait long for it.
+                self._collector.monitor.ticking.wait(_FIRST_LOOK_TIMEOUT)
                 self._state = "running"
                 self._stopped.clear()
                 _session.active = session
