@@ -1,1 +1,2 @@
-"""Real stacks profiled as people run them: uvicorn on uvloop, FastAPI + httpx, gunicorn, aiohttp, anyio on trio."""
+"""Real stacks profiled as people run them: uvicorn on uvloop, FastAPI + httpx, gunicorn,
+aiohttp, anyio on trio."""
