@@ -185,13 +185,19 @@ Lint = Callable[[Documents, Thresholds], Iterable[Finding]]
 # -- words -------------------------------------------------------------------------------------
 
 
+_UNITS = ((1_000_000_000, "s"), (1_000_000, "ms"), (1_000, "µs"))
+
+
 def _duration(ns: int) -> str:
-    if ns >= 1_000_000_000:
-        return f"{ns / 1e9:.3g} s"
-    if ns >= 1_000_000:
-        return f"{ns / 1e6:.3g} ms"
-    if ns >= 1_000:
-        return f"{ns / 1e3:.3g} µs"
+    """Three significant figures in the largest unit that fits; never an exponent (999.95 ms
+    rounds to 1 s, not "1e+03 ms")."""
+    for i, (scale, unit) in enumerate(_UNITS):
+        if ns >= scale:
+            shown = float(f"{ns / scale:.3g}")
+            if shown >= 1000 and i > 0:
+                scale, unit = _UNITS[i - 1]
+                shown = float(f"{ns / scale:.3g}")
+            return f"{shown:.0f} {unit}" if shown >= 100 else f"{shown:g} {unit}"
     return f"{ns} ns"
 
 

@@ -500,3 +500,18 @@ async def test_in_a_chain_of_stages_only_the_slow_one_is_the_bottleneck(
     (finding,) = _only(_findings(prof))
     assert (finding.kind, finding.subject.label) == ("bottleneck", "parsed")
     assert finding.message.startswith("`store` is the bottleneck")
+
+
+@pytest.mark.parametrize(
+    ("ns", "said"),
+    [
+        (999, "999 ns"),
+        (1_500, "1.5 µs"),
+        (999_950, "1 ms"),  # was "1e+03 µs"
+        (999_950_000, "1 s"),  # was "1e+03 ms", in a deadlock's "held for"
+        (12_340_000, "12.3 ms"),
+        (1_500_000_000_000, "1500 s"),  # was "1.5e+03 s"
+    ],
+)
+def test_durations_in_warnings_never_read_as_an_exponent(ns: int, said: str) -> None:
+    assert lints._duration(ns) == said
