@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from asyncflow import clock as _clock
 from asyncflow import config as _config
 from asyncflow.instrumentation import _imports, _session
-from asyncflow.instrumentation._nested import Nested
+from asyncflow.instrumentation._nested import Nested, NestedHandle
 from asyncflow.instrumentation._sites import site_label
 from asyncflow.instrumentation.channels import ChannelRecord, caller, register
 
@@ -383,35 +383,12 @@ class _StreamRecord(ChannelRecord):
         return super().lost_count()
 
 
-class MemoryStreamInstrumentation:
-    """Handle returned by :func:`instrument_memory_streams`; ``undo()`` stops instrumenting
-    new streams."""
+class MemoryStreamInstrumentation(NestedHandle):
+    """Handle returned by :func:`instrument_memory_streams`; ``undo()`` (or leaving ``with``)
+    stops instrumenting new streams once every handle in use has been undone; streams
+    instrumented already keep recording. Idempotent."""
 
-    __slots__ = ("_logs", "_on")
-
-    def __init__(self, on: bool, logs: bool) -> None:
-        self._on = on
-        self._logs = logs
-
-    @property
-    def active(self) -> bool:
-        """Whether streams created now are instrumented through this handle."""
-        return self._on
-
-    def undo(self) -> None:
-        """Stop instrumenting new streams once every handle in use has been undone; streams
-        instrumented already keep recording. Idempotent."""
-        global _log_users
-        with _instrument_lock:
-            if not self._on:
-                return
-            self._on = False
-            _log_users -= self._logs
-        _whole_program.leave()
-
-
-#: how many handles of instrument_memory_streams() not undone yet asked for message logs
-_log_users = 0
+    __slots__ = ()
 
 
 def instrument_memory_streams(*, log_messages: bool = False) -> MemoryStreamInstrumentation:
@@ -426,14 +403,10 @@ def instrument_memory_streams(*, log_messages: bool = False) -> MemoryStreamInst
     Returns:
         A handle whose ``undo()`` stops instrumenting new streams (calls nest).
     """
-    global _log_users
     _config.check_type("instrument_memory_streams", "log_messages", log_messages, bool)
     if _config.disabled():
-        return MemoryStreamInstrumentation(False, False)
-    with _instrument_lock:
-        _log_users += log_messages
-    _whole_program.enter()
-    return MemoryStreamInstrumentation(True, log_messages)
+        return MemoryStreamInstrumentation(None)
+    return MemoryStreamInstrumentation(_whole_program, log_messages)
 
 
 #: the module that defines ``create_memory_object_stream`` (anyio 4.x)
@@ -459,7 +432,7 @@ def _hook_creation() -> Callable[[], None]:
                 while frame is not None and frame.f_code.co_filename == _TYPING_FILE:
                     frame = frame.f_back  # create_memory_object_stream[int](...)
                 site = site_label(frame) if frame is not None else None
-                _instrument_state(pair[0]._state, None, _log_users > 0, site)
+                _instrument_state(pair[0]._state, None, _whole_program.logs > 0, site)
             except Exception as err:  # observing never breaks the program
                 _session.internal_error("instrumenting a new memory stream", err)
             return pair

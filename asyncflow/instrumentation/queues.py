@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 from asyncflow import clock as _clock
 from asyncflow import config as _config
 from asyncflow.instrumentation import _session
-from asyncflow.instrumentation._nested import Nested
+from asyncflow.instrumentation._nested import Nested, NestedHandle
 from asyncflow.instrumentation._sites import creation_frame, site_label
 from asyncflow.instrumentation.channels import ChannelRecord, ChannelStats, register
 from asyncflow.instrumentation.futures import _speedups
@@ -324,42 +324,13 @@ def _paired_hooks(
     return _put, _get
 
 
-class QueueInstrumentation:
-    """Handle returned by :func:`instrument_queues`; ``undo()`` (or leaving ``with``) restores."""
+class QueueInstrumentation(NestedHandle):
+    """Handle returned by :func:`instrument_queues`; ``undo()`` (or leaving ``with``) stops
+    instrumenting new queues, once every handle in use has been undone (whole-program mode
+    nests: a program that calls ``instrument_queues()`` itself under ``asyncflow run`` shares
+    the mode ``run`` turned on); queues already instrumented keep recording. Idempotent."""
 
-    __slots__ = ("_logs", "_on")
-
-    def __init__(self, on: bool, logs: bool) -> None:
-        self._on = on
-        self._logs = logs
-
-    @property
-    def active(self) -> bool:
-        """Whether queues created now are instrumented through this handle."""
-        return self._on
-
-    def undo(self) -> None:
-        """Stop instrumenting new queues, once every handle in use has been undone (whole-program
-        mode nests: a program that calls ``instrument_queues()`` itself under ``asyncflow run``
-        shares the mode ``run`` turned on); queues already instrumented keep recording.
-        Idempotent."""
-        global _log_users
-        with _instrument_lock:
-            if not self._on:
-                return
-            self._on = False
-            _log_users -= self._logs
-            _whole_program.leave()
-
-    def __enter__(self) -> QueueInstrumentation:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.undo()
-
-
-#: how many handles of instrument_queues() not undone yet asked for message logs
-_log_users = 0
+    __slots__ = ()
 
 
 def instrument_queues(*, log_messages: bool = False) -> QueueInstrumentation:
@@ -373,14 +344,10 @@ def instrument_queues(*, log_messages: bool = False) -> QueueInstrumentation:
     Returns:
         A handle whose ``undo()`` stops instrumenting new queues.
     """
-    global _log_users
     _config.check_type("instrument_queues", "log_messages", log_messages, bool)
     if _config.disabled():
-        return QueueInstrumentation(False, False)
-    with _instrument_lock:
-        _log_users += log_messages
-        _whole_program.enter()
-    return QueueInstrumentation(True, log_messages)
+        return QueueInstrumentation(None)
+    return QueueInstrumentation(_whole_program, log_messages)
 
 
 def _hook_queues() -> Callable[..., None]:
@@ -401,7 +368,7 @@ def _hook_queues() -> Callable[..., None]:
             label = site_label(frame)
             with _instrument_lock:
                 if _record_of(self) is None:
-                    _instrument(self, label, _log_users > 0, capacity)
+                    _instrument(self, label, _whole_program.logs > 0, capacity)
         except Exception as err:
             _session.internal_error("instrumenting a new queue", err)
 
