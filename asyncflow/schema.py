@@ -1431,6 +1431,13 @@ class ResourceEntry:
     #: its label, with ``#id`` when other resources have the same (locks made on one line:
     #: ``bank.py:9 #1``, ``bank.py:9 #2``), as the wait-for graph and its findings name it
     name: str = ""
+    #: what wakes its waiters: a condition's ``notify()``/``notify_all()`` calls, an event's
+    #: ``set()`` calls (0 for the other kinds)
+    signals: int = 0
+    #: a condition's or event's waits that returned, each a task woken (and run) by a signal;
+    #: ``woken / signals`` is the wake-ups per signal: a ``notify_all()`` herd reads as many
+    #: per notify, as tokio-console's self-wake lint reads wakes per poll (0 for other kinds)
+    woken: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -170,6 +170,7 @@ class ResourceStats:
         "wait_max",
         "wait_ns",
         "waiting",
+        "woken",
     )
 
     def __init__(self) -> None:
@@ -186,6 +187,9 @@ class ResourceStats:
         self.wait_max = 0
         self.wait_hist = new_histogram()
         self.immediate = 0  # event waits that found it set: counted, not timed
+        # event, condition (and barrier) waits that returned: each a task woken by a set, a
+        # notify (or the last party); a condition's herd reads as woken per notify
+        self.woken = 0
         self.waiting = 0  # waiting now
         self.max_waiting = 0
         self.hold_count = 0  # holds that ended (released): exact
@@ -901,6 +905,7 @@ async def _timed_wait(
     try:
         if on_return is not None:
             on_return(result)
+        st.woken += 1
         _waited(record, since, _clock.now_ns(), call, WOKEN)
     except Exception as err:
         _broken("recording a wait", err)

@@ -13,6 +13,7 @@ from asyncflow.schema import (
     ChannelEntry,
     ExecutorEntry,
     FutureEntry,
+    FutureLogs,
     GraphDocument,
     GraphEdge,
     LoopEntry,
@@ -62,6 +63,12 @@ def named(label: str, folded: int, gone: bool) -> str:
     return f"{label} (gone)" if gone else label
 
 
+def _call_percentiles(percentiles: tuple[float, ...]) -> tuple[float, ...]:
+    """The call durations shown: the lowest and the highest percentile asked for (p50 and
+    p99 by default), the middle and the tail of a call's whole life."""
+    return tuple(sorted({min(percentiles), max(percentiles)})) if percentiles else ()
+
+
 def _row(entry: FutureEntry, percentiles: tuple[float, ...], live: bool) -> list[str]:
     o = entry.outcomes
     cancelled = o.cancelled + o.closed + o.never_awaited
@@ -69,12 +76,53 @@ def _row(entry: FutureEntry, percentiles: tuple[float, ...], live: bool) -> list
         named(entry.label, entry.folded_count, live and not entry.alive),
         f"{entry.call_count:,}",
         f"{o.returned}/{o.raised}/{cancelled}",
+        *(
+            format_duration(entry.call_duration_ns.get(percentile_key(q)))
+            for q in _call_percentiles(percentiles)
+        ),
         f"{entry.total_polls:,}",
         format_duration(entry.busy_ns),
         format_duration(entry.idle_ns),
         *(format_duration(entry.poll_duration_ns.get(percentile_key(q))) for q in percentiles),
         format_duration(entry.max_poll_duration_ns),
     ]
+
+
+#: the exception types named under a future that raised, and the length of the last message
+_RAISED_NAMED = 3
+_MESSAGE = 60
+
+
+def _raised_line(entry: FutureEntry, logs: FutureLogs | None) -> list[str]:
+    """The line under a future whose calls raised: the exception types its log of recent
+    calls holds, most first, and the newest one's message; nothing when it has no log."""
+    raised = entry.outcomes.raised
+    if not raised or logs is None:
+        return []
+    types: dict[str, int] = {}
+    logged = [c.exception for c in logs.calls if c.outcome == "raised" and c.exception]
+    for exc in logged:
+        types[exc.type] = types.get(exc.type, 0) + 1
+    if not types:
+        return []
+    ranked = sorted(types.items(), key=lambda kv: -kv[1])  # stable: the newest first on ties
+    named_types = ", ".join(
+        name if n == 1 and raised == len(logged) else f"{name} ×{n:,}"
+        for name, n in ranked[:_RAISED_NAMED]
+    )
+    if len(ranked) > _RAISED_NAMED:
+        named_types += f" and {counted(len(ranked) - _RAISED_NAMED, 'other type')}"
+    if raised == len(logged):
+        text = f"{raised:,} raised: {named_types}"
+    else:  # the log keeps the recent calls only: name what it saw as that
+        text = f"{raised:,} raised; the last {len(logged):,} logged: {named_types}"
+    last = logged[0]  # the log lists finished calls newest first
+    message = " ".join(last.message.split())  # one line, whatever the program put in it
+    if len(message) > _MESSAGE:
+        message = message[: _MESSAGE - 1] + "…"
+    if message:
+        text += f"; last {last.type}: {message}"
+    return [f"  └ {text}"]
 
 
 #: futures never called, named on one line under the table
@@ -108,6 +156,7 @@ def render_table(snapshot: Snapshot, percentiles: tuple[float, ...], limit: int)
         "future",
         "calls",
         "ok/err/cxl",
+        *(f"{percentile_key(q)} call" for q in _call_percentiles(percentiles)),
         "polls",
         "busy",
         "idle",
@@ -116,7 +165,11 @@ def render_table(snapshot: Snapshot, percentiles: tuple[float, ...], limit: int)
     ]
     lines = [header, "", *_not_profiled(status), *_warnings(snapshot.warnings)]
     if futures:
-        lines += _table([columns, *(_row(f, percentiles, live) for f in shown)])
+        logs = {entry.future_id: entry for entry in snapshot.future_logs}
+        rows = _table([columns, *(_row(f, percentiles, live) for f in shown)])
+        lines.append(rows[0])
+        for f, row in zip(shown, rows[1:], strict=True):
+            lines += [row, *_raised_line(f, logs.get(f.id))]
     if len(shown) < len(futures):
         lines.append(_more(len(futures) - len(shown), "futures", limit))
     if never:
@@ -415,7 +468,8 @@ def _resource_row(r: ResourceEntry, live: bool) -> list[str]:
         named(r.label, r.folded, live and r.state == "gone"),
         r.primitive.replace("capacity_limiter", "limiter"),
         acquired,
-        f"{r.contended_acquisitions:,}" if r.event is None else f"{r.waits:,}",
+        # every wait: a contended acquisition, a condition's or event's wait, one given up
+        f"{r.waits:,}" + (f" ({r.failed_waits:,} gave up)" if r.failed_waits else ""),
         format_duration(r.total_wait_ns),
         format_duration(r.max_wait_ns),
         format_duration(r.total_hold_ns) if r.event is None else "-",

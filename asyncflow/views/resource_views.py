@@ -202,6 +202,8 @@ def resource_entry(
         else None,
         condition=ConditionInfo(st.notifies) if primitive == CONDITION else None,
         futures=_futures(record, labels),
+        signals=st.notifies if primitive == CONDITION else st.sets if primitive == EVENT else 0,
+        woken=st.woken if primitive in (CONDITION, EVENT) else 0,
     )
 
 
