@@ -103,19 +103,17 @@ def _raised_line(entry: FutureEntry, logs: FutureLogs | None) -> list[str]:
     logged = [c.exception for c in logs.calls if c.outcome == "raised" and c.exception]
     for exc in logged:
         types[exc.type] = types.get(exc.type, 0) + 1
+    kept = sum(c.finished_ns is not None for c in logs.calls)
     if not types:
-        return []
+        return [f"  └ {raised:,} raised, none among the last {counted(kept, 'call')} logged"]
     ranked = sorted(types.items(), key=lambda kv: -kv[1])  # stable: the newest first on ties
-    named_types = ", ".join(
-        name if n == 1 and raised == len(logged) else f"{name} ×{n:,}"
-        for name, n in ranked[:_RAISED_NAMED]
-    )
+    named_types = ", ".join(f"{n:,} {name}" for name, n in ranked[:_RAISED_NAMED])
     if len(ranked) > _RAISED_NAMED:
         named_types += f" and {counted(len(ranked) - _RAISED_NAMED, 'other type')}"
     if raised == len(logged):
         text = f"{raised:,} raised: {named_types}"
     else:  # the log keeps the recent calls only: name what it saw as that
-        text = f"{raised:,} raised; the last {len(logged):,} logged: {named_types}"
+        text = f"{raised:,} raised, {len(logged):,} among the last {kept:,} calls: {named_types}"
     last = logged[0]  # the log lists finished calls newest first
     message = " ".join(last.message.split())  # one line, whatever the program put in it
     if len(message) > _MESSAGE:
