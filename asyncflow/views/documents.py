@@ -11,6 +11,7 @@ import concurrent.futures
 import os
 import platform
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -885,6 +886,36 @@ def watch_for_deadlocks(collector: Collector) -> None:
             asked.append(_Asked(now, resources.resources, responsive))
 
     collector.on_tick("looking for deadlocks", tick)
+    collector.on_tick("evaluating the findings", _findings_watch(collector))
+
+
+#: how often the collector evaluates every finding with nobody asking, at the most: a finding
+#: that holds for a second reaches the exit report with when it began and ended
+FINDINGS_EVERY_NS = 1_000_000_000
+#: the share of one CPU the evaluation may take, at the most: after one that took *t* of the
+#: collector thread's CPU time, the next comes ``t / FINDINGS_SHARE`` later at the earliest
+FINDINGS_SHARE = 0.01
+
+
+def _findings_watch(collector: Collector) -> Callable[[int], None]:
+    """Every lint over the documents once a second, on the collector's thread (never on the
+    program's loop: it reads what ``/warnings`` reads, and no task), into the collector's
+    warnings, so that a finding that held during the run (a leak whose tasks the shutdown
+    cancels, an event whose waiters were cancelled at exit) is in the exit report with when
+    it first and last held, whether or not anyone asked. Spaced so that it takes at most
+    ``FINDINGS_SHARE`` of one CPU (about 10 ms of CPU with 10,000 live tasks: once a second);
+    the deadlocks stay the deadlock watch's."""
+    due = [0]
+
+    def tick(now: int) -> None:
+        if now < due[0]:
+            return
+        began = time.thread_time_ns()  # the CPU it takes: a thread descheduled costs none
+        warnings_document(collector)
+        spent = time.thread_time_ns() - began
+        due[0] = now + max(FINDINGS_EVERY_NS, round(spent / FINDINGS_SHARE))
+
+    return tick
 
 
 class _Asked:
