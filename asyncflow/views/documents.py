@@ -623,6 +623,9 @@ def _blocked_line(line: BlockLine, origin: int) -> BlockedLine:
 
 def _tasks_alive(loop: object) -> int:
     try:
+        counted = getattr(loop, "tasks_alive", None)  # a trio run counts its own
+        if counted is not None:
+            return int(counted())
         return len(asyncio.all_tasks(loop))  # type: ignore[arg-type]
     except Exception:  # a loop closing under us
         return 0
