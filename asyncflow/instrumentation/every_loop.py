@@ -25,6 +25,7 @@ import functools
 import os
 import sys
 import threading
+import time
 import types
 import weakref
 from collections.abc import Callable
@@ -276,12 +277,12 @@ def _hook_uvloop(module: ModuleType) -> None:
 
 
 def _hook_trio(module: ModuleType) -> None:
-    """trio is imported: each run tracks its tasks through trio's Instrument API, and is
-    named as not profiled for what that leaves out (its loop's health and blocks)."""
+    """trio is imported: each run tracks its tasks through trio's Instrument API, and each
+    ``trio.run`` is watched as an event loop is (see :class:`TrioRun`)."""
     if not _instrumenters:
         return
     lowlevel = getattr(module, "lowlevel", None)
-    instrument = _trio_tasks(module)
+    instrument = _trio_instrument(module)
     for owner, name in ((module, "run"), (lowlevel, "start_guest_run")):
         original = getattr(owner, name, None)
         if original is None:
@@ -290,31 +291,127 @@ def _hook_trio(module: ModuleType) -> None:
         _late_undo.append(_patch(owner, name, wrapped))
 
 
-_TRIO_REASON = (
-    "trio's tasks are tracked, not its loop: asyncflow watches asyncio's and uvloop's event "
-    "loops, so there is no loop health and no blocked-loop detection on trio (anyio's asyncio "
-    "backend has them)"
+_TRIO_GUEST_REASON = (
+    "trio runs as a guest of a loop asyncflow does not watch (not asyncio's or uvloop's): its "
+    "tasks are tracked, but there is no loop health and no blocked-loop detection on it"
 )
 
 
 def _tracking_trio(original: Callable[..., Any], name: str, instrument: Any) -> Callable[..., Any]:
-    """``trio.run`` (or ``start_guest_run``), with asyncflow's instrument added to the run's."""
+    """``trio.run`` (or ``start_guest_run``), with an instrument of asyncflow's added to the
+    run's. A ``trio.run`` is watched as an event loop (its own :class:`TrioRun`); a guest run
+    runs on its host's thread, whose loop is watched when it is asyncio's or uvloop's."""
 
     @functools.wraps(original)
     def run(*args: Any, **kwargs: Any) -> Any:
-        if _instrumenters:
-            note_not_profiled("trio", name, _TRIO_REASON)
-            if instrument is not None:
-                kwargs["instruments"] = (*kwargs.get("instruments", ()), instrument)
-        return original(*args, **kwargs)
+        if not _instrumenters or instrument is None:
+            return original(*args, **kwargs)
+        guest = name != "trio.run"
+        if guest and asyncio._get_running_loop() is None:
+            note_not_profiled("trio", name, _TRIO_GUEST_REASON)
+        watched = None if guest else TrioRun(name)
+        kwargs["instruments"] = (*kwargs.get("instruments", ()), instrument(watched))
+        try:
+            return original(*args, **kwargs)
+        finally:
+            if watched is not None:
+                watched.finished()
 
     return run
 
 
-def _trio_tasks(trio: ModuleType) -> Any:
-    """A trio Instrument that tracks each task spawned as a task on an asyncio loop is: its
-    coroutine is wrapped before its first step, under its coroutine function's future. trio's
-    own tasks (its system tasks, the wrappers of its compiled coroutines) are left alone."""
+def _guarded(callback: Callable[..., object], args: tuple[Any, ...]) -> None:
+    """Run asyncflow's ``callback`` on trio's loop: trio crashes its run on a callback that
+    raises, so an error of asyncflow's stays asyncflow's."""
+    try:
+        callback(*args)
+    except Exception as exc:  # observing never breaks the program
+        _session.internal_error("a callback of asyncflow's on trio's loop", exc)
+
+
+class TrioRun:
+    """One ``trio.run``, as the loop monitor sees an event loop: running from trio's
+    ``before_run`` to its ``after_run``, on the thread that called ``trio.run``; callbacks
+    (the monitor's heartbeat) reach it through the run's ``TrioToken.run_sync_soon``, which is
+    thread-safe as ``call_soon_threadsafe`` is. Registered with :func:`loops.see` as a loop;
+    the instrument of its run holds it, so that it is gone (closed) once the run is."""
+
+    __slots__ = (
+        "__weakref__",
+        "_asyncflow_label",
+        "_closed",
+        "_running",
+        "_tasks",
+        "_thread_id",
+        "_token",
+        "wait_codes",
+    )
+
+    def __init__(self, label: str) -> None:
+        #: the loop's label in ``/loop`` (a loop record reads it instead of the class's name)
+        self._asyncflow_label = label
+        self._running = self._closed = False
+        #: the thread running it, while it runs (as ``BaseEventLoop._thread_id``)
+        self._thread_id: int | None = None
+        self._token: Any = None
+        #: the run's task set (trio's own system tasks among them), read for its size only
+        self._tasks: Any = ()
+        #: the code of trio's wait for I/O: innermost on the thread, the loop is idle
+        self.wait_codes: frozenset[types.CodeType] = frozenset()
+
+    def started(self, trio: ModuleType) -> None:
+        """The run begins (trio's ``before_run``, on the run's thread)."""
+        self._token = trio.lowlevel.current_trio_token()
+        self._thread_id = threading.get_ident()
+        try:  # trio's private run state: its tasks, and its I/O manager's wait
+            runner = sys.modules["trio._core._run"].GLOBAL_RUN_CONTEXT.runner
+            self._tasks = runner.tasks
+            self.wait_codes = frozenset({type(runner.io_manager).get_events.__code__})
+        except Exception:  # another trio: no tasks counted, and its idle wait not told
+            pass
+        self._running = True
+        loops.see(self)  # type: ignore[arg-type]  # watched from its very start
+
+    def finished(self) -> None:
+        """The run is over (trio's ``after_run``, or ``trio.run`` returned or raised)."""
+        self._running, self._closed = False, True
+        self._thread_id = self._token = None
+        self._tasks = ()
+
+    def is_running(self) -> bool:
+        return self._running
+
+    def is_closed(self) -> bool:
+        return self._closed
+
+    def call_soon_threadsafe(self, callback: Callable[..., object], *args: Any) -> None:
+        """Run ``callback(*args)`` soon on trio's loop; its errors are asyncflow's own.
+
+        Raises:
+            RuntimeError: the run is over (trio's ``RunFinishedError`` is one).
+        """
+        token = self._token
+        if token is None:
+            raise RuntimeError("the trio run is over")
+        try:
+            token.run_sync_soon(_guarded, callback, args)
+        except RuntimeError:  # RunFinishedError: it ended between the check and the call
+            self._running = False
+            raise
+
+    def time(self) -> float:
+        return time.monotonic()
+
+    def tasks_alive(self) -> int:
+        """Its tasks now, trio's own system tasks among them (read from any thread)."""
+        return len(self._tasks)
+
+
+def _trio_instrument(trio: ModuleType) -> Callable[[TrioRun | None], Any] | None:
+    """What makes, per run, a trio Instrument that tracks each task spawned as a task on an
+    asyncio loop is (its coroutine is wrapped before its first step, under its coroutine
+    function's future; trio's own tasks, its system tasks and the wrappers of its compiled
+    coroutines, are left alone), and that starts and ends the run's watch, if it has one."""
     try:
         base = trio.abc.Instrument
         trio_dir = os.path.dirname(str(trio.__file__)) + os.sep
@@ -338,7 +435,27 @@ def _trio_tasks(trio: ModuleType) -> Any:
             except Exception as exc:  # observing never breaks the program
                 _session.internal_error("tracking a trio task", exc)
 
-    return _TrioTasks()
+    class _TrioWatch(_TrioTasks):
+        """... and the run watched (trio calls only the hooks an instrument defines)."""
+
+        def __init__(self, watched: TrioRun) -> None:
+            self.watched = watched
+
+        def before_run(self) -> None:
+            if _session.active is None or not _instrumenters:
+                return
+            try:
+                self.watched.started(trio)
+            except Exception as exc:  # observing never breaks the program
+                _session.internal_error("watching trio's loop", exc)
+
+        def after_run(self) -> None:
+            self.watched.finished()
+
+    def instrument(watched: TrioRun | None) -> Any:
+        return _TrioTasks() if watched is None else _TrioWatch(watched)
+
+    return instrument
 
 
 #: undoes of the hooks made after an import, taken back with the tracking

@@ -44,7 +44,9 @@ class LoopRecord:
     def __init__(self, loop: asyncio.AbstractEventLoop, key: int) -> None:
         self.id = next(_ids)
         self.loop = weakref.ref(loop, lambda _: _forget(key))
-        self.label = f"{type(loop).__module__}.{type(loop).__qualname__}"
+        # a loop that is not a class of its own (a trio run) names itself
+        own = getattr(loop, "_asyncflow_label", None)
+        self.label = own or f"{type(loop).__module__}.{type(loop).__qualname__}"
         self.thread = 0
         self.thread_name = ""
         self.on_thread()

@@ -147,6 +147,9 @@ def waiting_in_selector(top: FrameType | None, loop: object, thread: int) -> boo
     frame = top
     if frame is not None and loops.in_compiled_loop(frame, thread):
         return True  # uvloop in its own compiled code: no frame of the program's runs there
+    waits = getattr(loop, "wait_codes", None)  # a trio run names its own wait for I/O
+    if isinstance(waits, frozenset):
+        return frame is not None and frame.f_code in waits
     if frame is None or frame.f_code not in _SELECTOR_CODES:
         return False
     while frame is not None and frame.f_code in _SELECTOR_CODES:

@@ -1,6 +1,6 @@
 """anyio and trio under ``asyncflow run``: memory object streams are instrumented like queues
-on either backend, and a program on trio is told, once, that trio's tasks are not profiled
-(issue 26)."""
+on either backend, trio's tasks are tracked, and each trio run is watched as an event loop is:
+lag, blocked-loop episodes and blocking lines (issue 26)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -54,16 +55,10 @@ trio.run(main)
 trio.run(main)
 """
 
-_TRIO_LINE = (
-    "not profiled: {name}{times}: trio's tasks are tracked, not its loop: asyncflow watches "
-    "asyncio's and uvloop's event loops, so there is no loop health and no blocked-loop "
-    "detection on trio (anyio's asyncio backend has them)"
-)
-
 
 def _run(
     tmp_path: Path, script: str, *args: str, env: dict[str, str] | None = None
-) -> tuple[str, dict[str, object]]:
+) -> tuple[str, dict[str, Any]]:
     """The program's standard output, and its JSON report."""
     path = write(tmp_path / "prog.py", script)
     report = tmp_path / "report.json"
@@ -72,7 +67,7 @@ def _run(
         env=env,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    data: dict[str, object] = json.loads(report.read_text())
+    data: dict[str, Any] = json.loads(report.read_text())
     return done.stdout, data
 
 
@@ -82,13 +77,13 @@ def test_memory_streams_are_channels_under_run_on_either_backend(
 ) -> None:
     out, report = _run(tmp_path, _ETL, backend)
     assert out == "190\n"  # the program's own output, as without asyncflow
-    channels = report["channels"]["channels"]  # type: ignore[index]
+    channels = report["channels"]["channels"]
     (stream,) = [c for c in channels if c["kind"] == "anyio.MemoryObjectStream"]
     assert stream["label"] == "prog.py:15"
     assert (stream["sent_count"], stream["received_count"]) == (20, 20)
     assert stream["channel_type"] == "bounded[4]"
-    not_profiled = report["status"]["not_profiled"]  # type: ignore[index]
-    assert [entry["name"] for entry in not_profiled] == (["trio.run"] if backend == "trio" else [])
+    not_profiled = report["status"]["not_profiled"]
+    assert not_profiled == []  # trio's loop is watched too
 
 
 def test_no_memory_streams_leaves_them_alone(tmp_path: Path) -> None:
@@ -102,23 +97,20 @@ def test_no_memory_streams_leaves_them_alone(tmp_path: Path) -> None:
     assert json.loads(report.read_text())["channels"]["channels"] == []
 
 
-def test_a_trio_program_is_told_once_that_trio_is_not_profiled(tmp_path: Path) -> None:
+def test_each_trio_run_is_a_loop_of_its_own(tmp_path: Path) -> None:
+    """Two ``trio.run`` calls are two loops, each watched while it runs and closed after;
+    nothing is named as not profiled."""
     path = write(tmp_path / "prog.py", _TRIO)
     done = asyncflow_cmd("run", str(path), cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert done.stdout == "done\ndone\n"
-    line = _TRIO_LINE.format(name="trio.run", times=" (2 times)")
-    assert done.stderr.count("not profiled:") == 1, done.stderr
-    assert line in done.stderr
-    assert "no task under" not in done.stderr
+    assert "not profiled" not in done.stderr, done.stderr
+    assert "loop 1 (closed)" in done.stderr and "loop 2 (closed)" in done.stderr, done.stderr
     _, report = _run(tmp_path, _TRIO)
-    (entry,) = report["status"]["not_profiled"]  # type: ignore[index]
-    assert entry == {
-        "kind": "trio",
-        "name": "trio.run",
-        "reason": line.split("trio.run (2 times): ", 1)[1],
-        "count": 2,
-    }
+    loops = report["loop"]["loops"]
+    assert [(entry["label"], entry["state"]) for entry in loops] == [("trio.run", "closed")] * 2
+    assert all(entry["heartbeats"] > 0 for entry in loops), loops
+    assert report["status"]["not_profiled"] == []
 
 
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
@@ -127,7 +119,7 @@ def test_the_anyio_example_runs_under_run(backend: str) -> None:
     assert done.returncode == 0, done.stderr
     assert done.stdout == "loaded 200 rows\n"
     assert "anyio_etl.py:40  bounded[10]   200       200" in done.stderr, done.stderr
-    assert ("not profiled: trio.run:" in done.stderr) == (backend == "trio")
+    assert "not profiled" not in done.stderr, done.stderr
 
 
 def test_trio_tasks_are_tracked_as_asyncio_tasks_are(tmp_path: Path) -> None:
@@ -137,7 +129,7 @@ def test_trio_tasks_are_tracked_as_asyncio_tasks_are(tmp_path: Path) -> None:
     alone = {"ASYNCFLOW_NO_OWN_CODE": "1"}
     out, report = _run(tmp_path, _TRIO, env=alone)
     assert out == "done\ndone\n"
-    futures = report["futures"]["futures"]  # type: ignore[index]
+    futures = report["futures"]["futures"]
     tasks = {f["label"]: f for f in futures if f["tracked_by"] == "task"}
     assert tasks["child"]["call_count"] == 6, tasks
     assert tasks["child"]["outcomes"]["returned"] == 6
@@ -145,7 +137,7 @@ def test_trio_tasks_are_tracked_as_asyncio_tasks_are(tmp_path: Path) -> None:
     assert tasks["main"]["call_count"] == 2
     assert not any(label.startswith("trio.") for label in tasks), tasks  # not trio's own
     _, etl = _run(tmp_path, _ETL, "trio", env=alone)
-    labels = {f["label"] for f in etl["futures"]["futures"] if f["tracked_by"] == "task"}  # type: ignore[index]
+    labels = {f["label"] for f in etl["futures"]["futures"] if f["tracked_by"] == "task"}
     assert {"produce", "consume"} <= labels, labels
 
 
@@ -203,3 +195,251 @@ def test_trio_programs_behave_as_without_asyncflow(tmp_path: Path) -> None:
     profiled, _ = _run(tmp_path, _TRIO_BEHAVIOUR, env={"ASYNCFLOW_NO_OWN_CODE": "1"})
     assert profiled == plain.stdout
     assert "caught ['boom']" in plain.stdout and "raised in fails" in plain.stdout
+
+
+_TRIO_BLOCKS = """\
+import time
+
+import trio
+
+
+async def child(i):
+    await trio.sleep(0.01)
+    return i
+
+
+async def blocker():
+    await trio.sleep(0.05)
+    time.sleep(0.3)  # planted
+
+
+async def main():
+    async with trio.open_nursery() as nursery:
+        for i in range(5):
+            nursery.start_soon(child, i)
+        nursery.start_soon(blocker)
+    print("done")
+
+
+trio.run(main)
+"""
+
+_ANYIO_TRIO_BLOCKS = """\
+import time
+
+import anyio
+
+
+async def blocker():
+    await anyio.sleep(0.05)
+    time.sleep(0.3)  # planted
+
+
+async def main():
+    async with anyio.create_task_group() as tg:
+        for _ in range(3):
+            tg.start_soon(anyio.sleep, 0.01)
+        tg.start_soon(blocker)
+    print("done")
+
+
+anyio.run(main, backend="trio")
+"""
+
+_TRIO_HEALTHY = """\
+import trio
+
+
+async def child(i):
+    for _ in range(20):
+        await trio.sleep(0.005)
+    return i
+
+
+async def main():
+    async with trio.open_nursery() as nursery:
+        for i in range(10):
+            nursery.start_soon(child, i)
+    print("done")
+
+
+trio.run(main)
+"""
+
+
+def _planted(source: str) -> int:
+    """The line of the planted ``time.sleep`` in a program's source."""
+    (line,) = [n for n, text in enumerate(source.splitlines(), 1) if "# planted" in text]
+    return line
+
+
+def _trio_loop(report: dict[str, Any]) -> dict[str, Any]:
+    """The one loop a trio program ran: watched, with heartbeats, named as trio's."""
+    (entry,) = report["loop"]["loops"]
+    assert isinstance(entry, dict) and entry["label"] == "trio.run", entry
+    assert entry["heartbeats"] > 0, entry
+    assert entry["state"] == "closed", entry  # the run is over
+    return entry
+
+
+@pytest.mark.parametrize("script", [_TRIO_BLOCKS, _ANYIO_TRIO_BLOCKS], ids=["trio", "anyio"])
+def test_a_blocked_trio_loop_is_found_and_its_line_named(tmp_path: Path, script: str) -> None:
+    """trio's loop is watched as an asyncio loop is: heartbeats through its token, lag, and a
+    planted ``time.sleep`` in a trio task is a loop-blocked finding naming its line, with the
+    stack of trio's thread."""
+    out, report = _run(tmp_path, script)
+    assert out == "done\n"
+    line = _planted(script)
+    entry = _trio_loop(report)
+    assert entry["blocked_count"] >= 1, entry
+    (episode,) = [e for e in entry["episodes"] if e["blocked_ns"] >= 200_000_000]
+    frames = [(Path(f["file"]).name, f["line"]) for f in episode["stack"]]
+    assert ("prog.py", line) in frames, frames
+    assert episode["call"]["label"] == "blocker", episode
+    lines = [(Path(b["file"]).name, b["line"]) for b in entry["blocking_lines"]]
+    assert lines[0] == ("prog.py", line), entry["blocking_lines"]
+    blocked = [w for w in report["warnings"] if w["kind"] == "loop-blocked"]
+    assert len(blocked) == 1, blocked
+    where = blocked[0]["subject"]["location"]
+    assert (Path(where["file"]).name, where["line"]) == ("prog.py", line), blocked
+    assert report["status"]["not_profiled"] == []
+
+
+def test_a_healthy_trio_program_gets_no_loop_finding(tmp_path: Path) -> None:
+    out, report = _run(tmp_path, _TRIO_HEALTHY)
+    assert out == "done\n"
+    entry = _trio_loop(report)
+    assert entry["blocked_count"] == 0 and entry["blocking_lines"] == [], entry
+    kinds = [w["kind"] for w in report["warnings"] if w["severity"] != "info"]
+    assert kinds == [], report["warnings"]
+    assert report["status"]["not_profiled"] == []
+
+
+_TRIO_CALLBACKS = """\
+import trio
+
+from asyncflow.instrumentation.loops import loop_registry
+
+
+async def main():
+    (record,) = [r for r in loop_registry() if r.label == "trio.run"]
+    run = record.loop()
+    run.call_soon_threadsafe(lambda: 1 / 0)  # an error of asyncflow's, on trio's loop
+    arrived = trio.Event()
+    run.call_soon_threadsafe(arrived.set)
+    with trio.fail_after(10):
+        await arrived.wait()
+    print("running", run.is_running(), "tasks", run.tasks_alive() > 0)
+    return run
+
+
+run = trio.run(main)
+print("closed", run.is_closed())
+try:
+    run.call_soon_threadsafe(print, "late")
+except RuntimeError as exc:
+    print("refused:", exc)
+"""
+
+
+def test_callbacks_on_trios_loop_never_reach_the_program(tmp_path: Path) -> None:
+    """A callback of asyncflow's that raises on trio's loop is counted as asyncflow's internal
+    error (trio would crash the run on it), and a run that is over refuses callbacks as a
+    closed asyncio loop does."""
+    out, report = _run(tmp_path, _TRIO_CALLBACKS)
+    assert out == "running True tasks True\nclosed True\nrefused: the trio run is over\n"
+    assert report["status"]["internal_errors"] == 1, report["status"]
+
+
+def test_a_finished_trio_run_refuses_callbacks_with_runtime_error() -> None:
+    """trio's ``RunFinishedError`` (a RuntimeError, which the loop monitor catches as it does a
+    closed loop's) when the run ended before asyncflow heard of it."""
+    import trio
+
+    from asyncflow.instrumentation.every_loop import TrioRun
+
+    run = TrioRun("trio.run")
+
+    async def main() -> None:
+        run.started(trio)
+        assert run.is_running()
+
+    trio.run(main)
+    with pytest.raises(trio.RunFinishedError):
+        run.call_soon_threadsafe(print, "late")
+    assert not run.is_running()
+
+
+_GUEST = """\
+import asyncio
+import time
+
+import trio
+
+
+async def blocker():
+    await trio.sleep(0.05)
+    time.sleep(0.3)  # planted
+
+
+async def trio_main():
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(blocker)
+
+
+async def main():
+    loop = asyncio.get_running_loop()
+    done = loop.create_future()
+    trio.lowlevel.start_guest_run(
+        trio_main,
+        run_sync_soon_threadsafe=loop.call_soon_threadsafe,
+        done_callback=done.set_result,
+    )
+    outcome = await done
+    print(type(outcome).__name__)
+
+
+asyncio.run(main())
+"""
+
+
+def test_a_guest_run_on_asyncio_is_watched_through_its_host(tmp_path: Path) -> None:
+    """trio as a guest runs its tasks on the host's thread, between the host loop's callbacks:
+    the asyncio loop's watch sees its blocks, and nothing is named as not profiled."""
+    out, report = _run(tmp_path, _GUEST)
+    assert out == "Value\n"
+    (entry,) = report["loop"]["loops"]
+    assert not entry["label"].startswith("trio"), entry
+    lines = [(Path(b["file"]).name, b["line"]) for b in entry["blocking_lines"]]
+    assert ("prog.py", _planted(_GUEST)) in lines, entry
+    assert report["status"]["not_profiled"] == []
+
+
+_FOREIGN_HOST = """\
+import queue
+
+import trio
+
+
+async def trio_main():
+    await trio.sleep(0)
+    return "ok"
+
+
+jobs = queue.Queue()
+outcome = []
+trio.lowlevel.start_guest_run(
+    trio_main, run_sync_soon_threadsafe=jobs.put, done_callback=outcome.append
+)
+while not outcome:
+    jobs.get(timeout=10)()
+print(outcome[0].unwrap())
+"""
+
+
+def test_a_guest_run_on_a_host_not_watched_is_named(tmp_path: Path) -> None:
+    out, report = _run(tmp_path, _FOREIGN_HOST)
+    assert out == "ok\n"
+    (entry,) = report["status"]["not_profiled"]
+    assert (entry["kind"], entry["name"], entry["count"]) == ("trio", "trio.start_guest_run", 1)
+    assert "a guest of a loop asyncflow does not watch" in entry["reason"], entry
