@@ -14,13 +14,14 @@ from asyncflow.schema import (
     ExecutorEntry,
     FutureEntry,
     FutureLogs,
-    GraphDocument,
     GraphEdge,
+    GraphNode,
     LoopEntry,
     ProfilerStatus,
     ResourceEntry,
     Snapshot,
     StreamEntry,
+    TaskEntry,
     ThreadEntry,
     WarningEntry,
     dumps,
@@ -177,7 +178,7 @@ def render_table(snapshot: Snapshot, percentiles: tuple[float, ...], limit: int)
         lines.append(f"never called: {names}")
     if not every:
         lines.append(_no_futures(snapshot))
-    lines += _stuck_section(snapshot.graph, limit)
+    lines += _stuck_section(snapshot, limit)
     lines += _functions_section(snapshot, percentiles, limit)
     measured = [f for f in shown if f.cpu is not None or f.allocations is not None]
     if measured:
@@ -417,41 +418,159 @@ _RESOURCE_COLUMNS = [
 ]
 
 
-def _stuck_section(graph: GraphDocument | None, limit: int) -> list[str]:
-    """The tasks that cannot go on when the snapshot was taken (those of a deadlock first):
-    what each waits on, where, and who holds it."""
+#: waits that a timer or the outside world ends: a task in one is not part of a hang's story
+_ENDED_BY_ITSELF = frozenset({"sleep", "io"})
+#: task names listed for a wait on (or of) several tasks, before "and K more"
+_NAMES = 3
+
+
+def _names(names: list[str]) -> str:
+    """``Task-1, Task-2, Task-3 and 17 more``."""
+    shown = ", ".join(names[:_NAMES])
+    return shown + (f" and {len(names) - _NAMES:,} more" if len(names) > _NAMES else "")
+
+
+def _waits_on(
+    node_id: str, out: dict[str, list[GraphEdge]], nodes: dict[str, GraphNode]
+) -> tuple[str, str]:
+    """Where a waiting task waits (`` at app.py:12``) and on what, with who can release it."""
+    edges = [e for e in out.get(node_id, []) if e.target in nodes]
+    awaited = [nodes[e.target].label for e in edges if e.relation == "awaits"]
+    at = next((e.where for e in edges if e.where is not None), None)
+    where = f" at {_path(at.file)}:{at.line}" if at is not None else ""
+    parts = []
+    if awaited:
+        one = len(awaited) == 1
+        parts.append(
+            f"for task {awaited[0]}" if one else f"for {len(awaited)} tasks: {_names(awaited)}"
+        )
+    for e in edges:
+        if e.relation != "waits":
+            continue
+        target = nodes[e.target]
+        text = _target(target)
+        by = out.get(target.id, [])
+        holders = [
+            _holder(h, nodes[h.target]) for h in by if h.relation == "held_by" and h.target in nodes
+        ]
+        drains = [
+            nodes[h.target].label for h in by if h.relation == "received_by" and h.target in nodes
+        ]
+        fills = [nodes[h.target].label for h in by if h.relation == "sent_by" and h.target in nodes]
+        if holders:
+            text += f", held by {', '.join(holders[:_NAMES])}"
+            if len(holders) > _NAMES:
+                text += f" and {len(holders) - _NAMES:,} more"
+        elif target.kind == "queue_put":
+            text += f", drained by {_names(drains)}" if drains else ", which no live task drains"
+        elif target.kind == "queue_get":
+            text += f", filled by {_names(fills)}" if fills else ", which no live task fills"
+        parts.append(text)
+    return where, " and ".join(parts)
+
+
+#: what a task waiting on a queue does, by the graph node's kind
+_QUEUE_WAITS = {
+    "queue_put": "to put into full queue",
+    "queue_get": "to get from empty queue",
+    "queue_join": "on the join of queue",
+}
+
+
+def _target(node: GraphNode) -> str:
+    """What a task waits on, in words: ``on lock app.py:6 #2``, ``to put into full queue
+    app.py:12``; a wait asyncflow does not track by its kind and description."""
+    if node.kind in _QUEUE_WAITS:
+        return f"{_QUEUE_WAITS[node.kind]} {node.label}"
+    if node.id.startswith(("resource:", "channel:")):
+        return f"on {node.kind} {node.label}"
+    return f"on {node.kind}" + (f" ({node.label})" if node.label != node.kind else "")
+
+
+def _holder(edge: GraphEdge, task: GraphNode) -> str:
+    """A holder and where and when it took what it holds: ``Task-3 (took it at app.py:9, 1.5 s
+    ago)``."""
+    took = [f"at {_path(edge.where.file)}:{edge.where.line}"] if edge.where is not None else []
+    if edge.held_ns is not None:
+        took.append(f"{format_duration(edge.held_ns)} ago")
+    return f"{task.label} (took it {', '.join(took)})" if took else task.label
+
+
+def _tree(task: TaskEntry | None) -> str:
+    """Where a task sits in the task tree: ``made by Task-1``, ``awaited by Task-4``."""
+    if task is None:
+        return ""
+    awaiters = _names(task.awaiters)
+    if task.parent is not None and task.awaiters == [task.parent]:
+        return f"made and awaited by {task.parent}"
+    made = f"made by {task.parent}" if task.parent is not None else ""
+    return ", ".join(x for x in (made, f"awaited by {awaiters}" if awaiters else "") if x)
+
+
+def _stuck_section(snapshot: Snapshot, limit: int) -> list[str]:
+    """The tasks waiting when the snapshot was taken, as one debugging a hang reads them: first
+    those that cannot go on (those of a deadlock first), one line each; then the others that
+    wait on something the program must release (not a sleep, not a socket), grouped by what
+    they run, where they wait, on what, and who made them, most first. Each says where it
+    waits, on what, who holds or can release that, and which task made it."""
+    graph = snapshot.graph
     if graph is None:
-        return []
-    stuck = [n for n in graph.nodes if n.stuck]
-    if not stuck:
         return []
     nodes = {n.id: n for n in graph.nodes}
     out: dict[str, list[GraphEdge]] = {}
     for e in graph.edges:
         out.setdefault(e.source, []).append(e)
-    k = len(graph.cycles)
-    heading = f"stuck tasks ({len(stuck)}" + (f", in {counted(k, 'deadlock')})" if k else ")")
-    lines = ["", heading]
-    for node in stuck if limit == 0 else stuck[:limit]:
-        who = f"{node.label} ({node.coroutine})" if node.coroutine else node.label
-        where = f" at {_path(node.where.file)}:{node.where.line}" if node.where else ""
-        for e in out.get(node.id, []):
-            target = nodes.get(e.target)
-            if target is None:
-                continue
-            if e.relation == "awaits":
-                lines.append(f"  {who} awaits task {target.label}{where}")
-                continue
-            held = [
-                f"{nodes[h.target].label}"
-                + (f" (took it at {_path(h.where.file)}:{h.where.line})" if h.where else "")
-                for h in out.get(target.id, [])
-                if h.relation == "held_by" and h.target in nodes
-            ]
-            by = f", held by {', '.join(held)}" if held else ""
-            lines.append(f"  {who} waits{where} on {target.kind} {target.label}{by}")
-    if limit and len(stuck) > limit:
-        lines.append(_more(len(stuck) - limit, "stuck tasks", limit))
+    tasks = {t.name: t for t in snapshot.tasks.tasks} if snapshot.tasks is not None else {}
+    in_cycles = [name for c in graph.cycles for name in c.tasks]
+    order = {f"task:{name}": i for i, name in enumerate(dict.fromkeys(in_cycles))}
+    stuck = sorted(
+        (n for n in graph.nodes if n.kind == "task" and n.stuck),
+        key=lambda n: order.get(n.id, len(order)),
+    )
+    lines: list[str] = []
+    if stuck:
+        k = len(graph.cycles)
+        heading = f"stuck tasks ({len(stuck)}" + (f", in {counted(k, 'deadlock')})" if k else ")")
+        lines += ["", heading]
+        for node in stuck if limit == 0 else stuck[:limit]:
+            where, what = _waits_on(node.id, out, nodes)
+            tree = _tree(tasks.get(node.label))
+            who = f"{node.label} ({node.coroutine})" if node.coroutine else node.label
+            lines.append(f"  {who} waits{where} {what}" + (f"; {tree}" if tree else ""))
+        if limit and len(stuck) > limit:
+            lines.append("  " + _more(len(stuck) - limit, "stuck tasks", limit))
+    groups: dict[tuple[str, ...], list[str]] = {}
+    for node in graph.nodes:
+        if node.kind != "task" or node.stuck or node.id not in out:
+            continue
+        waits = [nodes[e.target].kind for e in out[node.id] if e.target in nodes]
+        if not waits or all(kind in _ENDED_BY_ITSELF for kind in waits):
+            continue
+        where, what = _waits_on(node.id, out, nodes)
+        key = (node.coroutine or "", where, what, _tree(tasks.get(node.label)))
+        groups.setdefault(key, []).append(node.label)
+    if groups:
+        waiting = sum(map(len, groups.values()))
+        more = " more" if stuck else ""
+        ranked = sorted(groups.items(), key=lambda kv: -len(kv[1]))
+        lines += [
+            "",
+            f"waiting tasks ({waiting:,}{more}, not stuck: something alive may still release them)",
+        ]
+        for (coroutine, where, what, tree), names in ranked if limit == 0 else ranked[:limit]:
+            of = f" ({coroutine})" if coroutine else ""
+            if len(names) == 1:
+                line = f"  {names[0]}{of} waits{where} {what}" + (f"; {tree}" if tree else "")
+            else:
+                line = f"  {len(names):,} tasks{of} wait{where} {what}" + (
+                    f"; {tree}" if tree else ""
+                )
+                line += f": {_names(names)}"
+            lines.append(line)
+        if limit and len(ranked) > limit:
+            lines.append("  " + _more(len(ranked) - limit, "groups", limit))
+    if graph.omitted:
+        lines.append(f"  ({counted(graph.omitted, 'more node')} of the wait-for graph left out)")
     return lines
 
 
