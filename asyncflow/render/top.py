@@ -49,6 +49,9 @@ from asyncflow.schema import (
     FutureEntry,
     FutureLogs,
     FuturesDocument,
+    GraphDocument,
+    GraphEdge,
+    GraphNode,
     Location,
     LoopDocument,
     LoopEntry,
@@ -70,7 +73,18 @@ from asyncflow.schema import (
     load,
 )
 
-__all__ = ["VIEWS", "Column", "Context", "TopApp", "View", "compact_count", "compact_duration"]
+__all__ = [
+    "VIEWS",
+    "Column",
+    "Context",
+    "NotServed",
+    "TopApp",
+    "View",
+    "WaitGraph",
+    "Waiter",
+    "compact_count",
+    "compact_duration",
+]
 
 #: a list document, one of its entries, and a logs document
 D = TypeVar("D")
@@ -224,6 +238,10 @@ class Get(Protocol):
     def __call__(self, path: str, document: type[_D], /) -> Awaitable[_D]: ...
 
 
+class NotServed(RuntimeError):
+    """The endpoint has no such route (404): an older asyncflow, before the route existed."""
+
+
 @dataclass(frozen=True)
 class Logs(Generic[L]):
     """Where a row's logs are, and how to print them."""
@@ -263,6 +281,10 @@ class View(Generic[D, E]):
     enrich: Callable[[Get, list[Row[E]], Context], Awaitable[None]] | None = None
     #: a row's identity, which the cursor and the logs follow across sorts and refreshes
     row_id: Callable[[E], str] = _entry_id
+    #: fetches the document from several routes instead of ``route`` alone
+    fetch: Callable[[Get], Awaitable[D]] | None = None
+    #: what the status line adds about the document (e.g. a route the profiler lacks)
+    note: Callable[[D], str | None] | None = None
 
     def column(self, name: str) -> Column[E]:
         """The column called ``name``."""
@@ -554,6 +576,283 @@ def _warning_count(warnings: list[WarningEntry]) -> str:
     return f"⚠ {len(now)} warning{'' if len(now) == 1 else 's'} ({worst}; w shows them) · "
 
 
+# the wait-for graph and the task tree ----------------------------------------------------------
+
+#: tasks top asks ``/tasks`` for, to draw the task tree (``/graph`` has its own bound)
+TREE_TASKS = 1000
+#: lines the task tree takes at most below the table: it stays on the screen
+TREE_LINES = 12
+#: a line of the tree is cut at this width (a task named by its repr can be long)
+TREE_WIDTH = 110
+#: deadlocks spelled out below the table at most (the table marks them all)
+CYCLE_LINES = 3
+#: leaf children of one coroutine beyond this many share one line of the tree
+_SIBLINGS = 3
+
+
+@dataclass(frozen=True)
+class WaitGraph:
+    """The graph view's document: ``/graph``, and ``/tasks`` for the task tree."""
+
+    #: None when the profiler does not serve ``/graph`` (an older asyncflow)
+    graph: GraphDocument | None
+    tasks: TasksDocument
+
+
+@dataclass(frozen=True)
+class Waiter:
+    """One waiting task of the wait-for graph: a row of the graph view."""
+
+    node: GraphNode
+    #: what it waits on, in words
+    waits_on: str
+    #: who can release it: the holders of the lock, the producers of the queue, the tasks
+    #: it awaits (empty: nobody the graph can name)
+    releasers: tuple[str, ...]
+    #: the deadlock it is in, numbered from 1 as ``GraphDocument.cycles`` lists them
+    cycle: int | None
+    #: its entry in ``/tasks`` (its parent, chain and awaiters), when listed
+    task: TaskEntry | None
+    #: the tasks it created that are alive, by name
+    children: tuple[str, ...] = ()
+
+
+async def _fetch_waits(get: Get) -> WaitGraph:
+    """``/graph`` and ``/tasks``; a profiler without ``/graph`` still gives the tree."""
+    tasks = await get(f"/tasks?limit={TREE_TASKS}", TasksDocument)
+    try:
+        graph: GraphDocument | None = await get("/graph", GraphDocument)
+    except NotServed:
+        graph = None
+    return WaitGraph(graph, tasks)
+
+
+def _node_text(node: GraphNode | None, node_id: str) -> str:
+    """A graph node as a person names it: ``lock accounts #2``, ``get from queue jobs``."""
+    if node is None:
+        return node_id.removeprefix("task:")
+    if node.kind == "task":
+        return node.label
+    if not node.id.startswith(("resource:", "channel:")):
+        return node.label  # a wait asyncflow does not track: its description says it all
+    queue = {"queue_get": "get from queue", "queue_put": "put into queue"}
+    return f"{queue.get(node.kind, node.kind.replace('_', ' '))} {node.label}"
+
+
+#: how a releaser edge reads, by its relation
+_RELEASES = {"held_by": "held by", "sent_by": "filled by", "received_by": "drained by"}
+
+
+def _releaser(edge: GraphEdge) -> str:
+    text = f"{_RELEASES.get(edge.relation, edge.relation)} {edge.target.removeprefix('task:')}"
+    if edge.held_ns is not None:
+        text += f" for {dur(edge.held_ns)}"
+    return text + (f" (took it at {_where(edge.where)})" if edge.where else "")
+
+
+def _cycle_members(graph: GraphDocument | None) -> dict[str, int]:
+    """Node id -> the number of the first deadlock it is in."""
+    members: dict[str, int] = {}
+    for number, cycle in enumerate(graph.cycles if graph else [], 1):
+        for node in cycle.nodes:
+            members.setdefault(node, number)
+    return members
+
+
+def _children(tasks: TasksDocument) -> dict[str | None, list[TaskEntry]]:
+    """Each listed task's children; the roots (no parent, or one not listed) under None."""
+    names = {t.name for t in tasks.tasks}
+    tree: dict[str | None, list[TaskEntry]] = {}
+    for t in tasks.tasks:
+        parent = t.parent if t.parent in names and t.parent != t.name else None
+        tree.setdefault(parent, []).append(t)
+    return tree
+
+
+def _waiters(document: WaitGraph) -> list[Waiter]:
+    """The graph's waiting tasks, deadlocked ones first (the graph lists its cycles first)."""
+    graph = document.graph
+    if graph is None:
+        return []
+    nodes = {n.id: n for n in graph.nodes}
+    out: dict[str, list[GraphEdge]] = {}
+    for e in graph.edges:
+        out.setdefault(e.source, []).append(e)
+    cycles = _cycle_members(graph)
+    tasks = {t.name: t for t in document.tasks.tasks}
+    tree = _children(document.tasks)
+    rows = []
+    for node in graph.nodes:
+        edges = [e for e in out.get(node.id, []) if e.relation in ("waits", "awaits")]
+        if node.kind != "task" or not edges:
+            continue
+        if edges[0].relation == "awaits":
+            names = [_node_text(nodes.get(e.target), e.target) for e in edges]
+            waits_on = ("task " if len(names) == 1 else "tasks ") + ", ".join(names)
+            releasers = tuple(f"{name} ending" for name in names)
+        else:
+            target = edges[0].target
+            waits_on = _node_text(nodes.get(target), target)
+            releasers = tuple(_releaser(e) for e in out.get(target, []))
+        entry = tasks.get(node.label)
+        children = tuple(t.name for t in tree.get(node.label, [])) if entry else ()
+        rows.append(Waiter(node, waits_on, releasers, cycles.get(node.id), entry, children))
+    return rows
+
+
+def _cycle_rank(w: Waiter) -> tuple[int, int, str]:
+    """Deadlocked first (the first deadlock first), then stuck behind one, then the rest."""
+    if w.cycle is not None:
+        return 2, -w.cycle, f"⟳{w.cycle}"
+    return (1, 0, "stuck") if w.node.stuck else (0, 0, "-")
+
+
+def _waiter_name(w: Waiter) -> str:
+    runs = w.node.coroutine
+    return w.node.label if not runs or runs == w.node.label else f"{w.node.label} ({runs})"
+
+
+def _cycle_text(graph: GraphDocument, number: int) -> str:
+    """A deadlock in words: each task, what it waits on and who holds that, around."""
+    cycle = graph.cycles[number - 1]
+    nodes = {n.id: n for n in graph.nodes}
+    relation = {(e.source, e.target): e.relation for e in graph.edges}
+    path = cycle.nodes + cycle.nodes[:1]
+    said: list[str] = []
+    for i, node in enumerate(path[:-1]):
+        if not node.startswith("task:"):
+            continue
+        me, then = _node_text(nodes.get(node), node), path[i + 1]
+        if then.startswith("task:"):
+            said.append(f"{me} awaits {_node_text(nodes.get(then), then)}")
+            continue
+        held = path[i + 2] if i + 2 < len(path) else path[0]
+        how = _RELEASES.get(relation.get((then, held), ""), "released by")
+        said.append(
+            f"{me} waits on {_node_text(nodes.get(then), then)} {how} "
+            f"{_node_text(nodes.get(held), held)}"
+        )
+    return f"⟳{number} DEADLOCK: " + "; ".join(said)
+
+
+def _tree_lines(
+    tasks: TasksDocument, marked: Mapping[str, int], waits: Mapping[str, str] | None = None
+) -> list[str]:
+    """The task tree, parent above children, at most ``TREE_LINES`` lines: the trees with a
+    deadlocked task first, then tasks with children; many leaf tasks of one coroutine (a pool
+    of workers, a task per request) share one line. ``waits`` names what a task waits on as
+    the graph does (``lock accounts #2``), where it has it; each line is cut at
+    ``TREE_WIDTH``."""
+    tree = _children(tasks)
+    parents = {t.name: t.parent for t in tasks.tasks}
+    hot: set[str] = set()  # a deadlocked task and its ancestors
+    for name in marked:
+        up: str | None = name
+        while up is not None and up not in hot:
+            hot.add(up)
+            up = parents.get(up)
+    lines: list[str] = []
+    seen: set[str] = set()
+    drawn = [0]  # tasks on the lines so far
+
+    def rank(t: TaskEntry) -> int:
+        return 0 if t.name in hot else 1 if tree.get(t.name) else 2
+
+    def line(t: TaskEntry) -> str:
+        mark = f" ⟳{marked[t.name]}" if t.name in marked else ""
+        said = (waits or {}).get(t.name) or (t.waits_on.description if t.waits_on else None)
+        state = f" · waits on {said}" if said else f" · {t.state}"
+        return f"{t.name}{mark} {t.future_label or t.coroutine}{state}"
+
+    def emit(kids: list[TaskEntry], lead: str, root: bool) -> None:
+        kids = sorted((k for k in kids if k.name not in seen), key=rank)
+        seen.update(k.name for k in kids)
+        groups: dict[str, list[TaskEntry]] = {}
+        for k in kids:
+            if rank(k) == 2:
+                groups.setdefault(k.future_label or k.coroutine, []).append(k)
+        items: list[TaskEntry | list[TaskEntry]] = []
+        for k in kids:
+            group = groups.get(k.future_label or k.coroutine, []) if rank(k) == 2 else []
+            if len(group) <= _SIBLINGS:
+                items.append(k)
+            elif k is group[0]:
+                items.append(group)
+        for n, item in enumerate(items):
+            if len(lines) >= TREE_LINES:
+                return
+            last = n == len(items) - 1
+            fork = "" if root else "└─ " if last else "├─ "
+            if isinstance(item, list):
+                runs = item[0].future_label or item[0].coroutine
+                lines.append(
+                    f"{lead}{fork}{len(item)} tasks of {runs} ({item[0].name} … {item[-1].name})"
+                )
+                drawn[0] += len(item)
+                continue
+            lines.append(lead + fork + line(item))
+            drawn[0] += 1
+            inner = lead if root else lead + ("   " if last else "│  ")
+            emit(tree.get(item.name, []), inner, False)
+
+    emit(tree.get(None, []), "", True)
+    listed, total = len(tasks.tasks), tasks.total
+    head = f"task tree (parent → children), {counted(total, 'task')}"
+    head += f", the first {listed} read" if total > listed else ""
+    more = [f"… and {count(total - drawn[0])} more"] if total > drawn[0] else []
+    return [_clip(text, TREE_WIDTH) for text in [head + ":", *lines, *more]]
+
+
+def _graph_lines(document: WaitGraph) -> list[str]:
+    """Below the graph's table: its deadlocks in words, then the task tree."""
+    graph, lines = document.graph, []
+    if graph is None:
+        lines.append("this profiler serves no /graph (an older asyncflow): no wait-for graph")
+    else:
+        numbers = range(1, len(graph.cycles) + 1)
+        lines += [_cycle_text(graph, n) for n in numbers[:CYCLE_LINES]]
+        if len(graph.cycles) > CYCLE_LINES:
+            lines.append(f"… and {len(graph.cycles) - CYCLE_LINES} more deadlocks (⟳ in the table)")
+        if graph.omitted:
+            lines.append(f"({count(graph.omitted)} nodes past the graph's bound are left out)")
+        if not graph.consistent:
+            lines.append("(a blocked loop was read from outside: its chains may be changing)")
+    marked = {n.removeprefix("task:"): c for n, c in _cycle_members(graph).items()}
+    waits = {w.node.label: w.waits_on for w in _waiters(document)}
+    return lines + _tree_lines(document.tasks, marked, waits)
+
+
+def _graph_note(document: WaitGraph) -> str | None:
+    """The status line's word on the graph: a deadlock, or a profiler without ``/graph``."""
+    graph = document.graph
+    if graph is None:
+        return "no /graph here (an older asyncflow): the task tree only"
+    n = len(graph.cycles)
+    return f"⟳ {n} DEADLOCK{'' if n == 1 else 'S'}" if n else None
+
+
+def _waiter_lines(w: Waiter, ctx: Context) -> list[str]:
+    """A waiting task whole: what it waits on, who can release it, where it is in the tree."""
+    lines = [f"{w.node.label}: what it waits on and who can release it"]
+    if w.cycle is not None:
+        lines.append(f"in deadlock ⟳{w.cycle}: it waits on tasks that wait on it")
+    elif w.node.stuck:
+        lines.append("stuck: only tasks that cannot go on could release it")
+    at = f" at {_where(w.node.where)}" if w.node.where else ""
+    lines.append(f"waits on {w.waits_on}{at}")
+    lines += [f"  {r}" for r in w.releasers] or ["  nobody the graph can name"]
+    t = w.task
+    if t is not None:
+        lines.append(f"parent: {t.parent or '-'} · awaited by: {', '.join(t.awaiters) or '-'}")
+    if w.children:
+        lines.append(
+            f"children: {', '.join(w.children[:8])}" + (" …" if len(w.children) > 8 else "")
+        )
+    if t is not None:
+        lines += [f"  {f.file}:{f.line} {f.function}" for f in t.chain[-6:]]
+    return lines
+
+
 # fmt: off
 def _function_errors(document: FunctionsDocument) -> list[str]:
     """Below the functions: what each one that raised raised, by exception type."""
@@ -716,6 +1015,34 @@ VIEWS: tuple[View[Any, Any], ...] = (
         sort="age",
         row_lines=_chain_lines, detail=_wait_lines,
         row_id=lambda t: f"{t.loop_id}:{t.name}",
+    ),
+    View[WaitGraph, Waiter](
+        "graph", "g",
+        "the wait-for graph, one row per waiting task: what it waits on and who can release it "
+        "(the holders, producers or consumers, the tasks it awaits), deadlocks first (⟳); "
+        "below the table each deadlock in words, then the task tree (parent → children)",
+        "/graph", WaitGraph, _waiters,
+        (
+            _text("task", 0, _waiter_name, "the waiting task's name (and what it runs)",
+                  flex=True),
+            Column("cycle", 0, _cycle_rank, "⟳N: in deadlock N (each task waits on what the "
+                   "next holds, around); stuck: behind a deadlock; -: something can still "
+                   "release it", show=lambda v: v[2]),
+            _text("waits", 1, lambda w: w.waits_on, "what it waits on: a lock, a queue, a "
+                  "task...", max_width=32),
+            _text("releaser", 1, lambda w: ", ".join(w.releasers) or "-",
+                  "who can release it: held by (with where the holder took it), filled by "
+                  "(a queue's producers), drained by (its consumers), or the tasks it awaits",
+                  max_width=48),
+            _text("where", 2, lambda w: _where(w.node.where),
+                  "the line of the program's own code where it waits", max_width=28,
+                  cut_left=True),
+            _text("parent", 3, lambda w: (w.task.parent if w.task else None) or "-",
+                  "the task that created it", max_width=16),
+        ),
+        sort="cycle",
+        row_lines=_waiter_lines, detail=_graph_lines, row_id=lambda w: w.node.id,
+        fetch=_fetch_waits, note=_graph_note,
     ),
     View[WarningsDocument, WarningEntry](
         "warnings", "w",
@@ -1110,7 +1437,8 @@ class TopApp(App[None]):
                     message = response.reason or "no reason given"
                 if response.status == 401:
                     message = f"the endpoint refused the token: {message}"
-                raise RuntimeError(f"{response.status}: {message}")
+                error = NotServed if response.status == 404 else RuntimeError
+                raise error(f"{response.status}: {message}")
         try:
             # a field top does not know is a newer asyncflow's: a new field is compatible
             return load(document, body, ignore_unknown=True)
@@ -1137,7 +1465,11 @@ class TopApp(App[None]):
         try:
             status = await self._get("/profiler_status", ProfilerStatus)
             warnings = await self._get("/warnings", WarningsDocument)
-            document = await self._get(view.route, view.document)
+            if view.fetch is not None:
+                document = await view.fetch(self._get)
+            else:
+                document = await self._get(view.route, view.document)
+            note = view.note(document) if view.note is not None else None
             rows = _rows(view, view.entries(document))
             ids = {row.key for row in rows}
             if selected is not None and selected not in ids:
@@ -1164,7 +1496,8 @@ class TopApp(App[None]):
             (view.name, row.key): row.oldest_ns for row in rows if row.oldest_ns != _UNASKED
         }
         self.error = None
-        self.name_line = _warning_count(warnings.warnings) + _status_line(status)
+        self.name_line = (f"{note} · " if note else "") + _warning_count(warnings.warnings)
+        self.name_line += _status_line(status)
         self.rows, self.detail, self.logs, self.context = rows, document, logs, context
         if self.selected is not None and selected is None:
             self.selected = None  # the selected row is gone

@@ -207,6 +207,7 @@ async def test_at_80_columns_the_columns_people_need_most_fit() -> None:
         "streams": {"stream", "items", "max", "p50"},
         "loops": {"loop", "state", "lag", "max", "blocks", "p99"},
         "tasks": {"future", "age", "waits"},
+        "graph": {"task", "cycle", "waits", "releaser"},
         "executors": {"executor", "workers", "queued", "running", "q-p95"},
         "warnings": {"warning", "sev", "kind"},
         "resources": {"resource", "kind", "waiting", "waitΣ", "holdΣ"},
