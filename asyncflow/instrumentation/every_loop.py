@@ -14,8 +14,10 @@ again, chained to the program's.
 A loop that cannot be instrumented (its ``set_task_factory`` refuses) runs on untouched but
 for the loop monitor's heartbeat, and is named, with the reason, in :func:`not_profiled`. On
 trio (``trio.run``, ``start_guest_run``, anyio's trio backend), each task is tracked through
-trio's public Instrument API (``task_spawned``), but trio's loop is not watched: that is
-named in :func:`not_profiled` too.
+trio's public Instrument API (``task_spawned``), and each ``trio.run`` is watched as an event
+loop (a :class:`TrioRun`, from the run's ``before_run`` to its ``after_run``). A guest run
+runs on its host loop's thread, and is watched through that loop when it is asyncio's or
+uvloop's; on another host it is named in :func:`not_profiled`.
 """
 
 from __future__ import annotations
@@ -33,11 +35,11 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from asyncflow.instrumentation import _imports, _session, futures, loops
+from asyncflow.instrumentation import _imports, _session, futures, loops, routes
 from asyncflow.instrumentation.executors import instrument_executors
 from asyncflow.instrumentation.futures import instrument_tasks
 
-__all__ = ["LoopTracking", "NotProfiled", "not_profiled", "track_every_loop"]
+__all__ = ["LoopTracking", "NotProfiled", "TrioRun", "not_profiled", "track_every_loop"]
 
 #: the most blind spots kept; past it, only the ones already named are counted
 MAX_NOT_PROFILED = 32
@@ -47,12 +49,13 @@ MAX_NOT_PROFILED = 32
 class NotProfiled:
     """Something the program runs that asyncflow cannot profile: one per kind, name and reason."""
 
-    #: ``loop`` (an event loop whose tasks are not tracked) or ``trio`` (trio's scheduler)
+    #: ``loop`` (an event loop whose tasks are not tracked) or ``trio`` (a trio guest run
+    #: whose host loop is not watched)
     kind: str
-    #: the loop's class (``module.qualname``), or the trio entry point (``trio.run``)
+    #: the loop's class (``module.qualname``), or the trio entry point (``trio.start_guest_run``)
     name: str
     reason: str
-    #: how many times it was met (loops of that class, calls of ``trio.run``)
+    #: how many times it was met (loops of that class, calls of the trio entry point)
     count: int = 1
 
 
@@ -197,12 +200,14 @@ class LoopTracking:
                 _session.internal_error("untracking an event loop", exc)
 
 
-def track_every_loop(*, executors: bool = True) -> LoopTracking:
+def track_every_loop(*, executors: bool = True, by_route: bool = True) -> LoopTracking:
     """Track the tasks (and, with ``executors``, the executor jobs) of every event loop the
     program makes or runs from now on: ``asyncflow run``'s whole-program mode.
 
     Args:
         executors: also time the jobs each loop hands to its executors.
+        by_route: a request routed by Starlette (FastAPI) or aiohttp is a call of its route's
+            future (:mod:`asyncflow.instrumentation.routes`).
 
     Returns:
         A handle whose ``undo()`` restores every hook.
@@ -226,6 +231,11 @@ def track_every_loop(*, executors: bool = True) -> LoopTracking:
         _imports.after_import("uvloop", _hook_uvloop),
         _imports.after_import("trio", _hook_trio),
     ]
+    if by_route:
+        steps.append(
+            _imports.after_import("starlette.routing", _patching(routes.starlette_patches))
+        )
+        steps.append(_imports.after_import("aiohttp.web_app", _patching(routes.aiohttp_patches)))
     return LoopTracking(steps)
 
 
@@ -274,6 +284,18 @@ def _hook_uvloop(module: ModuleType) -> None:
     cls = module.Loop
     undo = _patch(cls, "__init__", _hooked_init(cls.__init__))
     _late_undo.append(undo)
+
+
+def _patching(patches: Callable[[ModuleType], list[routes.Patch]]) -> Callable[[ModuleType], None]:
+    """The hook that makes ``patches(module)`` once the module is imported, undone with the
+    tracking."""
+
+    def hook(module: ModuleType) -> None:
+        if _instrumenters:
+            for owner, name, value in patches(module):
+                _late_undo.append(_patch(owner, name, value))
+
+    return hook
 
 
 def _hook_trio(module: ModuleType) -> None:
