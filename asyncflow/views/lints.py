@@ -359,6 +359,24 @@ _HINT = (
     "move the blocking call off the loop (asyncio.to_thread) or make it await; the episode's "
     "stack is in /loop"
 )
+#: ... in trio's words, for a trio run's loop (anyio on trio has the same in anyio.to_thread)
+_TRIO_HINTS = {
+    "cpu": "run the CPU work in a thread (await trio.to_thread.run_sync(...), or a process "
+    "pool for pure Python) or yield (await trio.lowlevel.checkpoint()) more often",
+    "blocking": "await trio.to_thread.run_sync(...) for the call, or use an async API "
+    "(trio.sleep, an async client or driver)",
+}
+_TRIO_HINT = (
+    "move the blocking call off the loop (trio.to_thread.run_sync) or make it await; the "
+    "episode's stack is in /loop"
+)
+
+
+def _hint(loop: LoopEntry, kind: str | None) -> str:
+    """What to do about a block, in the words of the loop's library."""
+    if loop.label.startswith("trio."):
+        return _TRIO_HINTS.get(kind or "", _TRIO_HINT)
+    return _HINTS.get(kind or "", _HINT)
 
 
 def _line_finding(cause: _Cause, futures: dict[int, FutureEntry], top: int | None) -> Finding:
@@ -420,7 +438,7 @@ def _line_finding(cause: _Cause, futures: dict[int, FutureEntry], top: int | Non
         "error" if lost else "warning",
         WarningSubject("line", None, where, Location(file, number)),
         message,
-        _HINTS.get(kind or "", _HINT),
+        _hint(loop, kind),
         evidence,
     )
 
@@ -458,7 +476,7 @@ def _loop_episodes(loop: LoopEntry) -> Finding | None:
         severity,
         WarningSubject("loop", loop.id, loop.label, None),
         message,
-        _HINTS.get(worst.kind or "", _HINT),
+        _hint(loop, worst.kind),
         {
             "episodes": loop.blocked_count,
             "longest_ns": worst.blocked_ns,

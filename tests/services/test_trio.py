@@ -302,6 +302,9 @@ def test_a_blocked_trio_loop_is_found_and_its_line_named(tmp_path: Path, script:
     assert len(blocked) == 1, blocked
     where = blocked[0]["subject"]["location"]
     assert (Path(where["file"]).name, where["line"]) == ("prog.py", line), blocked
+    # the advice is trio's, not asyncio's
+    assert "trio.to_thread.run_sync" in blocked[0]["hint"], blocked
+    assert "asyncio" not in blocked[0]["hint"], blocked
     assert report["status"]["not_profiled"] == []
 
 
