@@ -189,6 +189,15 @@ class FutureEntry:
     cpu: PollCpu | None = None
     #: memory its polls allocated, with ``allocations=True``; None when not measured
     allocations: PollAllocations | None = None
+    #: scheduled time: the sum of the waits from a task's wake-up (handed to its loop) to the
+    #: poll it led to (the loop's queueing delay), over the calls that are a task's own
+    #: (whole-program mode, or a tracked call made a task), live ones included; part of idle_ns
+    scheduled_ns: int = 0
+    #: how many wake-ups were measured so, and the longest wait
+    scheduled_polls: int = 0
+    max_scheduled_ns: int = 0
+    #: percentiles of those waits, one per wake-up
+    scheduled_delay_ns: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -297,6 +306,9 @@ class CallEntry:
     freed_bytes: int | None = None
     #: net small-object blocks its polls left in use (allocated minus freed; can be negative)
     allocated_blocks: int | None = None
+    #: its scheduled time: the sum of its task's waits from a wake-up to the poll it led to
+    #: (part of idle_ns); 0 for a call that is not its task's own
+    scheduled_ns: int = 0
 
 
 @dataclass(frozen=True, slots=True)

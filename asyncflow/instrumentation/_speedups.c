@@ -52,7 +52,7 @@ static PyObject *deque_append;   /* deque.append, called unbound */
 static PyObject *deque_popleft;  /* deque.popleft, likewise */
 
 static PyObject *s_now_ns, *s_stats, *s_poll_hist, *s_live, *s_created, *s_send, *s_throw,
-    *s_close, *s_first_poll, *s_finish_poll, *s_cancel_requested, *s_normalize_throw,
+    *s_close, *s_first_poll, *s_finish_poll, *s_cancel_requested, *s_scheduled, *s_normalize_throw,
     *s_close_record, *s_session, *s_internal_error, *s_log_result, *s_returned, *s_polls_done,
     *s_busy_done, *s_idle_done, *s_max_poll_done, *s_active, *s_finished, *s_appended,
     *s_append, *s_slot_key, *s_get_running_loop, *s_loops, *s_last_key, *s_see,
@@ -822,16 +822,18 @@ typedef struct {
     long long created, returned, raised, cancelled, closed, never_awaited;
     long long cancel_requested, cancel_swallowed, cancel_raised, max_cancel_to_end;
     long long polls_done, busy_done, idle_done, max_poll_done;
+    long long sched_total, max_sched; /* scheduled time (futures._scheduled), live included */
     PyObject *live;      /* unfinished calls, by call id: a dict */
     PyObject *poll_hist; /* bumped in place by every poll */
     PyObject *call_hist; /* bumped as each finished call is folded (futures.fold_call) */
     PyObject *recent;    /* the log of recent finished calls, made by the first one folded */
     PyObject *series;    /* owned by the collector */
+    PyObject *sched_hist; /* bumped by each poll a task's wake-up led to */
 } StatsObject;
 
 static PyTypeObject StatsType;
 
-#define STATS_OBJECTS(X) X(live) X(poll_hist) X(call_hist) X(recent) X(series)
+#define STATS_OBJECTS(X) X(live) X(poll_hist) X(call_hist) X(recent) X(series) X(sched_hist)
 
 static int
 stats_traverse(StatsObject *self, visitproc visit, void *arg)
@@ -885,7 +887,8 @@ stats_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     self->series = Py_NewRef(Py_None);
     if ((self->live = PyDict_New()) == NULL ||
         (self->poll_hist = call_helper(s_new_poll_histogram, NULL, 0)) == NULL ||
-        (self->call_hist = call_helper(s_new_poll_histogram, NULL, 0)) == NULL) {
+        (self->call_hist = call_helper(s_new_poll_histogram, NULL, 0)) == NULL ||
+        (self->sched_hist = call_helper(s_new_poll_histogram, NULL, 0)) == NULL) {
         Py_DECREF(self);
         return NULL;
     }
@@ -948,6 +951,8 @@ static PyGetSetDef stats_getset[] = {
     STATS_INT(busy_done, NULL)
     STATS_INT(idle_done, NULL)
     STATS_INT(max_poll_done, NULL)
+    STATS_INT(sched_total, "scheduled time: the sum of the waits from a wake-up to its poll")
+    STATS_INT(max_sched, "... and the longest")
     {NULL},
 };
 
@@ -959,6 +964,7 @@ static PyMemberDef stats_members[] = {
     STATS_OBJ(call_hist, "bumped as each finished call is folded")
     STATS_OBJ(recent, "deque of recent finished calls, made by the first one folded")
     STATS_OBJ(series, "live calls over time (collector.LiveSeries), owned by it")
+    STATS_OBJ(sched_hist, "bumped by each poll a task's wake-up led to")
     {NULL},
 };
 
@@ -1009,6 +1015,8 @@ typedef struct {
     long long finished;
     long long cancel_at;
     long long parent_call; /* the creating task's outermost call, for a task's call; 0: none */
+    long long woken;       /* when the task's wake-up was handed to its loop; 0: none pending */
+    long long sched;       /* the call's scheduled time: the sum of those waits */
     PyObject *future;
     PyObject *stats;
     PyObject *hist;
@@ -1118,6 +1126,7 @@ record_setup(RecordObject *self, PyObject *future, PyObject *stats, long long no
     }
     self->start = self->polls = self->busy = self->max = self->last = 0;
     self->first = self->finished = self->cancel_at = self->parent_call = 0;
+    self->woken = self->sched = 0;
     self->created = now;
     PyObject *live = stats_field(stats, FS_LIVE);
     int rc = live == NULL                ? -1
@@ -1162,6 +1171,10 @@ static PyMemberDef record_members[] = {
     {"parent_call", T_LONGLONG, offsetof(RecordObject, parent_call), 0,
      "for a task's call: the id of the outermost call polled when the task was made (its "
      "creator's); 0 when none was"},
+    {"woken", T_LONGLONG, offsetof(RecordObject, woken), 0,
+     "for a task's own call: when the task's wake-up was handed to its loop; 0: none pending"},
+    {"sched", T_LONGLONG, offsetof(RecordObject, sched), 0,
+     "the call's scheduled time: the sum of its waits from a wake-up to the poll it led to"},
     {"future", T_OBJECT_EX, offsetof(RecordObject, future), 0, NULL},
     {"stats", T_OBJECT_EX, offsetof(RecordObject, stats), 0, NULL},
     {"hist", T_OBJECT_EX, offsetof(RecordObject, hist), 0, NULL},
@@ -1864,6 +1877,25 @@ done:
     return rc;
 }
 
+/* futures._scheduled(r, t0), in C: the poll starting at ``t0`` is the one the call's task was
+ * woken for; the wait since counts as its scheduled time, on the call and on its future. */
+static int
+scheduled(RecordObject *r, long long t0)
+{
+    if (!Py_IS_TYPE(r->stats, &StatsType)) { /* Python figures: as the reference counts them */
+        return call_with_time(s_scheduled, r, t0);
+    }
+    long long ns = t0 > r->woken ? t0 - r->woken : 0;
+    r->woken = 0;
+    r->sched += ns;
+    StatsObject *st = (StatsObject *)r->stats;
+    st->sched_total += ns;
+    if (ns > st->max_sched) {
+        st->max_sched = ns;
+    }
+    return hist_bump(st->sched_hist, ns);
+}
+
 /* Send ``arg`` into ``coro`` (*res: what it yielded or returned). */
 static inline PySendResult
 send_into(PyObject *coro, PyObject *arg, PyObject **res)
@@ -1920,6 +1952,10 @@ poll_inner(WrapperObject *self, PyObject *arg, PyObject **res, PyObject **stop, 
     }
     handoff.resume_for = NULL; /* the first wrapper entered takes it, or nobody */
     *t0_out = t0;
+    if (r->woken && scheduled(r, t0) < 0) {
+        Py_DECREF(clock);
+        return PYGEN_ERROR;
+    }
     if (!r->first && first_poll(r, t0) < 0) {
         Py_DECREF(clock);
         return PYGEN_ERROR;
@@ -2214,6 +2250,9 @@ throw_inner(WrapperObject *self, PyObject *typ, PyObject *val, PyObject *tb, lon
         return NULL;
     }
     *t0_out = t0;
+    if (r->woken && scheduled(r, t0) < 0) {
+        return NULL;
+    }
     if (!r->first && first_poll(r, t0) < 0) {
         return NULL;
     }
@@ -4406,6 +4445,7 @@ PyInit__speedups(void)
     INTERN(s_first_poll, "_first_poll");
     INTERN(s_finish_poll, "_finish_poll");
     INTERN(s_cancel_requested, "_cancel_requested");
+    INTERN(s_scheduled, "_scheduled");
     INTERN(s_normalize_throw, "_normalize_throw");
     INTERN(s_close_record, "_close_record");
     INTERN(s_session, "_session");

@@ -88,12 +88,15 @@ class FutureStats:
         "live",
         "max_cancel_to_end",
         "max_poll_done",
+        "max_sched",
         "never_awaited",
         "poll_hist",
         "polls_done",
         "raised",
         "recent",
         "returned",
+        "sched_hist",
+        "sched_total",
         "series",
     )
 
@@ -121,14 +124,20 @@ class FutureStats:
         self.call_hist: MutableMapping[int, int] = _new_poll_histogram()
         self.recent: Any = None  # deque of recent finished calls, made by the first one folded
         self.series: Any = None  # live calls over time (collector.LiveSeries), owned by it
+        #: scheduled time (see _call_soon): the sum and the longest of its calls' waits from a
+        #: wake-up handed to the loop to the poll it led to, live calls included, and their
+        #: histogram, bumped in place by each such poll
+        self.sched_total = 0
+        self.max_sched = 0
+        self.sched_hist: MutableMapping[int, int] = _new_poll_histogram()
 
 
 #: how a gone future's figures add into its aggregate (every other int field is summed); the
 #: compiled FutureStats has the same fields
 _FOLD = Fold(
     FutureStats,
-    maximum=("max_cancel_to_end", "max_poll_done"),
-    histogram=("call_hist", "poll_hist"),
+    maximum=("max_cancel_to_end", "max_poll_done", "max_sched"),
+    histogram=("call_hist", "poll_hist", "sched_hist"),
     left=("live", "recent", "series"),  # a gone future has no live call; _merge moves recent
 )
 
@@ -413,10 +422,12 @@ class CallRecord:
         "polls",
         "probe_data",
         "result",
+        "sched",
         "start",
         "state",
         "stats",
         "task",
+        "woken",
     )
 
     # Declared, not initialised: set only when they happen (see __init__).
@@ -450,6 +461,10 @@ class CallRecord:
         self.first = 0
         self.finished = 0
         self.cancel_at = 0  # when the first cancellation was thrown into the call; 0 for none
+        #: for a task's own call: when the task's wake-up was handed to its loop (call_soon),
+        #: until the poll it leads to starts; 0: none pending (see _call_soon)
+        self.woken = 0
+        self.sched = 0  # the call's scheduled time: the sum of those waits
         # Set only when they happen (read with call_field()): state (once finished), task,
         # outcome, exc_type, exc_message, result, cancel_requests, cancel_to_end and
         # cancel_outcome. Leaving them unset saves ~100 ns per call.
@@ -500,6 +515,21 @@ def _first_poll(r: CallRecord, t0: int) -> None:
     task = _current_tasks.get(loop) if _current_tasks is not None else asyncio.current_task(loop)
     if task is not None:
         r.task = task.get_name()
+
+
+def _scheduled(r: CallRecord, t0: int) -> None:
+    """The poll starting at ``t0`` is the one the call's task was woken for: the time since
+    its wake-up was handed to the loop is the call's scheduled time (the loop's queueing
+    delay). Counted once per wake-up, on the future's figures at once (live calls included)."""
+    woken = r.woken
+    r.woken = 0
+    ns = t0 - woken if t0 > woken else 0
+    r.sched += ns
+    st = r.stats
+    st.sched_total += ns
+    if ns > st.max_sched:
+        st.max_sched = ns
+    st.sched_hist[SMALL_BUCKET[ns] if ns < SMALL_LIMIT else bucket_of(ns)] += 1
 
 
 def _end_poll(r: CallRecord, t0: int) -> int:
@@ -848,6 +878,8 @@ def _probed_poll(w: InstrumentedCoroutine[Any], value: Any, thrown: Any) -> Any:
         except Exception as err:
             _probe_failed(probe[0], err)
     t0 = _clock.now_ns()
+    if r.woken:
+        _scheduled(r, t0)
     if not r.first:
         _first_poll(r, t0)
     if thrown is not None:
@@ -911,6 +943,8 @@ class InstrumentedCoroutine(Coroutine[Any, Any, _T]):
                 return _probed_poll(self, value, None)
             r = self._r
             t0 = _clock.now_ns()
+            if r.woken:  # a task's own call, woken by its loop (see _call_soon)
+                _scheduled(r, t0)
             if not r.first:
                 _first_poll(r, t0)
             r.start = t0
@@ -961,6 +995,8 @@ class InstrumentedCoroutine(Coroutine[Any, Any, _T]):
                     thrown = None  # see below: no cycle through this frame's locals
             r = self._r
             t0 = _clock.now_ns()
+            if r.woken:
+                _scheduled(r, t0)
             if not r.first:
                 _first_poll(r, t0)
             if isinstance(typ, asyncio.CancelledError) or (
@@ -1218,6 +1254,56 @@ def uninstall_filter(target: Callable[[Any], bool] | None) -> None:
     global task_filter
     if target is not None and task_filter is target:
         task_filter = None
+
+
+# ---- scheduled time: a task's wake-up, stamped where it is handed to its loop ---------------
+#
+# asyncio wakes a task by handing its step to the loop: a future it awaits completes and
+# schedules the task's wake-up with ``loop.call_soon`` (a sleep's timer does it when it comes
+# due, a new task's first step is scheduled so too); the loop runs it when it reaches it in its
+# ready queue, and the task polls its coroutine. The time between is the task's scheduled time,
+# the loop's queueing delay. While a profiler runs, asyncio's ``call_soon`` stamps that moment
+# on the task's own call (when it is tracked: whole-program mode, or a tracked call made a
+# task), and the poll it leads to counts the wait (``_scheduled``): a clock read per wake-up,
+# no allocation, no done callback. uvloop's loop has its own call_soon, not stamped.
+
+#: asyncio's call_soon, which _call_soon stands in for while a profiler runs (hook_wakes)
+_loop_call_soon: Callable[..., Any] = asyncio.BaseEventLoop.call_soon
+_TASK_TYPES: tuple[type, ...] = (asyncio.Task, asyncio.tasks._PyTask)  # type: ignore[attr-defined]
+
+
+def _call_soon(
+    self: asyncio.BaseEventLoop, callback: Callable[..., Any], *args: Any, context: Any = None
+) -> asyncio.Handle:
+    """``asyncio.BaseEventLoop.call_soon`` while a profiler runs: a task's wake-up or first
+    step (a method of the task) stamps the moment on the task's call, then asyncio's runs."""
+    task = getattr(callback, "__self__", None)
+    if isinstance(task, _TASK_TYPES):
+        try:
+            coro: Any = task._coro  # type: ignore[attr-defined]
+            if type(coro) in _TRACKED:  # (exact: the wrappers have no subclasses)
+                r = coro._r
+                if not r.woken and not r.finished:
+                    r.woken = _clock.now_ns()
+        except Exception as err:  # observing never breaks the program
+            _session.internal_error("stamping a task's wake-up", err)
+    return _loop_call_soon(self, callback, *args, context=context)  # type: ignore[no-any-return]
+
+
+def hook_wakes() -> None:
+    """A profiler starts: asyncio's loops stamp each task's wake-up (see _call_soon)."""
+    global _loop_call_soon
+    current = asyncio.BaseEventLoop.__dict__.get("call_soon")
+    if current is not None and current is not _call_soon:
+        _loop_call_soon = current
+        setattr(asyncio.BaseEventLoop, "call_soon", _call_soon)  # noqa: B010 (typed apart)
+
+
+def unhook_wakes() -> None:
+    """The profiler stops (idempotent): asyncio's call_soon is asyncio's again, unless the
+    program has put its own in its place meanwhile, which stays."""
+    if asyncio.BaseEventLoop.__dict__.get("call_soon") is _call_soon:
+        setattr(asyncio.BaseEventLoop, "call_soon", _loop_call_soon)  # noqa: B010
 
 
 def _anyio_task_coro(coro: Any) -> Any:

@@ -119,6 +119,7 @@ class Collector:
         options = self.options
         try:
             self.target_filter = _futures.install_filter(options.include, options.exclude)
+            _futures.hook_wakes()  # scheduled time: tasks' wake-ups are stamped
             self.poll_figures = cpu.attach(options.cpu, options.allocations)
         except Exception as exc:  # observing never breaks the program
             _session.internal_error("measuring polls", exc)
@@ -130,6 +131,7 @@ class Collector:
         try:
             cpu.detach(self.poll_figures)
             _futures.uninstall_filter(self.target_filter)
+            _futures.unhook_wakes()
         except Exception as exc:
             _session.internal_error("measuring polls", exc)
         self.target_filter = None

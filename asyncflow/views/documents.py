@@ -199,7 +199,19 @@ def future_entry(
             for at, live, created in (st.series.points() if st.series is not None else ())
         ],
         **_poll_figures(figures, record.id),
+        **_scheduled(st, percentiles),
     )
+
+
+def _scheduled(st: Any, percentiles: tuple[float, ...]) -> dict[str, Any]:
+    """A future's scheduled time (counted where each woken poll starts, live calls included)."""
+    hist = st.sched_hist
+    return {
+        "scheduled_ns": st.sched_total,
+        "scheduled_polls": sum(hist.values()),
+        "max_scheduled_ns": st.max_sched,
+        "scheduled_delay_ns": at_most(stats.percentiles(hist, percentiles), st.max_sched),
+    }
 
 
 def _poll_figures(figures: PollFigures | None, future_id: int) -> dict[str, Any]:
@@ -260,6 +272,7 @@ def call_entry(r: CallRecord, now: int, origin: int) -> CallEntry:
         cancel_requests=call_field(r, "cancel_requests") or 0,
         cancel_outcome=call_field(r, "cancel_outcome"),
         cancel_to_end_ns=call_field(r, "cancel_to_end"),
+        scheduled_ns=r.sched,
         **_call_figures(r),
     )
 

@@ -26,6 +26,7 @@ def _figures(st: Any) -> dict[str, Any]:
     seen = {name: getattr(st, name) for name in COUNTERS}
     seen["poll_hist"] = dict(st.poll_hist.items())
     seen["call_hist"] = dict(st.call_hist)
+    seen["sched_hist"] = dict(st.sched_hist)
     seen["live"] = dict(st.live)
     seen["recent"] = None if st.recent is None else list(st.recent)
     return seen
@@ -33,13 +34,14 @@ def _figures(st: Any) -> dict[str, Any]:
 
 def test_every_slot_of_the_reference_is_a_field_of_either() -> None:
     names = set(futures.FutureStatsPy.__slots__)
-    assert names == {*COUNTERS, "live", "poll_hist", "call_hist", "recent", "series"}
+    assert names == {*COUNTERS, "live", "poll_hist", "call_hist", "sched_hist", "recent", "series"}
     for kind in _kinds():
         st = kind()
         assert all(getattr(st, name) == 0 and type(getattr(st, name)) is int for name in COUNTERS)
         assert st.live == {} and st.recent is None and st.series is None
-        assert len(st.poll_hist) == len(st.call_hist) == 0
+        assert len(st.poll_hist) == len(st.call_hist) == len(st.sched_hist) == 0
         assert type(st.call_hist) is type(st.poll_hist) is type(futures._new_poll_histogram())
+        assert type(st.sched_hist) is type(st.poll_hist)
         for i, name in enumerate(COUNTERS):  # read back as set, and added to as an int
             setattr(st, name, (1 << 62) + i)
             setattr(st, name, getattr(st, name) + 1)
@@ -84,6 +86,7 @@ def _gone(kind: Any, label: str, seed: int) -> FutureRecord:
         setattr(st, name, seed * 100 + i)
     st.poll_hist[stats.bucket_of(1_000)] += seed
     st.call_hist[stats.bucket_of(50_000)] += 2 * seed
+    st.sched_hist[stats.bucket_of(7_000)] += 3 * seed
     return record
 
 
@@ -110,6 +113,7 @@ def test_gone_futures_fold_alike_whatever_their_stats(
         assert folded[name] == expected, name
     assert folded["poll_hist"] == {stats.bucket_of(1_000): 3}
     assert folded["call_hist"] == {stats.bucket_of(50_000): 6}
+    assert folded["sched_hist"] == {stats.bucket_of(7_000): 9}
 
 
 def test_an_extension_out_of_step_is_left_for_the_pure_python_path(

@@ -28,4 +28,6 @@ STATS_COUNTERS = (
     "busy_done",
     "idle_done",
     "max_poll_done",
+    "sched_total",
+    "max_sched",
 )

@@ -1,0 +1,123 @@
+"""Scheduled time: a task's wait from its wake-up (handed to its loop) to the poll it leads to,
+per call and per future, exact on a fake clock, on both hot paths."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import asyncflow
+from asyncflow.clock import FakeClock
+from asyncflow.instrumentation import futures
+from asyncflow.schema import CallEntry, FutureEntry, Snapshot
+
+
+def _future(snap: Snapshot, label: str) -> FutureEntry:
+    matches = [f for f in snap.futures.futures if f.label == label and f.call_count]
+    assert len(matches) == 1, [f.label for f in snap.futures.futures]
+    return matches[0]
+
+
+def _calls(snap: Snapshot, label: str) -> list[CallEntry]:
+    fid = _future(snap, label).id
+    return next(log.calls for log in snap.future_logs if log.future_id == fid)
+
+
+async def test_exact_scheduled_time_of_a_woken_task(
+    fake_clock: FakeClock, prof: asyncflow.Profiler
+) -> None:
+    go = asyncio.Event()
+
+    @asyncflow.future(name="sched_waiter")
+    async def waiter() -> None:
+        await go.wait()
+
+    task = asyncio.create_task(waiter())  # its first step is handed to the loop now
+    fake_clock.advance(2_000)  # ... and waits 2 us before the loop runs it
+    await asyncio.sleep(0)
+    go.set()  # its wake-up is handed to the loop now
+    fake_clock.advance(7_000_000)  # the loop is held 7 ms before it can run it
+    await task
+
+    snap = prof.snapshot()
+    entry = _future(snap, "sched_waiter")
+    assert (entry.scheduled_ns, entry.scheduled_polls) == (7_002_000, 2)
+    assert entry.max_scheduled_ns == 7_000_000
+    assert entry.scheduled_delay_ns["p99"] == 7_000_000  # within a bucket, at most the max
+    assert entry.scheduled_ns <= entry.idle_ns + 2_000  # the wake-ups' waits are idle time
+    assert [c.scheduled_ns for c in _calls(snap, "sched_waiter")] == [7_002_000]
+
+
+async def test_a_loop_held_by_another_task_makes_a_woken_call_wait(
+    prof: asyncflow.Profiler,
+) -> None:
+    """Real time: the waiter is woken while another task holds the loop for 50 ms; its
+    scheduled time is at least that, and the holder's own is not."""
+    go = asyncio.Event()
+
+    @asyncflow.future(name="sched_woken")
+    async def woken() -> None:
+        await go.wait()
+
+    @asyncflow.future(name="sched_holder")
+    async def holder() -> None:
+        go.set()
+        time.sleep(0.05)  # holds the loop: the woken call's wake-up waits in the ready queue
+
+    task = asyncio.create_task(woken())
+    await asyncio.sleep(0)
+    await asyncio.create_task(holder())
+    await task
+
+    entry = _future(prof.snapshot(), "sched_woken")
+    assert entry.scheduled_polls == 2
+    assert entry.max_scheduled_ns >= 50_000_000
+    assert entry.scheduled_ns >= 50_000_000
+    assert _future(prof.snapshot(), "sched_holder").max_scheduled_ns < 50_000_000
+
+
+async def test_whole_program_mode_measures_every_task(
+    fake_clock: FakeClock, prof: asyncflow.Profiler
+) -> None:
+    go = asyncio.Event()
+
+    async def sched_plain() -> None:
+        await go.wait()
+
+    with asyncflow.instrument_tasks():
+        task = asyncio.create_task(sched_plain())
+        await asyncio.sleep(0)
+        go.set()
+        fake_clock.advance(3_000)
+        await task
+    entry = _future(
+        prof.snapshot(), "test_whole_program_mode_measures_every_task.<locals>.sched_plain"
+    )
+    assert (entry.scheduled_ns, entry.scheduled_polls) == (3_000, 2)
+
+
+async def test_a_call_awaited_in_its_callers_task_has_none(
+    fake_clock: FakeClock, prof: asyncflow.Profiler
+) -> None:
+    """Only a task's own call is woken by the loop: one awaited inside another call's poll is
+    resumed by that poll, whose task is the one woken."""
+
+    @asyncflow.future(name="sched_inner")
+    async def inner() -> None:
+        await asyncio.sleep(0)
+
+    await inner()
+    entry = _future(prof.snapshot(), "sched_inner")
+    assert (entry.scheduled_ns, entry.scheduled_polls, entry.scheduled_delay_ns) == (0, 0, {})
+
+
+async def test_call_soon_is_asyncios_again_after_the_profile() -> None:
+    original = asyncio.BaseEventLoop.__dict__["call_soon"]
+    with asyncflow.profile("sched", format="none"):
+        assert asyncio.BaseEventLoop.__dict__["call_soon"] is futures._call_soon
+        ran: list[int] = []
+        handle = asyncio.get_running_loop().call_soon(ran.append, 1)
+        assert isinstance(handle, asyncio.Handle)
+        await asyncio.sleep(0)
+        assert ran == [1]
+    assert asyncio.BaseEventLoop.__dict__["call_soon"] is original
