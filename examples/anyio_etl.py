@@ -1,7 +1,7 @@
 """An anyio pipeline through memory object streams, on either of anyio's backends.
 
 ``asyncflow run`` instruments every memory object stream the program creates, as it does
-asyncio queues; on the trio backend it says that trio's tasks are not profiled.
+asyncio queues; on the trio backend it watches trio's loop too.
 
     asyncflow run examples/anyio_etl.py            # asyncio
     asyncflow run examples/anyio_etl.py trio

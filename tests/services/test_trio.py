@@ -446,3 +446,12 @@ def test_a_guest_run_on_a_host_not_watched_is_named(tmp_path: Path) -> None:
     (entry,) = report["status"]["not_profiled"]
     assert (entry["kind"], entry["name"], entry["count"]) == ("trio", "trio.start_guest_run", 1)
     assert "a guest of a loop asyncflow does not watch" in entry["reason"], entry
+
+
+def test_the_trio_example_names_its_blocking_line(tmp_path: Path) -> None:
+    done = asyncflow_cmd("run", str(EXAMPLES / "trio_service.py"), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "served 21 requests\n"
+    assert "warnings (1)" in done.stderr, done.stderr
+    assert "`handle` blocked the event loop once at trio_service.py:15" in done.stderr
+    assert "loop 1 lost" in done.stderr and "trio_service.py:15 (legacy_lookup)" in done.stderr
