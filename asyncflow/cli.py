@@ -359,7 +359,9 @@ def _profiled(
             file=sys.stderr,
             flush=True,
         )
-    every_loop = track_every_loop(executors=not args.no_executors)
+    every_loop = track_every_loop(
+        executors=not args.no_executors, by_route=not profiler.options.no_routes
+    )
     queues = None if args.no_queues else asyncflow.instrument_queues()
     streams = None if args.no_memory_streams else instrument_memory_streams()
     never_awaited = None if args.no_never_awaited else asyncflow.track_never_awaited()

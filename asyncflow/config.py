@@ -84,6 +84,10 @@ WARN_THRESHOLDS = {
     "leak_min_live": "count",
     "leak_finish_share": "share",
     "contention_min_waits": "count",
+    "growth_min_depth": "count",
+    "growth_min_delay": "seconds",
+    "busy_wait_polls": "count",
+    "busy_wait_gap": "seconds",
 }
 #: The warnings' kinds, which ``warn="no-KIND"`` silences (docs/warnings.md lists each; a test
 #: checks both against the lints).
@@ -104,6 +108,9 @@ WARNING_KINDS = (
     "lock-contention",
     "permits-leaked",
     "event-never-set",
+    "dead-consumer",
+    "unbounded-growth",
+    "busy-wait",
     "deadlock",
 )
 _DISABLE = "ASYNCFLOW_DISABLE"
@@ -869,6 +876,25 @@ class Options:
             flag_help="leave the program's own coroutine functions alone (only its tasks are "
             "futures); each one is tracked as @asyncflow.future would otherwise "
             "[$ASYNCFLOW_NO_OWN_CODE]",
+            kind="switch",
+        ).meta,
+    )
+    #: under ``asyncflow run``, leave requests in the server's request task: no future per
+    #: route (``asyncflow.instrumentation.routes``)
+    no_routes: bool = field(
+        default=False,
+        metadata=Option(
+            _switch,
+            "off",
+            "under `asyncflow run`, leave each request in its server's request task; otherwise "
+            "a request routed by Starlette (FastAPI) or aiohttp is a call of its route's "
+            "future, labelled by its method and path template (`GET /orders/{order_id}`; see "
+            "[A row per route](services.md#a-row-per-route))",
+            env="ASYNCFLOW_NO_ROUTES",
+            flag="--no-routes",
+            flag_help="leave each request in its server's request task; a request routed by "
+            "Starlette, FastAPI or aiohttp is a call of its route's future otherwise "
+            "[$ASYNCFLOW_NO_ROUTES]",
             kind="switch",
         ).meta,
     )

@@ -252,6 +252,7 @@ def _a_value_of_each_variable(tmp_path: Path) -> dict[str, str]:
         "include": "myapp.*",
         "exclude": "worker",
         "no_own_code": "1",
+        "no_routes": "1",
         "cpu": "1",
         "allocations": "1",
         "no_children": "1",

@@ -76,7 +76,9 @@ web.run_app(app, path=os.environ["APP_SOCK"], print=None, access_log=None)
 """
 
 
-async def _served(tmp_path: Path, program: list[str], sock: Path) -> dict[str, Any]:
+async def _served(
+    tmp_path: Path, program: list[str], sock: Path, options: tuple[str, ...] = ()
+) -> dict[str, Any]:
     """Run ``program`` under ``asyncflow run``, send each route ``REQUESTS`` requests, stop it
     as a user would (Ctrl-C) and return its JSON exit report."""
     report = tmp_path / "report.json"
@@ -86,7 +88,7 @@ async def _served(tmp_path: Path, program: list[str], sock: Path) -> dict[str, A
         for k, v in os.environ.items()
         if not k.startswith("ASYNCFLOW_") or k == "ASYNCFLOW_NO_EXTENSIONS"
     }
-    asyncflow = [sys.executable, "-m", "asyncflow", "run", "--port", "off"]
+    asyncflow = [sys.executable, "-m", "asyncflow", "run", "--port", "off", *options]
     process = subprocess.Popen(
         [*asyncflow, "--format", "json", "--output", str(report), *program],
         cwd=tmp_path,
@@ -134,6 +136,24 @@ def _two_rows(report: dict[str, Any], slow_label: str, blocking_label: str) -> N
     assert slow["call_duration_ns"]["p50"] >= wait_ns * 0.9
 
 
+def _route_rows(
+    report: dict[str, Any], slow_route: str, blocking_route: str, unmatched: str
+) -> None:
+    """Each route is a row of its own, named by its template (never a raw path), with a call per
+    request and the request's whole time; the requests no route matched are one row,
+    ``unmatched``."""
+    rows = {f["label"]: f for f in report["futures"]["futures"]}
+    slow, blocking = rows[slow_route], rows[blocking_route]
+    assert (slow["call_count"], slow["tracked_by"]) == (REQUESTS, "route")
+    assert (blocking["call_count"], blocking["tracked_by"]) == (REQUESTS, "route")
+    wait_ns = int(WAIT * 1e9)
+    assert blocking["busy_ns"] >= REQUESTS * wait_ns  # its handler's sleep is in its polls
+    assert slow["idle_ns"] >= REQUESTS * (wait_ns - 1_000_000)  # its handler's wait between
+    assert not any("/orders/" in label and "{" not in label for label in rows)  # no raw path
+    # (the /nowhere requests, until it answered)
+    assert 1 <= rows[unmatched]["call_count"] < REQUESTS, rows[unmatched]
+
+
 @pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
 async def test_fastapi_under_uvicorn_has_a_row_per_route(tmp_path: Path, loop: str) -> None:
     write(tmp_path / "shop.py", FASTAPI_APP)
@@ -142,9 +162,24 @@ async def test_fastapi_under_uvicorn_has_a_row_per_route(tmp_path: Path, loop: s
     report = await _served(tmp_path, [*command, "--log-level", "warning"], sock)
     # (the handlers are rows whatever the loop: they are tracked where they are defined)
     _two_rows(report, "get_order", "build_report")
+    _route_rows(report, "GET /orders/{order_id}", "GET /report", "(unmatched)")
+    # every request was routed, or found no route: none is left in uvicorn's request task
+    rows = {f["label"]: f for f in report["futures"]["futures"]}
+    assert rows["RequestResponseCycle.run_asgi"]["call_count"] == 0
     # uvicorn's own coroutine functions are an installed package's: never the program's own
     own = {f["label"] for f in report["futures"]["futures"] if f["tracked_by"] == "own_code"}
     assert own == {"get_order", "build_report"}
+
+
+async def test_no_routes_leaves_each_request_in_the_request_task(tmp_path: Path) -> None:
+    write(tmp_path / "shop.py", FASTAPI_APP)
+    sock = tmp_path / "app.sock"
+    command = ["-m", "uvicorn", "shop:app", "--loop", "asyncio", "--uds", str(sock)]
+    report = await _served(tmp_path, [*command, "--log-level", "warning"], sock, ("--no-routes",))
+    rows = {f["label"]: f for f in report["futures"]["futures"]}
+    assert not [label for label, f in rows.items() if f["tracked_by"] == "route"]
+    assert rows["RequestResponseCycle.run_asgi"]["call_count"] > 2 * REQUESTS  # (and /nowhere)
+    _two_rows(report, "get_order", "build_report")  # the handlers are still rows of their own
 
 
 async def test_aiohttp_has_a_row_per_route(tmp_path: Path) -> None:
@@ -152,6 +187,8 @@ async def test_aiohttp_has_a_row_per_route(tmp_path: Path) -> None:
     sock = tmp_path / "app.sock"
     report = await _served(tmp_path, ["shop.py"], sock)
     _two_rows(report, "get_order", "Report.get")
+    # (a class-based view answers any method: its route is registered for "*")
+    _route_rows(report, "GET /orders/{order_id}", "* /report", "(unmatched)")
     own = {f["label"] for f in report["futures"]["futures"] if f["tracked_by"] == "own_code"}
     assert own == {"get_order", "Report.get"}  # aiohttp's own are an installed package's
 

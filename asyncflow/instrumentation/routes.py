@@ -1,0 +1,297 @@
+"""Whole-program mode's routes: each request a web framework routes is a call of its route's
+future (``GET /orders/{order_id}``), with no code change.
+
+A server runs each request in a task of its own (uvicorn's ``RequestResponseCycle.run_asgi``,
+aiohttp's ``RequestHandler._handle_request``): tracked as a task, every request of every route is
+a call of that one future. Where the framework has matched the request's route, the call is
+moved to the route's future instead, when the task was made for this request (its first poll
+is running: a task that served a request before, or a connection's task, is never taken);
+otherwise the route's handling is a call of its own, inside whatever runs it. The label is the
+route's template and method, never the request's path: the futures are as many as the routes.
+Requests no route matched (a 404, a 405) are one future, :data:`UNMATCHED`.
+
+- Starlette (and FastAPI): ``Route.handle`` and ``WebSocketRoute.handle``, and
+  ``Router.not_found`` for the unmatched;
+- aiohttp: ``UrlMappingMatchInfo.freeze`` (called once a request is routed), and
+  ``Application._handle`` where the request's task is not tracked (aiohttp makes it with
+  ``asyncio.Task(..., eager_start=True)`` on 3.12+, past the loop's task factory).
+
+The hooks are patched on the classes by :mod:`asyncflow.instrumentation.every_loop` once the
+program imports the framework; each costs a request a dict lookup and a few stores, and nothing
+while no profiler runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import sys
+import threading
+import types
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from asyncflow.instrumentation import _session, futures
+
+__all__ = ["ROUTE", "UNMATCHED", "aiohttp_patches", "starlette_patches"]
+
+#: ``tracked_by`` of a route's future
+ROUTE = "route"
+#: the label of the requests no route matched
+UNMATCHED = "(unmatched)"
+#: the methods a label may name; any other is ``OTHER`` (a client chooses the method)
+METHODS = frozenset(
+    {"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE", "CONNECT"}
+)
+#: routes' futures kept in the cache; past it, those of gone routes are forgotten
+CACHED = 4096
+
+Patch = tuple[Any, str, Any]
+
+#: (id of the route, method) -> its future, checked against the route (an id is reused)
+_cache: dict[tuple[int, str], futures.FutureRecord] = {}
+_get_ident = threading.get_ident
+_get_running_loop = asyncio.events._get_running_loop
+
+
+def _future(
+    route: object, method: str, path: str, code: types.CodeType, module: str
+) -> futures.FutureRecord:
+    """The future of ``route`` (for ``method``): a dict lookup, once it exists."""
+    record = _cache.get((id(route), method))
+    if record is not None and record.owner is not None and record.owner() is route:
+        return record
+    label = f"{method} {path}" if method else path
+    record = futures._future_for(
+        route,
+        label,
+        ROUTE,
+        lambda: futures.FutureRecord(
+            label,
+            f"{module}:{code.co_qualname}",
+            code.co_filename,
+            code.co_firstlineno,
+            False,
+            ROUTE,
+        ),
+    )
+    if len(_cache) >= CACHED:
+        for key, known in list(_cache.items()):
+            if known.owner is None or known.owner() is None:
+                del _cache[key]
+        if len(_cache) >= CACHED:
+            _cache.clear()
+    _cache[(id(route), method)] = record
+    return record
+
+
+def _fresh_task_call() -> Any:
+    """The call of the task running now, if the task was made for what runs now: tracked by the
+    task factory and in its first poll. None otherwise (and when no tracked call runs)."""
+    _, outer = futures.running_on_thread(_get_ident())
+    if outer is None or outer.polls or outer.future.tracked_by != "task":
+        return None
+    return outer
+
+
+def _move(call: Any, record: futures.FutureRecord) -> None:
+    """Make the running ``call`` a call of ``record`` from now on (its first poll runs: all its
+    figures but that poll's start go there)."""
+    old, new = call.stats, record.stats
+    if old is not call.future.stats or old is new:
+        return  # a call of an earlier session, or moved already
+    new.live[call.call_id] = call
+    new.created += 1
+    call.future, call.stats, call.hist = record, new, new.poll_hist
+    old.created -= 1
+    old.live.pop(call.call_id, None)
+
+
+def _route(record: futures.FutureRecord, coro: Any) -> Any:
+    """``coro``, the handling of a request routed to ``record``: the request's task's call moves
+    there, or ``coro`` is a call of its own, where the task was not made for the request."""
+    call = _fresh_task_call()
+    if call is not None:
+        _move(call, record)
+        return coro
+    if not _tracked_loop():
+        return coro  # asyncflow's own endpoint, or a loop whose tasks are not tracked
+    return futures.InstrumentedCoroutine(coro, record)
+
+
+def _tracked_loop() -> bool:
+    """Whether the loop running here tracks its tasks (whole-program mode's task factory)."""
+    loop = _get_running_loop()
+    return loop is not None and isinstance(loop.get_task_factory(), futures._TaskFactory)
+
+
+def _coroutine_function(wrapper: Callable[..., Any]) -> Callable[..., Any]:
+    """``inspect.iscoroutinefunction`` still says yes, where Python can be told (3.12+)."""
+    mark = getattr(inspect, "markcoroutinefunction", None)
+    return mark(wrapper) if mark is not None else wrapper
+
+
+# ---- Starlette (and FastAPI) ------------------------------------------------------------------
+
+
+def starlette_patches(routing: types.ModuleType) -> list[Patch]:
+    """What to patch in ``starlette.routing``: each route's ``handle`` and the router's
+    ``not_found``."""
+    patches: list[Patch] = []
+    not_found = vars(routing.Router).get("not_found")
+    unmatched = _Unmatched(_StarletteUnmatched, routing.__name__)
+    if not_found is not None:
+        unmatched.code = not_found.__code__
+        patches.append((routing.Router, "not_found", _starlette_not_found(not_found, unmatched)))
+    for cls, websocket in ((routing.Route, False), (routing.WebSocketRoute, True)):
+        original = vars(cls).get("handle")
+        if original is not None:
+            patches.append((cls, "handle", _starlette_handle(original, websocket, unmatched)))
+    return patches
+
+
+class _StarletteUnmatched:
+    """What Starlette's requests no route matched are labelled after (see _Unmatched)."""
+
+
+class _AiohttpUnmatched:
+    """What aiohttp's requests no route matched are labelled after (see _Unmatched)."""
+
+
+class _Unmatched:
+    """The one future of a framework's requests that no route matched, made where it is first
+    needed (labelled with the framework's own function that answers them)."""
+
+    __slots__ = ("code", "module", "owner")
+
+    def __init__(self, owner: type, module: str, code: types.CodeType | None = None) -> None:
+        self.owner = owner
+        self.module = module
+        self.code = code
+
+    def future(self, code: types.CodeType) -> futures.FutureRecord:
+        return _future(self.owner, "", UNMATCHED, self.code or code, self.module)
+
+
+def _starlette_handle(
+    original: Callable[..., Coroutine[Any, Any, None]], websocket: bool, unmatched: _Unmatched
+) -> Callable[..., Any]:
+    code, module = original.__code__, unmatched.module
+
+    @functools.wraps(original)
+    def handle(self: Any, scope: Any, receive: Any, send: Any) -> Any:
+        coro = original(self, scope, receive, send)
+        if _session.active is None:
+            return coro
+        try:
+            if websocket:
+                method = "WEBSOCKET"
+            else:
+                method = scope["method"]
+                methods = self.methods
+                if methods and method not in methods:
+                    return _route(unmatched.future(code), coro)  # a 405
+                if method not in METHODS:
+                    method = "OTHER"
+            return _route(_future(self, method, self.path, code, module), coro)
+        except Exception as err:  # observing never breaks the program: it runs as it would
+            _session.internal_error("labelling a Starlette request by its route", err)
+            return coro
+
+    return _coroutine_function(handle)
+
+
+def _starlette_not_found(
+    original: Callable[..., Coroutine[Any, Any, None]], unmatched: _Unmatched
+) -> Callable[..., Any]:
+    code = original.__code__
+
+    @functools.wraps(original)
+    def not_found(self: Any, scope: Any, receive: Any, send: Any) -> Any:
+        coro = original(self, scope, receive, send)
+        if _session.active is None:
+            return coro
+        try:
+            return _route(unmatched.future(code), coro)
+        except Exception as err:  # observing never breaks the program
+            _session.internal_error("labelling a Starlette request no route matched", err)
+            return coro
+
+    return _coroutine_function(not_found)
+
+
+# ---- aiohttp ------------------------------------------------------------------------------
+
+
+def aiohttp_patches(web_app: types.ModuleType) -> list[Patch]:
+    """What to patch in aiohttp (given ``aiohttp.web_app``): the match info's ``freeze``, where
+    a request's route is known, and the application's ``_handle``."""
+    dispatcher = sys.modules.get("aiohttp.web_urldispatcher")
+    application = getattr(web_app, "Application", None)
+    match_info = getattr(dispatcher, "UrlMappingMatchInfo", None)
+    handle = vars(application).get("_handle") if application is not None else None
+    freeze = vars(match_info).get("freeze") if match_info is not None else None
+    if handle is None or freeze is None or dispatcher is None:
+        return []  # an aiohttp unlike those known: its requests stay its tasks' calls
+    system = getattr(dispatcher, "SystemRoute", None)
+    holder = _Unmatched(_AiohttpUnmatched, web_app.__name__, handle.__code__)
+    return [
+        (application, "_handle", _aiohttp_handle(handle, holder)),
+        (match_info, "freeze", _aiohttp_freeze(freeze, holder, system)),
+    ]
+
+
+def _aiohttp_handle(
+    original: Callable[..., Coroutine[Any, Any, Any]], holder: _Unmatched
+) -> Callable[..., Any]:
+    code = original.__code__
+
+    @functools.wraps(original)
+    def _handle(self: Any, request: Any) -> Any:
+        coro = original(self, request)
+        if _session.active is None:
+            return coro
+        try:
+            if _fresh_task_call() is not None or not _tracked_loop():
+                return coro  # freeze() moves the task's call; or asyncflow's own endpoint
+            # a call of its own, the unmatched one's until freeze() finds its route
+            return futures.InstrumentedCoroutine(coro, holder.future(code))
+        except Exception as err:  # observing never breaks the program
+            _session.internal_error("labelling an aiohttp request by its route", err)
+            return coro
+
+    return _coroutine_function(_handle)
+
+
+def _aiohttp_freeze(
+    original: Callable[[Any], None], holder: _Unmatched, system: Any
+) -> Callable[[Any], None]:
+    code = original.__code__
+
+    @functools.wraps(original)
+    def freeze(self: Any) -> None:
+        original(self)
+        if _session.active is None:
+            return
+        try:
+            route = self.route
+            resource = getattr(route, "resource", None)
+            path = getattr(resource, "canonical", None)
+            if (system is not None and isinstance(route, system)) or not isinstance(path, str):
+                record = holder.future(code)
+            else:
+                method = route.method
+                method = method if method in METHODS or method == "*" else "OTHER"
+                record = _future(route, method, path, holder.code or code, holder.module)
+            here = futures.running_call_here()
+            if here is not None and here.polls == 0 and here.future is holder.future(code):
+                _move(here, record)  # the call _handle() made for the request
+                return
+            call = _fresh_task_call()
+            if call is not None:
+                _move(call, record)
+        except Exception as err:  # observing never breaks the program
+            _session.internal_error("labelling an aiohttp request by its route", err)
+
+    return freeze
