@@ -763,6 +763,7 @@ def _warnings(
         block_threshold_ns=loop.block_threshold_ns,
         recent_ends=_recent_ends(collector),
         graph=graph,
+        errors=_errors(collector),
     )
     book = warning_book(collector)
     # Without the tasks read (``/warnings``), the deadlocks are the collector's watch's.
@@ -932,6 +933,21 @@ def _findings_watch(collector: Collector) -> Callable[[int], None]:
         due[0] = now + max(FINDINGS_EVERY_NS, round(spent / FINDINGS_SHARE))
 
     return tick
+
+
+def _errors(collector: Collector) -> dict[int, tuple[str, str]]:
+    """What the latest call that raised of each future raised (type, message), of the
+    futures whose recent calls' log holds one: a dead consumer's finding names it."""
+    errors: dict[int, tuple[str, str]] = {}
+    for record in collector.futures():
+        if not record.stats.raised:
+            continue
+        for r in reversed(list(record.stats.recent)):
+            exc_type = call_field(r, "exc_type")
+            if exc_type is not None:
+                errors[record.id] = (exc_type, call_field(r, "exc_message") or "")
+                break
+    return errors
 
 
 class _Asked:

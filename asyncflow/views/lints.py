@@ -87,6 +87,14 @@ class Thresholds:
     #: ``leak_finish_share`` of the calls created meanwhile finished
     leak_min_live: int = 50
     leak_finish_share: float = 0.1
+    #: an unbounded channel holding at least this many messages, at its most yet, whose
+    #: messages waited at least ``growth_min_delay`` in it and whose producers never waited
+    growth_min_depth: int = 1000
+    growth_min_delay_ns: int = 100_000_000
+    #: a future polled at least this many times per call, each poll and each gap between two
+    #: polls shorter than ``busy_wait_gap``, with no message or wait to account for them
+    busy_wait_polls: int = 1000
+    busy_wait_gap_ns: int = 1_000_000
     #: a lock, semaphore or limiter at least this many acquisitions of which had to wait, whose
     #: waiters waited more than twice as long as it was held
     contention_min_waits: int = 10
@@ -112,7 +120,13 @@ class Thresholds:
                 ignored.append(str(value))
                 continue
             assert isinstance(value, float | int)
-            if name in ("long_poll", "min_wait", "block_total"):  # seconds
+            if name in (
+                "long_poll",
+                "min_wait",
+                "block_total",
+                "growth_min_delay",
+                "busy_wait_gap",
+            ):
                 values[f"{name}_ns"] = round(value * 1e9)
             elif isinstance(getattr(cls, name, None), int):
                 values[name] = int(value)
@@ -140,6 +154,9 @@ class Documents:
     recent_ends: Mapping[int, Sequence[tuple[int, int, str]]] = field(default_factory=dict)
     #: the wait-for graph (``/graph``), when the tasks were read
     graph: GraphDocument | None = None
+    #: future id -> (type, message) of the exception its latest call that raised raised, of
+    #: the futures whose recent calls' log holds one
+    errors: Mapping[int, tuple[str, str]] = field(default_factory=dict)
 
 
 def documents_of(snapshot: Snapshot, now_ns: int = 0) -> Documents:
@@ -164,6 +181,12 @@ def documents_of(snapshot: Snapshot, now_ns: int = 0) -> Documents:
             for logs in snapshot.future_logs
         },
         graph=snapshot.graph,
+        errors={
+            logs.future_id: (c.exception.type, c.exception.message)
+            for logs in snapshot.future_logs
+            for c in logs.calls
+            if c.exception is not None
+        },
     )
 
 
@@ -744,9 +767,10 @@ def unread_channel(docs: Documents, th: Thresholds) -> Iterator[Finding]:
 def lost_messages(docs: Documents, th: Thresholds) -> Iterator[Finding]:
     """A channel collected or closed with messages still in it."""
     own = _own_futures(docs)
+    dead = _dead_consumers(docs, th)
     for c in docs.channels:
-        if not c.lost_count or _library_channel(c, own):
-            continue
+        if not c.lost_count or _library_channel(c, own) or c.id in dead:
+            continue  # (lost because its consumer died: dead-consumer says so)
         yield Finding(
             "messages-lost",
             "error",
@@ -810,10 +834,11 @@ def bottleneck(docs: Documents, th: Thresholds) -> Iterator[Finding]:
         for e in c.senders
         if e.messages and e.future_id is not None
     }
+    dead = _dead_consumers(docs, th)
     for c in docs.channels:
         share = backed_up.get(c.id)
-        if share is None or _library_channel(c, own):
-            continue
+        if share is None or _library_channel(c, own) or c.id in dead:
+            continue  # (a dead consumer: dead-consumer says why the producers wait)
         readers = {e.future_id for e in c.receivers if e.messages}
         if readers and readers <= held_up:
             continue  # its consumers wait on a full output themselves: the slow stage is later
@@ -946,7 +971,10 @@ def _judged(docs: Documents) -> list[FutureEntry]:
 def cancellation_storm(docs: Documents, th: Thresholds) -> Iterator[Finding]:
     """Most calls of a future end cancelled (timeouts, usually); calls cancelled in one sweep
     at the end after long lives (a shutdown) are left out."""
+    leaking = _leaking(docs, th)
     for f in _judged(docs):
+        if f.id in leaking:
+            continue  # its calls leaked and the shutdown cancelled them: the leak says so
         o = f.outcomes
         at_end = max(_swept_at_the_end(f), _swept_together(docs.recent_ends.get(f.id, ())))
         swept = min(o.cancelled, at_end)
@@ -990,38 +1018,64 @@ def swallowed_cancellation(docs: Documents, th: Thresholds) -> Iterator[Finding]
         )
 
 
+def _leak(f: FutureEntry, th: Thresholds) -> Finding | None:
+    """A future's live calls grew (the live series, up to its peak) while almost none of the
+    calls created meanwhile finished: a leak. Judged from the peak, so that it still holds at
+    exit once the shutdown cancelled the leaked tasks; but calls that ended after the peak
+    must have ended cancelled (a sweep): calls that return again are a burst draining."""
+    live_now = f.calls.pending + f.calls.running + f.calls.suspended
+    points = [(s.ago_ns, s.live, s.created) for s in f.live_series]
+    if len(points) < 4:
+        return None
+    points.append((0, live_now, f.call_count))
+    at = max(range(len(points)), key=lambda i: (points[i][1], i))
+    if at < 3:
+        return None  # its growth must span a few samples, not one burst
+    (first_ago, first_live, first_created), (peak_ago, peak, peak_created) = points[0], points[at]
+    created = peak_created - first_created
+    finished = created - (peak - first_live)
+    if peak < th.leak_min_live or peak < 2 * max(1, first_live):
+        return None
+    if finished > th.leak_finish_share * created:
+        return None
+    o = f.outcomes
+    if live_now < peak and o.returned + o.raised > th.leak_finish_share * f.call_count:
+        return None  # its calls end by themselves: a backlog that drained, not a leak
+    since = (
+        ""
+        if live_now >= peak
+        else "; none is alive now: they ended cancelled (the shutdown's sweep)"
+        if not live_now
+        else f"; {live_now} are alive now, the others ended cancelled"
+    )
+    return Finding(
+        "task-leak",
+        "warning",
+        _future_subject(f),
+        f"`{f.label}`{_where(f.location)} is leaking: its live calls grew from "
+        f"{first_live} to {peak} over {_duration(first_ago - peak_ago)} while "
+        f"{finished} of the {created} calls created meanwhile finished{since}",
+        "look at /tasks for where its calls wait: something they wait on never comes",
+        {
+            "live_from": first_live,
+            "live_now": live_now,
+            "live_peak": peak,
+            "created": created,
+            "finished": finished,
+        },
+    )
+
+
+def _leaking(docs: Documents, th: Thresholds) -> set[int]:
+    return {f.id for f in _judged(docs) if _leak(f, th) is not None}
+
+
 def task_leak(docs: Documents, th: Thresholds) -> Iterator[Finding]:
-    """A future's live calls keep growing and almost none finish."""
+    """A future's live calls keep growing and almost none finish (judged up to their peak)."""
     for f in _judged(docs):
-        series = f.live_series
-        if len(series) < 4:
-            continue
-        first, last = series[0], series[-1]
-        grown = last.live - first.live
-        created = last.created - first.created
-        finished = created - grown
-        live_now = f.calls.pending + f.calls.running + f.calls.suspended
-        if (
-            min(last.live, live_now) < th.leak_min_live
-            or min(last.live, live_now) < 2 * max(1, first.live)
-            or finished > th.leak_finish_share * created
-        ):
-            continue
-        yield Finding(
-            "task-leak",
-            "warning",
-            _future_subject(f),
-            f"`{f.label}`{_where(f.location)} is leaking: its live calls grew from "
-            f"{first.live} to {live_now} over {_duration(first.ago_ns - last.ago_ns)} while "
-            f"{finished} of the {created} calls created meanwhile finished",
-            "look at /tasks for where its calls wait: something they wait on never comes",
-            {
-                "live_from": first.live,
-                "live_now": last.live,
-                "created": created,
-                "finished": finished,
-            },
-        )
+        finding = _leak(f, th)
+        if finding is not None:
+            yield finding
 
 
 def executor_saturated(docs: Documents, th: Thresholds) -> Iterator[Finding]:
@@ -1288,21 +1342,232 @@ def _and(parts: Sequence[str]) -> str:
     return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
 
 
+def _waited_whole_lives(
+    r: ResourceEntry, futures: dict[int, FutureEntry]
+) -> list[tuple[ResourceFutureEntry, FutureEntry]]:
+    """The futures that waited on ``r`` for (nearly) all of their calls' lives and whose calls
+    ended cancelled: tasks that did nothing but wait for it, until they were given up."""
+    out = []
+    for rf in r.futures:
+        f = futures.get(rf.future_id) if rf.future_id is not None else None
+        if f is None or not rf.waits or not f.outcomes.cancelled:
+            continue
+        if rf.total_wait_ns * 10 >= 9 * (f.busy_ns + f.idle_ns) > 0:
+            out.append((rf, f))
+    return out
+
+
 def event_never_set(docs: Documents, th: Thresholds) -> Iterator[Finding]:
-    """Tasks wait on an event nobody has set."""
+    """Tasks wait on an event (or condition) nobody has set (notified). While they wait it is
+    only ``info`` (a shutdown signal is waited on until the end); once tasks that waited on it
+    their whole life were given up (cancelled: a timeout, the shutdown), it is a warning."""
     own = _own_futures(docs)
+    futures = _by_id(docs)
     for r in docs.resources:
-        e = r.event
-        if e is None or e.sets or not r.waiters_now or _library_resource(r, own):
+        e, c = r.event, r.condition
+        if e is not None:
+            if e.sets:
+                continue
+            what, never = "event", "nobody ever set it"
+        elif c is not None and r.primitive == "condition":
+            if c.notifies:
+                continue
+            what, never = "condition", "nobody ever notified it"
+        else:
+            continue
+        if _library_resource(r, own):
+            continue
+        whole = _waited_whole_lives(r, futures) if r.failed_waits else []
+        if whole:
+            calls = sum(rf.waits for rf, _ in whole)
+            wait_ns = sum(rf.total_wait_ns for rf, _ in whole)
+            names = _and([f"`{f.label}`" for _, f in whole][:3])
+            yield Finding(
+                "event-never-set",
+                "warning",
+                _resource_subject(r),
+                f"{calls} call{'' if calls == 1 else 's'} of {names} waited on {what} "
+                f"`{r.name or r.label}` {'its' if calls == 1 else 'their'} whole "
+                f"li{'fe' if calls == 1 else 'ves'} ({_duration(wait_ns)} in all, up to "
+                f"{_duration(r.max_wait_ns)} each) and {'was' if calls == 1 else 'were'} "
+                f"cancelled: {never}",
+                f"find who should {'set' if what == 'event' else 'notify'} it: an error or an "
+                "early return on that path skips it (set it in a finally block)",
+                {"waits": calls, "wait_ns": wait_ns, "max_wait_ns": r.max_wait_ns, "signals": 0},
+            )
+            continue
+        if not r.waiters_now:
             continue
         yield Finding(
             "event-never-set",
             "info",
             _resource_subject(r),
-            f"{r.waiters_now} task{' waits' if r.waiters_now == 1 else 's wait'} on event "
-            f"`{r.label}`, which nobody has set yet",
+            f"{r.waiters_now} task{' waits' if r.waiters_now == 1 else 's wait'} on {what} "
+            f"`{r.label}`, which {'nobody has set' if what == 'event' else 'nobody has notified'}"
+            " yet",
             "fine for a shutdown signal; otherwise find who should set it (/tasks shows them)",
             {"waiters": r.waiters_now},
+        )
+
+
+def _live(f: FutureEntry) -> int:
+    return f.calls.pending + f.calls.running + f.calls.suspended
+
+
+def _dead(edges: Iterable[EdgeEntry], futures: dict[int, FutureEntry]) -> list[FutureEntry]:
+    """The futures on one side of a channel, when every one is tracked, none has a live call
+    and at least one's calls raised: that side of the channel died. Empty otherwise."""
+    used = [e for e in edges if e.messages]
+    found = [futures.get(e.future_id) for e in used if e.future_id is not None]
+    side = [f for f in found if f is not None]
+    if not used or len(side) < len(used) or any(_live(f) for f in side):
+        return []
+    return side if any(f.outcomes.raised for f in side) else []
+
+
+def _dead_consumers(docs: Documents, th: Thresholds) -> dict[int, list[FutureEntry]]:
+    """Channels whose consumers all ended, one with an exception, while messages were left
+    in them (sent and never received) and its producers waited or it kept filling: channel
+    id -> its dead consumers."""
+    futures = _by_id(docs)
+    own = _own_futures(docs)
+    out: dict[int, list[FutureEntry]] = {}
+    for c in docs.channels:
+        left = c.sent_count - c.received_count
+        if left <= 0 or _library_channel(c, own):
+            continue
+        if c.producers_blocked_ns < th.min_wait_ns and left < th.unread_messages:
+            continue
+        dead = _dead(c.receivers, futures)
+        if dead:
+            out[c.id] = dead
+    return out
+
+
+def _error_of(docs: Documents, f: FutureEntry) -> str:
+    """``raised KeyError: 'price'`` when the log holds it, else ``raised``."""
+    error = docs.errors.get(f.id)
+    if error is None:
+        return "raised"
+    kind, message = error
+    return f"raised {kind}: {message}" if message else f"raised {kind}"
+
+
+def dead_consumer(docs: Documents, th: Thresholds) -> Iterator[Finding]:
+    """The only consumers of a channel ended with an exception, and what its producers send
+    is left in it: a dead stage, not a slow one (never called a bottleneck)."""
+    channels = {c.id: c for c in docs.channels}
+    futures = _by_id(docs)
+    for channel_id, dead in _dead_consumers(docs, th).items():
+        c = channels[channel_id]
+        left = c.sent_count - c.received_count
+        culprit = next(f for f in dead if f.outcomes.raised)
+        who = _and([f"`{f.label}`{_where(f.location)}" for f in dead])
+        only = "The only consumer" if len(dead) == 1 else f"All {len(dead)} consumers"
+        it = "it" if len(dead) == 1 else f"`{culprit.label}`"
+        producers = _calls_at_once(c.senders, futures, _active_ns(c, docs.elapsed_ns))
+        blocked = (
+            f"; {_who(producers, _names(c.senders), 'producer')} "
+            f"{'was' if producers == 1 else 'were'} blocked {_duration(c.producers_blocked_ns)}"
+            " in all on the full channel"
+            if c.producers_blocked_ns >= th.min_wait_ns
+            else ""
+        )
+        yield Finding(
+            "dead-consumer",
+            "error",
+            _channel_subject(c),
+            f"{only} of `{c.label}`, {who}, died: {it} {_error_of(docs, culprit)} after "
+            f"{c.received_count} messages; the {left} sent since were never received{blocked}",
+            "handle the error in the consumer (per message), or restart it; await its task "
+            "(or use a TaskGroup) so that its exception is not lost",
+            {
+                "left": left,
+                "received": c.received_count,
+                "producers_blocked_ns": c.producers_blocked_ns,
+                "consumers": len(dead),
+            },
+        )
+
+
+def unbounded_growth(docs: Documents, th: Thresholds) -> Iterator[Finding]:
+    """An unbounded channel fills faster than it drains, at its deepest now, its messages
+    waiting longer and longer, and nothing holds its producers back."""
+    own = _own_futures(docs)
+    for c in docs.channels:
+        if c.channel_type != "unbounded" or c.producers_blocked_ns or c.state != "active":
+            continue
+        depth = c.queue_size
+        if depth < th.growth_min_depth or depth * 10 < 9 * c.max_queue_size:
+            continue  # small, or drained from its peak: it does not grow now
+        waited = max(c.max_delay_ns, c.delay_ns.get("p99", 0))
+        if waited < th.growth_min_delay_ns or c.send_rate <= c.receive_rate:
+            continue
+        if _library_channel(c, own):
+            continue
+        senders, n_senders = _named(c.senders)
+        receivers, n_receivers = _named(c.receivers)
+        yield Finding(
+            "unbounded-growth",
+            "warning",
+            _channel_subject(c),
+            f"Channel `{c.label}` (unbounded) keeps growing: {depth} messages wait in it, its "
+            f"most yet, and they waited up to {_duration(waited)}; {senders} "
+            f"send{'s' if n_senders == 1 else ''} {c.send_rate:.0f}/s and {receivers} "
+            f"take{'s' if n_receivers == 1 else ''} {c.receive_rate:.0f}/s, and nothing holds "
+            "the producers back",
+            "bound it (asyncio.Queue(maxsize=...)) so that the producers wait, or add consumers"
+            " (or make them faster)",
+            {
+                "depth": depth,
+                "max_delay_ns": waited,
+                "send_rate": round(c.send_rate),
+                "receive_rate": round(c.receive_rate),
+            },
+        )
+
+
+def busy_wait(docs: Documents, th: Thresholds) -> Iterator[Finding]:
+    """A future polled thousands of times per call, each poll and each gap between polls
+    sub-millisecond, with no message received or wait to wake it: it spins on the loop
+    (``while not flag: await asyncio.sleep(0)``)."""
+    woken: dict[int, int] = {}
+    for c in docs.channels:
+        for e in (*c.receivers, *c.senders):
+            if e.future_id is not None:
+                woken[e.future_id] = woken.get(e.future_id, 0) + e.messages
+    for r in docs.resources:
+        for rf in r.futures:
+            if rf.future_id is not None:
+                woken[rf.future_id] = woken.get(rf.future_id, 0) + rf.waits + rf.holds
+    own = _own_futures(docs)
+    for f in docs.futures:
+        if f.id not in own or not f.call_count or not f.total_polls:
+            continue
+        per_call = f.total_polls // f.call_count
+        if per_call < th.busy_wait_polls or 2 * woken.get(f.id, 0) >= f.total_polls:
+            continue
+        poll_ns, gap_ns = f.busy_ns // f.total_polls, f.idle_ns // f.total_polls
+        if poll_ns >= th.busy_wait_gap_ns or gap_ns >= th.busy_wait_gap_ns:
+            continue
+        yield Finding(
+            "busy-wait",
+            "warning",
+            _future_subject(f),
+            f"`{f.label}`{_where(f.location)} busy-waits: it was polled {per_call} times per "
+            f"call ({f.total_polls} polls over {f.call_count} call"
+            f"{'' if f.call_count == 1 else 's'}), each poll {_duration(poll_ns)} and "
+            f"{_duration(gap_ns)} apart on average, with nothing to wait on: it spins the loop "
+            "(await asyncio.sleep(0) in a loop) instead of waiting",
+            "wait on an asyncio.Event (or a Condition, or a future) that whoever changes the "
+            "flag sets, instead of polling it",
+            {
+                "polls_per_call": per_call,
+                "polls": f.total_polls,
+                "calls": f.call_count,
+                "poll_ns": poll_ns,
+                "gap_ns": gap_ns,
+            },
         )
 
 
@@ -1405,6 +1670,9 @@ LINTS: tuple[Lint, ...] = (
     contention,
     permits_leaked,
     event_never_set,
+    dead_consumer,
+    unbounded_growth,
+    busy_wait,
     deadlock,
 )
 

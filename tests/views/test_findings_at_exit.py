@@ -38,6 +38,12 @@ def test_a_task_leak_reaches_the_exit_report_after_the_sweep_cancelled_its_tasks
     leak = warnings["task-leak"]
     _held(leak)
     assert leak["subject"]["label"] == "watch_ack"
+    # judged from the live series' peak: it still holds once the sweep cancelled them all
+    assert leak["active"] and leak["evidence"]["live_now"] == 0
+    assert leak["evidence"]["live_peak"] >= 50 and leak["evidence"]["finished"] == 0
+    assert "none is alive now: they ended cancelled" in leak["message"]
+    # the leaked tasks' cancellation at exit is the leak's consequence, not a storm of its own
+    assert "cancellation-storm" not in warnings
 
 
 def test_an_event_never_set_reaches_the_exit_report_after_its_waiters_were_cancelled(
@@ -47,3 +53,46 @@ def test_an_event_never_set_reaches_the_exit_report_after_its_waiters_were_cance
     event = warnings["event-never-set"]
     _held(event)
     assert "event_never_set.py:25" in event["message"]
+    # the workers waited their whole lives and were cancelled: a warning, at exit too
+    assert event["severity"] == "warning" and event["active"]
+    assert event["message"].startswith("20 calls of `worker` waited on event")
+    assert "whole lives" in event["message"] and "nobody ever set it" in event["message"]
+
+
+def test_a_dead_consumer_is_named_with_its_exception_and_is_no_bottleneck(
+    tmp_path: Path,
+) -> None:
+    warnings = _exit_warnings(tmp_path, "dead_consumer")
+    dead = warnings["dead-consumer"]
+    _held(dead)
+    assert dead["severity"] == "error"
+    assert dead["message"].startswith("The only consumer of `dead_consumer.py:24`, `consume`")
+    assert "it raised KeyError: 'price'" in dead["message"]
+    assert "its producer `produce` was blocked" in dead["message"]
+    # the consumer is dead, not slow; the messages left in the queue are the same cause's
+    assert "bottleneck" not in warnings and "messages-lost" not in warnings
+
+
+def test_an_unbounded_queue_that_keeps_growing_is_named_with_its_depth_and_wait(
+    tmp_path: Path,
+) -> None:
+    warnings = _exit_warnings(tmp_path, "unbounded")
+    growth = warnings["unbounded-growth"]
+    _held(growth)
+    assert growth["severity"] == "warning"
+    assert growth["subject"]["label"] == "unbounded.py:27"
+    assert growth["evidence"]["depth"] >= 1000
+    assert growth["evidence"]["max_delay_ns"] >= 100_000_000
+    assert growth["evidence"]["send_rate"] > growth["evidence"]["receive_rate"]
+    assert "`ingest` sends" in growth["message"] and "`index` takes" in growth["message"]
+    assert "bound it" in growth["hint"]
+
+
+def test_a_busy_wait_on_sleep_0_is_named_with_its_polls_per_call(tmp_path: Path) -> None:
+    warnings = _exit_warnings(tmp_path, "busy_wait")
+    spin = warnings["busy-wait"]
+    _held(spin)
+    assert spin["subject"]["label"] == "wait_until_ready"
+    assert spin["evidence"]["polls_per_call"] >= 1000 and spin["evidence"]["calls"] == 3
+    assert "asyncio.Event" in spin["hint"]
+    assert set(warnings) == {"busy-wait"}  # its partner, warm_cache, is fine
