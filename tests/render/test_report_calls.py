@@ -110,3 +110,16 @@ def test_exceptions_beyond_the_log_are_counted_not_named() -> None:
     assert "  └ 40 raised, none among the last 50 calls logged\n" in text
     # no log at all (a report read back from an older file): the count only, no line
     assert "└" not in render_table(_snapshot(entries, []), (50.0,), 0)
+
+
+def test_many_exception_types_are_named_most_first_and_the_rest_counted() -> None:
+    raised = [("OSError", "not\nfound")] * 3 + [("KeyError", "k")] * 2 + [("ValueError", "v")]
+    raised += [("TypeError", "t"), ("IndexError", "i")]
+    calls = [_call(i, 1, r) for i, r in enumerate(raised)]
+    entries = [_entry(1, "parse", returned=0, raised=len(raised))]
+    text = render_table(_snapshot(entries, [FutureLogs(1, 1, "parse", calls)]), (50.0,), 0)
+    # the last message is one line, however many the program put in it
+    assert (
+        "  └ 8 raised: 3 OSError, 2 KeyError, 1 ValueError and 2 other types;"
+        " last OSError: not found\n" in text
+    )

@@ -123,3 +123,21 @@ def test_the_lists_are_bounded_by_the_limit() -> None:
     waiting = _section(text, "waiting tasks")
     assert len(waiting) == 3 and waiting[1].startswith("  20 tasks (worker)")
     assert waiting[2] == "  … 2 more groups (limit=1; limit=0 shows all)"
+
+
+def test_a_wait_asyncflow_does_not_track_is_named_by_its_kind_and_description() -> None:
+    snap = _hang()
+    assert snap.graph is not None
+    untracked = GraphNode("event:wait for event", "event", "wait for event")
+    nodes = [n for n in snap.graph.nodes if n.id != "resource:3"] + [untracked]
+    edges = [
+        GraphEdge(e.source, untracked.id, e.relation, e.where) if e.target == "resource:3" else e
+        for e in snap.graph.edges
+    ]
+    graph = GraphDocument(1, True, nodes, edges, snap.graph.cycles)
+    text = render_table(Snapshot(1, snap.status, snap.futures, graph=graph), (50.0,), 10)
+    # without the tasks document, no task tree: the rest of each line stands
+    assert (
+        "  20 tasks (worker) wait at app.py:15 on event (wait for event): Task-10, Task-11,"
+        " Task-12 and 17 more\n" in text
+    )
