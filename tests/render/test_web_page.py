@@ -11,10 +11,12 @@ import re
 import shutil
 import subprocess
 import threading
+import time
 import tomllib
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from html.parser import HTMLParser
 from pathlib import Path
@@ -363,13 +365,21 @@ async def waits_for_trickle(paced: asyncio.Queue[int | None]) -> None:
 class _Recorder:
     """A proxy in front of the endpoint that notes every path the browser asks for."""
 
-    def __init__(self, target: str) -> None:
+    def __init__(self, target: str, missing: frozenset[str] = frozenset()) -> None:
         self.paths: list[str] = []
         recorder = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_GET(self) -> None:
                 recorder.paths.append(self.path)
+                if self.path.partition("?")[0] in missing:  # an older profiler's endpoint
+                    body = b'{"error": {"status": 404, "message": "no route"}}'
+                    self.send_response(404)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                    return
                 request = urllib.request.Request(target + self.path)
                 if auth := self.headers.get("Authorization"):
                     request.add_header("Authorization", auth)
@@ -428,3 +438,133 @@ def test_an_info_note_outlines_nothing_and_no_icon_is_asked_for(tmp_path: Path) 
     assert "/favicon.ico" not in proxy.paths, proxy.paths
     assert "warned" not in nodes[paced].classes  # a note is not a problem: no red outline
     assert proxy.paths[0] == "/" and all(p.startswith("/") for p in proxy.paths)
+
+
+# -- the wait-for graph and the task tree ----------------------------------------------------------
+
+
+async def _transfer(a: asyncio.Lock, b: asyncio.Lock, both: asyncio.Event) -> None:
+    async with a:
+        await both.wait()
+        async with b:
+            pass
+
+
+async def _bank(keep: list[object]) -> None:
+    """Two transfers that take two vaults' locks (made on one line) in opposite order; ``keep``
+    holds them (a deadlock nothing refers to is garbage, and the cyclic GC frees it)."""
+    first, second = (asyncflow.instrument_lock(asyncio.Lock(), name="vault") for _ in "12")
+    both = asyncio.Event()
+    payer = asyncio.create_task(_transfer(first, second, both), name="payer")
+    payee = asyncio.create_task(_transfer(second, first, both), name="payee")
+    keep += [asyncio.current_task(), payer, payee, first, second]
+    while not (first.locked() and second.locked()):
+        await asyncio.sleep(0)
+    both.set()
+    await asyncio.gather(payer, payee)
+
+
+async def _cancel_all() -> None:
+    mine = asyncio.current_task()
+    tasks = [t for t in asyncio.all_tasks() if t is not mine]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+@contextmanager
+def _deadlocked(prof: asyncflow.Profiler) -> Iterator[None]:
+    """``_bank`` deadlocked on a loop of its own thread (every task tracked: the tree), until
+    the profile's graph has the cycle; cancelled and stopped after."""
+    loop = asyncio.new_event_loop()
+    tracked = asyncflow.instrument_tasks(loop)
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        kept: list[object] = []
+        asyncio.run_coroutine_threadsafe(_bank(kept), loop)
+        deadline = time.monotonic() + 10
+        while not ((graph := prof.snapshot().graph) and graph.cycles):
+            assert time.monotonic() < deadline, "no deadlock in the graph within 10 s"
+            time.sleep(0.01)  # not timing anything: the profiler's thread reads the loop
+        yield
+    finally:
+        asyncio.run_coroutine_threadsafe(_cancel_all(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        tracked.undo()
+        loop.close()
+
+
+def _table_rows(elements: list[Element], table: str) -> dict[str, tuple[Element, list[str]]]:
+    """Each row of a table by its ``data-id``: the row and its cells' text."""
+    found: dict[str, tuple[Element, list[str]]] = {}
+    inside, cells = False, None
+    for e in elements:
+        if e.tag == "table":
+            inside, cells = e.attrs.get("id") == f"{table}-table", None
+        elif inside and e.tag == "tr":
+            cells = None
+            if "data-id" in e.attrs:
+                cells = found.setdefault(e.attrs["data-id"], (e, []))[1]
+        elif e.tag == "td" and cells is not None:
+            cells.append(e.content)
+    return found
+
+
+@needs_chromium
+def test_the_page_shows_a_deadlock_the_waits_and_the_task_tree(tmp_path: Path) -> None:
+    with (
+        asyncflow.profile("stuck-page", format="none", port=0, token=TOKEN) as prof,
+        _deadlocked(prof),
+    ):
+        assert prof.url is not None
+        older = _Recorder(prof.url, missing=frozenset({"/graph"}))
+        try:
+            now, old = render(
+                f"{prof.url}/#token={TOKEN}", f"{older.url}/#token={TOKEN}", tmp_path=tmp_path
+            )
+        finally:
+            older.close()
+    (body,) = [e for e in now if e.tag == "body"]
+    assert body.attrs["data-state"] == "ready", body.content[:500]
+    sections = [e.attrs["id"] for e in now if e.tag == "section"]
+    assert sections.index("warnings") < sections.index("waits") < sections.index("futures")
+
+    # the deadlock, highlighted and in words: both tasks, both vaults, who holds each
+    (deadlock,) = [e for e in now if e.tag == "li" and "data-cycle" in e.attrs]
+    assert deadlock.attrs["data-cycle"] == "1"
+    assert sorted(deadlock.attrs["data-tasks"].split()) == ["payee", "payer"]
+    said = deadlock.content
+    assert said.startswith("⟳1 deadlock")
+    assert len(set(re.findall(r"lock vault #\d+", said))) == 2, said
+    assert "held by payer" in said and "held by payee" in said
+
+    # the waits: each transfer in the deadlock, on one vault, held by the other
+    waits = _table_rows(now, "waits")
+    for me, other in (("payer", "payee"), ("payee", "payer")):
+        row, cells = waits[f"task:{me}"]
+        assert "cycle" in row.classes and "bad" in row.classes
+        assert cells[0] == f"{me} (_transfer)" and cells[1] == "⟳1"
+        assert re.fullmatch(r"lock vault #\d+", cells[2]), cells
+        assert cells[3].startswith(f"held by {other} for "), cells
+        assert f"(took it at test_web_page.py:{_transfer.__code__.co_firstlineno + 1})" in cells[3]
+        assert cells[4].startswith("test_web_page.py:")
+    assert "deadlock" in by_id(now, "waits-count").content
+
+    # the task tree: the bank's task, with both transfers under it, marked
+    tree = {e.attrs["data-task"]: e for e in now if e.tag == "li" and "data-task" in e.attrs}
+    assert "cycle" in tree["payer"].classes and "cycle" in tree["payee"].classes
+    (bank,) = [e for e in tree.values() if e.text[1:2] == ["_bank"]]
+    assert bank.text[2] == "waits on tasks payee, payer"
+    for me in ("payer", "payee"):  # its children's items, inside its own
+        at = bank.text.index(f"{me} ⟳1")
+        assert bank.text[at + 1] == "_transfer"
+        assert re.fullmatch(r"waits on lock vault #\d+", bank.text[at + 2])
+
+    # an older profiler (no /graph): the page still renders, says so, and draws the tree
+    (body,) = [e for e in old if e.tag == "body"]
+    assert body.attrs["data-state"] == "ready", body.content[:500]
+    assert "serves no /graph" in by_id(old, "waits").content
+    assert not [e for e in old if e.tag == "li" and "data-cycle" in e.attrs]
+    assert {"payer", "payee"} <= {e.attrs["data-task"] for e in old if "data-task" in e.attrs}
