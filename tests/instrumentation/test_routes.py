@@ -1,0 +1,155 @@
+"""A request Starlette routes is a call of its route's future, labelled by method and template,
+whether the task running it was made for it (its call moves there) or not (a call of its own);
+requests no route matched are one future, and the program sees its responses as without
+asyncflow (issue 26). Real services: tests/services/test_routes.py."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Iterator, MutableMapping
+from typing import Any
+
+import httpx
+import pytest
+from starlette import routing
+from starlette.applications import Starlette
+from starlette.endpoints import HTTPEndpoint
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse
+
+import asyncflow
+from asyncflow.instrumentation.every_loop import track_every_loop
+from asyncflow.schema import Snapshot
+
+PLAIN_HANDLE = routing.Route.handle
+
+
+async def _order(request: Request) -> PlainTextResponse:
+    await asyncio.sleep(0)
+    return PlainTextResponse(request.path_params["order_id"])
+
+
+class _Things(HTTPEndpoint):
+    async def get(self, request: Request) -> PlainTextResponse:
+        return PlainTextResponse("things")
+
+
+def _app() -> Starlette:
+    return Starlette(
+        routes=[
+            routing.Route("/orders/{order_id}", _order),  # GET (and HEAD)
+            routing.Route("/things", _Things),  # any method: the endpoint says which
+        ]
+    )
+
+
+#: (method, path) of each request, and the status it gets, with or without asyncflow
+REQUESTS = [
+    ("GET", "/orders/1", 200),
+    ("GET", "/orders/2", 200),
+    ("POST", "/orders/3", 405),  # the route does not take POST: no route's
+    ("GET", "/nowhere", 404),
+    ("GET", "/things", 200),
+    ("PURGE", "/things", 405),  # a method of the client's choosing: OTHER
+]
+ROUTED = {
+    "GET /orders/{order_id}": 2,
+    "(unmatched)": 2,
+    "GET /things": 1,
+    "OTHER /things": 1,
+}
+
+
+@pytest.fixture
+def tracked() -> Iterator[asyncflow.Profiler]:
+    """A profiler, and every loop made from now on tracked as ``asyncflow run`` does."""
+    with asyncflow.profile("routes", format="none") as prof:
+        tracking = track_every_loop(executors=False)
+        try:
+            yield prof
+        finally:
+            tracking.undo()
+    assert routing.Route.handle is PLAIN_HANDLE  # (put back)
+
+
+def _routes(snapshot: Snapshot) -> dict[str, int]:
+    return {
+        f.label: f.call_count
+        for f in snapshot.futures.futures
+        if f.tracked_by == "route" and f.call_count
+    }
+
+
+async def _client_requests() -> list[tuple[str, str, int]]:
+    transport = httpx.ASGITransport(app=_app())
+    async with httpx.AsyncClient(transport=transport, base_url="http://app") as client:
+        return [
+            (method, path, (await client.request(method, path)).status_code)
+            for method, path, _ in REQUESTS
+        ]
+
+
+def test_requests_in_one_task_are_calls_of_their_routes(tracked: asyncflow.Profiler) -> None:
+    # every request runs in the one task of asyncio.run(): each route's handling is a call
+    assert asyncio.run(_client_requests()) == REQUESTS
+    assert _routes(tracked.snapshot()) == ROUTED
+
+
+def test_without_a_profiler_nothing_is_labelled() -> None:
+    assert asyncio.run(_client_requests()) == REQUESTS  # (as the fixture's, untracked)
+
+
+async def _serve(app: Starlette, method: str, path: str) -> int:
+    """The request as a server sends it, in a task made for it (uvicorn's way)."""
+    status: list[int] = []
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": method,
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": [],
+        "server": ("app", 80),
+    }
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: MutableMapping[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            status.append(message["status"])
+
+    await asyncio.get_running_loop().create_task(app(scope, receive, send))
+    return status[0]
+
+
+async def _served_requests() -> list[tuple[str, str, int]]:
+    app = _app()
+    return [(m, p, await _serve(app, m, p)) for m, p, _ in REQUESTS]
+
+
+def test_a_task_made_for_its_request_is_a_call_of_its_route(
+    tracked: asyncflow.Profiler,
+) -> None:
+    assert asyncio.run(_served_requests()) == REQUESTS
+    snapshot = tracked.snapshot()
+    assert _routes(snapshot) == ROUTED
+    # the requests' tasks (Starlette.__call__) moved to their routes: none is left there
+    tasks = [f for f in snapshot.futures.futures if f.label == "Starlette.__call__"]
+    assert [f.call_count for f in tasks] == [0]
+
+
+def test_the_hooks_pass_for_what_they_wrap(tracked: asyncflow.Profiler) -> None:
+    async def main() -> None:
+        await _serve(_app(), "GET", "/orders/1")  # (starlette is imported: hooked now)
+
+    asyncio.run(main())
+    hooked = routing.Route.handle
+    assert hooked is not PLAIN_HANDLE
+    assert (hooked.__name__, hooked.__qualname__) == ("handle", "Route.handle")
+    assert inspect.signature(hooked) == inspect.signature(PLAIN_HANDLE)
