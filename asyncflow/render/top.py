@@ -609,6 +609,8 @@ class Waiter:
     #: who can release it: the holders of the lock, the producers of the queue, the tasks
     #: it awaits (empty: nobody the graph can name)
     releasers: tuple[str, ...]
+    #: the same, short, for the table: ``held by Task-3 (1.16s, app.py:28)``
+    short: tuple[str, ...]
     #: the deadlock it is in, numbered from 1 as ``GraphDocument.cycles`` lists them
     cycle: int | None
     #: its entry in ``/tasks`` (its parent, chain and awaiters), when listed
@@ -643,11 +645,16 @@ def _node_text(node: GraphNode | None, node_id: str) -> str:
 _RELEASES = {"held_by": "held by", "sent_by": "filled by", "received_by": "drained by"}
 
 
-def _releaser(edge: GraphEdge) -> str:
+def _releaser(edge: GraphEdge, short: bool = False) -> str:
+    """``held by Task-3 for 1.16s (took it at app.py:28)``; short: ``held by Task-3 (1.16s,
+    app.py:28)``."""
     text = f"{_RELEASES.get(edge.relation, edge.relation)} {edge.target.removeprefix('task:')}"
-    if edge.held_ns is not None:
-        text += f" for {dur(edge.held_ns)}"
-    return text + (f" (took it at {_where(edge.where)})" if edge.where else "")
+    held = [] if edge.held_ns is None else [dur(edge.held_ns)]
+    where = [] if edge.where is None else [_where(edge.where)]
+    if short:
+        return text + (f" ({', '.join(held + where)})" if held or where else "")
+    text += f" for {held[0]}" if held else ""
+    return text + (f" (took it at {where[0]})" if where else "")
 
 
 def _cycle_members(graph: GraphDocument | None) -> dict[str, int]:
@@ -689,14 +696,16 @@ def _waiters(document: WaitGraph) -> list[Waiter]:
         if edges[0].relation == "awaits":
             names = [_node_text(nodes.get(e.target), e.target) for e in edges]
             waits_on = ("task " if len(names) == 1 else "tasks ") + ", ".join(names)
-            releasers = tuple(f"{name} ending" for name in names)
+            releasers = short = tuple(f"{name} ending" for name in names)
         else:
             target = edges[0].target
             waits_on = _node_text(nodes.get(target), target)
             releasers = tuple(_releaser(e) for e in out.get(target, []))
+            short = tuple(_releaser(e, short=True) for e in out.get(target, []))
         entry = tasks.get(node.label)
         children = tuple(t.name for t in tree.get(node.label, [])) if entry else ()
-        rows.append(Waiter(node, waits_on, releasers, cycles.get(node.id), entry, children))
+        cycle = cycles.get(node.id)
+        rows.append(Waiter(node, waits_on, releasers, short, cycle, entry, children))
     return rows
 
 
@@ -849,7 +858,7 @@ def _waiter_lines(w: Waiter, ctx: Context) -> list[str]:
             f"children: {', '.join(w.children[:8])}" + (" …" if len(w.children) > 8 else "")
         )
     if t is not None:
-        lines += [f"  {f.file}:{f.line} {f.function}" for f in t.chain[-6:]]
+        lines += [f"  {_where(f)} {f.function}" for f in t.chain[-6:]]  # innermost last
     return lines
 
 
@@ -1016,34 +1025,6 @@ VIEWS: tuple[View[Any, Any], ...] = (
         row_lines=_chain_lines, detail=_wait_lines,
         row_id=lambda t: f"{t.loop_id}:{t.name}",
     ),
-    View[WaitGraph, Waiter](
-        "graph", "g",
-        "the wait-for graph, one row per waiting task: what it waits on and who can release it "
-        "(the holders, producers or consumers, the tasks it awaits), deadlocks first (⟳); "
-        "below the table each deadlock in words, then the task tree (parent → children)",
-        "/graph", WaitGraph, _waiters,
-        (
-            _text("task", 0, _waiter_name, "the waiting task's name (and what it runs)",
-                  flex=True),
-            Column("cycle", 0, _cycle_rank, "⟳N: in deadlock N (each task waits on what the "
-                   "next holds, around); stuck: behind a deadlock; -: something can still "
-                   "release it", show=lambda v: v[2]),
-            _text("waits", 1, lambda w: w.waits_on, "what it waits on: a lock, a queue, a "
-                  "task...", max_width=32),
-            _text("releaser", 1, lambda w: ", ".join(w.releasers) or "-",
-                  "who can release it: held by (with where the holder took it), filled by "
-                  "(a queue's producers), drained by (its consumers), or the tasks it awaits",
-                  max_width=48),
-            _text("where", 2, lambda w: _where(w.node.where),
-                  "the line of the program's own code where it waits", max_width=28,
-                  cut_left=True),
-            _text("parent", 3, lambda w: (w.task.parent if w.task else None) or "-",
-                  "the task that created it", max_width=16),
-        ),
-        sort="cycle",
-        row_lines=_waiter_lines, detail=_graph_lines, row_id=lambda w: w.node.id,
-        fetch=_fetch_waits, note=_graph_note,
-    ),
     View[WarningsDocument, WarningEntry](
         "warnings", "w",
         "one row per diagnosis: the culprit in one sentence (enter shows it whole, with what "
@@ -1065,6 +1046,35 @@ VIEWS: tuple[View[Any, Any], ...] = (
         row_lines=_warning_lines,
         row_id=lambda w: f"{w.kind}:{w.subject.kind}:{w.subject.id}:"
         f"{w.subject.label}",
+    ),
+    View[WaitGraph, Waiter](
+        "graph", "g",
+        "the wait-for graph, one row per waiting task: what it waits on and who can release it "
+        "(the holders, producers or consumers, the tasks it awaits), deadlocks first (⟳); "
+        "below the table each deadlock in words, then the task tree (parent → children)",
+        "/graph", WaitGraph, _waiters,
+        (
+            _text("task", 0, _waiter_name, "the waiting task's name (and what it runs)",
+                  flex=True),
+            Column("cycle", 0, _cycle_rank, "⟳N: in deadlock N (each task waits on what the "
+                   "next holds, around); stuck: behind a deadlock; -: something can still "
+                   "release it", show=lambda v: v[2]),
+            _text("waits", 1, lambda w: w.waits_on, "what it waits on: a lock, a queue, a "
+                  "task...", max_width=32),
+            _text("releaser", 1, lambda w: ", ".join(w.short) or "-",
+                  "who can release it: held by (for how long, and the line where the holder "
+                  "took it), filled by "
+                  "(a queue's producers), drained by (its consumers), or the tasks it awaits",
+                  max_width=48),
+            _text("where", 2, lambda w: _where(w.node.where),
+                  "the line of the program's own code where it waits", max_width=28,
+                  cut_left=True),
+            _text("parent", 3, lambda w: (w.task.parent if w.task else None) or "-",
+                  "the task that created it", max_width=16),
+        ),
+        sort="cycle",
+        row_lines=_waiter_lines, detail=_graph_lines, row_id=lambda w: w.node.id,
+        fetch=_fetch_waits, note=_graph_note,
     ),
     View[ResourcesDocument, ResourceEntry](
         "resources", "k",

@@ -87,8 +87,9 @@ async def test_the_graph_view_marks_a_deadlock_its_tasks_locks_and_tree() -> Non
                 assert one["waits"].startswith("lock accounts #")
                 assert two["waits"].startswith("lock accounts #")
                 assert one["waits"] != two["waits"]
-                assert one["releaser"].startswith("held by two for ")
-                assert two["releaser"].startswith("held by one for ")
+                took = r", test_top_graph\.py:\d+\)"  # how long, where the holder took it
+                assert re.fullmatch(rf"held by two \([0-9.]+[µm]?s{took}", one["releaser"]), one
+                assert re.fullmatch(rf"held by one \([0-9.]+[µm]?s{took}", two["releaser"]), two
                 assert one["where"].startswith("test_top_graph.py:")
                 assert one["parent"] == two["parent"] == "bank"
                 assert "⟳ 1 DEADLOCK" in status(app)
