@@ -88,6 +88,9 @@ WARN_THRESHOLDS = {
     "growth_min_delay": "seconds",
     "busy_wait_polls": "count",
     "busy_wait_gap": "seconds",
+    "tail_ratio": "count",
+    "tail_min_calls": "count",
+    "tail_min": "seconds",
 }
 #: The warnings' kinds, which ``warn="no-KIND"`` silences (docs/warnings.md lists each; a test
 #: checks both against the lints).
@@ -111,6 +114,7 @@ WARNING_KINDS = (
     "dead-consumer",
     "unbounded-growth",
     "busy-wait",
+    "tail-latency",
     "deadlock",
 )
 _DISABLE = "ASYNCFLOW_DISABLE"

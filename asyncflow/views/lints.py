@@ -42,6 +42,7 @@ from asyncflow.schema import (
 )
 
 __all__ = [
+    "KINDS",
     "LINTS",
     "MAX_WARNINGS",
     "Documents",
@@ -95,6 +96,11 @@ class Thresholds:
     #: polls shorter than ``busy_wait_gap``, with no message or wait to account for them
     busy_wait_polls: int = 1000
     busy_wait_gap_ns: int = 1_000_000
+    #: a future of at least ``tail_min_calls`` finished calls whose p99 call duration is at
+    #: least ``tail_ratio`` times its p50, and at least ``tail_min``
+    tail_ratio: int = 10
+    tail_min_calls: int = 50
+    tail_min_ns: int = 100_000_000
     #: a lock, semaphore or limiter at least this many acquisitions of which had to wait, whose
     #: waiters waited more than twice as long as it was held
     contention_min_waits: int = 10
@@ -126,6 +132,7 @@ class Thresholds:
                 "block_total",
                 "growth_min_delay",
                 "busy_wait_gap",
+                "tail_min",
             ):
                 values[f"{name}_ns"] = round(value * 1e9)
             elif isinstance(getattr(cls, name, None), int):
@@ -1571,6 +1578,34 @@ def busy_wait(docs: Documents, th: Thresholds) -> Iterator[Finding]:
         )
 
 
+def tail_latency(docs: Documents, th: Thresholds) -> Iterator[Finding]:
+    """A future whose slowest calls (p99) take many times its median call: whoever waits for
+    all of them (a gather, a page of lookups) waits for its tail."""
+    own = _own_futures(docs)
+    for f in docs.futures:
+        d = f.call_duration_ns
+        p50, p99 = d.get("p50", 0), d.get("p99", 0)
+        finished = f.outcomes.returned + f.outcomes.raised
+        if f.id not in own or finished < th.tail_min_calls or p50 <= 0:
+            continue
+        if p99 < th.tail_min_ns or p99 < th.tail_ratio * p50:
+            continue
+        p95 = d.get("p95")
+        also = f" (p95 {_duration(p95)})" if p95 is not None else ""
+        yield Finding(
+            "tail-latency",
+            "warning",
+            _future_subject(f),
+            f"`{f.label}`{_where(f.location)} has a slow tail: its p99 call takes "
+            f"{_duration(p99)}, {p99 // p50} times its median of {_duration(p50)}{also}, over "
+            f"{finished} calls: whatever waits for several of them (a gather) waits for the "
+            "slowest",
+            "find what its slow calls do differently (its calls' log, /futures/ID/calls); give "
+            "them a timeout, or hedge (a second try after the p95)",
+            {"p50_ns": p50, "p99_ns": p99, "calls": finished, "ratio": p99 // p50},
+        )
+
+
 def _at(frame: AwaitFrame | None) -> str:
     return f"{os.path.basename(frame.file)}:{frame.line}" if frame is not None else "?"
 
@@ -1673,7 +1708,34 @@ LINTS: tuple[Lint, ...] = (
     dead_consumer,
     unbounded_growth,
     busy_wait,
+    tail_latency,
     deadlock,
+)
+
+
+#: the kinds of warning, in the order of the lints that make them (the warnings' order)
+KINDS = (
+    "loop-blocked",
+    "long-poll",
+    "off-cpu-poll",
+    "cpu-bound",
+    "never-awaited",
+    "channel-unread",
+    "messages-lost",
+    "bottleneck",
+    "starved",
+    "cancellation-storm",
+    "cancellation-swallowed",
+    "task-leak",
+    "executor-saturated",
+    "lock-contention",
+    "permits-leaked",
+    "event-never-set",
+    "dead-consumer",
+    "unbounded-growth",
+    "busy-wait",
+    "tail-latency",
+    "deadlock",
 )
 
 
@@ -1857,11 +1919,19 @@ class WarningBook:
         return any(h.active for key, h in self._held.items() if key[0] == kind)
 
     def document(self, start_ns: int) -> WarningsDocument:
-        """Most severe first, those that hold now before those that held earlier."""
+        """Most severe first, those that hold now before those that held earlier; then in the
+        lints' order (not by when each was first seen, which the collector's evaluations once
+        a second make vary from one run to the next)."""
         rank = {s: i for i, s in enumerate(SEVERITIES)}
+        order = {kind: i for i, kind in enumerate(KINDS)}
         held = sorted(
             self._held.values(),
-            key=lambda h: (not h.active, -rank[h.finding.severity], h.first_seen),
+            key=lambda h: (
+                not h.active,
+                -rank[h.finding.severity],
+                order.get(h.finding.kind, len(order)),
+                h.first_seen,
+            ),
         )
         return WarningsDocument(
             schema=SCHEMA,
