@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import re
 import socket
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
@@ -488,6 +488,23 @@ def fake_future(**fields: Any) -> dict[str, Any]:
     return {**orjson.loads(schema.dumps(entry)), **fields}
 
 
+@asynccontextmanager
+async def fake_endpoint(
+    answer: Callable[[web.Request], Awaitable[web.Response]],
+) -> AsyncIterator[str]:
+    """An endpoint on 127.0.0.1 whose every route ``answer`` answers; yields its URL."""
+    server = web.Application()
+    server.router.add_get("/{route:.*}", answer)
+    runner = web.AppRunner(server)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    finally:
+        await runner.cleanup()
+
+
 async def test_a_document_top_cannot_read_is_said_on_the_status_line() -> None:
     """top parses every document with the schema: one that does not parse is named, with the
     field, in the status line (one line, no traceback), and top keeps asking."""
@@ -501,15 +518,8 @@ async def test_a_document_top_cannot_read_is_said_on_the_status_line() -> None:
         status, body = answers[request.path]
         return web.json_response(body, status=status)
 
-    app_server = web.Application()
-    app_server.router.add_get("/{route:.*}", answer)
-    runner = web.AppRunner(app_server)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    try:
-        port = runner.addresses[0][1]
-        app = TopApp(f"http://127.0.0.1:{port}", interval=NEVER)
+    async with fake_endpoint(answer) as url:
+        app = TopApp(url, interval=NEVER)
         async with app.run_test(size=SIZE) as pilot:
             page = {"schema": schema.SCHEMA, "total": 1, "offset": 0, "limit": 100}
             for entry, said in (
@@ -554,8 +564,6 @@ async def test_a_document_top_cannot_read_is_said_on_the_status_line() -> None:
             await app.refresh_now()
             await pilot.pause()
             assert "fake · pid 7" in status(app) and app.table_text()[0][0] == "fetch"
-    finally:
-        await runner.cleanup()
 
 
 async def test_top_says_what_is_wrong_and_keeps_retrying() -> None:

@@ -19,7 +19,16 @@ import asyncflow
 from asyncflow import schema
 from asyncflow.render import top
 from asyncflow.render.top import TopApp
-from tests.render.test_top import NEVER, SIZE, detail, row, status, until
+from tests.render.test_top import (
+    NEVER,
+    SIZE,
+    detail,
+    fake_endpoint,
+    fake_status,
+    row,
+    status,
+    until,
+)
 
 
 @pytest.fixture
@@ -146,7 +155,7 @@ def fake_tasks(**fields: Any) -> dict[str, Any]:
 async def test_without_graph_top_says_so_shows_the_tree_and_keeps_asking() -> None:
     """An older profiler has no /graph: the status line says so (not as an error), the task
     tree is still drawn from /tasks, and the graph shows once the route answers."""
-    status_document = orjson.loads(schema.dumps(top_status()))
+    status_document = orjson.loads(schema.dumps(replace(fake_status(), name="old")))
     answers: dict[str, tuple[int, Any]] = {
         "/profiler_status": (200, status_document),
         "/warnings": (200, {"schema": schema.SCHEMA, "evaluated_ns": 0, "warnings": []}),
@@ -160,15 +169,8 @@ async def test_without_graph_top_says_so_shows_the_tree_and_keeps_asking() -> No
         code, body = answers[request.path]
         return web.json_response(body, status=code)
 
-    server = web.Application()
-    server.router.add_get("/{route:.*}", answer)
-    runner = web.AppRunner(server)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    try:
-        port = runner.addresses[0][1]
-        app = TopApp(f"http://127.0.0.1:{port}", interval=NEVER)
+    async with fake_endpoint(answer) as url:
+        app = TopApp(url, interval=NEVER)
         async with app.run_test(size=SIZE) as pilot:
             await pilot.press("g")
             await until(pilot, lambda: "task tree" in detail(app), "the tree")
@@ -201,14 +203,6 @@ async def test_without_graph_top_says_so_shows_the_tree_and_keeps_asking() -> No
             assert "no /graph" not in status(app)
             assert row(app, "Task-2 (worker)")["waits"] == "event app.py:3"
             assert row(app, "Task-2 (worker)")["releaser"] == "-"
-    finally:
-        await runner.cleanup()
-
-
-def top_status() -> schema.ProfilerStatus:
-    return schema.ProfilerStatus(
-        schema.SCHEMA, "old", "0", 7, "3", 2_000_000_000, True, 0, 0, 0, None, 1, 0, 0, 0
-    )
 
 
 def test_the_task_tree_stays_within_its_lines() -> None:
