@@ -1017,6 +1017,7 @@ typedef struct {
     long long parent_call; /* the creating task's outermost call, for a task's call; 0: none */
     long long woken;       /* when the task's wake-up was handed to its loop; 0: none pending */
     long long sched;       /* the call's scheduled time: the sum of those waits */
+    long long last_end;    /* when its last poll ended (that suspended); 0: none yet */
     PyObject *future;
     PyObject *stats;
     PyObject *hist;
@@ -1126,7 +1127,7 @@ record_setup(RecordObject *self, PyObject *future, PyObject *stats, long long no
     }
     self->start = self->polls = self->busy = self->max = self->last = 0;
     self->first = self->finished = self->cancel_at = self->parent_call = 0;
-    self->woken = self->sched = 0;
+    self->woken = self->sched = self->last_end = 0;
     self->created = now;
     PyObject *live = stats_field(stats, FS_LIVE);
     int rc = live == NULL                ? -1
@@ -1992,6 +1993,7 @@ poll_inner(WrapperObject *self, PyObject *arg, PyObject **res, PyObject **stop, 
         handoff.yielded_by = self;
         handoff.yielded_ns = now;
         long long dt = now - t0;
+        r->last_end = now;
         r->start = 0;
         r->polls += 1;
         r->busy += dt;
@@ -2279,6 +2281,7 @@ throw_inner(WrapperObject *self, PyObject *typ, PyObject *val, PyObject *tb, lon
         }
         else {
             long long dt = now - t0;
+            r->last_end = now;
             r->start = 0;
             r->polls += 1;
             r->busy += dt;
@@ -4388,8 +4391,214 @@ static PyTypeObject FifoHookType = {
     .tp_methods = fifo_methods,
 };
 
+/* ---- scheduled time: asyncio's call_soon, stamping a task's wake-up ------------------------
+ *
+ * futures._call_soon is the reference: while a profiler runs, BaseEventLoop.call_soon is this
+ * method, which stamps the moment on the task's own call when the callback is a task's wake-up
+ * or first step, then calls asyncio's (wake_original). In C, as a method descriptor of the loop
+ * class: no frame, no repacking of the arguments, no attribute look-up but the task's _coro. */
+
+static PyObject *wake_original;  /* asyncio's call_soon (a function), while hooked */
+static PyObject *wake_py_stamp;  /* futures._stamp_woken: a Python wrapper's stamp */
+static PyTypeObject *wake_py_type; /* ... and that wrapper's type */
+static PyObject *s_coro_attr, *s_self_attr, *s_task_types;
+
+/* The C task's step wrappers (TaskStepMethWrapper; 3.11's TaskWakeupMethWrapper too), learned
+ * at first sight, whose task is read at the offset where their __self__ was found (checked on
+ * that first one: asyncio's struct keeps the task first, but this does not assume it). */
+#define WAKE_KINDS 2
+static PyTypeObject *wake_kinds[WAKE_KINDS];
+static Py_ssize_t wake_kind_offset[WAKE_KINDS];
+
+/* What a call_soon callback is a method of, borrowed; NULL when it is no method (no error).
+ * *step: whether it is a C task's step wrapper (its next step, scheduled by the task itself). */
+static PyObject *
+wake_owner(PyObject *cb, int *step)
+{
+    *step = 0;
+    if (PyCFunction_Check(cb)) { /* 3.12+: a C task's wake-up */
+        return PyCFunction_GET_SELF(cb);
+    }
+    if (PyMethod_Check(cb)) { /* the Python Task's __step and __wakeup */
+        return PyMethod_GET_SELF(cb);
+    }
+    PyTypeObject *type = Py_TYPE(cb);
+    int i = 0;
+    for (; i < WAKE_KINDS && wake_kinds[i] != NULL; i++) {
+        if (wake_kinds[i] == type) {
+            *step = strstr(type->tp_name, "Step") != NULL;
+            return *(PyObject **)((char *)cb + wake_kind_offset[i]);
+        }
+    }
+    const char *name = type->tp_name;
+    size_t n = strlen(name);
+    if (i == WAKE_KINDS || n < 11 || strcmp(name + n - 11, "MethWrapper") != 0 ||
+        type->tp_basicsize < (Py_ssize_t)(sizeof(PyObject) + sizeof(PyObject *))) {
+        return NULL;
+    }
+    PyObject *self = PyObject_GetAttr(cb, s_self_attr);
+    if (self == NULL) {
+        PyErr_Clear();
+        return NULL;
+    }
+    Py_DECREF(self); /* the wrapper holds its task */
+    Py_ssize_t end = type->tp_basicsize - (Py_ssize_t)sizeof(PyObject *);
+    for (Py_ssize_t off = sizeof(PyObject); off <= end; off += sizeof(PyObject *)) {
+        if (*(PyObject **)((char *)cb + off) == self) {
+            wake_kinds[i] = (PyTypeObject *)Py_NewRef(type);
+            wake_kind_offset[i] = off;
+            break;
+        }
+    }
+    *step = strstr(name, "Step") != NULL;
+    return self;
+}
+
+/* Where asyncio.Task (the C one, an immutable type) keeps its coroutine: found once, as the one
+ * slot of a task that holds its ``_coro`` (a tracked call, which nothing else of the task
+ * holds), read there from then on; 0 while not known. */
+static Py_ssize_t wake_coro_offset;
+
+static void
+wake_learn_coro(PyObject *task, PyObject *coro)
+{
+    Py_ssize_t found = 0;
+    PyTypeObject *type = Py_TYPE(task);
+    Py_ssize_t end = type->tp_basicsize - (Py_ssize_t)sizeof(PyObject *);
+    for (Py_ssize_t off = sizeof(PyObject); off <= end; off += sizeof(PyObject *)) {
+        if (*(PyObject **)((char *)task + off) == coro) {
+            if (found) {
+                return; /* twice: not known */
+            }
+            found = off;
+        }
+    }
+    wake_coro_offset = found;
+}
+
+/* futures._call_soon's stamp, in C. Leaves no exception set. */
+static void
+wake_stamp(PyObject *cb)
+{
+    int step;
+    PyObject *task = wake_owner(cb, &step);
+    if (task == NULL) {
+        return;
+    }
+    if (task_type == NULL || !Py_IS_TYPE(task, task_type)) { /* as futures._TASK_TYPES says */
+        PyObject *types = PyDict_GetItemWithError(futures_dict, s_task_types); /* borrowed */
+        int is = types == NULL ? -1 : PyObject_IsInstance(task, types);
+        if (is <= 0) {
+            PyErr_Clear();
+            return;
+        }
+    }
+    PyObject *coro;
+    if (wake_coro_offset && Py_IS_TYPE(task, task_type)) { /* asyncio.Task's _coro, at its place */
+        coro = Py_XNewRef(*(PyObject **)((char *)task + wake_coro_offset));
+    }
+    else {
+        coro = PyObject_GetAttr(task, s_coro_attr);
+        if (coro == NULL) {
+            PyErr_Clear();
+            return;
+        }
+        if (Py_IS_TYPE(coro, &WrapperType) && task_type != NULL && Py_IS_TYPE(task, task_type)) {
+            wake_learn_coro(task, coro);
+        }
+    }
+    if (coro == NULL) {
+        return;
+    }
+    if (Py_IS_TYPE(coro, &WrapperType)) {
+        RecordObject *r = ((WrapperObject *)coro)->r;
+        long long now;
+        if (r != NULL && !r->woken && !r->finished) {
+            if (step && r->last_end && !r->start) {
+                /* a task's next step, scheduled by the task right after its poll ended: that
+                 * poll's end is the moment (no clock read) */
+                r->woken = r->last_end;
+            }
+            else if (now_ns(&now) < 0) {
+                internal_error("stamping a task's wake-up", fetch_exc(), coro);
+            }
+            else {
+                r->woken = now;
+            }
+        }
+    }
+    else if (wake_py_stamp != NULL && Py_IS_TYPE(coro, wake_py_type)) {
+        /* the Python wrapper (benchmarks/run.py's pure-Python column) */
+        PyObject *res = PyObject_CallOneArg(wake_py_stamp, coro);
+        if (res == NULL) {
+            internal_error("stamping a task's wake-up", fetch_exc(), coro);
+        }
+        Py_XDECREF(res);
+    }
+    Py_DECREF(coro);
+}
+
+static PyObject *
+wake_call_soon(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    if (wake_original == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "asyncflow: call_soon's hook outlived asyncio's");
+        return NULL;
+    }
+    if (nargs >= 1) {
+        wake_stamp(args[0]);
+    }
+    Py_ssize_t total = nargs + (kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0);
+    PyObject *small[8];
+    PyObject **stack = total + 1 <= 8 ? small : PyMem_New(PyObject *, total + 1);
+    if (stack == NULL) {
+        return PyErr_NoMemory();
+    }
+    stack[0] = self;
+    for (Py_ssize_t i = 0; i < total; i++) {
+        stack[i + 1] = args[i];
+    }
+    PyObject *res = PyObject_Vectorcall(wake_original, stack, nargs + 1, kwnames);
+    if (stack != small) {
+        PyMem_Free(stack);
+    }
+    return res;
+}
+
+static PyMethodDef wake_def = {
+    "call_soon", (PyCFunction)(void (*)(void))wake_call_soon, METH_FASTCALL | METH_KEYWORDS,
+    "asyncio's call_soon, while asyncflow measures scheduled time: a task's wake-up is stamped "
+    "on its call, then asyncio's call_soon runs."};
+
+static PyObject *
+mod_wake_hook(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4 || !PyType_Check(args[0]) || !PyType_Check(args[3])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "wake_hook(loop_class, call_soon, stamp, python_wrapper_type)");
+        return NULL;
+    }
+    if (futures_dict == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "asyncflow: wake_hook() before setup()");
+        return NULL;
+    }
+    if ((s_coro_attr == NULL && (s_coro_attr = PyUnicode_InternFromString("_coro")) == NULL) ||
+        (s_self_attr == NULL && (s_self_attr = PyUnicode_InternFromString("__self__")) == NULL) ||
+        (s_task_types == NULL &&
+         (s_task_types = PyUnicode_InternFromString("_TASK_TYPES")) == NULL)) {
+        return NULL;
+    }
+    Py_XSETREF(wake_original, Py_NewRef(args[1]));
+    Py_XSETREF(wake_py_stamp, Py_NewRef(args[2]));
+    Py_XSETREF(wake_py_type, (PyTypeObject *)Py_NewRef(args[3]));
+    return PyDescr_NewMethod((PyTypeObject *)args[0], &wake_def);
+}
+
 static PyMethodDef module_methods[] = {
     {"setup", (PyCFunction)(void (*)(void))mod_setup, METH_FASTCALL, setup_doc},
+    {"wake_hook", (PyCFunction)(void (*)(void))mod_wake_hook, METH_FASTCALL,
+     "wake_hook(loop_class, call_soon, stamp, python_wrapper_type): the method that stands for "
+     "asyncio's call_soon while scheduled time is measured (futures.hook_wakes)."},
     {"running_call", (PyCFunction)mod_running_call, METH_NOARGS, running_call_doc},
     {"running_calls", (PyCFunction)mod_running_calls, METH_O, running_calls_doc},
     {"set_poll_probe", (PyCFunction)(void (*)(void))mod_set_poll_probe, METH_FASTCALL,

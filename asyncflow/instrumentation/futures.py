@@ -1270,39 +1270,54 @@ def uninstall_filter(target: Callable[[Any], bool] | None) -> None:
 #: asyncio's call_soon, which _call_soon stands in for while a profiler runs (hook_wakes)
 _loop_call_soon: Callable[..., Any] = asyncio.BaseEventLoop.call_soon
 _TASK_TYPES: tuple[type, ...] = (asyncio.Task, asyncio.tasks._PyTask)  # type: ignore[attr-defined]
+#: what stands for it while hooked: _call_soon, or its compiled twin; None before the first hook
+_hook: Any = None
 
 
 def _call_soon(
     self: asyncio.BaseEventLoop, callback: Callable[..., Any], *args: Any, context: Any = None
 ) -> asyncio.Handle:
     """``asyncio.BaseEventLoop.call_soon`` while a profiler runs: a task's wake-up or first
-    step (a method of the task) stamps the moment on the task's call, then asyncio's runs."""
+    step (a method of the task) stamps the moment on the task's call, then asyncio's runs.
+    (The compiled path's is a method in C, ``_speedups.wake_hook``, with this behaviour.)"""
     task = getattr(callback, "__self__", None)
     if isinstance(task, _TASK_TYPES):
-        try:
-            coro: Any = task._coro  # type: ignore[attr-defined]
-            if type(coro) in _TRACKED:  # (exact: the wrappers have no subclasses)
-                r = coro._r
-                if not r.woken and not r.finished:
-                    r.woken = _clock.now_ns()
-        except Exception as err:  # observing never breaks the program
-            _session.internal_error("stamping a task's wake-up", err)
+        coro: Any = getattr(task, "_coro", None)
+        if type(coro) in _TRACKED:  # (exact: the wrappers have no subclasses)
+            _stamp_woken(coro)
     return _loop_call_soon(self, callback, *args, context=context)  # type: ignore[no-any-return]
+
+
+def _stamp_woken(coro: Any) -> None:
+    """The task whose own call ``coro`` is was just woken: the moment is stamped on the call,
+    for its next poll (see _scheduled), unless a wake-up is stamped already or it ended."""
+    try:
+        r = coro._r
+        if not r.woken and not r.finished:
+            r.woken = _clock.now_ns()
+    except Exception as err:  # observing never breaks the program
+        _session.internal_error("stamping a task's wake-up", err)
 
 
 def hook_wakes() -> None:
     """A profiler starts: asyncio's loops stamp each task's wake-up (see _call_soon)."""
-    global _loop_call_soon
+    global _loop_call_soon, _hook
     current = asyncio.BaseEventLoop.__dict__.get("call_soon")
-    if current is not None and current is not _call_soon:
-        _loop_call_soon = current
-        setattr(asyncio.BaseEventLoop, "call_soon", _call_soon)  # noqa: B010 (typed apart)
+    if current is None or current is _hook:
+        return
+    _loop_call_soon = current
+    _hook = _call_soon
+    if _speedups is not None:
+        _hook = _speedups.wake_hook(
+            asyncio.BaseEventLoop, current, _stamp_woken, InstrumentedCoroutinePy
+        )
+    setattr(asyncio.BaseEventLoop, "call_soon", _hook)  # noqa: B010 (typed apart)
 
 
 def unhook_wakes() -> None:
     """The profiler stops (idempotent): asyncio's call_soon is asyncio's again, unless the
     program has put its own in its place meanwhile, which stays."""
-    if asyncio.BaseEventLoop.__dict__.get("call_soon") is _call_soon:
+    if _hook is not None and asyncio.BaseEventLoop.__dict__.get("call_soon") is _hook:
         setattr(asyncio.BaseEventLoop, "call_soon", _loop_call_soon)  # noqa: B010
 
 

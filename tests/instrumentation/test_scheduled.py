@@ -114,10 +114,62 @@ async def test_a_call_awaited_in_its_callers_task_has_none(
 async def test_call_soon_is_asyncios_again_after_the_profile() -> None:
     original = asyncio.BaseEventLoop.__dict__["call_soon"]
     with asyncflow.profile("sched", format="none"):
-        assert asyncio.BaseEventLoop.__dict__["call_soon"] is futures._call_soon
+        assert asyncio.BaseEventLoop.__dict__["call_soon"] is futures._hook
         ran: list[int] = []
         handle = asyncio.get_running_loop().call_soon(ran.append, 1)
         assert isinstance(handle, asyncio.Handle)
         await asyncio.sleep(0)
         assert ran == [1]
     assert asyncio.BaseEventLoop.__dict__["call_soon"] is original
+
+
+async def test_a_task_stepping_again_waits_behind_the_others(
+    fake_clock: FakeClock, prof: asyncflow.Profiler
+) -> None:
+    """``sleep(0)``: the task hands its own next step to the loop as its poll ends, and it
+    waits behind what was queued before it."""
+
+    @asyncflow.future(name="sched_stepper")
+    async def stepper() -> None:
+        await asyncio.sleep(0)
+
+    @asyncflow.future(name="sched_other")
+    async def other() -> None:
+        fake_clock.advance(5_000)
+
+    tasks = [asyncio.create_task(stepper()), asyncio.create_task(other())]
+    await asyncio.gather(*tasks)
+    entry = _future(prof.snapshot(), "sched_stepper")
+    assert (entry.scheduled_ns, entry.scheduled_polls, entry.max_scheduled_ns) == (5_000, 2, 5_000)
+
+
+async def test_pythons_own_task_is_measured_too(
+    fake_clock: FakeClock, prof: asyncflow.Profiler
+) -> None:
+    go = asyncio.Event()
+
+    @asyncflow.future(name="sched_pytask")
+    async def waiter() -> None:
+        await go.wait()
+
+    task = asyncio.tasks._PyTask(waiter())  # type: ignore[attr-defined]
+    await asyncio.sleep(0)
+    go.set()
+    fake_clock.advance(4_000)
+    await task
+    entry = _future(prof.snapshot(), "sched_pytask")
+    assert (entry.scheduled_ns, entry.scheduled_polls) == (4_000, 2)
+
+
+async def test_a_call_soon_the_program_set_meanwhile_stays() -> None:
+    original = asyncio.BaseEventLoop.__dict__["call_soon"]
+
+    def programs(self: asyncio.BaseEventLoop, *args: object, **kwargs: object) -> object:
+        return original(self, *args, **kwargs)
+
+    try:
+        with asyncflow.profile("sched", format="none"):
+            setattr(asyncio.BaseEventLoop, "call_soon", programs)  # noqa: B010
+        assert asyncio.BaseEventLoop.__dict__["call_soon"] is programs
+    finally:
+        setattr(asyncio.BaseEventLoop, "call_soon", original)  # noqa: B010
