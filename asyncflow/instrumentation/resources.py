@@ -6,7 +6,9 @@ own waiter deques: asyncflow sets per-instance ``acquire``/``release`` (``wait``
 that call the original methods, as ``async with`` and ``Condition.wait`` already reach them
 through the instance. The hooks hold the primitive (through its bound methods), so an
 instrumented primitive is freed by the cyclic collector rather than at once; a weak reference
-there would break ``f = lock.acquire; del lock; await f()``. anyio's primitives are slotted:
+there would break ``f = lock.acquire; del lock; await f()``. In whole-program mode asyncio's own
+Lock, Semaphore, Condition and Event classes carry the hooks instead, which find an instance's
+record on it: a primitive made per request goes with its last reference. anyio's primitives are slotted:
 their asyncio backend classes' methods are wrapped once, for good, and find an instance's record
 in a table keyed by ``id()`` (an uninstrumented anyio primitive then pays one dict lookup).
 
@@ -26,6 +28,7 @@ import asyncio
 import itertools
 import sys
 import threading
+import types
 import weakref
 from collections import deque
 from collections.abc import Callable
@@ -604,11 +607,11 @@ def _inline_acquire(lock: Any, acquire: Any) -> int:
     """Whose fast path an acquire hook may run inline: _STD_LOCK, _STD_SEMAPHORE or _GENERIC."""
     if not _INLINE:
         return _GENERIC
-    if _bound(acquire, asyncio.Lock.acquire, lock):
+    if _bound(acquire, _LOCK_ACQUIRE, lock) or _bound(acquire, _std_lock_acquire, lock):
         return _STD_LOCK
-    if _bound(acquire, asyncio.Semaphore.acquire, lock) and (
-        type(lock).locked is asyncio.Semaphore.locked
-    ):
+    if (
+        _bound(acquire, _SEMAPHORE_ACQUIRE, lock) or _bound(acquire, _std_semaphore_acquire, lock)
+    ) and type(lock).locked is asyncio.Semaphore.locked:
         return _STD_SEMAPHORE
     return _GENERIC
 
@@ -619,14 +622,12 @@ def _inline_release(lock: Any, release: Any) -> int:
         return _GENERIC
     cls = type(lock)
     if (
-        _bound(release, asyncio.Lock.release, lock)
-        and cls._wake_up_first is vars(asyncio.Lock)["_wake_up_first"]
-    ):
+        _bound(release, _LOCK_RELEASE, lock) or _bound(release, _std_lock_release, lock)
+    ) and cls._wake_up_first is vars(asyncio.Lock)["_wake_up_first"]:
         return _STD_LOCK
     if (
-        _bound(release, asyncio.Semaphore.release, lock)
-        and cls._wake_up_next is vars(asyncio.Semaphore)["_wake_up_next"]
-    ):
+        _bound(release, _SEMAPHORE_RELEASE, lock) or _bound(release, _std_semaphore_release, lock)
+    ) and cls._wake_up_next is vars(asyncio.Semaphore)["_wake_up_next"]:
         return _STD_SEMAPHORE
     return _GENERIC
 
@@ -636,14 +637,19 @@ def _inline_release(lock: Any, release: Any) -> int:
 _LOCK_ACQUIRE = asyncio.Lock.acquire
 _LOCK_RELEASE = asyncio.Lock.release
 _SEMAPHORE_ACQUIRE = asyncio.Semaphore.acquire
+_SEMAPHORE_RELEASE = asyncio.Semaphore.release
+_CONDITION_WAIT = asyncio.Condition.wait
+_CONDITION_NOTIFY = asyncio.Condition.notify
+_CONDITION_NOTIFY_ALL = asyncio.Condition.notify_all
 _EVENT_WAIT = asyncio.Event.wait
 _EVENT_SET = asyncio.Event.set
 _EVENT_CLEAR = asyncio.Event.clear
 
-# The hooks are closures over the record and the primitive only, and everything else they do is
-# a module-level function given those: a primitive made per request (uvicorn's Event, httpcore's
-# locks) then costs its hooks' two or three functions and two cells, where a closure per helper
-# over every local cost some twenty objects, made at its creation and collected with it.
+# The hooks are module-level functions of the primitive, which find its record on it (a standard
+# lock's, semaphore's, condition's: bound to it, or its class's in whole-program mode), or
+# closures over the record and the primitive only (a subclass's), and everything else they do is
+# a module-level function given those: a closure per helper over every local cost some twenty
+# objects, made at a primitive's creation and collected with it.
 
 
 def _note_hold(record: ResourceRecord, session: _session.Session) -> None:
@@ -718,15 +724,27 @@ async def _acquire_may_wait(
     return result
 
 
-def _std_lock_acquire(record: ResourceRecord, lock: Any) -> Callable[[], Any]:
-    """``acquire`` of a standard ``asyncio.Lock`` (or a condition's): its fast path in place."""
+#: the attribute that holds the record a standard lock's or semaphore's hooks record into (a
+#: condition's lock: the condition's), read with a default: None on the classes while their
+#: hooks are set on them (whole-program mode, see _hook_locks), absent otherwise.
+_LOCK_RECORD = "_asyncflow_lock"
 
-    async def acquire_hook() -> Any:
-        if lock._locked or lock._waiters:  # it may wait: Lock.acquire decides
-            return await _acquire_may_wait(record, lock, _std_lock_busy, _LOCK_ACQUIRE, lock)
-        lock._locked = True  # Lock.acquire's fast path
-        session = _session.active
-        if session is not None:
+
+async def _std_lock_acquire(self: asyncio.Lock) -> Literal[True]:
+    """``acquire`` of a standard ``asyncio.Lock`` (or a condition's): its fast path in place."""
+    if self._locked or self._waiters:  # type: ignore[attr-defined]  # it may wait
+        record: ResourceRecord | None = getattr(self, _LOCK_RECORD, None)
+        if record is None:
+            return await _LOCK_ACQUIRE(self)
+        result: Literal[True] = await _acquire_may_wait(
+            record, self, _std_lock_busy, _LOCK_ACQUIRE, self
+        )
+        return result
+    self._locked = True  # type: ignore[attr-defined]  # Lock.acquire's fast path
+    session = _session.active
+    if session is not None:
+        record = getattr(self, _LOCK_RECORD, None)
+        if record is not None:
             # _note_hold(record, session), written out: this runs on every `async with`
             try:
                 st = record.stats
@@ -736,109 +754,117 @@ def _std_lock_acquire(record: ResourceRecord, lock: Any) -> Callable[[], Any]:
                 slot[0] = now
             except Exception as err:  # observing never breaks the program
                 _broken("recording an acquisition", err)
-        return True
-
-    return acquire_hook
+    return True
 
 
-def _std_semaphore_acquire(record: ResourceRecord, lock: Any) -> Callable[[], Any]:
+async def _std_semaphore_acquire(self: asyncio.Semaphore) -> Literal[True]:
     """``acquire`` of a standard ``asyncio.Semaphore``: its fast path in place."""
-
-    async def acquire_hook() -> Any:
-        if lock._value == 0 or lock._waiters:  # it may wait: Semaphore.acquire decides
-            return await _acquire_may_wait(
-                record, lock, _std_semaphore_busy, _SEMAPHORE_ACQUIRE, lock
-            )
-        lock._value -= 1  # Semaphore.acquire's fast path
-        session = _session.active
-        if session is not None:
-            try:
-                _note_hold(record, session)
-            except Exception as err:
-                _broken("recording an acquisition", err)
-        return True
-
-    return acquire_hook
-
-
-def _std_lock_release(record: ResourceRecord, lock: Any) -> Callable[[], None]:
-    """``release`` of a standard ``asyncio.Lock`` (or a condition's), in place."""
-
-    def release_hook() -> None:
-        if lock._locked:  # Lock.release
-            lock._locked = False
-            if lock._waiters:
-                lock._wake_up_first()
-        else:
-            _LOCK_RELEASE(lock)  # its RuntimeError, from its own frame
-        if _session.active is None:
-            return
-        # _note_release(record), written out for a lock: this runs on every `async with`
+    record: ResourceRecord | None = getattr(self, _LOCK_RECORD, None)
+    if record is None:  # (a subclass's locked() may differ: asyncio's own method decides)
+        return await _SEMAPHORE_ACQUIRE(self)
+    if self._value == 0 or self._waiters:  # it may wait
+        result: Literal[True] = await _acquire_may_wait(
+            record, self, _std_semaphore_busy, _SEMAPHORE_ACQUIRE, self
+        )
+        return result
+    self._value -= 1  # Semaphore.acquire's fast path
+    session = _session.active
+    if session is not None:
         try:
-            slot = record.slot
-            since = slot[0]
-            if since is None:
-                _unmatched(record.stats)
-                return
-            call = slot[1]
-            slot[0] = slot[1] = None
-            st = record.stats
-            st.hold_count = count = st.hold_count + 1
-            if count >= st.next_hold and since > 0:
-                _sample_hold(st, since, call)
+            _note_hold(record, session)
         except Exception as err:
-            _broken("recording a release", err)
+            _broken("recording an acquisition", err)
+    return True
 
-    return release_hook
+
+def _std_lock_release(self: asyncio.Lock) -> None:
+    """``release`` of a standard ``asyncio.Lock`` (or a condition's), in place."""
+    if self._locked:  # type: ignore[attr-defined]  # Lock.release
+        self._locked = False  # type: ignore[attr-defined]
+        if self._waiters:
+            self._wake_up_first()  # type: ignore[attr-defined]
+    else:
+        _LOCK_RELEASE(self)  # its RuntimeError, from its own frame
+    if _session.active is None:
+        return
+    record: ResourceRecord | None = getattr(self, _LOCK_RECORD, None)
+    if record is None:
+        return
+    # _note_release(record), written out for a lock: this runs on every `async with`
+    try:
+        slot = record.slot
+        since = slot[0]
+        if since is None:
+            _unmatched(record.stats)
+            return
+        call = slot[1]
+        slot[0] = slot[1] = None
+        st = record.stats
+        st.hold_count = count = st.hold_count + 1
+        if count >= st.next_hold and since > 0:
+            _sample_hold(st, since, call)
+    except Exception as err:
+        _broken("recording a release", err)
 
 
-def _std_semaphore_release(record: ResourceRecord, lock: Any) -> Callable[[], None]:
+def _std_semaphore_release(self: asyncio.Semaphore) -> None:
     """``release`` of a standard ``asyncio.Semaphore``, in place."""
-
-    def release_hook() -> None:
-        lock._value += 1  # Semaphore.release
-        if lock._waiters:
-            lock._wake_up_next()
-        if _session.active is not None:
+    self._value += 1  # Semaphore.release
+    if self._waiters:
+        self._wake_up_next()
+    if _session.active is not None:
+        record: ResourceRecord | None = getattr(self, _LOCK_RECORD, None)
+        if record is not None:
             try:
                 _note_release(record)
             except Exception as err:
                 _broken("recording a release", err)
 
-    return release_hook
+
+_STD_ACQUIRE: dict[int, Callable[..., Any]] = {
+    _STD_LOCK: _std_lock_acquire,
+    _STD_SEMAPHORE: _std_semaphore_acquire,
+}
+_STD_RELEASE: dict[int, Callable[..., Any]] = {
+    _STD_LOCK: _std_lock_release,
+    _STD_SEMAPHORE: _std_semaphore_release,
+}
 
 
 def _lock_hooks(
     record: ResourceRecord, lock: Any, acquire: Callable[[], Any], release: Callable[[], None]
-) -> tuple[Callable[[], Any], Callable[[], None]]:
+) -> tuple[Callable[[], Any] | None, Callable[[], None] | None]:
     """``acquire``/``release`` for a lock, semaphore or condition whose lock is ``lock``: the
     standard classes' fast paths in place (see _INLINE), anything else through the primitive's
-    own methods."""
+    own methods.
+
+    A standard lock or semaphore (or a condition's) records through the module's functions,
+    which find the record on ``lock``: bound to it here, or, while their class has them
+    (whole-program mode), through the class: then no hook is made (None), and the primitive
+    holds no method of its own that holds it, so that its last reference frees it.
+    """
     quick_acquire = _inline_acquire(lock, acquire)
-    if quick_acquire == _STD_LOCK:
-        acquire_hook = _std_lock_acquire(record, lock)
-    elif quick_acquire == _STD_SEMAPHORE:
-        acquire_hook = _std_semaphore_acquire(record, lock)
-    else:
-        busy = _lock_busy(lock)
-
-        async def acquire_hook() -> Any:
-            return await _acquire_may_wait(record, lock, busy, acquire)
-
     quick_release = _inline_release(lock, release)
-    if quick_release == _STD_LOCK:
-        release_hook = _std_lock_release(record, lock)
-    elif quick_release == _STD_SEMAPHORE:
-        release_hook = _std_semaphore_release(record, lock)
-    else:
+    if quick_acquire == quick_release != _GENERIC and (
+        getattr(lock, _LOCK_RECORD, None) in (None, record)
+    ):
+        object.__setattr__(lock, _LOCK_RECORD, record)
+        std_acquire, std_release = _STD_ACQUIRE[quick_acquire], _STD_RELEASE[quick_release]
+        if _bound(acquire, std_acquire, lock) and _bound(release, std_release, lock):
+            return None, None  # the class's own (whole-program mode)
+        return types.MethodType(std_acquire, lock), types.MethodType(std_release, lock)
+    busy = _lock_busy(lock)
 
-        def release_hook() -> None:
-            release()  # first: one that raises (not acquired, too many times) releases nothing
-            if _session.active is not None:
-                try:
-                    _note_release(record)
-                except Exception as err:
-                    _broken("recording a release", err)
+    async def acquire_hook() -> Any:
+        return await _acquire_may_wait(record, lock, busy, acquire)
+
+    def release_hook() -> None:
+        release()  # first: one that raises (not acquired, too many times) releases nothing
+        if _session.active is not None:
+            try:
+                _note_release(record)
+            except Exception as err:
+                _broken("recording a release", err)
 
     return acquire_hook, release_hook
 
@@ -1024,53 +1050,98 @@ def _set_hooks(obj: Any, hooks: dict[str, Any]) -> None:
         setattr_(obj, name, hook)
 
 
+def _condition_hooks(obj: Any, record: ResourceRecord) -> None:
+    """``wait``, ``notify`` and ``notify_all`` of a condition whose class is not asyncio's own
+    (or where _INLINE is off): closures around its own methods."""
+    in_all = [False]  # 3.11's notify_all() calls self.notify(): count it once
+
+    def notify_all_hook() -> None:
+        in_all[0] = True
+        try:
+            notify_all()
+        finally:
+            in_all[0] = False
+        if _session.active is not None:
+            _count_signal(record, "notify_all", "notifies")
+
+    def notify_hook(n: int = 1) -> None:
+        notify(n)
+        if _session.active is not None and not in_all[0]:
+            _count_signal(record, "notify", "notifies")
+
+    notify, notify_all = obj.notify, obj.notify_all
+    _set_hooks(
+        obj,
+        {
+            "wait": _timed_wait_hook(record, obj.wait, None),
+            "notify": notify_hook,
+            "notify_all": notify_all_hook,
+        },
+    )
+
+
+async def _std_condition_wait(self: asyncio.Condition) -> Literal[True]:
+    """``wait`` of an ``asyncio.Condition``: timed in full."""
+    record: ResourceRecord | None = getattr(self, _LOCK_RECORD, None)
+    if record is None:
+        return await _CONDITION_WAIT(self)
+    result: Literal[True] = await _timed_wait(record, None, None, _CONDITION_WAIT, self)
+    return result
+
+
+def _std_condition_notify(self: asyncio.Condition, n: int = 1) -> None:
+    """``notify`` of an ``asyncio.Condition``: counted and logged."""
+    _CONDITION_NOTIFY(self, n)
+    record: ResourceRecord | None = getattr(self, _LOCK_RECORD, None)
+    if record is not None and _session.active is not None:
+        _count_signal(record, "notify", "notifies")
+
+
+def _std_condition_notify_all(self: asyncio.Condition) -> None:
+    """``notify_all`` of an ``asyncio.Condition``: counted and logged once."""
+    record: ResourceRecord | None = getattr(self, _LOCK_RECORD, None)
+    if record is None:
+        return _CONDITION_NOTIFY_ALL(self)
+    # notify_all's own line (3.11 to 3.13), not through self.notify, which would count it again
+    _CONDITION_NOTIFY(self, len(self._waiters))
+    if _session.active is not None:
+        _count_signal(record, "notify_all", "notifies")
+    return None
+
+
+_STD_CONDITION: dict[str, Callable[..., Any]] = {
+    "wait": _std_condition_wait,
+    "notify": _std_condition_notify,
+    "notify_all": _std_condition_notify_all,
+}
+
+
+def _bound_condition_hooks(obj: Any) -> dict[str, Any]:
+    return {name: types.MethodType(func, obj) for name, func in _STD_CONDITION.items()}
+
+
 def _instrument_asyncio(obj: Any, record: ResourceRecord) -> None:
     """Install the per-instance hooks of an asyncio primitive (under _instrument_lock)."""
     primitive = record.primitive
     if primitive in (LOCK, SEMAPHORE):
         acquire, release = _lock_hooks(record, obj, obj.acquire, obj.release)
-        _set_hooks(obj, {"acquire": acquire, "release": release})
+        if acquire is not None and release is not None:
+            _set_hooks(obj, {"acquire": acquire, "release": release})
     elif primitive == CONDITION:
         inner = obj._lock
         acquire, release = _lock_hooks(record, inner, obj.acquire, obj.release)
-        in_all = [False]  # 3.11's notify_all() calls self.notify(): count it once
-
-        def notify_all_hook() -> None:
-            in_all[0] = True
-            try:
-                notify_all()
-            finally:
-                in_all[0] = False
-            if _session.active is not None:
-                try:
-                    record.stats.notifies += 1
-                    _signalled(record, "notify_all")
-                except Exception as err:
-                    _broken("recording a notify", err)
-
-        def notify_hook(n: int = 1) -> None:
-            notify(n)
-            if _session.active is not None and not in_all[0]:
-                try:
-                    record.stats.notifies += 1
-                    _signalled(record, "notify")
-                except Exception as err:
-                    _broken("recording a notify", err)
-
-        notify, notify_all = obj.notify, obj.notify_all
-        _set_hooks(
-            obj,
-            {
-                "acquire": acquire,
-                "release": release,
-                "wait": _timed_wait_hook(record, obj.wait, None),
-                "notify": notify_hook,
-                "notify_all": notify_all_hook,
-            },
-        )
+        if acquire is not None and release is not None:
+            _set_hooks(obj, {"acquire": acquire, "release": release})
         if getattr(inner, _MARK, None) is None and isinstance(inner, asyncio.Lock):
             # the await chain of a task waiting for the condition's lock names the condition
             object.__setattr__(inner, _MARK, record)
+        if _INLINE and type(obj) is asyncio.Condition:
+            object.__setattr__(obj, _LOCK_RECORD, record)
+            if vars(asyncio.Condition).get("wait") is not _std_condition_wait:
+                _set_hooks(obj, _bound_condition_hooks(obj))
+            # else the class's own (whole-program mode)
+        else:
+            _condition_hooks(obj, record)
     elif primitive == EVENT:
         if type(obj) is asyncio.Event and asyncio.Event.__dict__.get(_EVENT_RECORD, 0) is None:
             # whole-program mode: the class's hooks record for it (see _hook_events)
@@ -1187,6 +1258,71 @@ def _unhook_events() -> None:
             object.__delattr__(event, _EVENT_RECORD)  # (never through vars(): see _set_hooks)
             _instance_event_hooks(event, record)
     _class_hooked.clear()
+
+
+# In whole-program mode asyncio's Lock, Semaphore and Condition record through the module's
+# functions above, set on their classes, as asyncio.Event does: per-instance hooks held the
+# primitive, which held them, and every lock made per request (httpcore's, uvicorn's) was garbage
+# for the cyclic collector. An instrumented one keeps its record under _LOCK_RECORD; one that is
+# not pays one attribute read (the class's None) when it is acquired or released.
+
+#: (class, method name, asyncio's own, the hook)
+_CLASS_LOCK_HOOKS: tuple[tuple[type[Any], str, Any, Any], ...] = (
+    (asyncio.Lock, "acquire", _LOCK_ACQUIRE, _std_lock_acquire),
+    (asyncio.Lock, "release", _LOCK_RELEASE, _std_lock_release),
+    (asyncio.Semaphore, "acquire", _SEMAPHORE_ACQUIRE, _std_semaphore_acquire),
+    (asyncio.Semaphore, "release", _SEMAPHORE_RELEASE, _std_semaphore_release),
+    (asyncio.Condition, "wait", _CONDITION_WAIT, _std_condition_wait),
+    (asyncio.Condition, "notify", _CONDITION_NOTIFY, _std_condition_notify),
+    (asyncio.Condition, "notify_all", _CONDITION_NOTIFY_ALL, _std_condition_notify_all),
+)
+
+
+for _cls, _method, _own, _std in _CLASS_LOCK_HOOKS:  # as asyncio's own, to a reader
+    _std.__name__, _std.__qualname__ = _method, f"{_cls.__name__}.{_method}"
+    _std.__doc__ = _own.__doc__
+    _std.__wrapped__ = _own  # the await-chain walk reads it
+
+
+def _hook_locks() -> bool:
+    """Set the class-level hooks on asyncio's Lock, Semaphore and Condition (whole-program mode
+    begins); False where their methods are not the ones read here (per-instance hooks then)."""
+    if not _INLINE or any(
+        vars(cls).get(name) is not own for cls, name, own, _ in _CLASS_LOCK_HOOKS
+    ):
+        return False
+    for cls, name, _, hook in _CLASS_LOCK_HOOKS:
+        setattr(cls, name, hook)
+    for cls in (asyncio.Lock, asyncio.Semaphore, asyncio.Condition):
+        setattr(cls, _LOCK_RECORD, None)
+    return True
+
+
+def _unhook_locks() -> None:
+    """asyncio's own methods again (the mode ends); the primitives instrumented meanwhile keep
+    recording, through the same functions bound to each (under _instrument_lock)."""
+    for cls, name, own, _ in _CLASS_LOCK_HOOKS:
+        setattr(cls, name, own)
+    for cls in (asyncio.Lock, asyncio.Semaphore, asyncio.Condition):
+        delattr(cls, _LOCK_RECORD)
+    with _lock:
+        records = list(_registry.values())
+    for record in records:
+        obj = record.target()
+        if obj is None or getattr(obj, _LOCK_RECORD, None) is not record:
+            continue
+        if record.primitive == CONDITION:
+            if _bound(obj.wait, _CONDITION_WAIT, obj):  # the class's, until now
+                _set_hooks(obj, _bound_condition_hooks(obj))
+            continue  # (its acquire and release are its lock's, bound when it was made)
+        for name, std in (("acquire", _STD_ACQUIRE), ("release", _STD_RELEASE)):
+            method = getattr(obj, name)
+            own = _LOCK_ACQUIRE if name == "acquire" else _LOCK_RELEASE
+            if record.primitive == SEMAPHORE:
+                own = _SEMAPHORE_ACQUIRE if name == "acquire" else _SEMAPHORE_RELEASE
+            if _bound(method, own, obj):  # the class's, until now
+                kind = _STD_SEMAPHORE if record.primitive == SEMAPHORE else _STD_LOCK
+                object.__setattr__(obj, name, types.MethodType(std[kind], obj))
 
 
 def _asyncio_primitive(obj: Any) -> tuple[str, float | None, float | None] | None:
@@ -1669,6 +1805,7 @@ def _hook_primitives() -> dict[type[Any], Any]:
         originals[cls] = cls.__dict__.get("__init__")
         cls.__init__ = _init_hook(cls.__init__, _asyncio_primitive)  # type: ignore[method-assign]
     _hook_events()
+    _hook_locks()
     classes = _anyio_classes()
     if classes:
         try:
@@ -1684,6 +1821,8 @@ def _hook_primitives() -> dict[type[Any], Any]:
 def _unhook_primitives(originals: dict[type[Any], Any]) -> None:
     if asyncio.Event.__dict__.get(_EVENT_RECORD, 0) is None:
         _unhook_events()
+    if asyncio.Lock.__dict__.get(_LOCK_RECORD, 0) is None:
+        _unhook_locks()
     for cls, init in originals.items():
         if init is None:  # it had none of its own: inherited again
             del cls.__init__

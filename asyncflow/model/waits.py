@@ -179,8 +179,11 @@ def _self_of(owner: Any, code: CodeType) -> Any:
     name = code.co_name
     for obj in _all_held(owner):
         for cls in type(obj).__mro__:
-            if getattr(cls.__dict__.get(name), "__code__", None) is code:
-                return obj
+            method = cls.__dict__.get(name)
+            # (asyncflow's class-level hooks, whole-program mode: asyncio's own is __wrapped__)
+            for func in (method, getattr(method, "__wrapped__", None)):
+                if getattr(func, "__code__", None) is code:
+                    return obj
     return None
 
 

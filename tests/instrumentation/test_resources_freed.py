@@ -98,3 +98,58 @@ async def test_an_event_subclass_made_in_whole_program_mode_works_after_it_ends(
         record = resources.resource_of(event)
         assert record is not None
         assert (record.stats.sets, record.stats.clears, record.stats.wait_count) == (1, 1, 1)
+
+
+async def _use_lock(lock: Any) -> None:
+    """Take the lock, once while another task waits for it (a timed wait and hold), then once
+    alone; a condition is notified too."""
+    async with anyio.create_task_group() as tg:
+        await lock.acquire()
+        tg.start_soon(lock.acquire)
+        await asyncio.sleep(0)
+        lock.release()
+    lock.release()
+    async with lock:
+        if isinstance(lock, asyncio.Condition):
+            lock.notify_all()
+
+
+_LOCKS: list[Callable[[], Any]] = [
+    asyncio.Lock,
+    lambda: asyncio.Semaphore(1),
+    asyncio.Condition,
+]
+
+
+@pytest.mark.parametrize("make", _LOCKS, ids=["lock", "semaphore", "condition"])
+async def test_a_lock_made_per_request_is_freed_by_its_last_reference(
+    make: Callable[[], Any], no_cyclic_collector: None
+) -> None:
+    with asyncflow.profile("freed", format="none", port=None), asyncflow.instrument_locks():
+        lock = make()
+        await _use_lock(lock)
+        record = resources.resource_of(lock)
+        assert record is not None
+        assert (resources.acquisitions(record), resources.releases(record)) == (3, 3)
+        assert (record.stats.contended, record.stats.wait_count) == (1, 1)
+        refs = [weakref.ref(lock)]
+        del lock
+        assert [ref() for ref in refs] == [None]
+
+
+@pytest.mark.parametrize("make", _LOCKS, ids=["lock", "semaphore", "condition"])
+async def test_a_lock_keeps_recording_after_whole_program_mode_ends(
+    make: Callable[[], Any],
+) -> None:
+    with asyncflow.profile("freed", format="none", port=None):
+        with asyncflow.instrument_locks():
+            lock = make()
+        assert asyncio.Lock.acquire is resources._LOCK_ACQUIRE
+        assert asyncio.Semaphore.acquire is resources._SEMAPHORE_ACQUIRE
+        await _use_lock(lock)
+        record = resources.resource_of(lock)
+        assert record is not None
+        assert (resources.acquisitions(record), resources.releases(record)) == (3, 3)
+        assert (record.stats.contended, record.stats.wait_count) == (1, 1)
+        if isinstance(lock, asyncio.Condition):
+            assert record.stats.notifies == 1
