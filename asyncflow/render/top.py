@@ -657,6 +657,22 @@ def _releaser(edge: GraphEdge, short: bool = False) -> str:
     return text + (f" (took it at {where[0]})" if where else "")
 
 
+def _releasers(edges: Iterable[GraphEdge], short: bool = False) -> tuple[str, ...]:
+    """Who can release a wait: each holder with how long and where it took it, then a queue's
+    producers or consumers in one phrase, each task once (``drained by Task-4, Task-5``)."""
+    holders: list[str] = []
+    others: dict[str, list[str]] = {}
+    for e in edges:
+        if e.relation == "held_by":
+            holders.append(_releaser(e, short))
+            continue
+        names = others.setdefault(_RELEASES.get(e.relation, e.relation), [])
+        name = e.target.removeprefix("task:")
+        if name not in names:
+            names.append(name)
+    return (*holders, *(f"{how} {', '.join(names)}" for how, names in others.items()))
+
+
 def _cycle_members(graph: GraphDocument | None) -> dict[str, int]:
     """Node id -> the number of the first deadlock it is in."""
     members: dict[str, int] = {}
@@ -700,8 +716,8 @@ def _waiters(document: WaitGraph) -> list[Waiter]:
         else:
             target = edges[0].target
             waits_on = _node_text(nodes.get(target), target)
-            releasers = tuple(_releaser(e) for e in out.get(target, []))
-            short = tuple(_releaser(e, short=True) for e in out.get(target, []))
+            releasers = _releasers(out.get(target, []))
+            short = _releasers(out.get(target, []), short=True)
         entry = tasks.get(node.label)
         children = tuple(t.name for t in tree.get(node.label, [])) if entry else ()
         cycle = cycles.get(node.id)

@@ -220,3 +220,29 @@ def test_the_task_tree_stays_within_its_lines() -> None:
     assert lines[0] == "task tree (parent → children), 5,000 tasks, the first 300 read:"
     assert lines[-1] == f"… and {5000 - top.TREE_LINES:,} more"
     assert lines[2] == "└─ T1 step · scheduled"
+
+
+def test_a_queues_consumers_are_named_once() -> None:
+    """A full queue's consumers are one phrase, each task once, however many edges name it."""
+    put = "channel:1:put"
+    graph = schema.GraphDocument(
+        schema.SCHEMA,
+        True,
+        [
+            schema.GraphNode("task:P", "task", "P", "waiting", "produce"),
+            schema.GraphNode(put, "queue_put", "jobs"),
+            schema.GraphNode("task:C1", "task", "C1", "running", "consume"),
+            schema.GraphNode("task:C2", "task", "C2", "running", "consume"),
+        ],
+        [
+            schema.GraphEdge("task:P", put, "waits"),
+            schema.GraphEdge(put, "task:C1", "received_by"),
+            schema.GraphEdge(put, "task:C1", "received_by"),
+            schema.GraphEdge(put, "task:C2", "received_by"),
+        ],
+        [],
+    )
+    tasks = schema.TasksDocument(schema.SCHEMA, 0, True, [], [])
+    (waiter,) = top._waiters(top.WaitGraph(graph, tasks))
+    assert waiter.waits_on == "put into queue jobs"
+    assert waiter.releasers == waiter.short == ("drained by C1, C2",)

@@ -529,14 +529,14 @@ def test_the_page_shows_a_deadlock_the_waits_and_the_task_tree(tmp_path: Path) -
     (body,) = [e for e in now if e.tag == "body"]
     assert body.attrs["data-state"] == "ready", body.content[:500]
     sections = [e.attrs["id"] for e in now if e.tag == "section"]
-    assert sections.index("warnings") < sections.index("waits") < sections.index("futures")
+    assert sections.index("flow") < sections.index("waits") < sections.index("futures")
 
     # the deadlock, highlighted and in words: both tasks, both vaults, who holds each
     (deadlock,) = [e for e in now if e.tag == "li" and "data-cycle" in e.attrs]
     assert deadlock.attrs["data-cycle"] == "1"
     assert sorted(deadlock.attrs["data-tasks"].split()) == ["payee", "payer"]
     said = deadlock.content
-    assert said.startswith("⟳1 deadlock")
+    assert said.startswith("⟳1 deadlock:")
     assert len(set(re.findall(r"lock vault #\d+", said))) == 2, said
     assert "held by payer" in said and "held by payee" in said
 
