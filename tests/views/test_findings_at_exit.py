@@ -1,5 +1,5 @@
 """Findings the collector evaluates over the run by itself: each planted program (one problem
-each, under ``tests/views/planted``) runs under a plain ``asyncflow run`` with nobody polling,
+each, in ``examples/stuck``) runs under a plain ``asyncflow run`` with nobody polling,
 and its exit report names the problem, with when it first and last held."""
 
 from __future__ import annotations
@@ -11,13 +11,13 @@ import orjson
 
 from asyncflow import config
 from asyncflow.views import lints
-from tests.support.commands import asyncflow_cmd
+from tests.support.commands import EXAMPLES, asyncflow_cmd
 
-PLANTED = Path(__file__).parent / "planted"
+PLANTED = EXAMPLES / "stuck"
 
 
 def _exit_warnings(tmp_path: Path, program: str) -> dict[str, dict[str, Any]]:
-    """The exit report's warnings of ``asyncflow run planted/PROGRAM.py``, by kind."""
+    """The exit report's warnings of ``asyncflow run examples/stuck/PROGRAM.py``, by kind."""
     report = tmp_path / "report.json"
     done = asyncflow_cmd(
         "run", "--port", "off", "--format", "json", "--output", str(report),
