@@ -29,6 +29,7 @@ import inspect
 import sys
 import threading
 import types
+import weakref
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -49,8 +50,9 @@ CACHED = 4096
 
 Patch = tuple[Any, str, Any]
 
-#: (id of the route, method) -> its future, checked against the route (an id is reused)
-_cache: dict[tuple[int, str], futures.FutureRecord] = {}
+#: (id of the route, method) -> (a weak reference to the route, its future for that method):
+#: checked against the route (an id is reused); never keyed by a method the client made up
+_cache: dict[tuple[int, str], tuple[Any, futures.FutureRecord]] = {}
 _get_ident = threading.get_ident
 _get_running_loop = asyncio.events._get_running_loop
 
@@ -58,12 +60,9 @@ _get_running_loop = asyncio.events._get_running_loop
 def _future(
     route: object, method: str, path: str, code: types.CodeType, module: str
 ) -> futures.FutureRecord:
-    """The future of ``route`` (for ``method``): a dict lookup, once it exists."""
-    record = _cache.get((id(route), method))
-    if record is not None and record.owner is not None and record.owner() is route:
-        return record
+    """The future of ``route`` for ``method`` (made, or found in the registry)."""
     label = f"{method} {path}" if method else path
-    record = futures._future_for(
+    return futures._future_for(
         route,
         label,
         ROUTE,
@@ -76,14 +75,19 @@ def _future(
             ROUTE,
         ),
     )
+
+
+def _remember(route: object, method: str, record: futures.FutureRecord) -> None:
+    """Find ``record`` for ``route`` and ``method`` with a dict lookup from now on."""
+    owner = record.owner
+    ref = owner if owner is not None and owner() is route else weakref.ref(route)
     if len(_cache) >= CACHED:
-        for key, known in list(_cache.items()):
-            if known.owner is None or known.owner() is None:
+        for key, (known, _) in list(_cache.items()):
+            if known() is None:
                 del _cache[key]
         if len(_cache) >= CACHED:
             _cache.clear()
-    _cache[(id(route), method)] = record
-    return record
+    _cache[(id(route), method)] = (ref, record)
 
 
 def _fresh_task_call() -> Any:
@@ -111,8 +115,8 @@ def _move(call: Any, record: futures.FutureRecord) -> None:
 def _route(record: futures.FutureRecord, coro: Any) -> Any:
     """``coro``, the handling of a request routed to ``record``: the request's task's call moves
     there, or ``coro`` is a call of its own, where the task was not made for the request."""
-    call = _fresh_task_call()
-    if call is not None:
+    _, call = futures.running_on_thread(_get_ident())  # (_fresh_task_call, inline)
+    if call is not None and not call.polls and call.future.tracked_by == "task":
         _move(call, record)
         return coro
     if not _tracked_loop():
@@ -163,21 +167,27 @@ class _Unmatched:
     """The one future of a framework's requests that no route matched, made where it is first
     needed (labelled with the framework's own function that answers them)."""
 
-    __slots__ = ("code", "module", "owner")
+    __slots__ = ("code", "module", "owner", "record")
 
     def __init__(self, owner: type, module: str, code: types.CodeType | None = None) -> None:
         self.owner = owner
         self.module = module
         self.code = code
+        #: the future, once made (its owner is a class of this module's: it never goes)
+        self.record: futures.FutureRecord | None = None
 
     def future(self, code: types.CodeType) -> futures.FutureRecord:
-        return _future(self.owner, "", UNMATCHED, self.code or code, self.module)
+        record = self.record
+        if record is None:
+            record = _future(self.owner, "", UNMATCHED, self.code or code, self.module)
+            self.record = record
+        return record
 
 
 def _starlette_handle(
     original: Callable[..., Coroutine[Any, Any, None]], websocket: bool, unmatched: _Unmatched
 ) -> Callable[..., Any]:
-    code, module = original.__code__, unmatched.module
+    code = original.__code__
 
     @functools.wraps(original)
     def handle(self: Any, scope: Any, receive: Any, send: Any) -> Any:
@@ -185,21 +195,31 @@ def _starlette_handle(
         if _session.active is None:
             return coro
         try:
-            if websocket:
-                method = "WEBSOCKET"
-            else:
-                method = scope["method"]
-                methods = self.methods
-                if methods and method not in methods:
-                    return _route(unmatched.future(code), coro)  # a 405
-                if method not in METHODS:
-                    method = "OTHER"
-            return _route(_future(self, method, self.path, code, module), coro)
+            method = "WEBSOCKET" if websocket else scope["method"]
+            known = _cache.get((id(self), method))
+            if known is not None and known[0]() is self:
+                return _route(known[1], coro)
+            return _route(_starlette_future(self, method, websocket, code, unmatched), coro)
         except Exception as err:  # observing never breaks the program: it runs as it would
             _session.internal_error("labelling a Starlette request by its route", err)
             return coro
 
     return _coroutine_function(handle)
+
+
+def _starlette_future(
+    route: Any, method: str, websocket: bool, code: types.CodeType, unmatched: _Unmatched
+) -> futures.FutureRecord:
+    """The future of a Starlette request for ``route`` by ``method``, found once."""
+    if not websocket and route.methods and method not in route.methods:
+        record = unmatched.future(code)  # a 405
+    elif websocket or method in METHODS:
+        record = _future(route, method, route.path, code, unmatched.module)
+    else:  # a method of the client's own: never a key of the cache
+        return _future(route, "OTHER", route.path, code, unmatched.module)
+    if websocket or method in METHODS:
+        _remember(route, method, record)
+    return record
 
 
 def _starlette_not_found(
@@ -276,14 +296,11 @@ def _aiohttp_freeze(
             return
         try:
             route = self.route
-            resource = getattr(route, "resource", None)
-            path = getattr(resource, "canonical", None)
-            if (system is not None and isinstance(route, system)) or not isinstance(path, str):
-                record = holder.future(code)
+            known = _cache.get((id(route), ""))
+            if known is not None and known[0]() is route:
+                record = known[1]
             else:
-                method = route.method
-                method = method if method in METHODS or method == "*" else "OTHER"
-                record = _future(route, method, path, holder.code or code, holder.module)
+                record = _aiohttp_future(route, system, holder, code)
             here = futures.running_call_here()
             if here is not None and here.polls == 0 and here.future is holder.future(code):
                 _move(here, record)  # the call _handle() made for the request
@@ -295,3 +312,18 @@ def _aiohttp_freeze(
             _session.internal_error("labelling an aiohttp request by its route", err)
 
     return freeze
+
+
+def _aiohttp_future(
+    route: Any, system: Any, holder: _Unmatched, code: types.CodeType
+) -> futures.FutureRecord:
+    """The future of an aiohttp route, found once (a route has one method: ``*`` for any)."""
+    resource = getattr(route, "resource", None)
+    path = getattr(resource, "canonical", None)
+    if (system is not None and isinstance(route, system)) or not isinstance(path, str):
+        return holder.future(code)  # (a system route is made for each unmatched request)
+    method = route.method
+    method = method if method in METHODS or method == "*" else "OTHER"
+    record = _future(route, method, path, holder.code or code, holder.module)
+    _remember(route, "", record)
+    return record
