@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
+
 import asyncflow
 from asyncflow.clock import FakeClock
 from asyncflow.instrumentation import futures
@@ -173,3 +175,28 @@ async def test_a_call_soon_the_program_set_meanwhile_stays() -> None:
         assert asyncio.BaseEventLoop.__dict__["call_soon"] is programs
     finally:
         setattr(asyncio.BaseEventLoop, "call_soon", original)  # noqa: B010
+
+
+def test_uvloop_schedules_with_its_own_call_soon() -> None:
+    """uvloop's loop has a call_soon of its own, which asyncflow does not replace: its tasks'
+    scheduled time stays 0, as the docs say, and nothing else changes."""
+    uvloop = pytest.importorskip("uvloop")
+
+    async def main() -> FutureEntry:
+        go = asyncio.Event()
+
+        @asyncflow.future(name="sched_uvloop")
+        async def waiter() -> int:
+            await go.wait()
+            return 3
+
+        with asyncflow.profile("sched", format="none") as prof:
+            task = asyncio.create_task(waiter())
+            await asyncio.sleep(0)
+            go.set()
+            assert await task == 3
+            return _future(prof.snapshot(), "sched_uvloop")
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        entry = runner.run(main())
+    assert (entry.total_polls, entry.scheduled_ns, entry.scheduled_polls) == (2, 0, 0)
