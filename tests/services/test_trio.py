@@ -298,13 +298,14 @@ def test_a_blocked_trio_loop_is_found_and_its_line_named(tmp_path: Path, script:
     assert episode["call"]["label"] == "blocker", episode
     lines = [(Path(b["file"]).name, b["line"]) for b in entry["blocking_lines"]]
     assert lines[0] == ("prog.py", line), entry["blocking_lines"]
+    # (a finding the collector saw while the block lasted, "blocked now", is kept as earlier)
     blocked = [w for w in report["warnings"] if w["kind"] == "loop-blocked"]
-    assert len(blocked) == 1, blocked
+    assert blocked and all(f"prog.py:{line}" in w["message"] for w in blocked), blocked
     where = blocked[0]["subject"]["location"]
     assert (Path(where["file"]).name, where["line"]) == ("prog.py", line), blocked
     # the advice is trio's, not asyncio's
-    assert "trio.to_thread.run_sync" in blocked[0]["hint"], blocked
-    assert "asyncio" not in blocked[0]["hint"], blocked
+    assert all("trio.to_thread.run_sync" in w["hint"] for w in blocked), blocked
+    assert not any("asyncio" in w["hint"] for w in blocked), blocked
     assert report["status"]["not_profiled"] == []
 
 
@@ -452,6 +453,5 @@ def test_the_trio_example_names_its_blocking_line(tmp_path: Path) -> None:
     done = asyncflow_cmd("run", str(EXAMPLES / "trio_service.py"), cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert done.stdout == "served 21 requests\n"
-    assert "warnings (1)" in done.stderr, done.stderr
     assert "`handle` blocked the event loop once at trio_service.py:15" in done.stderr
     assert "loop 1 lost" in done.stderr and "trio_service.py:15 (legacy_lookup)" in done.stderr
