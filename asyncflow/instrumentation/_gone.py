@@ -15,6 +15,7 @@ edges, the logs), how an aggregate is made, what a record must let go of when it
 
 from __future__ import annotations
 
+import operator
 import threading
 import weakref
 from collections import deque
@@ -77,7 +78,7 @@ class Fold:
             own ``merge`` adds (edges, logs).
     """
 
-    __slots__ = ("histogram", "left", "maximum", "summed")
+    __slots__ = ("_read", "histogram", "left", "maximum", "summed")
 
     def __init__(
         self,
@@ -106,14 +107,22 @@ class Fold:
                 )
             summed.append(name)
         self.summed = tuple(summed)
+        #: the summed fields' values, as a tuple, in one call
+        self._read: Callable[[Any], tuple[Any, ...]] = (
+            operator.attrgetter(*summed)
+            if len(summed) > 1
+            else lambda obj: tuple(getattr(obj, name) for name in summed)
+        )
         self.maximum = maximum
         self.histogram = histogram
         self.left = left
 
     def __call__(self, into: Any, other: Any) -> None:
         """Add the figures of ``other`` to ``into`` (an aggregate's)."""
-        for name in self.summed:
-            setattr(into, name, getattr(into, name) + getattr(other, name))
+        # (read at once; most of a short-lived object's counters are 0, and add nothing)
+        for name, theirs in zip(self.summed, self._read(other), strict=True):
+            if theirs:
+                setattr(into, name, getattr(into, name) + theirs)
         for name in self.maximum:
             theirs = getattr(other, name)
             if theirs > getattr(into, name):
