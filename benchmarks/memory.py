@@ -21,9 +21,23 @@ For each case it prints the growth of the process's resident memory (RSS) and of
 heap (tracemalloc, in a second process: tracing inflates RSS), per object made, and what the
 endpoint then costs: ``GET /snapshot`` (size, time) and ``GET /futures?limit=10`` (time).
 
-    python benchmarks/memory.py                   # every case, N = 10,000
+Four more cases are read as their count grows, on one event loop: the growth of RSS and heap
+at each quarter of the count, which stays flat once the profiler's bounds are full, and what
+it keeps at the end:
+
+    own-calls   1,000,000 calls of three coroutine functions of the program's own code (compiled
+                as ``asyncflow run``'s import hook compiles them: each ``async def`` tracked)
+    own-defs    10,000 modules of own code, each with one coroutine function of its own name,
+                called once and dropped
+    blocking    10,000 distinct lines that each block the loop 10 ms (block_threshold=0.02,
+                block_min=0.005: each counted on its line); 32 lines are kept per loop
+    children    200 short-lived child processes (multiprocessing, fork) that the program run
+                by ``asyncflow run`` starts one after another: the parent's memory
+
+    python benchmarks/memory.py                   # every case, N = 10,000 (and the counts above)
     python benchmarks/memory.py --objects 2000    # smaller
     python benchmarks/memory.py --case queues     # one case, one process, figures as JSON
+    python benchmarks/memory.py --growth          # only the four growth cases
 """
 
 from __future__ import annotations
@@ -31,13 +45,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import concurrent.futures
+import functools
 import gc
 import json
+import multiprocessing
 import os
 import subprocess
 import sys
 import time
 import tracemalloc
+import types
 import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any
@@ -45,6 +62,7 @@ from typing import Any
 import anyio
 
 import asyncflow
+from asyncflow.instrumentation import own_code
 
 CASES = (
     "exec",
@@ -179,6 +197,157 @@ _MAKE: dict[str, Callable[[int, str], Coroutine[Any, Any, None]]] = {
 }
 
 
+#: cases read as the count grows (their figures at each quarter of it): what the profiler
+#: keeps must be bounded by what is live, flat however many were made
+GROWTH_CASES = ("own-calls", "own-defs", "blocking", "children")
+#: what each growth case makes by default (``--objects`` sets it for all)
+GROWTH_COUNTS = {"own-calls": 1_000_000, "own-defs": 10_000, "blocking": 10_000, "children": 200}
+#: the growth cases' profiler options: blocks of 2 ms and more are summed on their lines
+GROWTH_OPTIONS: dict[str, dict[str, Any]] = {
+    # blocks of 10 ms, each counted on its line: the loop monitor, which looks every 2.5 ms at
+    # these settings, sees nearly all of them (at 3 ms and finer settings it saw few on a
+    # loaded machine)
+    "blocking": {"block_threshold": 0.02, "block_min": 0.005}
+}
+#: the warm-up of each growth case: what is made before the first reading
+GROWTH_WARM_UP = {"blocking": 40}
+#: the own-code module of ``own-calls``: a few functions, called again and again
+_OWN_SOURCE = """
+async def fetch(i):
+    return i
+
+async def parse(i):
+    return await fetch(i) + 1
+
+async def handle(i):
+    return await parse(i)
+"""
+
+
+def _own_module(source: str, name: str) -> dict[str, Any]:
+    """A module of the program's own code, compiled as ``asyncflow run`` compiles it."""
+    namespace: dict[str, Any] = {"__name__": name}
+    exec(own_code.compile_source(source, f"{name}.py"), namespace)
+    return namespace
+
+
+@functools.cache
+def _own_handle() -> Callable[[int], Awaitable[int]]:
+    handle: Callable[[int], Awaitable[int]] = _own_module(_OWN_SOURCE, "own_calls")["handle"]
+    return handle
+
+
+async def _own_calls(n: int, tag: str) -> None:
+    handle = _own_handle()
+    for i in range(n // 3):  # three calls each: handle, parse, fetch
+        await handle(i)
+
+
+async def _own_defs(n: int, tag: str) -> None:
+    for i in range(n):
+        namespace = _own_module(f"async def {tag}{i}(x):\n    return x\n", f"own_{tag}{i}")
+        await namespace[f"{tag}{i}"](i)
+        del namespace
+
+
+def _block() -> None:
+    time.sleep(0.01)  # blocks the loop 10 ms
+
+
+async def _blocking(n: int, tag: str) -> None:
+    for i in range(n):
+        # a line of its own: the same code moved to line 1 + i of this file, under a name of
+        # its own (a function compiled afresh each time kept some 70 B of Python's for good)
+        code = _block.__code__.replace(co_firstlineno=1 + i, co_name=f"{tag}{i}")
+        types.FunctionType(code, globals())()
+        await asyncio.sleep(0)
+
+
+async def _child_work() -> int:
+    await asyncio.sleep(0)
+    return 1
+
+
+def _child() -> None:
+    asyncio.run(_child_work())
+
+
+def _children_program(count: int, trace: bool) -> None:
+    """Under ``asyncflow run``: start ``count`` short-lived children, one after another, and
+    print this parent's growth at each quarter, as JSON."""
+    context = multiprocessing.get_context("fork")
+
+    def children(k: int) -> None:
+        for _ in range(k):
+            process = context.Process(target=_child)
+            process.start()
+            process.join()
+            assert process.exitcode == 0, process.exitcode
+
+    children(10)  # warm up
+    gc.collect()
+    if trace:
+        tracemalloc.start()
+    rss, heap = _rss_bytes(), tracemalloc.get_traced_memory()[0]
+    points: list[tuple[int, int]] = []
+    start = time.perf_counter()
+    for _ in range(4):
+        children(count // 4)
+        gc.collect()
+        points.append((_rss_bytes() - rss, tracemalloc.get_traced_memory()[0] - heap))
+    made_s = time.perf_counter() - start
+    print(json.dumps({"objects": count, "made_s": made_s, "points": points, "kept": None}))
+
+
+_GROWTH: dict[str, Callable[[int, str], Coroutine[Any, Any, None]]] = {
+    "own-calls": _own_calls,
+    "own-defs": _own_defs,
+    "blocking": _blocking,
+}
+
+
+def grow(case: str, count: int, trace: bool) -> dict[str, Any]:
+    """Run one growth case in this process, on one event loop: the growth of RSS and heap at
+    each quarter of ``count``, and what the profiler keeps of them at the end."""
+    make = _GROWTH[case]
+    points: list[tuple[int, int]] = []
+
+    async def measured(prof: asyncflow.Profiler) -> float:
+        # (the loop monitor watches the loops whose tasks are tracked)
+        with asyncflow.instrument_tasks():
+            await make(GROWTH_WARM_UP.get(case, WARM_UP), "w")
+            gc.collect()
+            prof.snapshot()
+            if trace:
+                tracemalloc.start()
+            rss, heap = _rss_bytes(), tracemalloc.get_traced_memory()[0]
+            start = time.perf_counter()
+            for quarter in range(4):
+                await make(count // 4, f"q{quarter}_")
+                gc.collect()
+                prof.snapshot()  # the collector drains and reaps what is gone
+                points.append((_rss_bytes() - rss, tracemalloc.get_traced_memory()[0] - heap))
+            if trace:
+                tracemalloc.stop()
+            return time.perf_counter() - start
+
+    tracking = own_code.track_own_code(__file__)
+    options = GROWTH_OPTIONS.get(case, {})
+    try:
+        with asyncflow.profile(f"memory-{case}", format="none", port=0, **options) as prof:
+            made_s = asyncio.run(measured(prof))
+            final = prof.snapshot()
+    finally:
+        tracking.undo()
+    kept, counted = len(final.futures.futures), None
+    if case == "blocking":
+        assert final.loop is not None
+        (loop,) = [entry for entry in final.loop.loops if entry.blocking_lines]
+        kept = len(loop.blocking_lines)
+        counted = sum(line.count for line in loop.blocking_lines) + loop.other_blocks
+    return {"objects": count, "made_s": made_s, "points": points, "kept": kept, "counted": counted}
+
+
 def _get(url: str) -> tuple[float, int]:
     start = time.perf_counter()
     with urllib.request.urlopen(url, timeout=60) as response:
@@ -235,26 +404,22 @@ def one(case: str, objects: int, trace: bool) -> dict[str, float]:
     }
 
 
-def _run(case: str, objects: int, trace: bool) -> dict[str, float]:
+def _run(case: str, objects: int, trace: bool) -> dict[str, Any]:
     args = [sys.executable, __file__, "--case", case, "--objects", str(objects)]
+    if case == "children":  # the parent is the program `asyncflow run` runs
+        args = [sys.executable, "-m", "asyncflow", "run", "--port", "0", "--format", "none"]
+        args += [__file__, "--children-program", "--objects", str(objects)]
     out = subprocess.run(
         [*args, "--tracemalloc"] if trace else args, capture_output=True, text=True, check=True
     )
-    figures: dict[str, float] = json.loads(out.stdout)
+    figures: dict[str, Any] = json.loads(out.stdout.splitlines()[-1])
     return figures
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="asyncflow memory benchmark")
-    parser.add_argument("--objects", type=int, default=10_000, help="objects made per case")
-    parser.add_argument("--case", choices=CASES, help="run one case in this process (JSON)")
-    parser.add_argument("--tracemalloc", action="store_true", help="trace the Python heap")
-    args = parser.parse_args(argv)
-    if args.case is not None:
-        print(json.dumps(one(args.case, args.objects, args.tracemalloc)))
-        return 0
+def _table(objects: int) -> None:
+    """The short-lived objects' cases: growth per object, and the endpoint afterwards."""
     print(
-        f"{args.objects:,} short-lived objects per case, profiler running "
+        f"{objects:,} short-lived objects per case, profiler running "
         f"(python {sys.version.split()[0]}, asyncflow {asyncflow.__version__})"
     )
     header = (
@@ -263,14 +428,71 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(header)
     for case in CASES:
-        rss = _run(case, args.objects, trace=False)
-        heap = _run(case, args.objects, trace=True)
+        rss = _run(case, objects, trace=False)
+        heap = _run(case, objects, trace=True)
         listed = rss["listed"]
         print(
             f"{case:<10} {rss['rss_per_object'] / 1024:>8.2f} KB {heap['heap_per_object']:>9.0f} B"
             f" {listed:>7.0f} {rss['snapshot_bytes'] / 1024:>7.0f} KB "
             f"{rss['snapshot_s'] * 1000:>4.0f} ms {rss['futures_page_s'] * 1000:>15.1f} ms"
         )
+
+
+def _growth_table(objects: int | None) -> None:
+    """The growth cases: what the profiler holds at each quarter of the count."""
+    print(
+        "what is live bounds what is kept: growth at each quarter of the count, RSS (heap) "
+        f"(python {sys.version.split()[0]}, asyncflow {asyncflow.__version__})"
+    )
+    print(
+        f"{'case':<10} {'count':>10} {'25%':>16} {'50%':>16} {'75%':>16} {'100%':>16} {'kept':>6}"
+    )
+    for case in GROWTH_CASES:
+        count = objects or GROWTH_COUNTS[case]
+        rss = _run(case, count, trace=False)
+        heap = _run(case, count, trace=True)
+        cells = [
+            f"{r / 1024:>6.0f} ({h / 1024:>4.0f}) KB"
+            for (r, _), (_, h) in zip(rss["points"], heap["points"], strict=True)
+        ]
+        kept = "-" if rss["kept"] is None else f"{rss['kept']:.0f}"
+        print(f"{case:<10} {count:>10,} {' '.join(f'{c:>16}' for c in cells)} {kept:>6}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="asyncflow memory benchmark")
+    parser.add_argument("--objects", type=int, help="objects made per case (default 10,000)")
+    parser.add_argument(
+        "--case", choices=CASES + GROWTH_CASES, help="run one case in this process (JSON)"
+    )
+    parser.add_argument("--growth", action="store_true", help="only the growth cases")
+    parser.add_argument("--tracemalloc", action="store_true", help="trace the Python heap")
+    parser.add_argument("--children-program", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.children_program:  # (run by the `children` case, under `asyncflow run`)
+        _children_program(args.objects or GROWTH_COUNTS["children"], args.tracemalloc)
+        return 0
+    if args.case in GROWTH_CASES:
+        if args.case == "children":
+            print(
+                json.dumps(
+                    _run(args.case, args.objects or GROWTH_COUNTS["children"], args.tracemalloc)
+                )
+            )
+        else:
+            print(
+                json.dumps(
+                    grow(args.case, args.objects or GROWTH_COUNTS[args.case], args.tracemalloc)
+                )
+            )
+        return 0
+    if args.case is not None:
+        print(json.dumps(one(args.case, args.objects or 10_000, args.tracemalloc)))
+        return 0
+    if not args.growth:
+        _table(args.objects or 10_000)
+        print()
+    _growth_table(args.objects)
     return 0
 
 
