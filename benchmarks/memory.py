@@ -85,6 +85,23 @@ def _rss_bytes() -> int:
         return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+def _start_reading(trace: bool, settle: Callable[[], object] = lambda: None) -> tuple[int, int]:
+    """After a warm-up: what is garbage collected and ``settle()`` done (the collector's drain,
+    with ``prof.snapshot``), the heap traced if ``trace``; returns RSS and heap now."""
+    gc.collect()
+    settle()
+    if trace:
+        tracemalloc.start()
+    return _rss_bytes(), tracemalloc.get_traced_memory()[0]
+
+
+def _grown(since: tuple[int, int], settle: Callable[[], object] = lambda: None) -> tuple[int, int]:
+    """RSS and heap grown since :func:`_start_reading`, what is gone collected and settled."""
+    gc.collect()
+    settle()
+    return _rss_bytes() - since[0], tracemalloc.get_traced_memory()[0] - since[1]
+
+
 async def _exec_functions(n: int, tag: str) -> None:
     with asyncflow.instrument_tasks():
         for i in range(n):
@@ -285,16 +302,12 @@ def _children_program(count: int, trace: bool) -> None:
             assert process.exitcode == 0, process.exitcode
 
     children(10)  # warm up
-    gc.collect()
-    if trace:
-        tracemalloc.start()
-    rss, heap = _rss_bytes(), tracemalloc.get_traced_memory()[0]
+    since = _start_reading(trace)
     points: list[tuple[int, int]] = []
     start = time.perf_counter()
     for _ in range(4):
         children(count // 4)
-        gc.collect()
-        points.append((_rss_bytes() - rss, tracemalloc.get_traced_memory()[0] - heap))
+        points.append(_grown(since))
     made_s = time.perf_counter() - start
     print(json.dumps({"objects": count, "made_s": made_s, "points": points, "kept": None}))
 
@@ -316,17 +329,12 @@ def grow(case: str, count: int, trace: bool) -> dict[str, Any]:
         # (the loop monitor watches the loops whose tasks are tracked)
         with asyncflow.instrument_tasks():
             await make(GROWTH_WARM_UP.get(case, WARM_UP), "w")
-            gc.collect()
-            prof.snapshot()
-            if trace:
-                tracemalloc.start()
-            rss, heap = _rss_bytes(), tracemalloc.get_traced_memory()[0]
+            since = _start_reading(trace, prof.snapshot)
             start = time.perf_counter()
             for quarter in range(4):
                 await make(count // 4, f"q{quarter}_")
-                gc.collect()
-                prof.snapshot()  # the collector drains and reaps what is gone
-                points.append((_rss_bytes() - rss, tracemalloc.get_traced_memory()[0] - heap))
+                # (the collector drains and reaps what is gone)
+                points.append(_grown(since, prof.snapshot))
             if trace:
                 tracemalloc.stop()
             return time.perf_counter() - start
@@ -362,18 +370,12 @@ def one(case: str, objects: int, trace: bool) -> dict[str, float]:
         assert prof.url is not None
         asyncio.run(make(WARM_UP, "w"))  # the first objects of a kind allocate shared state
         _get(f"{prof.url}/profiler_status")  # the endpoint process starts at the first request
-        gc.collect()
-        prof.snapshot()
-        if trace:
-            tracemalloc.start()
-        rss, heap = _rss_bytes(), tracemalloc.get_traced_memory()[0]
+        since = _start_reading(trace, prof.snapshot)
         start = time.perf_counter()
         asyncio.run(make(objects, "f"))
         made_s = time.perf_counter() - start
-        gc.collect()
-        prof.snapshot()  # the collector drains and reaps what is gone
-        rss_growth = _rss_bytes() - rss
-        heap_growth = tracemalloc.get_traced_memory()[0] - heap
+        # (the collector drains and reaps what is gone)
+        rss_growth, heap_growth = _grown(since, prof.snapshot)
         if trace:
             tracemalloc.stop()
         snapshot_s, snapshot_bytes = _get(f"{prof.url}/snapshot")
