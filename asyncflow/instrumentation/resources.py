@@ -8,9 +8,10 @@ through the instance. The hooks hold the primitive (through its bound methods), 
 instrumented primitive is freed by the cyclic collector rather than at once; a weak reference
 there would break ``f = lock.acquire; del lock; await f()``. In whole-program mode asyncio's own
 Lock, Semaphore, Condition and Event classes carry the hooks instead, which find an instance's
-record on it: a primitive made per request goes with its last reference. anyio's primitives are slotted:
-their asyncio backend classes' methods are wrapped once, for good, and find an instance's record
-in a table keyed by ``id()`` (an uninstrumented anyio primitive then pays one dict lookup).
+record on it: a primitive made per request goes with its last reference. anyio's primitives are
+slotted: their asyncio backend classes' methods are wrapped once, for good, and find an
+instance's record in a table keyed by ``id()`` (an uninstrumented anyio primitive then pays one
+dict lookup).
 
 Whether an ``acquire()`` will wait is read before it starts, from the fields the primitive's
 own fast path reads (``_locked``, ``_value``, ``_waiters``): an acquisition that waits is timed
@@ -920,22 +921,37 @@ async def _timed_wait(
     try:
         result = await wait(*args, **kwargs)
     except BaseException as exc:
-        try:
-            outcome = _outcome(exc)
-            if outcome == BROKEN:
-                st.broken += 1
-            _waited(record, since, _clock.now_ns(), call, outcome)
-        except Exception as err:
-            _broken("recording a wait", err)
+        _wait_raised(record, since, call, exc)
         raise
     try:
         if on_return is not None:
             on_return(result)
-        st.woken += 1
+    except Exception as err:
+        _broken("recording a wait", err)
+    _woken(record, since, call)
+    return result
+
+
+def _wait_raised(
+    record: ResourceRecord, since: int, call: CallRecord | None, exc: BaseException
+) -> None:
+    """A timed wait (an event's, a condition's, a barrier's) ended in ``exc``."""
+    try:
+        outcome = _outcome(exc)
+        if outcome == BROKEN:
+            record.stats.broken += 1
+        _waited(record, since, _clock.now_ns(), call, outcome)
+    except Exception as err:
+        _broken("recording a wait", err)
+
+
+def _woken(record: ResourceRecord, since: int, call: CallRecord | None) -> None:
+    """A timed wait returned: its task was woken."""
+    try:
+        record.stats.woken += 1
         _waited(record, since, _clock.now_ns(), call, WOKEN)
     except Exception as err:
         _broken("recording a wait", err)
-    return result
 
 
 def _timed_wait_hook(
@@ -1081,11 +1097,24 @@ def _condition_hooks(obj: Any, record: ResourceRecord) -> None:
 
 
 async def _std_condition_wait(self: asyncio.Condition) -> Literal[True]:
-    """``wait`` of an ``asyncio.Condition``: timed in full."""
+    """``wait`` of an ``asyncio.Condition``: timed in full (_timed_wait, written out: a
+    ``notify_all()`` herd runs it for every waiter, and a coroutine less is a third of its cost)."""
     record: ResourceRecord | None = getattr(self, _LOCK_RECORD, None)
-    if record is None:
+    if record is None or _session.active is None:
         return await _CONDITION_WAIT(self)
-    result: Literal[True] = await _timed_wait(record, None, None, _CONDITION_WAIT, self)
+    try:
+        since = _clock.now_ns()
+        call = _call_for(record)
+        _wait_began(record.stats)
+    except Exception as err:
+        _broken("recording a wait", err)
+        return await _CONDITION_WAIT(self)
+    try:
+        result = await _CONDITION_WAIT(self)
+    except BaseException as exc:
+        _wait_raised(record, since, call, exc)
+        raise
+    _woken(record, since, call)
     return result
 
 
