@@ -91,22 +91,25 @@ WARN_THRESHOLDS = {
     "tail_ratio": "count",
     "tail_min_calls": "count",
     "tail_min": "seconds",
+    "storm_ratio": "count",
+    "storm_min_signals": "count",
 }
 #: The warnings' kinds, which ``warn="no-KIND"`` silences (docs/warnings.md lists each; a test
-#: checks both against the lints).
+#: checks both against the lints), in the lints' order: the order of the warnings of one
+#: severity in every document.
 WARNING_KINDS = (
     "loop-blocked",
     "long-poll",
     "off-cpu-poll",
     "cpu-bound",
     "never-awaited",
-    "task-leak",
     "channel-unread",
     "messages-lost",
     "bottleneck",
     "starved",
     "cancellation-storm",
     "cancellation-swallowed",
+    "task-leak",
     "executor-saturated",
     "lock-contention",
     "permits-leaked",
@@ -115,6 +118,7 @@ WARNING_KINDS = (
     "unbounded-growth",
     "busy-wait",
     "tail-latency",
+    "wakeup-storm",
     "deadlock",
 )
 _DISABLE = "ASYNCFLOW_DISABLE"

@@ -383,6 +383,16 @@ def _episodes(entry: LoopEntry, shown: int = 3) -> list[str]:
 _WRAP = 100
 
 
+def _held(w: WarningEntry) -> str:
+    """When a warning that no longer holds did: its first and last evaluation that found it."""
+    if w.active:
+        return ""
+    first, last = format_duration(w.first_seen_ns), format_duration(w.last_seen_ns)
+    if w.first_seen_ns == w.last_seen_ns:
+        return f" (seen at {first} into the run)"
+    return f" (held from {first} to {last} into the run)"
+
+
 def _warnings(warnings: list[WarningEntry]) -> list[str]:
     """The diagnoses first: each sentence, then what to do about it; nothing when none."""
     if not warnings:
@@ -396,7 +406,7 @@ def _warnings(warnings: list[WarningEntry]) -> list[str]:
     lines = [title]
     for w in warnings:
         tag = w.severity.upper() if w.active else f"({w.severity})"
-        body = textwrap.wrap(w.message, _WRAP - 11) or [""]
+        body = textwrap.wrap(w.message + _held(w), _WRAP - 11) or [""]
         lines.append(f"  {tag:<8} {body[0]}")
         lines += [f"{'':11}{line}" for line in body[1:]]
         hint = textwrap.wrap(f"→ {w.hint}", _WRAP - 11)

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from asyncflow.config import WARNING_KINDS
 from asyncflow.filtering import matches
 from asyncflow.model.waits import is_asyncflow_file, is_library_file
 from asyncflow.schema import (
@@ -42,7 +43,6 @@ from asyncflow.schema import (
 )
 
 __all__ = [
-    "KINDS",
     "LINTS",
     "MAX_WARNINGS",
     "Documents",
@@ -101,6 +101,10 @@ class Thresholds:
     tail_ratio: int = 10
     tail_min_calls: int = 50
     tail_min_ns: int = 100_000_000
+    #: a condition notified at least ``storm_min_signals`` times whose notifies woke at least
+    #: ``storm_ratio`` waiters each on average
+    storm_ratio: int = 10
+    storm_min_signals: int = 100
     #: a lock, semaphore or limiter at least this many acquisitions of which had to wait, whose
     #: waiters waited more than twice as long as it was held
     contention_min_waits: int = 10
@@ -686,6 +690,9 @@ def cpu_bound(docs: Documents, th: Thresholds) -> Iterator[Finding]:
         return
     if top in _long_polls(docs, th):
         return  # long-poll or off-cpu-poll names it, with its share of the busy time
+    stormed = {f.future_id for r in _storms(docs, th) for f in r.futures if f.waits}
+    if top.id in stormed:
+        return  # its polls are the wake-ups of a storm: wakeup-storm names the cause
     used = _cpu_used(docs, top)
     if used is False:
         return
@@ -1578,6 +1585,52 @@ def busy_wait(docs: Documents, th: Thresholds) -> Iterator[Finding]:
         )
 
 
+def _storms(docs: Documents, th: Thresholds) -> list[ResourceEntry]:
+    """The program's conditions whose notifies each woke ``storm_ratio`` waiters or more."""
+    own = _own_futures(docs)
+    return [
+        r
+        for r in docs.resources
+        if r.primitive == "condition"
+        and r.signals >= th.storm_min_signals
+        and r.woken >= th.storm_ratio * r.signals
+        and not _library_resource(r, own)
+    ]
+
+
+def wakeup_storm(docs: Documents, th: Thresholds) -> Iterator[Finding]:
+    """A condition whose every notify wakes many waiters (``notify_all()`` for each item):
+    all of them run to find one item, and all but one go back to waiting."""
+    own = _own_futures(docs)
+    for r in _storms(docs, th):
+        per = r.woken // r.signals
+        waiting = [f for f in r.futures if f.waits]
+        names = _waiting(r.futures)
+        notifiers = _and([f"`{f.label}`" for f in r.futures if f.signals][:3]) or "its callers"
+        polls_ns = sum(
+            f.busy_ns
+            for f in docs.futures
+            if f.id in {w.future_id for w in waiting} and f.id in own
+        )
+        cost = f"; {names} spent {_duration(polls_ns)} on the loop in all" if polls_ns else ""
+        yield Finding(
+            "wakeup-storm",
+            "warning",
+            _resource_subject(r),
+            f"Condition `{r.name or r.label}` wakes {per} waiters per notify: {r.woken} "
+            f"wake-ups for {r.signals} notifies by {notifiers}, up to {r.max_waiters} waiting "
+            f"at once: where one of them can go on, the others run only to wait again{cost}",
+            "notify() (or notify(n)) as many waiters as can go on, not notify_all(); or hand "
+            "the items out through an asyncio.Queue",
+            {
+                "woken": r.woken,
+                "signals": r.signals,
+                "per_signal": per,
+                "max_waiters": r.max_waiters,
+            },
+        )
+
+
 def tail_latency(docs: Documents, th: Thresholds) -> Iterator[Finding]:
     """A future whose slowest calls (p99) take many times its median call: whoever waits for
     all of them (a gather, a page of lookups) waits for its tail."""
@@ -1709,33 +1762,8 @@ LINTS: tuple[Lint, ...] = (
     unbounded_growth,
     busy_wait,
     tail_latency,
+    wakeup_storm,
     deadlock,
-)
-
-
-#: the kinds of warning, in the order of the lints that make them (the warnings' order)
-KINDS = (
-    "loop-blocked",
-    "long-poll",
-    "off-cpu-poll",
-    "cpu-bound",
-    "never-awaited",
-    "channel-unread",
-    "messages-lost",
-    "bottleneck",
-    "starved",
-    "cancellation-storm",
-    "cancellation-swallowed",
-    "task-leak",
-    "executor-saturated",
-    "lock-contention",
-    "permits-leaked",
-    "event-never-set",
-    "dead-consumer",
-    "unbounded-growth",
-    "busy-wait",
-    "tail-latency",
-    "deadlock",
 )
 
 
@@ -1920,10 +1948,10 @@ class WarningBook:
 
     def document(self, start_ns: int) -> WarningsDocument:
         """Most severe first, those that hold now before those that held earlier; then in the
-        lints' order (not by when each was first seen, which the collector's evaluations once
-        a second make vary from one run to the next)."""
+        lints' order (``WARNING_KINDS``), not by when each was first seen, which the
+        collector's evaluations once a second make vary from one run to the next."""
         rank = {s: i for i, s in enumerate(SEVERITIES)}
-        order = {kind: i for i, kind in enumerate(KINDS)}
+        order = {kind: i for i, kind in enumerate(WARNING_KINDS)}
         held = sorted(
             self._held.values(),
             key=lambda h: (

@@ -9,8 +9,6 @@ from typing import Any
 
 import orjson
 
-from asyncflow import config
-from asyncflow.views import lints
 from tests.support.commands import EXAMPLES, asyncflow_cmd
 
 PLANTED = EXAMPLES / "stuck"
@@ -110,6 +108,13 @@ def test_a_slow_tail_is_named_with_its_p99_against_its_median(tmp_path: Path) ->
     assert "render_page" not in {w["subject"]["label"] for w in warnings.values()}
 
 
-def test_the_warnings_order_names_every_kind() -> None:
-    """The report orders warnings by kind (not by when each was first seen, which varies)."""
-    assert sorted(lints.KINDS) == sorted(config.WARNING_KINDS)
+def test_a_notify_all_for_every_job_is_a_wakeup_storm_not_cpu_work(tmp_path: Path) -> None:
+    warnings = _exit_warnings(tmp_path, "wakeup_storm")
+    storm = warnings["wakeup-storm"]
+    _held(storm)
+    assert storm["subject"]["label"] == "wakeup_storm.py:30"
+    assert storm["evidence"]["signals"] == 500 and storm["evidence"]["per_signal"] >= 100
+    assert "notify()" in storm["hint"]
+    # the workers' polls are the storm's wake-ups: not CPU work to move to an executor
+    assert "cpu-bound" not in warnings
+
