@@ -943,8 +943,16 @@ class InstrumentedCoroutine(Coroutine[Any, Any, _T]):
                 return _probed_poll(self, value, None)
             r = self._r
             t0 = _clock.now_ns()
-            if r.woken:  # a task's own call, woken by its loop (see _call_soon)
-                _scheduled(r, t0)
+            woken = r.woken
+            if woken:  # a task's own call, woken by its loop: _scheduled(r, t0), inlined
+                r.woken = 0
+                ns = t0 - woken if t0 > woken else 0
+                r.sched += ns
+                st = r.stats
+                st.sched_total += ns
+                if ns > st.max_sched:
+                    st.max_sched = ns
+                st.sched_hist[SMALL_BUCKET[ns] if ns < SMALL_LIMIT else bucket_of(ns)] += 1
             if not r.first:
                 _first_poll(r, t0)
             r.start = t0
@@ -1270,6 +1278,7 @@ def uninstall_filter(target: Callable[[Any], bool] | None) -> None:
 #: asyncio's call_soon, which _call_soon stands in for while a profiler runs (hook_wakes)
 _loop_call_soon: Callable[..., Any] = asyncio.BaseEventLoop.call_soon
 _TASK_TYPES: tuple[type, ...] = (asyncio.Task, asyncio.tasks._PyTask)  # type: ignore[attr-defined]
+_TASK_CLASSES = frozenset(_TASK_TYPES)  # the common case, without isinstance()
 #: what stands for it while hooked: _call_soon, or its compiled twin; None before the first hook
 _hook: Any = None
 
@@ -1281,10 +1290,16 @@ def _call_soon(
     step (a method of the task) stamps the moment on the task's call, then asyncio's runs.
     (The compiled path's is a method in C, ``_speedups.wake_hook``, with this behaviour.)"""
     task = getattr(callback, "__self__", None)
-    if isinstance(task, _TASK_TYPES):
+    if task.__class__ in _TASK_CLASSES or isinstance(task, _TASK_TYPES):
         coro: Any = getattr(task, "_coro", None)
-        if type(coro) in _TRACKED:  # (exact: the wrappers have no subclasses)
-            _stamp_woken(coro)
+        tracked = coro.__class__ in _TRACKED  # (exact: the wrappers have no subclasses)
+        if tracked:
+            r = coro._r
+            if not r.woken and not r.finished:
+                try:
+                    r.woken = _clock.now_ns()
+                except Exception as err:  # observing never breaks the program (a fake clock)
+                    _session.internal_error("stamping a task's wake-up", err)
     return _loop_call_soon(self, callback, *args, context=context)  # type: ignore[no-any-return]
 
 
