@@ -18,20 +18,10 @@ import pytest
 import asyncflow
 from asyncflow.clock import FakeClock
 from asyncflow.instrumentation import _session
-from asyncflow.schema import CallEntry, FutureEntry, Snapshot
+from asyncflow.schema import Snapshot
+from tests.support.snapshots import future_calls, future_entry
 
-
-def _future(snap: Snapshot, label: str) -> FutureEntry:
-    # Futures are process-wide: a decorated function of an earlier test that is still alive (not
-    # yet garbage collected) is listed too, with fresh stats. This test's future has calls.
-    matches = [f for f in snap.futures.futures if f.label == label and f.call_count]
-    assert len(matches) == 1, [f.label for f in snap.futures.futures]
-    return matches[0]
-
-
-def _calls(snap: Snapshot, label: str) -> list[CallEntry]:
-    fid = _future(snap, label).id
-    return next(log.calls for log in snap.future_logs if log.future_id == fid)
+_future, _calls = future_entry, future_calls
 
 
 async def test_exact_poll_busy_and_idle_figures(

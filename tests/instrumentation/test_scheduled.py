@@ -11,18 +11,10 @@ import pytest
 import asyncflow
 from asyncflow.clock import FakeClock
 from asyncflow.instrumentation import futures
-from asyncflow.schema import CallEntry, FutureEntry, Snapshot
+from asyncflow.schema import FutureEntry
+from tests.support.snapshots import future_calls, future_entry
 
-
-def _future(snap: Snapshot, label: str) -> FutureEntry:
-    matches = [f for f in snap.futures.futures if f.label == label and f.call_count]
-    assert len(matches) == 1, [f.label for f in snap.futures.futures]
-    return matches[0]
-
-
-def _calls(snap: Snapshot, label: str) -> list[CallEntry]:
-    fid = _future(snap, label).id
-    return next(log.calls for log in snap.future_logs if log.future_id == fid)
+_future, _calls = future_entry, future_calls
 
 
 async def test_exact_scheduled_time_of_a_woken_task(
