@@ -1300,7 +1300,12 @@ def _call_soon(
                     r.woken = _clock.now_ns()
                 except Exception as err:  # observing never breaks the program (a fake clock)
                     _session.internal_error("stamping a task's wake-up", err)
-    return _loop_call_soon(self, callback, *args, context=context)  # type: ignore[no-any-return]
+    handle: asyncio.Handle = _loop_call_soon(self, callback, *args, context=context)
+    if self._debug:  # type: ignore[attr-defined]  # (the program's line is where, not this)
+        where = handle._source_traceback  # type: ignore[attr-defined]
+        if where:
+            del where[-1]
+    return handle
 
 
 def _stamp_woken(coro: Any) -> None:

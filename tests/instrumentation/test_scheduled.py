@@ -192,3 +192,20 @@ def test_uvloop_schedules_with_its_own_call_soon() -> None:
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         entry = runner.run(main())
     assert (entry.total_polls, entry.scheduled_ns, entry.scheduled_polls) == (2, 0, 0)
+
+
+async def test_a_handles_source_traceback_is_the_programs_in_debug_mode() -> None:
+    """In asyncio's debug mode a handle keeps where it was scheduled from: the program's line,
+    never asyncflow's call_soon, with or without a profiler."""
+    loop = asyncio.get_running_loop()
+    loop.set_debug(True)
+
+    def scheduled_here() -> str:
+        handle = loop.call_soon(print)
+        handle.cancel()
+        frame = handle._source_traceback[-1]  # type: ignore[attr-defined]
+        return f"{frame.name}: {frame.line}"
+
+    assert scheduled_here() == "scheduled_here: handle = loop.call_soon(print)"
+    with asyncflow.profile("sched", format="none"):
+        assert scheduled_here() == "scheduled_here: handle = loop.call_soon(print)"
