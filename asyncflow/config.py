@@ -115,6 +115,7 @@ WARNING_KINDS = (
     "permits-leaked",
     "event-never-set",
     "dead-consumer",
+    "dead-producer",
     "unbounded-growth",
     "busy-wait",
     "tail-latency",

@@ -890,9 +890,12 @@ def starved(docs: Documents, th: Thresholds) -> Iterator[Finding]:
     """
     futures = _by_id(docs)
     own = _own_futures(docs)
+    dead = _dead_producers(docs, th)
     for c in docs.channels:
         if docs.elapsed_ns <= 0 or not c.received_count or c.producers_blocked_ns:
             continue
+        if c.id in dead:
+            continue  # its producers died: dead-producer says why the consumers wait
         if _library_channel(c, own):
             continue  # a framework's own queue (a server waiting for its shutdown signal)
         if c.consumers_starved_ns < th.min_wait_ns or _self_fed(c):
@@ -1504,6 +1507,53 @@ def dead_consumer(docs: Documents, th: Thresholds) -> Iterator[Finding]:
         )
 
 
+def _dead_producers(docs: Documents, th: Thresholds) -> dict[int, list[FutureEntry]]:
+    """Channels whose producers all ended, one with an exception, and whose consumers then
+    waited on it, empty, for at least ``min_wait``: channel id -> its dead producers."""
+    futures = _by_id(docs)
+    own = _own_futures(docs)
+    out: dict[int, list[FutureEntry]] = {}
+    for c in docs.channels:
+        if c.sent_count != c.received_count or c.consumers_starved_ns < th.min_wait_ns:
+            continue
+        if _library_channel(c, own):
+            continue
+        dead = _dead(c.senders, futures)
+        if dead:
+            out[c.id] = dead
+    return out
+
+
+def dead_producer(docs: Documents, th: Thresholds) -> Iterator[Finding]:
+    """The only producers of a channel ended with an exception, and its consumers wait for
+    messages that will not come: a dead stage, not a slow one (never a ``starved`` pace)."""
+    channels = {c.id: c for c in docs.channels}
+    futures = _by_id(docs)
+    for channel_id, dead in _dead_producers(docs, th).items():
+        c = channels[channel_id]
+        culprit = next(f for f in dead if f.outcomes.raised)
+        who = _and([f"`{f.label}`{_where(f.location)}" for f in dead])
+        only = "The only producer" if len(dead) == 1 else f"All {len(dead)} producers"
+        it = "it" if len(dead) == 1 else f"`{culprit.label}`"
+        consumers = _calls_at_once(c.receivers, futures, _active_ns(c, docs.elapsed_ns))
+        yield Finding(
+            "dead-producer",
+            "error",
+            _channel_subject(c),
+            f"{only} of `{c.label}`, {who}, died: {it} {_error_of(docs, culprit)} after "
+            f"{c.sent_count} messages; {_who(consumers, _names(c.receivers), 'consumer')} "
+            f"{'has' if consumers == 1 else 'have'} waited {_duration(c.consumers_starved_ns)}"
+            " in all for messages that will not come",
+            "handle the error in the producer (per item), or restart it; await its task (or "
+            "use a TaskGroup) so that its exception reaches the consumers",
+            {
+                "sent": c.sent_count,
+                "consumers_starved_ns": c.consumers_starved_ns,
+                "producers": len(dead),
+            },
+        )
+
+
 def unbounded_growth(docs: Documents, th: Thresholds) -> Iterator[Finding]:
     """An unbounded channel fills faster than it drains, at its deepest now, its messages
     waiting longer and longer, and nothing holds its producers back."""
@@ -1759,6 +1809,7 @@ LINTS: tuple[Lint, ...] = (
     permits_leaked,
     event_never_set,
     dead_consumer,
+    dead_producer,
     unbounded_growth,
     busy_wait,
     tail_latency,

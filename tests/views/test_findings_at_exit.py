@@ -73,6 +73,19 @@ def test_a_dead_consumer_is_named_with_its_exception_and_is_no_bottleneck(
     assert "bottleneck" not in warnings and "messages-lost" not in warnings
 
 
+def test_a_dead_producer_is_named_with_its_exception_and_its_waiting_consumer(
+    tmp_path: Path,
+) -> None:
+    warnings = _exit_warnings(tmp_path, "dead_producer")
+    dead = warnings["dead-producer"]
+    _held(dead)
+    assert dead["severity"] == "error" and dead["evidence"]["sent"] == 60
+    assert dead["message"].startswith("The only producer of `dead_producer.py:25`, `read_feed`")
+    assert "it raised ValueError: invalid literal for int()" in dead["message"]
+    assert "its consumer `relay` has waited" in dead["message"]
+    assert "starved" not in warnings
+
+
 def test_an_unbounded_queue_that_keeps_growing_is_named_with_its_depth_and_wait(
     tmp_path: Path,
 ) -> None:
@@ -117,4 +130,3 @@ def test_a_notify_all_for_every_job_is_a_wakeup_storm_not_cpu_work(tmp_path: Pat
     assert "notify()" in storm["hint"]
     # the workers' polls are the storm's wake-ups: not CPU work to move to an executor
     assert "cpu-bound" not in warnings
-
