@@ -1277,7 +1277,8 @@ def uninstall_filter(target: Callable[[Any], bool] | None) -> None:
 
 #: asyncio's call_soon, which _call_soon stands in for while a profiler runs (hook_wakes)
 _loop_call_soon: Callable[..., Any] = asyncio.BaseEventLoop.call_soon
-_TASK_TYPES: tuple[type, ...] = (asyncio.Task, asyncio.tasks._PyTask)  # type: ignore[attr-defined]
+#: asyncio's tasks: its C Task and the Python one (``_PyTask``, where a version has it)
+_TASK_TYPES: tuple[type, ...] = (asyncio.Task, getattr(asyncio.tasks, "_PyTask", asyncio.Task))
 _TASK_CLASSES = frozenset(_TASK_TYPES)  # the common case, without isinstance()
 #: what stands for it while hooked: _call_soon, or its compiled twin; None before the first hook
 _hook: Any = None
