@@ -1309,6 +1309,10 @@ def _call_soon(
     return handle
 
 
+# It stands for asyncio's: a misuse's error names asyncio's method, as it would unprofiled.
+_call_soon.__name__, _call_soon.__qualname__ = "call_soon", "BaseEventLoop.call_soon"
+
+
 def _stamp_woken(coro: Any) -> None:
     """The task whose own call ``coro`` is was just woken: the moment is stamped on the call,
     for its next poll (see _scheduled), unless a wake-up is stamped already or it ended."""

@@ -209,3 +209,53 @@ async def test_a_handles_source_traceback_is_the_programs_in_debug_mode() -> Non
     assert scheduled_here() == "scheduled_here: handle = loop.call_soon(print)"
     with asyncflow.profile("sched", format="none"):
         assert scheduled_here() == "scheduled_here: handle = loop.call_soon(print)"
+
+
+def test_no_reference_is_leaked_by_the_stamp(prof: asyncflow.Profiler) -> None:
+    """Wake-ups stamped (a task's first step, its own next step, a wake-up by a future, a
+    callback that is no task's, with and without keywords) leave the reference counts and the
+    number of live objects as they were, GC off."""
+    import gc
+    import sys
+
+    result = object()
+
+    @asyncflow.future(name="sched_leak")
+    async def job() -> object:
+        await asyncio.sleep(0)
+        fut = asyncio.get_running_loop().create_future()
+        asyncio.get_running_loop().call_soon(fut.set_result, result)
+        return await fut
+
+    async def rounds(n: int) -> None:
+        loop = asyncio.get_running_loop()
+        for _ in range(n):
+            assert await asyncio.create_task(job()) is result
+            loop.call_soon(len, "", context=None)
+
+    def counts() -> tuple[int, int]:
+        prof.snapshot()
+        gc.collect()
+        return sys.getrefcount(result), len(gc.get_objects())
+
+    asyncio.run(rounds(20))
+    before = counts()
+    gc.disable()
+    try:
+        asyncio.run(rounds(300))
+        after_no_gc = sys.getrefcount(result)
+    finally:
+        gc.enable()
+    after = counts()
+    assert after_no_gc == before[0]
+    assert after[0] == before[0] and abs(after[1] - before[1]) < 50, (before, after)
+    assert _future(prof.snapshot(), "sched_leak").scheduled_polls == 320 * 3  # every poll
+
+
+async def test_a_misused_call_soon_says_so_as_asyncios_does() -> None:
+    loop = asyncio.get_running_loop()
+    with pytest.raises(TypeError) as plain:
+        loop.call_soon(len, "", end="")  # type: ignore[call-arg]
+    with asyncflow.profile("sched", format="none"), pytest.raises(TypeError) as profiled:
+        loop.call_soon(len, "", end="")  # type: ignore[call-arg]
+    assert str(profiled.value) == str(plain.value)
