@@ -1953,9 +1953,8 @@ poll_inner(WrapperObject *self, PyObject *arg, PyObject **res, PyObject **stop, 
     }
     handoff.resume_for = NULL; /* the first wrapper entered takes it, or nobody */
     *t0_out = t0;
-    if (r->woken && scheduled(r, t0) < 0) {
-        Py_DECREF(clock);
-        return PYGEN_ERROR;
+    if (r->woken && scheduled(r, t0) < 0) { /* observing never breaks the program */
+        internal_error("counting scheduled time", fetch_exc(), (PyObject *)self);
     }
     if (!r->first && first_poll(r, t0) < 0) {
         Py_DECREF(clock);
@@ -2253,7 +2252,7 @@ throw_inner(WrapperObject *self, PyObject *typ, PyObject *val, PyObject *tb, lon
     }
     *t0_out = t0;
     if (r->woken && scheduled(r, t0) < 0) {
-        return NULL;
+        internal_error("counting scheduled time", fetch_exc(), (PyObject *)self);
     }
     if (!r->first && first_poll(r, t0) < 0) {
         return NULL;
@@ -4409,6 +4408,7 @@ static PyObject *s_coro_attr, *s_self_attr, *s_task_types;
 #define WAKE_KINDS 2
 static PyTypeObject *wake_kinds[WAKE_KINDS];
 static Py_ssize_t wake_kind_offset[WAKE_KINDS];
+static int wake_kind_step[WAKE_KINDS]; /* a step wrapper (not a wake-up's) */
 
 /* What a call_soon callback is a method of, borrowed; NULL when it is no method (no error).
  * *step: whether it is a C task's step wrapper (its next step, scheduled by the task itself). */
@@ -4426,7 +4426,7 @@ wake_owner(PyObject *cb, int *step)
     int i = 0;
     for (; i < WAKE_KINDS && wake_kinds[i] != NULL; i++) {
         if (wake_kinds[i] == type) {
-            *step = strstr(type->tp_name, "Step") != NULL;
+            *step = wake_kind_step[i];
             return *(PyObject **)((char *)cb + wake_kind_offset[i]);
         }
     }
@@ -4447,6 +4447,7 @@ wake_owner(PyObject *cb, int *step)
         if (*(PyObject **)((char *)cb + off) == self) {
             wake_kinds[i] = (PyTypeObject *)Py_NewRef(type);
             wake_kind_offset[i] = off;
+            wake_kind_step[i] = strstr(name, "Step") != NULL;
             break;
         }
     }
