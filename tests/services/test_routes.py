@@ -159,13 +159,20 @@ async def test_fastapi_under_uvicorn_has_a_row_per_route(tmp_path: Path, loop: s
     write(tmp_path / "shop.py", FASTAPI_APP)
     sock = tmp_path / "app.sock"
     command = ["-m", "uvicorn", "shop:app", "--loop", loop, "--uds", str(sock)]
-    report = await _served(tmp_path, [*command, "--log-level", "warning"], sock)
+    trace = tmp_path / "trace.json"
+    options = ("--trace", str(trace))
+    report = await _served(tmp_path, [*command, "--log-level", "warning"], sock, options)
     # (the handlers are rows whatever the loop: they are tracked where they are defined)
     _two_rows(report, "get_order", "build_report")
     _route_rows(report, "GET /orders/{order_id}", "GET /report", "(unmatched)")
     # every request was routed, or found no route: none is left in uvicorn's request task
     rows = {f["label"]: f for f in report["futures"]["futures"]}
     assert rows["RequestResponseCycle.run_asgi"]["call_count"] == 0
+    # the trace's polls are named by their routes too
+    polls = [e for e in orjson.loads(trace.read_bytes())["traceEvents"] if e.get("cat") == "poll"]
+    named = {e["name"] for e in polls}
+    assert {"GET /orders/{order_id}", "GET /report", "(unmatched)"} <= named, named
+    assert "RequestResponseCycle.run_asgi" not in named
     # uvicorn's own coroutine functions are an installed package's: never the program's own
     own = {f["label"] for f in report["futures"]["futures"] if f["tracked_by"] == "own_code"}
     assert own == {"get_order", "build_report"}
