@@ -35,7 +35,8 @@ costs.
 
 ``--primitives`` times instead, in this process, what such a service pays per primitive it makes
 per request (uvicorn's Event, httpcore's anyio Event) or takes per request (httpcore's pool
-Lock): each made, used once and dropped (or one used again), plainly and under
+Lock): each made, used once and dropped (or one used again), and a Condition's notify_all()
+herd (issue 28: each item wakes every waiter; timed per wake-up), plainly and under
 ``instrument_locks()`` with a profiler running, in alternating pairs (CPU time of the process:
 the profiler's thread, which reaps and folds the gone ones, included).
 """
@@ -357,12 +358,60 @@ async def _anyio_lock_reused() -> None:
             pass
 
 
+async def _semaphore_made() -> None:
+    for _ in range(PRIMITIVE_USES):
+        async with asyncio.Semaphore(4):
+            pass
+
+
+async def _condition_made() -> None:
+    for _ in range(PRIMITIVE_USES):
+        condition = asyncio.Condition()
+        async with condition:
+            condition.notify_all()
+
+
+def _waiting(condition: asyncio.Condition) -> int:
+    """Tasks inside ``condition.wait()``, not notified yet."""
+    return sum(not w.done() for w in condition._waiters)
+
+
+#: waiters of the herd: each notify_all() wakes them all, one finds the item (issue 28)
+HERD = 100
+
+
+async def _condition_herd() -> None:
+    """PRIMITIVE_USES wake-ups: HERD tasks wait on one condition; each item is put under its
+    lock with notify_all(), and the next only once every task waits again."""
+    condition = asyncio.Condition()
+    items: list[int] = []
+
+    async def consume() -> None:
+        while True:
+            async with condition:
+                await condition.wait_for(lambda: bool(items))
+                if items.pop() < 0:
+                    return
+
+    tasks = [asyncio.create_task(consume()) for _ in range(HERD)]
+    for item in [*range(PRIMITIVE_USES // HERD - 1), *[-1] * HERD]:
+        while items or _waiting(condition) < sum(not t.done() for t in tasks):
+            await asyncio.sleep(0)
+        async with condition:
+            items.append(item)
+            condition.notify_all()
+    await asyncio.gather(*tasks)
+
+
 PRIMITIVES = {
     "asyncio.Event made, set, awaited": _event_made,
     "anyio.Event made, set, awaited": _anyio_event_made,
     "asyncio.Lock made, taken once": _lock_made,
     "anyio.Lock made, taken once": _anyio_lock_made,
     "anyio.Lock taken again": _anyio_lock_reused,
+    "asyncio.Semaphore made, taken once": _semaphore_made,
+    "asyncio.Condition made, notified": _condition_made,
+    f"Condition herd ({HERD}), a wake-up": _condition_herd,
 }
 
 
@@ -379,7 +428,7 @@ def primitives(pairs: int) -> None:
             asyncio.run(case())
         return (time.process_time() - start) / PRIMITIVE_USES * 1e9
 
-    print(f"{'':36} {'plain':>9} {'asyncflow':>10} {'added':>9}   ({pairs} pairs)")
+    print(f"{'':36} {'plain':>9} {'asyncflow':>10} {'added':>9} {'ratio':>6}  ({pairs} pairs)")
     with asyncflow.profile("primitives", format="none", port=None):
         for name, case in PRIMITIVES.items():
             per_use(case, False)  # warm up both
@@ -389,7 +438,9 @@ def primitives(pairs: int) -> None:
                 plain.append(per_use(case, False))
                 on.append(per_use(case, True))
             a, b = statistics.median(plain), statistics.median(on)
-            print(f"{name:36} {a:7,.0f} ns {b:8,.0f} ns {b - a:+7,.0f} ns", flush=True)
+            print(
+                f"{name:36} {a:7,.0f} ns {b:8,.0f} ns {b - a:+7,.0f} ns {b / a:5.2f}x", flush=True
+            )
 
 
 def main(argv: list[str] | None = None) -> int:
