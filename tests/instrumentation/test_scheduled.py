@@ -248,7 +248,8 @@ def test_no_reference_is_leaked_by_the_stamp(prof: asyncflow.Profiler) -> None:
         gc.enable()
     after = counts()
     assert after_no_gc == before[0]
-    assert after[0] == before[0] and abs(after[1] - before[1]) < 50, (before, after)
+    # (fewer objects is no leak: an earlier test's garbage may go meanwhile)
+    assert after[0] == before[0] and after[1] - before[1] < 50, (before, after)
     assert _future(prof.snapshot(), "sched_leak").scheduled_polls == 320 * 3  # every poll
 
 
