@@ -7,11 +7,10 @@ that call the original methods, as ``async with`` and ``Condition.wait`` already
 through the instance. The hooks hold the primitive (through its bound methods), so an
 instrumented primitive is freed by the cyclic collector rather than at once; a weak reference
 there would break ``f = lock.acquire; del lock; await f()``. In whole-program mode asyncio's own
-Lock, Semaphore, Condition and Event classes carry the hooks instead, which find an instance's
-record on it: a primitive made per request goes with its last reference. anyio's primitives are
-slotted: their asyncio backend classes' methods are wrapped once, for good, and find an
-instance's record in a table keyed by ``id()`` (an uninstrumented anyio primitive then pays one
-dict lookup).
+Lock, Condition and Event classes carry the hooks instead, which find an instance's record on
+it: one made per request goes with its last reference. anyio's primitives are slotted: their
+asyncio backend classes' methods are wrapped once, for good, and find an instance's record in a
+table keyed by ``id()`` (an uninstrumented anyio primitive then pays one dict lookup).
 
 Whether an ``acquire()`` will wait is read before it starts, from the fields the primitive's
 own fast path reads (``_locked``, ``_value``, ``_waiters``): an acquisition that waits is timed
@@ -1289,18 +1288,19 @@ def _unhook_events() -> None:
     _class_hooked.clear()
 
 
-# In whole-program mode asyncio's Lock, Semaphore and Condition record through the module's
-# functions above, set on their classes, as asyncio.Event does: per-instance hooks held the
-# primitive, which held them, and every lock made per request (httpcore's, uvicorn's) was garbage
-# for the cyclic collector. An instrumented one keeps its record under _LOCK_RECORD; one that is
-# not pays one attribute read (the class's None) when it is acquired or released.
+# In whole-program mode asyncio's Lock and Condition record through the module's functions
+# above, set on their classes, as asyncio.Event does: per-instance hooks held the primitive,
+# which held them, and every lock made per request was garbage for the cyclic collector. An
+# instrumented one keeps its record under _LOCK_RECORD; one that is not pays one attribute read
+# (the class's None) when it is acquired or released. A Semaphore keeps its per-instance hooks
+# (the same functions, bound): a pool is made once, not per request, and one freed before the
+# exit report is read as gone, whose leaked permits the findings then no longer name (the
+# connection pool example's "permits never given back" became a contention warning).
 
 #: (class, method name, asyncio's own, the hook)
 _CLASS_LOCK_HOOKS: tuple[tuple[type[Any], str, Any, Any], ...] = (
     (asyncio.Lock, "acquire", _LOCK_ACQUIRE, _std_lock_acquire),
     (asyncio.Lock, "release", _LOCK_RELEASE, _std_lock_release),
-    (asyncio.Semaphore, "acquire", _SEMAPHORE_ACQUIRE, _std_semaphore_acquire),
-    (asyncio.Semaphore, "release", _SEMAPHORE_RELEASE, _std_semaphore_release),
     (asyncio.Condition, "wait", _CONDITION_WAIT, _std_condition_wait),
     (asyncio.Condition, "notify", _CONDITION_NOTIFY, _std_condition_notify),
     (asyncio.Condition, "notify_all", _CONDITION_NOTIFY_ALL, _std_condition_notify_all),
@@ -1314,15 +1314,15 @@ for _cls, _method, _own, _std in _CLASS_LOCK_HOOKS:  # as asyncio's own, to a re
 
 
 def _hook_locks() -> bool:
-    """Set the class-level hooks on asyncio's Lock, Semaphore and Condition (whole-program mode
-    begins); False where their methods are not the ones read here (per-instance hooks then)."""
+    """Set the class-level hooks on asyncio's Lock and Condition (whole-program mode begins);
+    False where their methods are not the ones read here (per-instance hooks then)."""
     if not _INLINE or any(
         vars(cls).get(name) is not own for cls, name, own, _ in _CLASS_LOCK_HOOKS
     ):
         return False
     for cls, name, _, hook in _CLASS_LOCK_HOOKS:
         setattr(cls, name, hook)
-    for cls in (asyncio.Lock, asyncio.Semaphore, asyncio.Condition):
+    for cls in (asyncio.Lock, asyncio.Condition):
         setattr(cls, _LOCK_RECORD, None)
     return True
 
@@ -1332,7 +1332,7 @@ def _unhook_locks() -> None:
     recording, through the same functions bound to each (under _instrument_lock)."""
     for cls, name, own, _ in _CLASS_LOCK_HOOKS:
         setattr(cls, name, own)
-    for cls in (asyncio.Lock, asyncio.Semaphore, asyncio.Condition):
+    for cls in (asyncio.Lock, asyncio.Condition):
         delattr(cls, _LOCK_RECORD)
     with _lock:
         records = list(_registry.values())
@@ -1344,14 +1344,12 @@ def _unhook_locks() -> None:
             if _bound(obj.wait, _CONDITION_WAIT, obj):  # the class's, until now
                 _set_hooks(obj, _bound_condition_hooks(obj))
             continue  # (its acquire and release are its lock's, bound when it was made)
-        for name, std in (("acquire", _STD_ACQUIRE), ("release", _STD_RELEASE)):
-            method = getattr(obj, name)
-            own = _LOCK_ACQUIRE if name == "acquire" else _LOCK_RELEASE
-            if record.primitive == SEMAPHORE:
-                own = _SEMAPHORE_ACQUIRE if name == "acquire" else _SEMAPHORE_RELEASE
-            if _bound(method, own, obj):  # the class's, until now
-                kind = _STD_SEMAPHORE if record.primitive == SEMAPHORE else _STD_LOCK
-                object.__setattr__(obj, name, types.MethodType(std[kind], obj))
+        for name, own, std in (
+            ("acquire", _LOCK_ACQUIRE, _std_lock_acquire),
+            ("release", _LOCK_RELEASE, _std_lock_release),
+        ):
+            if _bound(getattr(obj, name), own, obj):  # the class's, until now
+                object.__setattr__(obj, name, types.MethodType(std, obj))
 
 
 def _asyncio_primitive(obj: Any) -> tuple[str, float | None, float | None] | None:
