@@ -402,9 +402,11 @@ class ChannelEntry:
     delay_ns: dict[str, int]
     #: the longest time in channel among the timed messages
     max_delay_ns: int
-    #: total time producers waited on a full channel (every wait is timed)
+    #: total time producers waited on a full channel (every wait is timed; one going on
+    #: now counts up to now)
     producers_blocked_ns: int
-    #: total time consumers waited on an empty channel (every wait is timed)
+    #: total time consumers waited on an empty channel (every wait is timed; one going on
+    #: now counts up to now)
     consumers_starved_ns: int
     #: who sent and who received; counts add up to ``sent_count`` and ``received_count``, and
     #: are exact while ``sampling_interval`` is 1 (else each timed message stands for the ones

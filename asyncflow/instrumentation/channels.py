@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import weakref
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -189,6 +190,7 @@ class ChannelRecord:
         "__weakref__",
         "_measure",
         "_target",
+        "_waits",
         "capacity",
         "closed",
         "folded",
@@ -224,6 +226,9 @@ class ChannelRecord:
         self._measure = measure
         self.closed = False
         self.stats = ChannelStats()
+        # Weak: the channel's own containers of waiting senders and receivers, read for the
+        # waits still going on (a wait is added to the figures only when it ends)
+        self._waits: list[weakref.ref[Any]] = []
 
     @property
     def alive(self) -> bool:
@@ -371,6 +376,30 @@ class ChannelRecord:
         """Note the number of messages in the channel after a send."""
         if size > self.stats.max_size:
             self.stats.max_size = size
+
+    def watch_waits(self, waits: Any) -> None:
+        """Read ``waits`` (kept weakly), whose ``ongoing(now)`` gives the time its waits in
+        progress have waited so far, as (blocked on a full channel, starved on an empty one)."""
+        self._waits = [r for r in self._waits if r() is not None]
+        self._waits.append(weakref.ref(waits))
+
+    def waiting_ns(self, now: int) -> tuple[int, int]:
+        """The time the waits still going on have waited so far: (producers blocked on a full
+        channel, consumers starved on an empty one). A stuck consumer's wait counts while it
+        lasts, not only once it ends (if it ever does)."""
+        blocked = starved = 0
+        for ref in list(self._waits):
+            waits = ref()
+            if waits is None:
+                continue
+            try:
+                b, s = waits.ongoing(now)
+            except Exception as err:  # the loop's thread may change them meanwhile
+                _session.internal_error("reading a channel's waits in progress", err)
+                continue
+            blocked += b
+            starved += s
+        return blocked, starved
 
     def waited(self, blocked: bool, since: int) -> None:
         """Add a wait on a full (``blocked``) or empty channel that began at ``since``."""

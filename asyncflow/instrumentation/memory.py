@@ -91,7 +91,7 @@ class _WaitingMap(MutableMapping[Any, Any]):
     item to a waiting receiver) or *withdrawn* (anything else: cancelled, closed).
     """
 
-    __slots__ = ("_map", "record", "since")
+    __slots__ = ("__weakref__", "_map", "record", "since")
 
     def __init__(self, items: Any, record: ChannelRecord) -> None:
         self._map: OrderedDict[Any, Any] = OrderedDict()
@@ -101,6 +101,11 @@ class _WaitingMap(MutableMapping[Any, Any]):
         for key, value in dict(items).items():
             self._map[key] = self._wrap(key, value, adopted=True)
             self.since[key] = self._started()
+        record.watch_waits(self)
+
+    def ongoing(self, now: int) -> tuple[int, int]:
+        """(blocked, starved) time of the waits in progress so far."""
+        raise NotImplementedError
 
     # -- reads: straight to the real map ---------------------------------------------------------
 
@@ -196,6 +201,9 @@ class _Senders(_WaitingMap):
     def _started(self) -> tuple[int, tuple[int | None, int | None]]:
         return _clock.now_ns(), caller()  # when, and which call sends
 
+    def ongoing(self, now: int) -> tuple[int, int]:
+        return sum(now - start for start, _ in list(self.since.values())), 0
+
     def _ended(self, started: Any, item: Any, taken: bool) -> None:
         start, sender = started
         self.record.waited(True, start)
@@ -278,6 +286,9 @@ class _Receivers(_WaitingMap):
             self.record.receive(msg_id, receiver.item)
         except Exception as err:  # observing never breaks the program
             _session.internal_error("recording a memory stream receive", err)
+
+    def ongoing(self, now: int) -> tuple[int, int]:
+        return 0, sum(now - start for start in list(self.since.values()))
 
     def _ended(self, started: Any, receiver: Any, taken: bool) -> None:
         self.record.waited(False, started)

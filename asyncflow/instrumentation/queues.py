@@ -93,6 +93,12 @@ class _Waiters(deque[Any]):
         self.record = record
         self.blocked = blocked
         self.since: dict[Any, int] = {}
+        record.watch_waits(self)
+
+    def ongoing(self, now: int) -> tuple[int, int]:
+        """(blocked, starved) time of the waits in progress so far."""
+        spent = sum(now - start for start in list(self.since.values()))
+        return (spent, 0) if self.blocked else (0, spent)
 
     def append(self, waiter: Any) -> None:
         super().append(waiter)

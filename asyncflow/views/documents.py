@@ -417,6 +417,7 @@ def channel_entry(
         size = int(record.size())
     except Exception:  # a closed or broken channel may refuse to say
         size = 0
+    blocked_now, starved_now = record.waiting_ns(clock.now_ns())
     return ChannelEntry(
         id=record.id,
         label=record.label,
@@ -432,8 +433,8 @@ def channel_entry(
         receive_rate=_rate(st.first_received, st.last_received),
         delay_ns=at_most(stats.percentiles(st.delay_hist, qs), st.delay_max),
         max_delay_ns=st.delay_max,
-        producers_blocked_ns=st.blocked_ns,
-        consumers_starved_ns=st.starved_ns,
+        producers_blocked_ns=st.blocked_ns + blocked_now,
+        consumers_starved_ns=st.starved_ns + starved_now,
         senders=_edges(st.senders, _counts(st.senders, sent, st.last_sender), labels, qs),
         receivers=_edges(
             st.receivers, _counts(st.receivers, received, st.last_receiver), labels, qs
