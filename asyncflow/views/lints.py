@@ -1683,9 +1683,14 @@ def wakeup_storm(docs: Documents, th: Thresholds) -> Iterator[Finding]:
 
 def tail_latency(docs: Documents, th: Thresholds) -> Iterator[Finding]:
     """A future whose slowest calls (p99) take many times its median call: whoever waits for
-    all of them (a gather, a page of lookups) waits for its tail."""
+    all of them (a gather, a page of lookups) waits for its tail. Not a future that gave up
+    waiting on a lock, semaphore or condition: its tail is its own timeout, and what held the
+    resource so long is the cause (the resource's finding), not a tail of its own."""
+    gave_up = {w.future_id for r in docs.resources if r.failed_waits for w in r.futures if w.waits}
     own = _own_futures(docs)
     for f in docs.futures:
+        if f.id in gave_up:
+            continue
         d = f.call_duration_ns
         p50, p99 = d.get("p50", 0), d.get("p99", 0)
         finished = f.outcomes.returned + f.outcomes.raised
