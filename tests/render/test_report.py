@@ -258,3 +258,28 @@ def test_the_header_counts_in_the_singular_where_there_is_one() -> None:
     assert header.endswith("· 1 future · 1 call · 1 event dropped · 1 internal error"), header
     many = _snapshot([_entry(1, "fetch", 5_000_000), _entry(2, "parse", 1_000)])
     assert "· 2 futures · 30 calls · 3 events dropped" in render_table(many, (50.0,), 0)
+
+
+def test_the_scheduled_delay_is_a_column_only_where_a_wake_up_was_measured() -> None:
+    """The loop kept a woken call waiting 4 ms at p99: the table says so beside idle; a
+    future with no wake-up measured (uvloop, a call awaited inside another) shows ``-``, not
+    a misleading 0; and with none measured anywhere the table stays as narrow as before."""
+    woken = dataclasses.replace(
+        _entry(1, "woken", 5_000_000),
+        scheduled_ns=9_000_000,
+        scheduled_polls=3,
+        max_scheduled_ns=4_100_000,
+        scheduled_delay_ns={"p50": 2_000_000, "p99": 4_000_000},
+    )
+    unmeasured = _entry(2, "inner", 1_000)
+    lines = render_table(_snapshot([woken, unmeasured]), (50.0, 99.0), limit=0).splitlines()
+    head = lines[2]
+    assert head.split()[head.split().index("idle") + 1 : head.split().index("idle") + 3] == [
+        "sched",
+        "p99",
+    ]
+    at = slice(head.index("sched p99") - 2, head.index("sched p99") + len("sched p99"))
+    assert lines[3][at].strip() == "4 ms"
+    assert lines[4][at].strip() == "-"
+    plain = render_table(_snapshot([unmeasured]), (50.0, 99.0), limit=0).splitlines()
+    assert "sched" not in plain[2]
