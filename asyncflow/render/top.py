@@ -320,6 +320,12 @@ def _started(f: FutureEntry) -> int:
     return max(0, f.call_count - f.calls.pending - o.never_awaited)
 
 
+def _scheduled_p99(f: FutureEntry) -> int | None:
+    """The 99th percentile of the wait from a wake-up to the poll it led to; None (``-``)
+    when no wake-up was measured (uvloop's loop, a call awaited inside another), not 0."""
+    return _pct(f.scheduled_delay_ns, "p99") if f.scheduled_polls else None
+
+
 def _idle_per_call(f: FutureEntry) -> int | None:
     started = _started(f)
     return f.idle_ns // started if started else None
@@ -926,6 +932,10 @@ VIEWS: tuple[View[Any, Any], ...] = (
             _count("polls", 3, lambda f: f.total_polls, "polls over all calls"),
             _dur("idle/call", 4, _idle_per_call,
                  "mean time a call spent suspended between polls (idleΣ / calls that started)"),
+            _dur("sch-p99", 6, _scheduled_p99,
+                 "99th percentile of the scheduled time: from a call's wake-up to its poll, "
+                 "waiting in the loop's ready queue (high: the loop is too busy to run woken "
+                 "calls promptly; - under uvloop, which it is not measured on)"),
             _dur("idleΣ", 5, lambda f: f.idle_ns,
                  "time suspended between polls, summed over all calls: with many calls at "
                  "once it is longer than the run"),

@@ -488,6 +488,21 @@ def fake_future(**fields: Any) -> dict[str, Any]:
     return {**orjson.loads(schema.dumps(entry)), **fields}
 
 
+def test_the_futures_view_shows_the_scheduled_delay_and_a_dash_where_none_was_measured() -> None:
+    """A high scheduled p99 is a loop too busy to run a woken call promptly; under uvloop (no
+    wake-up measured) the column says ``-``, not a 0 that reads as "never kept waiting"."""
+    futures = next(v for v in VIEWS if v.name == "futures")
+    sched = next(c for c in futures.columns if c.name == "sch-p99")
+    woken = schema.load(
+        schema.FutureEntry,
+        fake_future(scheduled_polls=3, scheduled_delay_ns={"p99": 4_000_000}),
+    )
+    unmeasured = schema.load(schema.FutureEntry, fake_future())
+    assert sched.cell(top.Row(woken)) == compact_duration(4_000_000)
+    assert sched.cell(top.Row(unmeasured)) == "-"
+    assert sched.key(top.Row(unmeasured)) < sched.key(top.Row(woken))
+
+
 @asynccontextmanager
 async def fake_endpoint(
     answer: Callable[[web.Request], Awaitable[web.Response]],
