@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 
 from asyncflow import clock as _clock
 from asyncflow import config as _config
-from asyncflow.instrumentation import _imports, _session, loops
+from asyncflow.instrumentation import _imports, _raised, _session, loops
 from asyncflow.instrumentation._gone import AGGREGATES_KEPT, GONE_KEPT, Fold, GoneHistory, Watch
 from asyncflow.stats import SMALL_BUCKET, SMALL_LIMIT, bucket_of, new_histogram
 
@@ -517,6 +517,16 @@ def _first_poll(r: CallRecord, t0: int) -> None:
         r.task = task.get_name()
 
 
+# Scheduled waits are often longer than SMALL_LIMIT (a loop with a hundred ready tasks queues
+# each for 100 us or more), where bucket_of() costs ~170 ns. Below _MID_LIMIT (~67 ms) the bucket
+# is still the table's, shifted: a duration and its value shifted right by _MID_SHIFT bits share
+# their top bits, so their buckets differ by _MID_OFFSET (the same power-of-two rows, shifted);
+# exact, as tests/instrumentation/test_scheduled.py checks against bucket_of().
+_MID_SHIFT = 10
+_MID_LIMIT = SMALL_LIMIT << _MID_SHIFT
+_MID_OFFSET = bucket_of(SMALL_LIMIT) - SMALL_BUCKET[SMALL_LIMIT >> _MID_SHIFT]
+
+
 def _scheduled(r: CallRecord, t0: int) -> None:
     """The poll starting at ``t0`` is the one the call's task was woken for: the time since
     its wake-up was handed to the loop is the call's scheduled time (the loop's queueing
@@ -529,7 +539,13 @@ def _scheduled(r: CallRecord, t0: int) -> None:
     st.sched_total += ns
     if ns > st.max_sched:
         st.max_sched = ns
-    st.sched_hist[SMALL_BUCKET[ns] if ns < SMALL_LIMIT else bucket_of(ns)] += 1
+    st.sched_hist[
+        SMALL_BUCKET[ns]
+        if ns < SMALL_LIMIT
+        else SMALL_BUCKET[ns >> _MID_SHIFT] + _MID_OFFSET
+        if ns < _MID_LIMIT
+        else bucket_of(ns)
+    ] += 1
 
 
 def _end_poll(r: CallRecord, t0: int) -> int:
@@ -566,6 +582,15 @@ def _short_str(exc: BaseException) -> str:
         return f"<str() failed: {type(err).__name__}>"
 
 
+def _note_raised(r: CallRecord, now: int) -> None:
+    """A task's own call raised: the task is remembered (weakly) until someone retrieves its
+    exception, for the never-retrieved finding (on the raising path only, never a poll's)."""
+    task = current_task()
+    if task is None or getattr(task.get_coro(), "_r", None) is not r:
+        return  # not a task's outermost call: its exception goes to whoever awaits it
+    _raised.note(task, r.future.id, r.call_id, r.exc_type or "", r.exc_message or "", now)
+
+
 def _finish_poll(r: CallRecord, t0: int, exc: BaseException) -> None:
     """The last poll of a call ended with ``exc`` leaving the coroutine (StopIteration included)."""
     if r.finished:  # e.g. "cannot reuse already awaited coroutine": the call ended before
@@ -594,6 +619,7 @@ def _finish_poll(r: CallRecord, t0: int, exc: BaseException) -> None:
             r.stats.raised += 1
             r.exc_type = type(exc).__qualname__
             r.exc_message = _short_str(exc)
+            _note_raised(r, now)
         if r.cancel_at:
             _after_cancel(r, exc, now)
         _retire(r, now)
@@ -952,7 +978,13 @@ class InstrumentedCoroutine(Coroutine[Any, Any, _T]):
                 st.sched_total += ns
                 if ns > st.max_sched:
                     st.max_sched = ns
-                st.sched_hist[SMALL_BUCKET[ns] if ns < SMALL_LIMIT else bucket_of(ns)] += 1
+                st.sched_hist[
+                    SMALL_BUCKET[ns]
+                    if ns < SMALL_LIMIT
+                    else SMALL_BUCKET[ns >> _MID_SHIFT] + _MID_OFFSET
+                    if ns < _MID_LIMIT
+                    else bucket_of(ns)
+                ] += 1
             if not r.first:
                 _first_poll(r, t0)
             r.start = t0
@@ -1280,6 +1312,10 @@ _loop_call_soon: Callable[..., Any] = asyncio.BaseEventLoop.call_soon
 #: asyncio's tasks: its C Task and the Python one (``_PyTask``, where a version has it)
 _TASK_TYPES: tuple[type, ...] = (asyncio.Task, getattr(asyncio.tasks, "_PyTask", asyncio.Task))
 _TASK_CLASSES = frozenset(_TASK_TYPES)  # the common case, without isinstance()
+#: asyncio's own call_soon, as imported; _call_soon inlines it (out of debug mode) when the
+#: method it stands in for is this one, not a program's own
+_ASYNCIOS_CALL_SOON = _loop_call_soon
+_asyncios_own = True
 #: what stands for it while hooked: _call_soon, or its compiled twin; None before the first hook
 _hook: Any = None
 
@@ -1301,6 +1337,12 @@ def _call_soon(
                     r.woken = _clock.now_ns()
                 except Exception as err:  # observing never breaks the program (a fake clock)
                     _session.internal_error("stamping a task's wake-up", err)
+    if _asyncios_own and not self._debug:  # type: ignore[attr-defined]
+        # asyncio's call_soon, inlined: no second frame nor repacking of the arguments (~185
+        # ns of the pure-Python path's every wake-up). Out of debug mode it is these two calls
+        # (3.11 to 3.13 alike), made through ``self`` so that a loop's overrides still run.
+        self._check_closed()  # type: ignore[attr-defined]
+        return self._call_soon(callback, args, context)  # type: ignore[attr-defined,no-any-return]
     handle: asyncio.Handle = _loop_call_soon(self, callback, *args, context=context)
     if self._debug:  # type: ignore[attr-defined]  # (the program's line is where, not this)
         where = handle._source_traceback  # type: ignore[attr-defined]
@@ -1326,11 +1368,12 @@ def _stamp_woken(coro: Any) -> None:
 
 def hook_wakes() -> None:
     """A profiler starts: asyncio's loops stamp each task's wake-up (see _call_soon)."""
-    global _loop_call_soon, _hook
+    global _loop_call_soon, _asyncios_own, _hook
     current = asyncio.BaseEventLoop.__dict__.get("call_soon")
     if current is None or current is _hook:
         return
     _loop_call_soon = current
+    _asyncios_own = current is _ASYNCIOS_CALL_SOON
     _hook = _call_soon
     if _speedups is not None:
         _hook = _speedups.wake_hook(

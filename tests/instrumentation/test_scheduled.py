@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 import pytest
 
@@ -260,3 +261,85 @@ async def test_a_misused_call_soon_says_so_as_asyncios_does() -> None:
     with asyncflow.profile("sched", format="none"), pytest.raises(TypeError) as profiled:
         loop.call_soon(len, "", end="")  # type: ignore[call-arg]
     assert str(profiled.value) == str(plain.value)
+
+
+def test_the_long_waits_bucket_is_bucket_ofs() -> None:
+    """Waits between SMALL_LIMIT and ~67 ms are bucketed by the small table, shifted (the
+    pure-Python path's cheaper count): exactly bucket_of()'s bucket, at every power of two's
+    edges and between."""
+    from asyncflow.stats import SMALL_BUCKET, SMALL_LIMIT, bucket_of
+
+    shift, limit, offset = futures._MID_SHIFT, futures._MID_LIMIT, futures._MID_OFFSET
+    edges = [1 << b for b in range(16, limit.bit_length())]
+    values = [v + d for v in edges for d in (-1, 0, 1, 1023, 1024, 1025)] + [limit - 1]
+    values += list(range(SMALL_LIMIT, 4 * SMALL_LIMIT, 7))
+    for ns in values:
+        if SMALL_LIMIT <= ns < limit:
+            assert SMALL_BUCKET[ns >> shift] + offset == bucket_of(ns), ns
+
+
+class _CountingLoop(asyncio.SelectorEventLoop):
+    """A program's loop that overrides the parts asyncio's call_soon calls."""
+
+    scheduled = 0
+    checked = 0
+
+    def _check_closed(self) -> None:
+        self.checked += 1
+        super()._check_closed()  # type: ignore[misc]
+
+    def _call_soon(self, callback: Any, args: Any, context: Any) -> asyncio.Handle:
+        self.scheduled += 1
+        return super()._call_soon(callback, args, context)  # type: ignore[misc,no-any-return]
+
+
+def test_a_loops_own_parts_of_call_soon_still_run_out_of_debug_mode() -> None:
+    """Out of debug mode the pure-Python stand-in runs asyncio's call_soon inlined: a loop's
+    overrides of what that calls still run, as often as unprofiled, and the wait is measured."""
+
+    async def steps() -> int:
+        for _ in range(5):
+            await asyncio.sleep(0)
+        return 7
+
+    def run(profiled: bool) -> tuple[int, int, int]:
+        loop = _CountingLoop()
+        try:
+
+            async def main() -> int:
+                loop.set_debug(False)
+                if not profiled:
+                    return await asyncio.create_task(steps())
+                with asyncflow.profile("sched", format="none") as prof:
+                    handle = asyncflow.instrument_tasks()
+                    try:
+                        result = await asyncio.create_task(steps())
+                    finally:
+                        handle.undo()
+                    entry = _future(
+                        prof.snapshot(),
+                        "test_a_loops_own_parts_of_call_soon_still_run_out_of_debug_mode.<locals>.steps",
+                    )
+                    assert entry.scheduled_polls == 6
+                return result
+
+            before = loop.scheduled, loop.checked
+            result = loop.run_until_complete(main())
+            return result, loop.scheduled - before[0], loop.checked - before[1]
+        finally:
+            loop.close()
+
+    plain, profiled = run(False), run(True)
+    assert plain[0] == profiled[0] == 7
+    # the profile's own start and stop schedule a few callbacks of their own: at least as many
+    assert profiled[1] >= plain[1] > 0 and profiled[2] >= plain[2] > 0
+
+
+def test_a_closed_loop_refuses_call_soon_as_asyncios_does() -> None:
+    loop = asyncio.new_event_loop()
+    loop.close()
+    with pytest.raises(RuntimeError) as plain:
+        loop.call_soon(print)
+    with asyncflow.profile("sched", format="none"), pytest.raises(RuntimeError) as profiled:
+        loop.call_soon(print)
+    assert str(profiled.value) == str(plain.value) == "Event loop is closed"
