@@ -116,6 +116,7 @@ WARNING_KINDS = (
     "event-never-set",
     "dead-consumer",
     "dead-producer",
+    "never-retrieved",
     "unbounded-growth",
     "busy-wait",
     "tail-latency",

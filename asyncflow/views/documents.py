@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 from asyncflow import clock, stats
 from asyncflow._version import __version__
-from asyncflow.instrumentation import _session, every_loop
+from asyncflow.instrumentation import _raised, _session, every_loop
 from asyncflow.instrumentation.channels import ChannelRecord, Edge, channel_registry, edge_counts
 from asyncflow.instrumentation.cpu import PollFigures, call_figures
 from asyncflow.instrumentation.executors import executor_registry
@@ -765,6 +765,7 @@ def _warnings(
         recent_ends=_recent_ends(collector),
         graph=graph,
         errors=_errors(collector),
+        unretrieved=_unretrieved(collector),
     )
     book = warning_book(collector)
     # Without the tasks read (``/warnings``), the deadlocks are the collector's watch's.
@@ -949,6 +950,16 @@ def _errors(collector: Collector) -> dict[int, tuple[str, str]]:
                 errors[record.id] = (exc_type, call_field(r, "exc_message") or "")
                 break
     return errors
+
+
+def _unretrieved(collector: Collector) -> list[tuple[int, str, str, int]]:
+    """The tasks that raised and whose exception nobody has retrieved yet (since the start)."""
+    origin = collector.session.start_ns
+    return [
+        (e.future_id, e.exc_type, e.exc_message, max(0, e.raised_ns - origin))
+        for e in _raised.unretrieved()
+        if e.raised_ns >= origin
+    ]
 
 
 class _Asked:

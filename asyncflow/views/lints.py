@@ -168,6 +168,10 @@ class Documents:
     #: future id -> (type, message) of the exception its latest call that raised raised, of
     #: the futures whose recent calls' log holds one
     errors: Mapping[int, tuple[str, str]] = field(default_factory=dict)
+    #: the tasks that raised and whose exception nobody has retrieved yet, as (future id,
+    #: exception type, message, when it raised in nanoseconds since the profile's start),
+    #: oldest first; read live only (a snapshot on file does not hold the tasks)
+    unretrieved: Sequence[tuple[int, str, str, int]] = ()
 
 
 def documents_of(snapshot: Snapshot, now_ns: int = 0) -> Documents:
@@ -1554,6 +1558,56 @@ def dead_producer(docs: Documents, th: Thresholds) -> Iterator[Finding]:
         )
 
 
+#: a task's exception unretrieved this long is named: one awaited (or gathered) a little later
+#: is not (asyncio's own shutdown, a supervisor's periodic check)
+UNRETRIEVED_AFTER_NS = 1_000_000_000
+
+
+def never_retrieved(docs: Documents, th: Thresholds) -> Iterator[Finding]:
+    """Tasks whose coroutine raised and whose exception nobody retrieved (awaited, gathered,
+    read with ``exception()``) for a while: asyncio says so only when the task is collected,
+    silent while the program runs. An error, as asyncio's own log of it is: the failure is
+    lost. A dead consumer's or producer's task is that finding's, with its channel."""
+    futures = _by_id(docs)
+    dead = {
+        f.id
+        for side in (_dead_consumers(docs, th), _dead_producers(docs, th))
+        for stage in side.values()
+        for f in stage
+    }
+    origin = docs.now_ns - docs.elapsed_ns
+    by_future: dict[int, list[tuple[int, str, str, int]]] = {}
+    for entry in docs.unretrieved:
+        future_id, _, _, raised_ns = entry
+        waited = docs.now_ns - (origin + raised_ns)
+        if future_id in futures and future_id not in dead and waited >= UNRETRIEVED_AFTER_NS:
+            by_future.setdefault(future_id, []).append(entry)
+    for future_id, tasks in by_future.items():
+        f = futures[future_id]
+        first_ns = tasks[0][3]
+        latest = tasks[-1]
+        error = f"{latest[1]}: {latest[2]}" if latest[2] else latest[1]
+        count = "a task" if len(tasks) == 1 else f"{len(tasks)} tasks"
+        first = _duration(first_ns)
+        yield Finding(
+            "never-retrieved",
+            "error",
+            _future_subject(f),
+            f"`{f.label}`{_where(f.location)} ran in {count} that raised {error} "
+            f"({'first ' if len(tasks) > 1 else ''}{first} into the run) and nobody has "
+            "retrieved the exception: the task is done and its failure is silent "
+            "(asyncio logs it only once the task is garbage-collected)",
+            "await the task (or gather it) where its result is needed, add a done callback "
+            "(task.add_done_callback) that reads task.exception() and logs or restarts, or "
+            "run it in an asyncio.TaskGroup, which raises its exception in the parent",
+            {
+                "tasks": len(tasks),
+                "first_raised_ns": first_ns,
+                "last_raised_ns": latest[3],
+            },
+        )
+
+
 def unbounded_growth(docs: Documents, th: Thresholds) -> Iterator[Finding]:
     """An unbounded channel fills faster than it drains, at its deepest now, its messages
     waiting longer and longer, and nothing holds its producers back."""
@@ -1815,6 +1869,7 @@ LINTS: tuple[Lint, ...] = (
     event_never_set,
     dead_consumer,
     dead_producer,
+    never_retrieved,
     unbounded_growth,
     busy_wait,
     tail_latency,

@@ -130,3 +130,17 @@ def test_a_notify_all_for_every_job_is_a_wakeup_storm_not_cpu_work(tmp_path: Pat
     assert "notify()" in storm["hint"]
     # the workers' polls are the storm's wake-ups: not CPU work to move to an executor
     assert "cpu-bound" not in warnings
+
+
+def test_a_task_exception_never_retrieved_is_named_while_the_program_runs(
+    tmp_path: Path,
+) -> None:
+    warnings = _exit_warnings(tmp_path, "never_retrieved")
+    lost = warnings["never-retrieved"]
+    _held(lost)
+    assert lost["severity"] == "error" and lost["subject"]["label"] == "refresh"
+    assert "raised ValueError: could not convert string to float: '12,5'" in lost["message"]
+    assert lost["evidence"]["tasks"] == 1
+    assert "TaskGroup" in lost["hint"] and "add_done_callback" in lost["hint"]
+    # the three refreshers that run on, cancelled at exit, are not flagged
+    assert {w["subject"]["label"] for w in warnings.values()} == {"refresh"}

@@ -1,0 +1,99 @@
+"""Tasks whose coroutine raised, remembered weakly so the cold path can tell which of them
+nobody retrieved: asyncio logs "Task exception was never retrieved" only when such a task is
+garbage-collected (at exit, or never while something keeps it), silent while the program runs.
+
+Noted where a tracked task's own call raises (``futures._finish_poll``, not a hot path);
+read by the collector's thread. Holds a weak reference to each task and never reads its
+exception (``exception()`` would mark it retrieved): only ``done()``, ``cancelled()`` and
+asyncio's own ``_log_traceback`` flag (the C and the Python Task keep it, 3.11 to 3.14).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import weakref
+from typing import Any
+
+__all__ = ["MAX_RAISED", "Unretrieved", "dropped", "note", "unretrieved"]
+
+#: tasks that raised remembered at once, at most: past it, the oldest are forgotten (counted)
+MAX_RAISED = 1000
+
+
+class Unretrieved:
+    """One task whose coroutine raised (the call's figures, never the exception)."""
+
+    __slots__ = ("call_id", "exc_message", "exc_type", "future_id", "raised_ns", "task")
+
+    def __init__(
+        self,
+        task: weakref.ref[asyncio.Task[Any]],
+        future_id: int,
+        call_id: int,
+        exc_type: str,
+        exc_message: str,
+        raised_ns: int,
+    ) -> None:
+        self.task = task
+        self.future_id = future_id
+        self.call_id = call_id
+        self.exc_type = exc_type
+        self.exc_message = exc_message
+        self.raised_ns = raised_ns
+
+
+_lock = threading.Lock()
+_raised: dict[int, Unretrieved] = {}  # by call id, oldest first
+_dropped = [0]
+
+
+def note(
+    task: asyncio.Task[Any],
+    future_id: int,
+    call_id: int,
+    exc_type: str,
+    exc_message: str,
+    raised_ns: int,
+) -> None:
+    """Remember ``task``, whose own call (``call_id``) just raised."""
+    entry = Unretrieved(weakref.ref(task), future_id, call_id, exc_type, exc_message, raised_ns)
+    with _lock:
+        _raised[entry.call_id] = entry
+        while len(_raised) > MAX_RAISED:
+            del _raised[next(iter(_raised))]
+            _dropped[0] += 1
+
+
+def dropped() -> int:
+    """How many tasks that raised were forgotten, unjudged, to keep the memory bounded."""
+    return _dropped[0]
+
+
+def _settled(task: asyncio.Task[Any] | None) -> bool:
+    """Gone (asyncio logged it if it had to), cancelled, or its exception read: done with."""
+    if task is None:
+        return True
+    if not task.done():
+        return False  # its exception is being set now
+    return task.cancelled() or not getattr(task, "_log_traceback", False)
+
+
+def unretrieved() -> list[Unretrieved]:
+    """The tasks that raised and whose exception nobody has retrieved yet, oldest first;
+    those settled since are forgotten (a retrieved exception stays retrieved)."""
+    with _lock:
+        entries = list(_raised.values())
+    out, settled = [], []
+    for entry in entries:
+        task = entry.task()
+        if _settled(task):
+            settled.append(entry.call_id)
+        elif task is not None and task.done():
+            out.append(entry)
+        del task  # never keep it alive
+    if settled:
+        with _lock:
+            for call_id in settled:
+                _raised.pop(call_id, None)
+    return out
