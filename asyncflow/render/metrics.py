@@ -162,6 +162,12 @@ def _seconds(get: Callable[[Any], int]) -> _Points:
     return lambda e: (("", (), get(e) / 1e9),)
 
 
+def _measured(points: _Points, measured: Callable[[Any], int]) -> _Points:
+    """``points`` of an entry whose ``measured(entry)`` is not 0, none of the others: a figure
+    that was not measured (scheduled time under uvloop) has no series rather than a 0."""
+    return lambda e: points(e) if measured(e) else ()
+
+
 def _by(key: str, names: tuple[str, ...], part: Callable[[Any], Any]) -> _Points:
     """One point per name: ``getattr(part(entry), name)``, labelled ``{key: name}``."""
 
@@ -358,6 +364,18 @@ METRICS: tuple[Metric, ...] = (
         _COUNTER,
         "s",
         "Time suspended between polls",
+    ),
+    Metric(
+        FUTURES,
+        _measured(_seconds(lambda e: e.scheduled_ns), lambda e: e.scheduled_polls),
+        "asyncflow_future_scheduled_seconds_total",
+        _COUNTER,
+        "Time woken and waiting for the loop to run it (scheduled, part of idle); "
+        "no series where not measured (uvloop).",
+        "asyncflow.future.scheduled.time",
+        _COUNTER,
+        "s",
+        "Time woken and waiting for the loop to run it (part of idle)",
     ),
     Metric(
         FUTURES,

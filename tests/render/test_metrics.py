@@ -478,3 +478,30 @@ def _where(location: Location) -> str:
 
 def _q(key: str) -> str:
     return repr(float(key[1:]) / 100)
+
+
+def test_scheduled_seconds_are_a_counter_beside_busy_and_idle_where_measured() -> None:
+    """A future's scheduled time is exported as busy and idle are; a future with no wake-up
+    measured (uvloop's loop) has no series rather than a 0 that reads as "never waited"."""
+    from asyncflow.schema import (
+        CallStates,
+        FuturesDocument,
+        Outcomes,
+        ProfilerStatus,
+    )
+
+    def entry(i: int, label: str, **fields: Any) -> FutureEntry:
+        return FutureEntry(
+            i, label, f"m:{label}", Location("m.py", i), "decorator", 1,
+            CallStates(0, 0, 0, 1, 0), Outcomes(1, 0, 0, 0, 0), 2, 1_000, 9_000_000,
+            500, {"p99": 500}, {"p99": 900}, **fields,
+        )  # fmt: skip
+
+    woken = entry(1, "woken", scheduled_ns=4_500_000, scheduled_polls=2)
+    status = ProfilerStatus(1, "svc", "0", 1, "3.11", 1, False, 0, 0, 0, None, 2, 0, 0, 0)
+    futures = FuturesDocument(1, 2, 0, 2, [woken, entry(2, "uvloop")])
+    types, series = _parse(prometheus.render(figures_of(Snapshot(1, status, futures))))
+    name = "asyncflow_future_scheduled_seconds_total"
+    assert types["asyncflow_future_scheduled_seconds"] == "counter"
+    values = {dict(labels)["label"]: v for (n, labels), v in series.items() if n == name}
+    assert values == {"woken": 0.0045}
