@@ -265,6 +265,14 @@ def test_the_page_renders_warnings_graph_and_tables_of_a_live_profile(
     assert set(futures) == {f"future:{f.id}" for f in snapshot.futures.futures}
     assert futures[work_id][:3] == ["slow_stage", "1", "0"]  # label, calls, live
     assert futures[work_id][-1] == f"test_web_page.py:{slow_stage.__code__.co_firstlineno}"
+    # beside busy and idle, the scheduled delay's p99 (a woken call's wait for the loop), and
+    # the page's dash where no wake-up was measured (uvloop), not a 0
+    heads = [e.content for e in elements if e.tag == "th"]
+    assert heads[heads.index("idle") + 1] == "sched p99"
+    for f in snapshot.futures.futures:
+        measured = futures[f"future:{f.id}"][6]
+        assert (measured == "–") == (f.scheduled_polls == 0), (f.label, measured)
+    assert next(f for f in snapshot.futures.futures if f.label == "slow_stage").scheduled_polls
     assert snapshot.channels is not None and snapshot.resources is not None
     channels = rows("channels")
     assert set(channels) == {f"channel:{c.id}" for c in snapshot.channels.channels}
