@@ -271,7 +271,7 @@ def test_the_page_renders_warnings_graph_and_tables_of_a_live_profile(
     assert heads[heads.index("idle") + 1] == "sched p99"
     for f in snapshot.futures.futures:
         measured = futures[f"future:{f.id}"][6]
-        assert (measured == "–") == (f.scheduled_polls == 0), (f.label, measured)
+        assert (measured == "\u2013") == (f.scheduled_polls == 0), (f.label, measured)
     assert next(f for f in snapshot.futures.futures if f.label == "slow_stage").scheduled_polls
     assert snapshot.channels is not None and snapshot.resources is not None
     channels = rows("channels")
