@@ -1596,7 +1596,7 @@ def never_retrieved(docs: Documents, th: Thresholds) -> Iterator[Finding]:
             f"`{f.label}`{_where(f.location)} ran in {count} that raised {error} "
             f"({'first ' if len(tasks) > 1 else ''}{first} into the run) and nobody has "
             "retrieved the exception: the task is done and its failure is silent "
-            "(asyncio logs it only once the task is garbage-collected)",
+            "(asyncio logs it only when the task is freed)",
             "await the task (or gather it) where its result is needed, add a done callback "
             "(task.add_done_callback) that reads task.exception() and logs or restarts, or "
             "run it in an asyncio.TaskGroup, which raises its exception in the parent",
