@@ -368,8 +368,12 @@ async def _fetch_oldest(get: Get, rows: list[Row[FutureEntry]], ctx: Context) ->
 def _call_lines(document: FutureLogs, ctx: Context) -> list[str]:
     lines = [
         f"{document.label}: live calls first (time = age), then finished ones (time = duration)",
-        f"{'call':>7}  {'state':<9}  {'time':>6}  {'polls':>5}  {'busy':>6}  {'idle':>6}  task",
+        f"{'call':>7}  {'state':<9}  {'time':>6}  {'polls':>5}  {'busy':>6}  {'idle':>6}  "
+        f"{'sched':>6}  task",
     ]
+    # a future none of whose wake-ups was measured (uvloop) shows "-", not a 0 per call
+    row = ctx.row
+    measured = not isinstance(row, FutureEntry) or row.scheduled_polls > 0
     for c in document.calls:
         if c.finished_ns is None:
             time, state = max(0, ctx.uptime_ns - c.created_ns), c.state
@@ -378,7 +382,8 @@ def _call_lines(document: FutureLogs, ctx: Context) -> list[str]:
         error = c.exception
         lines.append(
             f"{c.call_id:>7}  {state:<9}  {dur(time):>6}  {count(c.poll_count):>5}  "
-            f"{dur(c.busy_ns):>6}  {dur(c.idle_ns):>6}  {c.task or '-'}"
+            f"{dur(c.busy_ns):>6}  {dur(c.idle_ns):>6}  "
+            f"{dur(c.scheduled_ns) if measured else '-':>6}  {c.task or '-'}"
             + (f"  {error.type}: {error.message}"[:60] if error else "")
         )
     return lines

@@ -503,6 +503,23 @@ def test_the_futures_view_shows_the_scheduled_delay_and_a_dash_where_none_was_me
     assert sched.key(top.Row(unmeasured)) < sched.key(top.Row(woken))
 
 
+def test_a_futures_call_log_shows_each_calls_scheduled_time_or_a_dash() -> None:
+    """Beside each call's busy and idle time, its scheduled time; ``-`` for every call of a
+    future whose wake-ups were not measured (uvloop), not a 0."""
+    call = schema.CallEntry(
+        7, 1, "done", 2, 1_000, 600, 400, 1_000, 5_000_000, 0, 10, 6_000_000, None, "Task-3",
+        "returned", None, None, scheduled_ns=3_000_000,
+    )  # fmt: skip
+    logs = schema.FutureLogs(1, 1, "fetch", [call])
+    measured = schema.load(schema.FutureEntry, fake_future(scheduled_polls=2))
+    unmeasured = schema.load(schema.FutureEntry, fake_future())
+    lines = top._call_lines(logs, top.Context(row=measured))
+    assert lines[1].split()[4:7] == ["busy", "idle", "sched"]
+    assert lines[2].split()[4:7] == [compact_duration(1_000), compact_duration(5_000_000),
+                                     compact_duration(3_000_000)]  # fmt: skip
+    assert top._call_lines(logs, top.Context(row=unmeasured))[2].split()[6] == "-"
+
+
 @asynccontextmanager
 async def fake_endpoint(
     answer: Callable[[web.Request], Awaitable[web.Response]],
