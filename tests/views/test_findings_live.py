@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import importlib.util
 import threading
 import time
@@ -119,6 +120,12 @@ async def _deadlock(m: ModuleType, stop: asyncio.Future[None]) -> None:
     await _until(stop, *transfers)
 
 
+async def _never_retrieved(m: ModuleType, stop: asyncio.Future[None]) -> None:
+    cache: dict[str, dict[str, float]] = {}
+    refreshers = [asyncio.create_task(m.refresh(r, cache, 0.01)) for r in m.REGIONS]
+    await _until(stop, *refreshers)
+
+
 @dataclass(frozen=True)
 class Case:
     """A planted problem: the example it drives, the finding it must get and its culprit."""
@@ -142,6 +149,7 @@ CASES = [
     Case("stuck/busy_wait", _busy_wait, "busy-wait", "warning", "wait_until_ready"),
     Case("stuck/slow_tail", _slow_tail, "tail-latency", "warning", "fetch_price"),
     Case("stuck/wakeup_storm", _wakeup_storm, "wakeup-storm", "warning", "by `dispatch`", True),
+    Case("stuck/never_retrieved", _never_retrieved, "never-retrieved", "error", "refresh"),
     Case("deadlock", _deadlock, "deadlock", "error", "(transfer) waits at deadlock.py:30", True),
 ]
 
@@ -239,3 +247,78 @@ def test_an_event_never_set_turns_to_a_warning_once_its_waiters_were_cancelled()
         found = _poll(url, lambda w: w["severity"] == "warning", case.kind)
     assert found["active"] and "20 calls of `worker` waited on event" in found["message"]
     assert "nobody ever set it" in found["message"]
+
+
+#: tasks that raise and whose exception is retrieved, each its own way (below)
+_HEALTHY_KEPT: list[asyncio.Task[None]] = []
+
+
+async def _retrieved(m: ModuleType, stop: asyncio.Future[None]) -> None:
+    """Healthy: tasks that raise and whose exceptions are all retrieved (gathered, awaited a
+    little later, read in a done callback), and tasks cancelled; kept alive meanwhile."""
+    cache: dict[str, dict[str, float]] = {}
+
+    def read(task: asyncio.Task[None]) -> None:
+        if not task.cancelled():
+            task.exception()
+
+    while not stop.done():
+        gathered = asyncio.create_task(m.refresh("eu-west", cache, 0.001))
+        later = asyncio.create_task(m.refresh("eu-west", cache, 0.001))
+        called = asyncio.create_task(m.refresh("eu-west", cache, 0.001))
+        called.add_done_callback(read)
+        cancelled = asyncio.create_task(m.refresh("us-east", cache, 0.001))
+        _HEALTHY_KEPT[:] = [gathered, later, called, cancelled]
+        await asyncio.gather(gathered, return_exceptions=True)
+        await asyncio.sleep(0.3)  # the program's pace: it retrieves `later` 0.3 s late
+        with contextlib.suppress(ValueError):
+            await later
+        cancelled.cancel()
+        await asyncio.gather(cancelled, return_exceptions=True)
+
+
+def test_tasks_whose_exceptions_are_retrieved_or_cancelled_are_never_flagged() -> None:
+    case = Case("stuck/never_retrieved", _retrieved, "never-retrieved", "error", "refresh")
+    with _served(case) as (url, _, _):
+        # read until the profile has run 2.5 s: past the 1 s a task may go unretrieved, twice
+        deadline = time.monotonic() + PATIENCE_S
+        evaluated = 0
+        pause = threading.Event()
+        while evaluated < 2_500_000_000 and time.monotonic() < deadline:
+            with urllib.request.urlopen(url + "/warnings", timeout=10) as response:
+                document: dict[str, Any] = orjson.loads(response.read())
+            evaluated = document["evaluated_ns"]
+            kinds = {w["kind"] for w in document["warnings"]}
+            assert "never-retrieved" not in kinds, document
+            pause.wait(0.1)
+        assert evaluated >= 2_500_000_000
+    _HEALTHY_KEPT.clear()
+
+
+def test_a_task_exception_retrieved_late_stops_holding_once_retrieved() -> None:
+    """Flagged while unretrieved; gathered at the end (by ``_until``) with the task kept alive
+    here, it no longer holds: judged by asyncio's flag, not by the task being freed."""
+    (case,) = [c for c in CASES if c.kind == "never-retrieved"]
+    kept: list[asyncio.Task[Any]] = []
+    kept_case = Case(case.example, _keep_refreshers(kept), case.kind, case.severity, "refresh")
+    with _served(kept_case) as (url, release, thread):
+        found = _poll(url, lambda w: bool(w["active"]), case.kind)
+        assert found["evidence"]["tasks"] == 1 and "ValueError" in found["message"]
+        release()
+        thread.join(PATIENCE_S)
+        assert not thread.is_alive()
+        assert any(t.done() and not t.cancelled() for t in kept)  # still alive, retrieved
+        ended = _poll(url, lambda w: not w["active"], case.kind)
+    assert ended["first_seen_ns"] <= ended["last_seen_ns"]
+    kept.clear()
+
+
+def _keep_refreshers(kept: list[asyncio.Task[Any]]) -> Program:
+    """The planted program, its refresh tasks kept in ``kept`` (alive past the program)."""
+
+    async def program(m: ModuleType, stop: asyncio.Future[None]) -> None:
+        cache: dict[str, dict[str, float]] = {}
+        kept.extend(asyncio.create_task(m.refresh(r, cache, 0.01)) for r in m.REGIONS)
+        await _until(stop, *kept)
+
+    return program
