@@ -84,6 +84,9 @@ def _import_where_not_interrupted() -> None:
     thread = threading.Thread(target=load, name="asyncflow-import", daemon=True)
     thread.start()
     thread.join()
+    from asyncflow.model.threads import own_thread_ended
+
+    own_thread_ended(thread)
     if failures:
         raise failures[0]
 

@@ -313,6 +313,8 @@ class ThreadSampler:
         live = self.live
         for reading in readings:
             tid = reading.native_id
+            if tid in _own_ended and tid not in python and tid not in live:
+                continue
             seen.add(tid)
             state = live.get(tid)
             if state is not None and _reused(state, reading):
@@ -332,12 +334,26 @@ class ThreadSampler:
                 # Joined, and gone from Python's list, but the kernel has not taken it down
                 # yet (join returns first): /proc may still say "running" for a moment.
                 state.state, state.loop_ids = "exited", []
+        if _own_ended:  # an id the kernel no longer lists may go to a thread of the program
+            _own_ended.intersection_update(r.native_id for r in readings)
         for tid in [t for t in live if t not in seen]:
             gone = live.pop(tid)
             gone.state = "exited"
             self.exited.append(gone)
         self.sampled_ns = now
         self.samples += 1
+
+
+#: native ids of asyncflow's own threads that ended before a sampler could know them by name
+#: (the start-up import thread): the kernel may list one for a moment after its join returns,
+#: nameless then, and it is neither the program's thread nor worth a line of the report
+_own_ended: set[int] = set()
+
+
+def own_thread_ended(thread: threading.Thread) -> None:
+    """``thread``, one of asyncflow's, was joined: the samplers never list it."""
+    if thread.native_id is not None:
+        _own_ended.add(thread.native_id)
 
 
 def loop_threads(monitor: Any) -> dict[int, list[int]]:

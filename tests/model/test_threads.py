@@ -131,6 +131,31 @@ def test_a_python_thread_that_was_joined_is_not_running_while_the_os_ends_it() -
     ]
 
 
+def test_asyncflows_own_thread_joined_before_sampling_is_never_listed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # start()'s import thread is joined before the profiler's thread samples, but /proc may
+    # still list it, nameless: one report in three of a single-threaded program had a threads
+    # table for a "python" thread that "exited".
+    monkeypatch.setattr(threads, "_own_ended", set())
+    fake = FakeThreads()
+    fake.cpu = {1: 0, 7: MS}
+    importer = _FakePythonThread(7, "asyncflow-import")
+    threads.own_thread_ended(importer)  # type: ignore[arg-type]
+    main: list[Any] = [_FakePythonThread(1, "MainThread")]
+    sampler = ThreadSampler(fake.read, lambda: main, wall=lambda: fake.wall)
+    sampler.sample(0)
+    del fake.cpu[7]  # the kernel takes it down
+    fake.wall = 1000 * MS
+    sampler.sample(1000 * MS)
+    assert [t.native_id for t in threads_document(sampler, 1000 * MS, 0).threads] == [1]
+    # Its id, once free, may go to a thread of the program, which is listed.
+    fake.cpu[7] = MS
+    fake.wall = 2000 * MS
+    sampler.sample(2000 * MS)
+    assert sorted(t.native_id for t in threads_document(sampler, 2000 * MS, 0).threads) == [1, 7]
+
+
 def test_a_thread_list_that_cannot_be_read_is_counted_never_raised() -> None:
     def broken() -> list[ThreadReading]:
         raise RuntimeError("no /proc today")
