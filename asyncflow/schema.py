@@ -747,6 +747,11 @@ class TaskEntry:
     #: the task that created it, by name, when asyncflow saw it made (None: made outside a
     #: task, before asyncflow watched, or untracked)
     parent: str | None = None
+    #: where it was made: the line that called ``create_task`` (or ``ensure_future``, a task
+    #: group's ``create_task``; asyncio's own frames left out, so a library that made it is
+    #: named, not the program line that called the library), when asyncflow saw it made
+    #: (whole-program mode); None: made before asyncflow watched, or untracked
+    created_at: AwaitFrame | None = None
 
 
 @dataclass(frozen=True, slots=True)

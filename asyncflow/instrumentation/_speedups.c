@@ -1018,6 +1018,7 @@ typedef struct {
     long long woken;       /* when the task's wake-up was handed to its loop; 0: none pending */
     long long sched;       /* the call's scheduled time: the sum of those waits */
     long long last_end;    /* when its last poll ended (that suspended); 0: none yet */
+    long long created_lasti; /* for a task's call: created_code's instruction offset */
     PyObject *future;
     PyObject *stats;
     PyObject *hist;
@@ -1033,13 +1034,14 @@ typedef struct {
     PyObject *cancel_outcome;
     PyObject *probe_data; /* the poll probe's own, never touched here */
     PyObject *key;        /* call_id as an int: the record's key in stats.live */
+    PyObject *created_code; /* for a task's call: the code of the frame that made the task */
 } RecordObject;
 
 static PyTypeObject RecordType;
 
 #define RECORD_OBJECTS(X)                                                                      \
     X(future) X(stats) X(hist) X(state) X(task) X(outcome) X(exc_type) X(exc_message) X(result) \
-    X(cancel_requests) X(cancel_to_end) X(cancel_outcome) X(probe_data) X(key)
+    X(cancel_requests) X(cancel_to_end) X(cancel_outcome) X(probe_data) X(key) X(created_code)
 
 static int
 record_traverse(RecordObject *self, visitproc visit, void *arg)
@@ -1127,7 +1129,7 @@ record_setup(RecordObject *self, PyObject *future, PyObject *stats, long long no
     }
     self->start = self->polls = self->busy = self->max = self->last = 0;
     self->first = self->finished = self->cancel_at = self->parent_call = 0;
-    self->woken = self->sched = self->last_end = 0;
+    self->woken = self->sched = self->last_end = self->created_lasti = 0;
     self->created = now;
     PyObject *live = stats_field(stats, FS_LIVE);
     int rc = live == NULL                ? -1
@@ -1176,6 +1178,11 @@ static PyMemberDef record_members[] = {
      "for a task's own call: when the task's wake-up was handed to its loop; 0: none pending"},
     {"sched", T_LONGLONG, offsetof(RecordObject, sched), 0,
      "the call's scheduled time: the sum of its waits from a wake-up to the poll it led to"},
+    {"created_code", T_OBJECT_EX, offsetof(RecordObject, created_code), 0,
+     "for a task's call: the code of the frame that called create_task (asyncio's left out), "
+     "set by the task factory; unset: unknown"},
+    {"created_lasti", T_LONGLONG, offsetof(RecordObject, created_lasti), 0,
+     "for a task's call: that frame's instruction offset (f_lasti) when it made the task"},
     {"future", T_OBJECT_EX, offsetof(RecordObject, future), 0, NULL},
     {"stats", T_OBJECT_EX, offsetof(RecordObject, stats), 0, NULL},
     {"hist", T_OBJECT_EX, offsetof(RecordObject, hist), 0, NULL},
@@ -2721,6 +2728,7 @@ static PyTypeObject FutureCallType = {
  * runner, other arguments) is futures.py's own Python: _task_record, or the whole reference
  * method. */
 
+static PyObject *s_not_creators;
 static PyObject *s_task_filter, *s_by_code, *s_task_record, *s_task_kind, *s_py_task_factory,
     *s_cr_code, *s_Task, *s_anyio_runner;
 static PyObject *s_context, *kw_loop, *kw_loop_context; /* "context", ("loop",), ("loop", "context") */
@@ -2764,6 +2772,44 @@ task_record(PyObject *coro)
         }
     }
     return call_helper(s_task_record, &coro, 1);
+}
+
+/* futures._note_creation, in C: where a task is made, as the first frame outside asyncio and
+ * futures.py (the prefixes of _NOT_CREATORS; from the loop's create_task, the current frame,
+ * outwards): its code and instruction offset, no
+ * line computed, no string made, the frame not kept. Leaves no exception set. */
+#define SITE_WALK 8
+static void
+note_creation(RecordObject *made)
+{
+    PyObject *skip = PyDict_GetItemWithError(futures_dict, s_not_creators); /* borrowed */
+    if (skip == NULL || !PyTuple_CheckExact(skip)) {
+        PyErr_Clear();
+        return;
+    }
+    PyFrameObject *frame = PyEval_GetFrame(); /* borrowed */
+    Py_XINCREF(frame);
+    for (int i = 0; frame != NULL && i < SITE_WALK; i++) {
+        PyCodeObject *code = PyFrame_GetCode(frame);
+        Py_ssize_t in = 0;
+        for (Py_ssize_t k = 0; in == 0 && k < PyTuple_GET_SIZE(skip); k++) {
+            in = PyUnicode_Tailmatch(code->co_filename, PyTuple_GET_ITEM(skip, k), 0,
+                                     PY_SSIZE_T_MAX, -1);
+        }
+        if (in == 0) {
+            Py_XSETREF(made->created_code, (PyObject *)code);
+            made->created_lasti = PyFrame_GetLasti(frame);
+            break;
+        }
+        Py_DECREF(code);
+        if (in < 0) {
+            PyErr_Clear();
+            break;
+        }
+        PyFrameObject *back = PyFrame_GetBack(frame);
+        Py_SETREF(frame, back);
+    }
+    Py_XDECREF(frame);
 }
 
 static PyObject *
@@ -2828,6 +2874,9 @@ task_factory_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf
         RecordObject *made = ((WrapperObject *)use)->r;
         if (outer != NULL && outer->r != NULL && made != NULL && outer->r != made) {
             made->parent_call = outer->r->call_id;
+        }
+        if (made != NULL) {
+            note_creation(made);
         }
     }
     PyObject *previous = field_get(self, TF_PREVIOUS);
@@ -4700,6 +4749,7 @@ PyInit__speedups(void)
     INTERN(s_task_record, "_task_record");
     INTERN(s_task_kind, "task");
     INTERN(s_py_task_factory, "_py_task_factory_call");
+    INTERN(s_not_creators, "_NOT_CREATORS");
     INTERN(s_cr_code, "cr_code");
     INTERN(s_Task, "Task");
     INTERN(s_anyio_runner, "TaskHandle._run_coro");

@@ -409,6 +409,8 @@ class CallRecord:
         "cancel_requests",
         "cancel_to_end",
         "created",
+        "created_code",
+        "created_lasti",
         "exc_message",
         "exc_type",
         "finished",
@@ -443,6 +445,12 @@ class CallRecord:
     #: for a task's call: the id of the outermost call polled when the task was made (its
     #: creating task's own), set by the task factory; read with call_field (0 or None: none)
     parent_call: int
+    #: for a task's call: where the task was made, as the code object and the instruction
+    #: offset (f_lasti) of the frame that called create_task (asyncio's own frames left out),
+    #: set by the task factory; the line is resolved only when a document is built
+    #: (model/waits.py). Read with getattr (unset: unknown)
+    created_code: types.CodeType
+    created_lasti: int
     #: owned by the poll probe (asyncflow.instrumentation.probes), if one wants to keep figures on
     #: the call itself; never set or read by asyncflow
     probe_data: Any
@@ -1441,6 +1449,10 @@ class _TaskFactory:
             parent = _parent_call()
             if parent and parent != coro._r.call_id:
                 coro._r.parent_call = parent
+            try:
+                _note_creation(coro._r, sys._getframe(1))
+            except Exception as err:  # observing never breaks the program
+                _session.internal_error("noting where a task was made", err)
         previous = self.previous
         if previous is None:
             made: asyncio.Task[Any] = asyncio.Task(coro, loop=loop, **kwargs)
@@ -1450,6 +1462,30 @@ class _TaskFactory:
             return made
         task: asyncio.Future[Any] = previous(loop, coro, **kwargs)
         return task
+
+
+#: asyncio's own files and this one: a task's creation line is the first frame outside them
+#: (the program's create_task, not asyncio's, a task group's or gather's, nor the loop's
+#: create_task that asyncflow stands in, _CreateTask); prefixes, for str.startswith
+_NOT_CREATORS = (os.path.dirname(asyncio.__file__) + os.sep, __file__)
+#: frames looked at, at most, for a task's creation line (asyncio's create_task is two deep)
+_SITE_WALK = 8
+
+
+def _note_creation(r: CallRecord, frame: types.FrameType | None) -> None:
+    """The task whose call ``r`` is is being made from ``frame`` (the loop's create_task): the
+    first frame outside asyncio (and asyncflow's stand-in) is where, kept as its code and
+    instruction offset (no line computed, no string made; the frame itself is not kept). The
+    compiled factory does this in C (``note_creation``)."""
+    for _ in range(_SITE_WALK):
+        if frame is None:
+            return
+        code = frame.f_code
+        if not code.co_filename.startswith(_NOT_CREATORS):
+            r.created_code = code
+            r.created_lasti = frame.f_lasti
+            return
+        frame = frame.f_back
 
 
 def _parent_call() -> int:

@@ -555,6 +555,7 @@ def walk_task(
         chain_calls=_chain_calls(coro),
         held_at=held_at,
         awaits=awaits,
+        created_at=_created_at(coro),
     )
     key = (
         f"{waits_on.kind}:{waits_on.ref or waits_on.label or waits_on.description}"
@@ -565,6 +566,24 @@ def walk_task(
     if type(coro) is InstrumentedCoroutine:
         parent_call = getattr(coro._r, "parent_call", 0) or 0
     return TaskWalk(entry, where, key, parent_call)
+
+
+def _created_at(coro: Any) -> schema.AwaitFrame | None:
+    """Where a task was made, from what its factory kept on its call (the creating frame's
+    code and instruction offset): the line is computed here, on the cold side, not at each
+    create_task. None when it was not seen made."""
+    if type(coro) is not InstrumentedCoroutine:
+        return None
+    code: CodeType | None = getattr(coro._r, "created_code", None)
+    if code is None:
+        return None
+    lasti: int = coro._r.created_lasti
+    line = code.co_firstlineno
+    for start, end, at in code.co_lines():
+        if start <= lasti < end:
+            line = at if at is not None else line
+            break
+    return schema.AwaitFrame(code.co_filename, line, code.co_qualname)
 
 
 def _all_tasks(loop: asyncio.AbstractEventLoop) -> list[asyncio.Task[Any]]:

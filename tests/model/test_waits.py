@@ -13,6 +13,7 @@ import anyio
 import pytest
 
 import asyncflow
+from asyncflow import schema
 from asyncflow.instrumentation import loops
 from asyncflow.model import waits
 
@@ -259,3 +260,126 @@ async def test_asyncflow_frames_are_no_part_of_the_chain(prof: asyncflow.Profile
     finally:
         gate.release()
         await task
+
+
+async def test_a_task_reports_the_line_it_was_created_on(prof: asyncflow.Profiler) -> None:
+    """The task tree's creation line: the frame that called create_task (asyncio's own frames
+    left out: a task group's, gather's), resolved only when /tasks is built."""
+    handle = asyncflow.instrument_tasks()
+    release = asyncio.Event()
+    started = 0
+
+    async def child() -> None:
+        nonlocal started
+        started += 1
+        await release.wait()
+
+    async def parent() -> None:
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(child(), name="grouped")  # grouped's line
+            await release.wait()
+
+    here = child.__code__.co_filename
+    first = parent.__code__.co_firstlineno
+    made = asyncio.create_task(parent(), name="parent")  # parent's line
+    plain = asyncio.ensure_future(child())
+    plain.set_name("ensured")
+    try:
+        await _settle([made, plain], lambda: started == 2)
+        tasks = {t.name: t for t in prof.snapshot().tasks.tasks}  # type: ignore[union-attr]
+        assert tasks["parent"].created_at == schema.AwaitFrame(
+            here, first + 7, "test_a_task_reports_the_line_it_was_created_on"
+        )
+        assert tasks["ensured"].created_at is not None
+        assert tasks["ensured"].created_at.line == first + 8
+        assert tasks["grouped"].created_at == schema.AwaitFrame(
+            here, first + 2, "test_a_task_reports_the_line_it_was_created_on.<locals>.parent"
+        )
+        assert tasks["grouped"].parent == "parent"
+    finally:
+        release.set()
+        await asyncio.gather(made, plain)
+        handle.undo()
+
+
+async def test_a_task_made_by_a_library_names_the_librarys_line(prof: asyncflow.Profiler) -> None:
+    """The creation line is the frame that called create_task, asyncio's left out: a task an
+    anyio task group starts is made on anyio's line (the program's start_soon is its caller's
+    concern, as a library's frame is in ``where``)."""
+    handle = asyncflow.instrument_tasks()
+    release = asyncio.Event()
+    try:
+        async with anyio.create_task_group() as tg:
+
+            async def child() -> None:
+                await release.wait()
+
+            tg.start_soon(child, name="started")
+            await asyncio.sleep(0)
+            tasks = {t.name: t for t in prof.snapshot().tasks.tasks}  # type: ignore[union-attr]
+            site = tasks["started"].created_at
+            assert site is not None and "anyio" in site.file, site
+            release.set()
+    finally:
+        handle.undo()
+
+
+def test_the_creation_line_keeps_no_frame_and_leaks_no_code() -> None:
+    """The factory keeps the creating frame's code (its record's), never the frame: with the
+    references of the code stay where they were (the records kept are bounded), and, with the
+    cyclic GC off, what the creating frame held is let go at once."""
+    import gc
+    import sys
+
+    async def leaf() -> None:
+        pass
+
+    async def maker() -> None:
+        tasks = [asyncio.create_task(leaf()) for _ in range(50)]
+        await asyncio.gather(*tasks)
+
+    def rounds(n: int) -> None:
+        async def main() -> None:
+            with asyncflow.profile("site", format="none"):
+                handle = asyncflow.instrument_tasks()
+                try:
+                    for _ in range(n):
+                        await maker()
+                finally:
+                    handle.undo()
+
+        asyncio.run(main())
+
+    code = maker.__code__
+    rounds(20)  # (the futures' bounded logs of recent calls keep some records: filled here)
+    gc.collect()
+    before = sys.getrefcount(code)
+    gc.disable()
+    try:
+        rounds(20)
+    finally:
+        gc.enable()
+    gc.collect()  # (asyncio's cycles on 3.12+ hold the last round's tasks until collected)
+    assert sys.getrefcount(code) == before
+    # and no frame: what the creating frame held (its locals) is let go once it ends, GC off
+    held = object()
+
+    async def holding(thing: object) -> None:
+        tasks = [asyncio.create_task(leaf()) for _ in range(5)]
+        await asyncio.gather(*tasks)
+
+    async def probe() -> int:
+        with asyncflow.profile("site", format="none"):
+            handle = asyncflow.instrument_tasks()
+            try:
+                base = sys.getrefcount(held)
+                await holding(held)
+                return sys.getrefcount(held) - base
+            finally:
+                handle.undo()
+
+    gc.disable()
+    try:
+        assert asyncio.run(probe()) == 0
+    finally:
+        gc.enable()
