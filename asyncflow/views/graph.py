@@ -64,12 +64,19 @@ class _Builder:
         self.open: set[str] = set()
         #: waits that end only when every target does (else: when any does)
         self.all_of: set[str] = set()
+        #: (source, target, relation) of the edges made: each once, however many tasks wait
+        #: on the lock or queue whose releasers they name
+        self._made: set[tuple[str, str, str]] = set()
 
     def node(self, node: GraphNode) -> None:
         self.nodes.setdefault(node.id, node)
         self.out.setdefault(node.id, [])
 
     def edge(self, edge: GraphEdge) -> None:
+        key = (edge.source, edge.target, edge.relation)
+        if key in self._made:
+            return
+        self._made.add(key)
         self.edges.append(edge)
         self.out.setdefault(edge.source, []).append(edge.target)
 

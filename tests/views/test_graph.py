@@ -171,6 +171,8 @@ async def test_a_healthy_program_with_locks_and_queues_has_an_acyclic_graph(
         g = _graph(prof)
         assert g.cycles == [] and not any(n.stuck for n in g.nodes)
         relations = {(e.source, e.relation, e.target) for e in g.edges}
+        # each edge once, however many tasks wait on the lock (three) or the queue
+        assert len(g.edges) == len(relations)
         assert ("task:waiter-0", "waits", "resource:" + _ref(g, "cache")) in relations
         assert ("resource:" + _ref(g, "cache"), "held_by", "task:holder") in relations
         assert ("task:producer", "waits", f"channel:{_ref(g, 'jobs')}") in relations
