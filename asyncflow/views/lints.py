@@ -697,6 +697,8 @@ def cpu_bound(docs: Documents, th: Thresholds) -> Iterator[Finding]:
     stormed = {f.future_id for r in _storms(docs, th) for f in r.futures if f.waits}
     if top.id in stormed:
         return  # its polls are the wake-ups of a storm: wakeup-storm names the cause
+    if any(f.id == top.id for f, *_ in _spinners(docs, th)):
+        return  # its busy time is a spin: busy-wait names the cause
     used = _cpu_used(docs, top)
     if used is False:
         return
@@ -1645,10 +1647,10 @@ def unbounded_growth(docs: Documents, th: Thresholds) -> Iterator[Finding]:
         )
 
 
-def busy_wait(docs: Documents, th: Thresholds) -> Iterator[Finding]:
-    """A future polled thousands of times per call, each poll and each gap between polls
-    sub-millisecond, with no message received or wait to wake it: it spins on the loop
-    (``while not flag: await asyncio.sleep(0)``)."""
+def _spinners(docs: Documents, th: Thresholds) -> Iterator[tuple[FutureEntry, int, int, int]]:
+    """The program's futures polled thousands of times per call, each poll and each gap
+    between polls sub-millisecond, with no message received or wait to wake them; each with
+    its polls per call, its mean poll and its mean gap."""
     woken: dict[int, int] = {}
     for c in docs.channels:
         for e in (*c.receivers, *c.senders):
@@ -1668,6 +1670,13 @@ def busy_wait(docs: Documents, th: Thresholds) -> Iterator[Finding]:
         poll_ns, gap_ns = f.busy_ns // f.total_polls, f.idle_ns // f.total_polls
         if poll_ns >= th.busy_wait_gap_ns or gap_ns >= th.busy_wait_gap_ns:
             continue
+        yield f, per_call, poll_ns, gap_ns
+
+
+def busy_wait(docs: Documents, th: Thresholds) -> Iterator[Finding]:
+    """A future that spins on the loop (``while not flag: await asyncio.sleep(0)``): polled
+    thousands of times per call, sub-millisecond each, with nothing to wake it."""
+    for f, per_call, poll_ns, gap_ns in _spinners(docs, th):
         yield Finding(
             "busy-wait",
             "warning",
