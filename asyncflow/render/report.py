@@ -528,13 +528,16 @@ def _holder(edge: GraphEdge, task: GraphNode) -> str:
 
 
 def _tree(task: TaskEntry | None) -> str:
-    """Where a task sits in the task tree: ``made by Task-1``, ``awaited by Task-4``."""
+    """Where a task sits in the task tree: ``made by Task-1 at app.py:12``, ``awaited by
+    Task-4``; ``made at app.py:12`` when the task that made it is not known."""
     if task is None:
         return ""
+    site = task.created_at
+    at = f" at {_path(site.file)}:{site.line}" if site is not None else ""
     awaiters = _names(task.awaiters)
     if task.parent is not None and task.awaiters == [task.parent]:
-        return f"made and awaited by {task.parent}"
-    made = f"made by {task.parent}" if task.parent is not None else ""
+        return f"made{at} and awaited by {task.parent}"
+    made = f"made by {task.parent}{at}" if task.parent is not None else f"made{at}" if at else ""
     return ", ".join(x for x in (made, f"awaited by {awaiters}" if awaiters else "") if x)
 
 

@@ -3,6 +3,8 @@ and the task that made it, bounded."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from asyncflow.render.report import render_table
 from asyncflow.schema import (
     AwaitFrame,
@@ -141,3 +143,29 @@ def test_a_wait_asyncflow_does_not_track_is_named_by_its_kind_and_description() 
         "  20 tasks (worker) wait at app.py:15 on event (wait for event): Task-10, Task-11,"
         " Task-12 and 17 more\n" in text
     )
+
+
+def test_a_task_says_the_line_it_was_made_on() -> None:
+    snapshot = _hang()
+    assert snapshot.tasks is not None
+    made_at = {
+        "Task-2": AwaitFrame("app.py", 50, "main"),  # its parent known: by whom, and where
+        "Task-10": AwaitFrame("app.py", 33, "spawn"),  # made and awaited by its parent
+        "Task-6": AwaitFrame("app.py", 52, "main"),
+    }
+    tasks = [
+        dataclasses.replace(t, created_at=made_at.get(t.name), parent=None)
+        if t.name == "Task-6"
+        else dataclasses.replace(t, created_at=made_at.get(t.name, t.created_at))
+        for t in snapshot.tasks.tasks
+    ]
+    snapshot = dataclasses.replace(snapshot, tasks=dataclasses.replace(snapshot.tasks, tasks=tasks))
+    text = render_table(snapshot, (50.0,), limit=10)
+    assert _section(text, "stuck tasks")[1].endswith("; made by Task-1 at app.py:50")
+    waiting = _section(text, "waiting tasks")
+    # the group splits: Task-10 was made on its own line, the other 19 on no known line
+    assert (
+        "  Task-10 (worker) waits at app.py:15 on event app.py:40; made at app.py:33 and"
+        " awaited by Task-4" in waiting
+    )
+    assert waiting[-1].endswith("drains; made at app.py:52")  # its parent not known
