@@ -1744,15 +1744,24 @@ def wakeup_storm(docs: Documents, th: Thresholds) -> Iterator[Finding]:
         )
 
 
+def _cut_by_timeouts(f: FutureEntry) -> bool:
+    """Whether a cancellation (a timeout, mostly) cut at least 1% of the future's calls: its
+    p99 is then the timeout the program set, which bounds the tail by design (the
+    cancellations have their own finding when they are most calls)."""
+    o = f.outcomes
+    return 100 * f.cancellations.requested >= max(1, o.returned + o.raised + o.cancelled)
+
+
 def tail_latency(docs: Documents, th: Thresholds) -> Iterator[Finding]:
     """A future whose slowest calls (p99) take many times its median call: whoever waits for
-    all of them (a gather, a page of lookups) waits for its tail. Not a future that gave up
+    all of them (a gather, a page of lookups) waits for its tail. Not a future whose calls a
+    timeout cut (its p99 is the timeout, which the program chose), nor one that gave up
     waiting on a lock, semaphore or condition: its tail is its own timeout, and what held the
     resource so long is the cause (the resource's finding), not a tail of its own."""
     gave_up = {w.future_id for r in docs.resources if r.failed_waits for w in r.futures if w.waits}
     own = _own_futures(docs)
     for f in docs.futures:
-        if f.id in gave_up:
+        if f.id in gave_up or _cut_by_timeouts(f):
             continue
         d = f.call_duration_ns
         p50, p99 = d.get("p50", 0), d.get("p99", 0)

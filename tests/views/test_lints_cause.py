@@ -5,6 +5,7 @@ work only where the loop's thread computed."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import sys
 import time
 
@@ -228,3 +229,24 @@ def test_a_repeated_line_outranks_a_one_off_start_up_block() -> None:
         "Untracked code in main blocked the event loop once at app.py:3 (`warm()`), for 600 ms: "
         "every other task waited meanwhile"
     )
+
+
+def test_a_tail_that_a_timeout_cut_is_no_slow_tail() -> None:
+    # A crawler's fetches: most take a few ms, and one in four hits the program's timeout. Its
+    # p99 is that timeout, which the program chose: no slow-tail warning (the README's crawler
+    # got one in one run of three). The same spread with no timeout is a slow tail.
+    slow = dataclasses.replace(
+        future(1, "fetch", 50 * MS, 1 * MS),
+        call_count=120,
+        outcomes=schema.Outcomes(120, 0, 0, 0, 0),
+        call_duration_ns={"p50": 8 * MS, "p95": 90 * MS, "p99": 118 * MS},
+    )
+    docs = Documents(now_ns=1000 * MS, elapsed_ns=1000 * MS, futures=[slow])
+    assert [f.kind for f in lints.tail_latency(docs, Thresholds())] == ["tail-latency"]
+    cut = dataclasses.replace(
+        slow,
+        outcomes=schema.Outcomes(90, 0, 30, 0, 0),
+        cancellations=schema.Cancellations(30, 0, 0, 100 * MS),
+    )
+    docs = Documents(now_ns=1000 * MS, elapsed_ns=1000 * MS, futures=[cut])
+    assert list(lints.tail_latency(docs, Thresholds())) == []
