@@ -430,10 +430,13 @@ def _line_finding(cause: _Cause, futures: dict[int, FutureEntry], top: int | Non
         file, number = (frame.file, frame.line) if frame is not None else ("?", 0)
         function, code = (frame.function, frame.code) if frame is not None else ("?", None)
         label = None
+    route = now.route if now is not None else line.route if line is not None else None
     if now is not None and now.call is not None:
         label = now.call.label
     where = f"{os.path.basename(file)}:{number}"
     who = f"`{label}`" if label else f"Untracked code in {function}"
+    if route and route != label:  # the request it served: `checksum` in `GET /orders/{id}`
+        who += f" in `{route}`"
     shown = (code or "").split("  #")[0].strip()  # the statement, without its comment
     at = f"at {where}" + (f" (`{shown}`)" if shown else "")
     evidence: dict[str, int] = {"loop_id": loop.id}
