@@ -198,6 +198,12 @@ class FutureEntry:
     max_scheduled_ns: int = 0
     #: percentiles of those waits, one per wake-up
     scheduled_delay_ns: dict[str, int] = field(default_factory=dict)
+    #: ``asyncio.gather`` calls one of its calls took part in, counted where every child was
+    #: a task running a tracked call and none was cancelled (the gather waited for all)
+    gathers: int = 0
+    #: of those, the gathers whose last call to end was one of its: the one the gather
+    #: waited for
+    gathers_last: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -609,6 +615,9 @@ class BlockedEpisode:
     #: most looks: computing, if short of a core), ``blocking`` (a sleep, blocking I/O, a lock:
     #: little CPU), or null when the CPU was not measured
     kind: str | None = None
+    #: the route of the request the running task served (``GET /orders/{order_id}``), when a
+    #: web framework routed it (whole-program mode); null otherwise
+    route: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -635,6 +644,8 @@ class BlockedLine:
     #: the innermost tracked call's future at the latest block (null: untracked code)
     future_id: int | None
     label: str | None
+    #: the route of the request the latest block served, as an episode's ``route``
+    route: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

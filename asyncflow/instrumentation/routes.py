@@ -35,7 +35,7 @@ from typing import Any
 
 from asyncflow.instrumentation import _session, futures
 
-__all__ = ["ROUTE", "UNMATCHED", "aiohttp_patches", "starlette_patches"]
+__all__ = ["ROUTE", "UNMATCHED", "aiohttp_patches", "route_of", "starlette_patches"]
 
 #: ``tracked_by`` of a route's future
 ROUTE = "route"
@@ -53,6 +53,10 @@ Patch = tuple[Any, str, Any]
 #: (id of the route, method) -> (a weak reference to the route, its future for that method):
 #: checked against the route (an id is reused); never keyed by a method the client made up
 _cache: dict[tuple[int, str], tuple[Any, futures.FutureRecord]] = {}
+#: the call of a task that was not made for its request (its first poll was over) -> the route's
+#: own call running inside it: the request the task serves now. Call ids are never reused;
+#: bounded as the cache is (a task that served requests and went is forgotten past it)
+_within: dict[int, Any] = {}
 _get_ident = threading.get_ident
 _get_running_loop = asyncio.events._get_running_loop
 
@@ -121,7 +125,33 @@ def _route(record: futures.FutureRecord, coro: Any) -> Any:
         return coro
     if not _tracked_loop():
         return coro  # asyncflow's own endpoint, or a loop whose tasks are not tracked
-    return futures.InstrumentedCoroutine(coro, record)
+    return _nested(call, futures.InstrumentedCoroutine(coro, record))
+
+
+def _nested(outer: Any, wrapped: Any) -> Any:
+    """``wrapped``, a request's call of its own inside ``outer`` (the task's call, or None),
+    remembered as the request ``outer`` serves now: its blocks name the route."""
+    if outer is not None:
+        if len(_within) >= CACHED:
+            _within.clear()
+        _within[outer.call_id] = wrapped._r
+    return wrapped
+
+
+def route_of(outer: Any) -> str | None:
+    """The route of the request that the outermost call running on a thread (``outer``, a task's
+    step) serves now: its own future's label when it is a route's call, else that of the
+    route's call running inside it; None when it serves no routed request (read from any
+    thread: the loop monitor names the route of what blocks a loop)."""
+    if outer is None:
+        return None
+    future = outer.future
+    if getattr(future, "tracked_by", None) == ROUTE:
+        return str(future.label)
+    inner = _within.get(outer.call_id)
+    if inner is None or not inner.start:  # (its poll is over: the task serves no route now)
+        return None
+    return str(inner.future.label)
 
 
 def _tracked_loop() -> bool:
@@ -273,10 +303,12 @@ def _aiohttp_handle(
         if _session.active is None:
             return coro
         try:
-            if _fresh_task_call() is not None or not _tracked_loop():
+            _, outer = futures.running_on_thread(_get_ident())
+            fresh = outer is not None and not outer.polls and outer.future.tracked_by == "task"
+            if fresh or not _tracked_loop():
                 return coro  # freeze() moves the task's call; or asyncflow's own endpoint
             # a call of its own, the unmatched one's until freeze() finds its route
-            return futures.InstrumentedCoroutine(coro, holder.future(code))
+            return _nested(outer, futures.InstrumentedCoroutine(coro, holder.future(code)))
         except Exception as err:  # observing never breaks the program
             _session.internal_error("labelling an aiohttp request by its route", err)
             return coro

@@ -61,7 +61,7 @@ from types import CodeType, FrameType
 from typing import Any
 
 from asyncflow import _forksafe, clock, stats
-from asyncflow.instrumentation import _session, futures, loops
+from asyncflow.instrumentation import _session, futures, loops, routes
 from asyncflow.instrumentation.futures import CallRecord
 from asyncflow.instrumentation.loops import LoopRecord, loop_registry
 from asyncflow.model.threads import _cpu_clock
@@ -250,6 +250,7 @@ class BlockLine:
         "line",
         "looks",
         "max_ns",
+        "route",
         "runnable",
         "total_ns",
     )
@@ -270,6 +271,8 @@ class BlockLine:
         #: the innermost tracked call's future at its latest block (None: untracked code)
         self.future_id: int | None = None
         self.label: str | None = None
+        #: the route of the request its latest block served (None: none, or not routed)
+        self.route: str | None = None
         #: when its latest block ended
         self.last_ns = 0
 
@@ -292,6 +295,7 @@ class _Block:
         "looks",
         "poll_start",
         "polls",
+        "route",
         "runnable",
         "since",
         "states",
@@ -306,6 +310,8 @@ class _Block:
         inner = sample.inner
         #: the innermost tracked call's future, id and label
         self.label = (inner.future.id, inner.future.label) if inner is not None else None
+        #: the route of the request the task serves, if a web framework routed it
+        self.route = routes.route_of(call)
         self.since = since
         #: the loop thread's CPU clock at the first look, and when it was read
         self.cpu0 = cpu
@@ -404,6 +410,7 @@ class Episode:
         "looks",
         "ongoing",
         "poll_start",
+        "route",
         "runnable",
         "since",
         "stack",
@@ -422,6 +429,8 @@ class Episode:
         #: looks in a row that saw ``key``
         self.looks = 1
         self.task = task
+        #: the route of the request the task serves, if a web framework routed it
+        self.route = routes.route_of(sample.outer)
         self.stack = extract_stack(sample.top)
         #: the loop thread's CPU clock when first seen (and when read), and the CPU time it
         #: used over ``cpu_wall_ns`` of the episode (0 and 0 when it could not be read)
@@ -696,6 +705,7 @@ class LoopState:
         line.last_ns = end
         if block.label is not None:
             line.future_id, line.label = block.label
+        line.route = block.route
         line.looks += block.states
         line.runnable += block.runnable
         cpu = self.cpu

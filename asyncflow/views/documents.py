@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 from asyncflow import clock, stats
 from asyncflow._version import __version__
-from asyncflow.instrumentation import _raised, _session, every_loop
+from asyncflow.instrumentation import _raised, _session, every_loop, gathers
 from asyncflow.instrumentation.channels import ChannelRecord, Edge, channel_registry, edge_counts
 from asyncflow.instrumentation.cpu import PollFigures, call_figures
 from asyncflow.instrumentation.executors import executor_registry
@@ -200,7 +200,14 @@ def future_entry(
         ],
         **_poll_figures(figures, record.id),
         **_scheduled(st, percentiles),
+        **_gathered(record.id),
     )
+
+
+def _gathered(future_id: int) -> dict[str, Any]:
+    """The gathers a call of the future took part in, and those it ended last in."""
+    c = gathers.counts(future_id)
+    return {"gathers": c.gathers, "gathers_last": c.last}
 
 
 def _scheduled(st: Any, percentiles: tuple[float, ...]) -> dict[str, Any]:
@@ -614,6 +621,7 @@ def _episode(e: Episode, now: int, origin: int) -> BlockedEpisode:
         cpu_ns=e.cpu_ns if e.cpu_wall_ns else None,
         cpu_wall_ns=e.cpu_wall_ns,
         kind=e.kind,
+        route=e.route,
     )
 
 
@@ -632,6 +640,7 @@ def _blocked_line(line: BlockLine, origin: int) -> BlockedLine:
         kind=line.kind,
         future_id=line.future_id,
         label=line.label,
+        route=line.route,
     )
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import time
 from collections.abc import Iterator, MutableMapping
 from typing import Any
 
@@ -153,3 +154,64 @@ def test_the_hooks_pass_for_what_they_wrap(tracked: asyncflow.Profiler) -> None:
     assert hooked is not PLAIN_HANDLE
     assert (hooked.__name__, hooked.__qualname__) == ("handle", "Route.handle")
     assert inspect.signature(hooked) == inspect.signature(PLAIN_HANDLE)
+
+
+# ---- a blocked loop names the route the request belongs to ------------------------------------
+
+#: the block threshold of these tests, and how long the handler's call blocks the loop
+THRESHOLD = 0.05
+BLOCK = 0.15
+
+
+@asyncflow.future
+async def checksum(order_id: str) -> str:
+    time.sleep(BLOCK)  # blocks the loop: the finding names this call and its route
+    return order_id
+
+
+async def _blocking_order(request: Request) -> PlainTextResponse:
+    return PlainTextResponse(await checksum(request.path_params["order_id"]))
+
+
+def _blocking_app() -> Starlette:
+    return Starlette(routes=[routing.Route("/orders/{order_id}", _blocking_order)])
+
+
+@pytest.fixture
+def blocked() -> Iterator[asyncflow.Profiler]:
+    """As ``tracked``, with a block threshold that a short sleep reaches."""
+    with asyncflow.profile("routes", format="none", block_threshold=THRESHOLD) as prof:
+        tracking = track_every_loop(executors=False)
+        try:
+            yield prof
+        finally:
+            tracking.undo()
+
+
+def _blocked_by(snapshot: Snapshot) -> list[str]:
+    return [w.message for w in snapshot.warnings if w.kind == "loop-blocked"]
+
+
+@pytest.mark.parametrize("own_task", [True, False], ids=["task-per-request", "one-task"])
+def test_a_blocked_loop_names_the_call_and_its_route(
+    blocked: asyncflow.Profiler, own_task: bool
+) -> None:
+    async def main() -> int:
+        app = _blocking_app()
+        if own_task:  # the request's task is the route's call (moved there)
+            return await _serve(app, "GET", "/orders/7")
+        transport = httpx.ASGITransport(app=app)  # the route's call inside asyncio.run's task
+        async with httpx.AsyncClient(transport=transport, base_url="http://app") as client:
+            return (await client.get("/orders/7")).status_code
+
+    assert asyncio.run(main()) == 200
+    snapshot = blocked.snapshot()
+    assert snapshot.loop is not None
+    lines = [line for loop in snapshot.loop.loops for line in loop.blocking_lines]
+    assert [(line.label, line.route) for line in lines] == [("checksum", "GET /orders/{order_id}")]
+    episodes = [e for loop in snapshot.loop.loops for e in loop.episodes]
+    assert [(e.call and e.call.label, e.route) for e in episodes] == [
+        ("checksum", "GET /orders/{order_id}")
+    ]
+    [message] = _blocked_by(snapshot)
+    assert message.startswith("`checksum` in `GET /orders/{order_id}` blocked the event loop")
