@@ -51,6 +51,10 @@ DEFAULT_BLOCK_THRESHOLD = 0.1
 #: events the trace recorder keeps (the newest), and the most ``trace_events`` may ask for
 DEFAULT_TRACE_EVENTS = 100_000
 MAX_TRACE_EVENTS = 10_000_000
+#: the recording's size budget, in megabytes (``record_budget``)
+DEFAULT_RECORD_BUDGET = 5.0
+MIN_RECORD_BUDGET = 0.05
+MAX_RECORD_BUDGET = 100_000.0
 #: the block threshold's bounds, in seconds: finer than the loop monitor can see is noise, and
 #: longer than an hour is no threshold at all
 MIN_BLOCK_THRESHOLD = 0.001
@@ -400,6 +404,20 @@ def _trace(value: object, source: str) -> tuple[bool, str | None]:
             f"{source}={_shown(value)}: expected True, False, or the trace file's path"
         )
     return True, _output(value, source)
+
+
+def _record(value: object, source: str) -> str | None:
+    """``record=``: the recording's file (checked now, as the report's is), or None."""
+    if isinstance(value, str) and value.strip().lower() in ("0", "false", "no", "off"):
+        return None
+    if isinstance(value, bool) or not isinstance(value, str | os.PathLike) or value == "-":
+        raise ValueError(f"{source}={_shown(value)}: expected the recording's file path")
+    return _output(value, source)
+
+
+def _record_budget(value: object, source: str) -> float:
+    low, high = MIN_RECORD_BUDGET, MAX_RECORD_BUDGET
+    return _seconds(value, source, high, f"megabytes, a number from {low:g} to {high:g}", low)
 
 
 def _port(value: object, source: str) -> int | None:
@@ -955,6 +973,39 @@ class Options:
             "spawned workers) unprofiled; each is profiled on its own otherwise "
             "[$ASYNCFLOW_NO_CHILDREN]",
             kind="switch",
+        ).meta,
+    )
+    #: record the documents over time to this file (``asyncflow.render.record``); None: off
+    record: str | None = field(
+        default=None,
+        metadata=Option(
+            _record,
+            "off",
+            "record the documents over time to this file, compressed and bounded by "
+            "`record_budget`, for `asyncflow report FILE --at SECONDS` and `asyncflow replay "
+            "FILE` (see [Recordings](record.md#recordings))",
+            env="ASYNCFLOW_RECORD",
+            example="run.afrec",
+            flag="--record",
+            flag_help="record the documents over time to FILE, for 'asyncflow report FILE "
+            "--at SECONDS' and 'asyncflow replay FILE' [off]",
+            metavar="FILE",
+        ).meta,
+    )
+    #: the recording's size budget in megabytes: detail is thinned, then time, to stay under it
+    record_budget: float = field(
+        default=DEFAULT_RECORD_BUDGET,
+        metadata=Option(
+            _record_budget,
+            f"{DEFAULT_RECORD_BUDGET:g}",
+            "the recording's size budget in megabytes, from "
+            f"{MIN_RECORD_BUDGET:g} to {MAX_RECORD_BUDGET:g}: past shares of it the big "
+            "sections (logs, tasks, graph, threads) are thinned, then ticks, and the file "
+            "stays under it",
+            env="ASYNCFLOW_RECORD_BUDGET",
+            flag="--record-budget",
+            flag_help="the recording's size budget in megabytes [5]",
+            metavar="MB",
         ).meta,
     )
 

@@ -33,6 +33,7 @@ from asyncflow.instrumentation.futures import reset_for_session
 
 if TYPE_CHECKING:
     from asyncflow.model.collector import Collector
+    from asyncflow.render.record import Recorder
     from asyncflow.render.reporters import Reporters
     from asyncflow.render.trace import TraceRecorder
     from asyncflow.schema import Snapshot
@@ -115,6 +116,8 @@ class Profiler:
         #: (they register with it); None when not asked for
         self._trace: TraceRecorder | None = None
         self._live: Reporters | None = None
+        #: the recording (``record=``), ticked by the collector too; None when not asked for
+        self._record: Recorder | None = None
         self._server: Server | None = None
         self._final: Snapshot | None = None
         self._failure: BaseException | None = None
@@ -241,6 +244,13 @@ class Profiler:
                 )
             if options.reporters or options.otel:
                 self._live = _live_reporters(self._collector, options)
+            self._record = None
+            if options.record is not None:  # the file is made now: a bad path fails here
+                from asyncflow.render.record import Recorder
+
+                self._record = Recorder(self._collector, options.record, options.record_budget)
+                self._record.open()
+                self._record.attach()
             from asyncflow.views.documents import watch_for_deadlocks
 
             watch_for_deadlocks(self._collector)
@@ -316,6 +326,8 @@ class Profiler:
             collector.detach_polls()  # before the trace's detach: it shares the probe
         if collector is not None and self._trace is not None:
             self._trace.detach()
+        if self._record is not None:
+            self._record.close()
         atexit.unregister(self.stop)
         self._state = "new"
         self.url = None
@@ -480,6 +492,8 @@ class Profiler:
         if self._trace is not None:
             self._trace.finish()  # stops tracing polls; writes the file trace= named
         final = views.snapshot(collector, running=False)
+        if self._record is not None:
+            self._record.finish(final)  # the end state, then the file is closed
         if self._live is not None:  # the live reporters' last tick, then their close()
             from asyncflow.render.reporters import figures_of
 

@@ -1,0 +1,355 @@
+"""Recordings: the documents over a run, compressed and bounded (``record=``), and read back.
+
+A recording is written on the profiler's thread, never on the program's loop: every
+``RECORD_INTERVAL_NS`` (longer when building a snapshot costs more, so that recording takes at
+most about 1/``COST_SHARE`` of the time), at a collector tick, the snapshot is built and each of
+its sections that changed since the last one written is appended, as one line of JSON, to a
+zlib stream that is flushed to the file after every line: the file is readable up to its last
+whole line whenever the program dies. The last line is the final snapshot, written at stop.
+
+The file is a text header line (``asyncflow-recording {"version": 1, ...}``) and then the
+compressed lines. Each line is ``{"t": ns since the start, "s": {section: document}}``, plus
+``"final": true`` on the end state; a section left out did not change (or was thinned).
+
+The budget (``record_budget``, in megabytes) bounds the file: as more of it is used, the big
+sections (``BIG``: the logs, tasks, graph and threads) are written less often, then not at all,
+then the ticks themselves thin out, and once only the reserve for the end state is left no
+tick is written; the end state keeps its big sections only if they fit. Detail goes before
+time, and the end state is always there.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+import time
+import zlib
+from dataclasses import dataclass, field, fields
+from typing import IO, TYPE_CHECKING, Any
+
+import orjson
+
+from asyncflow import clock, schema
+from asyncflow._version import __version__
+from asyncflow.errors import AsyncflowError
+from asyncflow.instrumentation import _session
+
+if TYPE_CHECKING:
+    from asyncflow.model.collector import Collector
+
+__all__ = [
+    "BIG",
+    "COST_SHARE",
+    "MAGIC",
+    "RECORD_INTERVAL_NS",
+    "VERSION",
+    "Frame",
+    "Recorder",
+    "Recording",
+    "RecordingError",
+    "is_recording",
+    "read_recording",
+]
+
+#: the first bytes of every recording; the header's JSON follows on the same line
+MAGIC = b"asyncflow-recording "
+#: the format written; a reader refuses a newer one
+VERSION = 1
+#: a tick is recorded this often at most (0.1 s)
+RECORD_INTERVAL_NS = 100_000_000
+#: the interval is at least this many times what building and writing one tick took
+COST_SHARE = 20
+#: the sections thinned first: the biggest, and the least needed to read a moment back
+BIG = frozenset(
+    {"future_logs", "channel_logs", "stream_logs", "resource_logs", "tasks", "graph", "threads"}
+)
+#: the share of the budget kept for the end state
+_RESERVE = 0.1
+_SECTIONS = tuple(f.name for f in fields(schema.Snapshot) if f.name != "schema")
+
+
+class RecordingError(AsyncflowError):
+    """A file that is not a recording this asyncflow can read; the message says why."""
+
+
+class Recorder:
+    """Writes one profile's recording; ticked by the collector on the profiler's thread."""
+
+    def __init__(self, collector: Collector, path: str, budget_mb: float) -> None:
+        self.collector = collector
+        self.path = path
+        self.budget = int(budget_mb * 1_000_000)
+        self._file: IO[bytes] | None = None
+        self._zip = zlib.compressobj(6)
+        #: each section's JSON as last written
+        self._last: dict[str, bytes] = {}
+        #: bytes written to the file so far
+        self.used = 0
+        self.ticks = 0
+        #: ticks written with every section that changed, and thinned (big sections left out)
+        self.thinned = 0
+        self.interval_ns = RECORD_INTERVAL_NS
+        self._next_ns = 0
+        self._failed = False
+
+    def open(self) -> None:
+        """Create the file and write its header (in ``start()``: a bad path fails there)."""
+        start_ns = self.collector.session.start_ns
+        header = {
+            "version": VERSION,
+            "asyncflow": __version__,
+            "schema": schema.SCHEMA,
+            "name": self.collector.options.name,
+            "pid": os.getpid(),
+            "start_ns": start_ns,
+            "started_at": time.time() - (clock.now_ns() - start_ns) / 1e9,
+            "interval_ns": self.interval_ns,
+            "budget": self.budget,
+        }
+        try:
+            self._file = open(self.path, "wb")  # noqa: SIM115  # closed by finish()
+            self._put(MAGIC + orjson.dumps(header) + b"\n")
+        except OSError as exc:
+            raise AsyncflowError(
+                f"record={self.path!r}: cannot write the recording: {exc.strerror or exc}"
+            ) from None
+
+    def attach(self) -> None:
+        """Record from the collector's next tick on."""
+        self.collector.on_tick("recording", self.tick)
+
+    def _share(self) -> float:
+        """How much of the budget (less the end state's reserve) is used, 0 to 1."""
+        return self.used / max(1, self.budget * (1 - _RESERVE))
+
+    def tick(self, now: int) -> None:
+        """At a collector tick: record the documents if the interval has passed."""
+        if self._file is None or self._failed or now < self._next_ns:
+            return
+        share = self._share()
+        if share >= 1:
+            return  # only the end state's reserve is left
+        from asyncflow.views import documents as views
+
+        began = clock.now_ns()
+        try:
+            snapshot = views.snapshot(self.collector)
+            # Detail before time: the big sections every tick, then every 5th, then never;
+            # past three quarters the ticks themselves thin out.
+            big = share < 0.25 or (share < 0.5 and self.ticks % 5 == 0)
+            self._write(now, snapshot, big=big, final=False)
+        except Exception as exc:
+            self._failed = True  # turned off once; the program never sees it
+            _session.internal_error("recording", exc)
+            return
+        spent = clock.now_ns() - began
+        slower = 1 if share < 0.5 else 2 if share < 0.75 else 8
+        self.interval_ns = max(RECORD_INTERVAL_NS * slower, COST_SHARE * spent)
+        self._next_ns = now + self.interval_ns
+
+    def finish(self, final: schema.Snapshot) -> None:
+        """Write the end state and close the file (the profiler stops; idempotent)."""
+        file = self._file
+        if file is None:
+            return
+        try:
+            if not self._failed:
+                now = clock.now_ns()
+                # the big sections only if they fit: measured on a copy of the stream
+                trial, written = self._zip.copy(), dict(self._last)
+                line = self._line(now, final, big=True, final=True)
+                size = len(trial.compress(line)) + len(trial.flush(zlib.Z_SYNC_FLUSH))
+                if self.used + size > self.budget:
+                    self._last = written
+                    line = self._line(now, final, big=False, final=True)
+                self._put(self._pack(line))
+                self._put(self._zip.flush(zlib.Z_FINISH))
+        except Exception as exc:
+            _session.internal_error("recording", exc)
+        finally:
+            self._file = None
+            try:
+                file.close()
+            except OSError as exc:
+                _session.internal_error("recording", exc)
+
+    def close(self) -> None:
+        """Close the file without an end state (``start()`` gave up)."""
+        file, self._file = self._file, None
+        if file is not None:
+            file.close()
+
+    def _line(self, now: int, snapshot: schema.Snapshot, *, big: bool, final: bool) -> bytes:
+        """One line: the sections that changed since they were last written."""
+        parts = []
+        for name in _SECTIONS:
+            if name in BIG and not big:
+                continue
+            data = schema.dumps(getattr(snapshot, name))
+            if self._last.get(name) == data:
+                continue
+            self._last[name] = data
+            parts.append(b'"%s":%s' % (name.encode(), data))
+        t = now - self.collector.session.start_ns
+        end = b',"final":true' if final else b""
+        return b'{"t":%d%s,"s":{%s}}\n' % (t, end, b",".join(parts))
+
+    def _write(self, now: int, snapshot: schema.Snapshot, *, big: bool, final: bool) -> None:
+        self._put(self._pack(self._line(now, snapshot, big=big, final=final)))
+        self.ticks += 1
+        self.thinned += not big
+
+    def _pack(self, line: bytes) -> bytes:
+        # A sync flush per line: the file is whole up to here, whatever happens next.
+        return self._zip.compress(line) + self._zip.flush(zlib.Z_SYNC_FLUSH)
+
+    def _put(self, data: bytes) -> None:
+        assert self._file is not None
+        self._file.write(data)
+        self._file.flush()
+        self.used += len(data)
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """One moment of a recording: its time and every section as it was then."""
+
+    #: seconds since the profile started
+    t: float
+    #: every section recorded so far, as decoded JSON (the last value written of each)
+    sections: dict[str, Any]
+    #: the end state, written when the profiler stopped
+    final: bool = False
+
+
+@dataclass(slots=True)
+class Recording:
+    """A recording read back (see :func:`read_recording`)."""
+
+    path: str
+    #: the header: version, asyncflow, schema, name, pid, start_ns, started_at, budget
+    header: dict[str, Any]
+    frames: list[Frame]
+    #: what was odd about the file (a cut tail, no end state), one sentence each
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def duration(self) -> float:
+        """Seconds from the start to the last moment recorded."""
+        return self.frames[-1].t
+
+    def index_at(self, seconds: float) -> int:
+        """The frame of the moment ``seconds`` after the start: the last one at or before it
+        (the first, before the first tick)."""
+        times = [f.t for f in self.frames]
+        return max(0, bisect.bisect_right(times, seconds) - 1)
+
+    def snapshot(self, index: int = -1, since: int | None = None) -> schema.Snapshot:
+        """The documents at frame ``index``; with ``since``, the warnings are every one that
+        held at any frame from ``since`` to ``index`` (each at its latest).
+
+        Raises:
+            RecordingError: the recorded sections do not make a snapshot this asyncflow reads.
+        """
+        frame = self.frames[index]
+        data = dict(frame.sections)
+        data["schema"] = schema.SCHEMA
+        if since is not None:
+            seen: dict[tuple[Any, ...], Any] = {}
+            stop = index % len(self.frames)
+            for each in self.frames[since : stop + 1]:
+                for w in each.sections.get("warnings") or ():
+                    seen[_finding(w)] = w
+            data["warnings"] = list(seen.values())
+        try:
+            return schema.load(schema.Snapshot, data, ignore_unknown=True)
+        except schema.DocumentError as exc:
+            raise RecordingError(
+                f"{self.path!r}: a recorded document does not read: {exc}"
+            ) from None
+
+    def findings_start(self) -> list[int]:
+        """The frames where a finding begins (it did not hold at the frame before)."""
+        starts = []
+        held: set[tuple[Any, ...]] = set()
+        for i, frame in enumerate(self.frames):
+            now = {_finding(w) for w in frame.sections.get("warnings") or ()}
+            if now - held:
+                starts.append(i)
+            held = now
+        return starts
+
+
+def _finding(w: Any) -> tuple[Any, ...]:
+    """A finding's identity across moments: its kind and what it is about."""
+    subject = w.get("subject") if isinstance(w, dict) else None
+    kind = w.get("kind") if isinstance(w, dict) else None
+    return (kind, orjson.dumps(subject, option=orjson.OPT_SORT_KEYS))
+
+
+def is_recording(path: str) -> bool:
+    """Whether ``path`` starts as a recording does (False when it cannot be read)."""
+    try:
+        with open(path, "rb") as file:
+            return file.read(len(MAGIC)) == MAGIC
+    except OSError:
+        return False
+
+
+def read_recording(path: str) -> Recording:
+    """Read a recording; a cut tail (the program was killed mid-write) is left out, with a note.
+
+    Raises:
+        RecordingError: the file cannot be read, is not a recording, or is of a newer format.
+    """
+    try:
+        with open(path, "rb") as file:
+            raw = file.read()
+    except OSError as exc:
+        raise RecordingError(f"cannot read {path!r}: {exc.strerror or exc}") from None
+    head, newline, body = raw.partition(b"\n")
+    if not head.startswith(MAGIC) or not newline:
+        raise RecordingError(f"{path!r} is not an asyncflow recording (written by record=)")
+    try:
+        header = orjson.loads(head[len(MAGIC) :])
+        version = header["version"]
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        raise RecordingError(f"{path!r}: the recording's header does not read") from None
+    if not isinstance(version, int) or version > VERSION:
+        raise RecordingError(
+            f"{path!r} is a recording of format {version}, written by asyncflow "
+            f"{header.get('asyncflow', '?')}; this asyncflow ({__version__}) reads format "
+            f"{VERSION} and older: upgrade asyncflow to read it"
+        )
+    notes: list[str] = []
+    unzip = zlib.decompressobj()
+    chunks: list[bytes] = []
+    step = 1 << 16
+    try:
+        for i in range(0, len(body), step):
+            chunks.append(unzip.decompress(body[i : i + step]))
+    except zlib.error:
+        notes.append("the recording is damaged past some point: what precedes it is read")
+    lines = b"".join(chunks).split(b"\n")
+    if lines[-1]:
+        notes.append(
+            "the recording ends mid-write (the program was killed?): its last, partial "
+            "moment is left out"
+        )
+    frames: list[Frame] = []
+    sections: dict[str, Any] = {}
+    for line in lines[:-1]:
+        try:
+            entry = orjson.loads(line)
+            sections = {**sections, **entry["s"]}
+            frames.append(Frame(entry["t"] / 1e9, sections, bool(entry.get("final"))))
+        except (orjson.JSONDecodeError, KeyError, TypeError):
+            notes.append("a damaged moment of the recording is left out")
+    if not frames:
+        raise RecordingError(f"{path!r} holds no moment yet: the program stopped at its start?")
+    if not frames[-1].final:
+        notes.append(
+            f"the recording has no end state (the program was killed?): its end is the last "
+            f"moment recorded, at {frames[-1].t:.2f} s"
+        )
+    return Recording(path, header, frames, notes)
