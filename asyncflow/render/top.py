@@ -468,12 +468,24 @@ def _task_where(task: TaskEntry) -> str:
     return _where(where if where is not None else _program_frame(task.chain))
 
 
+def _made(task: TaskEntry) -> str:
+    """Where a task sits in the task tree, as the report says it: ``made by Task-1 at
+    app.py:12 and awaited by Task-1``, ``made at app.py:12``; empty when nothing is known."""
+    at = f" at {_where(task.created_at)}" if task.created_at is not None else ""
+    parent, awaiters = task.parent, ", ".join(task.awaiters)
+    if parent is not None and task.awaiters == [parent]:
+        return f"made by {parent}{at} and awaited by {parent}"
+    made = f"made by {parent}{at}" if parent is not None else f"made{at}" if at else ""
+    return ", ".join(x for x in (made, f"awaited by {awaiters}" if awaiters else "") if x)
+
+
 def _chain_lines(task: TaskEntry, ctx: Context) -> list[str]:
     lines = [f"{task.name}: its await chain, innermost last"]
     lines += [f"  {f.file}:{f.line} {f.function}" for f in task.chain]
     target = task.waits_on
     lines.append(f"waits on: {target.description if target else 'nothing known'}")
-    return lines
+    made = _made(task)
+    return lines + ([made] if made else [])
 
 
 def _wait_lines(document: TasksDocument) -> list[str]:
@@ -798,7 +810,14 @@ def _tree_lines(
         mark = f" ⟳{marked[t.name]}" if t.name in marked else ""
         said = (waits or {}).get(t.name) or (t.waits_on.description if t.waits_on else None)
         state = f" · waits on {said}" if said else f" · {t.state}"
-        return f"{t.name}{mark} {t.future_label or t.coroutine}{state}"
+        return f"{t.name}{mark} {t.future_label or t.coroutine}{state}{made_at([t])}"
+
+    def made_at(group: list[TaskEntry]) -> str:
+        """`` · made at app.py:38`` when every task of ``group`` was made on that line."""
+        sites = {_where(t.created_at) for t in group if t.created_at is not None}
+        if len(sites) != 1 or any(t.created_at is None for t in group):
+            return ""
+        return f" · made at {sites.pop()}"
 
     def emit(kids: list[TaskEntry], lead: str, root: bool) -> None:
         kids = sorted((k for k in kids if k.name not in seen), key=rank)
@@ -823,6 +842,7 @@ def _tree_lines(
                 runs = item[0].future_label or item[0].coroutine
                 lines.append(
                     f"{lead}{fork}{len(item)} tasks of {runs} ({item[0].name} … {item[-1].name})"
+                    + made_at(item)
                 )
                 drawn[0] += len(item)
                 continue
@@ -879,7 +899,7 @@ def _waiter_lines(w: Waiter, ctx: Context) -> list[str]:
     lines += [f"  {r}" for r in w.releasers] or ["  nobody the graph can name"]
     t = w.task
     if t is not None:
-        lines.append(f"parent: {t.parent or '-'} · awaited by: {', '.join(t.awaiters) or '-'}")
+        lines.append(_made(t) or "not seen made (before asyncflow watched) and awaited by none")
     if w.children:
         lines.append(
             f"children: {', '.join(w.children[:8])}" + (" …" if len(w.children) > 8 else "")
@@ -1049,6 +1069,9 @@ VIEWS: tuple[View[Any, Any], ...] = (
             _text("task", 3, lambda t: t.name, "the task's name", max_width=16),
             _text("where", 3, _task_where,
                   "the innermost line of the program's own code it is suspended at",
+                  max_width=28, cut_left=True),
+            _text("made", 4, lambda t: _where(t.created_at),
+                  "the line that created it (create_task); enter: by which task",
                   max_width=28, cut_left=True),
             _count("loop", 6, lambda t: t.loop_id, "the loop it runs on"),
         ),

@@ -8,6 +8,7 @@ import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -56,7 +57,7 @@ async def deadlocked() -> AsyncIterator[tuple[asyncio.Lock, asyncio.Lock]]:
 
     async def bank() -> None:
         await asyncio.gather(
-            asyncio.create_task(transfer(first, second), name="one"),
+            asyncio.create_task(transfer(first, second), name="one"),  # MADE_LINE
             asyncio.create_task(transfer(second, first), name="two"),
         )
 
@@ -77,6 +78,14 @@ async def deadlocked() -> AsyncIterator[tuple[asyncio.Lock, asyncio.Lock]]:
     finally:
         started.cancel()
         await asyncio.gather(started, return_exceptions=True)
+
+
+#: the line ``deadlocked`` makes its first transfer on (the task tree's creation line)
+MADE_LINE = next(
+    n
+    for n, text in enumerate(Path(__file__).read_text().splitlines(), 1)
+    if text.endswith("# MADE_LINE")
+)
 
 
 async def test_the_graph_view_marks_a_deadlock_its_tasks_locks_and_tree() -> None:
@@ -113,6 +122,8 @@ async def test_the_graph_view_marks_a_deadlock_its_tasks_locks_and_tree() -> Non
                 assert tree[0].startswith("bank ") and "waits on" in tree[0]
                 assert {tree[1][:9], tree[2][:9]} == {"├─ one ⟳1", "└─ two ⟳1"}, tree
                 assert "waits on lock accounts #" in tree[1]
+                made_on = {re.sub(r".* · made at ", "", line) for line in tree[1:3]}
+                assert made_on == {f"test_top_graph.py:{MADE_LINE + n}" for n in (0, 1)}, tree
                 assert all(len(line) <= SIZE[0] for line in app.screen_text().splitlines())
 
                 # enter: the task whole, with where the other took the lock it waits on
@@ -121,7 +132,8 @@ async def test_the_graph_view_marks_a_deadlock_its_tasks_locks_and_tree() -> Non
                 await until(pilot, lambda: detail(app).startswith(f"{first}: "), "its detail")
                 whole = detail(app)
                 assert "in deadlock ⟳1" in whole and "took it at test_top_graph.py:" in whole
-                assert "parent: bank" in whole
+                made = f"made by bank at test_top_graph.py:{MADE_LINE}"  # and the line
+                assert made in whole, whole
 
 
 def names(app: TopApp) -> set[str]:
