@@ -1,4 +1,5 @@
-"""The ``asyncflow`` command: ``run`` a program profiled; ``ps``; ``top``; ``snapshot``; ``report``.
+"""The ``asyncflow`` command: ``run`` a program profiled; ``ps``; ``top``; ``snapshot``; ``report``;
+``replay``.
 
 Every mistake a user can make here (a missing program, a bad option, an unreachable endpoint,
 a file that is not a snapshot) ends in one line on standard error and a non-zero exit code,
@@ -185,17 +186,74 @@ def _parser() -> argparse.ArgumentParser:
 
     report = commands.add_parser(
         "report",
-        help="render a saved snapshot (or a json exit report) as the table report",
+        help="render a saved snapshot, a json exit report or a recording as the table report",
+        description="Render a snapshot file (asyncflow snapshot), a json exit report, or a "
+        "recording (asyncflow run --record) as the report: a recording's end state, or the "
+        "moment --at gives.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    report.add_argument("file", help="a file written by 'asyncflow snapshot' or format=json")
+    report.add_argument(
+        "file", help="a file written by 'asyncflow snapshot', format=json or --record"
+    )
+    moment = report.add_mutually_exclusive_group()
+    moment.add_argument(
+        "--at",
+        type=_seconds,
+        default=None,
+        metavar="SECONDS",
+        help="a recording as it was this many seconds after the start [its end]",
+    )
+    moment.add_argument(
+        "--between",
+        type=_seconds,
+        nargs=2,
+        default=None,
+        metavar=("A", "B"),
+        help="a recording as it was at B, with every finding that held from A to B",
+    )
     report.add_argument(
         "--format", default="table", choices=("table", "json", "json-pretty"), help="output"
     )
     report.add_argument("--limit", default=None, help="rows shown in each table; 0 for all [15]")
     report.add_argument("--percentiles", default=None, help="percentiles shown [50,95,99]")
     report.set_defaults(handler=_report)
+
+    replay = commands.add_parser(
+        "replay",
+        help="top over a recording, with time controls",
+        description="The live view (asyncflow top) over a recording made with 'asyncflow run "
+        "--record FILE' or record=FILE. Keys: space play or pause, right/left step one moment, "
+        "n/N the next/previous moment a finding begins, home/end the first/last moment, and "
+        "top's own keys.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    replay.add_argument("file", help="a recording")
+    replay.add_argument(
+        "--at", type=_seconds, default=0.0, metavar="SECONDS", help="start at this moment"
+    )
+    replay.add_argument(
+        "--speed", type=_speed, default=1.0, help="seconds of the recording per second played"
+    )
+    replay.set_defaults(handler=_replay)
     return parser
+
+
+def _seconds(text: str) -> float:
+    """A moment of a recording: seconds >= 0 (argparse says the error)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not seconds (a number >= 0)") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not seconds (a number >= 0)")
+    return value
+
+
+def _speed(text: str) -> float:
+    value = _seconds(text)
+    if not 0.01 <= value <= 1000:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a speed from 0.01 to 1000")
+    return value
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -773,7 +831,7 @@ def _report(args: argparse.Namespace) -> int:
         options = config.resolve_options("report", given, {})
     except ValueError as exc:
         raise _Usage(_flagged(str(exc), given)) from None
-    snapshot = read_snapshot(args.file)
+    snapshot = _read_moment(args)
     held = _held_percentiles(snapshot)
     percentiles = options.percentiles
     if not args.percentiles:
@@ -788,6 +846,49 @@ def _report(args: argparse.Namespace) -> int:
         )
     sys.stdout.write(render(snapshot, args.format, percentiles, options.limit))
     return 0
+
+
+def _read_moment(args: argparse.Namespace) -> schema.Snapshot:
+    """The snapshot ``report`` renders: the file's, or a recording's at the moment asked."""
+    from asyncflow.render import record
+
+    if not record.is_recording(args.file):
+        if args.at is not None or args.between is not None:
+            flag = "--at" if args.at is not None else "--between"
+            raise _Usage(
+                f"{flag}: {args.file!r} is not a recording, which alone has moments (record one "
+                "with 'asyncflow run --record FILE' or record=FILE)"
+            )
+        return read_snapshot(args.file)
+    recording = record.read_recording(args.file)
+    for note in recording.notes:
+        print(f"asyncflow: {args.file}: {note}", file=sys.stderr)
+    since = None
+    if args.between is not None:
+        start, end = args.between
+        if start > end:
+            raise _Usage(f"--between {start:g} {end:g}: A must not be after B")
+        since, index = recording.index_at(start), recording.index_at(end)
+    elif args.at is not None:
+        index = recording.index_at(args.at)
+    else:
+        index = len(recording.frames) - 1
+    frame = recording.frames[index]
+    asked = args.between[1] if args.between is not None else args.at
+    if asked is not None and asked > recording.duration:
+        print(
+            f"asyncflow: {args.file}: {asked:g} s is past the recording's end "
+            f"({recording.duration:.2f} s): its end state is shown",
+            file=sys.stderr,
+        )
+    what = "the end state" if frame.final else f"the moment at {frame.t:.2f} s"
+    if since is not None:
+        what += f", with the findings from {recording.frames[since].t:.2f} s"
+    print(
+        f"asyncflow: {args.file}: {what} (of {recording.duration:.2f} s recorded)",
+        file=sys.stderr,
+    )
+    return recording.snapshot(index, since)
 
 
 def _held_percentiles(snapshot: schema.Snapshot) -> tuple[float, ...]:
@@ -926,6 +1027,28 @@ def _top(args: argparse.Namespace) -> int:
     if not args.interval > 0:
         raise _Usage(f"--interval {args.interval}: expected seconds, a number > 0")
     TopApp(args.url, _token(args), args.interval).run()
+    return 0
+
+
+# -- asyncflow replay --------------------------------------------------------------------------
+
+
+def _replay(args: argparse.Namespace) -> int:
+    from asyncflow.render import record
+
+    recording = record.read_recording(args.file)
+    for note in recording.notes:
+        print(f"asyncflow: {args.file}: {note}", file=sys.stderr)
+    try:
+        from asyncflow.render.replay import ReplayApp
+    except ImportError as exc:
+        broken = exc.name is not None and exc.name.split(".")[0] not in ("textual", "rich")
+        raise AsyncflowError(
+            "replay needs textual"
+            + (f" and cannot import {exc.name}" if broken else ", which is not installed")
+            + ": pip install '.[top]' in asyncflow's checkout, or pip install 'textual>=0.80'"
+        ) from None
+    ReplayApp(recording, at=args.at, speed=args.speed).run()
     return 0
 
 

@@ -216,7 +216,7 @@ def test_each_layer_says_what_it_may_import() -> None:
 #: side and the ``top`` client, textual for ``top``, the OTel SDK for its exporter
 HEAVY = {
     "aiohttp": {"asyncflow.serve._http", "asyncflow.render.top"},
-    "textual": {"asyncflow.render.top"},
+    "textual": {"asyncflow.render.top", "asyncflow.render.replay"},
     "opentelemetry": {"asyncflow.render.otel"},
 }
 
