@@ -558,6 +558,11 @@ def test_the_page_shows_a_deadlock_the_waits_and_the_task_tree(tmp_path: Path) -
         assert cells[3].startswith(f"held by {other} for "), cells
         assert f"(took it at test_web_page.py:{_transfer.__code__.co_firstlineno + 1})" in cells[3]
         assert cells[4].startswith("test_web_page.py:")
+        # where it was made and by whom, as the report says it
+        made = _bank.__code__.co_firstlineno + (5 if me == "payer" else 6)
+        by = r"made by (Task-\d+) at test_web_page\.py:(\d+) and awaited by \1"
+        assert (found := re.fullmatch(by, cells[5])), cells
+        assert int(found[2]) == made, cells
     assert "deadlock" in by_id(now, "waits-count").content
 
     # the task tree: the bank's task, with both transfers under it, marked
@@ -569,6 +574,8 @@ def test_the_page_shows_a_deadlock_the_waits_and_the_task_tree(tmp_path: Path) -
         at = bank.text.index(f"{me} ⟳1")
         assert bank.text[at + 1] == "_transfer"
         assert re.fullmatch(r"waits on lock vault #\d+", bank.text[at + 2])
+        made = _bank.__code__.co_firstlineno + (5 if me == "payer" else 6)
+        assert bank.text[at + 3] == f"made at test_web_page.py:{made}", bank.text
 
     # an older profiler (no /graph): the page still renders, says so, and draws the tree
     (body,) = [e for e in old if e.tag == "body"]
