@@ -24,9 +24,11 @@ from asyncflow.instrumentation import _session
 from asyncflow.instrumentation import channels as _channels
 from asyncflow.instrumentation import executors as _executors
 from asyncflow.instrumentation import futures as _futures
+from asyncflow.instrumentation import gathers as _gathers
 from asyncflow.instrumentation import recording as _recording
 from asyncflow.instrumentation import resources as _resources
 from asyncflow.instrumentation import streams as _streams
+from asyncflow.instrumentation._nested import NestedHandle
 from asyncflow.instrumentation.futures import CallRecord, FutureRecord, call_field, registry
 from asyncflow.instrumentation.recording import FinishedCall
 from asyncflow.model.monitor import LoopMonitor
@@ -111,6 +113,8 @@ class Collector:
         self.poll_figures: PollFigures | None = None
         #: whole-program mode's include/exclude patterns, while they apply
         self.target_filter: Callable[[Any], bool] | None = None
+        #: asyncio.gather's stand-in, counting which tracked call each gather waited for
+        self.gathers: NestedHandle | None = None
 
     def attach_polls(self) -> None:
         """The profiler starts: filter tasks, and measure polls, as the options ask."""
@@ -123,6 +127,10 @@ class Collector:
             self.poll_figures = cpu.attach(options.cpu, options.allocations)
         except Exception as exc:  # observing never breaks the program
             _session.internal_error("measuring polls", exc)
+        try:
+            self.gathers = _gathers.install()
+        except Exception as exc:
+            _session.internal_error("counting gathers", exc)
 
     def detach_polls(self) -> None:
         """The profiler stops (idempotent): the figures stay for the final snapshot."""
@@ -134,6 +142,8 @@ class Collector:
             _futures.unhook_wakes()
         except Exception as exc:
             _session.internal_error("measuring polls", exc)
+        if self.gathers is not None:
+            self.gathers.undo()  # (idempotent)
         self.target_filter = None
 
     def drain(self) -> int:
