@@ -4,8 +4,9 @@ Two halves, usually in two processes. The *documents* are built in the profiled 
 profiler's own thread, from the collector's state (:class:`Server`): the application's loop never
 runs a line of it, so the endpoint answers while that loop is blocked. The *HTTP side* (parsing,
 ``Host``/``Origin`` and token checks, deadlines, the connection cap, the response cache) runs in a
-helper process started at the first connection (``python -m asyncflow.serve._endpoint``), which asks
-the program over a socket pair only for documents its cache does not hold. The program's thread thus
+helper process started with the endpoint (``python asyncflow/serve/_endpoint.py``, ready by the time
+a client that connects at once would have imported aiohttp itself), which asks the program over a
+socket pair only for documents its cache does not hold. The program's thread thus
 wakes at most once per distinct request per cache window, with one read and one write, instead of
 several GIL hand-offs per request: the program keeps its speed while clients poll. Where no helper
 process can run (no ``fork``/``exec`` with descriptor passing, no ``sys.executable``, or it keeps
@@ -247,12 +248,15 @@ class _ChildLink(asyncio.Protocol):
 _START_FAILURES = 3
 #: whether HTTP is served from a helper process (tests set it False for the in-process mode)
 PROCESS = os.name == "posix" and bool(sys.executable)
+#: the endpoint process's script
+_ENDPOINT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_endpoint.py")
 _servers: weakref.WeakSet[Server] = weakref.WeakSet()
 
 
 class Server:
     """Builds the collector's documents and serves them; start and stop it on the profiler's
-    loop. HTTP is served by an endpoint process, started at the first connection."""
+    loop. HTTP is served by an endpoint process, started with it (and again at the next
+    connection after one exits)."""
 
     def __init__(
         self, collector: Collector, host: str, port: int, token: str | None, running: Any
@@ -339,7 +343,7 @@ class Server:
 
     async def start(self) -> str:
         """Bind and listen; returns the URL. Connections wait in the backlog until the endpoint
-        process, started at the first of them, accepts them.
+        process, started as soon as this returns, accepts them.
 
         Raises:
             AsyncflowError: the port is taken or the address cannot be bound, or
@@ -384,7 +388,11 @@ class Server:
             self.url, port, tuple(sorted(names)), "*" in allowed, self.token, self.limits
         )
         if PROCESS and config.endpoint_process():
-            self._arm()
+            # Started now, not at the first connection: a client that connects at once (a short
+            # program's, `asyncflow top`) is answered once the process has imported aiohttp,
+            # instead of after the process start on top. After this returns: start() never
+            # waits for it.
+            loop.call_soon(self._start_process)
         else:
             await self._serve_here()
         return self.url
@@ -421,6 +429,10 @@ class Server:
             loop.remove_reader(fd)
         self._armed.clear()
 
+    def _start_process(self) -> None:
+        if not self._stopping and self._listener is not None and self.link is None:
+            self._connection_waits()
+
     def _connection_waits(self) -> None:
         self._disarm()
         try:
@@ -443,7 +455,9 @@ class Server:
             root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
             env = dict(os.environ)
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
-            command = [sys.executable, "-P", "-m", "asyncflow.serve._endpoint"]
+            # Its script, not `-m asyncflow.serve._endpoint`: the package's front door (the
+            # profiler, the options, the hot path) is not loaded there (see _endpoint.py).
+            command = [sys.executable, "-P", _ENDPOINT]
             command += [str(theirs.fileno()), *map(str, fds)]
             # Through an intermediate that exits at once, reaped here at once: the endpoint
             # process is no child of the program, whose generic reaping must never meet it.

@@ -17,7 +17,8 @@ import subprocess
 import sys
 import textwrap
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -101,14 +102,58 @@ def served() -> Iterator[asyncflow.Profiler]:
 # -- who serves -----------------------------------------------------------------------------------
 
 
+def until(holds: Callable[[], bool], seconds: float = 30.0) -> bool:
+    """Whether ``holds()`` becomes true within ``seconds`` (polled: a bounded wait)."""
+    deadline = time.monotonic() + seconds
+    while not holds():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
+
+
 @pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="needs Linux's /proc")
 def test_a_helper_process_serves_and_the_program_builds(served: asyncflow.Profiler) -> None:
-    assert served._server is not None and served._server.link is None  # none until asked
     child = endpoint_process(served)
     assert child != os.getpid()
     assert serving_pid(served) == child
     _, status, _ = get(served.url or "", "/profiler_status")
     assert status["pid"] == os.getpid()  # the documents are the program's
+
+
+@pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="needs Linux's /proc")
+def test_the_process_starts_with_the_profiler_not_at_the_first_connection(
+    served: asyncflow.Profiler,
+) -> None:
+    # A short program, or `asyncflow top` started beside it, must not wait for a process
+    # started only when it connects: the process is up (it said "ready") before any client.
+    server_ = served._server
+    assert server_ is not None
+    assert until(lambda: server_.link is not None and server_.link.ready)
+    link = server_.link
+    assert link is not None and server_.started == 1
+    assert serving_pid(served) == link.process.pid  # that process serves the first client
+    assert server_.started == 1  # and no other was started for it
+
+
+def test_the_process_loads_none_of_asyncflows_front_door() -> None:
+    # It serves HTTP: it imports aiohttp and the endpoint's own modules, never the profiler,
+    # the options table or the hot path that `import asyncflow` brings (time before its first
+    # answer, and memory). Its script's start-up, then what serving imports:
+    probe = textwrap.dedent(
+        f"""
+        import runpy, sys
+        runpy.run_path({server._ENDPOINT!r}, run_name="probe")["_bare_package"]()
+        import asyncflow.serve._http
+        print(sorted(m for m in sys.modules if m.startswith("asyncflow.") and
+                     m.split(".")[1] in ("profiler", "config", "instrumentation", "model")))
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-P", "-c", probe], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "[]\n"
 
 
 @pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="needs Linux's /proc")
