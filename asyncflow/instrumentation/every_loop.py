@@ -206,7 +206,7 @@ def track_every_loop(*, executors: bool = True, by_route: bool = True) -> LoopTr
 
     Args:
         executors: also time the jobs each loop hands to its executors.
-        by_route: a request routed by Starlette (FastAPI) or aiohttp is a call of its route's
+        by_route: a request routed by Starlette, FastAPI or aiohttp is a call of its route's
             future (:mod:`asyncflow.instrumentation.routes`).
 
     Returns:
@@ -235,6 +235,7 @@ def track_every_loop(*, executors: bool = True, by_route: bool = True) -> LoopTr
         steps.append(
             _imports.after_import("starlette.routing", _patching(routes.starlette_patches))
         )
+        steps.append(_imports.after_import("fastapi.routing", _patching(routes.fastapi_patches)))
         steps.append(_imports.after_import("aiohttp.web_app", _patching(routes.aiohttp_patches)))
     return LoopTracking(steps)
 

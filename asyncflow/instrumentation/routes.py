@@ -35,7 +35,14 @@ from typing import Any
 
 from asyncflow.instrumentation import _session, futures
 
-__all__ = ["ROUTE", "UNMATCHED", "aiohttp_patches", "route_of", "starlette_patches"]
+__all__ = [
+    "ROUTE",
+    "UNMATCHED",
+    "aiohttp_patches",
+    "fastapi_patches",
+    "route_of",
+    "starlette_patches",
+]
 
 #: ``tracked_by`` of a route's future
 ROUTE = "route"
@@ -50,9 +57,13 @@ CACHED = 4096
 
 Patch = tuple[Any, str, Any]
 
-#: (id of the route, method) -> (a weak reference to the route, its future for that method):
-#: checked against the route (an id is reused); never keyed by a method the client made up
-_cache: dict[tuple[int, str], tuple[Any, futures.FutureRecord]] = {}
+#: (id of the route, method, its mounts' prefix) -> (a weak reference to the route, its future
+#: for that method there): checked against the route (an id is reused); never keyed by a
+#: method the client made up
+_cache: dict[tuple[int, str, str], tuple[Any, futures.FutureRecord]] = {}
+#: a request's ``root_path`` under a mount whose path has a parameter -> the mounts' template
+#: (``/users/{uid}``, not ``/users/42``); bounded as the cache is
+_prefixes: dict[str, str] = {}
 #: the call of a task that was not made for its request (its first poll was over) -> the route's
 #: own call running inside it: the request the task serves now. Call ids are never reused;
 #: bounded as the cache is (a task that served requests and went is forgotten past it)
@@ -81,7 +92,7 @@ def _future(
     )
 
 
-def _remember(route: object, method: str, record: futures.FutureRecord) -> None:
+def _remember(route: object, method: str, record: futures.FutureRecord, prefix: str = "") -> None:
     """Find ``record`` for ``route`` and ``method`` with a dict lookup from now on."""
     owner = record.owner
     ref = owner if owner is not None and owner() is route else weakref.ref(route)
@@ -91,7 +102,7 @@ def _remember(route: object, method: str, record: futures.FutureRecord) -> None:
                 del _cache[key]
         if len(_cache) >= CACHED:
             _cache.clear()
-    _cache[(id(route), method)] = (ref, record)
+    _cache[(id(route), method, prefix)] = (ref, record)
 
 
 def _fresh_task_call() -> Any:
@@ -181,8 +192,77 @@ def starlette_patches(routing: types.ModuleType) -> list[Patch]:
     for cls, websocket in ((routing.Route, False), (routing.WebSocketRoute, True)):
         original = vars(cls).get("handle")
         if original is not None:
-            patches.append((cls, "handle", _starlette_handle(original, websocket, unmatched)))
+            handle = _starlette_handle(original, websocket, unmatched, _own_path)
+            patches.append((cls, "handle", handle))
+    mount = getattr(routing, "Mount", None)
+    original = vars(mount).get("handle") if mount is not None else None
+    if original is not None:
+        patches.append((mount, "handle", _mount_handle(original)))
     return patches
+
+
+def fastapi_patches(routing: types.ModuleType) -> list[Patch]:
+    """What to patch in ``fastapi.routing``: ``APIRoute.handle``, which runs a route included
+    from a router (``include_router(prefix=...)``) without Starlette's ``Route.handle``."""
+    route = getattr(routing, "APIRoute", None)
+    original = vars(route).get("handle") if route is not None else None
+    context_of = getattr(routing, "_get_scope_effective_route_context", None)
+    if original is None or context_of is None:
+        return []  # a FastAPI unlike those known: Starlette's Route.handle labels its requests
+    module = sys.modules.get("starlette.routing")
+    unmatched = _Unmatched(_StarletteUnmatched, getattr(module, "__name__", routing.__name__))
+
+    def path_of(route: Any, scope: Any) -> tuple[Any, str] | None:
+        context = context_of(scope)
+        if context is not None and getattr(context, "original_route", None) is route:
+            path = getattr(context, "path", None)
+            if isinstance(path, str) and path:  # the route where its router was included
+                return context, path
+        return None  # it runs Route.handle, which labels it
+
+    return [(route, "handle", _starlette_handle(original, False, unmatched, path_of))]
+
+
+def _own_path(route: Any, scope: Any) -> tuple[Any, str] | None:
+    return route, route.path
+
+
+def _prefix(scope: Any) -> str:
+    """The template of the mounts a Starlette request went through (``/api``), from its
+    ``root_path``, less the server's own (``app_root_path``, which a mount sets)."""
+    root = scope.get("root_path", "")
+    if not root:
+        return ""
+    known = _prefixes.get(root)
+    if known is not None:
+        return known
+    top = scope.get("app_root_path")
+    return root[len(top) :] if isinstance(top, str) and root.startswith(top) else ""
+
+
+def _mount_handle(original: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., Any]:
+    """``Mount.handle``: a mount whose path has a parameter notes its template for the routes
+    under it (their ``root_path`` holds the value); other mounts' paths are their templates."""
+
+    @functools.wraps(original)
+    def handle(self: Any, scope: Any, receive: Any, send: Any) -> Any:
+        coro = original(self, scope, receive, send)
+        if _session.active is None:
+            return coro
+        try:
+            path = self.path
+            if "{" in path:
+                root = scope["root_path"]
+                # what this mount matched has as many segments as its path
+                before = root.rsplit("/", path.count("/"))[0]
+                if len(_prefixes) >= CACHED:
+                    _prefixes.clear()
+                _prefixes[root] = _prefix({**scope, "root_path": before}) + path
+        except Exception as err:  # observing never breaks the program
+            _session.internal_error("labelling a Starlette mount's routes", err)
+        return coro
+
+    return _coroutine_function(handle)
 
 
 class _StarletteUnmatched:
@@ -215,7 +295,10 @@ class _Unmatched:
 
 
 def _starlette_handle(
-    original: Callable[..., Coroutine[Any, Any, None]], websocket: bool, unmatched: _Unmatched
+    original: Callable[..., Coroutine[Any, Any, None]],
+    websocket: bool,
+    unmatched: _Unmatched,
+    path_of: Callable[[Any, Any], tuple[Any, str] | None],
 ) -> Callable[..., Any]:
     code = original.__code__
 
@@ -226,10 +309,18 @@ def _starlette_handle(
             return coro
         try:
             method = "WEBSOCKET" if websocket else scope["method"]
-            known = _cache.get((id(self), method))
-            if known is not None and known[0]() is self:
+            where = path_of(self, scope)
+            if where is None:
+                return coro
+            owner, path = where
+            prefix = _prefix(scope)
+            known = _cache.get((id(owner), method, prefix))
+            if known is not None and known[0]() is owner:
                 return _route(known[1], coro)
-            return _route(_starlette_future(self, method, websocket, code, unmatched), coro)
+            record = _starlette_future(
+                self, owner, method, prefix + path, websocket, code, unmatched, prefix
+            )
+            return _route(record, coro)
         except Exception as err:  # observing never breaks the program: it runs as it would
             _session.internal_error("labelling a Starlette request by its route", err)
             return coro
@@ -238,17 +329,25 @@ def _starlette_handle(
 
 
 def _starlette_future(
-    route: Any, method: str, websocket: bool, code: types.CodeType, unmatched: _Unmatched
+    route: Any,
+    owner: Any,
+    method: str,
+    path: str,
+    websocket: bool,
+    code: types.CodeType,
+    unmatched: _Unmatched,
+    prefix: str,
 ) -> futures.FutureRecord:
-    """The future of a Starlette request for ``route`` by ``method``, found once."""
+    """The future of a Starlette request for ``route`` (at ``path``, where ``owner`` put it) by
+    ``method``, found once."""
     if not websocket and route.methods and method not in route.methods:
         record = unmatched.future(code)  # a 405
     elif websocket or method in METHODS:
-        record = _future(route, method, route.path, code, unmatched.module)
+        record = _future(owner, method, path, code, unmatched.module)
     else:  # a method of the client's own: never a key of the cache
-        return _future(route, "OTHER", route.path, code, unmatched.module)
+        return _future(owner, "OTHER", path, code, unmatched.module)
     if websocket or method in METHODS:
-        _remember(route, method, record)
+        _remember(owner, method, record, prefix)
     return record
 
 
@@ -328,7 +427,7 @@ def _aiohttp_freeze(
             return
         try:
             route = self.route
-            known = _cache.get((id(route), ""))
+            known = _cache.get((id(route), "", ""))
             if known is not None and known[0]() is route:
                 record = known[1]
             else:

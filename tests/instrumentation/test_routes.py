@@ -215,3 +215,61 @@ def test_a_blocked_loop_names_the_call_and_its_route(
     ]
     [message] = _blocked_by(snapshot)
     assert message.startswith("`checksum` in `GET /orders/{order_id}` blocked the event loop")
+
+
+# ---- a mounted route is labelled with its mount's prefix ---------------------------------------
+
+
+async def _item(request: Request) -> PlainTextResponse:
+    return PlainTextResponse(request.path_params["id"])
+
+
+def _mounted_app() -> Starlette:
+    from fastapi import APIRouter, FastAPI
+
+    api = APIRouter(prefix="/shop")
+
+    @api.get("/orders/{order_id}")
+    async def get_order(order_id: int) -> int:
+        return order_id
+
+    fast = FastAPI()
+    fast.include_router(api, prefix="/v1")
+    sub = FastAPI()
+    sub.include_router(api)
+    fast.mount("/sub", sub)  # a FastAPI app mounted in one
+    items = [routing.Route("/items/{id}", _item)]
+    return Starlette(
+        routes=[
+            routing.Mount("/api", routes=items),
+            routing.Mount("/outer", routes=[routing.Mount("/inner", routes=items)]),
+            routing.Mount("/fast", app=fast),
+            routing.Mount("/users/{uid}", routes=items),  # labelled by its template
+        ]
+    )
+
+
+MOUNTED = [
+    ("GET", "/api/items/1", 200),
+    ("GET", "/outer/inner/items/2", 200),
+    ("GET", "/fast/v1/shop/orders/3", 200),
+    ("GET", "/fast/sub/shop/orders/4", 200),
+    ("GET", "/api/items/5", 200),
+    ("GET", "/users/6/items/7", 200),
+    ("GET", "/users/8/items/9", 200),
+]
+
+
+def test_a_mounted_route_is_labelled_with_its_full_template(tracked: asyncflow.Profiler) -> None:
+    async def main() -> list[tuple[str, str, int]]:
+        app = _mounted_app()
+        return [(m, p, await _serve(app, m, p)) for m, p, _ in MOUNTED]
+
+    assert asyncio.run(main()) == MOUNTED
+    assert _routes(tracked.snapshot()) == {
+        "GET /api/items/{id}": 2,
+        "GET /outer/inner/items/{id}": 1,
+        "GET /fast/v1/shop/orders/{order_id}": 1,
+        "GET /fast/sub/shop/orders/{order_id}": 1,
+        "GET /users/{uid}/items/{id}": 2,
+    }
