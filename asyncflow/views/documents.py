@@ -708,13 +708,17 @@ def loop_document(collector: Collector, now: int) -> LoopDocument:
 
 
 def snapshot(
-    collector: Collector, running: bool = True, waiting_thread: int | None = None
+    collector: Collector,
+    running: bool = True,
+    waiting_thread: int | None = None,
+    logs_limit: int | None = None,
 ) -> Snapshot:
     """Every document at once, as of now (drain first for an up-to-date picture).
 
     Args:
         waiting_thread: the thread that asked and waits for it (``prof.snapshot()``): a loop
             of that thread cannot run a callback now, so its tasks are read from here.
+        logs_limit: the newest entries kept in each log (a recording's tick); None: all.
     """
     now = clock.now_ns()
     origin = collector.session.start_ns
@@ -732,16 +736,18 @@ def snapshot(
         schema=SCHEMA,
         status=status(collector, now, running),
         futures=futures,
-        future_logs=[future_logs(by_id[e.id], now, origin) for e in futures.futures],
+        future_logs=[future_logs(by_id[e.id], now, origin, logs_limit) for e in futures.futures],
         channels=channels,
-        channel_logs=[channel_logs(c, origin) for c in channel_registry()],
+        channel_logs=[channel_logs(c, origin, logs_limit) for c in channel_registry()],
         flow=flow(collector),
         streams=streams_document(collector),
-        stream_logs=[stream_logs(r, origin) for r in stream_registry()],
+        stream_logs=[stream_logs(r, origin, logs_limit) for r in stream_registry()],
         loop=loop,
         executors=executors,
         resources=resources,
-        resource_logs=[resource_views.resource_logs(r, origin) for r in resource_registry()],
+        resource_logs=[
+            resource_views.resource_logs(r, origin, logs_limit) for r in resource_registry()
+        ],
         tasks=tasks,
         graph=graph,
         threads=threads_document(collector.threads, now, origin, 0 if not running else FRESH_NS),
