@@ -95,6 +95,7 @@ WARN_THRESHOLDS = {
     "tail_ratio": "count",
     "tail_min_calls": "count",
     "tail_min": "seconds",
+    "tail_min_gathers": "count",
     "storm_ratio": "count",
     "storm_min_signals": "count",
 }
@@ -417,7 +418,15 @@ def _record(value: object, source: str) -> str | None:
 
 def _record_budget(value: object, source: str) -> float:
     low, high = MIN_RECORD_BUDGET, MAX_RECORD_BUDGET
-    return _seconds(value, source, high, f"megabytes, a number from {low:g} to {high:g}", low)
+    said = f"{source}={_shown(value)}: expected megabytes, a number from {low:g} to {high:g}"
+    if isinstance(value, str):
+        try:
+            value = float(value.strip())
+        except ValueError:
+            raise ValueError(said) from None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
+        raise ValueError(said)  # nan fails the comparison too
+    return float(value)
 
 
 def _port(value: object, source: str) -> int | None:

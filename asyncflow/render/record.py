@@ -42,6 +42,7 @@ __all__ = [
     "COST_SHARE",
     "MAGIC",
     "RECORD_INTERVAL_NS",
+    "TICK_LOGS",
     "VERSION",
     "Frame",
     "Recorder",
@@ -63,8 +64,12 @@ COST_SHARE = 20
 BIG = frozenset(
     {"future_logs", "channel_logs", "stream_logs", "resource_logs", "tasks", "graph", "threads"}
 )
+#: the newest entries of each log a tick records (the end state records them all)
+TICK_LOGS = 10
 #: the share of the budget kept for the end state
 _RESERVE = 0.1
+#: what the end state keeps when even its small sections do not fit in the budget
+_MINIMAL = ("status", "warnings", "channels", "loop")
 _SECTIONS = tuple(f.name for f in fields(schema.Snapshot) if f.name != "schema")
 
 
@@ -91,6 +96,8 @@ class Recorder:
         self.interval_ns = RECORD_INTERVAL_NS
         self._next_ns = 0
         self._failed = False
+        #: no more ticks: only the end state's reserve is left
+        self.full = False
 
     def open(self) -> None:
         """Create the file and write its header (in ``start()``: a bad path fails there)."""
@@ -124,26 +131,31 @@ class Recorder:
 
     def tick(self, now: int) -> None:
         """At a collector tick: record the documents if the interval has passed."""
-        if self._file is None or self._failed or now < self._next_ns:
+        if self._file is None or self._failed or self.full or now < self._next_ns:
             return
         share = self._share()
-        if share >= 1:
-            return  # only the end state's reserve is left
         from asyncflow.views import documents as views
 
         began = clock.now_ns()
         try:
-            snapshot = views.snapshot(self.collector)
+            snapshot = views.snapshot(self.collector, logs_limit=TICK_LOGS)
             # Detail before time: the big sections every tick, then every 5th, then never;
-            # past three quarters the ticks themselves thin out.
+            # past half the ticks themselves thin out, and stop where the reserve begins.
             big = share < 0.25 or (share < 0.5 and self.ticks % 5 == 0)
-            self._write(now, snapshot, big=big, final=False)
+            written = dict(self._last)
+            line = self._line(now, snapshot, big=big, final=False)
+            if share >= 0.5 and self._size(line) > self.budget * (1 - _RESERVE) - self.used:
+                self._last, self.full = written, True
+                return
+            self._put(self._pack(line))
+            self.ticks += 1
+            self.thinned += not big
         except Exception as exc:
             self._failed = True  # turned off once; the program never sees it
             _session.internal_error("recording", exc)
             return
         spent = clock.now_ns() - began
-        slower = 1 if share < 0.5 else 2 if share < 0.75 else 8
+        slower = 1 if share < 0.5 else 2 if share < 0.75 else 4
         self.interval_ns = max(RECORD_INTERVAL_NS * slower, COST_SHARE * spent)
         self._next_ns = now + self.interval_ns
 
@@ -155,13 +167,14 @@ class Recorder:
         try:
             if not self._failed:
                 now = clock.now_ns()
-                # the big sections only if they fit: measured on a copy of the stream
-                trial, written = self._zip.copy(), dict(self._last)
-                line = self._line(now, final, big=True, final=True)
-                size = len(trial.compress(line)) + len(trial.flush(zlib.Z_SYNC_FLUSH))
-                if self.used + size > self.budget:
-                    self._last = written
-                    line = self._line(now, final, big=False, final=True)
+                # As much of the end state as fits: every section, or all but the big ones,
+                # or the minimal ones, or (a budget too small for any) its moment alone.
+                written = dict(self._last)
+                for keep in (None, "small", _MINIMAL, ()):
+                    self._last = dict(written)
+                    line = self._line(now, final, big=keep is None, final=True, only=keep)
+                    if self._size(line) <= self.budget - self.used or keep == ():
+                        break
                 self._put(self._pack(line))
                 self._put(self._zip.flush(zlib.Z_FINISH))
         except Exception as exc:
@@ -179,11 +192,20 @@ class Recorder:
         if file is not None:
             file.close()
 
-    def _line(self, now: int, snapshot: schema.Snapshot, *, big: bool, final: bool) -> bytes:
-        """One line: the sections that changed since they were last written."""
+    def _line(
+        self,
+        now: int,
+        snapshot: schema.Snapshot,
+        *,
+        big: bool,
+        final: bool,
+        only: tuple[str, ...] | str | None = None,
+    ) -> bytes:
+        """One line: the sections that changed since they were last written (of ``only``'s,
+        if it is a tuple)."""
         parts = []
         for name in _SECTIONS:
-            if name in BIG and not big:
+            if (name in BIG and not big) or (isinstance(only, tuple) and name not in only):
                 continue
             data = schema.dumps(getattr(snapshot, name))
             if self._last.get(name) == data:
@@ -194,10 +216,10 @@ class Recorder:
         end = b',"final":true' if final else b""
         return b'{"t":%d%s,"s":{%s}}\n' % (t, end, b",".join(parts))
 
-    def _write(self, now: int, snapshot: schema.Snapshot, *, big: bool, final: bool) -> None:
-        self._put(self._pack(self._line(now, snapshot, big=big, final=final)))
-        self.ticks += 1
-        self.thinned += not big
+    def _size(self, line: bytes) -> int:
+        """What ``line`` would add to the file: measured on a copy of the stream."""
+        trial = self._zip.copy()
+        return len(trial.compress(line)) + len(trial.flush(zlib.Z_SYNC_FLUSH))
 
     def _pack(self, line: bytes) -> bytes:
         # A sync flush per line: the file is whole up to here, whatever happens next.

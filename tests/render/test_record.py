@@ -1,0 +1,286 @@
+"""Recordings (``record=``, ``asyncflow run --record``): the format read back, its refusals and
+its cut tails, the size budget, ``asyncflow report FILE --at``, and ``asyncflow replay``."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import zlib
+from pathlib import Path
+from typing import Any
+
+import anyio
+import orjson
+import pytest
+
+import asyncflow
+from asyncflow import schema
+from asyncflow.render import record
+from asyncflow.render.record import MAGIC, RecordingError, read_recording
+from tests.support.commands import ASYNCFLOW, asyncflow_cmd, write
+
+#: the queue of issue 29: full (200 waiting) for its first second, then drained
+QUEUE_DEMO = """\
+import asyncio
+
+
+async def main() -> None:
+    queue: asyncio.Queue[int] = asyncio.Queue(maxsize=200)
+    for i in range(200):
+        queue.put_nowait(i)
+    await asyncio.sleep(1.0)  # nobody reads yet: the queue stays full
+    while not queue.empty():
+        queue.get_nowait()
+        await asyncio.sleep(0)
+    await asyncio.sleep(0.2)
+
+
+asyncio.run(main())
+"""
+
+
+def _profiled(path: Path, program: Any, **options: Any) -> schema.Snapshot:
+    """Run ``program()`` (a coroutine function) under a profile recording to ``path``."""
+    profile = asyncflow.profile("rec", record=str(path), port=None, format="none", **options)
+    with profile as prof, asyncflow.instrument_queues():
+        asyncio.run(program())
+    final = prof.stop()
+    assert final is not None
+    return final
+
+
+async def _queue_filled_then_drained() -> None:
+    queue: asyncio.Queue[int] = asyncio.Queue(maxsize=50)
+    for i in range(50):
+        queue.put_nowait(i)
+    await asyncio.sleep(0.35)  # at least three ticks of 0.1 s see it full
+    while not queue.empty():
+        await queue.get()
+
+
+def test_a_recording_reads_back_its_moments_and_its_end_state(tmp_path: Path) -> None:
+    path = tmp_path / "run.afrec"
+    final = _profiled(path, _queue_filled_then_drained)
+    rec = read_recording(str(path))
+    assert rec.notes == []
+    assert rec.header["version"] == record.VERSION and rec.header["name"] == "rec"
+    assert path.read_bytes().startswith(MAGIC)
+    assert len(rec.frames) >= 3 and rec.frames[-1].final
+    assert [f.t for f in rec.frames] == sorted(f.t for f in rec.frames)
+    # the end state is the final snapshot, section for section
+    assert schema.dumps(rec.snapshot()) == schema.dumps(final)
+
+    def depth(index: int) -> int | None:
+        channels = rec.snapshot(index).channels
+        assert channels is not None
+        queues = [c.queue_size for c in channels.channels if c.kind == "asyncio.Queue"]
+        return queues[0] if queues else None  # None: not made yet
+
+    depths = [depth(i) for i in range(len(rec.frames))]
+    full = depths.index(50)  # full for a while (at least three ticks of 0.1 s)...
+    assert rec.snapshot(rec.index_at(rec.frames[full].t + 0.01)) == rec.snapshot(full)
+    assert depths[-1] == 0  # ... and drained at the end
+    assert rec.index_at(-1.0) == 0 and rec.index_at(1e9) == len(rec.frames) - 1
+
+
+def test_a_newer_format_is_refused_by_number(tmp_path: Path) -> None:
+    path = tmp_path / "new.afrec"
+    header = {"version": record.VERSION + 1, "asyncflow": "99.0"}
+    path.write_bytes(MAGIC + orjson.dumps(header) + b"\n" + zlib.compress(b"{}\n"))
+    with pytest.raises(RecordingError) as caught:
+        read_recording(str(path))
+    assert f"is a recording of format {record.VERSION + 1}, written by asyncflow 99.0" in str(
+        caught.value
+    )
+    assert "upgrade asyncflow to read it" in str(caught.value)
+    done = asyncflow_cmd("report", str(path))
+    assert done.returncode == 1 and "upgrade asyncflow" in done.stderr, done.stderr
+    other = write(tmp_path / "other.afrec", "hello\n")
+    with pytest.raises(RecordingError, match="is not an asyncflow recording"):
+        read_recording(str(other))
+
+
+def test_a_cut_tail_is_left_out_with_a_note(tmp_path: Path) -> None:
+    path = tmp_path / "run.afrec"
+    _profiled(path, _queue_filled_then_drained)
+    whole = path.read_bytes()
+    frames = len(read_recording(str(path)).frames)
+    cut = tmp_path / "cut.afrec"
+    seen = set()
+    for keep in range(len(whole) - 1, len(whole) // 2, -max(1, len(whole) // 40)):
+        cut.write_bytes(whole[:keep])
+        rec = read_recording(str(cut))
+        if len(rec.frames) == frames:  # only the stream's trailer was cut: every moment is there
+            assert rec.frames[-1].final and rec.notes == []
+            continue
+        assert 1 <= len(rec.frames) < frames
+        assert not rec.frames[-1].final
+        assert any("no end state" in note for note in rec.notes), rec.notes
+        rec.snapshot()  # the last whole moment reads
+        seen.update(n.split(" (")[0] for n in rec.notes)
+    assert "the recording ends mid-write" in seen  # some cuts fell inside a moment
+
+
+def test_a_busy_program_stays_within_its_budget(tmp_path: Path) -> None:
+    path = tmp_path / "busy.afrec"
+    budget = 0.06  # megabytes
+
+    async def busy() -> None:
+        # many futures, many calls and a busy queue: every tick changes every section
+        futures = [asyncflow.future(name=f"f{i}")(_step) for i in range(60)]
+        queue: asyncio.Queue[int] = asyncio.Queue()
+        loop = asyncio.get_running_loop()
+        end = loop.time() + 1.5
+        n = 0
+        while loop.time() < end:
+            await asyncio.gather(*(f(n) for f in futures))
+            queue.put_nowait(n)
+            await queue.get()
+            n += 1
+
+    _profiled(path, busy, record_budget=budget)
+    size = path.stat().st_size
+    assert size <= budget * 1_000_000, size
+    rec = read_recording(str(path))
+    assert rec.frames[-1].final and rec.notes == []
+    assert len(rec.frames) >= 3  # detail went before time
+    # the big sections were thinned: some moments hold no change to the logs
+    assert any("future_logs" not in _line_sections(path, i) for i in range(1, len(rec.frames)))
+    assert rec.snapshot().futures.total >= 60
+
+
+async def _step(n: int) -> int:
+    await asyncio.sleep(0)
+    return n
+
+
+def _line_sections(path: Path, index: int) -> set[str]:
+    """The sections written on the recording's line ``index`` (those that changed)."""
+    body = path.read_bytes().partition(b"\n")[2]
+    line = zlib.decompressobj().decompress(body).split(b"\n")[index]
+    sections: dict[str, Any] = orjson.loads(line)["s"]
+    return set(sections)
+
+
+def test_report_at_shows_the_queue_as_it_was_and_the_end_drained(tmp_path: Path) -> None:
+    program = write(tmp_path / "demo.py", QUEUE_DEMO)
+    path = tmp_path / "demo.afrec"
+    done = asyncflow_cmd(
+        "run", "--record", str(path), "--port", "0", "--format", "none", str(program)
+    )
+    assert done.returncode == 0, done.stderr
+    assert path.stat().st_size < 5_000_000
+
+    def queue_row(*args: str) -> tuple[list[str], str]:
+        shown = asyncflow_cmd("report", str(path), *args)
+        assert shown.returncode == 0, shown.stderr
+        row = next(line for line in shown.stdout.splitlines() if line.startswith("demo.py:5"))
+        return row.split(), shown.stderr
+
+    at, said = queue_row("--at", "0.6")
+    assert "200/200" in at and at[3] == "0", at  # 200 waiting, none received yet
+    assert "the moment at 0.5" in said or "the moment at 0.6" in said, said
+    end, said = queue_row()
+    assert "0/200" in end and end[3] == "200", end
+    assert "the end state" in said
+    between = asyncflow_cmd("report", str(path), "--between", "0.2", "0.6", "--format", "json")
+    assert between.returncode == 0, between.stderr
+    document = orjson.loads(between.stdout)
+    assert [w["kind"] for w in document["warnings"]] == ["channel-unread"]
+    # --at on a file that is no recording, and a moment past the end
+    snap = tmp_path / "snap.json"
+    final = asyncflow_cmd("report", str(path), "--format", "json")
+    snap.write_text(final.stdout)
+    refused = asyncflow_cmd("report", str(snap), "--at", "1")
+    assert refused.returncode == 2 and "is not a recording" in refused.stderr, refused.stderr
+    late = asyncflow_cmd("report", str(path), "--at", "99")
+    assert late.returncode == 0 and "past the recording's end" in late.stderr
+    bad = asyncflow_cmd("report", str(path), "--at", "-1")
+    assert bad.returncode == 2 and "is not seconds" in bad.stderr
+
+
+def test_a_killed_program_leaves_a_readable_recording(tmp_path: Path) -> None:
+    program = write(
+        tmp_path / "forever.py",
+        "import asyncio, sys\n\nasync def main():\n    while True:\n"
+        "        await asyncio.sleep(0.01)\n\nasyncio.run(main())\n",
+    )
+    path = tmp_path / "killed.afrec"
+    child = subprocess.Popen(
+        [*ASYNCFLOW, "run", "--record", str(path), "--port", "0", str(program)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        for _ in range(400):  # bounded: 20 s at most
+            if path.exists() and len(_lines(path)) >= 4:
+                break
+            with pytest.raises(subprocess.TimeoutExpired):  # the child runs forever
+                child.wait(timeout=0.05)
+        else:
+            pytest.fail("the recording never got four moments")
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait(10)
+    rec = read_recording(str(path))
+    assert len(rec.frames) >= 3 and not rec.frames[-1].final
+    assert any("no end state" in n for n in rec.notes)
+    shown = asyncflow_cmd("report", str(path))
+    assert shown.returncode == 0 and "no end state" in shown.stderr
+    assert "main" in shown.stdout
+
+
+def _lines(path: Path) -> list[bytes]:
+    body = path.read_bytes().partition(b"\n")[2]
+    return zlib.decompressobj().decompress(body).split(b"\n")[:-1]
+
+
+def test_record_refuses_a_path_it_cannot_write(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="record="):
+        asyncflow.profile("x", record=str(tmp_path / "no" / "such" / "dir.afrec"), port=None)
+    with pytest.raises(ValueError, match="record_budget=0: expected megabytes"):
+        asyncflow.profile("x", record=str(tmp_path / "a.afrec"), record_budget=0, port=None)
+
+
+@pytest.fixture
+def anyio_backend() -> tuple[str, dict[str, Any]]:
+    return "asyncio", {"debug": False}  # textual under asyncio's debug mode is 3x slower
+
+
+async def test_replay_steps_through_the_moments_and_jumps_to_a_finding(tmp_path: Path) -> None:
+    from asyncflow.render.replay import ReplayApp
+
+    path = tmp_path / "run.afrec"
+    await anyio.to_thread.run_sync(_profiled, path, _queue_filled_then_drained)
+    rec = read_recording(str(path))
+    app = ReplayApp(rec)
+    async with app.run_test(size=(160, 40)) as pilot:
+        await pilot.press("c")
+        await pilot.pause()
+        assert app.source.index == 0
+        assert "❚❚ paused · " in app.replay_line()
+        first = app.source.index
+        await pilot.press("right")
+        await pilot.pause()
+        assert app.source.index == first + 1
+        assert f"moment {first + 2}/{len(rec.frames)}" in app.replay_line()
+        await pilot.press("end")
+        await pilot.pause()
+        assert app.source.index == len(rec.frames) - 1 and "(end state)" in app.replay_line()
+        (row,) = [r for r in app.table_text() if r[0].startswith("test_record.py")]
+        assert row[1] == "0/50"  # drained at the end
+        await pilot.press("home")
+        await pilot.pause()
+        await pilot.press("n")  # the first moment the queue's finding holds
+        await pilot.pause()
+        assert app.source.index in rec.findings_start()
+        (row,) = [r for r in app.table_text() if r[0].startswith("test_record.py")]
+        assert row[1] == "50/50"
+        await pilot.press("left")
+        await pilot.pause()
+        assert app.error is None
+        await pilot.press("space")
+        assert app.playing
+        await pilot.press("space")
+        assert not app.playing
