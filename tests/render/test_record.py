@@ -107,7 +107,7 @@ def test_a_cut_tail_is_left_out_with_a_note(tmp_path: Path) -> None:
     whole = path.read_bytes()
     frames = len(read_recording(str(path)).frames)
     cut = tmp_path / "cut.afrec"
-    seen = set()
+    seen: set[str] = set()
     for keep in range(len(whole) - 1, len(whole) // 2, -max(1, len(whole) // 40)):
         cut.write_bytes(whole[:keep])
         rec = read_recording(str(cut))
