@@ -204,6 +204,9 @@ class FutureEntry:
     #: of those, the gathers whose last call to end was one of its: the one the gather
     #: waited for
     gathers_last: int = 0
+    #: calls that raised, by exception type name, over the whole run (not only the log of
+    #: recent calls): at most 16 names, the rest counted together under ``(other)``
+    errors: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

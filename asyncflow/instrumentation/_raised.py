@@ -1,6 +1,8 @@
-"""Tasks whose coroutine raised, remembered weakly so the cold path can tell which of them
-nobody retrieved: asyncio logs "Task exception was never retrieved" only when such a task is
-garbage-collected (at exit, or never while something keeps it), silent while the program runs.
+"""What the raising path keeps: each future's exception types counted by name over the run
+(``count_type``, bounded), and the tasks whose coroutine raised, remembered weakly so the cold
+path can tell which of them nobody retrieved: asyncio logs "Task exception was never
+retrieved" only when such a task is garbage-collected (at exit, or never while something
+keeps it), silent while the program runs.
 
 Noted where a tracked task's own call raises (``futures._finish_poll``, not a hot path);
 read by the collector's thread. Holds a weak reference to each task and never reads its
@@ -13,9 +15,42 @@ from __future__ import annotations
 import asyncio
 import threading
 import weakref
+from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["MAX_RAISED", "Unretrieved", "dropped", "note", "unretrieved"]
+from asyncflow.instrumentation.recording import ERROR_TYPES_KEPT
+
+__all__ = [
+    "ERROR_TYPES_KEPT",
+    "MAX_RAISED",
+    "OTHER_TYPES",
+    "Unretrieved",
+    "count_type",
+    "dropped",
+    "merge_types",
+    "note",
+    "unretrieved",
+]
+
+#: the name the exception types past ``ERROR_TYPES_KEPT`` are counted under together (no
+#: qualified name has parentheses), as a function's are (``recording.count_error``)
+OTHER_TYPES = "(other)"
+
+
+def count_type(types: dict[str, int], name: str, n: int = 1) -> None:
+    """Count ``n`` calls that raised the exception type ``name`` into a future's ``types``
+    (``FutureStats.error_types``): at most ``ERROR_TYPES_KEPT`` names, the rest together
+    under ``OTHER_TYPES``. On the raising path only: a call that returns pays nothing."""
+    if name not in types and len(types) >= ERROR_TYPES_KEPT:
+        name = OTHER_TYPES
+    types[name] = types.get(name, 0) + n
+
+
+def merge_types(into: dict[str, int], other: Mapping[str, int]) -> None:
+    """Add a gone future's exception types to its aggregate's, within the same bound."""
+    for name, n in list(other.items()):
+        count_type(into, name, n)
+
 
 #: tasks that raised remembered at once, at most: past it, the oldest are forgotten (counted)
 MAX_RAISED = 1000

@@ -829,11 +829,13 @@ typedef struct {
     PyObject *recent;    /* the log of recent finished calls, made by the first one folded */
     PyObject *series;    /* owned by the collector */
     PyObject *sched_hist; /* bumped by each poll a task's wake-up led to */
+    PyObject *error_types; /* exception type name -> calls that raised it (_raised.count_type) */
 } StatsObject;
 
 static PyTypeObject StatsType;
 
-#define STATS_OBJECTS(X) X(live) X(poll_hist) X(call_hist) X(recent) X(series) X(sched_hist)
+#define STATS_OBJECTS(X) \
+    X(live) X(poll_hist) X(call_hist) X(recent) X(series) X(sched_hist) X(error_types)
 
 static int
 stats_traverse(StatsObject *self, visitproc visit, void *arg)
@@ -885,7 +887,7 @@ stats_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     }
     self->recent = Py_NewRef(Py_None);
     self->series = Py_NewRef(Py_None);
-    if ((self->live = PyDict_New()) == NULL ||
+    if ((self->live = PyDict_New()) == NULL || (self->error_types = PyDict_New()) == NULL ||
         (self->poll_hist = call_helper(s_new_poll_histogram, NULL, 0)) == NULL ||
         (self->call_hist = call_helper(s_new_poll_histogram, NULL, 0)) == NULL ||
         (self->sched_hist = call_helper(s_new_poll_histogram, NULL, 0)) == NULL) {
@@ -965,6 +967,7 @@ static PyMemberDef stats_members[] = {
     STATS_OBJ(recent, "deque of recent finished calls, made by the first one folded")
     STATS_OBJ(series, "live calls over time (collector.LiveSeries), owned by it")
     STATS_OBJ(sched_hist, "bumped by each poll a task's wake-up led to")
+    STATS_OBJ(error_types, "exception type name -> calls that raised it, over the run")
     {NULL},
 };
 

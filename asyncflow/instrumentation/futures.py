@@ -84,6 +84,7 @@ class FutureStats:
         "cancelled",
         "closed",
         "created",
+        "error_types",
         "idle_done",
         "live",
         "max_cancel_to_end",
@@ -130,6 +131,8 @@ class FutureStats:
         self.sched_total = 0
         self.max_sched = 0
         self.sched_hist: MutableMapping[int, int] = _new_poll_histogram()
+        #: exception type name -> calls that raised it, over the run (bounded: _raised)
+        self.error_types: dict[str, int] = {}
 
 
 #: how a gone future's figures add into its aggregate (every other int field is summed); the
@@ -138,7 +141,8 @@ _FOLD = Fold(
     FutureStats,
     maximum=("max_cancel_to_end", "max_poll_done", "max_sched"),
     histogram=("call_hist", "poll_hist", "sched_hist"),
-    left=("live", "recent", "series"),  # a gone future has no live call; _merge moves recent
+    # a gone future has no live call; _merge moves recent and adds error_types (bounded)
+    left=("live", "recent", "series", "error_types"),
 )
 
 
@@ -313,6 +317,7 @@ def _merge(agg: FutureRecord, record: FutureRecord) -> None:
     """Add a gone future's figures to its aggregate (under _registry_lock)."""
     a, s = agg.stats, record.stats
     _FOLD(a, s)
+    _raised.merge_types(a.error_types, s.error_types)
     if s.recent:
         if a.recent is None:
             a.recent = deque(maxlen=min(AGGREGATE_LOG, s.recent.maxlen or AGGREGATE_LOG))
@@ -627,6 +632,7 @@ def _finish_poll(r: CallRecord, t0: int, exc: BaseException) -> None:
             r.stats.raised += 1
             r.exc_type = type(exc).__qualname__
             r.exc_message = _short_str(exc)
+            _raised.count_type(r.stats.error_types, r.exc_type)
             _note_raised(r, now)
         if r.cancel_at:
             _after_cancel(r, exc, now)

@@ -201,6 +201,7 @@ def future_entry(
         **_poll_figures(figures, record.id),
         **_scheduled(st, percentiles),
         **_gathered(record.id),
+        errors=dict(st.error_types),
     )
 
 

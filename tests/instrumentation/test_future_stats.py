@@ -34,11 +34,20 @@ def _figures(st: Any) -> dict[str, Any]:
 
 def test_every_slot_of_the_reference_is_a_field_of_either() -> None:
     names = set(futures.FutureStatsPy.__slots__)
-    assert names == {*COUNTERS, "live", "poll_hist", "call_hist", "sched_hist", "recent", "series"}
+    assert names == {
+        *COUNTERS,
+        "live",
+        "poll_hist",
+        "call_hist",
+        "sched_hist",
+        "recent",
+        "series",
+        "error_types",
+    }
     for kind in _kinds():
         st = kind()
         assert all(getattr(st, name) == 0 and type(getattr(st, name)) is int for name in COUNTERS)
-        assert st.live == {} and st.recent is None and st.series is None
+        assert st.live == {} == st.error_types and st.recent is None and st.series is None
         assert len(st.poll_hist) == len(st.call_hist) == len(st.sched_hist) == 0
         assert type(st.call_hist) is type(st.poll_hist) is type(futures._new_poll_histogram())
         assert type(st.sched_hist) is type(st.poll_hist)
