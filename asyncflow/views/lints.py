@@ -101,6 +101,9 @@ class Thresholds:
     tail_ratio: int = 10
     tail_min_calls: int = 50
     tail_min_ns: int = 100_000_000
+    #: ... and that, once it took part in at least ``tail_min_gathers`` gathers, ended last in
+    #: most of them (fewer: its tail is judged alone, as for calls awaited alone)
+    tail_min_gathers: int = 10
     #: a condition notified at least ``storm_min_signals`` times whose notifies woke at least
     #: ``storm_ratio`` waiters each on average
     storm_ratio: int = 10
@@ -1755,9 +1758,24 @@ def _cut_by_timeouts(f: FutureEntry) -> bool:
     return 100 * f.cancellations.requested >= max(1, o.returned + o.raised + o.cancelled)
 
 
+def _gathered(f: FutureEntry, th: Thresholds) -> tuple[bool, str]:
+    """Whether the gathers ``f`` took part in wait for its tail (it ended last in most of
+    them, or too few were counted to tell, or none: its calls are awaited alone), and the
+    sentence that says so."""
+    gathers, last = f.gathers, f.gathers_last
+    if not gathers:
+        return True, ""
+    fact = f", and it finished last in {last} of the {gathers} gathers it was part of"
+    if 2 * last > gathers:
+        return True, fact + ", so each of them waited for its tail"
+    return gathers < th.tail_min_gathers, fact
+
+
 def tail_latency(docs: Documents, th: Thresholds) -> Iterator[Finding]:
     """A future whose slowest calls (p99) take many times its median call: whoever waits for
-    all of them (a gather, a page of lookups) waits for its tail. Not a future whose calls a
+    all of them (a gather, a page of lookups) waits for its tail. Where its calls take part
+    in gathers, only if it ended last in most of them: where a slower sibling ends last in
+    every gather anyway, its tail costs no one anything. Not a future whose calls a
     timeout cut (its p99 is the timeout, which the program chose), nor one that gave up
     waiting on a lock, semaphore or condition: its tail is its own timeout, and what held the
     resource so long is the cause (the resource's finding), not a tail of its own."""
@@ -1773,19 +1791,25 @@ def tail_latency(docs: Documents, th: Thresholds) -> Iterator[Finding]:
             continue
         if p99 < th.tail_min_ns or p99 < th.tail_ratio * p50:
             continue
+        waited_for, gathered = _gathered(f, th)
+        if not waited_for:
+            continue
         p95 = d.get("p95")
         also = f" (p95 {_duration(p95)})" if p95 is not None else ""
+        why = gathered or (": whatever waits for several of them (a gather) waits for the slowest")
+        evidence = {"p50_ns": p50, "p99_ns": p99, "calls": finished, "ratio": p99 // p50}
+        if f.gathers:
+            evidence |= {"gathers": f.gathers, "gathers_last": f.gathers_last}
         yield Finding(
             "tail-latency",
             "warning",
             _future_subject(f),
             f"`{f.label}`{_where(f.location)} has a slow tail: its p99 call takes "
             f"{_duration(p99)}, {p99 // p50} times its median of {_duration(p50)}{also}, over "
-            f"{finished} calls: whatever waits for several of them (a gather) waits for the "
-            "slowest",
+            f"{finished} calls{why}",
             "find what its slow calls do differently (its calls' log, /futures/ID/calls); give "
             "them a timeout, or hedge (a second try after the p95)",
-            {"p50_ns": p50, "p99_ns": p99, "calls": finished, "ratio": p99 // p50},
+            evidence,
         )
 
 

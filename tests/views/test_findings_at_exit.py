@@ -121,6 +121,9 @@ def test_a_slow_tail_is_named_with_its_p99_against_its_median(tmp_path: Path) ->
     assert tail["subject"]["label"] == "fetch_price" and tail["severity"] == "warning"
     assert tail["evidence"]["p99_ns"] >= 250_000_000 and tail["evidence"]["ratio"] >= 10
     assert "its p99 call takes" in tail["message"] and "times its median" in tail["message"]
+    # each page's gather waited for it: the gathers say so (issue 27)
+    assert "finished last in 6 of the 6 gathers it was part of" in tail["message"]
+    assert (tail["evidence"]["gathers"], tail["evidence"]["gathers_last"]) == (6, 6)
     assert "render_page" not in {w["subject"]["label"] for w in warnings.values()}
 
 
