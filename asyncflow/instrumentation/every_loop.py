@@ -429,6 +429,27 @@ class TrioRun:
         """Its tasks now, trio's own system tasks among them (read from any thread)."""
         return len(self._tasks)
 
+    def task_name(self, top: types.FrameType | None) -> str | None:
+        """The name of the trio task whose step runs in the stack from ``top`` out (the run's
+        thread's, read from another thread while the run is blocked): the task whose coroutine
+        has a frame there. trio keeps its current task where only its own thread can read it,
+        so the tasks are searched, once per blocked-loop episode; None when none is found."""
+        frames = set()
+        frame = top
+        while frame is not None:
+            frames.add(id(frame))
+            frame = frame.f_back
+        if not frames:
+            return None
+        try:
+            for task in list(self._tasks):  # (a copy: the run may change it meanwhile)
+                coro = task.coro
+                if id(getattr(coro, "cr_frame", None)) in frames:
+                    return str(task.name)
+        except Exception:  # another trio's tasks: unnamed
+            return None
+        return None
+
 
 def _trio_instrument(trio: ModuleType) -> Callable[[TrioRun | None], Any] | None:
     """What makes, per run, a trio Instrument that tracks each task spawned as a task on an

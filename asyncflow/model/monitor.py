@@ -62,6 +62,7 @@ from typing import Any
 
 from asyncflow import _forksafe, clock, stats
 from asyncflow.instrumentation import _session, futures, loops, routes
+from asyncflow.instrumentation.every_loop import TrioRun
 from asyncflow.instrumentation.futures import CallRecord
 from asyncflow.instrumentation.loops import LoopRecord, loop_registry
 from asyncflow.model.threads import _cpu_clock
@@ -837,7 +838,8 @@ class LoopMonitor:
             and not sample.idle
             and all(e is None or e.key != sample.key for e in (ongoing, candidate))
         ):
-            fresh = Episode(sample, pending, now, _task_name(loop))  # reads the stack: no lock
+            # (reads the stack: no lock)
+            fresh = Episode(sample, pending, now, _task_name(loop, sample.top))
         # The thread's CPU clock is read where a block or an episode may begin or end, and its
         # state at a block's first looks (enough to tell): each read is a system call or two.
         new = block is None or not block.same_poll(sample)
@@ -904,8 +906,12 @@ def _native_id(thread: int) -> int:
     return next((t.native_id or 0 for t in threading.enumerate() if t.ident == thread), 0)
 
 
-def _task_name(loop: asyncio.AbstractEventLoop) -> str | None:
+def _task_name(loop: asyncio.AbstractEventLoop, top: FrameType | None) -> str | None:
+    """The name of the task running on ``loop`` (whose thread's innermost frame is ``top``):
+    asyncio's current task, or the one a trio run finds by its frames."""
     try:
+        if isinstance(loop, TrioRun):  # trio's current task is its own thread's to read
+            return loop.task_name(top)
         task: Any = asyncio.current_task(loop)
     except Exception:
         return None

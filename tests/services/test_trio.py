@@ -296,6 +296,9 @@ def test_a_blocked_trio_loop_is_found_and_its_line_named(tmp_path: Path, script:
     frames = [(Path(f["file"]).name, f["line"]) for f in episode["stack"]]
     assert ("prog.py", line) in frames, frames
     assert episode["call"]["label"] == "blocker", episode
+    # the trio task that ran it is named, as an asyncio task is (trio names it after its
+    # function: __main__.blocker)
+    assert episode["task"] is not None and episode["task"].endswith("blocker"), episode
     lines = [(Path(b["file"]).name, b["line"]) for b in entry["blocking_lines"]]
     assert lines[0] == ("prog.py", line), entry["blocking_lines"]
     # (a finding the collector saw while the block lasted, "blocked now", is kept as earlier)
