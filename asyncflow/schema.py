@@ -792,8 +792,12 @@ class TasksDocument:
     #: read from outside, while it ran (its running task's chain may be changing)
     consistent: bool
     tasks: list[TaskEntry]
-    #: waiting tasks grouped by future, line and what they wait on, most first (all tasks)
+    #: waiting tasks grouped by future, line and what they wait on, most first (every task
+    #: walked)
     waits: list[WaitSummary]
+    #: tasks walked for ``tasks`` and ``waits``: all of them up to 10,000, then the first
+    #: 10,000 in the list's order (None: every one, from an older profiler)
+    walked: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

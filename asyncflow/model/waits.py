@@ -26,6 +26,7 @@ import os
 import sys
 import sysconfig
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterable
 from types import CodeType, FrameType
@@ -41,10 +42,15 @@ from asyncflow.instrumentation.resources import resource_of
 
 __all__ = [
     "MAX_CHAIN",
+    "SLICE_NS",
+    "SLICE_TASKS",
+    "SlicedWalk",
     "TaskWalk",
     "describe_future",
     "is_asyncflow_file",
     "is_library_file",
+    "loop_tasks",
+    "read_on_loop",
     "summarise",
     "tasks_by_loop",
     "walk_loop",
@@ -93,8 +99,20 @@ def is_asyncflow_file(path: str) -> bool:
     )
 
 
+#: file name -> is_library_file(name): a walk asks it of every frame of every task (bounded)
+_LIBRARY_FILES: dict[str, bool] = {}
+_LIBRARY_FILES_LIMIT = 4096
+
+
 def _is_library(code: CodeType) -> bool:
-    return is_library_file(code.co_filename)
+    path = code.co_filename
+    known = _LIBRARY_FILES.get(path)
+    if known is None:
+        known = is_library_file(path)
+        if len(_LIBRARY_FILES) >= _LIBRARY_FILES_LIMIT:
+            _LIBRARY_FILES.clear()
+        _LIBRARY_FILES[path] = known
+    return known
 
 
 class TaskWalk:
@@ -176,15 +194,35 @@ def _held(owner: Any, kind: type[Any] | tuple[type[Any], ...]) -> Any:
 
 def _self_of(owner: Any, code: CodeType) -> Any:
     """The ``self`` of a suspended method: what ``owner`` holds whose class defines ``code``."""
-    name = code.co_name
     for obj in _all_held(owner):
-        for cls in type(obj).__mro__:
-            method = cls.__dict__.get(name)
-            # (asyncflow's class-level hooks, whole-program mode: asyncio's own is __wrapped__)
-            for func in (method, getattr(method, "__wrapped__", None)):
-                if getattr(func, "__code__", None) is code:
-                    return obj
+        if _defines(type(obj), code):
+            return obj
     return None
+
+
+#: (class, code) -> whether the class (or a base) defines the method whose code that is; a walk
+#: of 100,000 tasks asks the same few pairs again and again (bounded, cleared when full)
+_DEFINES: dict[tuple[type[Any], CodeType], bool] = {}
+_DEFINES_LIMIT = 4096
+
+
+def _defines(kind: type[Any], code: CodeType) -> bool:
+    key = (kind, code)
+    known = _DEFINES.get(key)
+    if known is not None:
+        return known
+    name = code.co_name
+    found = False
+    for cls in kind.__mro__:
+        method = cls.__dict__.get(name)
+        # (asyncflow's class-level hooks, whole-program mode: asyncio's own is __wrapped__)
+        for func in (method, getattr(method, "__wrapped__", None)):
+            if getattr(func, "__code__", None) is code:
+                found = True
+    if len(_DEFINES) >= _DEFINES_LIMIT:
+        _DEFINES.clear()
+    _DEFINES[key] = found
+    return found
 
 
 def _thread_call(call: Any) -> bool:
@@ -595,8 +633,17 @@ def _all_tasks(loop: asyncio.AbstractEventLoop) -> list[asyncio.Task[Any]]:
     return []
 
 
-def walk_loop(record: LoopRecord) -> list[TaskWalk]:
-    """Every live task of one loop, read now on whatever thread calls this."""
+def loop_tasks(record: LoopRecord) -> list[asyncio.Task[Any]]:
+    """The live tasks of one loop, listed from any thread (no frame is read)."""
+    loop = record.loop()
+    if loop is None or loop.is_closed():
+        return []
+    return _all_tasks(loop)
+
+
+def walk_loop(record: LoopRecord, tasks: list[asyncio.Task[Any]] | None = None) -> list[TaskWalk]:
+    """Every live task of one loop (or those of ``tasks`` still live), read now on whatever
+    thread calls this."""
     loop = record.loop()
     if loop is None or loop.is_closed():
         return []
@@ -605,7 +652,9 @@ def walk_loop(record: LoopRecord) -> list[TaskWalk]:
     now_ns = clock.now_ns()
     loop_time = loop.time()
     walks = []
-    for task in _all_tasks(loop):
+    for task in _all_tasks(loop) if tasks is None else tasks:
+        if tasks is not None and task.done():
+            continue
         try:
             walks.append(walk_task(task, record.id, running, now_ns, loop_time))
         except Exception as err:  # a task we cannot read is left out, never a failed document
@@ -643,39 +692,135 @@ def _running_task(loop: asyncio.AbstractEventLoop) -> asyncio.Task[Any] | None:
         return None
 
 
+#: The most one slice of a walk on the program's loop takes: the loop runs its other callbacks
+#: between slices, so that reading 20,000 tasks never stalls it for longer than about this.
+SLICE_NS = 2_000_000
+#: Tasks one slice reads at the most (whatever the clock says).
+SLICE_TASKS = 256
+
+
 def walk_on_loop(
-    record: LoopRecord, timeout: float, responsive: bool, outside: bool = True
+    record: LoopRecord,
+    timeout: float,
+    responsive: bool,
+    outside: bool = True,
+    slice_tasks: int = SLICE_TASKS,
+    tasks: list[asyncio.Task[Any]] | None = None,
 ) -> tuple[list[TaskWalk], bool]:
-    """Walk the loop's tasks on its own thread when it answers within ``timeout``; otherwise
-    (blocked, stopped, or the caller is that thread) read them from here, unless ``outside``
-    is False: then a running loop that does not answer is left out (no walks).
+    """Walk the loop's tasks (or those of ``tasks`` still live) on its own thread, in slices
+    of at most ``slice_tasks`` tasks and about ``SLICE_NS`` each (the loop runs its other
+    callbacks between them), when it answers within ``timeout`` and keeps making progress;
+    otherwise (blocked, stopped, or the caller is that thread) read them from here, unless
+    ``outside`` is False: then a running loop that does not answer is left out (no walks).
 
     Returns the walks and whether they were read on the loop's thread (consistent).
     """
+    walks, consistent, _ = read_on_loop(record, timeout, responsive, outside, slice_tasks, tasks)
+    return walks, consistent
+
+
+def read_on_loop(
+    record: LoopRecord,
+    timeout: float,
+    responsive: bool,
+    outside: bool = True,
+    slice_tasks: int = SLICE_TASKS,
+    tasks: list[asyncio.Task[Any]] | None = None,
+) -> tuple[list[TaskWalk], bool, int]:
+    """:func:`walk_on_loop`, and the time the walk took from the program: its slices on the
+    loop, or this thread's CPU when it read them from here (holding the GIL)."""
     loop = record.loop()
     if loop is None or loop.is_closed():
-        return [], True
-    if record.thread == threading.get_ident():
-        return walk_loop(record), True  # we are the loop's thread: nothing else runs on it
-    if not loop.is_running():
-        return walk_loop(record), True
+        return [], True, 0
+    began = time.thread_time_ns()
+    if record.thread == threading.get_ident() or not loop.is_running():
+        # we are the loop's thread, or it is parked between runs: nothing else changes them
+        walks = walk_loop(record, tasks)
+        return walks, True, time.thread_time_ns() - began
     if not responsive:
-        return (walk_loop(record) if outside else []), False
-    done: concurrent.futures.Future[list[TaskWalk]] = concurrent.futures.Future()
-
-    def walk() -> None:
-        if done.set_running_or_notify_cancel():
-            try:
-                done.set_result(walk_loop(record))
-            except BaseException as exc:
-                done.set_exception(exc)
-
+        walks = walk_loop(record, tasks) if outside else []
+        return walks, False, time.thread_time_ns() - began
+    reading = SlicedWalk(record, loop, slice_tasks, tasks)
     try:
-        loop.call_soon_threadsafe(walk)
-        return done.result(timeout), True
+        loop.call_soon_threadsafe(reading.step)
+        return reading.result(timeout), True, reading.spent_ns
     except (concurrent.futures.TimeoutError, RuntimeError):
-        done.cancel()
-        return (walk_loop(record) if outside else []), False
+        reading.done.cancel()
+        began = time.thread_time_ns()
+        walks = walk_loop(record, tasks) if outside else []
+        return walks, False, reading.spent_ns + time.thread_time_ns() - began
+
+
+class SlicedWalk:
+    """One walk of a loop's tasks on that loop, a slice per callback (:meth:`step`, which the
+    loop is asked to run): the task list, unless given, is read in the first, each slice walks
+    the next tasks, and a task that ended meanwhile is left out. :meth:`result` waits while
+    slices keep coming; ``done`` holds the walks once the last slice ran."""
+
+    def __init__(
+        self,
+        record: LoopRecord,
+        loop: asyncio.AbstractEventLoop,
+        size: int = SLICE_TASKS,
+        tasks: list[asyncio.Task[Any]] | None = None,
+    ) -> None:
+        self.record = record
+        self.loop = loop
+        self.size = max(1, size)
+        self.done: concurrent.futures.Future[list[TaskWalk]] = concurrent.futures.Future()
+        #: the tasks to walk (None: the loop's, listed in the first slice)
+        self.tasks = tasks
+        self.walks: list[TaskWalk] = []
+        self.index = 0
+        #: slices run (each one callback of the loop), and the loop's time they took in all
+        self.slices = 0
+        self.spent_ns = 0
+        self._progress = threading.Event()
+
+    def step(self) -> None:
+        """One slice, on the loop's thread."""
+        if self.done.done():  # the reader gave up (or a slice failed): no more slices
+            return
+        try:
+            began = clock.now_ns()
+            if self.tasks is None:
+                self.tasks = _all_tasks(self.loop)
+            tasks, end = self.tasks, min(len(self.tasks), self.index + self.size)
+            now_ns, loop_time, record_id = clock.now_ns(), self.loop.time(), self.record.id
+            while self.index < end:
+                task = tasks[self.index]
+                self.index += 1
+                if task.done():
+                    continue
+                try:  # no task runs now: this callback is what the loop runs
+                    self.walks.append(walk_task(task, record_id, None, now_ns, loop_time))
+                except Exception as err:  # a task we cannot read is left out
+                    _session.internal_error("reading a task's await chain", err)
+                if clock.now_ns() - began >= SLICE_NS:
+                    break
+            self.slices += 1
+            self.spent_ns += clock.now_ns() - began
+            if self.index < len(tasks):
+                self.loop.call_soon(self.step)  # the loop's other callbacks run first
+            elif self.done.set_running_or_notify_cancel():
+                self.tasks = None
+                self.done.set_result(self.walks)
+        except BaseException as exc:
+            if self.done.set_running_or_notify_cancel():
+                self.done.set_exception(exc)
+        finally:
+            self._progress.set()
+
+    def result(self, timeout: float) -> list[TaskWalk]:
+        """The walks, once every slice ran; ``TimeoutError`` when ``timeout`` passes with no
+        slice run (a loop busy elsewhere: it does not answer)."""
+        while True:
+            try:
+                return self.done.result(timeout)
+            except concurrent.futures.TimeoutError:
+                if not self._progress.is_set():
+                    raise
+                self._progress.clear()  # slices keep coming: wait for the next ones
 
 
 def summarise(walks: Iterable[TaskWalk]) -> list[schema.WaitSummary]:

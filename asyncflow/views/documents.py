@@ -37,7 +37,7 @@ from asyncflow.instrumentation.streams import ACTIVE, StreamRecord, recent_items
 from asyncflow.model.collector import Collector, live_calls
 from asyncflow.model.monitor import BlockLine, Episode, LoopState, running_calls
 from asyncflow.model.threads import FRESH_NS, threads_document
-from asyncflow.model.waits import TaskWalk, summarise, walk_loop
+from asyncflow.model.waits import SlicedWalk, TaskWalk, summarise, walk_loop
 from asyncflow.schema import (
     SCHEMA,
     BlockedEpisode,
@@ -713,6 +713,7 @@ def snapshot(
     running: bool = True,
     waiting_thread: int | None = None,
     logs_limit: int | None = None,
+    reading: wait_views.TaskReading | None = None,
 ) -> Snapshot:
     """Every document at once, as of now (drain first for an up-to-date picture).
 
@@ -720,6 +721,7 @@ def snapshot(
         waiting_thread: the thread that asked and waits for it (``prof.snapshot()``): a loop
             of that thread cannot run a callback now, so its tasks are read from here.
         logs_limit: the newest entries kept in each log (a recording's tick); None: all.
+        reading: the tasks as read lately (the endpoint's), instead of reading them now.
     """
     now = clock.now_ns()
     origin = collector.session.start_ns
@@ -730,7 +732,7 @@ def snapshot(
     executors = wait_views.executors_document(collector.options.percentiles, by_id.values())
     resources = resource_views.resources_document(collector, now)
     tasks, graph = _tasks_and_graph(
-        collector, now, resources, channels, SNAPSHOT_TASKS, waiting_thread
+        collector, now, resources, channels, SNAPSHOT_TASKS, waiting_thread, reading=reading
     )
     warnings = _warnings(collector, now, futures, channels, loop, executors, resources, graph)
     return Snapshot(
@@ -848,22 +850,26 @@ def _tasks_and_graph(
     limit: int,
     waiting_thread: int | None = None,
     outside: bool = True,
+    reading: wait_views.TaskReading | None = None,
 ) -> tuple[TasksDocument, GraphDocument]:
-    """Every live task, read now, as ``/tasks`` lists them (its first ``limit``), and the
-    wait-for graph they make with the resources and channels."""
-    answers = wait_views.responsive_loops(collector.monitor, now)
+    """Every live task, read now (or as ``reading`` read them), as ``/tasks`` lists them (its
+    first ``limit``), and the wait-for graph they make with the resources and channels."""
+    if reading is None:
+        answers = wait_views.responsive_loops(collector.monitor, now)
 
-    def responsive(record: LoopRecord) -> bool:
-        return record.thread != waiting_thread and answers(record)
+        def responsive(record: LoopRecord) -> bool:
+            return record.thread != waiting_thread and answers(record)
 
-    walks, consistent = wait_views.task_walks(responsive, None, outside)
+        reading = wait_views.read_tasks(responsive, None, outside)
+    walks, consistent = reading.walks, reading.consistent
     entries = [w.entry for w in walks]
     tasks = TasksDocument(
         schema=SCHEMA,
-        total=len(walks),
+        total=reading.total,
         consistent=consistent,
         tasks=entries[:limit],
         waits=summarise(walks),
+        walked=len(walks),
     )
     return tasks, graph_document(entries, resources.resources, channels.channels, consistent)
 
@@ -1031,31 +1037,42 @@ class _Asked:
 def _ask(
     loop: asyncio.AbstractEventLoop, record: LoopRecord
 ) -> concurrent.futures.Future[tuple[list[TaskWalk], int]]:
-    """Have ``loop`` read its own tasks (and time it), soon, in a callback."""
+    """Have ``loop`` read its own tasks (and time it), soon, in slices of callbacks (never
+    one long callback: see :class:`~asyncflow.model.waits.SlicedWalk`)."""
     done: concurrent.futures.Future[tuple[list[TaskWalk], int]] = concurrent.futures.Future()
+    reading = SlicedWalk(record, loop)
 
-    def walk() -> None:
-        if done.set_running_or_notify_cancel():
-            began = clock.now_ns()
-            try:
-                walks = walk_loop(record)
-            except Exception as exc:  # taken as a loop not read; never the program's
-                done.set_exception(exc)
-            else:
-                done.set_result((walks, clock.now_ns() - began))
+    def finished(walked: concurrent.futures.Future[list[TaskWalk]]) -> None:
+        if walked.cancelled() or not done.set_running_or_notify_cancel():
+            return
+        exc = walked.exception()  # taken as a loop not read; never the program's
+        if exc is not None:
+            done.set_exception(exc)
+        else:
+            done.set_result((walked.result(), reading.spent_ns))
 
+    def cancel(asked: concurrent.futures.Future[Any]) -> None:
+        if asked.cancelled():
+            reading.done.cancel()  # no more slices
+
+    reading.done.add_done_callback(finished)
+    done.add_done_callback(cancel)
     try:
-        loop.call_soon_threadsafe(walk)
+        loop.call_soon_threadsafe(reading.step)
     except RuntimeError:  # closed meanwhile
         done.cancel()
     return done
 
 
-def wait_for_graph(collector: Collector) -> GraphDocument:
-    """``GET /graph``: the wait-for graph of every live task, and its deadlocks."""
+def wait_for_graph(
+    collector: Collector, reading: wait_views.TaskReading | None = None
+) -> GraphDocument:
+    """``GET /graph``: the wait-for graph of every live task (those ``reading`` read, or read
+    now), and its deadlocks."""
     now = clock.now_ns()
     resources = resource_views.resources_document(collector, now)
-    graph = _tasks_and_graph(collector, now, resources, channels_document(collector), 0)[1]
+    channels = channels_document(collector)
+    graph = _tasks_and_graph(collector, now, resources, channels, 0, reading=reading)[1]
     _judge_deadlocks(collector, now, graph)  # what /graph shows, /warnings says
     return graph
 

@@ -383,3 +383,51 @@ def test_the_creation_line_keeps_no_frame_and_leaks_no_code() -> None:
         assert asyncio.run(probe()) == 0
     finally:
         gc.enable()
+
+
+async def test_a_walk_from_another_thread_yields_to_the_loop_between_slices(
+    prof: asyncflow.Profiler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    go = asyncio.Event()
+
+    async def waiter() -> None:
+        await go.wait()
+
+    crew = [asyncio.create_task(waiter(), name=f"sliced{i}") for i in range(12)]
+    record = loops.see(asyncio.get_running_loop())
+    loop = asyncio.get_running_loop()
+    await asyncio.sleep(0)
+    # A counting probe: a callback that runs again at each turn of the loop; each task's walk
+    # notes how often it had run, so the walk's slices show as the turns between them.
+    turns = [0]
+    walking = [True]
+    seen: list[int] = []
+
+    def probe() -> None:
+        turns[0] += 1
+        if walking[0]:
+            loop.call_soon(probe)
+
+    real = waits.walk_task
+
+    def counted(*args: Any) -> waits.TaskWalk:
+        seen.append(turns[0])
+        return real(*args)
+
+    monkeypatch.setattr(waits, "walk_task", counted)
+    probe()
+    try:
+        with anyio.fail_after(5):
+            walks, consistent = await asyncio.to_thread(
+                waits.walk_on_loop, record, 5.0, True, True, 3
+            )
+    finally:
+        walking[0] = False
+    assert consistent
+    assert {f"sliced{i}" for i in range(12)} <= set(_by_name(walks))
+    # 3 tasks a slice at most: the loop turned between every 3 walks (no slice walked more)
+    assert len(seen) >= 12
+    assert max(seen.count(turn) for turn in set(seen)) <= 3
+    assert len(set(seen)) >= len(seen) // 3
+    go.set()
+    await asyncio.gather(*crew)

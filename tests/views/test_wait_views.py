@@ -6,14 +6,17 @@ import asyncio
 import concurrent.futures
 import gc
 import warnings
+from typing import Any
 
 import anyio
 import orjson
+import pytest
 
 import asyncflow
 from asyncflow import schema
 from asyncflow.instrumentation import coroutines, loops
-from asyncflow.views import wait_views
+from asyncflow.model import waits
+from asyncflow.views import documents, wait_views
 
 
 def checksum(data: bytes) -> int:
@@ -79,6 +82,69 @@ async def test_tasks_document_pages_and_counts_every_wait(prof: asyncflow.Profil
     finally:
         lock.release()
         await asyncio.gather(*crew)
+
+
+async def test_a_reading_walks_at_most_its_bound_oldest_tracked_calls_first(
+    prof: asyncflow.Profiler,
+) -> None:
+    go = asyncio.Event()
+
+    @asyncflow.future(name="held")
+    async def held() -> None:
+        await go.wait()
+
+    crew = []
+    for i in range(6):  # one at a time: each call is made after the one before it
+        crew.append(asyncio.create_task(held(), name=f"h{i}"))
+        await asyncio.sleep(0)
+    record = loops.see(asyncio.get_running_loop())
+    try:
+        reading = wait_views.read_tasks(lambda _: True, [record], most=3)
+        assert reading.total == len(asyncio.all_tasks())  # every live task is counted
+        assert [w.entry.name for w in reading.walks] == ["h0", "h1", "h2"]  # and 3 walked
+        document = wait_views.tasks_document(2, 5, lambda _: True, reading=reading)
+        assert document.walked == 3 and document.total == reading.total
+        assert [t.name for t in document.tasks] == ["h2"]  # a page of the walked tasks
+        (summary,) = document.waits
+        assert summary.label == "held" and summary.tasks == 3
+    finally:
+        go.set()
+        await asyncio.gather(*crew)
+
+
+async def test_the_deadlock_watch_reads_a_loop_in_slices(
+    prof: asyncflow.Profiler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    go = asyncio.Event()
+
+    async def waiter() -> None:
+        await go.wait()
+
+    crew = [asyncio.create_task(waiter(), name=f"s{i}") for i in range(8)]
+    loop = asyncio.get_running_loop()
+    record = loops.see(loop)
+    await asyncio.sleep(0)
+    # each slice's clock is up after its first task
+    monkeypatch.setattr(waits, "SLICE_NS", 0, raising=False)
+    turns = [0]
+    seen: list[int] = []
+    real = waits.walk_task
+
+    def counted(*args: Any) -> waits.TaskWalk:
+        seen.append(turns[0])
+        return real(*args)
+
+    monkeypatch.setattr(waits, "walk_task", counted)
+    asked = documents._ask(loop, record)
+    with anyio.fail_after(5):
+        while not asked.done():  # the counting probe: one turn of the loop each
+            turns[0] += 1
+            await asyncio.sleep(0)
+    walks, _ = asked.result()
+    assert {f"s{i}" for i in range(8)} <= {w.entry.name for w in walks}
+    assert len(set(seen)) == len(seen)  # one task a turn: the loop ran between them
+    go.set()
+    await asyncio.gather(*crew)
 
 
 async def forgotten() -> None:
