@@ -109,36 +109,59 @@ def _row(
 #: the exception types named under a future that raised, and the length of the last message
 _RAISED_NAMED = 3
 _MESSAGE = 60
+#: the name a future's exception types past the profiler's bound are counted under
+#: (``FutureEntry.errors``)
+_OTHER_TYPES = "(other)"
 
 
 def _raised_line(entry: FutureEntry, logs: FutureLogs | None) -> list[str]:
-    """The line under a future whose calls raised: the exception types its log of recent
-    calls holds, most first, and the newest one's message; nothing when it has no log."""
+    """The line under a future whose calls raised: the exception types of the whole run (its
+    ``errors``) most first, else those its log of recent calls holds (an older document), and
+    the newest one's message from the log."""
     raised = entry.outcomes.raised
-    if not raised or logs is None:
+    if not raised or (logs is None and not entry.errors):
         return []
-    types: dict[str, int] = {}
-    logged = [c.exception for c in logs.calls if c.outcome == "raised" and c.exception]
-    for exc in logged:
-        types[exc.type] = types.get(exc.type, 0) + 1
-    kept = sum(c.finished_ns is not None for c in logs.calls)
-    if not types:
-        return [f"  └ {raised:,} raised, none among the last {counted(kept, 'call')} logged"]
-    ranked = sorted(types.items(), key=lambda kv: -kv[1])  # stable: the newest first on ties
-    named_types = ", ".join(f"{n:,} {name}" for name, n in ranked[:_RAISED_NAMED])
-    if len(ranked) > _RAISED_NAMED:
-        named_types += f" and {counted(len(ranked) - _RAISED_NAMED, 'other type')}"
-    if raised == len(logged):
-        text = f"{raised:,} raised: {named_types}"
-    else:  # the log keeps the recent calls only: name what it saw as that
-        text = f"{raised:,} raised, {len(logged):,} among the last {kept:,} calls: {named_types}"
-    last = logged[0]  # the log lists finished calls newest first
-    message = " ".join(last.message.split())  # one line, whatever the program put in it
-    if len(message) > _MESSAGE:
-        message = message[: _MESSAGE - 1] + "…"
-    if message:
-        text += f"; last {last.type}: {message}"
+    logged = (
+        [c.exception for c in logs.calls if c.outcome == "raised" and c.exception] if logs else []
+    )
+    if entry.errors:
+        text = f"{raised:,} raised: {_named_types(entry.errors)}"
+    else:
+        types: dict[str, int] = {}
+        for exc in logged:
+            types[exc.type] = types.get(exc.type, 0) + 1
+        kept = sum(c.finished_ns is not None for c in logs.calls) if logs else 0
+        if not types:
+            return [f"  └ {raised:,} raised, none among the last {counted(kept, 'call')} logged"]
+        if raised == len(logged):
+            text = f"{raised:,} raised: {_named_types(types)}"
+        else:  # the log keeps the recent calls only: name what it saw as that
+            text = f"{raised:,} raised, {len(logged):,} among the last {kept:,} calls: "
+            text += _named_types(types)
+    if logged:
+        last = logged[0]  # the log lists finished calls newest first
+        message = " ".join(last.message.split())  # one line, whatever the program put in it
+        if len(message) > _MESSAGE:
+            message = message[: _MESSAGE - 1] + "…"
+        if message:
+            text += f"; last {last.type}: {message}"
     return [f"  └ {text}"]
+
+
+def _named_types(types: dict[str, int]) -> str:
+    """``20 TimeoutError, 5 ValueError``: the most frequent first, the rest counted; the
+    calls of the types past the profiler's bound (``(other)``) as calls."""
+    other = types.get(_OTHER_TYPES, 0)
+    ranked = sorted(
+        ((name, n) for name, n in types.items() if name != _OTHER_TYPES), key=lambda kv: -kv[1]
+    )  # stable: the newest first on ties, for a log's
+    said = ", ".join(f"{n:,} {name}" for name, n in ranked[:_RAISED_NAMED])
+    if other:
+        rest = other + sum(n for _, n in ranked[_RAISED_NAMED:])
+        return said + f" and {rest:,} of other types"
+    if len(ranked) > _RAISED_NAMED:
+        said += f" and {counted(len(ranked) - _RAISED_NAMED, 'other type')}"
+    return said
 
 
 #: futures never called, named on one line under the table

@@ -123,3 +123,25 @@ def test_many_exception_types_are_named_most_first_and_the_rest_counted() -> Non
         "  └ 8 raised: 3 OSError, 2 KeyError, 1 ValueError and 2 other types;"
         " last OSError: not found\n" in text
     )
+
+
+def test_the_types_are_those_of_the_whole_run_where_the_document_counts_them() -> None:
+    """``FutureEntry.errors`` counts every call that raised, not only the log's: the line names
+    the run's types, and the log gives the last message only."""
+    calls = [_call(i, 1, ("ValueError", "bad row 7")) for i in range(4)]
+    counted = dataclasses.replace(
+        _entry(1, "fetch", returned=100, raised=25),
+        errors={"TimeoutError": 20, "ValueError": 5},
+    )
+    lines = render_table(_snapshot([counted], [FutureLogs(1, 1, "fetch", calls)]), (50.0,), 0)
+    assert "  └ 25 raised: 20 TimeoutError, 5 ValueError; last ValueError: bad row 7\n" in lines
+    # no log (a report without logs): the run's types still
+    assert "  └ 25 raised: 20 TimeoutError, 5 ValueError\n" in render_table(
+        _snapshot([counted], []), (50.0,), 0
+    )
+    # types past the profiler's bound are counted together, and said so
+    many = dataclasses.replace(
+        counted, errors={"OSError": 10, "KeyError": 8, "ValueError": 4, "(other)": 3}
+    )
+    text = render_table(_snapshot([many], []), (50.0,), 0)
+    assert "  └ 25 raised: 10 OSError, 8 KeyError, 4 ValueError and 3 of other types\n" in text
