@@ -24,7 +24,6 @@ import orjson
 from aiohttp import web
 
 from asyncflow import clock, schema
-from asyncflow.render import web as web_page
 from asyncflow.serve import openapi
 from asyncflow.serve._protocol import (
     _JSON,
@@ -222,7 +221,8 @@ class _Front:
         self.report = report
         self._fetch = fetch
         self._names = set(config.names)
-        self._openapi = schema.dumps(openapi.document(ROUTES, config.token is not None))
+        #: /openapi.json's body, made at its first request (not before the first answer)
+        self._openapi: bytes | None = None
         self._cache = _Cache(
             self.limits.cache_entries,
             self.limits.cache_bytes,
@@ -260,9 +260,14 @@ class _Front:
         async def endpoint(request: web.Request) -> web.Response:
             query = _query(route, request)
             if route.path == "/":  # static, and nothing of the program's: answered here
+                from asyncflow.render import web as web_page  # (not before the first answer)
+
                 return web.Response(body=web_page.page(), headers=web_page.headers())
             age: int | None = None
             if route.path == "/openapi.json":  # made once, here
+                if self._openapi is None:
+                    token = self.config.token is not None
+                    self._openapi = schema.dumps(openapi.document(ROUTES, token))
                 answer = _Answer(200, route.media_type, self._openapi)
             else:
                 answer, age = await self._answer(query)
