@@ -281,6 +281,7 @@ class Profiler:
                 self._state = "running"
                 self._stopped.clear()
                 _session.active = session
+                every_loop.watch_trio_here()  # started inside a trio run: watched from now
                 self._collector.fold_where()  # until now, calls finished go to the buffer
                 if self._trace is not None:
                     self._trace.attach()  # polls are traced from here on

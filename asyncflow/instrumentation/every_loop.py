@@ -39,7 +39,14 @@ from asyncflow.instrumentation import _imports, _session, futures, loops, routes
 from asyncflow.instrumentation.executors import instrument_executors
 from asyncflow.instrumentation.futures import instrument_tasks
 
-__all__ = ["LoopTracking", "NotProfiled", "TrioRun", "not_profiled", "track_every_loop"]
+__all__ = [
+    "LoopTracking",
+    "NotProfiled",
+    "TrioRun",
+    "not_profiled",
+    "track_every_loop",
+    "watch_trio_here",
+]
 
 #: the most blind spots kept; past it, only the ones already named are counted
 MAX_NOT_PROFILED = 32
@@ -393,6 +400,7 @@ class TrioRun:
         except Exception:  # another trio: no tasks counted, and its idle wait not told
             pass
         self._running = True
+        _trio_runs.add(self)
         loops.see(self)  # type: ignore[arg-type]  # watched from its very start
 
     def finished(self) -> None:
@@ -500,6 +508,45 @@ def _trio_instrument(trio: ModuleType) -> Callable[[TrioRun | None], Any] | None
         return _TrioTasks() if watched is None else _TrioWatch(watched)
 
     return instrument
+
+
+#: the trio runs watched (while their instruments hold them): the one a profiler starts in
+_trio_runs: weakref.WeakSet[TrioRun] = weakref.WeakSet()
+
+
+def watch_trio_here() -> None:
+    """A profiler starts: when it starts inside a ``trio.run`` (on the run's thread, in one of
+    its tasks), that run is watched from now on as one ``asyncflow run`` wraps is from its
+    ``before_run``. Its instrument is added to the run (``trio.lowlevel.add_instrument``, which
+    only the run's own thread may call): a run that began before the profiler, on another
+    thread, cannot be reached, and is not seen. A guest run is left to its host loop's watch,
+    or named in :func:`not_profiled`, as one begun under ``asyncflow run`` is. Never raises."""
+    trio = sys.modules.get("trio")
+    if trio is None:
+        return  # the program never imported trio: no run of it is running
+    try:
+        token = trio.lowlevel.current_trio_token()
+    except Exception:  # RuntimeError: not inside a trio run
+        return
+    try:
+        for run in list(_trio_runs):
+            if run._token is token and run.is_running():
+                loops.see(run)  # type: ignore[arg-type]  # watched already (asyncflow run's)
+                return
+        runner = getattr(sys.modules.get("trio._core._run"), "GLOBAL_RUN_CONTEXT", None)
+        if getattr(getattr(runner, "runner", None), "is_guest", False):
+            if asyncio._get_running_loop() is None:
+                note_not_profiled("trio", "trio.lowlevel.start_guest_run", _TRIO_GUEST_REASON)
+            return
+        make = _trio_instrument(trio)
+        if make is None:
+            return
+        watched = TrioRun("trio.run")
+        instrument = make(watched)
+        watched.started(trio)
+        trio.lowlevel.add_instrument(instrument)  # its after_run closes the watch
+    except Exception as exc:  # observing never breaks the program
+        _session.internal_error("watching a trio run begun before the profiler", exc)
 
 
 #: undoes of the hooks made after an import, taken back with the tracking

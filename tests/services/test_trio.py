@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -458,3 +459,32 @@ def test_the_trio_example_names_its_blocking_line(tmp_path: Path) -> None:
     assert done.stdout == "served 21 requests\n"
     assert "`handle` blocked the event loop once at trio_service.py:15" in done.stderr
     assert "loop 1 lost" in done.stderr and "trio_service.py:15 (legacy_lookup)" in done.stderr
+
+
+def test_a_trio_run_begun_before_the_profiler_is_watched_from_its_start() -> None:
+    """``asyncflow.profile()`` entered inside ``trio.run`` (the run began before any profiler,
+    so no ``before_run`` of asyncflow's ran): the run is watched from the profiler's start, its
+    block found and its task named, and it is closed once the run is over."""
+    import trio
+
+    import asyncflow
+
+    async def blocker() -> None:
+        time.sleep(0.15)  # planted
+
+    async def main() -> asyncflow.Snapshot:
+        with asyncflow.profile("late", format="none", block_threshold=0.05) as prof:
+            await trio.sleep(0.01)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(blocker)
+            await trio.sleep(0.01)
+            return prof.snapshot()
+
+    snapshot = trio.run(main)
+    assert snapshot.loop is not None
+    (entry,) = snapshot.loop.loops
+    assert (entry.label, entry.state) == ("trio.run", "running"), entry
+    assert entry.heartbeats > 0 and entry.blocked_count == 1, entry
+    (episode,) = entry.episodes
+    assert episode.task is not None and episode.task.endswith("blocker"), episode
+    assert snapshot.status.not_profiled == []
