@@ -213,3 +213,42 @@ async def test_each_uvicorn_worker_has_the_rows_of_its_requests(tmp_path: Path) 
             if row["tracked_by"] == "own_code":
                 calls[row["label"]] = calls.get(row["label"], 0) + row["call_count"]
     assert calls == {"get_order": REQUESTS, "build_report": REQUESTS}
+
+
+BLOCKING_APP = """
+import time
+
+from fastapi import FastAPI
+
+app = FastAPI()
+
+
+@app.get("/orders/{order_id}")
+async def checksum(order_id: int) -> dict[str, int]:
+    time.sleep(0.2)  # planted: blocks the loop
+    return {"id": order_id}
+
+
+@app.get("/report")
+async def build_report() -> dict[str, str]:
+    return {"report": "ready"}
+"""
+
+
+async def test_a_blocked_loop_names_the_handler_and_its_route(tmp_path: Path) -> None:
+    """A handler that blocks the loop (the program's own code, tracked) is named with the route
+    of the request it served, in the blocking line, its episode and the warning."""
+    write(tmp_path / "shop.py", BLOCKING_APP)
+    sock = tmp_path / "app.sock"
+    command = ["-m", "uvicorn", "shop:app", "--loop", "asyncio", "--uds", str(sock)]
+    report = await _served(tmp_path, [*command, "--log-level", "warning"], sock)
+    (loop,) = report["loop"]["loops"]
+    lines = [(b["label"], b["route"]) for b in loop["blocking_lines"] if b["count"] == REQUESTS]
+    assert lines == [("checksum", "GET /orders/{order_id}")], loop["blocking_lines"]
+    episodes = {(e["call"]["label"], e["route"]) for e in loop["episodes"] if e["call"]}
+    assert episodes == {("checksum", "GET /orders/{order_id}")}, loop["episodes"]
+    blocked = [w["message"] for w in report["warnings"] if w["kind"] == "loop-blocked"]
+    assert any(
+        m.startswith("`checksum` in `GET /orders/{order_id}` blocked the event loop 10 times")
+        for m in blocked
+    ), blocked
