@@ -1,14 +1,14 @@
 """Which tracked call each ``asyncio.gather`` waited for: per future, the gathers a call of it
 took part in and those whose last call to end was one of its (the slow-tail finding's proof).
 
-While a profiler runs, ``asyncio.gather`` is a thin wrapper of itself: it calls the real one and
-adds one done-callback to the outer future it returns (one per gather, never per child, and
-never on a poll's path). When the outer future ends with every child done and none cancelled,
-the callback reads each child task's call record (its end stamp) and credits the future of the
-call that ended last. A gather whose children are not all tasks running a tracked call of this
-session (a coroutine of an untracked task, a plain future, another gather) is not counted: who
-ended last among them cannot be told. The program sees the same outer future, result,
-exceptions and cancellation as without it.
+While a profiler runs, ``asyncio.gather`` is a thin wrapper of itself: it calls the real one,
+reads the call records of the child tasks still running (never on a poll's path) and adds one
+done-callback to the outer future it returns (one per gather, never per child). When the outer
+future ends with every child done and none cancelled, the callback compares the records' end
+stamps and credits the future of the call that ended last. A gather with a child it waits for
+that is no task running a tracked call (an untracked task, a plain future, another gather) is
+not counted: who ended last among them cannot be told. The program sees the same outer
+future, results, exceptions and cancellation as without it.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from typing import Any
 
 from asyncflow.instrumentation import _session
 from asyncflow.instrumentation._nested import Nested, NestedHandle
+from asyncflow.instrumentation.futures import OUTCOME_CANCELLED as _CANCELLED
 
 __all__ = ["MAX_FUTURES", "GatherCounts", "counts", "dropped", "install"]
 
@@ -67,29 +68,26 @@ def _credit(records: list[Any], outer: asyncio.Future[Any]) -> None:
     try:
         if outer.cancelled():
             return  # nobody waited for the children to end
-        for child in outer._children:  # type: ignore[attr-defined]
-            if not child.done() or child.cancelled():
-                return  # it failed early (a child raised), or a child was cancelled
-        last_end, last_future = -1, 0
+        last_end, last = -1, None
         futures = set()
         for r in records:
             end = r.finished
-            if not end or r.stats is not r.future.stats:
-                return  # a call of an earlier session (or not ended: never, as its task is)
-            future_id = r.future.id
-            futures.add(future_id)
+            if not end or r.outcome == _CANCELLED:
+                return  # it failed early (a child raised and others run), or was cancelled
+            future = r.future
+            futures.add(future)
             if end > last_end:
-                last_end, last_future = end, future_id
+                last_end, last = end, future
         with _lock:
-            for future_id in futures:
-                c = _counts.get(future_id)
+            for future in futures:
+                c = _counts.get(future.id)
                 if c is None:
                     if len(_counts) >= MAX_FUTURES:
                         _dropped[0] += 1
                         continue
-                    c = _counts[future_id] = [0, 0]
+                    c = _counts[future.id] = [0, 0]
                 c[0] += 1
-                if future_id == last_future:
+                if future is last:
                     c[1] += 1
     except Exception as err:  # observing never breaks the program
         _session.internal_error("crediting a gather's last call", err)
@@ -104,14 +102,12 @@ def _watch(outer: asyncio.Future[Any]) -> None:
     if not isinstance(children, list):
         return  # not asyncio's _GatheringFuture: nothing to read
     records = []
-    for child in children:
-        if child.done():
-            continue
-        get_coro = getattr(child, "get_coro", None)
-        r = getattr(get_coro(), "_r", None) if get_coro is not None else None
-        if r is None:
-            return  # a plain future, another gather, an untracked task: its end is unknown
-        records.append(r)
+    try:
+        for child in children:
+            if not child.done():
+                records.append(child.get_coro()._r)
+    except AttributeError:
+        return  # a plain future, another gather, an untracked task: its end is unknown
     if records:
         outer.add_done_callback(functools.partial(_credit, records), context=_CONTEXT)
 
