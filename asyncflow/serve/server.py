@@ -286,6 +286,8 @@ class Server:
         self.started = 0
         self.failures = 0
         self._armed: list[int] = []
+        #: the program's end of the socket pair to an endpoint process being started
+        self._spawning: socket.socket | None = None
         self._stopping = False
         self._window_ns = int(self.limits.cache_seconds * 1e9)
         _servers.add(self)
@@ -447,6 +449,7 @@ class Server:
         loop = asyncio.get_running_loop()
         fds = [sock.fileno() for sock in self._listener.sockets]
         ours, theirs = socket.socketpair()
+        self._spawning = ours  # a fork meanwhile (a pre-fork server's workers): see forsake
         errors = tempfile.TemporaryFile()  # noqa: SIM115 (its stderr, kept open while it runs)
         try:
             with contextlib.suppress(OSError):  # fewer wakes for a large document
@@ -482,6 +485,7 @@ class Server:
             # No pid: it failed, said why on its stderr; the socket pair's end tells the rest.
             process = _Detached(int(text) if text.isdigit() else None)
         except BaseException:
+            self._spawning = None
             ours.close()
             errors.close()
             raise
@@ -491,6 +495,7 @@ class Server:
         logger.debug("endpoint: process %s serves %s", process.pid, self.url)
         link = _ChildLink(self, ours, process, errors)
         self.link = link
+        self._spawning = None  # (after: a fork between the two finds it in one or the other)
         connecting = loop.create_task(loop.connect_accepted_socket(lambda: link, ours))
         connecting.add_done_callback(self._connected)
 
@@ -567,7 +572,8 @@ class Server:
         self._stopping = True
         if link is not None:
             link.process.forsake()  # never killed or waited for here
-            fd = link.sock.fileno()
+        for sock in (link.sock if link is not None else None, self._spawning):
+            fd = sock.fileno() if sock is not None else -1
             if fd >= 0:
                 # Its end of the socket pair must not keep the process alive once the program
                 # has gone: point the descriptor elsewhere (the socket object closes it one day).

@@ -251,6 +251,39 @@ def test_it_exits_when_the_program_ends_however_it_ends(tmp_path: Path, how: str
             program.stdout.close()
 
 
+def test_a_fork_while_the_process_starts_leaves_the_child_no_hold_on_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The process starts with the profiler, when a pre-fork server forks its workers: a worker
+    # forked while it starts must not keep the program's end of its socket pair (the process
+    # would outlive the program as long as that worker lives). Here the fork comes at the worst
+    # moment, inside the start, and the child says what that descriptor is then.
+    real = subprocess.Popen
+    seen: list[str] = []
+
+    def forking(*args: Any, **kwargs: Any) -> Any:
+        (starting,) = [s for s in server._servers if s._spawning is not None]
+        assert starting._spawning is not None
+        fd = starting._spawning.fileno()
+        read, write = os.pipe()
+        child = os.fork()
+        if child == 0:  # the worker: where does its copy of the descriptor point?
+            try:
+                os.write(write, os.readlink(f"/proc/self/fd/{fd}").encode())
+            finally:
+                os._exit(0)
+        os.close(write)
+        os.waitpid(child, 0)
+        with os.fdopen(read, "rb") as said:
+            seen.append(said.read().decode())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(subprocess, "Popen", forking)
+    with asyncflow.profile("forked", format="none", port=0) as prof:
+        assert get(prof.url or "", "/profiler_status")[0] == 200
+    assert seen == [os.devnull]
+
+
 def test_a_killed_process_is_replaced_and_said_so(
     served: asyncflow.Profiler, caplog: pytest.LogCaptureFixture
 ) -> None:
