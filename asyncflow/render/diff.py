@@ -1,9 +1,10 @@
 """``asyncflow diff BASE NEW``: two saved runs compared, as a table for people or JSON for CI.
 
 The comparison itself is :func:`asyncflow.views.diff.diff`; this module reads the two files
-(snapshots or ``json`` exit reports), renders the result and declares the command, which the
-CLI adds with :func:`add_diff_command`. Exit status: 0, or 1 when a figure got worse by more
-than ``--fail-over``, or 2 for a bad input (one line on standard error).
+(snapshots, ``json`` exit reports or recordings' end states), renders the result and declares
+the command, which the CLI adds with :func:`add_diff_command`. Exit status: 0, or 1 when a
+figure got worse by more than ``--fail-over``, or 2 for a bad input (one line on standard
+error).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 import orjson
 
 from asyncflow import schema
+from asyncflow.render import record
 from asyncflow.render.report import counted, format_duration, printable
 from asyncflow.views.diff import Diff, DiffOptions, EntryChange, FigureChange, diff
 
@@ -45,7 +47,8 @@ class DiffInputError(ValueError):
 
 
 def read_document(path: str) -> schema.Snapshot:
-    """A snapshot file or ``json`` exit report, as a :class:`~asyncflow.schema.Snapshot`.
+    """A snapshot file or ``json`` exit report, as a :class:`~asyncflow.schema.Snapshot`; a
+    recording (``--record``) as its end state.
 
     Fields a newer asyncflow added (of the same schema number) are left out: they are
     compatible, and the comparison does not need them.
@@ -54,6 +57,11 @@ def read_document(path: str) -> schema.Snapshot:
         DiffInputError: the file cannot be read, is not JSON, is not a snapshot, or has a
             newer schema; the message names the file and says which.
     """
+    if record.is_recording(path):
+        try:
+            return record.read_recording(path).snapshot()
+        except record.RecordingError as exc:
+            raise DiffInputError(str(exc)) from None
     try:
         raw = Path(path).read_bytes()
     except OSError as exc:
@@ -122,8 +130,10 @@ def _render_table(d: Diff, base: str = "BASE", new: str = "NEW") -> str:
         _run_line("base", base, d),
         _run_line("new", new, d),
         f"noise: a change under {o.threshold:g}x, or under {format_duration(o.min_time_ns)} "
-        f"(a duration; a total of time: and {o.min_share:.0%} of the run) or {o.min_count} "
-        f"(a count); percentiles of fewer than {o.min_samples} samples are left out",
+        f"(a percentile), {format_duration(o.min_total_ns)} and {o.min_share:.0%} of the run "
+        f"(a total of time) or {o.min_count} "
+        f"(a count); a percentile of fewer than {o.min_samples} samples, or {o.min_samples / 2:g} "
+        "at or above it, is left out",
         "",
     ]
     compared = counted(d.compared, "entry", "entries")
@@ -208,12 +218,14 @@ def _options(args: argparse.Namespace) -> DiffOptions:
     """The command's flags as options; a bad one raises ValueError naming the flag."""
     if not 0 <= args.min_share < 100:
         raise ValueError(f"--min-share {args.min_share:g}: expected a percentage from 0 to 100")
-    if not args.min_time >= 0:
-        raise ValueError(f"--min-time {args.min_time:g}: expected milliseconds >= 0")
+    for flag, value in (("--min-time", args.min_time), ("--min-total", args.min_total)):
+        if not 0 <= value < float("inf"):
+            raise ValueError(f"{flag} {value:g}: expected milliseconds >= 0")
     try:
         return DiffOptions(
             threshold=args.threshold,
             min_time_ns=round(args.min_time * 1_000_000),
+            min_total_ns=round(args.min_total * 1_000_000),
             min_count=args.min_count,
             min_share=args.min_share / 100,
             min_samples=args.min_samples,
@@ -229,9 +241,11 @@ def add_diff_command(commands: argparse._SubParsersAction[argparse.ArgumentParse
     defaults = DiffOptions()
     command = commands.add_parser(
         "diff",
-        help="compare two saved runs (snapshots or json exit reports); exit 1 on a regression",
+        help="compare two saved runs (snapshots, json exit reports, recordings); exit 1 on a "
+        "regression",
         description=(
-            "Compare two runs saved by 'asyncflow snapshot' or as a json exit report: per "
+            "Compare two runs saved by 'asyncflow snapshot', as a json exit report or as a "
+            "recording (its end state): per "
             "future, channel, stream, resource and executor (matched by label, not id), the "
             "figures that changed beyond noise, worst regression first, and the entries and "
             "findings in one run only. Exit status 1 when a figure (a duration, an error count) "
@@ -263,7 +277,14 @@ def add_diff_command(commands: argparse._SubParsersAction[argparse.ArgumentParse
         type=float,
         default=defaults.min_time_ns / 1_000_000,
         metavar="MS",
-        help="noise: ...and a duration by at least this many milliseconds",
+        help="noise: ...and a percentile of durations by at least this many milliseconds",
+    )
+    command.add_argument(
+        "--min-total",
+        type=float,
+        default=defaults.min_total_ns / 1_000_000,
+        metavar="MS",
+        help="noise: ...or a total of time (busy, waits) by at least this many milliseconds",
     )
     command.add_argument(
         "--min-count",

@@ -13,10 +13,12 @@ cannot be summed, are then left out.
 
 Noise, as :class:`DiffOptions` defines it: a figure has changed when it moved by at least
 ``threshold`` times (up or down) AND by at least an absolute floor (``min_time_ns`` for a
-duration, ``min_count`` for a count, and for a total of time such as busy, at least ``min_share``
-of the longer run's wall time too); a percentile is compared only when both runs measured it
-over at least ``min_samples`` samples, with at least :data:`TAIL_SAMPLES` of them at or above
-it (p50 needs 20, p95 200, p99 1000); maxima, one sample each, are never compared.
+percentile of durations, ``min_count`` for a count, and for a total of time such as busy the
+larger of ``min_total_ns`` and ``min_share`` of the longer run's wall time, a total being
+compared less its longest poll, wait or job: "trimmed"); a percentile is
+compared only when both runs measured it over at least ``min_samples`` samples, half as many
+of them at or above it (at the default 20: p50 needs 20 samples, p95 200, p99 1000); maxima,
+one sample each, are never compared.
 """
 
 from __future__ import annotations
@@ -39,7 +41,6 @@ from asyncflow.schema import (
 
 __all__ = [
     "DIFF_FORMAT",
-    "TAIL_SAMPLES",
     "Diff",
     "DiffOptions",
     "EntryChange",
@@ -51,8 +52,6 @@ __all__ = [
 
 #: Bumped by any change that breaks a field of the :class:`Diff` document.
 DIFF_FORMAT = 1
-#: samples a percentile needs at or above it to be compared: n x (100 - q) / 100 >= this
-TAIL_SAMPLES = 10
 
 Unit = Literal["ns", "count"]
 #: which way is worse: ``higher`` (a duration, an error count) or neither (the workload's size)
@@ -71,14 +70,19 @@ class DiffOptions:
     #: a figure changed when the larger of its two values is at least this many times the
     #: smaller (1.25: by 25%)...
     threshold: float = 1.25
-    #: ...and a duration moved by at least this much
+    #: ...and a percentile of durations moved by at least this much
     min_time_ns: int = 1_000_000
+    #: ...or a total of time (busy, waits, blocked) by at least this much: a poll during
+    #: which the interpreter ran another thread (the profiler's, at its exit report) counts
+    #: up to its switch interval (5 ms) more, once in a while
+    min_total_ns: int = 10_000_000
     #: ...or a count by at least this many
     min_count: int = 5
-    #: ...and a total of time (busy, waits, blocked) by at least this share of the longer
-    #: run's wall time (0.01: 1%), since a busy time varies with the machine's load
+    #: ...and by at least this share of the longer run's wall time (0.01: 1%): a busy time
+    #: varies with the machine's load
     min_share: float = 0.01
-    #: samples each run needs behind a percentile (calls, polls, messages, waits, jobs)
+    #: samples each run needs behind a percentile (calls, polls, messages, waits, jobs), and
+    #: half as many at or above it
     min_samples: int = 20
     #: a figure that got worse by more than this many times fails the comparison; ``inf``: none
     fail_over: float = 2.0
@@ -90,6 +94,8 @@ class DiffOptions:
             raise ValueError(f"min_time_ns={self.min_time_ns!r}: expected nanoseconds >= 0")
         if not 0.0 <= self.min_share < 1.0:
             raise ValueError(f"min_share={self.min_share!r}: expected a fraction from 0 to 1")
+        if self.min_total_ns < 0:
+            raise ValueError(f"min_total_ns={self.min_total_ns!r}: expected nanoseconds >= 0")
         if self.min_count < 1:
             raise ValueError(f"min_count={self.min_count!r}: expected a count >= 1")
         if self.min_samples < 1:
@@ -228,6 +234,13 @@ def _total(name: str, value: int, worse: Worse = "higher") -> _Figure:
     return _Figure(name, "ns", worse, value)
 
 
+def _trimmed(name: str, total: int, longest: int) -> _Figure:
+    """A total of time less its longest poll, wait or job: one poll during which the
+    interpreter ran another thread (the profiler's start or exit report) can take 10 ms
+    longer, once in a run, and a total over a few short polls would read as many times worse."""
+    return _Figure(f"{name} (trimmed)", "ns", "higher", max(0, total - longest))
+
+
 def _count(name: str, value: int, worse: Worse = "neither") -> _Figure:
     return _Figure(name, "count", worse, value)
 
@@ -238,7 +251,7 @@ def _future(f: FutureEntry) -> _Entry:
         _count("polls", f.total_polls),
         _count("raised", f.outcomes.raised, "higher"),
         _count("cancelled", f.outcomes.cancelled),
-        _total("busy", f.busy_ns),
+        _trimmed("busy", f.busy_ns, f.max_poll_duration_ns),
     ]
     finished = f.outcomes.returned + f.outcomes.raised + f.outcomes.cancelled + f.outcomes.closed
     _percentiles(figures, "call", f.call_duration_ns, finished)
@@ -259,7 +272,10 @@ def _channel(c: ChannelEntry) -> _Entry:
 
 
 def _stream(s: StreamEntry) -> _Entry:
-    figures = [_count("items", s.items_yielded), _total("total wait", s.total_wait_ns)]
+    figures = [
+        _count("items", s.items_yielded),
+        _trimmed("total wait", s.total_wait_ns, s.max_wait_ns),
+    ]
     _percentiles(figures, "wait", s.wait_ns, s.timed_count)
     return _Entry("stream", s.label, s.source, s.items_yielded, {x.name: x for x in figures})
 
@@ -269,8 +285,8 @@ def _resource(r: ResourceEntry) -> _Entry:
         _count("acquisitions", r.acquisitions),
         _count("contended", r.contended_acquisitions, "higher"),
         _count("failed waits", r.failed_waits, "higher"),
-        _total("total wait", r.total_wait_ns),
-        _total("total hold", r.total_hold_ns),
+        _trimmed("total wait", r.total_wait_ns, r.max_wait_ns),
+        _trimmed("total hold", r.total_hold_ns, r.max_hold_ns),
     ]
     _percentiles(figures, "wait", r.wait_ns, r.waits)
     _percentiles(figures, "hold", r.hold_ns, r.timed_holds)
@@ -282,8 +298,8 @@ def _executor(e: ExecutorEntry) -> _Entry:
     figures = [
         _count("jobs", e.submitted),
         _count("raised", e.raised, "higher"),
-        _total("time queued", e.total_queued_ns),
-        _total("time running", e.total_run_ns),
+        _trimmed("time queued", e.total_queued_ns, e.max_queued_ns),
+        _trimmed("time running", e.total_run_ns, e.max_run_ns),
     ]
     _percentiles(figures, "queued", e.queued_ns, e.completed)
     _percentiles(figures, "run", e.run_ns, e.completed)
@@ -331,7 +347,7 @@ def _floor(figure: _Figure, options: DiffOptions, wall_ns: int) -> float:
         return options.min_count
     if figure.q is not None:
         return options.min_time_ns
-    return max(options.min_time_ns, options.min_share * wall_ns)
+    return max(options.min_total_ns, options.min_share * wall_ns)
 
 
 def _enough(figure: _Figure, options: DiffOptions) -> bool:
@@ -339,7 +355,7 @@ def _enough(figure: _Figure, options: DiffOptions) -> bool:
     if figure.q is None:
         return True
     tail = figure.samples * (100.0 - figure.q) / 100.0
-    return figure.samples >= options.min_samples and tail >= TAIL_SAMPLES
+    return figure.samples >= options.min_samples and tail >= options.min_samples / 2
 
 
 def _compare(
