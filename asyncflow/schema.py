@@ -370,6 +370,9 @@ class ProfilerStatus:
     #: what the program ran that asyncflow could not profile (an event loop that refused its
     #: task factory, trio), each with the reason
     not_profiled: list[NotProfiledEntry] = field(default_factory=list)
+    #: tasks that raised forgotten unjudged by never-retrieved, past the 1,000 remembered at
+    #: once that nobody had retrieved yet (a task the finding may miss), in this profile
+    unretrieved_dropped: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,6 +18,7 @@ import weakref
 from collections.abc import Mapping
 from typing import Any
 
+from asyncflow.instrumentation import _session
 from asyncflow.instrumentation.recording import ERROR_TYPES_KEPT
 
 __all__ = [
@@ -52,7 +53,8 @@ def merge_types(into: dict[str, int], other: Mapping[str, int]) -> None:
         count_type(into, name, n)
 
 
-#: tasks that raised remembered at once, at most: past it, the oldest are forgotten (counted)
+#: tasks that raised remembered at once, at most: past it, those settled (retrieved, cancelled,
+#: gone) are forgotten first, then the oldest (counted: ``dropped``)
 MAX_RAISED = 1000
 
 
@@ -79,8 +81,14 @@ class Unretrieved:
 
 
 _lock = threading.Lock()
-_raised: dict[int, Unretrieved] = {}  # by call id, oldest first
-_dropped = [0]
+#: by the task's id(), oldest first: one entry a task (a dead task's id may be a new task's:
+#: the new one's entry replaces the dead one's, which was settled)
+_raised: dict[int, Unretrieved] = {}
+#: tasks forgotten unjudged, and the epoch of the profile (session) they were counted in
+_dropped: list[Any] = [0, None]
+#: notes that find the table full before it is swept again for settled tasks: a sweep reads
+#: every entry, so a table full of unsettled ones is swept once per MAX_RAISED // 2 notes
+_until_sweep = [0]
 
 
 def note(
@@ -91,18 +99,42 @@ def note(
     exc_message: str,
     raised_ns: int,
 ) -> None:
-    """Remember ``task``, whose own call (``call_id``) just raised."""
+    """Remember ``task``, in which the tracked call ``call_id`` just raised; a task noted
+    again (an outer call raised on, or a later call) keeps its latest, outermost, call."""
     entry = Unretrieved(weakref.ref(task), future_id, call_id, exc_type, exc_message, raised_ns)
+    key = id(task)
     with _lock:
-        _raised[entry.call_id] = entry
-        while len(_raised) > MAX_RAISED:
-            del _raised[next(iter(_raised))]
-            _dropped[0] += 1
+        _raised.pop(key, None)  # re-inserted: its place is its latest raise
+        _raised[key] = entry
+        if len(_raised) > MAX_RAISED:
+            _make_room()
 
 
-def dropped() -> int:
-    """How many tasks that raised were forgotten, unjudged, to keep the memory bounded."""
-    return _dropped[0]
+def _make_room() -> None:
+    """Under ``_lock``, the table one past full: forget the settled tasks (swept at most once
+    per ``MAX_RAISED // 2`` full notes), then, if it is still full, the oldest, counted."""
+    if _until_sweep[0] <= 0:
+        _until_sweep[0] = MAX_RAISED // 2
+        for key in [key for key, e in _raised.items() if _settled(e.task())]:
+            del _raised[key]
+    else:
+        _until_sweep[0] -= 1
+    while len(_raised) > MAX_RAISED:
+        del _raised[next(iter(_raised))]
+        session = _session.active
+        epoch = session.epoch if session is not None else None
+        if _dropped[1] != epoch:
+            _dropped[0], _dropped[1] = 0, epoch
+        _dropped[0] += 1
+
+
+def dropped(epoch: int | None = None) -> int:
+    """How many tasks that raised were forgotten, unjudged, to keep the memory bounded, in the
+    profile of ``epoch`` (``Session.epoch``; None: the running one's)."""
+    if epoch is None and _session.active is not None:
+        epoch = _session.active.epoch
+    count, counted_in = _dropped
+    return int(count) if counted_in == epoch else 0
 
 
 def _settled(task: asyncio.Task[Any] | None) -> bool:
@@ -118,17 +150,18 @@ def unretrieved() -> list[Unretrieved]:
     """The tasks that raised and whose exception nobody has retrieved yet, oldest first;
     those settled since are forgotten (a retrieved exception stays retrieved)."""
     with _lock:
-        entries = list(_raised.values())
+        entries = list(_raised.items())
     out, settled = [], []
-    for entry in entries:
+    for key, entry in entries:
         task = entry.task()
         if _settled(task):
-            settled.append(entry.call_id)
+            settled.append((key, entry))
         elif task is not None and task.done():
             out.append(entry)
         del task  # never keep it alive
     if settled:
         with _lock:
-            for call_id in settled:
-                _raised.pop(call_id, None)
+            for key, entry in settled:
+                if _raised.get(key) is entry:  # not a later note of the same task
+                    del _raised[key]
     return out

@@ -596,11 +596,16 @@ def _short_str(exc: BaseException) -> str:
 
 
 def _note_raised(r: CallRecord, now: int) -> None:
-    """A task's own call raised: the task is remembered (weakly) until someone retrieves its
-    exception, for the never-retrieved finding (on the raising path only, never a poll's)."""
+    """A tracked call raised in a task: the task is remembered (weakly) until someone retrieves
+    its exception, for the never-retrieved finding (on the raising path only, never a poll's).
+    A tracked task is noted by its own outermost call; a task asyncflow does not track (under
+    ``@asyncflow.future`` alone) by each tracked call that raises in it, the outermost last."""
     task = current_task()
-    if task is None or getattr(task.get_coro(), "_r", None) is not r:
-        return  # not a task's outermost call: its exception goes to whoever awaits it
+    if task is None:
+        return
+    outer = getattr(task.get_coro(), "_r", None)
+    if outer is not None and outer is not r:
+        return  # a tracked task's inner call: its exception goes to whoever awaits it
     _raised.note(task, r.future.id, r.call_id, r.exc_type or "", r.exc_message or "", now)
 
 
