@@ -4,8 +4,9 @@ For each count N of live tasks (each awaiting one ``asyncio.Event``), pairs of f
 in alternating order: a *plain* program (no profiler) and a *tracked* one (a profiler serving its
 endpoint on port 0, ``instrument_tasks()``). Each prints, as medians over the pairs:
 
-    memory     the resident memory (RSS) each live task adds, plain and tracked, and the
-               difference (what a tracked live task costs more)
+    memory     the Python heap (tracemalloc, exact) and the resident memory (RSS, by pages)
+               each live task adds, plain and tracked, and the difference (what a tracked
+               live task costs more)
     collector  the profiler thread's CPU while the N tasks wait and nobody asks (ms a second)
     routes     each route's first answer with the N tasks alive (wall time of one GET, nothing
                cached: the document is built for it)
@@ -39,6 +40,7 @@ import subprocess
 import sys
 import threading
 import time
+import tracemalloc
 from typing import Any
 
 ROUTES = (
@@ -67,8 +69,9 @@ async def _parked(gate: asyncio.Event) -> None:
     await gate.wait()
 
 
-async def _live(n: int, gate: asyncio.Event) -> tuple[list[asyncio.Task[None]], int]:
-    """N tasks waiting on ``gate``; the RSS they added, per task."""
+async def _live(n: int, gate: asyncio.Event) -> tuple[list[asyncio.Task[None]], int, int]:
+    """N tasks waiting on ``gate``; the Python heap (tracemalloc) and the RSS they added, per
+    task (the heap is exact at any N; the RSS moves by whole pages and arenas)."""
     warm = [asyncio.ensure_future(_parked(gate)) for _ in range(100)]  # first-use allocations
     await asyncio.sleep(0)
     gate.set()
@@ -77,11 +80,14 @@ async def _live(n: int, gate: asyncio.Event) -> tuple[list[asyncio.Task[None]], 
     del warm
     gc.collect()
     before = _rss()
+    tracemalloc.start()
     tasks = [asyncio.ensure_future(_parked(gate)) for _ in range(n)]
     await asyncio.sleep(0)  # each runs to its wait
     await asyncio.sleep(0)
     gc.collect()
-    return tasks, (_rss() - before) // n
+    heap = tracemalloc.get_traced_memory()[0]
+    tracemalloc.stop()
+    return tasks, heap // n, (_rss() - before) // n
 
 
 async def _longest_stall(seconds: float) -> float:
@@ -116,11 +122,11 @@ def _poller(url: str, stop: threading.Event, seen: list[int]) -> None:
 
 async def _plain(n: int) -> dict[str, Any]:
     gate = asyncio.Event()
-    tasks, per_task = await _live(n, gate)
+    tasks, heap, rss = await _live(n, gate)
     stall = await _longest_stall(STALL_SECONDS)
     gate.set()
     await asyncio.gather(*tasks)
-    return {"per_task": per_task, "stall": stall}
+    return {"heap": heap, "rss": rss, "stall": stall}
 
 
 async def _tracked(n: int) -> dict[str, Any]:
@@ -131,7 +137,7 @@ async def _tracked(n: int) -> dict[str, Any]:
     with asyncflow.profile("scale", format="none", port=0) as prof:
         asyncflow.instrument_tasks()
         gate = asyncio.Event()
-        tasks, figures["per_task"] = await _live(n, gate)
+        tasks, figures["heap"], figures["rss"] = await _live(n, gate)
         thread = prof._thread
         assert thread is not None and thread.ident is not None and prof.url is not None
         clock = time.pthread_getcpuclockid(thread.ident)
@@ -230,12 +236,12 @@ def scale(counts: list[int], pairs: int) -> None:
             for kind in ("plain", "tracked") if i % 2 == 0 else ("tracked", "plain"):
                 (plain if kind == "plain" else tracked).append(_child(kind, n))
         print(f"\n{n:,} live tasks, {pairs} pairs (medians; each pair's figure in brackets)")
-        p_task = [float(f["per_task"]) for f in plain]
-        t_task = [float(f["per_task"]) for f in tracked]
-        more = [t - p for p, t in zip(p_task, t_task, strict=True)]
-        print(f"  memory a live task     plain {_spread(p_task, 1, 'B')}")
-        print(f"                         tracked {_spread(t_task, 1, 'B')}")
-        print(f"                         tracked - plain {_spread(more, 1, 'B')}")
+        for name, key in (("heap", "heap"), ("RSS", "rss")):
+            p_task = [float(f[key]) for f in plain]
+            t_task = [float(f[key]) for f in tracked]
+            more = [t - p for p, t in zip(p_task, t_task, strict=True)]
+            print(f"  a live task's {name:<8} plain {_spread(p_task, 1, 'B')}, tracked "
+                  f"{_spread(t_task, 1, 'B')}: {_median(more):+,.0f} B")  # fmt: skip
         collector = [float(f["collector_ms_s"]) for f in tracked]
         print(f"  collector CPU, idle    {_median(collector):.1f} ms a second "
               f"({', '.join(f'{c:.1f}' for c in collector)})")  # fmt: skip
