@@ -733,7 +733,9 @@ _LOCK_RECORD = "_asyncflow_lock"
 async def _std_lock_acquire(self: asyncio.Lock) -> Literal[True]:
     """``acquire`` of a standard ``asyncio.Lock`` (or a condition's): its fast path in place."""
     if self._locked or self._waiters:  # type: ignore[attr-defined]  # it may wait
-        record: ResourceRecord | None = getattr(self, _LOCK_RECORD, None)
+        record: Any = getattr(self, _LOCK_RECORD, None)
+        if type(record) is _Site:  # contended: now it is worth a record
+            record = _materialize(self, record)
         if record is None:
             return await _LOCK_ACQUIRE(self)
         result: Literal[True] = await _acquire_may_wait(
@@ -744,7 +746,9 @@ async def _std_lock_acquire(self: asyncio.Lock) -> Literal[True]:
     session = _session.active
     if session is not None:
         record = getattr(self, _LOCK_RECORD, None)
-        if record is not None:
+        if type(record) is _Site:  # who holds it, should a waiter come (see _materialize)
+            self._asyncflow_holder = _running_call_here()  # type: ignore[attr-defined]
+        elif record is not None:
             # _note_hold(record, session), written out: this runs on every `async with`
             try:
                 st = record.stats
@@ -787,8 +791,11 @@ def _std_lock_release(self: asyncio.Lock) -> None:
         _LOCK_RELEASE(self)  # its RuntimeError, from its own frame
     if _session.active is None:
         return
-    record: ResourceRecord | None = getattr(self, _LOCK_RECORD, None)
+    record: Any = getattr(self, _LOCK_RECORD, None)
     if record is None:
+        return
+    if type(record) is _Site:  # never waited for: counted on its creation site
+        record.record.stats.hold_count += 1
         return
     # _note_release(record), written out for a lock: this runs on every `async with`
     try:
@@ -1223,11 +1230,13 @@ _class_hooked: weakref.WeakSet[asyncio.Event] = weakref.WeakSet()
 
 
 async def _class_event_wait(self: asyncio.Event) -> Literal[True]:
-    record: ResourceRecord | None = getattr(self, _EVENT_RECORD, None)
+    record: Any = getattr(self, _EVENT_RECORD, None)
     if self._value:  # type: ignore[attr-defined]  # Event.wait's fast path
         if record is not None and _session.active is not None:
-            record.stats.immediate += 1
+            (record.record if type(record) is _Site else record).stats.immediate += 1
         return True
+    if type(record) is _Site:  # a wait that blocks: now it is worth a record
+        record = _materialize(self, record)
     if record is None:
         return await _EVENT_WAIT(self)
     result: Literal[True] = await _timed_wait(record, None, None, _EVENT_WAIT, self)
@@ -1236,16 +1245,22 @@ async def _class_event_wait(self: asyncio.Event) -> Literal[True]:
 
 def _class_event_set(self: asyncio.Event) -> None:
     _EVENT_SET(self)
-    record: ResourceRecord | None = getattr(self, _EVENT_RECORD, None)
+    record: Any = getattr(self, _EVENT_RECORD, None)
     if record is not None and _session.active is not None:
-        _count_signal(record, "set", "sets")
+        if type(record) is _Site:  # nobody waited for it yet: counted on its creation site
+            record.record.stats.sets += 1
+        else:
+            _count_signal(record, "set", "sets")
 
 
 def _class_event_clear(self: asyncio.Event) -> None:
     _EVENT_CLEAR(self)
-    record: ResourceRecord | None = getattr(self, _EVENT_RECORD, None)
+    record: Any = getattr(self, _EVENT_RECORD, None)
     if record is not None and _session.active is not None:
-        _count_signal(record, "clear", "clears")
+        if type(record) is _Site:
+            record.record.stats.clears += 1
+        else:
+            _count_signal(record, "clear", "clears")
 
 
 _CLASS_EVENT_HOOKS = {
@@ -1649,7 +1664,18 @@ def resource_of(obj: Any) -> ResourceRecord | None:
     record = getattr(obj, _MARK, None)
     if isinstance(record, ResourceRecord):
         return record
-    return _anyio.get(id(obj))
+    if isinstance(obj, (asyncio.Lock, asyncio.Event)):  # one with only its site: made now
+        site = getattr(obj, _EVENT_RECORD if isinstance(obj, asyncio.Event) else _LOCK_RECORD, None)
+        if type(site) is _Site:
+            return _materialize(obj, site)
+    found = _anyio.get(id(obj))
+    if found is None and type(obj) is _anyio_classes().get("Event"):  # recorded on its event
+        inner = getattr(obj, "_event", None)
+        found = resource_of(inner) if type(inner) is asyncio.Event else None
+        if found is not None:
+            with _instrument_lock:
+                _bind(obj, found)
+    return found
 
 
 def instrument_lock(obj: _T, *, name: str | None = None) -> _T:
@@ -1777,10 +1803,144 @@ def _creation_site(obj: Any) -> tuple[tuple[str, int], str] | None:
     return (frame.f_code.co_filename, frame.f_lineno), site_label(frame)
 
 
+# A lock or event made per request and used without anyone waiting on it (uvicorn's Event, a
+# lock taken once) cost a record of its own: some 8 µs on the program's thread to make it, as
+# much again on the profiler's to reap and fold it. In whole-program mode a standard
+# asyncio.Lock or Event now gets its record only when something waits on it: a contended
+# acquire, or a wait for an event not set. Until then it carries its creation site (one _Site a
+# line), whose counting record takes its uses: acquisitions, sets, clears, waits that found it
+# set. The site's record is the aggregate the gone records of that line fold into, so the report
+# shows one row a line, as before. An uncontended acquire notes its holder on the lock, so that
+# a deadlock's or a contention's record, made when the waiter comes, knows who holds it.
+
+#: creation sites kept for primitives without a record of their own; beyond, records as before
+LAZY_SITES_KEPT = 1024
+
+
+class _Site:
+    """A creation site of standard locks or events that have no record yet (see above)."""
+
+    __slots__ = ("file", "kind", "label", "line", "primitive", "record")
+
+    def __init__(self, file: str, line: int, label: str, kind: str, primitive: str) -> None:
+        self.file = file
+        self.line = line
+        self.label = label
+        self.kind = kind
+        self.primitive = primitive
+        #: this session's counting record: the aggregate of (label, kind); set by _site_record
+        self.record: ResourceRecord
+
+
+#: (file, line, label, class) -> its _Site
+_lazy_sites: dict[tuple[str, int, str, type[Any]], _Site] = {}
+#: ids of the sites' counting records (this session's)
+_site_rows: set[int] = set()
+#: the primitives made without a record while the mode is on: each gets one when it ends
+_lazy_made: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def _site_record(site: _Site) -> None:
+    """Give ``site`` this session's counting record: the aggregate gone records of its label
+    fold into (under _lock)."""
+    key = (site.label, site.kind)
+    record = _history.aggregates.get(key)
+    if record is None:
+        record = ResourceRecord(site.label, site.kind, site.primitive, site.file, site.line, None)
+        _history.aggregates[key] = record
+        _site_rows.add(record.id)
+    site.record = record
+
+
+def _lazy(
+    obj: Any, found: tuple[str, float | None, float | None], at: tuple[str, int], label: str
+) -> bool:
+    """Give a standard lock or event made in whole-program mode its creation site instead of
+    a record; False when it gets a record now (another class, or too many sites)."""
+    cls = target = type(obj)
+    if cls is asyncio.Lock:
+        attr, carrier = _LOCK_RECORD, obj
+    elif cls is asyncio.Event:
+        attr, carrier = _EVENT_RECORD, obj
+    elif cls is _anyio_classes().get("Event"):  # (asyncio backend) its asyncio.Event carries it
+        attr, carrier, target = _EVENT_RECORD, getattr(obj, "_event", None), asyncio.Event
+        if type(carrier) is not asyncio.Event:
+            return False
+    else:
+        return False
+    if target.__dict__.get(attr, 0) is not None:  # the class's hooks are not on
+        return False
+    key = (at[0], at[1], label, cls)
+    site = _lazy_sites.get(key)
+    if site is None:
+        with _lock:
+            site = _lazy_sites.get(key)
+            if site is None:
+                if len(_lazy_sites) >= LAZY_SITES_KEPT:
+                    return False
+                site = _Site(at[0], at[1], label, _kind(obj), found[0])
+                _site_record(site)
+                _lazy_sites[key] = site
+    object.__setattr__(carrier, attr, site)
+    site.record.folded += 1
+    _lazy_made.add(carrier)
+    return True
+
+
+def _materialize(obj: Any, site: _Site) -> ResourceRecord | None:
+    """The record of a lock or event that had only its creation site, made now: something
+    waits on it (or the mode ends). A lock held now is held by the call its fast path noted."""
+    try:
+        with _instrument_lock:
+            existing = getattr(obj, _MARK, None)
+            if isinstance(existing, ResourceRecord):
+                return existing
+            record = ResourceRecord(
+                site.label, site.kind, site.primitive, site.file, site.line, obj
+            )
+            if site.primitive == EVENT:
+                object.__setattr__(obj, _EVENT_RECORD, record)
+                _class_hooked.add(obj)
+            else:
+                object.__setattr__(obj, _LOCK_RECORD, record)
+                holder = getattr(obj, "_asyncflow_holder", None)
+                if holder is not None:
+                    object.__delattr__(obj, "_asyncflow_holder")
+                if obj._locked:  # since when is not known: since the collector's last tick
+                    session = _session.active
+                    record.slot[1] = holder
+                    record.slot[0] = -(session.tick if session is not None else _clock.now_ns())
+            object.__setattr__(obj, _MARK, record)
+            if site.record.folded > 0:  # it folds into the site's record again when gone
+                site.record.folded -= 1
+            _register(record)
+        _lazy_made.discard(obj)
+        return record
+    except Exception as err:  # observing never breaks the program
+        _broken("instrumenting a primitive", err)
+        return None
+
+
+def _materialize_lazy() -> None:
+    """Whole-program mode ends: every lock and event still without a record gets one, and
+    keeps recording through hooks of its own (under _instrument_lock)."""
+    for obj in list(_lazy_made):
+        site = getattr(obj, _EVENT_RECORD if isinstance(obj, asyncio.Event) else _LOCK_RECORD, None)
+        if type(site) is _Site:
+            _materialize(obj, site)
+    _lazy_made.clear()
+
+
 def _init_hook(original: Callable[..., None], describe: Callable[[Any], Any]) -> Any:
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        before = getattr(self, "_event", None)  # anyio's Event: made, then __init__ again
         original(self, *args, **kwargs)
         try:
+            site = getattr(before, _EVENT_RECORD, None)
+            if type(site) is _Site:  # its new asyncio.Event carries its site (counted once)
+                object.__setattr__(self._event, _EVENT_RECORD, site)
+                _lazy_made.add(self._event)
+                return
             existing = resource_of(self)
             if existing is not None:
                 if existing.primitive == EVENT and type(self).__module__.startswith("anyio."):
@@ -1789,7 +1949,11 @@ def _init_hook(original: Callable[..., None], describe: Callable[[Any], Any]) ->
                 return
             created = _creation_site(self)
             found = describe(self)
-            if created is not None and found is not None:
+            if (
+                created is not None
+                and found is not None
+                and not _lazy(self, found, created[0], created[1])
+            ):
                 _instrument(self, found, None, created[0], created[1])
         except Exception as err:
             _broken("instrumenting a new primitive", err)
@@ -1846,6 +2010,7 @@ def _hook_primitives() -> dict[type[Any], Any]:
 
 
 def _unhook_primitives(originals: dict[type[Any], Any]) -> None:
+    _materialize_lazy()
     if asyncio.Event.__dict__.get(_EVENT_RECORD, 0) is None:
         _unhook_events()
     if asyncio.Lock.__dict__.get(_LOCK_RECORD, 0) is None:
@@ -1876,8 +2041,17 @@ def _register(record: ResourceRecord) -> None:
 
 def resource_registry() -> list[ResourceRecord]:
     """Every resource of the session (a copy): live ones oldest first, then the last gone ones,
-    then the aggregates of older gone ones."""
-    return _history.listing()
+    then the aggregates of older gone ones (a creation site's row among them, unless nothing
+    was counted on it: its primitives all got records of their own)."""
+    return [r for r in _history.listing() if r.folded or not _site_row_empty(r)]
+
+
+def _site_row_empty(record: ResourceRecord) -> bool:
+    """Whether ``record`` is a creation site's counting row with nothing counted on it."""
+    if record.id not in _site_rows:
+        return False
+    st = record.stats
+    return not (st.hold_count or st.unmatched or st.sets or st.clears or st.immediate)
 
 
 def reap(*, collecting: bool = False) -> int:
@@ -1950,6 +2124,9 @@ def reset_for_session() -> None:
     from zero. Holds open now stay open (their holders still hold them)."""
     with _lock:
         _history.forget(_fresh_stats)
+        _site_rows.clear()
+        for site in _lazy_sites.values():  # the aggregates are gone: fresh counting records
+            _site_record(site)
 
 
 def _fresh_stats(record: ResourceRecord) -> None:

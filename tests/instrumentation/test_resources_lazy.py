@@ -1,0 +1,113 @@
+"""A lock or event made per request and never waited on costs no record of its own (issue 26).
+
+In whole-program mode a standard asyncio.Lock or Event (and anyio's Event) gets its record only
+when something waits on it; until then its uses are counted on the row of the line that made
+it, the same row its gone records fold into. What the findings need still comes: a lock made
+lazily and then contended knows who held it, and one that deadlocks is seen.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import pytest
+
+import asyncflow
+from asyncflow.instrumentation import resources
+
+USES = 50
+
+
+def _rows(kind: str) -> list[resources.ResourceRecord]:
+    return [r for r in resources.resource_registry() if r.kind == kind]
+
+
+async def _lock_taken_once() -> None:
+    async with asyncio.Lock():
+        pass
+
+
+async def _event_set_and_awaited(make: Callable[[], Any]) -> None:
+    event = make()
+    event.set()
+    await event.wait()
+
+
+@pytest.mark.parametrize(
+    ("kind", "use"),
+    [
+        ("asyncio.Lock", _lock_taken_once),
+        ("asyncio.Event", lambda: _event_set_and_awaited(asyncio.Event)),
+        ("anyio.Event", lambda: _event_set_and_awaited(anyio.Event)),
+    ],
+    ids=["asyncio.Lock", "asyncio.Event", "anyio.Event"],
+)
+async def test_a_primitive_made_per_request_and_never_waited_on_has_no_record_of_its_own(
+    kind: str, use: Callable[[], Any]
+) -> None:
+    with asyncflow.profile("lazy", format="none", port=None), asyncflow.instrument_locks():
+        made = next(resources._resource_ids)  # (ids only need to be unique)
+        for _ in range(USES):
+            await use()
+        assert next(resources._resource_ids) - made <= 2  # the line's counting row only
+        (row,) = _rows(kind)
+        assert not row.alive
+        assert row.folded == USES
+        if kind == "asyncio.Lock":
+            assert resources.acquisitions(row) == resources.releases(row) == USES
+        else:  # (anyio's wait() reads is_set() itself: its asyncio.Event's wait never runs)
+            immediate = USES if kind == "asyncio.Event" else 0
+            assert (row.stats.sets, row.stats.immediate, row.stats.wait_count) == (
+                USES,
+                immediate,
+                0,
+            )
+
+
+async def test_a_lock_contended_later_gets_a_record_that_knows_its_holder() -> None:
+    @asyncflow.future(name="holder")
+    async def holder(lock: asyncio.Lock, held: asyncio.Event, go: asyncio.Event) -> None:
+        async with lock:
+            held.set()
+            await go.wait()
+
+    with asyncflow.profile("lazy", format="none", port=None), asyncflow.instrument_locks():
+        lock, held, go = asyncio.Lock(), asyncio.Event(), asyncio.Event()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(holder, lock, held, go)
+            await held.wait()
+            assert getattr(lock, resources._MARK, None) is None  # no record yet: nobody waited
+            tg.start_soon(lock.acquire)
+            with anyio.fail_after(5):
+                while not lock._waiters:
+                    await asyncio.sleep(0)
+            record = resources.resource_of(lock)
+            assert record is not None
+            (hold,) = resources.holds_of(record)
+            assert hold.call is not None and hold.call.future.label == "holder"
+            assert record.stats.waiting == 1
+            go.set()
+        lock.release()
+        assert record is not None
+        assert resources.acquisitions(record) == resources.releases(record) == 2
+        assert (record.stats.contended, record.stats.wait_count) == (1, 1)
+        (row,) = [r for r in resources.resource_registry() if r.label == record.label]
+        assert row is record  # the live lock's own row; the line's counting row holds nothing
+
+
+async def test_an_event_waited_on_before_it_is_set_gets_its_record_at_the_wait() -> None:
+    with asyncflow.profile("lazy", format="none", port=None), asyncflow.instrument_locks():
+        event = asyncio.Event()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(event.wait)
+            with anyio.fail_after(5):
+                while not event._waiters:
+                    await asyncio.sleep(0)
+            assert isinstance(getattr(event, resources._MARK, None), resources.ResourceRecord)
+            event.set()
+        record = resources.resource_of(event)
+        assert record is not None
+        assert (record.stats.sets, record.stats.woken, record.stats.wait_count) == (1, 1, 1)
