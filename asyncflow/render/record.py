@@ -2,10 +2,11 @@
 
 A recording is written on the profiler's thread, never on the program's loop: every
 ``RECORD_INTERVAL_NS`` (longer when building a snapshot costs more, so that recording takes at
-most about 1/``COST_SHARE`` of the time), at a collector tick, the snapshot is built and each of
-its sections that changed since the last one written is appended, as one line of JSON, to a
-zlib stream that is flushed to the file after every line: the file is readable up to its last
-whole line whenever the program dies. The last line is the final snapshot, written at stop.
+most about 1/``COST_SHARE`` of the time, counted in the profiler thread's CPU time), at a
+collector tick, the snapshot is built and each of its sections that changed since the last
+one written is appended, as one line of JSON, to a zlib stream that is flushed to the file
+after every line: the file is readable up to its last whole line whenever the program dies.
+The last line is the final snapshot, written at stop.
 
 The file is a text header line (``asyncflow-recording {"version": 1, ...}``) and then the
 compressed lines. Each line is ``{"t": ns since the start, "s": {section: document}}``, plus
@@ -136,7 +137,9 @@ class Recorder:
         share = self._share()
         from asyncflow.views import documents as views
 
-        began = clock.now_ns()
+        # the profiler thread's CPU time: what the program shares the GIL with, not the
+        # waits of a loaded machine
+        began = time.thread_time_ns()
         try:
             snapshot = views.snapshot(self.collector, logs_limit=TICK_LOGS)
             # Detail before time: the big sections every tick, then every 5th, then never;
@@ -154,7 +157,7 @@ class Recorder:
             self._failed = True  # turned off once; the program never sees it
             _session.internal_error("recording", exc)
             return
-        spent = clock.now_ns() - began
+        spent = time.thread_time_ns() - began
         slower = 1 if share < 0.5 else 2 if share < 0.75 else 4
         self.interval_ns = max(RECORD_INTERVAL_NS * slower, COST_SHARE * spent)
         self._next_ns = now + self.interval_ns
