@@ -147,7 +147,7 @@ class Recorder:
             big = share < 0.25 or (share < 0.5 and self.ticks % 5 == 0)
             written = dict(self._last)
             line = self._line(now, snapshot, big=big, final=False)
-            if share >= 0.5 and self._size(line) > self.budget * (1 - _RESERVE) - self.used:
+            if share >= 0.5 and not self._fits(line, self.budget * (1 - _RESERVE) - self.used):
                 self._last, self.full = written, True
                 return
             self._put(self._pack(line))
@@ -176,7 +176,7 @@ class Recorder:
                 for keep in (None, "small", _MINIMAL, ()):
                     self._last = dict(written)
                     line = self._line(now, final, big=keep is None, final=True, only=keep)
-                    if self._size(line) <= self.budget - self.used or keep == ():
+                    if self._fits(line, self.budget - self.used) or keep == ():
                         break
                 self._put(self._pack(line))
                 self._put(self._zip.flush(zlib.Z_FINISH))
@@ -219,10 +219,14 @@ class Recorder:
         end = b',"final":true' if final else b""
         return b'{"t":%d%s,"s":{%s}}\n' % (t, end, b",".join(parts))
 
-    def _size(self, line: bytes) -> int:
-        """What ``line`` would add to the file: measured on a copy of the stream."""
+    def _fits(self, line: bytes, room: float) -> bool:
+        """Whether ``line`` would add at most ``room`` bytes to the file: plainly so when it
+        is that short uncompressed (deflate adds 5 bytes a 16 kB block at most), else measured by
+        compressing it on a copy of the stream."""
+        if len(line) + len(line) // 1000 + 64 <= room:
+            return True
         trial = self._zip.copy()
-        return len(trial.compress(line)) + len(trial.flush(zlib.Z_SYNC_FLUSH))
+        return len(trial.compress(line)) + len(trial.flush(zlib.Z_SYNC_FLUSH)) <= room
 
     def _pack(self, line: bytes) -> bytes:
         # A sync flush per line: the file is whole up to here, whatever happens next.
