@@ -484,7 +484,7 @@ def test_a_trio_run_begun_before_the_profiler_is_watched_from_its_start() -> Non
     assert snapshot.loop is not None
     (entry,) = snapshot.loop.loops
     assert (entry.label, entry.state) == ("trio.run", "running"), entry
-    assert entry.heartbeats > 0 and entry.blocked_count == 1, entry
-    (episode,) = entry.episodes
+    assert entry.heartbeats > 0 and entry.blocked_count >= 1, entry
+    (episode,) = [e for e in entry.episodes if e.blocked_ns >= 140_000_000]  # (the planted)
     assert episode.task is not None and episode.task.endswith("blocker"), episode
     assert snapshot.status.not_profiled == []
