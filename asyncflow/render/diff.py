@@ -167,6 +167,7 @@ def _render_table(d: Diff, base: str = "BASE", new: str = "NEW") -> str:
             ]
     over = f"{o.fail_over:g}x"
     lines.append("")
+    lines += [f"caution: {caution}" for caution in d.cautions]
     if d.failed:
         lines.append(
             f"FAILED: {counted(len(d.failures), 'figure')} got worse by more than {over}: "

@@ -18,7 +18,9 @@ larger of ``min_total_ns`` and ``min_share`` of the longer run's wall time, a to
 compared less its longest poll, wait or job: "trimmed"); a percentile is
 compared only when both runs measured it over at least ``min_samples`` samples, half as many
 of them at or above it (at the default 20: p50 needs 20 samples, p95 200, p99 1000); maxima,
-one sample each, are never compared.
+one sample each, are never compared. A run whose event loop was late (a machine too busy:
+its loop lag's p95 above the floor) raises the floor of a percentile to that lateness, and
+the comparison says so in a caution.
 """
 
 from __future__ import annotations
@@ -115,6 +117,10 @@ class RunInfo:
     python: str
     #: how long the profiler had run when the document was taken
     uptime_ns: int
+    #: how late its event loops ran their callbacks, at p95 (the latest loop's), None when
+    #: not measured: a loop late by milliseconds (a machine too busy) makes every duration
+    #: of that run longer
+    loop_lag_p95_ns: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,6 +198,8 @@ class Diff:
     failed: bool = False
     #: the failing figures' names, worst first: ``future `step`: call p50 4.02x``
     failures: list[str] = field(default_factory=list)
+    #: what makes the comparison less sure, one sentence each (a run whose loop was late)
+    cautions: list[str] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -341,13 +349,20 @@ def _merge(into: _Entry, other: _Entry) -> None:
         mine.value = (mine.value or 0) + (figure.value or 0)
 
 
-def _floor(figure: _Figure, options: DiffOptions, wall_ns: int) -> float:
-    """The least step of a figure that is not noise."""
-    if figure.unit == "count":
-        return options.min_count
-    if figure.q is not None:
-        return options.min_time_ns
-    return max(options.min_total_ns, options.min_share * wall_ns)
+@dataclass(frozen=True, slots=True)
+class _Floors:
+    """The least step of a figure that is not noise, by what it is."""
+
+    count: int
+    #: a percentile of durations: the floor, or the runs' loop lateness if larger
+    percentile: float
+    #: a total of time
+    total: float
+
+    def of(self, figure: _Figure) -> float:
+        if figure.unit == "count":
+            return self.count
+        return self.percentile if figure.q is not None else self.total
 
 
 def _enough(figure: _Figure, options: DiffOptions) -> bool:
@@ -359,7 +374,7 @@ def _enough(figure: _Figure, options: DiffOptions) -> bool:
 
 
 def _compare(
-    base: _Entry, new: _Entry, options: DiffOptions, wall_ns: int
+    base: _Entry, new: _Entry, options: DiffOptions, floors: _Floors
 ) -> tuple[list[FigureChange], int]:
     """The figures of one entry that changed beyond noise, and the percentiles skipped."""
     changes: list[FigureChange] = []
@@ -372,7 +387,7 @@ def _compare(
             skipped += 1
             continue
         low, high = sorted((b.value, n.value))
-        if high - low < _floor(b, options, wall_ns) or high < low * options.threshold:
+        if high - low < floors.of(b) or high < low * options.threshold:
             continue  # noise: too small a step, or too small a ratio
         ratio = n.value / b.value if b.value else None
         if b.worse == "neither":
@@ -430,7 +445,23 @@ def _finding_change(w: WarningEntry) -> FindingChange:
 
 def _run(snapshot: Snapshot) -> RunInfo:
     s = snapshot.status
-    return RunInfo(s.name, s.version, s.python, s.uptime_ns)
+    lags = (
+        [x.lag_ns["p95"] for x in snapshot.loop.loops if "p95" in x.lag_ns] if snapshot.loop else []
+    )
+    return RunInfo(s.name, s.version, s.python, s.uptime_ns, max(lags) if lags else None)
+
+
+def _cautions(base: RunInfo, new: RunInfo, options: DiffOptions) -> Iterator[str]:
+    """A run whose event loop was late by more than a percentile's floor: its durations are
+    that much longer too, whatever the program did."""
+    for side, run in (("base", base), ("new", new)):
+        lag = run.loop_lag_p95_ns
+        if lag is not None and lag >= options.min_time_ns:
+            yield (
+                f"the {side} run's event loop was late by {lag / 1e6:.3g} ms at p95 (a machine "
+                "too busy?): its durations are longer by as much, and a percentile must move "
+                "by more to count"
+            )
 
 
 _Key = tuple[str, str, str]
@@ -478,10 +509,17 @@ def diff(base: Snapshot, new: Snapshot, options: DiffOptions | None = None) -> D
     before, after = _entries(base), _entries(new)
     changes: list[FigureChange] = []
     skipped = 0
+    base_run, new_run = _run(base), _run(new)
+    lag = max(base_run.loop_lag_p95_ns or 0, new_run.loop_lag_p95_ns or 0)
     wall_ns = max(base.status.uptime_ns, new.status.uptime_ns)
+    floors = _Floors(
+        count=options.min_count,
+        percentile=max(options.min_time_ns, lag),
+        total=max(options.min_total_ns, options.min_share * wall_ns),
+    )
     paired = list(_pairs(before, after))
     for was, now in paired:
-        found, left_out = _compare(before[was], after[now], options, wall_ns)
+        found, left_out = _compare(before[was], after[now], options, floors)
         changes += found
         skipped += left_out
     gone = before.keys() - {was for was, _ in paired}
@@ -491,8 +529,8 @@ def diff(base: Snapshot, new: Snapshot, options: DiffOptions | None = None) -> D
     failures = [_failure_name(c) for c in changes if c.failed]
     return Diff(
         format=DIFF_FORMAT,
-        base=_run(base),
-        new=_run(new),
+        base=base_run,
+        new=new_run,
         options=options,
         changes=changes,
         appeared=sorted((_entry_change(after[k]) for k in came), key=_by_size),
@@ -503,4 +541,5 @@ def diff(base: Snapshot, new: Snapshot, options: DiffOptions | None = None) -> D
         percentiles_skipped=skipped,
         failed=bool(failures),
         failures=failures,
+        cautions=list(_cautions(base_run, new_run, options)),
     )

@@ -81,18 +81,16 @@ def test_two_runs_of_one_program_diff_clean(
 def test_a_coroutine_four_times_slower_fails_naming_it(
     run_diff: Callable[..., tuple[int, str, str]], runs: Path
 ) -> None:
-    status, out, err = run_diff(
-        str(runs / "base.json"), str(runs / "slow.json"), "--fail-over", "1.5"
-    )
+    status, out, err = run_diff(str(runs / "base.json"), str(runs / "slow.json"))
     assert (status, err) == (1, "")
     table = out.split("\n\n")[1].splitlines()
     assert table[1].split()[:4] == ["kind", "name", "figure", "base"]
     first = table[2].split()
     assert first[:4] == ["future", "price", "call", "p50"] and first[-2:] == ["worse", "FAIL"]
-    assert 3.0 < float(first[-3].rstrip("x")) < 5.0  # four times, give or take the timer
-    assert not any(row.split()[1] == "check" for row in table[2:])  # checking did not slow
+    assert 2.5 < float(first[-3].rstrip("x")) < 5.0  # four times, give or take the timer
     verdict = out.splitlines()[-1]
     assert verdict.startswith("FAILED: ") and "future `price`: call p50 " in verdict
+    assert "`check`" not in verdict  # checking did not slow down
 
 
 def test_json_output_names_the_failure(
@@ -115,6 +113,7 @@ def test_json_output_names_the_failure(
         "percentiles_skipped",
         "failed",
         "failures",
+        "cautions",
     ]
     assert document["format"] == 1 and document["failed"] is True
     price = document["changes"][0]
@@ -155,8 +154,8 @@ def test_entries_in_one_run_only_are_listed(
     (tmp_path / "renamed.json").write_bytes(orjson.dumps(data))
     status, out, _ = run_diff(str(runs / "base.json"), str(tmp_path / "renamed.json"))
     assert status == 0  # the same run, but for one future's name
-    assert "only in new:\n  future `verify` (verify): 40 calls\n" in out
-    assert "only in base:\n  future `check` (__main__:check): 40 calls\n" in out
+    assert "only in new:\n  future `verify` (verify): 24 calls\n" in out
+    assert "only in base:\n  future `check` (__main__:check): 24 calls\n" in out
 
 
 def test_the_table_says_no_change_and_the_noise(

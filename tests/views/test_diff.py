@@ -91,6 +91,7 @@ def _snapshot(
     channels: list[dict[str, Any]] | None = None,
     warnings: list[dict[str, Any]] | None = None,
     uptime_ns: int = 400 * MS,
+    lag_p95: int | None = None,
 ) -> Snapshot:
     page = {"schema": 1, "total": 0, "offset": 0, "limit": 0}
     return schema.load(
@@ -117,8 +118,31 @@ def _snapshot(
             "futures": {**page, "futures": futures},
             "channels": {**page, "channels": channels or []},
             "warnings": warnings or [],
+            "loop": {
+                "schema": 1,
+                "block_threshold_ns": 100 * MS,
+                "loops": [] if lag_p95 is None else [_loop(lag_p95)],
+            },
         },
     )
+
+
+def _loop(lag_p95: int) -> dict[str, Any]:
+    return {
+        "id": 1,
+        "label": "main",
+        "thread": "MainThread",
+        "state": "running",
+        "lag_now_ns": 0,
+        "lag_ns": {"p50": lag_p95 // 10, "p95": lag_p95},
+        "max_lag_ns": lag_p95,
+        "heartbeats": 20,
+        "tasks_alive": 1,
+        "running": None,
+        "blocked": False,
+        "blocked_count": 0,
+        "episodes": [],
+    }
 
 
 def _named(changes: list[FigureChange]) -> list[tuple[str, str, str]]:
@@ -191,6 +215,22 @@ def test_one_long_poll_does_not_make_a_busy_time_worse() -> None:
     assert diff(base, new).changes == []
     twice = _snapshot([_future("main", calls=1, busy=25 * MS, max_poll=12 * MS + 50_000)])
     assert _named(diff(base, twice).changes) == [("main", "busy (trimmed)", "worse")]
+
+
+def test_a_late_loop_raises_a_percentiles_floor_and_is_said() -> None:
+    base = _snapshot([_future("check", call_p50=10 * MS)], lag_p95=100_000)
+    # a machine too busy: every wake-up of the new run came up to 6 ms late
+    new = _snapshot([_future("check", call_p50=15 * MS)], lag_p95=6 * MS)
+    result = diff(base, new)
+    assert result.changes == [] and result.new.loop_lag_p95_ns == 6 * MS
+    assert result.cautions == [
+        "the new run's event loop was late by 6 ms at p95 (a machine too busy?): its "
+        "durations are longer by as much, and a percentile must move by more to count"
+    ]
+    slower = _snapshot([_future("check", call_p50=40 * MS)], lag_p95=6 * MS)
+    assert _named(diff(base, slower).changes) == [("check", "call p50", "worse")]
+    calm = _snapshot([_future("check", call_p50=10 * MS)], lag_p95=100_000)
+    assert diff(base, calm).cautions == []
 
 
 def test_percentiles_of_too_few_calls_are_not_compared() -> None:

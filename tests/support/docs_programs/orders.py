@@ -13,17 +13,17 @@ from __future__ import annotations
 import asyncio
 import os
 
-ORDERS = 40
+ORDERS = 24
 SLOW = float(os.environ.get("ORDERS_SLOW", "1"))
 
 
 async def check(order: int) -> int:
-    await asyncio.sleep(0.003)
+    await asyncio.sleep(0.01)
     return order
 
 
 async def price(order: int) -> int:
-    await asyncio.sleep(0.003 * SLOW)
+    await asyncio.sleep(0.01 * SLOW)
     return order * 2
 
 
