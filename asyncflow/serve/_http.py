@@ -37,12 +37,14 @@ from asyncflow.serve._protocol import (
     _error_body,
     _FrontConfig,
     _message,
+    _Pages,
     _phrase,
     _Query,
     _Refused,
     _safe,
     _shown,
     _whole,
+    _window,
     logger,
 )
 from asyncflow.serve.openapi import Route
@@ -230,6 +232,8 @@ class _Front:
         )
         #: answers served out of date because their successor took longer than answer_within
         self.stale_served = 0
+        #: a paged route's page is cut from its window's document (see ``_window``)
+        self._pages = _Pages()
         #: requests being answered now: a second client asking the same waits for the first
         self._pending: dict[_Query, asyncio.Future[_Answer]] = {}
         self._runner: web.AppRunner | None = None
@@ -283,6 +287,10 @@ class _Front:
 
     async def _answer(self, query: _Query) -> tuple[_Answer, int | None]:
         """The answer, and its age in whole seconds if it was held (the HTTP ``Age``)."""
+        window = _window(query)
+        if window is not None:  # one build per window, whatever the page
+            answer, age = await self._answer(window)
+            return self._pages.page(query, window, answer), age
         now = clock.now_ns()
         held = self._cache.get(query, now)
         if held is not None and now < held.until:

@@ -277,6 +277,67 @@ class _Query:
         return self.get("limit")
 
 
+# -- one document per window, paged per request ------------------------------------------------
+#
+# A paged route's document is built for a window of its list (``_WINDOW`` entries from a multiple
+# of ``MAX_PAGE``), and each request's page is cut from it on the HTTP side: however the
+# clients vary ``?offset=`` and ``?limit=``, the program builds each window at most once per
+# cache window (the cache's rule), not once per distinct request.
+
+#: the list each paged route's document pages, by route
+_PAGED_LISTS = {
+    "/futures": "futures",
+    "/channels": "channels",
+    "/streams": "streams",
+    "/tasks": "tasks",
+    "/resources": "resources",
+    "/functions": "functions",
+    "/user_metrics": "metrics",
+}
+#: entries of a window: any page (at most ``MAX_PAGE`` from any offset) is in one window
+_WINDOW = 2 * MAX_PAGE
+
+
+def _window(query: _Query) -> _Query | None:
+    """The request the program builds for ``query``'s page: its route's window that holds the
+    page (None: the route is not paged, or ``query`` is that request already)."""
+    if query.path not in _PAGED_LISTS:
+        return None
+    params = dict(query.params)
+    start = params.get("offset", 0) // MAX_PAGE * MAX_PAGE
+    if params == {"offset": start, "limit": _WINDOW}:
+        return None
+    window = tuple((name, start if name == "offset" else _WINDOW) for name, _ in query.params)
+    return _Query(query.path, query.id, window)
+
+
+class _Pages:
+    """The windows parsed lately (a few, the newest kept), to cut pages from."""
+
+    def __init__(self, most: int = 4) -> None:
+        self.most = most
+        self._parsed: OrderedDict[_Query, tuple[bytes, dict[str, Any]]] = OrderedDict()
+
+    def page(self, query: _Query, window: _Query, answer: _Answer) -> _Answer:
+        """``query``'s page of the ``window`` document ``answer`` holds."""
+        if answer.status != 200:
+            return answer
+        held = self._parsed.get(window)
+        if held is None or held[0] is not answer.body:
+            held = (answer.body, orjson.loads(answer.body))
+            self._parsed[window] = held
+            while len(self._parsed) > self.most:
+                self._parsed.popitem(last=False)
+        self._parsed.move_to_end(window)
+        document = dict(held[1])
+        name = _PAGED_LISTS[query.path]
+        start = query.offset - window.offset
+        document[name] = document[name][start : start + query.limit]
+        if "offset" in document:
+            document["offset"], document["limit"] = query.offset, query.limit
+        return dataclasses.replace(answer, body=orjson.dumps(document))
+
+
 # -- responses ----------------------------------------------------------------------------------
 
 _JSON = "application/json; charset=utf-8"

@@ -290,6 +290,13 @@ class Server:
         self._spawning: socket.socket | None = None
         self._stopping = False
         self._window_ns = int(self.limits.cache_seconds * 1e9)
+        #: the live tasks as read lately, and until when (this clock) they serve /tasks (any
+        #: page), /graph and /snapshot: one reading for all of them
+        self._tasks_read: tuple[int, wait_views.TaskReading] | None = None
+        #: readings of the tasks made (each walks them on their loops, in slices)
+        self.readings = 0
+        #: until when the document just built may be served (a reading's time), 0: its own
+        self._held_until = 0
         _servers.add(self)
 
     # -- answers ----------------------------------------------------------------------------
@@ -305,6 +312,7 @@ class Server:
                 404, _JSON, _error_body(404, f"no route {_shown(query.path, 80)}"), window
             )
         started = time.thread_time_ns()
+        self._held_until = 0
         try:
             self.collector.drain()  # before building any document (work the next tick spares)
             started = time.thread_time_ns()
@@ -315,7 +323,8 @@ class Server:
                 body = bytes(built)
             else:
                 body = schema.dumps(built)
-            return _Answer(200, route.media_type, body, self._fresh(started))
+            fresh = max(self._fresh(started), self._held_until - clock.now_ns())
+            return _Answer(200, route.media_type, body, fresh)
         except _Refused as refused:
             return _Answer(
                 refused.status, _JSON, _error_body(refused.status, refused.message), window
@@ -331,11 +340,29 @@ class Server:
         """How long a document built since ``started`` (this thread's CPU clock) is served: the
         GIL is held while it is built, so the program waits; a costly document is rebuilt less
         often, for at most ``cache_cost_share`` of the program's time."""
+        return self._kept(time.thread_time_ns() - started)
+
+    def _reading(self) -> wait_views.TaskReading:
+        """The live tasks as read lately, or read now: a reading serves every document built
+        while it is fresh, which is as long as a document that took what it took (the loops'
+        time in its slices and this thread's) is served (see :meth:`_fresh`)."""
+        now = clock.now_ns()
+        held = self._tasks_read
+        if held is None or now >= held[0]:
+            responsive = wait_views.responsive_loops(self.collector.monitor, now)
+            reading = wait_views.read_tasks(responsive)
+            self.readings += 1
+            held = self._tasks_read = (clock.now_ns() + self._kept(reading.spent_ns), reading)
+        self._held_until = max(self._held_until, held[0])
+        return held[1]
+
+    def _kept(self, cost_ns: int) -> int:
         limits = self.limits
         if limits.cache_cost_share <= 0:
             return self._window_ns
-        cost = time.thread_time_ns() - started
-        stretched = min(int(cost / limits.cache_cost_share), int(limits.cache_most_seconds * 1e9))
+        stretched = min(
+            int(cost_ns / limits.cache_cost_share), int(limits.cache_most_seconds * 1e9)
+        )
         return max(self._window_ns, stretched)
 
     async def _answer_here(self, query: _Query) -> _Answer:
@@ -631,12 +658,12 @@ class Server:
 
     @_builds("/tasks")
     def _tasks(self, query: _Query) -> Any:
-        responsive = wait_views.responsive_loops(self.collector.monitor, clock.now_ns())
-        return wait_views.tasks_document(query.offset, query.limit, responsive)
+        reading = self._reading()
+        return wait_views.tasks_document(query.offset, query.limit, _never, reading=reading)
 
     @_builds("/graph")
     def _graph(self, query: _Query) -> Any:
-        return views.wait_for_graph(self.collector)
+        return views.wait_for_graph(self.collector, self._reading())
 
     @_builds("/resources")
     def _resources(self, query: _Query) -> Any:
@@ -673,7 +700,7 @@ class Server:
 
     @_builds("/snapshot")
     def _snapshot(self, query: _Query) -> Any:
-        return views.snapshot(self.collector, self._running())
+        return views.snapshot(self.collector, self._running(), reading=self._reading())
 
     @_builds("/trace")
     def _trace(self, query: _Query) -> Any:
@@ -688,6 +715,11 @@ class Server:
 
         figures = reporters.figures(self.collector, self._running())
         return prometheus.render(figures, ids=self.collector.options.metric_ids)
+
+
+def _never(record: Any) -> bool:
+    """(No loop is asked: the tasks were read already.)"""
+    return False
 
 
 def _listen(fd: int) -> None:

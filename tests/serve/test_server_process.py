@@ -341,8 +341,10 @@ def test_identical_requests_within_the_window_cost_the_program_one_build(
             thread.join(30)
         assert answers == [200] * 40
         assert len(built) == 1  # 40 requests, 8 at once: one document built in the program
-        assert request(prof, "/futures?limit=8")[0] == 200
-        assert len(built) == 2  # another canonical request: another document
+        assert request(prof, "/futures?limit=8&offset=3")[0] == 200
+        assert len(built) == 1  # another page: cut from the same document (its window)
+        assert request(prof, f"/futures?offset={server.MAX_PAGE * 2}")[0] == 200
+        assert len(built) == 2  # another window of the list: another document
 
 
 def test_while_the_program_is_slow_to_rebuild_the_previous_document_is_served(

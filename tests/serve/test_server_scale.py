@@ -1,0 +1,138 @@
+"""What documents cost as clients vary their requests: one build per window of a list, one
+reading of the tasks for every document that shows them (issue 28)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import asyncflow
+from asyncflow.serve import server
+from asyncflow.serve._protocol import MAX_PAGE, _Answer, _Pages, _Query, _window
+from asyncflow.views import documents as views
+from asyncflow.views import wait_views
+from tests.support.http import get
+
+
+@pytest.fixture
+def counted(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Served on the profiler's thread (the fake clock is the cache's too); each build of
+    /futures and each reading of the tasks noted."""
+    monkeypatch.setattr(server, "PROCESS", False)
+    monkeypatch.setattr(server, "LIMITS", server.Limits(cache_cost_share=0))
+    built: list[str] = []
+    futures, read = views.futures_document, getattr(wait_views, "read_tasks", None)
+
+    def futures_document(*args: Any) -> Any:
+        if len(args) == 4:  # the endpoint's (collector, now, offset, limit), not the findings'
+            built.append("futures")
+        return futures(*args)
+
+    def read_tasks(*args: Any, **kwargs: Any) -> Any:
+        built.append("tasks")
+        assert read is not None
+        return read(*args, **kwargs)
+
+    monkeypatch.setattr(views, "futures_document", futures_document)
+    monkeypatch.setattr(wait_views, "read_tasks", read_tasks, raising=False)
+    return built
+
+
+@pytest.fixture
+def program() -> Iterator[None]:
+    """A program whose loop runs in its own thread, with 30 tasks waiting on an event."""
+    ready = threading.Event()
+    done: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
+
+    @asyncflow.future(name="waiter")
+    async def waiter(go: asyncio.Event) -> None:
+        await go.wait()
+
+    async def main() -> None:
+        go = asyncio.Event()
+        done.append((asyncio.get_running_loop(), go))
+        with asyncflow.instrument_tasks():
+            crew = [asyncio.create_task(waiter(go), name=f"w{i:02}") for i in range(30)]
+        await asyncio.sleep(0)
+        ready.set()
+        await asyncio.gather(*crew)
+
+    thread = threading.Thread(target=asyncio.run, args=(main(),))
+    thread.start()
+    try:
+        assert ready.wait(5)
+        yield
+    finally:
+        loop, go = done[0]
+        loop.call_soon_threadsafe(go.set)
+        thread.join(5)
+
+
+def test_pages_of_a_list_are_cut_from_one_build(fake_clock: Any, counted: list[str]) -> None:
+    @asyncflow.future
+    async def one() -> None:
+        pass
+
+    @asyncflow.future
+    async def two() -> None:
+        pass
+
+    @asyncflow.future
+    async def both() -> None:
+        await asyncio.gather(one(), two())
+
+    with asyncflow.profile("paged", format="none", port=0) as prof:
+        asyncio.run(both())
+        assert prof.url is not None
+        _, everything, _ = get(prof.url, "/futures")
+        ids = [f["id"] for f in everything["futures"]]
+        assert len(ids) >= 3
+        for offset, limit in [(1, 1), (0, 2), (2, 7), (len(ids), 5)]:
+            _, page, _ = get(prof.url, f"/futures?offset={offset}&limit={limit}")
+            assert [f["id"] for f in page["futures"]] == ids[offset : offset + limit]
+            assert (page["total"], page["offset"], page["limit"]) == (len(ids), offset, limit)
+        assert counted == ["futures"]  # whatever the page, within the cache's window
+        fake_clock.advance(100_000_001)
+        get(prof.url, "/futures?limit=3")
+        assert counted == ["futures", "futures"]
+
+
+def test_tasks_graph_and_snapshot_share_one_reading(
+    fake_clock: Any, counted: list[str], program: None
+) -> None:
+    with asyncflow.profile("tasks", format="none", port=0) as prof:
+        assert prof.url is not None
+        _, first, _ = get(prof.url, "/tasks?limit=5")
+        _, later, _ = get(prof.url, "/tasks?offset=5&limit=5")
+        assert first["total"] == later["total"] and first["walked"] == later["walked"]
+        _, whole, _ = get(prof.url, "/tasks")
+        names = [t["name"] for t in first["tasks"] + later["tasks"]]
+        assert names == [t["name"] for t in whole["tasks"]][:10]  # pages of one list
+        assert {f"w{i:02}" for i in range(30)} <= {t["name"] for t in whole["tasks"]}
+        assert get(prof.url, "/graph")[0] == 200
+        assert get(prof.url, "/snapshot")[0] == 200
+        assert counted.count("tasks") == 1
+        fake_clock.advance(100_000_001)
+        get(prof.url, "/tasks")
+        assert counted.count("tasks") == 2
+
+
+def test_a_window_holds_any_page_from_its_offset() -> None:
+    query = _Query("/futures", None, (("limit", MAX_PAGE), ("offset", MAX_PAGE * 3 - 1)))
+    window = _window(query)
+    assert window is not None and _window(window) is None  # a window is built as it is
+    assert window.offset == MAX_PAGE * 2 and window.offset + window.limit >= 4 * MAX_PAGE - 1
+    assert _window(_Query("/flow")) is None
+    assert _window(_Query("/futures/{id}/logs", 3, (("limit", 5),))) is None
+
+
+def test_a_page_of_an_error_is_the_error() -> None:
+    query = _Query("/futures", None, (("limit", 1), ("offset", 0)))
+    window = _window(query)
+    assert window is not None
+    refused = _Answer(503, "application/json", b'{"error": {}}')
+    assert _Pages().page(query, window, refused) is refused
