@@ -40,7 +40,14 @@ from asyncflow.instrumentation import _session
 from asyncflow.instrumentation import futures as _futures_module
 from asyncflow.instrumentation._gone import AGGREGATES_KEPT, GONE_KEPT, Fold, GoneHistory
 from asyncflow.instrumentation._nested import Nested
-from asyncflow.instrumentation._sites import creation_frame, site_label
+from asyncflow.instrumentation._sites import (
+    _ANYIO_CHAIN,
+    _ASYNCIO_DIR,
+    _constructs,
+    creation_frame,
+    site_label,
+)
+from asyncflow.instrumentation._sites import _anyio as _anyio_dir
 from asyncflow.instrumentation.futures import (
     CallRecord,
     _current_tasks,
@@ -1931,6 +1938,27 @@ def _materialize_lazy() -> None:
     _lazy_made.clear()
 
 
+#: (code, class) of asyncio's and anyio's lines that make a primitive of that class for their own
+#: use (a Condition's lock, anyio's Event's asyncio.Event, twice per anyio.Event()): the walk
+#: out to the creator is skipped when the line makes one again
+_part_makers: dict[tuple[types.CodeType, type[Any]], None] = {}
+_PART_MAKERS_KEPT = 256
+
+
+def _makes_parts(caller: types.FrameType, obj: Any) -> bool:
+    """Whether ``caller`` alone decides that ``obj`` is a library's part (see creation_frame):
+    asyncio's code, or anyio's outside its chain of constructors, not ``obj``'s own."""
+    code = caller.f_code
+    filename = code.co_filename
+    if not filename.startswith(_ASYNCIO_DIR):
+        anyio_dir = _anyio_dir()
+        if anyio_dir is None or not filename.startswith(anyio_dir):
+            return False
+        if code.co_name in _ANYIO_CHAIN and code.co_name != "__init__":
+            return False  # on the way out to the program's line
+    return not _constructs(code, obj)
+
+
 def _init_hook(original: Callable[..., None], describe: Callable[[Any], Any]) -> Any:
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         before = getattr(self, "_event", None)  # anyio's Event: made, then __init__ again
@@ -1941,6 +1969,10 @@ def _init_hook(original: Callable[..., None], describe: Callable[[Any], Any]) ->
                 object.__setattr__(self._event, _EVENT_RECORD, site)
                 _lazy_made.add(self._event)
                 return
+            caller = sys._getframe(1)
+            maker = (caller.f_code, type(self))
+            if maker in _part_makers:
+                return
             existing = resource_of(self)
             if existing is not None:
                 if existing.primitive == EVENT and type(self).__module__.startswith("anyio."):
@@ -1948,6 +1980,10 @@ def _init_hook(original: Callable[..., None], describe: Callable[[Any], Any]) ->
                         _attach_anyio(self, existing)
                 return
             created = _creation_site(self)
+            if created is None and _makes_parts(caller, self):
+                if len(_part_makers) >= _PART_MAKERS_KEPT:
+                    _part_makers.clear()
+                _part_makers[maker] = None
             found = describe(self)
             if (
                 created is not None
