@@ -525,9 +525,25 @@ def _done(fut: Any) -> bool:
         return False
 
 
+#: (code, line) -> its AwaitFrame, shared by every task waiting there: a reading of 20,000 tasks
+#: makes a few of them, not 100,000 objects for the garbage collector to count (bounded)
+_FRAMES: dict[tuple[CodeType, int], schema.AwaitFrame] = {}
+_FRAMES_LIMIT = 4096
+
+
+def _await_frame(code: CodeType, line: int) -> schema.AwaitFrame:
+    key = (code, line)
+    frame = _FRAMES.get(key)
+    if frame is None:
+        frame = schema.AwaitFrame(code.co_filename, line, code.co_qualname)
+        if len(_FRAMES) >= _FRAMES_LIMIT:
+            _FRAMES.clear()
+        _FRAMES[key] = frame
+    return frame
+
+
 def _frame_entry(frame: FrameType) -> schema.AwaitFrame:
-    code = frame.f_code
-    return schema.AwaitFrame(code.co_filename, frame.f_lineno or 0, code.co_qualname)
+    return _await_frame(frame.f_code, frame.f_lineno or 0)
 
 
 def walk_task(
@@ -621,7 +637,7 @@ def _created_at(coro: Any) -> schema.AwaitFrame | None:
         if start <= lasti < end:
             line = at if at is not None else line
             break
-    return schema.AwaitFrame(code.co_filename, line, code.co_qualname)
+    return _await_frame(code, line)
 
 
 def _all_tasks(loop: asyncio.AbstractEventLoop) -> list[asyncio.Task[Any]]:
