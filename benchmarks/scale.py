@@ -167,7 +167,7 @@ async def _tracked(n: int) -> dict[str, Any]:
 
 
 _FIRST = """
-import asyncio, sys, time
+import asyncio, os, sys, time
 import asyncflow
 async def main():
     with asyncflow.profile("first", port=0, format="none") as prof:
@@ -179,11 +179,16 @@ async def main():
                 await asyncio.sleep(0)
         else:
             await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+        link = prof._server.link  # the endpoint process's CPU, all but idle since it answered
+        with open(f"/proc/{link.process.pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        print((int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), flush=True)
 asyncio.run(main())
 """
 
 
-def _first_answer(mode: str) -> float:
+def _first_answer(mode: str) -> tuple[float, float]:
+    """The wall seconds from the URL to the first answer, and the endpoint process's CPU."""
     program = subprocess.Popen(
         [sys.executable, "-c", _FIRST, mode],
         stdin=subprocess.PIPE,
@@ -198,8 +203,9 @@ def _first_answer(mode: str) -> float:
     seconds = time.perf_counter() - started
     assert status == 200, status
     program.stdin.close()
+    cpu = float(program.stdout.readline())
     program.wait(30)
-    return seconds
+    return seconds, cpu
 
 
 # -- the runs and their figures ----------------------------------------------------------------
@@ -266,21 +272,31 @@ def first(pairs: int) -> None:
     ratios: dict[str, list[float]] = {"idle": [], "busy": []}
     answers: dict[str, list[float]] = {"idle": [], "busy": []}
     bares: list[float] = []
+    cpus: dict[str, list[float]] = {"import": [], "idle": [], "busy": []}
     for _ in range(pairs):
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), os.times()
         subprocess.run([sys.executable, "-c", "import aiohttp.web"], check=True)
         bare = time.perf_counter() - started
+        after = os.times()
+        bare_cpu = after.children_user + after.children_system - cpu.children_user
+        bare_cpu -= cpu.children_system
         bares.append(bare)
+        cpus["import"].append(bare_cpu)
         shown = [f"import aiohttp.web {bare * 1000:.0f} ms"]
         for mode in ("idle", "busy"):
-            seconds = _first_answer(mode)
+            seconds, endpoint_cpu = _first_answer(mode)
             ratios[mode].append(seconds / bare)
             answers[mode].append(seconds)
+            cpus[mode].append(endpoint_cpu)
             shown.append(f"{mode} {seconds * 1000:.0f} ms ({seconds / bare:.2f}x)")
         print("  " + ", ".join(shown), flush=True)
     for mode, values in ratios.items():
         print(f"  {mode}: median {_median(values):.2f}x the import, worst {max(values):.2f}x, "
               f"best against best {min(answers[mode]) / min(bares):.2f}x")  # fmt: skip
+    print(f"  CPU: the import {_median(cpus['import']) * 1000:.0f} ms, the endpoint process "
+          f"{_median(cpus['idle'] + cpus['busy']) * 1000:.0f} ms to its first answer "
+          f"(medians; {_median(cpus['idle'] + cpus['busy']) / _median(cpus['import']):.2f}x), "
+          "which the machine's other work does not inflate")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
