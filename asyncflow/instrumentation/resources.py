@@ -1118,7 +1118,10 @@ async def _std_condition_wait(self: asyncio.Condition) -> Literal[True]:
     try:
         since = _clock.now_ns()
         call = _call_for(record)
-        _wait_began(record.stats)
+        st = record.stats
+        st.waiting = waiting = st.waiting + 1  # _wait_began, written out
+        if waiting > st.max_waiting:
+            st.max_waiting = waiting
     except Exception as err:
         _broken("recording a wait", err)
         return await _CONDITION_WAIT(self)
@@ -1127,7 +1130,32 @@ async def _std_condition_wait(self: asyncio.Condition) -> Literal[True]:
     except BaseException as exc:
         _wait_raised(record, since, call, exc)
         raise
-    _woken(record, since, call)
+    try:  # _woken and _waited, written out: a herd of N runs this N times per notify_all()
+        spent = _clock.now_ns() - since
+        st.woken += 1
+        st.waiting -= 1
+        st.wait_count = count = st.wait_count + 1
+        st.wait_ns += spent
+        st.wait_hist[SMALL_BUCKET[spent] if 0 <= spent < SMALL_LIMIT else bucket_of(spent)] += 1
+        if spent > st.wait_max:
+            st.wait_max = spent
+        if call is None:
+            fid = call_id = None
+        else:
+            fid, call_id = call.future.id, call.call_id
+        edge = st.edges.get(fid)
+        if edge is None:
+            edge = st.edges[fid] = ResourceEdge()
+        edge.wait_count += 1
+        edge.wait_ns += spent
+        if spent > edge.wait_max:
+            edge.wait_max = spent
+        log = st.wait_log
+        if log is None:
+            log = st.wait_log = deque(maxlen=RESOURCE_LOG_SIZE)
+        log.append((count - 1, since, spent, call_id, fid, WOKEN))
+    except Exception as err:
+        _broken("recording a wait", err)
     return result
 
 
