@@ -191,6 +191,11 @@ def render_table(snapshot: Snapshot, percentiles: tuple[float, ...], limit: int)
         header += f" · {counted(status.internal_errors, 'internal error')}"
     if status.accelerated is False:
         header += " · pure-Python hot path"
+    if status.unretrieved_dropped:  # never-retrieved's bound: its finding may miss them
+        header += (
+            f" · {counted(status.unretrieved_dropped, 'raised task')} unjudged "
+            "(never-retrieved remembers 1,000 at once)"
+        )
     # The scheduled delay only where a wake-up was measured: the table stays as narrow as
     # before under uvloop, or when no call is its task's own coroutine.
     sched = _sched_percentile(percentiles) if any(f.scheduled_polls for f in shown) else ()

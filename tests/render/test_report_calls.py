@@ -145,3 +145,13 @@ def test_the_types_are_those_of_the_whole_run_where_the_document_counts_them() -
     )
     text = render_table(_snapshot([many], []), (50.0,), 0)
     assert "  └ 25 raised: 10 OSError, 8 KeyError, 4 ValueError and 3 of other types\n" in text
+
+
+def test_the_header_says_how_many_raised_tasks_never_retrieved_could_not_judge() -> None:
+    snapshot = _snapshot([_entry(1, "fetch")], [])
+    assert "unjudged" not in render_table(snapshot, (50.0,), 0).splitlines()[0]
+    status = dataclasses.replace(snapshot.status, unretrieved_dropped=1_200)
+    header = render_table(dataclasses.replace(snapshot, status=status), (50.0,), 0)
+    assert header.splitlines()[0].endswith(
+        " · 1,200 raised tasks unjudged (never-retrieved remembers 1,000 at once)"
+    )
