@@ -24,7 +24,7 @@ import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import FrameType, TracebackType
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import orjson
 
@@ -32,6 +32,9 @@ from asyncflow import config, schema
 from asyncflow._version import __version__
 from asyncflow.errors import AsyncflowError, PortInUseError
 from asyncflow.profiler import DISABLED
+
+if TYPE_CHECKING:
+    from asyncflow.render.record import Recording
 
 __all__ = ["DEFAULT_URL", "main"]
 
@@ -860,9 +863,7 @@ def _read_moment(args: argparse.Namespace) -> schema.Snapshot:
                 "with 'asyncflow run --record FILE' or record=FILE)"
             )
         return read_snapshot(args.file)
-    recording = record.read_recording(args.file)
-    for note in recording.notes:
-        print(f"asyncflow: {args.file}: {note}", file=sys.stderr)
+    recording = _read_recording(args.file)
     since = None
     if args.between is not None:
         start, end = args.between
@@ -889,6 +890,16 @@ def _read_moment(args: argparse.Namespace) -> schema.Snapshot:
         file=sys.stderr,
     )
     return recording.snapshot(index, since)
+
+
+def _read_recording(path: str) -> Recording:
+    """A recording read, what was odd about it said on standard error."""
+    from asyncflow.render import record
+
+    recording = record.read_recording(path)
+    for note in recording.notes:
+        print(f"asyncflow: {path}: {note}", file=sys.stderr)
+    return recording
 
 
 def _held_percentiles(snapshot: schema.Snapshot) -> tuple[float, ...]:
@@ -1015,13 +1026,7 @@ def _top(args: argparse.Namespace) -> int:
     try:
         from asyncflow.render.top import TopApp
     except ImportError as exc:
-        # textual, or rich (its dependency, imported first): either way textual is to install
-        broken = exc.name is not None and exc.name.split(".")[0] not in ("textual", "rich")
-        raise AsyncflowError(
-            "the live view needs textual"
-            + (f" and cannot import {exc.name}" if broken else ", which is not installed")
-            + ": pip install '.[top]' in asyncflow's checkout, or pip install 'textual>=0.80'"
-        ) from None
+        raise _needs_textual("the live view", exc) from None
     args.url = _pick_url(args, "top")
     _check_url(args.url)
     if not args.interval > 0:
@@ -1030,24 +1035,27 @@ def _top(args: argparse.Namespace) -> int:
     return 0
 
 
+def _needs_textual(what: str, exc: ImportError) -> AsyncflowError:
+    """The error for a view that cannot import textual (or rich, which it imports first:
+    either way textual is to install), or something else it needs."""
+    broken = exc.name is not None and exc.name.split(".")[0] not in ("textual", "rich")
+    return AsyncflowError(
+        f"{what} needs textual"
+        + (f" and cannot import {exc.name}" if broken else ", which is not installed")
+        + ": pip install '.[top]' in asyncflow's checkout, or pip install 'textual>=0.80'"
+    )
+
+
 # -- asyncflow replay --------------------------------------------------------------------------
 
 
 def _replay(args: argparse.Namespace) -> int:
-    from asyncflow.render import record
 
-    recording = record.read_recording(args.file)
-    for note in recording.notes:
-        print(f"asyncflow: {args.file}: {note}", file=sys.stderr)
+    recording = _read_recording(args.file)
     try:
         from asyncflow.render.replay import ReplayApp
     except ImportError as exc:
-        broken = exc.name is not None and exc.name.split(".")[0] not in ("textual", "rich")
-        raise AsyncflowError(
-            "replay needs textual"
-            + (f" and cannot import {exc.name}" if broken else ", which is not installed")
-            + ": pip install '.[top]' in asyncflow's checkout, or pip install 'textual>=0.80'"
-        ) from None
+        raise _needs_textual("replay", exc) from None
     ReplayApp(recording, at=args.at, speed=args.speed).run()
     return 0
 
