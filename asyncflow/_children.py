@@ -148,6 +148,8 @@ class Following:
             output=output,
             port="off" if options.port is None else "0",  # never the parent's port
             child_of=(self.pid, role),
+            # its own recording beside the parent's, which it must not overwrite
+            record=None if options.record is None else _beside(options.record, role),
         )
         if options.trace:
             args["trace"] = trace_output or "on"
@@ -422,6 +424,7 @@ def _start_forked(child: Child, parent: Following) -> tuple[Profiler, Following]
                 port=None if options.port is None else 0,
                 port_source=None,
                 trace_output=child.trace_output,
+                record=None if options.record is None else _beside(options.record, child.role),
             )
         )
         profiler.hosting = True  # the program's own asyncflow.profile() joins it

@@ -300,3 +300,23 @@ async def test_replay_steps_through_the_moments_and_jumps_to_a_finding(tmp_path:
         assert app.source.index > at
         await pilot.press("space")
         assert not app.playing
+
+
+@pytest.mark.parametrize("how", ["spawn", "os.fork"])
+def test_each_child_records_beside_the_parents_recording(tmp_path: Path, how: str) -> None:
+    from tests.test_children import CHILDREN
+
+    script = write(tmp_path / "app.py", CHILDREN)
+    path = tmp_path / "run.afrec"
+    done = asyncflow_cmd(
+        "run", "--record", str(path), "--format", "none", str(script), how, cwd=tmp_path
+    )
+    assert done.returncode == 3, done.stderr  # the child's exit code, passed on
+    role = "fork-1" if how == "os.fork" else "process-1"
+    parent, child = read_recording(str(path)), read_recording(str(tmp_path / f"run.{role}.afrec"))
+    assert parent.header["name"] == "app" and parent.frames[-1].final
+    assert child.header["name"] == f"app/{role}" and child.frames[-1].final
+    labels = {f.label for f in child.snapshot().futures.futures if f.call_count}
+    assert {"child_main", "crunch"} <= labels, labels
+    called = {f.label for f in parent.snapshot().futures.futures if f.call_count}
+    assert "parent_main" in called and "child_main" not in called  # each its own
