@@ -518,12 +518,13 @@ def watch_trio_here() -> None:
     """A profiler starts: when it starts inside a ``trio.run`` (on the run's thread, in one of
     its tasks), that run is watched from now on as one ``asyncflow run`` wraps is from its
     ``before_run``. Its instrument is added to the run (``trio.lowlevel.add_instrument``, which
-    only the run's own thread may call): a run that began before the profiler, on another
-    thread, cannot be reached, and is not seen. A guest run is left to its host loop's watch,
-    or named in :func:`not_profiled`, as one begun under ``asyncflow run`` is. Never raises."""
+    only the run's own thread may call): a run under way on another thread cannot be reached,
+    and is named in :func:`not_profiled`. A guest run is left to its host loop's watch, or
+    named, as one begun under ``asyncflow run`` is. Never raises."""
     trio = sys.modules.get("trio")
     if trio is None:
         return  # the program never imported trio: no run of it is running
+    _name_trio_runs_elsewhere()
     try:
         token = trio.lowlevel.current_trio_token()
     except Exception:  # RuntimeError: not inside a trio run
@@ -547,6 +548,33 @@ def watch_trio_here() -> None:
         trio.lowlevel.add_instrument(instrument)  # its after_run closes the watch
     except Exception as exc:  # observing never breaks the program
         _session.internal_error("watching a trio run begun before the profiler", exc)
+
+
+_TRIO_ELSEWHERE_REASON = (
+    "a trio run began before the profiler, on another thread: trio lets only the run's own "
+    "thread add an instrument, so its loop is not watched (no loop health and no blocked-loop "
+    "detection on it); start the profiler inside the run, or under asyncflow run"
+)
+
+
+def _name_trio_runs_elsewhere() -> None:
+    """Name each trio run under way on another thread that no watch of asyncflow's covers:
+    a thread whose stack holds ``trio.run`` (its run loop, ``unrolled_run``, is on the stack
+    only while a task steps: ``run`` itself waits for I/O)."""
+    try:
+        module = sys.modules["trio._core._run"]
+        codes = {module.run.__code__, module.unrolled_run.__code__}
+        watched = {run._thread_id for run in list(_trio_runs) if run.is_running()}
+        here = threading.get_ident()
+        for thread, top in sys._current_frames().items():
+            frame: types.FrameType | None = top
+            while frame is not None and frame.f_code not in codes:
+                frame = frame.f_back
+            if frame is not None and thread != here and thread not in watched:
+                note_not_profiled("trio", "trio.run", _TRIO_ELSEWHERE_REASON)
+            del top, frame  # hold no other thread's frame
+    except Exception as exc:  # another trio: nothing said
+        _session.internal_error("looking for trio runs on other threads", exc)
 
 
 #: undoes of the hooks made after an import, taken back with the tracking
