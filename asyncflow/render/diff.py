@@ -13,6 +13,7 @@ import argparse
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import orjson
 
@@ -28,6 +29,8 @@ __all__ = [
     "render_diff",
     "run_diff",
 ]
+
+_P = TypeVar("_P", bound=argparse.ArgumentParser)
 
 #: exit statuses: no figure failed; a figure got worse by more than --fail-over; a bad input
 PASSED, FAILED, USAGE = 0, 1, 2
@@ -237,8 +240,10 @@ def _options(args: argparse.Namespace) -> DiffOptions:
         raise ValueError(f"--{name.replace('_', '-')} {rest}") from None
 
 
-def add_diff_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add ``asyncflow diff`` to the CLI's subcommands, with :func:`run_diff` as its handler."""
+def add_diff_command(commands: argparse._SubParsersAction[_P]) -> None:
+    """Add ``asyncflow diff`` to the CLI's subcommands, with :func:`run_diff` as its handler
+    (set as ``handler``, as the CLI's other commands are). The command's parser is of the
+    subcommands' ``parser_class``, so that its usage errors are said as theirs are."""
     defaults = DiffOptions()
     command = commands.add_parser(
         "diff",
