@@ -100,11 +100,18 @@ def note(
     raised_ns: int,
 ) -> None:
     """Remember ``task``, in which the tracked call ``call_id`` just raised; a task noted
-    again (an outer call raised on, or a later call) keeps its latest, outermost, call."""
-    entry = Unretrieved(weakref.ref(task), future_id, call_id, exc_type, exc_message, raised_ns)
+    again (an outer call raised on, or a later call) keeps its place and takes its latest,
+    outermost, call's figures: no new entry, no lock (a worker that catches and goes on
+    raises often in one task)."""
     key = id(task)
+    entry = _raised.get(key)
+    if entry is not None and entry.task() is task:
+        entry.future_id, entry.call_id, entry.raised_ns = future_id, call_id, raised_ns
+        entry.exc_type, entry.exc_message = exc_type, exc_message
+        return
+    entry = Unretrieved(weakref.ref(task), future_id, call_id, exc_type, exc_message, raised_ns)
     with _lock:
-        _raised.pop(key, None)  # re-inserted: its place is its latest raise
+        _raised.pop(key, None)  # a dead task's, whose id this one has now: settled
         _raised[key] = entry
         if len(_raised) > MAX_RAISED:
             _make_room()
