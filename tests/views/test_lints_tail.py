@@ -14,27 +14,18 @@ from asyncflow import schema
 from asyncflow.clock import FakeClock
 from asyncflow.views import lints
 from asyncflow.views.lints import Documents, Finding, Thresholds
+from tests.views.test_lints_cause import future
 
 MS = 1_000_000
 
 
 def tail(gathers: int = 0, last: int = 0) -> schema.FutureEntry:
     """A lookup whose p99 call takes 60 times its median, over 200 calls."""
-    return schema.FutureEntry(
-        id=1,
-        label="fetch_price",
-        source="app:fetch_price",
+    return dataclasses.replace(
+        future(1, "fetch_price", 20 * MS, 1 * MS),
         location=schema.Location("app.py", 9),
-        tracked_by="decorator",
         call_count=200,
-        calls=schema.CallStates(0, 0, 0, 200, 0),
         outcomes=schema.Outcomes(200, 0, 0, 0, 0),
-        cancellations=schema.Cancellations(0, 0, 0, 0),
-        total_polls=400,
-        busy_ns=20 * MS,
-        idle_ns=0,
-        max_poll_duration_ns=1 * MS,
-        poll_duration_ns={},
         call_duration_ns={"p50": 5 * MS, "p95": 290 * MS, "p99": 300 * MS},
         gathers=gathers,
         gathers_last=last,
@@ -172,9 +163,3 @@ async def test_a_healthy_gather_of_uniform_calls_is_quiet(fake_clock: FakeClock)
         entry = next(f for f in prof.snapshot().futures.futures if f.label == "tail_uniform")
     assert warnings == [], [w.message for w in warnings]
     assert (entry.gathers, entry.gathers_last) == (20, 20)
-
-
-def test_evidence_names_are_the_documents() -> None:
-    # the finding's evidence uses the /futures field names, so a reader can find them there
-    fields = {f.name for f in dataclasses.fields(schema.FutureEntry)}
-    assert {"gathers", "gathers_last"} <= fields
