@@ -882,6 +882,14 @@ def _read_moment(args: argparse.Namespace) -> schema.Snapshot:
             f"({recording.duration:.2f} s): its end state is shown",
             file=sys.stderr,
         )
+    if frame.stale:
+        oldest = min(frame.stale.values())
+        names = ", ".join(sorted(frame.stale))
+        print(
+            f"asyncflow: {args.file}: {names} as recorded at {oldest:.2f} s or later (left out "
+            "of later moments to keep the recording within its budget)",
+            file=sys.stderr,
+        )
     what = "the end state" if frame.final else f"the moment at {frame.t:.2f} s"
     if since is not None:
         what += f", with the findings from {recording.frames[since].t:.2f} s"

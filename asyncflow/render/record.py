@@ -10,7 +10,8 @@ The last line is the final snapshot, written at stop.
 
 The file is a text header line (``asyncflow-recording {"version": 1, ...}``) and then the
 compressed lines. Each line is ``{"t": ns since the start, "s": {section: document}}``, plus
-``"final": true`` on the end state; a section left out did not change (or was thinned).
+``"final": true`` on the end state; a section left out did not change, unless it is named in
+the line's ``"thin"`` list (left out to save room: its last value is older than the moment).
 
 The budget (``record_budget``, in megabytes) bounds the file: as more of it is used, the big
 sections (``BIG``: the logs, tasks, graph and threads) are written less often, then not at all,
@@ -206,9 +207,10 @@ class Recorder:
     ) -> bytes:
         """One line: the sections that changed since they were last written (of ``only``'s,
         if it is a tuple)."""
-        parts = []
+        parts, thin = [], []
         for name in _SECTIONS:
             if (name in BIG and not big) or (isinstance(only, tuple) and name not in only):
+                thin.append(b'"%s"' % name.encode())
                 continue
             data = schema.dumps(getattr(snapshot, name))
             if self._last.get(name) == data:
@@ -217,6 +219,8 @@ class Recorder:
             parts.append(b'"%s":%s' % (name.encode(), data))
         t = now - self.collector.session.start_ns
         end = b',"final":true' if final else b""
+        if thin:  # left out to save room: the reader knows these are older than the moment
+            end += b',"thin":[%s]' % b",".join(thin)
         return b'{"t":%d%s,"s":{%s}}\n' % (t, end, b",".join(parts))
 
     def _fits(self, line: bytes, room: float) -> bool:
@@ -249,6 +253,8 @@ class Frame:
     sections: dict[str, Any]
     #: the end state, written when the profiler stopped
     final: bool = False
+    #: the sections older than the moment (thinned by the budget): when each was last recorded
+    stale: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -367,11 +373,15 @@ def read_recording(path: str) -> Recording:
         )
     frames: list[Frame] = []
     sections: dict[str, Any] = {}
+    fresh: dict[str, float] = {}  # when each section was last known current
     for line in lines[:-1]:
         try:
             entry = orjson.loads(line)
+            t, thin = entry["t"] / 1e9, set(entry.get("thin") or ())
             sections = {**sections, **entry["s"]}
-            frames.append(Frame(entry["t"] / 1e9, sections, bool(entry.get("final"))))
+            fresh.update((name, t) for name in _SECTIONS if name not in thin)
+            stale = {name: fresh[name] for name in thin if name in fresh}
+            frames.append(Frame(t, sections, bool(entry.get("final")), stale))
         except (orjson.JSONDecodeError, KeyError, TypeError):
             notes.append("a damaged moment of the recording is left out")
     if not frames:

@@ -37,6 +37,8 @@ class RecordingSource:
 
     def __init__(self, recording: Recording, index: int = 0) -> None:
         self.recording = recording
+        #: the moments a finding begins
+        self.starts = recording.findings_start()
         self.index = 0
         self.seek(index)
 
@@ -56,8 +58,7 @@ class RecordingSource:
 
     def next_finding(self, step: int) -> int | None:
         """The next (``step`` 1) or previous (-1) moment a finding begins; None if none."""
-        starts = self.recording.findings_start()
-        later = [i for i in starts if (i - self.index) * step > 0]
+        later = [i for i in self.starts if (i - self.index) * step > 0]
         if not later:
             return None
         return min(later) if step > 0 else max(later)
@@ -146,7 +147,9 @@ class ReplayApp(TopApp):
         state = "▶ playing" if self.playing else "❚❚ paused"
         frame = source.recording.frames[source.index]
         end = " (end state)" if frame.final else ""
-        starts = len(source.recording.findings_start())
+        if frame.stale:  # thinned by the budget: say how old the oldest is
+            end += f" (some sections as of {min(frame.stale.values()):.2f} s)"
+        starts = len(source.starts)
         return (
             f"{state} · {source.t:.2f} s of {source.recording.duration:.2f} s{end} · moment "
             f"{source.index + 1}/{source.last + 1} · speed {self.speed:g} · {starts} finding "

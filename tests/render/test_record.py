@@ -148,6 +148,12 @@ def test_a_busy_program_stays_within_its_budget(tmp_path: Path) -> None:
     # the big sections were thinned: some moments hold no change to the logs
     assert any("future_logs" not in _line_sections(path, i) for i in range(1, len(rec.frames)))
     assert rec.snapshot().futures.total >= 60
+    # a thinned moment says how old its big sections are
+    thinned = [f for f in rec.frames if f.stale]
+    assert thinned and all(t < f.t for f in thinned for t in f.stale.values())
+    assert set(thinned[0].stale) <= record.BIG
+    shown = asyncflow_cmd("report", str(path), "--at", f"{thinned[0].t}")
+    assert shown.returncode == 0 and "to keep the recording within its budget" in shown.stderr
 
 
 async def _step(n: int) -> int:
@@ -220,7 +226,7 @@ def test_a_killed_program_leaves_a_readable_recording(tmp_path: Path) -> None:
     )
     try:
         for _ in range(400):  # bounded: 20 s at most
-            if path.exists() and len(_lines(path)) >= 4:
+            if path.exists() and _main_recorded(path):
                 break
             try:
                 child.wait(timeout=0.05)  # the program runs until it is killed
@@ -229,23 +235,27 @@ def test_a_killed_program_leaves_a_readable_recording(tmp_path: Path) -> None:
             assert child.stderr is not None
             pytest.fail(f"the program ended by itself: {child.stderr.read()!r}")
         else:
-            pytest.fail("the recording never got four moments")
+            pytest.fail("the recording never got a moment with main running")
     finally:
         child.send_signal(signal.SIGKILL)
         child.wait(10)
         assert child.stderr is not None
         child.stderr.close()
     rec = read_recording(str(path))
-    assert len(rec.frames) >= 3 and not rec.frames[-1].final
+    assert len(rec.frames) >= 2 and not rec.frames[-1].final
     assert any("no end state" in n for n in rec.notes)
     shown = asyncflow_cmd("report", str(path))
     assert shown.returncode == 0 and "no end state" in shown.stderr
     assert "main" in shown.stdout
 
 
-def _lines(path: Path) -> list[bytes]:
+def _main_recorded(path: Path) -> bool:
+    """Whether a whole moment of the recording, and one after it, has main's call (the
+    program starts a while after the profiler, longer on a loaded machine)."""
     body = path.read_bytes().partition(b"\n")[2]
-    return zlib.decompressobj().decompress(body).split(b"\n")[:-1]
+    lines = zlib.decompressobj().decompress(body).split(b"\n")[:-1]
+    seen = [i for i, line in enumerate(lines) if b'"label":"main"' in line]
+    return bool(seen) and len(lines) > seen[0] + 1
 
 
 def test_record_refuses_a_path_it_cannot_write(tmp_path: Path) -> None:
