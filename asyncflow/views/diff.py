@@ -465,13 +465,15 @@ def _cautions(base: RunInfo, new: RunInfo, options: DiffOptions) -> Iterator[str
 
 
 _Key = tuple[str, str, str]
-#: a line number in a label made from where the object was created (``app.py:39``)
-_LINE = re.compile(r"(?<=\.py):\d+")
+#: what in a label changes from run to run: a line number where the object was created
+#: (``app.py:39``), when the code above it changed; an address (the default executor's label
+#: names its loop's: ``(_UnixSelectorEventLoop 0x7f183c4759d0)``)
+_LOOSE = re.compile(r"(?<=\.py):\d+|\b0x[0-9a-fA-F]+\b")
 
 
 def _pairs(before: dict[_Key, _Entry], after: dict[_Key, _Entry]) -> Iterator[tuple[_Key, _Key]]:
-    """The entries of both runs that are one thing: by key, else (a creation site's line moved
-    when the code changed) by key without line numbers, where that names one entry each side."""
+    """The entries of both runs that are one thing: by key, else by key without what changes
+    from run to run (a line number, an address), where that names one entry on each side."""
     for key in before:
         if key in after:
             yield key, key
@@ -480,7 +482,7 @@ def _pairs(before: dict[_Key, _Entry], after: dict[_Key, _Entry]) -> Iterator[tu
         for key in one:
             if key not in other:
                 kind, name, detail = key
-                loose.setdefault((kind, _LINE.sub(":", name), detail), ([], []))[side].append(key)
+                loose.setdefault((kind, _LOOSE.sub("", name), detail), ([], []))[side].append(key)
     for was, now in loose.values():
         if len(was) == 1 and len(now) == 1:
             yield was[0], now[0]

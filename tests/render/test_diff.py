@@ -18,7 +18,7 @@ import pytest
 
 from asyncflow import schema
 from asyncflow.render.diff import add_diff_command, read_document, render_diff
-from asyncflow.views.diff import diff
+from asyncflow.views.diff import DiffOptions, diff
 from tests.support.commands import ASYNCFLOW
 
 ORDERS = Path(__file__).resolve().parent.parent / "support" / "docs_programs" / "orders.py"
@@ -270,3 +270,85 @@ def test_through_the_cli_main(
         "asyncflow diff: error: argument --fail-over: invalid float value: 'lots' "
         "(see 'asyncflow diff --help')\n"
     )
+
+
+_KINDS = """\
+import asyncio
+import time
+
+import asyncflow
+
+
+@asyncflow.stream
+async def ticks():
+    for i in range(30):
+        await asyncio.sleep(0)
+        yield i
+
+
+async def worker(lock):
+    async with lock:
+        await asyncio.sleep(0.001)
+
+
+async def main():
+    lock = asyncio.Lock()
+    await asyncio.gather(*(worker(lock) for _ in range(30)))
+    loop = asyncio.get_running_loop()
+    for _ in range(25):
+        await loop.run_in_executor(None, time.sleep, 0.001)
+    async for _ in ticks():
+        pass
+
+
+asyncio.run(main())
+"""
+
+
+def test_every_kind_is_matched_and_compared(tmp_path: Path) -> None:
+    """A lock, the default executor (whose label names its loop's address, another in each
+    run), a stream and futures: each matched from one run to the next, and a figure of each
+    compared."""
+    program = tmp_path / "kinds.py"
+    program.write_text(_KINDS)
+    done = subprocess.run(
+        [*ASYNCFLOW, "run", "--format", "json", "--output", "one.json", str(program)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+        env={**os.environ, "ASYNCFLOW_PORT": "0"},
+    )
+    assert done.returncode == 0, done.stderr
+    data = orjson.loads((tmp_path / "one.json").read_bytes())
+    data["loop"] = None  # no lateness to raise the floors: the figures below are exact
+    (tmp_path / "base.json").write_bytes(orjson.dumps(data))
+    (lock,) = data["resources"]["resources"]
+    (pool,) = data["executors"]["executors"]
+    (ticks,) = data["streams"]["streams"]
+    assert pool["label"].startswith("default executor (") and " 0x" in pool["label"]
+    # another run: another address; the lock's waits 3x longer, the executor's jobs 4x
+    pool["label"] = pool["label"].replace(" 0x", " 0x1")
+    lock["wait_ns"] = {k: v * 3 for k, v in lock["wait_ns"].items()}
+    pool["run_ns"] = {k: v * 4 for k, v in pool["run_ns"].items()}
+    ticks["items_yielded"] *= 2
+    ticks["total_wait_ns"] += 1_000_000_000
+    (tmp_path / "new.json").write_bytes(orjson.dumps(data))
+    base, new = (read_document(str(tmp_path / f"{name}.json")) for name in ("base", "new"))
+    result = diff(base, new, DiffOptions(min_time_ns=0))
+    assert result.appeared == [] and result.vanished == []
+    named = {(c.kind, c.name, c.figure, c.verdict) for c in result.changes}
+    assert named == {
+        ("resource", lock["label"], "wait p50", "worse"),
+        ("executor", pool["label"], "run p50", "worse"),
+        ("stream", "ticks", "items", "changed"),
+        ("stream", "ticks", "total wait (trimmed)", "worse"),
+    } | {  # p95 and p99 of 29 waits and 25 jobs have too few samples above them
+        (kind, label, f"{figure} p{q}", "worse")
+        for kind, label, figure, samples in (
+            ("resource", lock["label"], "wait", lock["waits"]),
+            ("executor", pool["label"], "run", pool["completed"]),
+        )
+        for q in (95, 99)
+        if samples * (100 - q) / 100 >= 10
+    }
