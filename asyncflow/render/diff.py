@@ -264,53 +264,22 @@ def add_diff_command(commands: argparse._SubParsersAction[_P]) -> None:
     command.add_argument(
         "--format", default="table", choices=("table", "json", "json-pretty"), help="output"
     )
-    command.add_argument(
-        "--fail-over",
-        type=float,
-        default=defaults.fail_over,
-        metavar="RATIO",
-        help="exit 1 when a figure got worse by more than this many times (inf: never)",
-    )
-    command.add_argument(
-        "--threshold",
-        type=float,
-        default=defaults.threshold,
-        metavar="RATIO",
-        help="noise: a figure changed only when it moved by at least this ratio",
-    )
-    command.add_argument(
-        "--min-time",
-        type=float,
-        default=defaults.min_time_ns / 1_000_000,
-        metavar="MS",
-        help="noise: ...and a percentile of durations by at least this many milliseconds",
-    )
-    command.add_argument(
-        "--min-total",
-        type=float,
-        default=defaults.min_total_ns / 1_000_000,
-        metavar="MS",
-        help="noise: ...or a total of time (busy, waits) by at least this many milliseconds",
-    )
-    command.add_argument(
-        "--min-count",
-        type=int,
-        default=defaults.min_count,
-        metavar="N",
-        help="noise: ...and a count by at least this many",
-    )
-    command.add_argument(
-        "--min-share",
-        type=float,
-        default=defaults.min_share * 100,
-        metavar="PERCENT",
-        help="noise: ...and a total of time (busy, waits) by at least this share of the run",
-    )
-    command.add_argument(
-        "--min-samples",
-        type=int,
-        default=defaults.min_samples,
-        metavar="N",
-        help="percentiles over fewer samples (in either run) are not compared",
-    )
+    for flag, kind, default, metavar, said in (
+        ("--fail-over", float, defaults.fail_over, "RATIO",
+         "exit 1 when a figure got worse by more than this many times (inf: never)"),
+        ("--threshold", float, defaults.threshold, "RATIO",
+         "noise: a figure changed only when it moved by at least this ratio"),
+        ("--min-time", float, defaults.min_time_ns / 1e6, "MS",
+         "noise: ...and a percentile of durations by at least this many milliseconds"),
+        ("--min-total", float, defaults.min_total_ns / 1e6, "MS",
+         "noise: ...or a total of time (busy, waits) by at least this many milliseconds"),
+        ("--min-share", float, defaults.min_share * 100, "PERCENT",
+         "noise: ...and by at least this share of the run's wall time"),
+        ("--min-count", int, defaults.min_count, "N",
+         "noise: ...or a count by at least this many"),
+        ("--min-samples", int, defaults.min_samples, "N",
+         "a percentile of fewer samples in either run (or half as many at or above it) is "
+         "not compared"),
+    ):  # fmt: skip
+        command.add_argument(flag, type=kind, default=default, metavar=metavar, help=said)
     command.set_defaults(handler=run_diff)
