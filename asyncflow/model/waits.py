@@ -28,9 +28,9 @@ import sysconfig
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from types import CodeType, FrameType
-from typing import Any
+from typing import Any, cast
 
 import anyio
 
@@ -732,7 +732,7 @@ def walk_on_loop(
     Returns the walks and whether they were read on the loop's thread (consistent).
     """
     walks, consistent, _ = read_on_loop(record, timeout, responsive, outside, slice_tasks, tasks)
-    return walks, consistent
+    return cast(list[TaskWalk], walks), consistent
 
 
 def read_on_loop(
@@ -742,29 +742,37 @@ def read_on_loop(
     outside: bool = True,
     slice_tasks: int = SLICE_TASKS,
     tasks: list[asyncio.Task[Any]] | None = None,
-) -> tuple[list[TaskWalk], bool, int]:
+    keep: Callable[[TaskWalk], Any] | None = None,
+) -> tuple[list[Any], bool, int]:
     """:func:`walk_on_loop`, and the time the walk took from the program: its slices on the
-    loop, or this thread's CPU when it read them from here (holding the GIL)."""
+    loop, or this thread's CPU when it read them from here (holding the GIL). With ``keep``,
+    what it makes of each walk is kept instead, as soon as the walk is made: a reading of
+    thousands of tasks then holds no object per task that outlives its slice."""
     loop = record.loop()
     if loop is None or loop.is_closed():
         return [], True, 0
     began = time.thread_time_ns()
+    kept = keep or _itself
     if record.thread == threading.get_ident() or not loop.is_running():
         # we are the loop's thread, or it is parked between runs: nothing else changes them
-        walks = walk_loop(record, tasks)
+        walks = [kept(w) for w in walk_loop(record, tasks)]
         return walks, True, time.thread_time_ns() - began
     if not responsive:
-        walks = walk_loop(record, tasks) if outside else []
+        walks = [kept(w) for w in walk_loop(record, tasks)] if outside else []
         return walks, False, time.thread_time_ns() - began
-    reading = SlicedWalk(record, loop, slice_tasks, tasks)
+    reading = SlicedWalk(record, loop, slice_tasks, tasks, keep)
     try:
         loop.call_soon_threadsafe(reading.step)
         return reading.result(timeout), True, reading.spent_ns
     except (concurrent.futures.TimeoutError, RuntimeError):
         reading.done.cancel()
         began = time.thread_time_ns()
-        walks = walk_loop(record, tasks) if outside else []
+        walks = [kept(w) for w in walk_loop(record, tasks)] if outside else []
         return walks, False, reading.spent_ns + time.thread_time_ns() - began
+
+
+def _itself(walk: TaskWalk) -> TaskWalk:
+    return walk
 
 
 class SlicedWalk:
@@ -779,15 +787,20 @@ class SlicedWalk:
         loop: asyncio.AbstractEventLoop,
         size: int = SLICE_TASKS,
         tasks: list[asyncio.Task[Any]] | None = None,
+        keep: Callable[[TaskWalk], Any] | None = None,
     ) -> None:
         self.record = record
         self.loop = loop
         self.size = max(1, size)
-        self.done: concurrent.futures.Future[list[TaskWalk]] = concurrent.futures.Future()
+        self.done: concurrent.futures.Future[list[Any]] = concurrent.futures.Future()
         #: the tasks to walk (None: the loop's, listed in the first slice)
         self.tasks = tasks
-        self.walks: list[TaskWalk] = []
+        #: what is kept of each walk (the walk itself by default)
+        self.keep = keep or _itself
+        self.walks: list[Any] = []
         self.index = 0
+        #: the time the tasks are read at (their ages count to it, whatever their slice)
+        self.now_ns = clock.now_ns()
         #: slices run (each one callback of the loop), and the loop's time they took in all
         self.slices = 0
         self.spent_ns = 0
@@ -802,14 +815,15 @@ class SlicedWalk:
             if self.tasks is None:
                 self.tasks = _all_tasks(self.loop)
             tasks, end = self.tasks, min(len(self.tasks), self.index + self.size)
-            now_ns, loop_time, record_id = clock.now_ns(), self.loop.time(), self.record.id
+            now_ns, loop_time, record_id = self.now_ns, self.loop.time(), self.record.id
+            keep = self.keep
             while self.index < end:
                 task = tasks[self.index]
                 self.index += 1
                 if task.done():
                     continue
                 try:  # no task runs now: this callback is what the loop runs
-                    self.walks.append(walk_task(task, record_id, None, now_ns, loop_time))
+                    self.walks.append(keep(walk_task(task, record_id, None, now_ns, loop_time)))
                 except Exception as err:  # a task we cannot read is left out
                     _session.internal_error("reading a task's await chain", err)
                 if clock.now_ns() - began >= SLICE_NS:
@@ -827,7 +841,7 @@ class SlicedWalk:
         finally:
             self._progress.set()
 
-    def result(self, timeout: float) -> list[TaskWalk]:
+    def result(self, timeout: float) -> list[Any]:
         """The walks, once every slice ran; ``TimeoutError`` when ``timeout`` passes with no
         slice run (a loop busy elsewhere: it does not answer)."""
         while True:

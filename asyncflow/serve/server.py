@@ -658,8 +658,7 @@ class Server:
 
     @_builds("/tasks")
     def _tasks(self, query: _Query) -> Any:
-        reading = self._reading()
-        return wait_views.tasks_document(query.offset, query.limit, _never, reading=reading)
+        return self._reading().tasks_json(query.offset, query.limit)  # JSON as it is
 
     @_builds("/graph")
     def _graph(self, query: _Query) -> Any:
@@ -715,11 +714,6 @@ class Server:
 
         figures = reporters.figures(self.collector, self._running())
         return prometheus.render(figures, ids=self.collector.options.metric_ids)
-
-
-def _never(record: Any) -> bool:
-    """(No loop is asked: the tasks were read already.)"""
-    return False
 
 
 def _listen(fd: int) -> None:

@@ -37,7 +37,7 @@ from asyncflow.instrumentation.streams import ACTIVE, StreamRecord, recent_items
 from asyncflow.model.collector import Collector, live_calls
 from asyncflow.model.monitor import BlockLine, Episode, LoopState, running_calls
 from asyncflow.model.threads import FRESH_NS, threads_document
-from asyncflow.model.waits import SlicedWalk, TaskWalk, summarise, walk_loop
+from asyncflow.model.waits import SlicedWalk, TaskWalk, walk_loop
 from asyncflow.schema import (
     SCHEMA,
     BlockedEpisode,
@@ -862,15 +862,15 @@ def _tasks_and_graph(
             return record.thread != waiting_thread and answers(record)
 
         reading = wait_views.read_tasks(responsive, None, outside)
-    walks, consistent = reading.walks, reading.consistent
-    entries = [w.entry for w in walks]
+    consistent = reading.consistent
+    entries = reading.task_entries()
     tasks = TasksDocument(
         schema=SCHEMA,
         total=reading.total,
         consistent=consistent,
         tasks=entries[:limit],
-        waits=summarise(walks),
-        walked=len(walks),
+        waits=reading.waits,
+        walked=len(entries),
     )
     return tasks, graph_document(entries, resources.resources, channels.channels, consistent)
 

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import heapq
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any
 
-from asyncflow import stats
+import orjson
+
+from asyncflow import schema, stats
 from asyncflow.instrumentation.coroutines import Site, never_awaited
 from asyncflow.instrumentation.executors import ExecutorRecord, JobFigures, executor_registry
 from asyncflow.instrumentation.futures import FutureRecord, InstrumentedCoroutine
@@ -27,7 +30,10 @@ from asyncflow.schema import (
     JobGroup,
     Location,
     NeverAwaitedEntry,
+    TaskEntry,
     TasksDocument,
+    WaitSummary,
+    WaitTarget,
 )
 from asyncflow.views.paging import at_most
 
@@ -41,7 +47,6 @@ __all__ = [
     "read_tasks",
     "responsive_loops",
     "task_tree",
-    "task_walks",
     "tasks_document",
 ]
 
@@ -145,20 +150,114 @@ def responsive_loops(monitor: LoopMonitor, now: int) -> Callable[[LoopRecord], b
 
 
 class TaskReading:
-    """The live tasks as read once: the walks of the first ``WALK_MOST`` of them in the list's
-    order (tracked calls oldest first, then the others by loop and name), each with the tasks
-    that await it, and how many live tasks there were in all."""
+    """The live tasks as read once: the first ``WALK_MOST`` of them in the list's order
+    (tracked calls oldest first, then the others by loop and name) walked, each with the tasks
+    that await it and its parent, and how many live tasks there were in all.
 
-    __slots__ = ("consistent", "spent_ns", "total", "walks")
+    Each walked task is kept as its entry's JSON and a few plain values (what the task tree
+    needs), made in the slice that walked it: a reading of 10,000 tasks holds no object per
+    task for the garbage collector to count (its full collections, which the objects of a
+    reading would bring on, stall a program with 20,000 tasks 0.2-0.6 s)."""
 
-    def __init__(self, walks: list[TaskWalk], total: int, consistent: bool, spent_ns: int) -> None:
-        self.walks = walks
-        #: live tasks in all (``len(walks)`` of them were walked)
+    __slots__ = ("consistent", "entries", "spent_ns", "total", "waits")
+
+    def __init__(
+        self,
+        entries: list[bytes],
+        waits: list[WaitSummary],
+        total: int,
+        consistent: bool,
+        spent_ns: int,
+    ) -> None:
+        #: each walked task's entry (``TaskEntry``) as JSON, in the list's order
+        self.entries = entries
+        #: the waiting tasks walked, counted by future, line and target
+        self.waits = waits
+        #: live tasks in all (``len(entries)`` of them were walked)
         self.total = total
         #: whether every loop was read on its own thread
         self.consistent = consistent
         #: what reading them took: the loops' time in the walks' slices and this thread's CPU
         self.spent_ns = spent_ns
+
+    def task_entries(self, start: int = 0, end: int | None = None) -> list[TaskEntry]:
+        """The entries from ``start`` to ``end``, as objects."""
+        return [_task_entry(e) for e in self.entries[start:end]]
+
+    def tasks_json(self, offset: int, limit: int | None) -> bytes:
+        """``GET /tasks``'s page from ``offset`` as JSON (a ``TasksDocument``), made of the
+        entries' JSON as it is."""
+        page = self.entries[offset : None if limit is None else offset + limit]
+        return b"".join(
+            (
+                b'{"schema":%d,"total":%d,"consistent":%s,"tasks":['
+                % (SCHEMA, self.total, b"true" if self.consistent else b"false"),
+                b",".join(page),
+                b'],"waits":',
+                schema.dumps(self.waits),
+                b',"walked":%d}' % len(self.entries),
+            )
+        )
+
+
+#: What a reading keeps of one walk, plain values only (a tuple the garbage collector stops
+#: tracking): its place in the list, its name, the tasks it awaits, the calls of its chain, the
+#: call that made it, and its entry as JSON.
+_Kept = tuple[tuple[bool, int, int, str], str, tuple[str, ...], tuple[int, ...], int, bytes]
+
+
+def _kept(walk: TaskWalk) -> _Kept:
+    entry = walk.entry
+    return (
+        (entry.age_ns is None, -(entry.age_ns or 0), entry.loop_id, entry.name),
+        entry.name,
+        tuple(entry.awaits),
+        tuple(entry.chain_calls),
+        walk.parent_call,
+        schema.dumps(entry),
+    )
+
+
+class _Counts:
+    """The summary of where the walked tasks wait, counted as they are walked."""
+
+    def __init__(self) -> None:
+        self.counts: Counter[tuple[Any, ...]] = Counter()
+        self.samples: dict[tuple[Any, ...], WaitSummary] = {}
+
+    def keep(self, walk: TaskWalk) -> _Kept:
+        entry, where = walk.entry, walk.where
+        if entry.state == "waiting":  # (as summarise counts them)
+            key = (
+                entry.future_id,
+                entry.future_label or entry.coroutine,
+                (where.file, where.line) if where is not None else None,
+                walk.wait_key,
+            )
+            self.counts[key] += 1
+            if key not in self.samples:
+                self.samples[key] = summarise((walk,))[0]
+        return _kept(walk)
+
+    def summary(self) -> list[WaitSummary]:
+        return [replace(self.samples[key], tasks=count) for key, count in self.counts.most_common()]
+
+
+def _task_entry(data: bytes) -> TaskEntry:
+    """A ``TaskEntry`` from its JSON, made directly (``schema.load`` checks every field's type:
+    about 1 ms an entry, 10 s for a reading of 10,000)."""
+    fields = orjson.loads(data)
+    try:
+        fields["chain"] = [AwaitFrame(**f) for f in fields["chain"]]
+        fields["held_at"] = [AwaitFrame(**f) for f in fields["held_at"]]
+        for name in ("where", "created_at"):
+            if fields.get(name) is not None:
+                fields[name] = AwaitFrame(**fields[name])
+        if fields.get("waits_on") is not None:
+            fields["waits_on"] = WaitTarget(**fields["waits_on"])
+        return TaskEntry(**fields)
+    except (TypeError, KeyError):  # a field this does not know of: the schema's own loader
+        return schema.load(TaskEntry, orjson.loads(data))
 
 
 def _list_key(task: Any, loop_id: int) -> tuple[bool, int, int, str]:
@@ -183,45 +282,69 @@ def read_tasks(
     deadlocked loop is idle, and answers)."""
     began = time.thread_time_ns()
     records = list(loop_registry() if loops is None else loops)
-    keyed = [(_list_key(t, r.id), t, r) for r in records for t in loop_tasks(r)]
-    total = len(keyed)
-    chosen = keyed if total <= most else heapq.nsmallest(most, keyed, key=_first)
+    # (in lists side by side, keys of plain values: no object per task for the GC to count)
+    tasks: list[Any] = []
+    keys: list[tuple[bool, int, int, str]] = []
+    for record in records:
+        listed = loop_tasks(record)
+        tasks += listed
+        keys += [_list_key(t, record.id) for t in listed]
+    total = len(tasks)
+    place = keys.__getitem__
+    if total <= most:
+        chosen = sorted(range(total), key=place)
+    else:
+        chosen = heapq.nsmallest(most, range(total), key=place)
     by_loop: dict[int, list[Any]] = {}
-    for _, task, record in chosen:
-        by_loop.setdefault(record.id, []).append(task)
-    del keyed, chosen
+    for i in chosen:
+        by_loop.setdefault(keys[i][2], []).append(tasks[i])
+    del tasks, keys, chosen
     spent = time.thread_time_ns() - began
-    walks: list[TaskWalk] = []
+    kept: list[_Kept] = []
+    counts = _Counts()
     consistent = True
     for record in records:
-        tasks = by_loop.get(record.id)
-        if not tasks:
+        mine = by_loop.get(record.id)
+        if not mine:
             continue
         found, on_its_thread, loop_ns = read_on_loop(
-            record, TASK_WALK_TIMEOUT, responsive(record), outside, tasks=tasks
+            record, TASK_WALK_TIMEOUT, responsive(record), outside, tasks=mine, keep=counts.keep
         )
-        walks.extend(found)
+        kept.extend(found)
         spent += loop_ns
         consistent = consistent and on_its_thread
     began = time.thread_time_ns()
-    walks = task_tree(walks)
+    entries = _kept_tree(kept)
+    waits = counts.summary()
     spent += time.thread_time_ns() - began
-    return TaskReading(walks, total, consistent, spent)
+    return TaskReading(entries, waits, total, consistent, spent)
+
+
+def _kept_tree(kept: list[_Kept]) -> list[bytes]:
+    """The entries in the list's order, each with the tasks that await it and its parent (as
+    :func:`task_tree` gives them)."""
+    awaiters: dict[str, list[str]] = {}
+    by_call: dict[int, str] = {}
+    for _, name, awaits, calls, _, _ in kept:
+        for awaited in awaits:
+            awaiters.setdefault(awaited, []).append(name)
+        for call in calls:
+            by_call[call] = name
+    kept.sort(key=_first)
+    entries = []
+    for _, name, _, _, parent_call, entry in kept:
+        theirs = awaiters.get(name)
+        parent = by_call.get(parent_call) if parent_call else None
+        if theirs or parent:
+            fields = orjson.loads(entry)
+            fields["awaiters"], fields["parent"] = sorted(theirs or ()), parent
+            entry = orjson.dumps(fields)
+        entries.append(entry)
+    return entries
 
 
 def _first(item: tuple[Any, ...]) -> Any:
     return item[0]
-
-
-def task_walks(
-    responsive: Callable[[LoopRecord], bool],
-    loops: Iterable[LoopRecord] | None = None,
-    outside: bool = True,
-) -> tuple[list[TaskWalk], bool]:
-    """The walks of :func:`read_tasks` (tracked calls oldest first, each with the tasks that
-    await it), and whether every loop was read on its own thread."""
-    reading = read_tasks(responsive, loops, outside)
-    return reading.walks, reading.consistent
 
 
 def task_tree(walks: list[TaskWalk]) -> list[TaskWalk]:
@@ -273,13 +396,11 @@ def tasks_document(
     """
     if reading is None:
         reading = read_tasks(responsive, loops)
-    walks = reading.walks
-    page = walks[offset : None if limit is None else offset + limit]
     return TasksDocument(
         schema=SCHEMA,
         total=reading.total,
         consistent=reading.consistent,
-        tasks=[w.entry for w in page],
-        waits=summarise(walks),
-        walked=len(walks),
+        tasks=reading.task_entries(offset, None if limit is None else offset + limit),
+        waits=reading.waits,
+        walked=len(reading.entries),
     )

@@ -101,10 +101,14 @@ async def test_a_reading_walks_at_most_its_bound_oldest_tracked_calls_first(
     try:
         reading = wait_views.read_tasks(lambda _: True, [record], most=3)
         assert reading.total == len(asyncio.all_tasks())  # every live task is counted
-        assert [w.entry.name for w in reading.walks] == ["h0", "h1", "h2"]  # and 3 walked
+        assert [e.name for e in reading.task_entries()] == ["h0", "h1", "h2"]  # and 3 walked
+        # each kept as its JSON: no object per task for the garbage collector to count
+        assert not any(gc.is_tracked(e) for e in reading.entries)
         document = wait_views.tasks_document(2, 5, lambda _: True, reading=reading)
         assert document.walked == 3 and document.total == reading.total
         assert [t.name for t in document.tasks] == ["h2"]  # a page of the walked tasks
+        # the endpoint's JSON, made of the entries' JSON as kept, is the same document
+        assert schema.load(schema.TasksDocument, orjson.loads(reading.tasks_json(2, 5))) == document
         (summary,) = document.waits
         assert summary.label == "held" and summary.tasks == 3
     finally:
