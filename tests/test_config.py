@@ -256,6 +256,8 @@ def _a_value_of_each_variable(tmp_path: Path) -> dict[str, str]:
         "cpu": "1",
         "allocations": "1",
         "no_children": "1",
+        "record": str(tmp_path / "r.afrec"),
+        "record_budget": "2",
     }
 
 
