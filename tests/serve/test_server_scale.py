@@ -4,6 +4,7 @@ reading of the tasks for every document that shows them (issue 28)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -42,8 +43,8 @@ def counted(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return built
 
 
-@pytest.fixture
-def program() -> Iterator[None]:
+@contextlib.contextmanager
+def running_program() -> Iterator[None]:
     """A program whose loop runs in its own thread, with 30 tasks waiting on an event."""
     ready = threading.Event()
     done: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
@@ -70,6 +71,12 @@ def program() -> Iterator[None]:
         loop, go = done[0]
         loop.call_soon_threadsafe(go.set)
         thread.join(5)
+
+
+@pytest.fixture
+def program() -> Iterator[None]:
+    with running_program():
+        yield
 
 
 def test_pages_of_a_list_are_cut_from_one_build(fake_clock: Any, counted: list[str]) -> None:
@@ -136,3 +143,17 @@ def test_a_page_of_an_error_is_the_error() -> None:
     assert window is not None
     refused = _Answer(503, "application/json", b'{"error": {}}')
     assert _Pages().page(query, window, refused) is refused
+
+
+def test_the_snapshot_holds_the_newest_of_each_log(
+    fake_clock: Any, counted: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(server, "SNAPSHOT_LOGS", 4, raising=False)
+    with asyncflow.profile("logs", format="none", port=0) as prof, running_program():
+        assert prof.url is not None
+        _, snap, _ = get(prof.url, "/snapshot")
+        (waiters,) = [f for f in snap["futures"]["futures"] if f["label"] == "waiter"]
+        live = waiters["calls"]
+        assert live["pending"] + live["running"] + live["suspended"] == 30
+        (logs,) = [g for g in snap["future_logs"] if g["future_id"] == waiters["id"]]
+        assert len(logs["calls"]) == 4  # of its 30 live calls
