@@ -1,11 +1,12 @@
 """Recordings: the documents over a run, compressed and bounded (``record=``), and read back.
 
 A recording is written on the profiler's thread, never on the program's loop: every
-``RECORD_INTERVAL_NS`` (longer when building a snapshot costs more, so that recording takes at
-most about 1/``COST_SHARE`` of the time, counted in the profiler thread's CPU time), at a
-collector tick, the snapshot is built and each of its sections that changed since the last
-one written is appended, as one line of JSON, to a zlib stream that is flushed to the file
-after every line: the file is readable up to its last whole line whenever the program dies.
+``RECORD_INTERVAL_NS`` at most (less often when its cost would pass 1/``COST_SHARE`` of the
+process's CPU time plus ``IDLE_SHARE`` of the wall-clock time, so that a busy program, or one on
+a loaded machine, pays a bounded share for it), at a collector tick, the snapshot is built and
+each of its sections that changed since the last one written is appended, as one line of JSON,
+to a zlib stream that is flushed to the file after every line: the file is readable up to its
+last whole line whenever the program dies.
 The last line is the final snapshot, written at stop.
 
 The file is a text header line (``asyncflow-recording {"version": 1, ...}``) and then the
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
 __all__ = [
     "BIG",
     "COST_SHARE",
+    "IDLE_SHARE",
     "MAGIC",
     "RECORD_INTERVAL_NS",
     "TICK_LOGS",
@@ -60,8 +62,10 @@ MAGIC = b"asyncflow-recording "
 VERSION = 1
 #: a tick is recorded this often at most (0.1 s)
 RECORD_INTERVAL_NS = 100_000_000
-#: the interval is at least this many times what building and writing one tick took
+#: the recording's CPU time stays under the process's CPU time over this...
 COST_SHARE = 20
+#: ... plus this share of the wall-clock time (what an idle program's moments cost)
+IDLE_SHARE = 0.01
 #: the sections thinned first: the biggest, and the least needed to read a moment back
 BIG = frozenset(
     {"future_logs", "channel_logs", "stream_logs", "resource_logs", "tasks", "graph", "threads"}
@@ -97,6 +101,9 @@ class Recorder:
         self.thinned = 0
         self.interval_ns = RECORD_INTERVAL_NS
         self._next_ns = 0
+        #: the profiler thread's CPU time spent recording, and the process's CPU time at start
+        self.spent_ns = 0
+        self._cpu_start_ns = time.process_time_ns()
         self._failed = False
         #: no more ticks: only the end state's reserve is left
         self.full = False
@@ -135,11 +142,16 @@ class Recorder:
         """At a collector tick: record the documents if the interval has passed."""
         if self._file is None or self._failed or self.full or now < self._next_ns:
             return
+        # what the recording may have cost by now: its CPU time, which the program shares the
+        # GIL with, against the process's CPU time (the program's work, whatever else the
+        # machine runs) and, for a program that mostly waits, the time gone by
+        worked = time.process_time_ns() - self._cpu_start_ns
+        allowed = worked / COST_SHARE + (now - self.collector.session.start_ns) * IDLE_SHARE
+        if self.spent_ns > allowed:
+            return
         share = self._share()
         from asyncflow.views import documents as views
 
-        # the profiler thread's CPU time: what the program shares the GIL with, not the
-        # waits of a loaded machine
         began = time.thread_time_ns()
         try:
             snapshot = views.snapshot(self.collector, logs_limit=TICK_LOGS)
@@ -158,9 +170,9 @@ class Recorder:
             self._failed = True  # turned off once; the program never sees it
             _session.internal_error("recording", exc)
             return
-        spent = time.thread_time_ns() - began
+        self.spent_ns += time.thread_time_ns() - began
         slower = 1 if share < 0.5 else 2 if share < 0.75 else 4
-        self.interval_ns = max(RECORD_INTERVAL_NS * slower, COST_SHARE * spent)
+        self.interval_ns = RECORD_INTERVAL_NS * slower
         self._next_ns = now + self.interval_ns
 
     def finish(self, final: schema.Snapshot) -> None:
