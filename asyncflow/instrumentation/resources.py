@@ -300,8 +300,9 @@ class ResourceRecord:
         target: Any,
         initial: float | None = None,
         bound: float | None = None,
+        record_id: int | None = None,
     ) -> None:
-        self.id = next(_resource_ids)
+        self.id = next(_resource_ids) if record_id is None else record_id
         self.label = label
         #: ``asyncio.Lock``, ``anyio.CapacityLimiter``, ``app.MyLock``...
         self.kind = kind
@@ -1869,6 +1870,7 @@ class _Site:
 
 #: (file, line, label, class) -> its _Site
 _lazy_sites: dict[tuple[str, int, str, type[Any]], _Site] = {}
+_site_ids = itertools.count(1)
 #: ids of the sites' counting records (this session's)
 _site_rows: set[int] = set()
 #: the primitives made without a record while the mode is on: each gets one when it ends
@@ -1881,7 +1883,16 @@ def _site_record(site: _Site) -> None:
     key = (site.label, site.kind)
     record = _history.aggregates.get(key)
     if record is None:
-        record = ResourceRecord(site.label, site.kind, site.primitive, site.file, site.line, None)
+        # numbered apart: the primitives of a line keep their numbers (`deadlock.py:24 #1`)
+        record = ResourceRecord(
+            site.label,
+            site.kind,
+            site.primitive,
+            site.file,
+            site.line,
+            None,
+            record_id=-next(_site_ids),
+        )
         _history.aggregates[key] = record
         _site_rows.add(record.id)
     site.record = record
