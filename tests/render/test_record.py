@@ -15,7 +15,7 @@ import orjson
 import pytest
 
 import asyncflow
-from asyncflow import schema
+from asyncflow import cli, schema
 from asyncflow.render import record
 from asyncflow.render.record import MAGIC, RecordingError, read_recording
 from tests.support.commands import ASYNCFLOW, asyncflow_cmd, write
@@ -169,7 +169,9 @@ def _line_sections(path: Path, index: int) -> set[str]:
     return set(sections)
 
 
-def test_report_at_shows_the_queue_as_it_was_and_the_end_drained(tmp_path: Path) -> None:
+def test_report_at_shows_the_queue_as_it_was_and_the_end_drained(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     program = write(tmp_path / "demo.py", QUEUE_DEMO)
     path = tmp_path / "demo.afrec"
     done = asyncflow_cmd(
@@ -178,11 +180,17 @@ def test_report_at_shows_the_queue_as_it_was_and_the_end_drained(tmp_path: Path)
     assert done.returncode == 0, done.stderr
     assert path.stat().st_size < 5_000_000
 
+    def report(*args: str) -> tuple[int, str, str]:
+        """``asyncflow report`` in this process (the command's own main())."""
+        code = cli.main(["report", *args])
+        out, err = capsys.readouterr()
+        return code, out, err
+
     def queue_row(*args: str) -> tuple[list[str], str]:
-        shown = asyncflow_cmd("report", str(path), *args)
-        assert shown.returncode == 0, shown.stderr
-        row = next(line for line in shown.stdout.splitlines() if line.startswith("demo.py:5"))
-        return row.split(), shown.stderr
+        code, out, err = report(str(path), *args)
+        assert code == 0, err
+        row = next(line for line in out.splitlines() if line.startswith("demo.py:5"))
+        return row.split(), err
 
     # the program starts a while after the profile (later on the pure-Python path): the queue
     # is full from its first moment for a second
@@ -194,22 +202,22 @@ def test_report_at_shows_the_queue_as_it_was_and_the_end_drained(tmp_path: Path)
     end, said = queue_row()
     assert "0/200" in end and end[3] == "200", end
     assert "the end state" in said
-    between = asyncflow_cmd(
-        "report", str(path), "--between", f"{made:.2f}", f"{made + 0.8:.2f}", "--format", "json"
+    code, out, err = report(
+        str(path), "--between", f"{made:.2f}", f"{made + 0.8:.2f}", "--format", "json"
     )
-    assert between.returncode == 0, between.stderr
-    document = orjson.loads(between.stdout)
-    assert [w["kind"] for w in document["warnings"]] == ["channel-unread"]
-    # --at on a file that is no recording, and a moment past the end
+    assert code == 0, err
+    assert [w["kind"] for w in orjson.loads(out)["warnings"]] == ["channel-unread"]
+    # --at on a file that is no recording, a moment past the end, a moment before the start
     snap = tmp_path / "snap.json"
-    final = asyncflow_cmd("report", str(path), "--format", "json")
-    snap.write_text(final.stdout)
-    refused = asyncflow_cmd("report", str(snap), "--at", "1")
-    assert refused.returncode == 2 and "is not a recording" in refused.stderr, refused.stderr
-    late = asyncflow_cmd("report", str(path), "--at", "99")
-    assert late.returncode == 0 and "past the recording's end" in late.stderr
-    bad = asyncflow_cmd("report", str(path), "--at", "-1")
-    assert bad.returncode == 2 and "is not seconds" in bad.stderr
+    snap.write_text(report(str(path), "--format", "json")[1])
+    code, _, err = report(str(snap), "--at", "1")
+    assert code == 2 and "is not a recording" in err, err
+    code, _, err = report(str(path), "--at", "99")
+    assert code == 0 and "past the recording's end" in err
+    code, _, err = report(str(path), "--at", "-1")
+    assert code == 2 and "is not seconds" in err
+    code, _, err = report(str(path), "--between", "2", "1")
+    assert code == 2 and "A must not be after B" in err
 
 
 def test_a_killed_program_leaves_a_readable_recording(tmp_path: Path) -> None:
