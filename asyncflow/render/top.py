@@ -922,6 +922,20 @@ def _function_errors(document: FunctionsDocument) -> list[str]:
 # A row's label, saying when it is the sum of gone objects or one that is gone (the text
 # report's ``named``), from each document's own fields: ``folded_count`` (``folded`` for
 # resources) and ``alive`` (``state`` ``gone`` for executors and resources).
+def _main_error(f: FutureEntry) -> tuple[str, bool]:
+    """The exception type a future's calls raised most over the run (``errors``), and whether
+    they raised others too; ``""`` when not known (nothing raised, or an older profiler)."""
+    if not f.errors:
+        return "", False
+    name = max(f.errors, key=lambda n: f.errors[n])
+    return name, len(f.errors) > 1
+
+
+def _show_raised(value: tuple[int, str, bool]) -> str:
+    raised, name, more = value
+    return f"{count(raised)} {name}{'…' if more else ''}" if raised and name else count(raised)
+
+
 def _named_alive(e: FutureEntry | ChannelEntry | StreamEntry) -> str:
     return named(e.label, e.folded_count, not e.alive)
 
@@ -971,6 +985,9 @@ VIEWS: tuple[View[Any, Any], ...] = (
             _count("done", 6, lambda f: f.calls.ready, "calls that returned or raised"),
             _count("cxl", 7, lambda f: f.calls.cancelled,
                    "calls cancelled, closed unfinished or never awaited"),
+            Column("raised", 7, lambda f: (f.outcomes.raised, *_main_error(f)),
+                   "calls that raised, with the run's most frequent exception type (…: and "
+                   "other types)", show=_show_raised),
             _text("where", 8, lambda f: _where(f.location),
                   "where the function is defined (file:line)", max_width=28,
                   cut_left=True),

@@ -67,3 +67,32 @@ def test_the_graph_view_says_where_a_waiting_task_was_made() -> None:
     assert _columns("graph", waiter)["parent"] == "Task-1"
     whole = top._waiter_lines(waiter, None)  # type: ignore[arg-type]
     assert "made by Task-1 at main.py:38 and awaited by Task-1" in whole, whole
+
+
+def _future(raised: int, errors: dict[str, int]) -> schema.FutureEntry:
+    return schema.FutureEntry(
+        id=1,
+        label="fetch",
+        source="m:fetch",
+        location=schema.Location("m.py", 1),
+        tracked_by="decorator",
+        call_count=100,
+        calls=schema.CallStates(0, 0, 0, 100, 0),
+        outcomes=schema.Outcomes(100 - raised, raised, 0, 0, 0),
+        total_polls=200,
+        busy_ns=1,
+        idle_ns=1,
+        max_poll_duration_ns=1,
+        poll_duration_ns={},
+        call_duration_ns={},
+        errors=errors,
+    )
+
+
+def test_the_futures_view_names_what_the_calls_raised_over_the_run() -> None:
+    """The ended calls' raised column names the run's most frequent exception type."""
+    errors = {"TimeoutError": 20, "ValueError": 5}
+    assert _columns("futures", _future(25, errors))["raised"] == "25 TimeoutError…"
+    assert _columns("futures", _future(3, {"KeyError": 3}))["raised"] == "3 KeyError"
+    assert _columns("futures", _future(0, {}))["raised"] == "0"
+    assert _columns("futures", _future(4, {}))["raised"] == "4"  # an older profiler's

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import hashlib
 import http.server
 import os
@@ -583,3 +584,27 @@ def test_the_page_shows_a_deadlock_the_waits_and_the_task_tree(tmp_path: Path) -
     assert "serves no /graph" in by_id(old, "waits").content
     assert not [e for e in old if e.tag == "li" and "data-cycle" in e.attrs]
     assert {"payer", "payee"} <= {e.attrs["data-task"] for e in old if "data-task" in e.attrs}
+
+
+@asyncflow.future
+async def flaky_price(n: int) -> int:
+    if n % 4 == 0:
+        raise KeyError(n)
+    raise TimeoutError
+
+
+@needs_chromium
+def test_the_futures_raised_column_names_the_runs_exception_types(tmp_path: Path) -> None:
+    async def run() -> None:
+        for n in range(8):
+            with contextlib.suppress(KeyError, TimeoutError):
+                await flaky_price(n)
+
+    with asyncflow.profile("raising-page", format="none", port=0, token=TOKEN) as prof:
+        asyncio.run(run())
+        assert prof.url is not None
+        (elements,) = render(f"{prof.url}/#token={TOKEN}", tmp_path=tmp_path)
+        (entry,) = [f for f in prof.snapshot().futures.futures if f.label == "flaky_price"]
+    (row, cells) = _table_rows(elements, "futures")[f"future:{entry.id}"]
+    assert "bad" in row.classes
+    assert cells[11] == "8: 6 TimeoutError, 2 KeyError", cells
