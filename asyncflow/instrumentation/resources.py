@@ -1118,7 +1118,8 @@ async def _std_condition_wait(self: asyncio.Condition) -> Literal[True]:
         return await _CONDITION_WAIT(self)
     try:
         since = _clock.now_ns()
-        call = _call_for(record)
+        # (a condition's wait runs in a task: the call polled on this thread now is its own)
+        call = _running_call_here()
         st = record.stats
         st.waiting = waiting = st.waiting + 1  # _wait_began, written out
         if waiting > st.max_waiting:
