@@ -64,10 +64,11 @@ _cache: dict[tuple[int, str, str], tuple[Any, futures.FutureRecord]] = {}
 #: a request's ``root_path`` under a mount whose path has a parameter -> the mounts' template
 #: (``/users/{uid}``, not ``/users/42``); bounded as the cache is
 _prefixes: dict[str, str] = {}
-#: the call of a task that was not made for its request (its first poll was over) -> the route's
-#: own call running inside it: the request the task serves now. Call ids are never reused;
-#: bounded as the cache is (a task that served requests and went is forgotten past it)
-_within: dict[int, Any] = {}
+#: the call of a task that was not made for its request (its first poll was over) -> the id and
+#: future of the route's own call running inside it: the request the task serves now. No call
+#: record is held (the future's live calls find it while it lives); call ids are never reused;
+#: bounded as the cache is (a request served in a task of its own is not noted here)
+_within: dict[int, tuple[int, futures.FutureRecord]] = {}
 _get_ident = threading.get_ident
 _get_running_loop = asyncio.events._get_running_loop
 
@@ -141,12 +142,17 @@ def _route(record: futures.FutureRecord, coro: Any) -> Any:
 
 def _nested(outer: Any, wrapped: Any) -> Any:
     """``wrapped``, a request's call of its own inside ``outer`` (the task's call, or None),
-    remembered as the request ``outer`` serves now: its blocks name the route."""
+    noted as the request ``outer`` serves now: its blocks name the route."""
     if outer is not None:
-        if len(_within) >= CACHED:
-            _within.clear()
-        _within[outer.call_id] = wrapped._r
+        _note(outer, wrapped._r)
     return wrapped
+
+
+def _note(outer: Any, call: Any) -> None:
+    """Note ``call`` (a route's) as the request the task whose call is ``outer`` serves now."""
+    if len(_within) >= CACHED:
+        _within.clear()
+    _within[outer.call_id] = (call.call_id, call.future)
 
 
 def route_of(outer: Any) -> str | None:
@@ -159,10 +165,14 @@ def route_of(outer: Any) -> str | None:
     future = outer.future
     if getattr(future, "tracked_by", None) == ROUTE:
         return str(future.label)
-    inner = _within.get(outer.call_id)
-    if inner is None or not inner.start:  # (its poll is over: the task serves no route now)
+    noted = _within.get(outer.call_id)
+    if noted is None:
         return None
-    return str(inner.future.label)
+    call_id, route = noted
+    call = route.stats.live.get(call_id)
+    if call is None or not call.start:  # (over, or not polled: the task serves no route now)
+        return None
+    return str(route.label)
 
 
 def _tracked_loop() -> bool:
@@ -192,8 +202,7 @@ def starlette_patches(routing: types.ModuleType) -> list[Patch]:
     for cls, websocket in ((routing.Route, False), (routing.WebSocketRoute, True)):
         original = vars(cls).get("handle")
         if original is not None:
-            handle = _starlette_handle(original, websocket, unmatched, _own_path)
-            patches.append((cls, "handle", handle))
+            patches.append((cls, "handle", _starlette_handle(original, websocket, unmatched)))
     mount = getattr(routing, "Mount", None)
     original = vars(mount).get("handle") if mount is not None else None
     if original is not None:
@@ -221,10 +230,6 @@ def fastapi_patches(routing: types.ModuleType) -> list[Patch]:
         return None  # it runs Route.handle, which labels it
 
     return [(route, "handle", _starlette_handle(original, False, unmatched, path_of))]
-
-
-def _own_path(route: Any, scope: Any) -> tuple[Any, str] | None:
-    return route, route.path
 
 
 def _prefix(scope: Any) -> str:
@@ -298,8 +303,11 @@ def _starlette_handle(
     original: Callable[..., Coroutine[Any, Any, None]],
     websocket: bool,
     unmatched: _Unmatched,
-    path_of: Callable[[Any, Any], tuple[Any, str] | None],
+    path_of: Callable[[Any, Any], tuple[Any, str] | None] | None = None,
 ) -> Callable[..., Any]:
+    """The hook of a route's ``handle``; ``path_of(route, scope)`` says where the route is (what
+    owns its future, and its path), or None to leave the request to another hook; None: the
+    route itself, at its own path."""
     code = original.__code__
 
     @functools.wraps(original)
@@ -309,11 +317,14 @@ def _starlette_handle(
             return coro
         try:
             method = "WEBSOCKET" if websocket else scope["method"]
-            where = path_of(self, scope)
-            if where is None:
-                return coro
-            owner, path = where
-            prefix = _prefix(scope)
+            if path_of is None:
+                owner, path = self, self.path
+            else:
+                where = path_of(self, scope)
+                if where is None:
+                    return coro
+                owner, path = where
+            prefix = _prefix(scope) if scope.get("root_path") else ""
             known = _cache.get((id(owner), method, prefix))
             if known is not None and known[0]() is owner:
                 return _route(known[1], coro)
@@ -402,12 +413,10 @@ def _aiohttp_handle(
         if _session.active is None:
             return coro
         try:
-            _, outer = futures.running_on_thread(_get_ident())
-            fresh = outer is not None and not outer.polls and outer.future.tracked_by == "task"
-            if fresh or not _tracked_loop():
+            if _fresh_task_call() is not None or not _tracked_loop():
                 return coro  # freeze() moves the task's call; or asyncflow's own endpoint
             # a call of its own, the unmatched one's until freeze() finds its route
-            return _nested(outer, futures.InstrumentedCoroutine(coro, holder.future(code)))
+            return futures.InstrumentedCoroutine(coro, holder.future(code))
         except Exception as err:  # observing never breaks the program
             _session.internal_error("labelling an aiohttp request by its route", err)
             return coro
@@ -435,6 +444,9 @@ def _aiohttp_freeze(
             here = futures.running_call_here()
             if here is not None and here.polls == 0 and here.future is holder.future(code):
                 _move(here, record)  # the call _handle() made for the request
+                _, outer = futures.running_on_thread(_get_ident())
+                if outer is not None and outer is not here:
+                    _note(outer, here)  # inside a task that served requests before
                 return
             call = _fresh_task_call()
             if call is not None:
