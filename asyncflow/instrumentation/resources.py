@@ -1706,7 +1706,11 @@ def resource_of(obj: Any) -> ResourceRecord | None:
         if type(site) is _Site:
             return _materialize(obj, site)
     found = _anyio.get(id(obj))
-    if found is None and type(obj) is _anyio_classes().get("Event"):  # recorded on its event
+    if (  # anyio's Event recorded on its asyncio.Event (never importing anyio here)
+        found is None
+        and type(obj).__module__.startswith("anyio.")
+        and type(obj) is _anyio_classes().get("Event")
+    ):
         inner = getattr(obj, "_event", None)
         found = resource_of(inner) if type(inner) is asyncio.Event else None
         if found is not None:
@@ -1909,7 +1913,8 @@ def _lazy(
         attr, carrier = _LOCK_RECORD, obj
     elif cls is asyncio.Event:
         attr, carrier = _EVENT_RECORD, obj
-    elif cls is _anyio_classes().get("Event"):  # (asyncio backend) its asyncio.Event carries it
+    elif cls.__module__.startswith("anyio.") and cls is _anyio_classes().get("Event"):
+        # (asyncio backend) its asyncio.Event carries the site
         attr, carrier, target = _EVENT_RECORD, getattr(obj, "_event", None), asyncio.Event
         if type(carrier) is not asyncio.Event:
             return False
