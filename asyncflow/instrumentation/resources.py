@@ -8,9 +8,11 @@ through the instance. The hooks hold the primitive (through its bound methods), 
 instrumented primitive is freed by the cyclic collector rather than at once; a weak reference
 there would break ``f = lock.acquire; del lock; await f()``. In whole-program mode asyncio's own
 Lock, Condition and Event classes carry the hooks instead, which find an instance's record on
-it: one made per request goes with its last reference. anyio's primitives are slotted: their
-asyncio backend classes' methods are wrapped once, for good, and find an instance's record in a
-table keyed by ``id()`` (an uninstrumented anyio primitive then pays one dict lookup).
+it: one made per request goes with its last reference, and a Lock or Event (anyio's Event too)
+gets a record only once something waits on it (until then its uses count on its creation
+line's row). anyio's primitives are slotted: their asyncio backend classes' methods are
+wrapped once, for good, and find an instance's record in a table keyed by ``id()`` (an
+uninstrumented anyio primitive then pays one dict lookup).
 
 Whether an ``acquire()`` will wait is read before it starts, from the fields the primitive's
 own fast path reads (``_locked``, ``_value``, ``_waiters``): an acquisition that waits is timed
