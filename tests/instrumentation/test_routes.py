@@ -278,3 +278,32 @@ def test_a_mounted_route_is_labelled_with_its_full_template(tracked: asyncflow.P
         "GET /fast/sub/shop/orders/{order_id}": 1,
         "GET /users/{uid}/items/{id}": 2,
     }
+
+
+def test_a_block_after_the_request_is_not_blamed_on_its_route(
+    blocked: asyncflow.Profiler,
+) -> None:
+    # the task served a request (a route's call of its own inside it), then blocks on its own
+    async def main() -> int:
+        await asyncio.sleep(0)  # polled before: the request's route is a call inside it
+        transport = httpx.ASGITransport(app=_blocking_app())
+        async with httpx.AsyncClient(transport=transport, base_url="http://app") as client:
+            status = (await client.get("/orders/7")).status_code
+        await after()
+        return status
+
+    @asyncflow.future
+    async def after() -> None:
+        time.sleep(BLOCK)  # no request is served now
+
+    assert asyncio.run(main()) == 200
+    snapshot = blocked.snapshot()
+    assert snapshot.loop is not None
+    # (episodes: published while the block lasts; a line gets its block once it is seen over)
+    episodes = {
+        e.call.label.rpartition(".")[2]: e.route
+        for loop in snapshot.loop.loops
+        for e in loop.episodes
+        if e.call is not None
+    }
+    assert episodes == {"checksum": "GET /orders/{order_id}", "after": None}, episodes
