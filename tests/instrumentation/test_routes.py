@@ -101,8 +101,9 @@ def test_without_a_profiler_nothing_is_labelled() -> None:
     assert asyncio.run(_client_requests()) == REQUESTS  # (as the fixture's, untracked)
 
 
-async def _serve(app: Starlette, method: str, path: str) -> int:
-    """The request as a server sends it, in a task made for it (uvicorn's way)."""
+async def _serve(app: Starlette, method: str, path: str, root_path: str = "") -> int:
+    """The request as a server sends it, in a task made for it (uvicorn's way); ``root_path``
+    is the server's (``uvicorn --root-path``, behind a proxy), which ``path`` begins with."""
     status: list[int] = []
     scope = {
         "type": "http",
@@ -113,7 +114,7 @@ async def _serve(app: Starlette, method: str, path: str) -> int:
         "path": path,
         "raw_path": path.encode(),
         "query_string": b"",
-        "root_path": "",
+        "root_path": root_path,
         "headers": [],
         "server": ("app", 80),
     }
@@ -307,3 +308,15 @@ def test_a_block_after_the_request_is_not_blamed_on_its_route(
         if e.call is not None
     }
     assert episodes == {"checksum": "GET /orders/{order_id}", "after": None}, episodes
+
+
+def test_the_servers_root_path_is_no_part_of_a_label(tracked: asyncflow.Profiler) -> None:
+    async def main() -> list[int]:
+        app = _mounted_app()
+        return [
+            await _serve(app, "GET", "/proxy/api/items/1", "/proxy"),
+            await _serve(_app(), "GET", "/proxy/orders/2", "/proxy"),  # (no mount at all)
+        ]
+
+    assert asyncio.run(main()) == [200, 200]
+    assert _routes(tracked.snapshot()) == {"GET /api/items/{id}": 1, "GET /orders/{order_id}": 1}
