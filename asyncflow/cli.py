@@ -1,5 +1,5 @@
 """The ``asyncflow`` command: ``run`` a program profiled; ``ps``; ``top``; ``snapshot``; ``report``;
-``replay``.
+``replay``; ``diff``.
 
 Every mistake a user can make here (a missing program, a bad option, an unreachable endpoint,
 a file that is not a snapshot) ends in one line on standard error and a non-zero exit code,
@@ -32,6 +32,7 @@ from asyncflow import config, schema
 from asyncflow._version import __version__
 from asyncflow.errors import AsyncflowError, PortInUseError
 from asyncflow.profiler import DISABLED
+from asyncflow.render.diff import add_diff_command
 
 if TYPE_CHECKING:
     from asyncflow.render.record import Recording
@@ -238,6 +239,7 @@ def _parser() -> argparse.ArgumentParser:
         "--speed", type=_speed, default=1.0, help="seconds of the recording per second played"
     )
     replay.set_defaults(handler=_replay)
+    add_diff_command(commands)
     return parser
 
 
