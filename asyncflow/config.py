@@ -96,6 +96,7 @@ WARN_THRESHOLDS = {
     "tail_min_calls": "count",
     "tail_min": "seconds",
     "tail_min_gathers": "count",
+    "tail_lag_factor": "count",
     "storm_ratio": "count",
     "storm_min_signals": "count",
 }

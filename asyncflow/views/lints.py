@@ -104,6 +104,9 @@ class Thresholds:
     #: ... and that, once it took part in at least ``tail_min_gathers`` gathers, ended last in
     #: most of them (fewer: its tail is judged alone, as for calls awaited alone)
     tail_min_gathers: int = 10
+    #: ... and whose tail's excess over its median is more than this many times the loop's
+    #: p99 lag (a late loop wakes each call late at every await: the loop's lag, not a tail)
+    tail_lag_factor: int = 4
     #: a condition notified at least ``storm_min_signals`` times whose notifies woke at least
     #: ``storm_ratio`` waiters each on average
     storm_ratio: int = 10
@@ -1778,9 +1781,13 @@ def tail_latency(docs: Documents, th: Thresholds) -> Iterator[Finding]:
     every gather anyway, its tail costs no one anything. Not a future whose calls a
     timeout cut (its p99 is the timeout, which the program chose), nor one that gave up
     waiting on a lock, semaphore or condition: its tail is its own timeout, and what held the
-    resource so long is the cause (the resource's finding), not a tail of its own."""
+    resource so long is the cause (the resource's finding), not a tail of its own. Nor a
+    tail the loop's own lateness explains (its p99 lag, times ``tail_lag_factor``, reaches
+    the tail's excess over the median): a loop short of CPU wakes every call late, by about
+    its lag at each await, whatever the call does, and the loop's figures say so."""
     gave_up = {w.future_id for r in docs.resources if r.failed_waits for w in r.futures if w.waits}
     own = _own_futures(docs)
+    late_ns = max((loop.lag_ns.get("p99", 0) for loop in docs.loops), default=0)
     for f in docs.futures:
         if f.id in gave_up or _cut_by_timeouts(f):
             continue
@@ -1790,6 +1797,8 @@ def tail_latency(docs: Documents, th: Thresholds) -> Iterator[Finding]:
         if f.id not in own or finished < th.tail_min_calls or p50 <= 0:
             continue
         if p99 < th.tail_min_ns or p99 < th.tail_ratio * p50:
+            continue
+        if th.tail_lag_factor * late_ns >= p99 - p50:
             continue
         waited_for, gathered = _gathered(f, th)
         if not waited_for:

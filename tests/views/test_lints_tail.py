@@ -14,7 +14,7 @@ from asyncflow import schema
 from asyncflow.clock import FakeClock
 from asyncflow.views import lints
 from asyncflow.views.lints import Documents, Finding, Thresholds
-from tests.views.test_lints_cause import future
+from tests.views.test_lints_cause import future, loop_with
 
 MS = 1_000_000
 
@@ -163,3 +163,24 @@ async def test_a_healthy_gather_of_uniform_calls_is_quiet(fake_clock: FakeClock)
         entry = next(f for f in prof.snapshot().futures.futures if f.label == "tail_uniform")
     assert warnings == [], [w.message for w in warnings]
     assert (entry.gathers, entry.gathers_last) == (20, 20)
+
+
+def _late_loop(lag_p99_ms: int) -> schema.LoopEntry:
+    """A loop whose heartbeats were this late at p99 (a machine short of CPU, mostly)."""
+    return dataclasses.replace(
+        loop_with(episodes=0),
+        lag_ns={"p50": 1 * MS, "p99": lag_p99_ms * MS},
+        max_lag_ns=2 * lag_p99_ms * MS,
+    )
+
+
+def test_a_tail_the_late_loop_explains_is_the_loops_not_the_calls() -> None:
+    # On a machine short of CPU the loop wakes its tasks late: a call of a few awaits then
+    # ends late by a few times the loop's lag, whatever it does. The calls did nothing
+    # differently: the loop's lag is the figure to read, not a tail of this future's.
+    f = tail()
+    docs = Documents(1000 * MS, 1000 * MS, futures=[f], loops=[_late_loop(100)])
+    assert list(lints.tail_latency(docs, Thresholds())) == []
+    # a loop late by far less than the tail leaves it the call's own
+    docs = Documents(1000 * MS, 1000 * MS, futures=[f], loops=[_late_loop(2)])
+    assert [x.kind for x in lints.tail_latency(docs, Thresholds())] == ["tail-latency"]
