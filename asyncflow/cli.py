@@ -32,7 +32,7 @@ from asyncflow import config, schema
 from asyncflow._version import __version__
 from asyncflow.errors import AsyncflowError, PortInUseError
 from asyncflow.profiler import DISABLED
-from asyncflow.render.diff import add_diff_command
+from asyncflow.render.diff import DiffInputError, add_diff_command, read_document
 
 if TYPE_CHECKING:
     from asyncflow.render.record import Recording
@@ -810,22 +810,9 @@ def _trace(args: argparse.Namespace) -> int:
 def read_snapshot(path: str) -> schema.Snapshot:
     """A snapshot file (or a ``json`` exit report) as a :class:`~asyncflow.schema.Snapshot`."""
     try:
-        raw = Path(path).read_bytes()
-    except OSError as exc:
-        raise _Usage(f"cannot read {path!r}: {exc.strerror or exc}") from None
-    try:
-        data = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise _Usage(f"{path!r} is not JSON: {exc}") from None
-    if isinstance(data, dict) and data.get("schema") not in (None, schema.SCHEMA):
-        raise _Usage(
-            f"{path!r} has schema {data.get('schema')!r}; this asyncflow reads schema "
-            f"{schema.SCHEMA}"
-        )
-    try:
-        return schema.load(schema.Snapshot, data)
-    except schema.DocumentError as exc:
-        raise _Usage(f"{path!r} is not an asyncflow snapshot: {exc}") from None
+        return read_document(path, ignore_unknown=False)
+    except DiffInputError as exc:
+        raise _Usage(str(exc)) from None
 
 
 def _report(args: argparse.Namespace) -> int:

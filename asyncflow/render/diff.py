@@ -49,12 +49,13 @@ class DiffInputError(ValueError):
     """A file ``asyncflow diff`` cannot compare (missing, not a snapshot, a newer schema)."""
 
 
-def read_document(path: str) -> schema.Snapshot:
+def read_document(path: str, *, ignore_unknown: bool = True) -> schema.Snapshot:
     """A snapshot file or ``json`` exit report, as a :class:`~asyncflow.schema.Snapshot`; a
     recording (``--record``) as its end state.
 
     Fields a newer asyncflow added (of the same schema number) are left out: they are
-    compatible, and the comparison does not need them.
+    compatible, and the comparison does not need them. With ``ignore_unknown=False`` (the
+    report, which shows what it reads) such a field is an error that names it.
 
     Raises:
         DiffInputError: the file cannot be read, is not JSON, is not a snapshot, or has a
@@ -78,10 +79,10 @@ def read_document(path: str) -> schema.Snapshot:
         newer = isinstance(number, int) and number > schema.SCHEMA
         raise DiffInputError(
             f"{path!r} has schema {number!r}; this asyncflow reads schema {schema.SCHEMA}"
-            + (" (a newer asyncflow wrote it: compare with that one)" if newer else "")
+            + (" (a newer asyncflow wrote it: read it with that one)" if newer else "")
         )
     try:
-        return schema.load(schema.Snapshot, data, ignore_unknown=True)
+        return schema.load(schema.Snapshot, data, ignore_unknown=ignore_unknown)
     except schema.DocumentError as exc:
         raise DiffInputError(f"{path!r} is not an asyncflow snapshot: {exc}") from None
 

@@ -185,7 +185,7 @@ def test_the_table_says_no_change_and_the_noise(
         (
             b'{"schema": 2}',
             "'{path}' has schema 2; this asyncflow reads schema 1 (a newer asyncflow wrote it: "
-            "compare with that one)",
+            "read it with that one)",
         ),
         (b"asyncflow-recording {bad\n", "'{path}': the recording's header does not read"),
     ],
