@@ -238,6 +238,12 @@ def _parser() -> argparse.ArgumentParser:
     replay.add_argument(
         "--speed", type=_speed, default=1.0, help="seconds of the recording per second played"
     )
+    replay.add_argument(
+        "--web",
+        action="store_true",
+        help="serve the web page over the recording on 127.0.0.1 (a free port, printed) "
+        "instead of the terminal view; Ctrl-C stops it",
+    )
     replay.set_defaults(handler=_replay)
     add_diff_command(commands)
     return parser
@@ -1049,11 +1055,30 @@ def _needs_textual(what: str, exc: ImportError) -> AsyncflowError:
 def _replay(args: argparse.Namespace) -> int:
 
     recording = _read_recording(args.file)
+    if args.web:
+        return _replay_web(args.file, args.at)
     try:
         from asyncflow.render.replay import ReplayApp
     except ImportError as exc:
         raise _needs_textual("replay", exc) from None
     ReplayApp(recording, at=args.at, speed=args.speed).run()
+    return 0
+
+
+def _replay_web(path: str, at: float) -> int:
+    """Serve the web page over the recording at ``path`` until Ctrl-C."""
+    from asyncflow.render import web
+
+    with open(path, "rb") as file:
+        server, url = web.serve_recording(file.read())
+    print(f"asyncflow: the recording {path} at {url}{f'&at={at:g}' if at else ''}", flush=True)
+    print("asyncflow: Ctrl-C stops it", file=sys.stderr, flush=True)
+    try:
+        threading.Event().wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.shutdown()
     return 0
 
 

@@ -4,6 +4,10 @@ The page holds no data: its script fetches the endpoint's JSON routes (same orig
 bearer token when the user gives one) and draws them. Nothing is fetched from anywhere else, and
 the Content-Security-Policy says so: only this page's own inline script and style (by hash) run,
 and only this endpoint may be fetched.
+
+The page also opens a recording (``record=``): one the user picks or drops on it, or the one
+``asyncflow replay FILE --web`` serves (:func:`serve_recording`) at ``/recording``, which the
+page reads when its address has ``?recording``; it decompresses and replays it in the browser.
 """
 
 from __future__ import annotations
@@ -11,10 +15,12 @@ from __future__ import annotations
 import base64
 import functools
 import hashlib
+import http.server
 import re
+import threading
 from importlib import resources
 
-__all__ = ["headers", "page"]
+__all__ = ["headers", "page", "serve_recording"]
 
 _MEDIA_TYPE = "text/html; charset=utf-8"
 
@@ -57,3 +63,52 @@ def headers() -> dict[str, str]:
         "Referrer-Policy": "no-referrer",
         "Cache-Control": "no-store",
     }
+
+
+class _RecordingHandler(http.server.BaseHTTPRequestHandler):
+    """``GET /``: the page; ``GET /recording``: the recording's bytes; anything else: 404."""
+
+    server: _RecordingServer
+
+    def do_GET(self) -> None:
+        path = self.path.partition("?")[0]
+        status, sent = 200, {"Cache-Control": "no-store"}
+        if path == "/":
+            body, sent = page(), headers()
+        elif path == "/recording":
+            body = self.server.recording
+            sent["Content-Type"] = "application/octet-stream"
+        else:
+            status, body = 404, b"not found: this server serves / and /recording\n"
+            sent["Content-Type"] = "text/plain; charset=utf-8"
+        self.send_response(status)
+        for name, value in sent.items():
+            self.send_header(name, value)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass  # the terminal shows the address, not every request
+
+
+class _RecordingServer(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, recording: bytes, host: str, port: int) -> None:
+        self.recording = recording
+        super().__init__((host, port), _RecordingHandler)
+
+
+def serve_recording(
+    recording: bytes, host: str = "127.0.0.1", port: int = 0
+) -> tuple[http.server.ThreadingHTTPServer, str]:
+    """Serve the page over ``recording`` (a recording file's bytes) on a thread of its own.
+
+    Returns the server (``shutdown()`` stops it) and the page's address, which opens the
+    recording at its first moment (add ``&at=SECONDS`` for another).
+    """
+    server = _RecordingServer(recording, host, port)
+    threading.Thread(target=server.serve_forever, name="asyncflow-replay-web", daemon=True).start()
+    bound_host, bound_port = server.server_address[:2]
+    return server, f"http://{bound_host!s}:{bound_port}/?recording"

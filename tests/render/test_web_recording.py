@@ -1,0 +1,178 @@
+"""The web page over a recording (``asyncflow replay FILE --web``): a moment's documents as they
+were recorded, rebuilt in the browser from the file's section deltas (headless Chromium)."""
+
+from __future__ import annotations
+
+import asyncio
+import selectors
+import subprocess
+import urllib.error
+import urllib.request
+import zlib
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+import asyncflow
+from asyncflow.render import web
+from asyncflow.render.record import MAGIC, read_recording
+from tests.render.test_web_page import Element, by_id, needs_chromium, render
+from tests.support.commands import ASYNCFLOW
+
+#: the recorder of the profile being recorded (for the program to wait for its moments)
+_recorders: list[Any] = []
+
+
+async def _backlog_filled_then_drained() -> None:
+    backlog: asyncio.Queue[int] = asyncflow.instrument_queue(asyncio.Queue(50), name="backlog")
+    for i in range(50):
+        backlog.put_nowait(i)
+    # full for three of the recording's moments (counted, not timed: a loaded machine stretches
+    # the collector's ticks)
+    recorder = _recorders[-1]
+    seen = recorder.ticks
+    with anyio.fail_after(60):
+        while recorder.ticks < seen + 3:
+            await asyncio.sleep(0.01)
+    while not backlog.empty():
+        await backlog.get()
+
+
+def _record(path: Path) -> None:
+    with asyncflow.profile("backlog-run", record=str(path), port=None, format="none") as prof:
+        _recorders.append(prof._record)
+        try:
+            asyncio.run(_backlog_filled_then_drained())
+        finally:
+            _recorders.pop()
+
+
+def _backlog_row(elements: list[Element]) -> list[str]:
+    """The cells of the channels table's row of ``backlog``."""
+    cells: list[str] | None = None
+    inside = False
+    for e in elements:
+        if e.tag == "table":
+            inside = e.attrs.get("id") == "channels-table"
+        elif inside and e.tag == "tr":
+            if cells is not None:
+                break
+            cells = [] if "data-id" in e.attrs else None
+        elif inside and e.tag == "td" and cells is not None:
+            cells.append(e.content)
+            if cells[0] != "backlog":
+                cells = None
+    assert cells is not None, "no row of backlog in the channels table"
+    return cells
+
+
+def _body(elements: list[Element]) -> Element:
+    (body,) = [e for e in elements if e.tag == "body"]
+    return body
+
+
+@needs_chromium
+def test_replay_web_shows_the_queue_full_at_an_early_moment_and_drained_at_the_end(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "backlog.afrec"
+    _record(path)
+    rec = read_recording(str(path))
+    depths = []
+    for frame in rec.frames:
+        channels = (frame.sections.get("channels") or {}).get("channels") or []
+        depths.append(next((c["queue_size"] for c in channels if c["label"] == "backlog"), None))
+    full = depths.index(50)
+    assert depths[-1] == 0 and rec.frames[-1].final
+
+    # the command a user types: it prints the page's address, then serves until stopped
+    server = subprocess.Popen(
+        [*ASYNCFLOW, "replay", str(path), "--web"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        with selectors.DefaultSelector() as wait:
+            assert server.stdout is not None
+            wait.register(server.stdout, selectors.EVENT_READ)
+            assert wait.select(timeout=60), "replay --web printed no address"
+            said = server.stdout.readline()
+        assert said.startswith(f"asyncflow: the recording {path} at http://127.0.0.1:"), said
+        url = said.split()[-1]
+        assert url.endswith("/?recording")
+        at_full, at_end = render(
+            f"{url}&at={rec.frames[full].t!r}", f"{url}&at=1e9", tmp_path=tmp_path
+        )
+    finally:
+        server.terminate()
+        server.communicate(timeout=60)
+
+    # the early moment: the backlog full, as recorded
+    body = _body(at_full)
+    assert body.attrs["data-state"] == "recording", body.content[:500]
+    assert body.attrs["data-moment"] == str(full)
+    assert by_id(at_full, "name").content == "backlog-run"
+    assert "hidden" not in by_id(at_full, "replay").classes
+    assert by_id(at_full, "replay-at").content.startswith(f"moment {full + 1} of {len(rec.frames)}")
+    # label, type, sent, received, queued, max queued
+    assert _backlog_row(at_full)[:6] == ["backlog", "bounded[50]", "50", "0", "50", "50"]
+
+    # the end state: drained
+    body = _body(at_end)
+    assert body.attrs["data-moment"] == str(len(rec.frames) - 1)
+    assert "the end state" in by_id(at_end, "replay-at").content
+    assert _backlog_row(at_end)[:6] == ["backlog", "bounded[50]", "50", "50", "0", "50"]
+
+
+@needs_chromium
+def test_the_page_refuses_a_newer_format_and_reads_a_cut_recording_up_to_the_cut(
+    tmp_path: Path,
+) -> None:
+    moment = b'{"t":100000000,"s":{"status":{"name":"cut","pid":1,"uptime_ns":1}}}\n'
+    body = zlib.compressobj()
+    whole = body.compress(moment) + body.flush(zlib.Z_SYNC_FLUSH)
+    torn = (body.compress(b'{"t":2' * 500) + body.flush())[:40]  # a moment cut mid-write
+    cut = MAGIC + b'{"version":1,"name":"cut"}\n' + whole + torn
+    newer = MAGIC + b'{"version":99,"asyncflow":"9.0"}\n' + whole
+    servers = [web.serve_recording(data) for data in (cut, newer)]
+    try:
+        at_cut, at_newer = render(*(url for _, url in servers), tmp_path=tmp_path)
+    finally:
+        for server, _ in servers:
+            server.shutdown()
+            server.server_close()
+    assert _body(at_cut).attrs["data-state"] == "recording"
+    assert by_id(at_cut, "name").content == "cut"
+    said = by_id(at_cut, "replay-at").content
+    assert said.startswith("moment 1 of 1 · 0.10 s"), said
+    assert "no end state" in said and "ends mid-write" in said
+
+    assert _body(at_newer).attrs["data-state"] == "error"
+    problem = by_id(at_newer, "problem")
+    assert "hidden" not in problem.classes
+    assert "is a recording of format 99, written by asyncflow 9.0" in problem.content
+
+
+def test_the_recording_server_serves_the_page_and_the_bytes_only() -> None:
+    server, url = web.serve_recording(b"the bytes")
+    try:
+        base = url.partition("?")[0]
+        with urllib.request.urlopen(base, timeout=10) as response:
+            assert response.read() == web.page()
+            assert (
+                response.headers["Content-Security-Policy"]
+                == web.headers()["Content-Security-Policy"]
+            )
+        with urllib.request.urlopen(base + "recording", timeout=10) as response:
+            assert response.read() == b"the bytes"
+        with pytest.raises(urllib.error.HTTPError) as missing:
+            urllib.request.urlopen(base + "flow", timeout=10)
+        assert missing.value.code == 404
+        missing.value.close()
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert url.startswith("http://127.0.0.1:")
