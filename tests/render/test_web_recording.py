@@ -4,6 +4,8 @@ were recorded, rebuilt in the browser from the file's section deltas (headless C
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import selectors
 import subprocess
 import urllib.error
@@ -18,7 +20,14 @@ import pytest
 import asyncflow
 from asyncflow.render import web
 from asyncflow.render.record import MAGIC, read_recording
-from tests.render.test_web_page import Element, by_id, needs_chromium, render
+from tests.render.test_web_page import (
+    BROWSER_TIMEOUT,
+    Element,
+    by_id,
+    chromium,
+    needs_chromium,
+    render,
+)
 from tests.support.commands import ASYNCFLOW
 
 #: the recorder of the profile being recorded (for the program to wait for its moments)
@@ -176,3 +185,144 @@ def test_the_recording_server_serves_the_page_and_the_bytes_only() -> None:
         server.shutdown()
         server.server_close()
     assert url.startswith("http://127.0.0.1:")
+
+
+class _Browser:
+    """A headless Chromium driven over the DevTools protocol on a pipe (fds 3 and 4): one page,
+    to pick a file in, click and read back (what ``--dump-dom`` cannot do)."""
+
+    def __init__(self, profile: Path) -> None:
+        browser = chromium()
+        assert browser is not None
+        to_read, self._send = os.pipe()
+        self._receive, to_write = os.pipe()
+        assert min(to_read, to_write) > 4  # so that the dup2s below clobber neither
+
+        def pipes() -> None:
+            os.dup2(to_read, 3)
+            os.dup2(to_write, 4)
+
+        self.process = subprocess.Popen(
+            [
+                browser,
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-dev-shm-usage",
+                "--no-first-run",
+                f"--user-data-dir={profile}",
+                "--remote-debugging-pipe",
+                "about:blank",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            preexec_fn=pipes,  # the protocol's fds are 3 and 4, by number
+            close_fds=False,  # (kept: the others are close-on-exec anyway)
+        )
+        os.close(to_read)
+        os.close(to_write)
+        self._buffer = b""
+        self._ids = 0
+        self.session: str | None = None
+        target = self.call("Target.createTarget", url="about:blank")["targetId"]
+        self.session = self.call("Target.attachToTarget", targetId=target, flatten=True)[
+            "sessionId"
+        ]
+
+    def call(self, method: str, **params: Any) -> Any:
+        """Send one command and wait (bounded) for its answer; events between are skipped."""
+        self._ids += 1
+        message: dict[str, Any] = {"id": self._ids, "method": method, "params": params}
+        if self.session is not None:
+            message["sessionId"] = self.session
+        os.write(self._send, json.dumps(message).encode() + b"\0")
+        with selectors.DefaultSelector() as wait:
+            wait.register(self._receive, selectors.EVENT_READ)
+            while True:
+                while b"\0" in self._buffer:
+                    raw, _, self._buffer = self._buffer.partition(b"\0")
+                    answer = json.loads(raw)
+                    if answer.get("id") == self._ids:
+                        assert "error" not in answer, (method, answer["error"])
+                        return answer["result"]
+                assert wait.select(timeout=BROWSER_TIMEOUT), f"no answer to {method}"
+                chunk = os.read(self._receive, 1 << 16)
+                assert chunk, "the browser closed its pipe"
+                self._buffer += chunk
+
+    def evaluate(self, expression: str) -> Any:
+        return self.call("Runtime.evaluate", expression=expression, returnByValue=True)[
+            "result"
+        ].get("value")
+
+    def until(self, expression: str) -> Any:
+        """Evaluate ``expression`` until it is truthy (bounded), and return its value."""
+        for _ in range(int(BROWSER_TIMEOUT * 20)):
+            value = self.evaluate(expression)
+            if value:
+                return value
+            self.call(
+                "Runtime.evaluate",
+                expression="new Promise(r => setTimeout(r, 50))",
+                awaitPromise=True,
+            )
+        raise AssertionError(f"never true: {expression}")
+
+    def close(self) -> None:
+        self.process.kill()
+        self.process.wait(timeout=BROWSER_TIMEOUT)
+        os.close(self._send)
+        os.close(self._receive)
+
+
+#: the backlog's row of the channels table, as the page shows it now
+_ROW = """[...document.querySelectorAll('#channels-table tbody tr')]
+  .map(tr => [...tr.cells].map(td => td.textContent))
+  .filter(cells => cells[0] === 'backlog')[0]"""
+
+
+@needs_chromium
+def test_a_live_page_opens_a_picked_recording_and_steps_through_it(tmp_path: Path) -> None:
+    path = tmp_path / "backlog.afrec"
+    _record(path)
+    rec = read_recording(str(path))
+    token = "rec-t0ken"
+    with asyncflow.profile("live", port=0, format="none", token=token) as prof:
+        browser = _Browser(tmp_path / "chromium")
+        try:
+            browser.call("Page.navigate", url=f"{prof.url}/#token={token}")
+            browser.until("document.body.getAttribute('data-state') === 'ready'")
+            assert browser.evaluate("document.getElementById('name').textContent") == "live"
+            # the user picks the file: the live view stops, the recording's first moment shows
+            root = browser.call("DOM.getDocument")["root"]["nodeId"]
+            picker = browser.call("DOM.querySelector", nodeId=root, selector="#open-file")
+            browser.call("DOM.setFileInputFiles", files=[str(path)], nodeId=picker["nodeId"])
+            browser.until("document.body.getAttribute('data-state') === 'recording'")
+            assert browser.evaluate("document.getElementById('name').textContent") == (
+                "backlog-run"
+            )
+            said = browser.evaluate("document.getElementById('replay-at').textContent")
+            assert said.startswith(f"moment 1 of {len(rec.frames)}"), said
+            # the end state: drained, whatever the endpoint would say now
+            browser.evaluate("document.getElementById('replay-last').click()")
+            assert browser.evaluate(_ROW)[:6] == ["backlog", "bounded[50]", "50", "50", "0", "50"]
+            assert "the end state" in browser.evaluate(
+                "document.getElementById('replay-at').textContent"
+            )
+            # a step back from the end, through the moments, reaches the backlog full
+            for _ in rec.frames:
+                row = browser.evaluate(_ROW)
+                if row is not None and row[4] == "50":
+                    break
+                browser.evaluate("document.getElementById('replay-back').click()")
+            assert row is not None and row[:6] == [
+                "backlog",
+                "bounded[50]",
+                "50",
+                "0",
+                "50",
+                "50",
+            ], row
+            assert browser.evaluate("document.body.getAttribute('data-state')") == "recording"
+        finally:
+            browser.close()
