@@ -124,7 +124,14 @@ def test_a_cut_tail_is_left_out_with_a_note(tmp_path: Path) -> None:
     seen: set[str] = set()
     for keep in range(len(whole) - 1, len(whole) // 2, -max(1, len(whole) // 40)):
         cut.write_bytes(whole[:keep])
-        rec = read_recording(str(cut))
+        try:
+            rec = read_recording(str(cut))
+        except RecordingError as exc:
+            # cut inside the first moment (all of its sections: the largest by far, the more
+            # so in a long test session whose leftovers the documents list): nothing to read
+            assert "holds no moment yet" in str(exc)
+            seen.add("no moment")
+            continue
         if len(rec.frames) == frames:  # only the stream's trailer was cut: every moment is there
             assert rec.frames[-1].final and rec.notes == []
             continue
