@@ -19,6 +19,8 @@ from asyncflow import cli, schema
 from asyncflow.render import record
 from asyncflow.render.record import MAGIC, RecordingError, read_recording
 from tests.support.commands import ASYNCFLOW, asyncflow_cmd, write
+from tests.support.recording import moments
+from tests.support.recording import profiled as _profiled
 
 #: the queue of issue 29: full (200 waiting) for its first second, then drained
 QUEUE_DEMO = """\
@@ -40,35 +42,11 @@ asyncio.run(main())
 """
 
 
-#: the recorder of the profile _profiled runs (for a program to wait for its ticks)
-_recorders: list[Any] = []
-
-
-def _profiled(path: Path, program: Any, **options: Any) -> schema.Snapshot:
-    """Run ``program()`` (a coroutine function) under a profile recording to ``path``."""
-    profile = asyncflow.profile("rec", record=str(path), port=None, format="none", **options)
-    with profile as prof, asyncflow.instrument_queues():
-        _recorders.append(prof._record)
-        try:
-            asyncio.run(program())
-        finally:
-            _recorders.pop()
-    final = prof.stop()
-    assert final is not None
-    return final
-
-
 async def _queue_filled_then_drained() -> None:
     queue: asyncio.Queue[int] = asyncio.Queue(maxsize=50)
     for i in range(50):
         queue.put_nowait(i)
-    # full for at least three of the recording's moments (not a time: a machine short of CPU
-    # stretches the collector's ticks, and the walk of a long test session's leftovers too)
-    recorder = _recorders[-1]
-    seen = recorder.ticks
-    with anyio.fail_after(60):
-        while recorder.ticks < seen + 3:
-            await asyncio.sleep(0.01)
+    await moments(3)  # full for at least three of the recording's moments
     while not queue.empty():
         await queue.get()
 

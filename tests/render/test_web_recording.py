@@ -14,7 +14,6 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-import anyio
 import pytest
 
 import asyncflow
@@ -29,33 +28,20 @@ from tests.render.test_web_page import (
     render,
 )
 from tests.support.commands import ASYNCFLOW
-
-#: the recorder of the profile being recorded (for the program to wait for its moments)
-_recorders: list[Any] = []
+from tests.support.recording import moments, profiled
 
 
 async def _backlog_filled_then_drained() -> None:
     backlog: asyncio.Queue[int] = asyncflow.instrument_queue(asyncio.Queue(50), name="backlog")
     for i in range(50):
         backlog.put_nowait(i)
-    # full for three of the recording's moments (counted, not timed: a loaded machine stretches
-    # the collector's ticks)
-    recorder = _recorders[-1]
-    seen = recorder.ticks
-    with anyio.fail_after(60):
-        while recorder.ticks < seen + 3:
-            await asyncio.sleep(0.01)
+    await moments(3)  # full for three of the recording's moments
     while not backlog.empty():
         await backlog.get()
 
 
 def _record(path: Path) -> None:
-    with asyncflow.profile("backlog-run", record=str(path), port=None, format="none") as prof:
-        _recorders.append(prof._record)
-        try:
-            asyncio.run(_backlog_filled_then_drained())
-        finally:
-            _recorders.pop()
+    profiled(path, _backlog_filled_then_drained, name="backlog-run", queues=False)
 
 
 def _backlog_row(elements: list[Element]) -> list[str]:
