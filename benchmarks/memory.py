@@ -216,9 +216,15 @@ _MAKE: dict[str, Callable[[int, str], Coroutine[Any, Any, None]]] = {
 
 #: cases read as the count grows (their figures at each quarter of it): what the profiler
 #: keeps must be bounded by what is live, flat however many were made
-GROWTH_CASES = ("own-calls", "own-defs", "blocking", "children")
+GROWTH_CASES = ("own-calls", "own-defs", "blocking", "raised", "children")
 #: what each growth case makes by default (``--objects`` sets it for all)
-GROWTH_COUNTS = {"own-calls": 1_000_000, "own-defs": 10_000, "blocking": 10_000, "children": 200}
+GROWTH_COUNTS = {
+    "own-calls": 1_000_000,
+    "own-defs": 10_000,
+    "blocking": 10_000,
+    "raised": 10_000,
+    "children": 200,
+}
 #: the growth cases' profiler options: blocks of 2 ms and more are summed on their lines
 GROWTH_OPTIONS: dict[str, dict[str, Any]] = {
     # blocks of 10 ms, each counted on its line: the loop monitor, which looks every 2.5 ms at
@@ -265,6 +271,36 @@ async def _own_defs(n: int, tag: str) -> None:
         namespace = _own_module(f"async def {tag}{i}(x):\n    return x\n", f"own_{tag}{i}")
         await namespace[f"{tag}{i}"](i)
         del namespace
+
+
+#: the own-code module of ``raised``: a call that raises what it is given, and one that returns
+_RAISED_SOURCE = """
+async def fail(exc):
+    raise exc
+
+async def succeed(i):
+    return i
+"""
+
+
+@functools.cache
+def _raising() -> tuple[Callable[..., Coroutine[Any, Any, Any]], ...]:
+    module = _own_module(_RAISED_SOURCE, "raised")
+    return module["fail"], module["succeed"]
+
+
+async def _raised(n: int, tag: str) -> None:
+    # each gather of two tasks: one call raising an exception of a class of its own (a new
+    # type name each time: the per-future count of types by name is bounded), one returning;
+    # the exception retrieved through return_exceptions (the never-retrieved watch forgets it)
+    fail, succeed = _raising()
+    for i in range(n):
+        error = type(f"{tag}Error{i}", (Exception,), {})
+        await asyncio.gather(
+            asyncio.create_task(fail(error())),
+            asyncio.create_task(succeed(i)),
+            return_exceptions=True,
+        )
 
 
 def _block() -> None:
@@ -316,6 +352,7 @@ _GROWTH: dict[str, Callable[[int, str], Coroutine[Any, Any, None]]] = {
     "own-calls": _own_calls,
     "own-defs": _own_defs,
     "blocking": _blocking,
+    "raised": _raised,
 }
 
 
