@@ -14,6 +14,7 @@ from asyncflow.schema import (
     ExecutorEntry,
     FutureEntry,
     FutureLogs,
+    GraphDocument,
     GraphEdge,
     GraphNode,
     LoopEntry,
@@ -22,6 +23,7 @@ from asyncflow.schema import (
     Snapshot,
     StreamEntry,
     TaskEntry,
+    TasksDocument,
     ThreadEntry,
     WarningEntry,
     dumps,
@@ -29,7 +31,15 @@ from asyncflow.schema import (
 from asyncflow.stats import percentile_key
 from asyncflow.views.graph import resource_names
 
-__all__ = ["counted", "format_duration", "named", "printable", "render", "render_table"]
+__all__ = [
+    "counted",
+    "format_duration",
+    "named",
+    "printable",
+    "render",
+    "render_table",
+    "stuck_lines",
+]
 
 _E = TypeVar("_E")
 
@@ -227,7 +237,7 @@ def render_table(snapshot: Snapshot, percentiles: tuple[float, ...], limit: int)
         lines.append(f"never called: {names}")
     if not every:
         lines.append(_no_futures(snapshot))
-    lines += _stuck_section(snapshot, limit)
+    lines += stuck_lines(snapshot.graph, snapshot.tasks, limit)
     lines += _functions_section(snapshot, percentiles, limit)
     measured = [f for f in shown if f.cpu is not None or f.allocations is not None]
     if measured:
@@ -569,20 +579,21 @@ def _tree(task: TaskEntry | None) -> str:
     return ", ".join(x for x in (made, f"awaited by {awaiters}" if awaiters else "") if x)
 
 
-def _stuck_section(snapshot: Snapshot, limit: int) -> list[str]:
-    """The tasks waiting when the snapshot was taken, as one debugging a hang reads them: first
+def stuck_lines(graph: GraphDocument | None, live: TasksDocument | None, limit: int) -> list[str]:
+    """The tasks waiting when the documents were read, as one debugging a hang reads them: first
     those that cannot go on (those of a deadlock first), one line each; then the others that
     wait on something the program must release (not a sleep, not a socket), grouped by what
     they run, where they wait, on what, and who made them, most first. Each says where it
-    waits, on what, who holds or can release that, and which task made it."""
-    graph = snapshot.graph
+    waits, on what, who holds or can release that, and which task made it (from ``live``, the
+    tasks' document, when given). ``limit`` bounds each list (0: all). The report's section,
+    and ``asyncflow mcp``'s tasks tool."""
     if graph is None:
         return []
     nodes = {n.id: n for n in graph.nodes}
     out: dict[str, list[GraphEdge]] = {}
     for e in graph.edges:
         out.setdefault(e.source, []).append(e)
-    tasks = {t.name: t for t in snapshot.tasks.tasks} if snapshot.tasks is not None else {}
+    tasks = {t.name: t for t in live.tasks} if live is not None else {}
     in_cycles = [name for c in graph.cycles for name in c.tasks]
     order = {f"task:{name}": i for i, name in enumerate(dict.fromkeys(in_cycles))}
     stuck = sorted(
