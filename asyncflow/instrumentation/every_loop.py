@@ -43,6 +43,7 @@ __all__ = [
     "LoopTracking",
     "NotProfiled",
     "TrioRun",
+    "adopt_running_loop",
     "not_profiled",
     "track_every_loop",
     "watch_trio_here",
@@ -136,6 +137,14 @@ def _instrument(loop: Any) -> None:
             loops.see(loop)
     except Exception as exc:  # observing never breaks the program
         _session.internal_error("tracking an event loop", exc)
+
+
+def adopt_running_loop(loop: Any) -> None:
+    """Track ``loop``, running already, as if whole-program mode had seen it start: its new
+    tasks and executor jobs from now on (``asyncflow attach``). Call it on the loop's own
+    thread (``loop.call_soon_threadsafe``); idempotent, and a no-op while every loop is not
+    tracked. Never raises."""
+    _instrument(loop)
 
 
 def _hooked_init(original: Callable[..., None]) -> Callable[..., None]:
