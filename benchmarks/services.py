@@ -26,7 +26,9 @@ when a client first connects to the endpoint; none does here. Access logs are of
 are work the service does alike either way, and leaving them out makes the ratio the worse one.
 ``--aa`` runs the second server plainly too, so that the ratios show the machine's noise alone;
 ``--run-options`` passes options to ``asyncflow run`` (``--no-locks``...) to see what a part
-costs.
+costs; ``--base-options`` runs the first server under ``asyncflow run`` too, with its own
+options (then "plain" in the output is that server), so that one part's cost is paired
+directly: ``--base-options=--no-locks`` against the default run is what the primitives cost.
 
     python benchmarks/services.py                         # every service, 7 pairs
     python benchmarks/services.py --only aiohttp --pairs 9 --requests 4000
@@ -153,8 +155,8 @@ class Server:
     profiled: bool
     workdir: Path
     reports: Path | None
-    #: more options of ``asyncflow run`` (before the program); None: run plainly all the same
-    options: tuple[str, ...] | None = ()
+    #: options of ``asyncflow run`` (before the program); None: run plainly
+    options: tuple[str, ...] | None = None
     process: subprocess.Popen[bytes] = field(init=False)
     sock: str = field(init=False)
 
@@ -162,11 +164,11 @@ class Server:
         kind = "profiled" if self.profiled else "plain"
         self.sock = str(self.workdir / f"{self.service.name}-{kind}.sock")
         command = [a.format(sock=self.sock) for a in self.service.command]
-        if self.profiled and self.options is not None:
+        if self.options is not None:
             report = (
-                self.reports / f"{self.service.name}.txt"
+                self.reports / f"{self.service.name}-{kind}.txt"
                 if self.reports
-                else self.workdir / "report.txt"
+                else self.workdir / f"report-{kind}.txt"
             )
             run = ["-m", "asyncflow", "run", "--port", "0", "--output", str(report), *self.options]
             command = [*run, *command]
@@ -230,9 +232,11 @@ async def measure(
     clients: int,
     reports: Path | None,
     options: tuple[str, ...] | None = (),
+    base: tuple[str, ...] | None = None,
 ) -> Figures:
-    """``pairs`` paired loads on a plain and a profiled server of ``service``."""
-    plain = Server(service, False, workdir, reports)
+    """``pairs`` paired loads on a plain and a profiled server of ``service`` (the first under
+    ``asyncflow run`` too, with ``base``, unless None)."""
+    plain = Server(service, False, workdir, reports, base)
     profiled = Server(service, True, workdir, reports, options)
     figures = Figures()
     try:
@@ -314,6 +318,7 @@ async def run(args: argparse.Namespace) -> None:
                     args.clients,
                     args.reports,
                     None if args.aa else tuple(args.run_options.split()),
+                    None if args.base_options is None else tuple(args.base_options.split()),
                 )
                 report(service, figures, args.pairs, requests, args.clients)
         finally:
@@ -457,6 +462,12 @@ def main(argv: list[str] | None = None) -> int:
         default="",
         metavar="'OPTIONS'",
         help="more options of asyncflow run, e.g. '--no-locks' (to see what a part costs)",
+    )
+    parser.add_argument(
+        "--base-options",
+        metavar="'OPTIONS'",
+        help="run the first server under asyncflow run too, with these options: the ratios "
+        "then pair what --run-options adds, e.g. --base-options=--no-locks",
     )
     parser.add_argument(
         "--primitives",
