@@ -64,7 +64,8 @@ def test_what_the_slices_keep_of_each_walk_is_nothing_the_collector_tracks(
             held.append(keep(walk))
             return held[-1]
 
-        return real(*args, **kwargs, keep=kept)
+        kwargs["keep"] = kept
+        return real(*args, **kwargs)
 
     monkeypatch.setattr(wait_views, "read_on_loop", counted)
     with parked_loop(TASKS) as record:
