@@ -97,6 +97,9 @@ WARN_THRESHOLDS = {
     "tail_min": "seconds",
     "tail_min_gathers": "count",
     "tail_lag_factor": "count",
+    "path_ratio": "count",
+    "path_min_messages": "count",
+    "path_min": "seconds",
     "storm_ratio": "count",
     "storm_min_signals": "count",
 }
@@ -126,6 +129,7 @@ WARNING_KINDS = (
     "unbounded-growth",
     "busy-wait",
     "tail-latency",
+    "slow-path",
     "wakeup-storm",
     "deadlock",
 )

@@ -50,6 +50,9 @@ __all__ = [
     "GraphEdge",
     "GraphNode",
     "JobGroup",
+    "LineageHop",
+    "LineageMessage",
+    "LineagePath",
     "LiveSample",
     "Location",
     "LoopDocument",
@@ -568,12 +571,64 @@ class FlowEdge:
 
 
 @dataclass(frozen=True, slots=True)
+class LineageHop:
+    """One hop of a message's way: the time it waited in a channel, or spent in a stage."""
+
+    #: ``channel`` (waiting in it) or ``stage`` (from the stage's receive to its send)
+    kind: str
+    #: the channel's or the stage's (future's) label
+    name: str
+    duration_ns: int
+    #: for a stage: the part of it its call was running (polled); the rest it waited on
+    #: something else inside the stage; None for a channel, or a stage outside tracked calls
+    busy_ns: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LineageMessage:
+    """One sampled message that went the whole path, hop by hop."""
+
+    end_to_end_ns: int
+    #: when its first send happened, in nanoseconds since the profile's start
+    sent_ns: int
+    #: channel, stage, channel, ... stage, channel: they add up to ``end_to_end_ns``
+    hops: list[LineageHop]
+
+
+@dataclass(frozen=True, slots=True)
+class LineagePath:
+    """A path through the flow graph (source, channel, stage, channel, ... sink) and the
+    end-to-end latency of the sampled messages that went all of it."""
+
+    #: ``src → parse → enrich → sink``: the stages (futures), the source first
+    label: str
+    #: the futures' labels, the source first and the last receiver last
+    stages: list[str]
+    #: the channels' labels, in order (one fewer than ``stages``)
+    channels: list[str]
+    #: sampled messages that completed the path
+    messages: int
+    #: from the source's send to the last receive, percentiles of those messages
+    end_to_end_ns: dict[str, int]
+    max_end_to_end_ns: int
+    #: the mean time per hop (channel, stage, channel...), over those messages
+    mean_hops: list[LineageHop]
+    #: the slowest messages, slowest first, with their hops
+    slowest: list[LineageMessage]
+
+
+@dataclass(frozen=True, slots=True)
 class FlowDocument:
     """``GET /flow``: the data-flow graph."""
 
     schema: int
     nodes: list[FlowNode]
     edges: list[FlowEdge]
+    #: message lineage: each path the sampled messages went, most messages first
+    lineage: list[LineagePath] = field(default_factory=list)
+    #: sampled messages whose lineage was let go: the bounded tables of chains in flight or of
+    #: paths were full, or a chain grew past its length bound
+    lineage_dropped: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,6 +28,7 @@ from typing import Any
 from asyncflow import clock as _clock
 from asyncflow.instrumentation import _session
 from asyncflow.instrumentation import futures as _futures
+from asyncflow.instrumentation import lineage as _lineage
 from asyncflow.instrumentation._gone import AGGREGATES_KEPT, GONE_KEPT, Fold, GoneHistory
 from asyncflow.stats import SMALL_BUCKET, SMALL_LIMIT, bucket_of, new_histogram
 
@@ -310,6 +311,7 @@ class ChannelRecord:
             st.pending[msg_id] = (now, call_id, future_id, weight)
             text = _message_repr(item) if self.log_messages else None
             st.sent_log.append((msg_id - 1, msg_id, now, call_id, future_id, text))
+            _lineage.sent(st, self.id, msg_id, item, now, (call_id, future_id))
         except Exception as err:  # observing never breaks the program
             _session.internal_error("recording a channel send", err)
 
@@ -329,6 +331,8 @@ class ChannelRecord:
                     del pending[older]
                 st.next_recv = next(iter(pending)) if pending else _NEVER
             if sent is None or _session.active is None:
+                if _lineage.holding() and _session.active is not None:
+                    _lineage.received_untimed(caller())  # timed to end a chain (see lineage)
                 return
             now = _clock.now_ns() if at is None else at
             received = st.taken - st.skew
@@ -363,6 +367,9 @@ class ChannelRecord:
                 sender.delay_hist[bucket] += sent_weight
             text = _message_repr(item) if self.log_messages else None
             st.received_log.append((received - 1, msg_id, now, call_id, future_id, delay, text))
+            _lineage.received(
+                st, self.id, msg_id, item, sent_at, sender_id, now, (call_id, future_id)
+            )
         except Exception as err:
             _session.internal_error("recording a channel receive", err)
 
@@ -555,6 +562,7 @@ def reset_for_session() -> None:
     starts from zero."""
     with _lock:
         _history.forget(lambda record: record.stats.__init__())  # type: ignore[misc]
+    _lineage.reset()
 
 
 def recording() -> bool:

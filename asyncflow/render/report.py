@@ -12,6 +12,7 @@ from typing import TypeVar
 from asyncflow.schema import (
     ChannelEntry,
     ExecutorEntry,
+    FlowDocument,
     FutureEntry,
     FutureLogs,
     GraphDocument,
@@ -246,6 +247,7 @@ def render_table(snapshot: Snapshot, percentiles: tuple[float, ...], limit: int)
     lines += _section(
         _CHANNEL_COLUMNS, partial(_channel_row, live=live), channels, limit, "channels"
     )
+    lines += _lineage_section(snapshot.flow, percentiles, limit)
     resources = snapshot.resources.resources if snapshot.resources is not None else []
     distinct = resource_names(resources)  # locks made on one line: `app.py:9 #1`, `#2`
     resources = [replace(r, label=distinct[r.id]) for r in resources]
@@ -340,6 +342,46 @@ def _channel_row(c: ChannelEntry, live: bool) -> list[str]:
         format_duration(c.producers_blocked_ns),
         format_duration(c.consumers_starved_ns),
     ]
+
+
+def _lineage_section(
+    flow: FlowDocument | None, percentiles: tuple[float, ...], limit: int
+) -> list[str]:
+    """Lineage: each path of two channels or more, its end-to-end percentiles, and its slowest
+    sampled message hop by hop."""
+    paths = [p for p in flow.lineage if len(p.channels) > 1] if flow is not None else []
+    if not paths:
+        return []
+    keys = [percentile_key(q) for q in percentiles]
+    columns = ["path", "messages", *(f"{k} end to end" for k in keys), "max end to end"]
+    shown = paths if limit == 0 else paths[:limit]
+    rows = [
+        [
+            p.label,
+            f"{p.messages:,}",
+            *(format_duration(p.end_to_end_ns.get(k)) for k in keys),
+            format_duration(p.max_end_to_end_ns),
+        ]
+        for p in shown
+    ]
+    lines = ["", "Lineage (sampled messages, end to end)", *_table([columns, *rows])]
+    for p in shown:
+        if p.slowest:
+            m = p.slowest[0]
+            hops = " · ".join(
+                f"{h.name} {format_duration(h.duration_ns)}"
+                + (f" (busy {format_duration(h.busy_ns)})" if h.busy_ns is not None else "")
+                for h in m.hops
+            )
+            lines.append(f"  slowest of {p.label}: {format_duration(m.end_to_end_ns)} = {hops}")
+    if len(shown) < len(paths):
+        lines.append(_more(len(paths) - len(shown), "paths", limit))
+    if flow is not None and flow.lineage_dropped:
+        lines.append(
+            f"  ({counted(flow.lineage_dropped, 'sampled message')} not followed: "
+            "the lineage's bounded tables were full)"
+        )
+    return lines
 
 
 _STREAM_COLUMNS = ["stream", "state", "items", "p50 wait", "max wait", "total wait", "consumer"]

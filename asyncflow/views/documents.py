@@ -81,6 +81,7 @@ from asyncflow.schema import (
     WarningsDocument,
 )
 from asyncflow.views import function_views, lints, resource_views, wait_views
+from asyncflow.views import lineage as lineage_views
 from asyncflow.views.graph import graph_document
 from asyncflow.views.paging import at_most, ordered_page
 
@@ -530,7 +531,16 @@ def flow(collector: Collector) -> FlowDocument:
         counts = _counts(st.receivers, st.received, st.last_receiver)
         for fid, e in list(st.receivers.items()):
             edges.append(_flow_edge(key, future_node(fid), e, counts.get(fid, e.count), qs))
-    return FlowDocument(schema=SCHEMA, nodes=list(nodes.values()), edges=edges)
+    names = {n.id: n.label for n in nodes.values()}
+    chans = {int(k.split(":")[1]): v for k, v in names.items() if k.startswith("channel:")}
+    paths = lineage_views.lineage_paths(labels, chans, qs)
+    return FlowDocument(
+        schema=SCHEMA,
+        nodes=list(nodes.values()),
+        edges=edges,
+        lineage=paths,
+        lineage_dropped=lineage_views.dropped(),
+    )
 
 
 def _flow_edge(source: str, target: str, e: Edge, messages: int, qs: tuple[float, ...]) -> FlowEdge:
@@ -785,6 +795,11 @@ def _warnings(
         graph=graph,
         errors=_errors(collector),
         unretrieved=_unretrieved(collector),
+        paths=lineage_views.lineage_paths(
+            _labels(collector),
+            {c.id: c.label for c in channel_registry()},
+            collector.options.percentiles,
+        ),
     )
     book = warning_book(collector)
     # Without the tasks read (``/warnings``), the deadlocks are the collector's watch's.

@@ -30,6 +30,7 @@ from asyncflow.schema import (
     ExecutorEntry,
     FutureEntry,
     GraphDocument,
+    LineagePath,
     Location,
     LoopEntry,
     NeverAwaitedEntry,
@@ -41,6 +42,7 @@ from asyncflow.schema import (
     WarningsDocument,
     WarningSubject,
 )
+from asyncflow.views.lineage import dominant_hop
 
 __all__ = [
     "LINTS",
@@ -107,6 +109,12 @@ class Thresholds:
     #: ... and whose tail's excess over its median is more than this many times the loop's
     #: p99 lag (a late loop wakes each call late at every await: the loop's lag, not a tail)
     tail_lag_factor: int = 4
+    #: a path (source, channel, stage... sink) of at least two channels and
+    #: ``path_min_messages`` sampled messages whose p99 end-to-end latency is at least
+    #: ``path_ratio`` times its p50 and at least ``path_min``
+    path_ratio: int = 4
+    path_min_messages: int = 20
+    path_min_ns: int = 50_000_000
     #: a condition notified at least ``storm_min_signals`` times whose notifies woke at least
     #: ``storm_ratio`` waiters each on average
     storm_ratio: int = 10
@@ -143,6 +151,7 @@ class Thresholds:
                 "growth_min_delay",
                 "busy_wait_gap",
                 "tail_min",
+                "path_min",
             ):
                 values[f"{name}_ns"] = round(value * 1e9)
             elif isinstance(getattr(cls, name, None), int):
@@ -178,6 +187,8 @@ class Documents:
     #: exception type, message, when it raised in nanoseconds since the profile's start),
     #: oldest first; read live only (a snapshot on file does not hold the tasks)
     unretrieved: Sequence[tuple[int, str, str, int]] = ()
+    #: message lineage: the paths the sampled messages went (``/flow``'s ``lineage``)
+    paths: Sequence[LineagePath] = ()
 
 
 def documents_of(snapshot: Snapshot, now_ns: int = 0) -> Documents:
@@ -202,6 +213,7 @@ def documents_of(snapshot: Snapshot, now_ns: int = 0) -> Documents:
             for logs in snapshot.future_logs
         },
         graph=snapshot.graph,
+        paths=snapshot.flow.lineage if snapshot.flow is not None else (),
         errors={
             logs.future_id: (c.exception.type, c.exception.message)
             for logs in snapshot.future_logs
@@ -1822,6 +1834,45 @@ def tail_latency(docs: Documents, th: Thresholds) -> Iterator[Finding]:
         )
 
 
+def slow_path(docs: Documents, th: Thresholds) -> Iterator[Finding]:
+    """A path through the pipeline whose slowest messages (p99, end to end) take many times its
+    median, naming the hop (a channel's wait or a stage) where those messages spent most of
+    their time. Unlike the bottleneck (throughput: who keeps a channel full), this is about the
+    latency of single messages. Not a tail the loop's lateness explains (as ``tail-latency``)."""
+    late_ns = max((loop.lag_ns.get("p99", 0) for loop in docs.loops), default=0)
+    for p in docs.paths:
+        if len(p.channels) < 2 or p.messages < th.path_min_messages:
+            continue
+        p50, p99 = p.end_to_end_ns.get("p50", 0), p.end_to_end_ns.get("p99", 0)
+        if p50 <= 0 or p99 < th.path_min_ns or p99 < th.path_ratio * p50:
+            continue
+        if th.tail_lag_factor * late_ns >= p99 - p50:
+            continue
+        found = dominant_hop(p, p99)
+        if found is None:
+            continue
+        index, hop, share, spent = found
+        yield Finding(
+            "slow-path",
+            "warning",
+            WarningSubject("path", None, p.label, None),
+            f"the p99 end-to-end latency of `{p.label}` is {_duration(p99)}, "
+            f"{round(100 * share)}% of it {hop} (median {_duration(p50)}, over "
+            f"{p.messages} sampled messages)",
+            "look at that hop of the slowest messages (`/flow`'s lineage): a stage slow for "
+            "some messages holds up those queued behind it; give it more workers or take the "
+            "slow case out of line",
+            {
+                "p50_ns": p50,
+                "p99_ns": p99,
+                "messages": p.messages,
+                "hop": index,
+                "share_percent": round(100 * share),
+                "hop_ns": spent,
+            },
+        )
+
+
 def _at(frame: AwaitFrame | None) -> str:
     return f"{os.path.basename(frame.file)}:{frame.line}" if frame is not None else "?"
 
@@ -1927,6 +1978,7 @@ LINTS: tuple[Lint, ...] = (
     unbounded_growth,
     busy_wait,
     tail_latency,
+    slow_path,
     wakeup_storm,
     deadlock,
 )

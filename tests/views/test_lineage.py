@@ -1,0 +1,127 @@
+"""Message lineage: a three-stage pipeline where one stage is slow for one message in ten gives
+its path's end-to-end percentiles, the slowest messages' hops, and a finding naming the hop that
+dominates the tail; a healthy pipeline stays quiet.
+
+On real time, with tolerant bounds: the fake clock cannot stand for stages that wait at once (each
+one's wait would add to the others'), and a message's way is made of exactly such waits."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+import anyio
+
+import asyncflow
+from asyncflow.render.report import render_table
+from asyncflow.schema import LineagePath, Snapshot
+from asyncflow.views import lints
+from asyncflow.views.lints import Finding, Thresholds
+
+MESSAGES = 40
+SLOW_S = 0.06
+
+
+async def _pipeline(slow_s: float) -> list[int]:
+    """src -> raw -> parse -> parsed -> enrich -> enriched -> sink, a message every 20 ms;
+    ``enrich`` takes ``slow_s`` for one message in ten, 1 ms for the others."""
+    raw = asyncflow.instrument_queue(asyncio.Queue[int](), name="raw")
+    parsed = asyncflow.instrument_queue(asyncio.Queue[int](), name="parsed")
+    enriched = asyncflow.instrument_queue(asyncio.Queue[int](), name="enriched")
+    out: list[int] = []
+
+    @asyncflow.future(name="src")
+    async def src() -> None:
+        for i in range(MESSAGES):
+            await asyncio.sleep(0.02)
+            await raw.put(i)
+        await raw.put(-1)
+
+    @asyncflow.future(name="parse")
+    async def parse() -> None:
+        while (i := await raw.get()) >= 0:
+            await asyncio.sleep(0.001)
+            await parsed.put(i)
+        await parsed.put(-1)
+
+    @asyncflow.future(name="enrich")
+    async def enrich() -> None:
+        while (i := await parsed.get()) >= 0:
+            await asyncio.sleep(slow_s if i % 10 == 3 else 0.001)
+            await enriched.put(i)
+        await enriched.put(-1)
+
+    @asyncflow.future(name="sink")
+    async def sink() -> None:
+        while (i := await enriched.get()) >= 0:
+            out.append(i)
+
+    with anyio.fail_after(20):
+        await asyncio.gather(src(), parse(), enrich(), sink())
+    return out
+
+
+def _path(snap: Snapshot) -> LineagePath:
+    assert snap.flow is not None
+    paths = [p for p in snap.flow.lineage if len(p.stages) == 4]
+    assert [p.label for p in paths] == ["src → parse → enrich → sink"]
+    return paths[0]
+
+
+def _findings(snap: Snapshot) -> list[Finding]:
+    return lints.evaluate(lints.documents_of(snap), Thresholds())
+
+
+async def test_the_slow_stage_is_named_as_the_tails_hop(prof: asyncflow.Profiler) -> None:
+    assert await _pipeline(SLOW_S) == list(range(MESSAGES))
+    snap = prof.snapshot()
+    path = _path(snap)
+    assert path.channels == ["raw", "parsed", "enriched"]
+    assert path.messages >= MESSAGES - 1  # every message was timed: the channels were quiet
+    p50, p99 = path.end_to_end_ns["p50"], path.end_to_end_ns["p99"]
+    assert p99 >= SLOW_S * 1e9 > 4 * p50
+    slowest = path.slowest[0]
+    assert [h.name for h in slowest.hops] == [
+        "raw",
+        "parse",
+        "parsed",
+        "enrich",
+        "enriched",
+    ]
+    assert sum(h.duration_ns for h in slowest.hops) == slowest.end_to_end_ns
+    (finding,) = [f for f in _findings(snap) if f.kind == "slow-path"]
+    assert finding.severity == "warning"
+    assert finding.subject.label == "src → parse → enrich → sink"
+    # the slow message's own stage (hop 3), or the input queue the messages behind it wait in
+    assert finding.evidence["hop"] in (2, 3)
+    assert finding.message.startswith(
+        "the p99 end-to-end latency of `src → parse → enrich → sink` is "
+    )
+    assert (
+        "of it in `enrich`" in finding.message
+        or "of it waiting in `enrich`'s input queue `parsed`" in finding.message
+    )
+    assert finding.evidence["share_percent"] >= 50
+    text = render_table(snap, (50.0, 99.0), 10)
+    assert "Lineage" in text and "src → parse → enrich → sink" in text
+
+
+async def test_a_healthy_pipeline_has_paths_and_no_slow_path_finding(
+    prof: asyncflow.Profiler,
+) -> None:
+    assert await _pipeline(0.001) == list(range(MESSAGES))
+    snap = prof.snapshot()
+    path = _path(snap)
+    assert path.messages >= MESSAGES - 1
+    assert [f for f in _findings(snap) if f.kind == "slow-path"] == []
+
+
+async def test_a_snapshot_on_file_keeps_the_paths(prof: asyncflow.Profiler) -> None:
+    await _pipeline(SLOW_S)
+    snap = prof.snapshot()
+    from asyncflow import schema
+
+    again = schema.load(Snapshot, __import__("orjson").loads(schema.dumps(snap)))
+    assert again.flow is not None and snap.flow is not None
+    assert again.flow.lineage == snap.flow.lineage
+    assert dataclasses.asdict(_path(again)) == dataclasses.asdict(_path(snap))
