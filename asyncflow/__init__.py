@@ -28,6 +28,7 @@ if TYPE_CHECKING:  # imported when first used: see __getattr__
         ExecutorInstrumentation as ExecutorInstrumentation,
     )
     from asyncflow.instrumentation.executors import instrument_executors as instrument_executors
+    from asyncflow.instrumentation.lineage import derive as derive
     from asyncflow.instrumentation.memory import (
         instrument_memory_stream as instrument_memory_stream,
     )
@@ -57,6 +58,7 @@ _LAZY = {
     "ExecutorInstrumentation": "asyncflow.instrumentation.executors",
     "instrument_executors": "asyncflow.instrumentation.executors",
     "instrument_memory_stream": "asyncflow.instrumentation.memory",
+    "derive": "asyncflow.instrumentation.lineage",
     "QueueInstrumentation": "asyncflow.instrumentation.queues",
     "instrument_queue": "asyncflow.instrumentation.queues",
     "instrument_queues": "asyncflow.instrumentation.queues",
@@ -91,6 +93,7 @@ __all__ = [
     "__version__",
     "active_profiler",
     "counter",
+    "derive",
     "future",
     "gauge",
     "histogram",
