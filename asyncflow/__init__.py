@@ -22,6 +22,7 @@ from asyncflow.profiler import start as start
 from asyncflow.profiler import stop as stop
 
 if TYPE_CHECKING:  # imported when first used: see __getattr__
+    from asyncflow._armed import arm as arm
     from asyncflow.instrumentation.coroutines import NeverAwaitedTracking as NeverAwaitedTracking
     from asyncflow.instrumentation.coroutines import track_never_awaited as track_never_awaited
     from asyncflow.instrumentation.executors import (
@@ -67,6 +68,8 @@ _LAZY = {
     "instrument_locks": "asyncflow.instrumentation.resources",
     "stream": "asyncflow.instrumentation.streams",
     "Snapshot": "asyncflow.schema",
+    # armed mode (issue 30): the control socket's listener, loaded only by a process that arms
+    "arm": "asyncflow._armed",
     # function timing, the program's own metrics, the recording interface (issue 16); the
     # modules are named apart from the functions, so that importing one never shadows these
     "Recorder": "asyncflow.instrumentation.recording",
@@ -92,6 +95,7 @@ __all__ = [
     "TaskInstrumentation",
     "__version__",
     "active_profiler",
+    "arm",
     "counter",
     "derive",
     "future",

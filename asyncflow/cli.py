@@ -1,5 +1,5 @@
-"""The ``asyncflow`` command: ``run`` a program profiled; ``ps``; ``top``; ``snapshot``; ``report``;
-``replay``; ``diff``.
+"""The ``asyncflow`` command: ``run`` a program profiled (or armed); ``ps``; ``attach``, ``detach``
+and ``dump`` an armed process; ``top``; ``snapshot``; ``report``; ``replay``; ``diff``.
 
 Every mistake a user can make here (a missing program, a bad option, an unreachable endpoint,
 a file that is not a snapshot) ends in one line on standard error and a non-zero exit code,
@@ -10,6 +10,7 @@ would under ``python``: its exit code, its traceback, and death by SIGINT or SIG
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import importlib.util
 import os
@@ -138,6 +139,12 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="do not count coroutines the program creates and never awaits",
     )
+    run.add_argument(
+        "--armed",
+        action="store_true",
+        help="record nothing until 'asyncflow attach PID' (the other options apply then): "
+        "the program runs at its plain cost, listed by 'asyncflow ps' as armed",
+    )
     run.add_argument("program", nargs=argparse.REMAINDER, help="script.py [args...], or args of -m")
     run.set_defaults(handler=_run)
 
@@ -245,8 +252,74 @@ def _parser() -> argparse.ArgumentParser:
         "instead of the terminal view; Ctrl-C stops it",
     )
     replay.set_defaults(handler=_replay)
+    attach = commands.add_parser(
+        "attach",
+        help="profile an armed process from now on, and print its endpoint",
+        description="Turn profiling on in a process of yours that runs armed ('asyncflow run "
+        "--armed', or asyncflow.arm()): every task, queue, primitive and executor job it makes "
+        "from now on is tracked, the tasks it has already are listed with what they wait on, and "
+        "its endpoint serves on 127.0.0.1 (printed). 'asyncflow detach PID' turns it off.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    attach.add_argument("pid", type=_pid, help="the armed process")
+    attach.add_argument(
+        "--port",
+        type=_port,
+        default=None,
+        help="the endpoint's port (0: a free one) [the armed options', else 6780 or a free one]",
+    )
+    attach.add_argument(
+        "--remote-exec",
+        action="store_true",
+        help="arm the process first through sys.remote_exec (Python 3.14+ only; untested here)",
+    )
+    attach.set_defaults(handler=_attach)
+
+    detach = commands.add_parser(
+        "detach",
+        help="stop profiling an attached process, and print its report",
+        description="Turn profiling off in a process 'asyncflow attach' attached: the "
+        "profiler stops, whole-program tracking is taken back, and the process runs armed "
+        "again. The session's report is printed on standard output.",
+    )
+    detach.add_argument("pid", type=_pid, help="the attached process")
+    detach.set_defaults(handler=_detach)
+
+    dump = commands.add_parser(
+        "dump",
+        help="print every task of an armed or attached process and what it waits on",
+        description="Read every task of a process of yours that runs armed or attached, once: "
+        "what each one runs, where it waits and on what, then the waiting tasks with who holds "
+        "or can release what they wait on (deadlocks first).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    dump.add_argument("pid", type=_pid, help="the armed or attached process")
+    dump.add_argument("--format", default="text", choices=("text", "json"), help="output")
+    dump.add_argument(
+        "--limit", type=_limit, default=0, help="tasks listed, and groups of waiting tasks; 0: all"
+    )
+    dump.set_defaults(handler=_dump)
     add_diff_command(commands)
     return parser
+
+
+def _pid(text: str) -> int:
+    """A process id: a whole number > 0 (argparse says the error)."""
+    if not text.isdigit() or int(text) <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a process id (a whole number > 0)")
+    return int(text)
+
+
+def _port(text: str) -> int:
+    if not text.isdigit() or int(text) > 65535:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a port from 0 to 65535")
+    return int(text)
+
+
+def _limit(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number >= 0")
+    return int(text)
 
 
 def _seconds(text: str) -> float:
@@ -408,6 +481,8 @@ def _profiled(
             value = ",".join(value) if value else None
         if value is not None:
             options[option.name] = value
+    if getattr(args, "armed", False):
+        return _armed_run(args, name, run, argv, options)
     try:
         profiler = asyncflow.profile(name, **options)
     except (ValueError, TypeError) as exc:
@@ -440,17 +515,8 @@ def _profiled(
     undo_sigterm = _report_on_sigterm(profiler.stop)
     if argv is not None:
         sys.argv = argv
-    code = 0
-    interrupted: BaseException | None = None
     try:
-        run()
-    except SystemExit as exc:
-        code = _exit_code(exc.code)
-    except BaseException as exc:
-        _print_program_error(exc)
-        code = FAILED
-        if type(exc) is KeyboardInterrupt:  # exactly the type the interpreter checks
-            interrupted = exc
+        code, interrupted = _run_program(run)
     finally:
         undo_sigterm()
         every_loop.undo()
@@ -466,6 +532,61 @@ def _profiled(
         children.undo()  # after the report: where the children's reports went
         if never_awaited is not None:
             never_awaited.undo()
+    if interrupted is not None:
+        _exit_as_interrupted(interrupted)
+    return code
+
+
+def _run_program(run: Callable[[], object]) -> tuple[int, BaseException | None]:
+    """Run the program as the interpreter would: its exit code, and the KeyboardInterrupt
+    that ended it (to end the process with), if one did; its uncaught exception printed."""
+    try:
+        run()
+    except SystemExit as exc:
+        return _exit_code(exc.code), None
+    except BaseException as exc:
+        _print_program_error(exc)
+        # exactly the type the interpreter checks
+        return FAILED, exc if type(exc) is KeyboardInterrupt else None
+    return 0, None
+
+
+def _armed_run(
+    args: argparse.Namespace,
+    name: str,
+    run: Callable[[], object],
+    argv: list[str] | None,
+    options: dict[str, object],
+) -> int:
+    """``asyncflow run --armed``: the program runs armed (see :mod:`asyncflow._armed`), with
+    the options given kept for the profiler ``asyncflow attach`` starts."""
+    from asyncflow import _armed
+
+    parts = _armed.Parts(
+        executors=not args.no_executors,
+        queues=not args.no_queues,
+        memory_streams=not args.no_memory_streams,
+        locks=not args.no_locks,
+    )
+    try:
+        _armed.arm(name, _parts=parts, **options)
+    except (ValueError, TypeError) as exc:
+        raise _Usage(_flagged(str(exc), options)) from None
+    if config.disabled():
+        print(f"{DISABLED}: {name!r} runs without profiling", file=sys.stderr, flush=True)
+    else:
+        print(
+            f"asyncflow: {name!r} runs armed (pid {os.getpid()}): 'asyncflow attach "
+            f"{os.getpid()}' profiles it",
+            file=sys.stderr,
+            flush=True,
+        )
+    if argv is not None:
+        sys.argv = argv
+    try:
+        code, interrupted = _run_program(run)
+    finally:
+        _armed.disarm()
     if interrupted is not None:
         _exit_as_interrupted(interrupted)
     return code
@@ -946,7 +1067,7 @@ def _ps_table(running: Sequence[Any], numbered: bool = False) -> str:
             str(entry.pid),
             "-" if entry.parent is None else str(entry.parent),
             entry.name,
-            entry.url,
+            entry.url or "(armed)",
             "yes" if entry.token else "no",
             _age(now - entry.started),
             shlex.join(entry.argv),
@@ -1000,7 +1121,7 @@ def _pick_url(args: argparse.Namespace, command: str) -> str:
         return url
     from asyncflow.serve import registry
 
-    running = _families(registry.entries())
+    running = _families([e for e in registry.entries() if not e.armed])  # armed: no endpoint
     if not running:
         return DEFAULT_URL
     if len(running) == 1:
@@ -1020,6 +1141,155 @@ def _pick_url(args: argparse.Namespace, command: str) -> str:
     if not answer.isdigit() or not 1 <= int(answer) <= len(running):
         raise _Usage(f"{answer!r} is not a number from 1 to {len(running)}")
     return str(running[int(answer) - 1].url)
+
+
+# -- asyncflow attach / detach / dump ----------------------------------------------------------
+
+#: how long attach, detach and dump wait for the process's answer (a profiler's start is
+#: given 10 s; a dump of 10,000 tasks takes about a second)
+CONTROL_TIMEOUT = 30.0
+
+
+def _control(pid: int, command: str, **fields: Any) -> dict[str, Any]:
+    """``command`` sent to armed process ``pid``; an error of the request is a usage error
+    (exit 2), said in one line."""
+    from asyncflow.serve import control
+
+    try:
+        return control.request(pid, command, CONTROL_TIMEOUT, **fields)
+    except control.ControlError as exc:
+        raise _Usage(str(exc)) from None
+
+
+def _attach(args: argparse.Namespace) -> int:
+    from asyncflow.render.report import counted
+
+    if args.remote_exec:
+        _remote_arm(args.pid)
+    answer = _control(args.pid, "attach", port=args.port)
+    url = answer.get("url")
+    if answer.get("already"):
+        print(
+            f"asyncflow: {answer.get('name')!r} (pid {args.pid}) is attached already",
+            file=sys.stderr,
+        )
+    else:
+        blocked = int(answer.get("blocked") or 0)
+        late = f"; {counted(blocked, 'loop')} blocked, adopted when it next runs" if blocked else ""
+        print(
+            f"asyncflow: attached to {answer.get('name')!r} (pid {args.pid}): "
+            f"{answer.get('tasks', 0)} live tasks adopted{late}; 'asyncflow detach {args.pid}' "
+            "stops it",
+            file=sys.stderr,
+        )
+    print(url or "no endpoint (the armed options say port off)", flush=True)
+    return 0
+
+
+def _detach(args: argparse.Namespace) -> int:
+    answer = _control(args.pid, "detach")
+    sys.stdout.write(str(answer.get("report") or ""))
+    print(f"asyncflow: detached from pid {args.pid}: it runs armed again", file=sys.stderr)
+    return 0
+
+
+def _dump(args: argparse.Namespace) -> int:
+    from asyncflow.render.dump import DumpDocument, render_dump
+
+    answer = _control(args.pid, "dump")
+    document = answer.get("dump")
+    if args.format == "json":
+        sys.stdout.write(orjson.dumps(document, option=orjson.OPT_INDENT_2).decode() + "\n")
+        return 0
+    try:
+        dump = schema.load(DumpDocument, document, ignore_unknown=True)
+    except schema.DocumentError as exc:
+        raise AsyncflowError(
+            f"pid {args.pid} answered something that is not a dump: {exc}"
+        ) from None
+    sys.stdout.write(render_dump(dump, args.limit))
+    return 0
+
+
+#: what ``attach --remote-exec`` runs in the process: arm it (from its main thread, at its next
+#: safe point), with asyncflow imported from where this one is
+_REMOTE_SCRIPT = """\
+import sys
+if {path!r} not in sys.path:
+    sys.path.append({path!r})
+import asyncflow
+asyncflow.arm()
+"""
+#: how long ``--remote-exec`` waits for the process to arm itself, in seconds
+REMOTE_ARM_TIMEOUT = 10.0
+
+
+def _remote_arm(pid: int) -> None:
+    """Arm process ``pid`` through ``sys.remote_exec`` (PEP 768, Python 3.14+), unless it is
+    armed already; wait until its control socket answers.
+
+    Untested here (no Python 3.14 in this environment): the process must run Python 3.14+
+    that allows remote debugging, with asyncflow importable, and this user must be allowed to
+    trace it (ptrace scope).
+    """
+    from asyncflow.serve import control
+
+    remote_exec = getattr(sys, "remote_exec", None)
+    if remote_exec is None:
+        raise _Usage(
+            f"--remote-exec needs Python 3.14 or newer (sys.remote_exec, PEP 768); this is "
+            f"{sys.version_info.major}.{sys.version_info.minor}: start the process armed "
+            "instead ('asyncflow run --armed', or asyncflow.arm())"
+        )
+    try:
+        _control_probe(pid)
+        return  # armed already
+    except control.NotArmedError:
+        pass
+    import tempfile
+    import time
+
+    from asyncflow.serve import registry
+
+    folder = registry.private_directory(create=True)
+    if folder is None:
+        raise _Usage(f"{registry.directory()} is not a directory of yours alone (mode 0700)")
+    package = str(Path(__file__).resolve().parent.parent)
+    fd, script = tempfile.mkstemp(prefix=f".arm-{pid}.", suffix=".py", dir=folder)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write(_REMOTE_SCRIPT.format(path=package))
+        try:
+            remote_exec(pid, script)
+        except (OSError, RuntimeError, ValueError) as exc:
+            raise _Usage(f"sys.remote_exec({pid}) failed: {exc}") from None
+        deadline = time.monotonic() + REMOTE_ARM_TIMEOUT
+        while True:  # the script runs at the process's next safe point: poll its socket
+            try:
+                _control_probe(pid)
+                return
+            except control.NotArmedError:
+                if time.monotonic() > deadline:
+                    raise _Usage(
+                        f"process {pid} did not arm itself within {REMOTE_ARM_TIMEOUT:g} s of "
+                        "sys.remote_exec (is asyncflow importable there?)"
+                    ) from None
+                time.sleep(0.05)
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(script)
+
+
+def _control_probe(pid: int) -> None:
+    """Raise NotArmedError unless ``pid`` answers on its control socket."""
+    from asyncflow.serve import control
+
+    try:
+        control.request(pid, "status", CONTROL_TIMEOUT)
+    except control.NotArmedError:
+        raise
+    except control.ControlError as exc:
+        raise _Usage(str(exc)) from None
 
 
 # -- asyncflow top -----------------------------------------------------------------------------

@@ -36,9 +36,10 @@ if TYPE_CHECKING:
     from asyncflow.render.record import Recorder
     from asyncflow.render.reporters import Reporters
     from asyncflow.render.trace import TraceRecorder
-    from asyncflow.schema import Snapshot
+    from asyncflow.schema import GraphDocument, Snapshot
     from asyncflow.serve.registry import Registration
     from asyncflow.serve.server import Server
+    from asyncflow.views.wait_views import TaskReading
 
 __all__ = ["DISABLED", "Profiler", "active_profiler", "profile", "start", "stop"]
 
@@ -605,6 +606,27 @@ class Profiler:
             return views.snapshot(collector, running=self.running, waiting_thread=caller)
 
         result: Snapshot = self._call(take)
+        return result
+
+    def _waits(self) -> tuple[TaskReading, GraphDocument]:
+        """Every live task, read now, and the wait-for graph they make (``asyncflow dump``).
+
+        Raises:
+            AsyncflowError: the profiler is not running.
+        """
+        collector = self._collector
+        if self._state != "running" or collector is None:
+            raise AsyncflowError(f"profiler {self.name!r} is not running")
+
+        def take() -> tuple[TaskReading, GraphDocument]:
+            from asyncflow.views import documents, wait_views
+
+            collector.drain()
+            responsive = wait_views.responsive_loops(collector.monitor, clock.now_ns())
+            reading = wait_views.read_tasks(responsive)
+            return reading, documents.wait_for_graph(collector, reading)
+
+        result: tuple[TaskReading, GraphDocument] = self._call(take)
         return result
 
     def trace(self) -> dict[str, Any]:

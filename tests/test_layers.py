@@ -39,6 +39,7 @@ FRONT = frozenset(
         "asyncflow.profiler",
         "asyncflow.cli",
         "asyncflow._children",
+        "asyncflow._armed",
     }
 )
 #: the subpackages, lowest first: each may import its own layer, the ones before it and the

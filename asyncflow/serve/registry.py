@@ -9,6 +9,10 @@ names its parent's pid and its role there. It is written atomically (a temporary
 over it), removed when the profiler stops, and recognised as stale when its process is gone or
 its pid now belongs to another process (the process's start time, where the platform gives it,
 no longer matches): listing then removes it. A forked child never removes its parent's file.
+
+An armed process (see :mod:`asyncflow.serve.control`) registers too, with no URL and
+``armed`` set, and listens on ``<pid>.sock`` beside its file; a socket whose process is gone is
+removed on the way as well.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import orjson
 
 from asyncflow import config, schema
 
-__all__ = ["Entry", "Registration", "directory", "entries", "register"]
+__all__ = ["Entry", "Registration", "directory", "entries", "private_directory", "register"]
 
 logger = logging.getLogger("asyncflow")
 #: the layout of a registry file; a file of another version is ignored (and left alone)
@@ -60,6 +64,9 @@ class Entry:
     parent: int | None = None
     #: ... and its role there (``process-1``, ``fork-2``), which ends its ``name``
     role: str | None = None
+    #: armed, not attached (``asyncflow run --armed``, ``asyncflow.arm()``): it serves no
+    #: endpoint (``url`` is empty) until ``asyncflow attach PID``
+    armed: bool = False
 
 
 def directory() -> Path:
@@ -74,7 +81,7 @@ def directory() -> Path:
     return Path(tempfile.gettempdir()) / f"asyncflow-{uid}"
 
 
-def _private_directory(create: bool) -> Path | None:
+def private_directory(create: bool) -> Path | None:
     """The registry's directory if it is this user's and no one else's (created, mode 0700, when
     ``create``), else None: a directory someone else owns or can write is never trusted."""
     path = directory()
@@ -162,13 +169,18 @@ class Registration:
 
 
 def register(
-    name: str, url: str, token: bool, child_of: tuple[int, str] | None = None
+    name: str,
+    url: str,
+    token: bool,
+    child_of: tuple[int, str] | None = None,
+    armed: bool = False,
 ) -> Registration | None:
     """Write this process's registry file; None when it cannot be written (said on the
     ``asyncflow`` logger at debug level: profiling goes on without it). ``child_of`` is a
-    worker process's parent pid and role."""
+    worker process's parent pid and role; ``armed``, a process armed and not attached (its
+    ``url`` empty)."""
     try:
-        folder = _private_directory(create=True)
+        folder = private_directory(create=True)
         if folder is None:
             return None
         pid = os.getpid()
@@ -183,6 +195,7 @@ def register(
             "process_start": process_start(pid),
             "parent": None if child_of is None else child_of[0],
             "role": None if child_of is None else child_of[1],
+            "armed": armed,
         }
         path = folder / f"{pid}.json"
         fd, scratch = tempfile.mkstemp(prefix=f".{pid}.", suffix=".tmp", dir=folder)
@@ -216,6 +229,7 @@ def _read(path: Path) -> Entry | None:
         pid, name, argv, url = data["pid"], data["name"], data["argv"], data["url"]
         started, token, start = data["started"], data["token"], data.get("process_start")
         parent, role = data.get("parent"), data.get("role")  # absent: written before workers
+        armed = data.get("armed", False)  # absent: written before armed mode
         ok = (
             isinstance(pid, int)
             and not isinstance(pid, bool)
@@ -228,12 +242,13 @@ def _read(path: Path) -> Entry | None:
             and (start is None or (isinstance(start, int) and not isinstance(start, bool)))
             and (parent is None or (isinstance(parent, int) and not isinstance(parent, bool)))
             and (role is None or isinstance(role, str))
+            and isinstance(armed, bool)
         )
     except (orjson.JSONDecodeError, KeyError):
         return None
     if not ok or path.name != f"{pid}.json":
         return None
-    return Entry(pid, name, tuple(argv), url, float(started), token, start, parent, role)
+    return Entry(pid, name, tuple(argv), url, float(started), token, start, parent, role, armed)
 
 
 def _sweep(folder: Path) -> list[Entry]:
@@ -245,6 +260,10 @@ def _sweep(folder: Path) -> list[Entry]:
     except OSError:
         return live
     for name in names:
+        if name.endswith(".sock") and name[:-5].isdigit() and not _alive(int(name[:-5])):
+            with contextlib.suppress(OSError):
+                os.unlink(folder / name)  # an armed process's, gone without removing it
+            continue
         if not name.endswith(".json") or name.startswith("."):
             continue
         path = folder / name
@@ -263,5 +282,5 @@ def _sweep(folder: Path) -> list[Entry]:
 def entries() -> list[Entry]:
     """The profilers running on this machine for this user, oldest first (stale files are
     removed on the way)."""
-    folder = _private_directory(create=False)
+    folder = private_directory(create=False)
     return [] if folder is None else _sweep(folder)

@@ -1,0 +1,480 @@
+"""Armed mode: a process that ``asyncflow attach PID`` can profile later, and that costs
+nothing until then.
+
+Arming (``asyncflow run --armed``, :func:`arm`) installs what must be there from the start and
+records nothing: the control channel's listener (a thread blocked on a Unix socket only this
+user can reach, :mod:`asyncflow.serve.control`), a note of each event loop the program makes
+(a wrapper of the loop classes' ``__init__``: once per loop, never per task), and a registry
+file, so that ``asyncflow ps`` lists the process as armed.
+
+``attach`` starts a profiler from the control thread and installs whole-program mode as
+``asyncflow run`` does (every new task, queue, memory stream, primitive and executor job), then
+asks each running loop to adopt itself on its own thread (``loop.call_soon_threadsafe``): its
+task factory is chained from then on, and the loop is watched. Tasks that existed before the
+attach are listed by ``/tasks`` with their await chain and what they wait on (read from the
+tasks themselves), but their coroutines cannot be wrapped any more: they are no calls of a
+future, and their polls are not counted. ``detach`` takes it all back, stops the profiler and
+answers with its report; the process is armed again. ``dump`` reads every task and the
+wait-for graph they make, attached or not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import functools
+import logging
+import os
+import sys
+import threading
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from asyncflow import config, schema
+from asyncflow.errors import AsyncflowError
+from asyncflow.instrumentation import _imports, _session, loops
+from asyncflow.profiler import Profiler, _ProfilerLoop, active_profiler, profile
+from asyncflow.serve import control, registry
+
+if TYPE_CHECKING:
+    from asyncflow.render.dump import DumpDocument
+    from asyncflow.serve.registry import Registration
+
+__all__ = ["Parts", "arm", "armed", "disarm"]
+
+logger = logging.getLogger("asyncflow")
+
+#: how long attach waits for the running loops to adopt themselves (a blocked loop does later)
+ADOPT_TIMEOUT = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class Parts:
+    """What an attach installs besides tracking every loop's tasks (``asyncflow run``'s
+    ``--no-*`` flags turn them off)."""
+
+    executors: bool = True
+    queues: bool = True
+    memory_streams: bool = True
+    locks: bool = True
+
+
+class _Capture:
+    """The attached profiler's reporter: it keeps the final snapshot for ``detach`` to
+    answer with, and writes nothing into the program's output."""
+
+    def __init__(self) -> None:
+        self.snapshot: schema.Snapshot | None = None
+
+    def report(self, snapshot: Any, /) -> None:
+        self.snapshot = snapshot
+
+
+class _Armed:
+    """This process's armed state: its name, the options an attach starts the profiler with,
+    the loops it knows, its listener, and the profiler while attached."""
+
+    def __init__(self, name: str, options: dict[str, Any], parts: Parts) -> None:
+        self.name = name
+        self.options = options
+        self.parts = parts
+        self.pid = os.getpid()
+        #: the event loops the program made (weakly: a loop let go is gone from here)
+        self.loops: weakref.WeakSet[asyncio.AbstractEventLoop] = weakref.WeakSet()
+        self.listener = control.Listener(
+            {
+                "status": self.status,
+                "attach": self.attach,
+                "detach": self.detach,
+                "dump": self.dump,
+            }
+        )
+        self.registration: Registration | None = None
+        #: one command at a time (the listener answers one by one; arm's caller may disarm)
+        self.lock = threading.Lock()
+        self.profiler: Profiler | None = None
+        self.capture = _Capture()
+        self._undo_parts: list[Callable[[], None]] = []
+        self._undo_hooks: list[Callable[[], None]] = []
+
+    # -- arming -------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._undo_hooks = _hook_loops()
+        running = asyncio._get_running_loop()
+        if running is not None:  # arm() inside the program's loop: that one is known now
+            self.loops.add(running)
+        try:
+            self.listener.start()
+        except BaseException:
+            self._unhook()
+            raise
+        self._register()
+
+    def _register(self) -> None:
+        self.registration = registry.register(self.name, "", False, None, armed=True)
+
+    def _unhook(self) -> None:
+        while self._undo_hooks:
+            self._undo_hooks.pop()()
+
+    def stop(self) -> None:
+        """Disarm: detach if attached, stop listening, take the hooks back."""
+        with self.lock:
+            if self.profiler is not None:
+                self._detach()
+            self.listener.stop()
+            registration, self.registration = self.registration, None
+            if registration is not None:
+                registration.remove()
+            self._unhook()
+
+    def forsake(self) -> None:
+        """In a forked child: the parent's socket and registry file stay the parent's."""
+        self.listener.forsake()
+        self.registration = None
+
+    # -- attach and detach --------------------------------------------------------------------
+
+    def _live_loops(self) -> list[asyncio.AbstractEventLoop]:
+        found = {id(loop): loop for loop in list(self.loops)}
+        for record in loops.loop_registry():
+            loop = record.loop()
+            if loop is not None:
+                found.setdefault(id(loop), loop)
+        # (a profiler's own loop is asyncflow's, never the program's)
+        return [
+            loop
+            for loop in found.values()
+            if not loop.is_closed() and not isinstance(loop, _ProfilerLoop)
+        ]
+
+    def status(self, request: dict[str, Any]) -> dict[str, Any]:
+        prof = self.profiler
+        attached = prof is not None and prof.running
+        return {
+            "name": self.name,
+            "state": "attached" if attached else "armed",
+            "url": prof.url if attached and prof is not None else None,
+        }
+
+    def attach(self, request: dict[str, Any]) -> dict[str, Any]:
+        with self.lock:
+            prof = self.profiler
+            if prof is not None and prof.running:
+                return {"name": prof.name, "url": prof.url, "already": True, "tasks": 0}
+            own = active_profiler()
+            if own is not None:
+                raise AsyncflowError(
+                    f"it runs a profiler of its own ({own.name!r}, endpoint "
+                    f"{own.url or 'not served'}): read that one"
+                )
+            options = dict(self.options)
+            port = request.get("port")
+            if port is not None:
+                options["port"] = port
+            self.capture = _Capture()
+            try:
+                prof = profile(self.name, **{**options, "reporter": self.capture})
+            except (ValueError, TypeError) as exc:
+                raise AsyncflowError(str(exc)) from None
+            prof.hosting = True  # the program's own asyncflow.start() joins it
+            prof.start()
+            self.profiler = prof
+            try:
+                self._install()
+                adopted, blocked, tasks = self._adopt()
+            except BaseException:
+                self._detach()
+                raise
+            return {
+                "name": prof.name,
+                "url": prof.url,
+                "already": False,
+                "loops": adopted,
+                "blocked": blocked,
+                "tasks": tasks,
+            }
+
+    def _install(self) -> None:
+        """Whole-program mode, as ``asyncflow run`` installs it (own code aside: it is
+        compiled in as modules are imported, too late now)."""
+        from asyncflow.instrumentation.every_loop import track_every_loop
+        from asyncflow.instrumentation.memory import instrument_memory_streams
+        from asyncflow.instrumentation.queues import instrument_queues
+        from asyncflow.instrumentation.resources import instrument_locks
+
+        parts = self.parts
+        prof = self.profiler
+        assert prof is not None
+        tracking = track_every_loop(executors=parts.executors, by_route=not prof.options.no_routes)
+        self._undo_parts = [tracking.undo]
+        if parts.queues:
+            self._undo_parts.append(instrument_queues().undo)
+        if parts.memory_streams:
+            self._undo_parts.append(instrument_memory_streams().undo)
+        if parts.locks:
+            self._undo_parts.append(instrument_locks().undo)
+
+    def _adopt(self) -> tuple[int, int, int]:
+        """Each running loop adopts itself on its own thread; a loop that does not answer in
+        :data:`ADOPT_TIMEOUT` (blocked) is listed from outside, and adopts itself when it next
+        runs a callback. Returns (loops adopted, loops blocked, their tasks)."""
+        from asyncflow.instrumentation.every_loop import adopt_running_loop
+
+        waiting: list[tuple[asyncio.AbstractEventLoop, threading.Event]] = []
+        for loop in self._live_loops():
+            if not loop.is_running():
+                adopt_running_loop(loop)  # its task factory now; watched when it runs
+                continue
+            done = threading.Event()
+            try:
+                loop.call_soon_threadsafe(_adopt_on_loop, loop, done)
+            except RuntimeError:  # closed meanwhile
+                continue
+            waiting.append((loop, done))
+        deadline = _now() + ADOPT_TIMEOUT
+        adopted = blocked = tasks = 0
+        for loop, done in waiting:
+            if done.wait(max(0.0, deadline - _now())):
+                adopted += 1
+            else:
+                blocked += 1
+                loops.see(loop, on_its_thread=False)  # its tasks listed from outside
+            tasks += len(_all_tasks(loop))
+        return adopted, blocked, tasks
+
+    def detach(self, request: dict[str, Any]) -> dict[str, Any]:
+        with self.lock:
+            if self.profiler is None:
+                raise AsyncflowError("it is armed, not attached: there is nothing to detach")
+            return {"report": self._detach()}
+
+    def _detach(self) -> str:
+        """Undo the attach; the report (in the options' format), or "" if none."""
+        prof, self.profiler = self.profiler, None
+        while self._undo_parts:
+            try:
+                self._undo_parts.pop()()
+            except Exception as exc:  # the program goes on, whatever happens here
+                _session.internal_error("detaching", exc)
+        if prof is None:
+            return ""
+        prof.stop()
+        self._register()  # the profiler's file is gone with it: listed as armed again
+        final = self.capture.snapshot
+        options = prof.options
+        if final is None or options.format == "none":
+            return ""
+        from asyncflow.render.report import render
+
+        return render(final, options.format, options.percentiles, options.limit)
+
+    # -- dump ---------------------------------------------------------------------------------
+
+    def dump(self, request: dict[str, Any]) -> dict[str, Any]:
+        with self.lock:
+            return {"dump": self._dump()}
+
+    def _dump(self) -> DumpDocument:
+        from asyncflow.render.dump import DumpDocument
+        from asyncflow.views import wait_views
+        from asyncflow.views.graph import graph_document
+
+        prof = self.profiler
+        if prof is not None and prof.running:
+            reading, graph = prof._waits()
+            state, url = "attached", prof.url
+        else:
+            records = [loops.see(loop, on_its_thread=False) for loop in self._live_loops()]
+            reading = wait_views.read_tasks(_always, records)
+            graph = graph_document(reading.task_entries(), [], [], reading.consistent)
+            state, url = "armed", None
+        entries = reading.task_entries()
+        tasks = schema.TasksDocument(
+            schema=schema.SCHEMA,
+            total=reading.total,
+            consistent=reading.consistent,
+            tasks=entries,
+            waits=reading.waits,
+            walked=len(entries),
+        )
+        return DumpDocument(schema.SCHEMA, self.pid, self.name, state, url, tasks, graph)
+
+
+def _always(record: Any) -> bool:
+    return True
+
+
+def _now() -> float:
+    import time
+
+    return time.monotonic()
+
+
+def _all_tasks(loop: asyncio.AbstractEventLoop) -> set[asyncio.Task[Any]]:
+    for _ in range(100):
+        try:
+            return asyncio.all_tasks(loop)
+        except RuntimeError:  # the task set changed size under another thread
+            continue
+    return set()
+
+
+def _adopt_on_loop(loop: asyncio.AbstractEventLoop, done: threading.Event) -> None:
+    from asyncflow.instrumentation.every_loop import adopt_running_loop
+
+    try:
+        adopt_running_loop(loop)
+    finally:
+        done.set()
+
+
+# -- the loops' hooks ---------------------------------------------------------------------------
+
+
+def _note(loop: Any) -> None:
+    armed = _armed
+    if armed is not None and armed.pid == os.getpid() and not isinstance(loop, _ProfilerLoop):
+        try:
+            armed.loops.add(loop)
+        except Exception as exc:  # observing never breaks the program
+            _session.internal_error("noting an event loop", exc)
+
+
+def _noting(original: Callable[..., None]) -> Callable[..., None]:
+    @functools.wraps(original)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        _note(self)
+
+    return __init__
+
+
+def _patch_init(cls: type[Any]) -> Callable[[], None]:
+    """Wrap ``cls.__init__`` to note each loop made; returns the undo (which leaves alone an
+    ``__init__`` replaced since: whole-program mode wraps this one while attached)."""
+    had = "__init__" in vars(cls)
+    before = vars(cls).get("__init__")
+    ours = _noting(cls.__init__)
+    cls.__init__ = ours
+
+    def undo() -> None:
+        if vars(cls).get("__init__") is not ours:
+            return
+        if had:
+            cls.__init__ = before
+        else:
+            del cls.__init__
+
+    return undo
+
+
+def _hook_loops() -> list[Callable[[], None]]:
+    """Note every event loop made from now on: asyncio's, and uvloop's once imported."""
+    undo = [_patch_init(asyncio.BaseEventLoop)]
+    late: list[Callable[[], None]] = []
+
+    def hook_uvloop(module: Any) -> None:
+        if _armed is not None:
+            late.append(_patch_init(module.Loop))
+
+    undo.append(_imports.after_import("uvloop", hook_uvloop))
+
+    def undo_late() -> None:
+        while late:
+            late.pop()()
+
+    undo.append(undo_late)
+    return undo
+
+
+# -- the front door -----------------------------------------------------------------------------
+
+_lock = threading.Lock()
+_armed: _Armed | None = None
+
+
+def _default_name() -> str:
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None) or (sys.argv[0] if sys.argv else "")
+    return Path(path).stem or "python"
+
+
+def arm(name: str | None = None, *, _parts: Parts | None = None, **options: Any) -> None:
+    """Arm this process: ``asyncflow attach PID`` can then profile it, and ``asyncflow dump
+    PID`` list its tasks, without a restart. Until then nothing is recorded: a thread waits
+    on a Unix socket that only this user can reach, and each event loop made is noted.
+
+    Arming again does nothing (the first arm's name and options stay). With
+    ``ASYNCFLOW_DISABLE=1`` nothing is armed (said on the ``asyncflow`` logger).
+
+    Args:
+        name: the profile's name [the script's name].
+        **options: :func:`asyncflow.profile`'s options, for the profiler an attach starts;
+            checked now. The endpoint serves on this machine only.
+
+    Raises:
+        ValueError: an option has a bad value, or ``host`` is not a loopback address.
+        TypeError: an unknown option was passed.
+        AsyncflowError: the control socket cannot be made (the runtime directory is not this
+            user's alone, or its path is too long).
+    """
+    global _armed
+    with _lock:
+        if _armed is not None and _armed.pid == os.getpid():
+            return
+        if config.disabled():
+            logger.info("asyncflow is disabled (ASYNCFLOW_DISABLE=1): not armed")
+            return
+        name = name if name is not None else _default_name()
+        resolved = config.resolve_options(name, options)  # refuses a bad option now
+        from asyncflow.serve.server import is_loopback
+
+        if not is_loopback(resolved.host):
+            raise ValueError(
+                f"host={resolved.host!r}: an armed process serves its endpoint on this machine "
+                "only (127.0.0.1)"
+            )
+        armed = _Armed(name, dict(options), _parts or Parts())
+        _armed = armed
+        try:
+            armed.start()
+        except BaseException:
+            _armed = None
+            raise
+        atexit.register(disarm)
+
+
+def armed() -> bool:
+    """Whether this process is armed."""
+    return _armed is not None and _armed.pid == os.getpid()
+
+
+def disarm() -> None:
+    """Stop listening (detaching first if attached) and take the hooks back; idempotent."""
+    global _armed
+    with _lock:
+        armed, _armed = _armed, None
+    if armed is None or armed.pid != os.getpid():
+        return
+    atexit.unregister(disarm)
+    armed.stop()
+
+
+def _after_fork_in_child() -> None:
+    """A forked child is not armed: its parent's socket and file stay the parent's."""
+    global _armed
+    armed, _armed = _armed, None
+    if armed is not None:
+        try:
+            armed.forsake()
+        except Exception as exc:  # the child must go on, whatever happens here
+            _session.internal_error("disarming a forked child", exc)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -1,0 +1,363 @@
+"""Armed mode: ``asyncflow run --armed``, ``asyncflow.arm()``, and ``attach``, ``detach`` and
+``dump`` acting on real processes through their control socket (issue 30)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import stat
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+import asyncflow
+from asyncflow import _armed, cli
+from asyncflow.render.dump import DumpDocument, render_dump
+from asyncflow.schema import load
+from asyncflow.serve import control, registry
+from tests.support.commands import asyncflow_cmd, write
+
+TIMEOUT = 30.0
+
+#: tasks parked on a lock, an event and a queue before anyone attaches; then, line by line
+#: on standard input: "spawn NAME" makes a task that waits on a new event, "" ends it all
+#: (exit status 3)
+PROGRAM = """
+import asyncio, sys
+
+async def holder(lock, event):
+    async with lock:
+        await event.wait()
+
+async def waiter(lock):
+    async with lock:
+        pass
+
+async def getter(queue):
+    return await queue.get()
+
+async def parked(event):
+    await event.wait()
+
+async def main():
+    lock, event, queue = asyncio.Lock(), asyncio.Event(), asyncio.Queue()
+    tasks = [asyncio.create_task(holder(lock, event), name="holder")]
+    await asyncio.sleep(0)
+    tasks.append(asyncio.create_task(waiter(lock), name="waiter"))
+    tasks.append(asyncio.create_task(getter(queue), name="getter"))
+    await asyncio.sleep(0)
+    print("ready", flush=True)
+    loop = asyncio.get_running_loop()
+    while True:
+        line = (await loop.run_in_executor(None, sys.stdin.readline)).split()
+        if not line:
+            break
+        tasks.append(asyncio.create_task(parked(event), name=line[1]))
+        await asyncio.sleep(0)
+        print("spawned", flush=True)
+    event.set()
+    queue.put_nowait(1)
+    await asyncio.gather(*tasks)
+    sys.exit(3)
+
+asyncio.run(main())
+"""
+
+
+class Armed:
+    """A program run by ``asyncflow run --armed``, driven through its standard input."""
+
+    def __init__(self, process: subprocess.Popen[str]) -> None:
+        self.process = process
+        self.pid = process.pid
+
+    def line(self) -> str:
+        """The program's next line on standard output (bounded: TIMEOUT)."""
+        got: list[str] = []
+        reader = threading.Thread(target=lambda: got.append(self.process.stdout.readline()))  # type: ignore[union-attr]
+        reader.start()
+        reader.join(TIMEOUT)
+        assert got, "the armed program said nothing in time"
+        return got[0].strip()
+
+    def spawn(self, name: str) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write(f"spawn {name}\n")
+        self.process.stdin.flush()
+        assert self.line() == "spawned"
+
+    def end(self) -> int:
+        assert self.process.stdin is not None
+        self.process.stdin.close()
+        return self.process.wait(TIMEOUT)
+
+
+@contextmanager
+def armed_program(tmp_path: Path, *flags: str) -> Iterator[Armed]:
+    script = write(tmp_path / "app.py", PROGRAM)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "asyncflow", "run", "--armed", *flags, str(script)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    program = Armed(process)
+    try:
+        assert program.line() == "ready", process.stderr.read() if process.stderr else ""
+        yield program
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(TIMEOUT)
+        for stream in (process.stdin, process.stdout, process.stderr):
+            if stream is not None:
+                stream.close()
+
+
+class Done:
+    """What ``asyncflow ARGS`` did, run in this process (the client needs no process of its
+    own: each one would take a second to start here)."""
+
+    def __init__(self, capsys: pytest.CaptureFixture[str], *args: str) -> None:
+        self.returncode = cli.main(list(args))
+        self.stdout, self.stderr = capsys.readouterr()
+
+
+def get(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=TIMEOUT) as response:
+        return orjson.loads(response.read())
+
+
+def by_name(tasks: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {t["name"]: t for t in tasks}
+
+
+def tasks_within(url: str, names: set[str], seconds: float) -> dict[str, dict[str, Any]]:
+    """``/tasks`` by name, read again (the endpoint caches a document a moment) until it
+    lists every task of ``names``; fails past ``seconds``."""
+    began = time.monotonic()
+    while True:
+        tasks = by_name(get(url + "/tasks")["tasks"])
+        if names <= set(tasks):
+            return tasks
+        assert time.monotonic() - began < seconds, f"{names - set(tasks)} not listed in time"
+
+
+def test_an_armed_program_is_listed_attached_detached_and_ends_with_its_own_status(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with armed_program(tmp_path) as program:
+        pid = program.pid
+        socket = control.socket_path(pid)
+        assert stat.S_ISSOCK(socket.stat().st_mode)
+        assert socket.stat().st_mode & 0o777 == 0o600
+        assert registry.directory().stat().st_mode & 0o777 == 0o700
+
+        # armed: listed as such, with no endpoint
+        done = Done(capsys, "ps", "--json")
+        (entry,) = orjson.loads(done.stdout)
+        assert (entry["pid"], entry["armed"], entry["url"], entry["name"]) == (pid, True, "", "app")
+        done = Done(capsys, "ps")
+        assert done.stdout.splitlines()[1].split()[:4] == [str(pid), "-", "app", "(armed)"]
+
+        # attach: the endpoint, and the tasks made before it, with their waits, within 2 s
+        done = Done(capsys, "attach", str(pid))
+        assert done.returncode == 0, done.stderr
+        url = done.stdout.strip()
+        assert url.startswith("http://127.0.0.1:")
+        assert f"attached to 'app' (pid {pid})" in done.stderr
+        tasks = tasks_within(url, {"holder", "waiter", "getter"}, 2.0)
+        waits = {name: tasks[name]["waits_on"]["kind"] for name in ("holder", "waiter", "getter")}
+        assert waits == {"holder": "event", "waiter": "lock", "getter": "queue_get"}
+        for name in ("holder", "waiter"):
+            assert tasks[name]["state"] == "waiting"
+            assert tasks[name]["chain"][0]["function"] == name
+            assert tasks[name]["call_id"] is None  # made before: not a call of a future
+        assert not any(t["name"].startswith("asyncflow-") for t in tasks.values())
+        entry = orjson.loads(Done(capsys, "ps", "--json").stdout)[0]
+        assert (entry["armed"], entry["url"]) == (False, url)
+
+        # a task made while attached is tracked from its start
+        program.spawn("during")
+        during = tasks_within(url, {"during"}, TIMEOUT)["during"]
+        assert during["call_id"] is not None
+        assert during["future_label"] == "parked"
+
+        # attach again: the same endpoint
+        again = Done(capsys, "attach", str(pid))
+        assert (again.returncode, again.stdout.strip()) == (0, url)
+        assert "is attached already" in again.stderr
+
+        # detach: its report, and armed again; a task made now is not tracked
+        done = Done(capsys, "detach", str(pid))
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.startswith("asyncflow · app · elapsed ")
+        assert "it runs armed again" in done.stderr
+        entry = orjson.loads(Done(capsys, "ps", "--json").stdout)[0]
+        assert (entry["armed"], entry["url"]) == (True, "")
+        program.spawn("after")
+        dump = orjson.loads(Done(capsys, "dump", str(pid), "--format", "json").stdout)
+        tasks = by_name(dump["tasks"]["tasks"])
+        assert dump["state"] == "armed"
+        assert tasks["after"]["call_id"] is None
+        done = Done(capsys, "detach", str(pid))
+        assert done.returncode == 2
+        assert "it is armed, not attached: there is nothing to detach" in done.stderr
+
+        # and it can be attached again
+        done = Done(capsys, "attach", str(pid))
+        assert done.returncode == 0, done.stderr
+        tasks_within(done.stdout.strip(), {"holder", "during", "after"}, 2.0)
+
+        assert program.end() == 3
+    # nothing is left behind: no socket, no registry file
+    assert list(registry.directory().iterdir()) == []
+
+
+def test_dump_lists_every_task_of_an_armed_program_and_what_it_waits_on(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with armed_program(tmp_path) as program:
+        done = Done(capsys, "dump", str(program.pid))
+        assert done.returncode == 0, done.stderr
+        lines = done.stdout.splitlines()
+        assert lines[0] == f"asyncflow: pid {program.pid} (app), armed: 4 live tasks"
+        assert any(
+            "holder (holder) waiting at " in line and "wait for event" in line for line in lines
+        )
+        assert any(
+            "waiter (waiter) waiting at " in line and "acquire lock" in line for line in lines
+        )
+        assert "waiting tasks (4, not stuck: something alive may still release them)" in lines
+
+        done = Done(capsys, "dump", str(program.pid), "--format", "json")
+        dump = load(DumpDocument, orjson.loads(done.stdout))
+        assert (dump.pid, dump.name, dump.state, dump.url) == (program.pid, "app", "armed", None)
+        names = {t.name for t in dump.tasks.tasks}
+        assert names == {"Task-1", "holder", "waiter", "getter"}
+        assert dump.tasks.total == 4
+        assert render_dump(dump).splitlines()[0] == lines[0]
+        assert program.end() == 3
+
+
+def test_attach_detach_and_dump_refuse_what_is_not_an_armed_process_of_this_user(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    plain = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE
+    )
+    try:
+        for command in ("attach", "detach", "dump"):
+            done = Done(capsys, command, str(plain.pid))
+            assert done.returncode == 2
+            assert done.stderr.startswith(
+                f"asyncflow {command}: error: process {plain.pid} is not armed (no control "
+                "socket at "
+            )
+            assert "start it with 'asyncflow run --armed ...' or call asyncflow.arm() in it" in (
+                done.stderr
+            )
+    finally:
+        assert plain.stdin is not None
+        plain.stdin.close()
+        plain.wait(TIMEOUT)
+    # a pid no process has now (that one, ended)
+    done = Done(capsys, "dump", str(plain.pid))
+    assert done.returncode == 2
+    assert done.stderr == f"asyncflow dump: error: no process has pid {plain.pid}\n"
+    done = Done(capsys, "attach", "0")
+    assert done.returncode == 2
+    assert "'0' is not a process id (a whole number > 0)" in done.stderr
+
+
+def test_another_users_process_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    def kill(pid: int, signal: int) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "kill", kill)
+    with pytest.raises(control.ControlError) as caught:
+        control.request(4242, "dump", TIMEOUT)
+    assert str(caught.value) == (
+        "process 4242 belongs to another user: asyncflow acts only on your own processes"
+    )
+
+
+def test_a_socket_served_by_another_process_than_the_one_named_is_not_trusted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    other = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE
+    )
+    try:
+        asyncflow.arm("me")
+        try:
+            # the socket of this process, found where process `other`'s would be
+            mine = control.socket_path(os.getpid())
+            monkeypatch.setattr(control, "socket_path", lambda pid: mine)
+            with pytest.raises(control.NotArmedError) as caught:
+                control.request(other.pid, "dump", TIMEOUT)
+            assert f"is served by process {os.getpid()}, not by it" in str(caught.value)
+        finally:
+            _armed.disarm()
+    finally:
+        assert other.stdin is not None
+        other.stdin.close()
+        other.wait(TIMEOUT)
+
+
+async def test_arm_in_a_running_program_dumps_its_own_loop() -> None:
+    event = asyncio.Event()
+
+    async def stuck() -> None:
+        await event.wait()
+
+    task = asyncio.create_task(stuck(), name="stuck-here")
+    await asyncio.sleep(0)
+    asyncflow.arm("in-process", port=0)
+    try:
+        assert _armed.armed()
+        asyncflow.arm("again")  # arming again does nothing
+        answer = await asyncio.to_thread(control.request, os.getpid(), "dump", TIMEOUT)
+        dump = load(DumpDocument, answer["dump"])
+        assert dump.name == "in-process"
+        (entry,) = [t for t in dump.tasks.tasks if t.name == "stuck-here"]
+        assert entry.waits_on is not None and entry.waits_on.kind == "event"
+        assert (
+            entry.chain[0].function
+            == "test_arm_in_a_running_program_dumps_its_own_loop.<locals>.stuck"
+        )
+    finally:
+        _armed.disarm()
+        event.set()
+        await task
+    assert not _armed.armed()
+    assert not control.socket_path(os.getpid()).exists()
+
+
+def test_arm_refuses_a_bad_option_and_a_host_other_machines_reach() -> None:
+    with pytest.raises(ValueError, match="port"):
+        asyncflow.arm("x", port="nope")
+    with pytest.raises(ValueError) as caught:
+        asyncflow.arm("x", host="0.0.0.0", token="s3cret-token")
+    assert "an armed process serves its endpoint on this machine only" in str(caught.value)
+    assert not _armed.armed()
+
+
+@pytest.mark.skipif(sys.version_info >= (3, 14), reason="sys.remote_exec exists from 3.14")
+def test_remote_exec_refuses_before_python_3_14() -> None:
+    done = asyncflow_cmd("attach", "--remote-exec", str(os.getpid()))
+    assert done.returncode == 2
+    assert done.stderr.startswith(
+        "asyncflow attach: error: --remote-exec needs Python 3.14 or newer (sys.remote_exec, "
+        "PEP 768); this is 3."
+    )
