@@ -34,7 +34,7 @@ from typing import Any, TypeVar
 
 import orjson
 
-from asyncflow import schema
+from asyncflow import config, schema
 from asyncflow._version import __version__
 from asyncflow.render import brief
 from asyncflow.render.diff import DiffInputError, read_document, render_diff
@@ -49,6 +49,7 @@ __all__ = [
     "SourceError",
     "Tools",
     "add_arguments",
+    "find_session_registry",
     "main",
     "run",
 ]
@@ -485,12 +486,36 @@ def _server(tools: Tools) -> Any:
     return server
 
 
+#: where a login session's runtime directory is (systemd's ``$XDG_RUNTIME_DIR``), by user id
+_SESSION_RUNTIME = "/run/user/{uid}"
+
+
+def find_session_registry() -> str | None:
+    """Point the registry at the login session's runtime directory when the environment lost
+    it: an agent's client may start its servers with a few variables only (the MCP SDK's own
+    client passes ``HOME``, ``PATH``, ``USER`` and little else), while the profilers started
+    from a terminal registered under ``$XDG_RUNTIME_DIR/asyncflow``. Nothing changes when
+    either variable is set, or when no such directory holds a registry.
+
+    Returns:
+        The ``XDG_RUNTIME_DIR`` set, or None.
+    """
+    if os.environ.get("XDG_RUNTIME_DIR") or config.runtime_dir() or not hasattr(os, "getuid"):
+        return None
+    session = _SESSION_RUNTIME.format(uid=os.getuid())
+    if not os.path.isdir(os.path.join(session, "asyncflow")):
+        return None
+    os.environ["XDG_RUNTIME_DIR"] = session
+    return session
+
+
 def run(args: argparse.Namespace) -> int:
     """Serve the tools over stdio until the client closes standard input.
 
     Returns:
         0 when the client went away, 2 (said on standard error) when the SDK is missing.
     """
+    find_session_registry()
     tools = Tools(
         token=args.token or os.environ.get("ASYNCFLOW_TOKEN") or None, default=args.source
     )

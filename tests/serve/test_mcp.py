@@ -23,7 +23,7 @@ from typing import Any
 import orjson
 import pytest
 
-from asyncflow.serve import mcp
+from asyncflow.serve import mcp, registry
 from tests.support.commands import ASYNCFLOW, EXAMPLES, asyncflow_cmd
 from tests.test_install_hints import check_hint
 
@@ -324,3 +324,24 @@ def test_the_asyncflow_mcp_command_serves_the_tools() -> None:
         assert not error and text.startswith("no profiler is running here"), text
     finally:
         assert session.close() == 0, session.stderr()
+
+
+def test_the_registry_of_a_login_session_is_found_without_its_variable(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A client that starts the server with few variables (the SDK's own passes no
+    XDG_RUNTIME_DIR) still finds the profilers a terminal started."""
+    session = tmp_path / "run-user-{uid}"
+    monkeypatch.setattr(mcp, "_SESSION_RUNTIME", str(session))
+    monkeypatch.setenv("XDG_RUNTIME_DIR", "")  # unset, as such a client leaves it (restored)
+    monkeypatch.setenv("ASYNCFLOW_RUNTIME_DIR", str(tmp_path / "given"))
+    assert mcp.find_session_registry() is None  # a directory given: it is used
+    monkeypatch.delenv("ASYNCFLOW_RUNTIME_DIR")
+    assert mcp.find_session_registry() is None  # no registry in the session's directory
+    mine = Path(str(session).format(uid=os.getuid()))
+    (mine / "asyncflow").mkdir(parents=True)
+    assert mcp.find_session_registry() == str(mine)
+    assert os.environ["XDG_RUNTIME_DIR"] == str(mine)
+    assert registry.directory() == mine / "asyncflow"
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    assert mcp.find_session_registry() is None  # set: left alone
