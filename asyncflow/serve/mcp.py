@@ -40,15 +40,18 @@ from asyncflow.render import brief
 from asyncflow.render.diff import DiffInputError, read_document, render_diff
 from asyncflow.render.report import format_duration, printable
 from asyncflow.serve import registry
+from asyncflow.serve.server import is_loopback
 from asyncflow.views.diff import diff as compare
 
 __all__ = [
     "DEFAULT_LIMIT",
     "INSTALL",
+    "MAX_CHARS",
     "MAX_LIMIT",
     "SourceError",
     "Tools",
     "add_arguments",
+    "bounded",
     "find_session_registry",
     "main",
     "run",
@@ -64,6 +67,10 @@ MAX_LIMIT = 200
 #: seconds to wait for a document, and for a whole snapshot (the diff of a live source)
 _TIMEOUT = 10.0
 _SNAPSHOT_TIMEOUT = 30.0
+#: the largest answer read from an endpoint (a snapshot of 100,000 tasks is some 60 MiB)
+_MAX_BYTES = 256 << 20
+#: the longest answer a tool gives (some 8,000 tokens); a longer one is cut at a line
+MAX_CHARS = 32_000
 #: saved files kept read (a recording takes a while to read: a second call reuses it)
 _FILES_KEPT = 4
 
@@ -289,6 +296,8 @@ class Tools:
         )
 
     def _by_pid(self, pid: int) -> _Live:
+        if pid <= 0:
+            raise SourceError(f"no process has pid {pid}")
         for entry in registry.entries():
             if entry.pid != pid:
                 continue
@@ -315,13 +324,32 @@ class Tools:
     def _live(self, entry: registry.Entry) -> _Live:
         return _Live(entry.url.rstrip("/"), f"pid {entry.pid} ({entry.name}) at {entry.url}")
 
+    def _trusted(self, url: str) -> bool:
+        """Whether the token may go to ``url``: an endpoint on this machine, or on the host of
+        the ``--source`` the server was started with. A URL that the agent names (and that a
+        page it read may have put in its mind) never gets it elsewhere."""
+        host = urllib.parse.urlsplit(url).hostname or ""
+        if is_loopback(host):
+            return True
+        given = self.default or ""
+        return given.startswith(("http://", "https://")) and (
+            urllib.parse.urlsplit(given).hostname == host
+        )
+
     def _fetch(self, where: _Live, path: str, timeout: float) -> Any:
         request = urllib.request.Request(where.url + path)
-        if self.token:
+        sent = bool(self.token) and self._trusted(where.url)
+        if sent:
             request.add_header("Authorization", f"Bearer {self.token}")
         try:
             with urllib.request.urlopen(request, timeout=timeout) as response:
-                return orjson.loads(response.read())
+                body = response.read(_MAX_BYTES + 1)
+            if len(body) > _MAX_BYTES:
+                raise SourceError(
+                    f"{where.said}: {path} answered more than {_MAX_BYTES >> 20} MiB: is it an "
+                    "asyncflow endpoint?"
+                )
+            return orjson.loads(body)
         except urllib.error.HTTPError as error:
             with error:
                 try:
@@ -329,12 +357,17 @@ class Tools:
                 except Exception:
                     message = error.reason
             hint = ""
-            if error.code == 401:
+            if error.code == 401 and sent:
+                hint = ": the token asyncflow mcp was given is not this endpoint's"
+            elif error.code == 401 and self.token:
+                hint = (
+                    ": its token is sent only to this machine's endpoints and to the host of "
+                    "asyncflow mcp's --source"
+                )
+            elif error.code == 401:
                 hint = (
                     ": its endpoint needs a token (start asyncflow mcp with --token, or with "
                     "ASYNCFLOW_TOKEN set)"
-                    if not self.token
-                    else ": the token asyncflow mcp was given is not this endpoint's"
                 )
             raise SourceError(
                 f"{where.said}: {path} answered {error.code}: {message}{hint}"
@@ -419,6 +452,18 @@ class Tools:
         return [(tool, " ".join(text.split())) for tool, text in tools]
 
 
+def bounded(text: str, most: int = MAX_CHARS) -> str:
+    """``text`` cut at its last line break within ``most`` characters, saying so, when it is
+    longer (a list's entries can be long: labels, messages and routes are the program's)."""
+    if len(text) <= most:
+        return text
+    cut = text.rfind("\n", 0, most) + 1 or most
+    return (
+        text[:cut]
+        + f"(answer cut at {cut:,} of {len(text):,} characters: ask with a smaller limit)\n"
+    )
+
+
 def _limit(limit: int) -> int:
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
         raise SourceError(f"limit={limit!r}: expected a whole number from 1 to {MAX_LIMIT}")
@@ -458,13 +503,13 @@ def _server(tools: Tools) -> Any:
         ),
         log_level="WARNING",
     )
-    read_only = ToolAnnotations(read_only_hint=True, open_world_hint=False)
+    read_only = ToolAnnotations(read_only_hint=True)
 
     def answer(tool: Callable[..., str]) -> Callable[..., str]:
         @functools.wraps(tool)
         def call(*args: Any, **kwargs: Any) -> str:
             try:
-                return tool(*args, **kwargs)
+                return bounded(tool(*args, **kwargs))
             except SourceError as exc:
                 raise ToolError(str(exc)) from None
             except Exception as exc:  # a bug of ours: the call fails, the server goes on

@@ -345,3 +345,67 @@ def test_the_registry_of_a_login_session_is_found_without_its_variable(
     assert registry.directory() == mine / "asyncflow"
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
     assert mcp.find_session_registry() is None  # set: left alone
+
+
+#: a profiled program whose endpoint needs a token; it serves until its standard input closes
+GUARDED = """
+import sys
+import asyncflow
+
+with asyncflow.profile("guarded", port=0, format="none") as prof:
+    print(prof.url, flush=True)
+    sys.stdin.readline()
+"""
+
+
+def test_an_endpoint_s_token_goes_to_this_machine_s_endpoints_only(tmp_path: Path) -> None:
+    script = tmp_path / "guarded.py"
+    script.write_text(GUARDED)
+    program = subprocess.Popen(
+        [sys.executable, str(script)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "ASYNCFLOW_TOKEN": "s3cr3t-t0ken"},
+    )
+    sessions: list[Session] = []
+    try:
+        assert program.stdout is not None
+        url = program.stdout.readline().strip()
+        assert url.startswith("http://127.0.0.1:"), url
+        bare = Session([sys.executable, "-m", "asyncflow.serve.mcp"])
+        given = Session([sys.executable, "-m", "asyncflow.serve.mcp", "--token", "s3cr3t-t0ken"])
+        wrong = Session([sys.executable, "-m", "asyncflow.serve.mcp", "--token", "nope"])
+        sessions += [bare, given, wrong]
+        for session in sessions:
+            session.start()
+        error, text = bare.call("status", source=url)
+        assert error and "answered 401" in text and "needs a token" in text, text
+        error, text = wrong.call("status", source=url)
+        assert error and "is not this endpoint's" in text, text
+        error, text = given.call("status", source=str(program.pid))
+        assert not error and text.startswith(f"guarded: pid {program.pid}, running"), text
+    finally:
+        for session in sessions:
+            session.close()
+        assert program.stdin is not None and program.stdout is not None
+        program.stdin.close()
+        program.wait(TIMEOUT)
+        program.stdout.close()
+    tools = mcp.Tools(token="t", default="http://10.1.2.3:6780")
+    assert tools._trusted("http://127.0.0.1:6780") and tools._trusted("http://[::1]:6780")
+    assert tools._trusted("http://10.1.2.3:9999")  # the host the server was started for
+    assert not tools._trusted("http://10.9.9.9:6780")  # a host an agent names: no token
+    assert not mcp.Tools(token="t")._trusted("http://example.com")
+
+
+def test_an_answer_is_bounded() -> None:
+    lines = "".join(f"line {i}\n" for i in range(10_000))
+    cut = mcp.bounded(lines, 100)
+    assert len(cut) < 200 and cut.startswith("line 0\nline 1\n")
+    assert cut.endswith(
+        f"(answer cut at 94 of {len(lines):,} characters: ask with a smaller limit)\n"
+    )
+    assert mcp.bounded("short\n") == "short\n"
+    with pytest.raises(mcp.SourceError, match="no process has pid 0"):
+        mcp.Tools().status("0")
