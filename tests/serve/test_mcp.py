@@ -368,26 +368,18 @@ def test_an_endpoint_s_token_goes_to_this_machine_s_endpoints_only(tmp_path: Pat
         text=True,
         env={**os.environ, "ASYNCFLOW_TOKEN": "s3cr3t-t0ken"},
     )
-    sessions: list[Session] = []
     try:
         assert program.stdout is not None
         url = program.stdout.readline().strip()
         assert url.startswith("http://127.0.0.1:"), url
-        bare = Session([sys.executable, "-m", "asyncflow.serve.mcp"])
-        given = Session([sys.executable, "-m", "asyncflow.serve.mcp", "--token", "s3cr3t-t0ken"])
-        wrong = Session([sys.executable, "-m", "asyncflow.serve.mcp", "--token", "nope"])
-        sessions += [bare, given, wrong]
-        for session in sessions:
-            session.start()
-        error, text = bare.call("status", source=url)
-        assert error and "answered 401" in text and "needs a token" in text, text
-        error, text = wrong.call("status", source=url)
-        assert error and "is not this endpoint's" in text, text
-        error, text = given.call("status", source=str(program.pid))
-        assert not error and text.startswith(f"guarded: pid {program.pid}, running"), text
+        # the tools in this process: the protocol around them is the other tests' subject
+        with pytest.raises(mcp.SourceError, match=r"answered 401: .*needs a token"):
+            mcp.Tools().status(url)
+        with pytest.raises(mcp.SourceError, match="is not this endpoint's"):
+            mcp.Tools(token="nope").status(url)
+        text = mcp.Tools(token="s3cr3t-t0ken").status(str(program.pid))
+        assert text.startswith(f"guarded: pid {program.pid}, running"), text
     finally:
-        for session in sessions:
-            session.close()
         assert program.stdin is not None and program.stdout is not None
         program.stdin.close()
         program.wait(TIMEOUT)
