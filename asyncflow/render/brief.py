@@ -172,7 +172,7 @@ def _edges(edges: Sequence[EdgeEntry]) -> str:
 def _channel(c: ChannelEntry) -> str:
     gone = " (gone)" if not c.alive else ""
     return (
-        f"{c.label}{gone} ({c.channel_type}, {c.kind}): {c.sent_count:,} sent, "
+        f"{c.label}{gone} ({c.kind}, {c.channel_type}): {c.sent_count:,} sent, "
         f"{c.received_count:,} received, {c.queue_size:,} queued now (max {c.max_queue_size:,}); "
         f"time in channel p50 {_p(c.delay_ns, 'p50')} p99 {_p(c.delay_ns, 'p99')} max "
         f"{format_duration(c.max_delay_ns)}; producers blocked "
@@ -255,7 +255,7 @@ def resources(doc: ResourcesDocument, limit: int) -> str:
 
 
 def _episode(e: BlockedEpisode) -> str:
-    frame = e.stack[-1] if e.stack else None
+    frame = e.stack[0] if e.stack else None  # the innermost: the line that held the loop
     at = f" at {_at(frame)} in {frame.function}" if frame is not None else ""
     code = f" `{frame.code.strip()}`" if frame is not None and frame.code else ""
     what = e.call.label if e.call is not None else (e.task or "untracked code")
@@ -273,7 +273,7 @@ def loop(doc: LoopDocument, limit: int) -> str:
     lines = [f"blocked means one step ran longer than {format_duration(doc.block_threshold_ns)}"]
     for entry in doc.loops:
         lines.append(
-            f"{entry.label} on {entry.thread} ({entry.state}): lag now "
+            f"loop {entry.id} on {entry.thread} ({entry.state}): lag now "
             f"{format_duration(entry.lag_now_ns)}, p50 {_p(entry.lag_ns, 'p50')}, p99 "
             f"{_p(entry.lag_ns, 'p99')}, max {format_duration(entry.max_lag_ns)}; "
             f"{counted(entry.tasks_alive, 'task')} alive; blocked {entry.blocked_count:,}x"
@@ -292,9 +292,13 @@ def loop(doc: LoopDocument, limit: int) -> str:
             )
         ]
         worst = entry.worst_episodes[:limit]
-        lines += [f"  worst: {_episode(e)}" for e in worst]
-        latest = [e for e in entry.episodes if e not in worst][:limit]
+        lines += [f"  longest: {_episode(e)}" for e in worst]
+        shown = {e.id for e in worst}
+        latest = [e for e in entry.episodes if e.id not in shown][:limit]
         lines += [f"  latest: {_episode(e)}" for e in latest]
+        more = entry.blocked_count - len(worst) - len(latest)
+        if more > 0:
+            lines.append(f"  ({counted(more, 'more episode')} left out)")
     return _text(lines)
 
 

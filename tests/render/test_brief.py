@@ -1,0 +1,77 @@
+"""The short texts ``asyncflow mcp``'s tools answer with: one line per entry, figures named in
+words, at most ``limit`` entries and a line saying how many were left out."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import asyncflow
+from asyncflow import schema
+from asyncflow.render import brief
+from tests.support.workload import workload
+
+
+def _blocker() -> None:
+    time.sleep(0.15)  # a blocking call on the loop: one episode past the 100 ms threshold
+
+
+async def _run() -> None:
+    with asyncflow.instrument_tasks():
+        await workload()
+        _blocker()
+        await asyncio.sleep(0)
+
+
+def _snapshot() -> schema.Snapshot:
+    with asyncflow.profile("brief", format="none", port="off") as prof:
+        asyncio.run(_run())
+        return prof.snapshot()
+
+
+def test_each_document_in_a_few_lines() -> None:
+    s = _snapshot()
+    futures = brief.futures(s.futures, 1).splitlines()
+    assert futures[0] == "2 futures, most busy first:"
+    assert futures[1].startswith(("consume: 1 call (1 returned, 0 raised, 0 cancelled; 0 live), "
+                                  "10 polls; busy ", "produce: 1 call (1 returned"))  # fmt: skip
+    assert " [tests.support.workload:" in futures[1]
+    assert futures[2:] == ["(1 more futures left out: call again with a larger limit than 1)"]
+
+    assert s.channels is not None
+    work = brief.channels(s.channels, 5).splitlines()[1]
+    assert work.startswith("work (gone) (asyncio.Queue, bounded[2]): 20 sent, 20 received, ")
+    assert work.endswith("senders: produce (20); receivers: consume (20)")
+
+    assert s.resources is not None
+    gate = brief.resources(s.resources, 5).splitlines()
+    assert gate[0] == "1 resource, most waited on first:"
+    assert gate[1].startswith("gate (asyncio.Lock at workload.py:"), gate
+    assert ": 1 acquired (0 after waiting); waits 0 (0 failed), " in gate[1]
+
+    assert s.loop is not None
+    loop = brief.loop(s.loop, 5)
+    assert loop.startswith("blocked means one step ran longer than 100 ms\nloop 1 on MainThread")
+    assert "blocked 1x" in loop
+    assert "  line test_brief.py:16 in _blocker `time.sleep(0.15)" in loop
+    assert "  longest: blocked " in loop and " at test_brief.py:16 in _blocker `" in loop
+
+    status = brief.status(s.status, "here").splitlines()
+    assert status[0].startswith(f"brief: pid {s.status.pid}, running, up ")
+    assert status[0].endswith("(read from here)")
+    assert status[1] == "tracks 2 futures (0 calls live), 2 channels, 1 stream"
+
+    warnings = brief.warnings(s.warnings, 5)
+    assert "WARNING loop-blocked (now) about line `test_brief.py:16`" in warnings
+    assert "\n  hint: " in warnings and "\n  evidence: loop_id=1, blocks=1, total " in warnings
+
+
+def test_empty_documents_say_so() -> None:
+    assert brief.warnings([], 5) == "no warnings: asyncflow found nothing wrong\n"
+    empty = schema.ChannelsDocument(schema.SCHEMA, 0, 0, 0, [])
+    assert brief.channels(empty, 5).startswith("no channels")
+    assert brief.executors(schema.ExecutorsDocument(schema.SCHEMA, []), 5).startswith("no exec")
+    assert brief.left_out(5, 5, "tasks", 5) == []
+    assert brief.left_out(5, 7, "tasks", 5) == [
+        "(2 more tasks left out: call again with a larger limit than 5)"
+    ]
