@@ -351,11 +351,7 @@ class Tools:
                 )
             return orjson.loads(body)
         except urllib.error.HTTPError as error:
-            with error:
-                try:
-                    message = orjson.loads(error.read())["error"]["message"]
-                except Exception:
-                    message = error.reason
+            message = _endpoint_said(error)
             hint = ""
             if error.code == 401 and sent:
                 hint = ": the token asyncflow mcp was given is not this endpoint's"
@@ -450,6 +446,17 @@ class Tools:
         said = " ".join((self.diff.__doc__ or "").split())
         tools.append((self.diff, f"{said} {_LIMIT}"))
         return [(tool, " ".join(text.split())) for tool, text in tools]
+
+
+def _endpoint_said(error: urllib.error.HTTPError) -> str:
+    """What an endpoint said of a request it refused: its JSON error's message (read up to
+    64 KiB: an error page of another server can be anything), else the HTTP reason."""
+    with error:
+        body = error.read(64 * 1024)
+    try:
+        return str(orjson.loads(body)["error"]["message"])
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        return str(error.reason)
 
 
 def bounded(text: str, most: int = MAX_CHARS) -> str:
