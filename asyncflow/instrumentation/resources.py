@@ -164,12 +164,15 @@ class ResourceStats:
         "hold_timed",
         "immediate",
         "last_hold",
+        "last_wait",
         "max_waiting",
         "next_hold",
+        "next_wait",
         "notifies",
         "passes",
         "resets",
         "sampled_hold",
+        "sampled_wait",
         "sets",
         "signal_count",
         "signal_log",
@@ -178,9 +181,11 @@ class ResourceStats:
         "wait_count",
         "wait_failed",
         "wait_hist",
+        "wait_interval",
         "wait_log",
         "wait_max",
         "wait_ns",
+        "wait_timed",
         "waiting",
         "woken",
     )
@@ -198,6 +203,15 @@ class ResourceStats:
         self.wait_ns = 0
         self.wait_max = 0
         self.wait_hist = new_histogram()
+        # A condition's wake-ups (a notify_all() herd wakes every waiter) are timed as holds
+        # are: every one while they are few, a sample when they come close together, each
+        # standing for those since the one before in the total, the histogram and the edges;
+        # every other wait, and every wait given up, is timed on its own.
+        self.wait_timed = 0  # waits timed on their own (in the histogram, each weighted)
+        self.sampled_wait = 0  # the waits ended that the weighted figures stand for
+        self.wait_interval = 1
+        self.next_wait = 1  # the wait count at which the next wake-up is timed
+        self.last_wait = 0  # when the last timed wake-up ended
         self.immediate = 0  # event waits that found it set: counted, not timed
         # event, condition (and barrier) waits that returned: each a task woken by a set, a
         # notify (or the last party); a condition's herd reads as woken per notify
@@ -242,8 +256,12 @@ _FOLD = Fold(
         # sampling state, and what is now (a gone one's holds are abandoned by _retire)
         "hold_interval",
         "last_hold",
+        "last_wait",
         "next_hold",
+        "next_wait",
         "sampled_hold",
+        "sampled_wait",
+        "wait_interval",
         "untracked",
         "waiting",
         # added by _merge
@@ -517,6 +535,8 @@ def _waited(
     spent = now - since
     bucket = SMALL_BUCKET[spent] if 0 <= spent < SMALL_LIMIT else bucket_of(spent)
     st.wait_count += 1
+    st.wait_timed += 1
+    st.sampled_wait += 1  # (timed on its own: no sampled wake-up stands for it)
     if outcome not in (ACQUIRED, WOKEN):
         st.wait_failed += 1
     st.wait_ns += spent
@@ -1113,15 +1133,19 @@ def _condition_hooks(obj: Any, record: ResourceRecord) -> None:
 
 
 async def _std_condition_wait(self: asyncio.Condition) -> Literal[True]:
-    """``wait`` of an ``asyncio.Condition``: timed in full (_timed_wait, written out: a
-    ``notify_all()`` herd runs it for every waiter, and a coroutine less is a third of its cost)."""
+    """``wait`` of an ``asyncio.Condition``: its wake-ups counted, a sample of them timed.
+
+    A ``notify_all()`` herd runs this for every waiter per notify, so it is written out (no
+    _timed_wait, _woken, _waited: a coroutine less is a third of its cost), and, as holds are,
+    a wake-up is timed only at the sampling interval: each timed one stands for those since the
+    one timed before (``sampled_wait``) in the total, the histogram and the edges, and the others
+    read the clock once, when they begin (a wait given up is timed on its own, see _waited).
+    """
     record: ResourceRecord | None = getattr(self, _LOCK_RECORD, None)
     if record is None or _session.active is None:
         return await _CONDITION_WAIT(self)
     try:
         since = _clock.now_ns()
-        # (a condition's wait runs in a task: the call polled on this thread now is its own)
-        call = _running_call_here()
         st = record.stats
         st.waiting = waiting = st.waiting + 1  # _wait_began, written out
         if waiting > st.max_waiting:
@@ -1132,35 +1156,52 @@ async def _std_condition_wait(self: asyncio.Condition) -> Literal[True]:
     try:
         result = await _CONDITION_WAIT(self)
     except BaseException as exc:
-        _wait_raised(record, since, call, exc)
+        # (a condition's wait runs in a task: the call polled on this thread now is its own)
+        _wait_raised(record, since, _running_call_here(), exc)
         raise
-    try:  # _woken and _waited, written out: a herd of N runs this N times per notify_all()
-        spent = _clock.now_ns() - since
+    try:
         st.woken += 1
         st.waiting -= 1
         st.wait_count = count = st.wait_count + 1
-        st.wait_ns += spent
-        st.wait_hist[SMALL_BUCKET[spent] if 0 <= spent < SMALL_LIMIT else bucket_of(spent)] += 1
-        if spent > st.wait_max:
-            st.wait_max = spent
-        if call is None:
-            fid = call_id = None
-        else:
-            fid, call_id = call.future.id, call.call_id
-        edge = st.edges.get(fid)
-        if edge is None:
-            edge = st.edges[fid] = ResourceEdge()
-        edge.wait_count += 1
-        edge.wait_ns += spent
-        if spent > edge.wait_max:
-            edge.wait_max = spent
-        log = st.wait_log
-        if log is None:
-            log = st.wait_log = deque(maxlen=RESOURCE_LOG_SIZE)
-        log.append((count - 1, since, spent, call_id, fid, WOKEN))
+        if count >= st.next_wait:
+            _wakeup_timed(st, since, count)
     except Exception as err:
         _broken("recording a wait", err)
     return result
+
+
+def _wakeup_timed(st: ResourceStats, since: int, count: int) -> None:
+    """Time a condition's wake-up that ended now (the ``count``-th wait), standing for the
+    wake-ups since the one timed before: into the totals, the histogram, its future's edge and
+    the log, each weighted (see _std_condition_wait)."""
+    now = _clock.now_ns()
+    spent = now - since
+    weight = count - st.sampled_wait
+    st.sampled_wait = count
+    st.wait_timed += 1
+    st.wait_ns += spent * weight
+    st.wait_hist[SMALL_BUCKET[spent] if 0 <= spent < SMALL_LIMIT else bucket_of(spent)] += weight
+    if spent > st.wait_max:
+        st.wait_max = spent
+    st.wait_interval = interval = _session.next_interval(st.wait_interval, now - st.last_wait)
+    st.last_wait = now
+    st.next_wait = count + interval
+    call = _running_call_here()  # the waiting task's own (see above)
+    if call is None:
+        fid = call_id = None
+    else:
+        fid, call_id = call.future.id, call.call_id
+    edge = st.edges.get(fid)
+    if edge is None:
+        edge = st.edges[fid] = ResourceEdge()
+    edge.wait_count += weight
+    edge.wait_ns += spent * weight
+    if spent > edge.wait_max:
+        edge.wait_max = spent
+    log = st.wait_log
+    if log is None:
+        log = st.wait_log = deque(maxlen=RESOURCE_LOG_SIZE)
+    log.append((count - 1, since, spent, call_id, fid, WOKEN))
 
 
 def _std_condition_notify(self: asyncio.Condition, n: int = 1) -> None:

@@ -66,3 +66,63 @@ async def test_an_event_set_again_does_not_ask_for_the_running_loop_again(
         assert record is not None
         assert (record.stats.sets, record.stats.clears) == (USES, USES)
     assert loop_reads[0] <= 1
+
+
+def _waiting(condition: asyncio.Condition) -> int:
+    """Tasks inside ``condition.wait()``, not notified yet."""
+    return sum(not w.done() for w in condition._waiters)
+
+
+#: waiters of the herd, and the items each notify_all() is for
+HERD, ITEMS = 20, 50
+
+
+async def test_a_herds_wakeups_are_each_counted_and_a_sample_timed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A notify_all() herd (issue 28) wakes every waiter per item: each wake-up is counted, and,
+    as holds are, only a sample of them is timed while they come close together, each standing
+    for the wake-ups since the one timed before. The clock is read once a wake-up (when its wait
+    began, for a wait given up), not twice, and the call waiting is asked for only when timed."""
+    reads = [0]
+    clock = asyncflow.clock.now_ns
+
+    def counting() -> int:
+        reads[0] += 1
+        return clock()
+
+    # (sampling as programs run it: the tests' profilers time everything)
+    with asyncflow.profile("cost", format="none", port=None, sampling="auto"):
+        condition = asyncflow.instrument_lock(asyncio.Condition(), name="wake-ups")
+        items: list[int] = []
+
+        async def consume() -> None:
+            while True:
+                async with condition:
+                    await condition.wait_for(lambda: bool(items))
+                    if items.pop() < 0:
+                        return
+
+        with anyio.fail_after(10):
+            tasks = [asyncio.create_task(consume()) for _ in range(HERD)]
+            monkeypatch.setattr(asyncflow.clock, "now_ns", counting)
+            for item in [*range(ITEMS), *[-1] * HERD]:
+                while items or _waiting(condition) < sum(not t.done() for t in tasks):
+                    await asyncio.sleep(0)
+                async with condition:
+                    items.append(item)
+                    condition.notify_all()
+            await asyncio.gather(*tasks)
+            monkeypatch.setattr(asyncflow.clock, "now_ns", clock)
+        record = resources.resource_of(condition)
+        assert record is not None
+        st = record.stats
+        woken = HERD * ITEMS + sum(range(1, HERD + 1))
+        assert st.woken == st.wait_count == woken and st.wait_failed == 0
+        # the timed wake-ups stand for every one up to the last timed, in every weighted figure
+        timed_for = sum(st.wait_hist.values())
+        assert timed_for == sum(e.wait_count for e in st.edges.values())
+        assert woken - 4096 < timed_for <= woken
+        assert 0 < st.wait_timed < woken / 4
+        assert len(st.wait_log or ()) == min(st.wait_timed, resources.RESOURCE_LOG_SIZE)
+    assert reads[0] < 1.5 * woken
