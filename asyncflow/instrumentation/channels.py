@@ -347,7 +347,7 @@ class ChannelRecord:
                 receiver = st.receivers[future_id] = Edge()
             receiver.count += weight
             st.last_receiver = future_id
-            sent_at, _, sender_id, sent_weight = sent
+            sent_at, sender_call, sender_id, sent_weight = sent
             delay = now - sent_at
             # one bucket for the channel and both its edges, weighted by what the send stands for
             bucket = SMALL_BUCKET[delay] if 0 <= delay < SMALL_LIMIT else bucket_of(delay)
@@ -367,8 +367,9 @@ class ChannelRecord:
                 sender.delay_hist[bucket] += sent_weight
             text = _message_repr(item) if self.log_messages else None
             st.received_log.append((received - 1, msg_id, now, call_id, future_id, delay, text))
+            sent_by = (sender_call, sender_id)
             _lineage.received(
-                st, self.id, msg_id, item, sent_at, sender_id, now, (call_id, future_id)
+                st, self.id, msg_id, item, sent_at, sent_by, now, (call_id, future_id)
             )
         except Exception as err:
             _session.internal_error("recording a channel receive", err)

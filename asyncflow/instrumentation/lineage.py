@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import threading
 from collections import deque
 from dataclasses import dataclass
@@ -35,13 +36,16 @@ __all__ = [
     "MAX_HOPS",
     "MAX_OPEN",
     "MAX_PATHS",
+    "RECENT_KEPT",
     "SLOWEST_KEPT",
+    "ChainReading",
     "HopReading",
     "MessageReading",
     "PathReading",
     "derive",
     "dropped",
     "paths",
+    "recent",
     "reset",
     "sizes",
 ]
@@ -68,15 +72,16 @@ class _Chain:
     """One sampled message's way so far: where it began and each channel it went through.
 
     ``hops`` holds per channel (channel id, receiver's future id, sent at, received at, stage
-    busy at the receive, stage time, stage busy): the last two are filled when the receiving
-    holder sends on (-1 until then).
+    busy at the receive, stage time, stage busy, receiver's call id): the stage's time and busy
+    part are filled when the receiving holder sends on (-1 until then).
     """
 
-    __slots__ = ("hops", "origin", "sent_ns")
+    __slots__ = ("hops", "origin", "origin_call", "sent_ns")
 
-    def __init__(self, origin: int | None, sent_ns: int) -> None:
+    def __init__(self, origin: int | None, sent_ns: int, origin_call: int | None) -> None:
         self.origin = origin
         self.sent_ns = sent_ns
+        self.origin_call = origin_call  # the call that sent it first (for the trace's arrows)
         self.hops: list[list[Any]] = []
 
 
@@ -161,7 +166,7 @@ def sent(stats: Any, channel_id: int, msg_id: int, item: Any, now: int, by: Any)
             # a stage whose input was not followed: its sends are the middle of a path
             chain = None
         else:
-            chain = _Chain(future_id, now)
+            chain = _Chain(future_id, now, call_id)
     outputs = _outputs.get(future_id)
     if outputs is None and len(_outputs) < MAX_OPEN:
         outputs = _outputs[future_id] = {}
@@ -179,7 +184,7 @@ def received(
     msg_id: int,
     item: Any,
     sent_at: int,
-    sender: int | None,
+    sender: tuple[int | None, int | None],
     now: int,
     by: Any,
 ) -> None:
@@ -194,22 +199,48 @@ def received(
     if _sent_items.get(id(item)) == (channel_id, msg_id):
         del _sent_items[id(item)]  # its id may be another message's soon
     if chain is None:
-        if sender is not None and sender in _receivers:
+        sender_call, sender_future = sender
+        if sender_future is not None and sender_future in _receivers:
             return  # the middle of a path whose beginning was not followed
-        chain = _Chain(sender, sent_at)
-    chain.hops.append([channel_id, future_id, sent_at, now, _busy_now(now), -1, -1])
+        chain = _Chain(sender_future, sent_at, sender_call)
+    chain.hops.append([channel_id, future_id, sent_at, now, _busy_now(now), -1, -1, call_id])
     oldest = _put(_open, holder, (chain, stats), MAX_OPEN)
     if oldest is not None:  # a holder that has not sent on for long: its message ends there
         _end(oldest[0])
     _put(_received_items, id(item), (holder, chain), MAX_ITEMS)
+    _stage(future_id)
+    # and its next receive: if it receives again before it sends, the message ends here
+    if stats.next_recv > stats.taken + 1:
+        stats.next_recv = stats.taken + 1
+
+
+def item(stream_id: int, item: Any, began: int, now: int) -> None:
+    """A timed item of a stream (``asyncflow.stream``), handed to its consumer, who waited for
+    it since ``began``: a message's way begins there (the stream is its source), and goes on
+    with the consumer's next send."""
+    r = _running_call()
+    call_id, future_id = (None, None) if r is None else (r.call_id, r.future.id)
+    holder = _holder(call_id)
+    previous = _open.pop(holder, None) if _open else None
+    if previous is not None:
+        _end(previous[0])
+    chain = _Chain(-stream_id, began, None)  # a stream's id, negative: not a future's
+    chain.hops.append([-stream_id, future_id, began, now, _busy_now(now), -1, -1, call_id])
+    oldest = _put(_open, holder, (chain, None), MAX_OPEN)
+    if oldest is not None:
+        _end(oldest[0])
+    _put(_received_items, id(item), (holder, chain), MAX_ITEMS)
+    _stage(future_id)
+
+
+def _stage(future_id: int | None) -> None:
+    """A stage received a followed message: its next send is timed (into the channels it sent
+    into before), so that the message's way goes on."""
     if future_id is not None and future_id not in _receivers and len(_receivers) < MAX_OPEN:
         _receivers.add(future_id)
-    # time the stage's next send (into the channels it sent into before) and its next receive
     for out in list(_outputs.get(future_id, {}).values()):
         if out.next_send > out.sent + 1:
             out.next_send = out.sent + 1
-    if stats.next_recv > stats.taken + 1:
-        stats.next_recv = stats.taken + 1
 
 
 def holding() -> bool:
@@ -338,8 +369,22 @@ class _Path:
         self.slowest: list[MessageReading] = []
 
 
+@dataclass(frozen=True, slots=True)
+class ChainReading:
+    """One message's whole way, for the trace's arrows: per channel (channel id, or minus a
+    stream's; sent at; received at; the receiving call's id)."""
+
+    seq: int
+    origin_call: int | None
+    hops: tuple[tuple[int, int, int, int | None], ...]
+
+
 _cold_lock = threading.Lock()
 _paths: dict[tuple[Any, ...], _Path] = {}
+#: the messages that ended lately, for the trace (which reads them at each tick)
+RECENT_KEPT = 1000
+_recent: deque[ChainReading] = deque(maxlen=RECENT_KEPT)
+_chain_seq = itertools.count(1)
 
 
 def _fold(chain: _Chain) -> None:
@@ -352,7 +397,7 @@ def _fold(chain: _Chain) -> None:
             return
         path = _paths[key] = _Path(len(hops))
     readings: list[HopReading] = []
-    for i, (channel_id, future_id, sent_at, received_at, _, _, busy_ns) in enumerate(hops):
+    for i, (channel_id, future_id, sent_at, received_at, _, _, busy_ns, _) in enumerate(hops):
         wait = max(0, received_at - sent_at)
         readings.append(HopReading(channel_id, None, wait))
         path.hop_sums[2 * i] += wait
@@ -362,6 +407,14 @@ def _fold(chain: _Chain) -> None:
             path.hop_sums[2 * i + 1] += stage
             path.busy_sums[2 * i + 1] += max(0, busy_ns)
     total = max(0, hops[-1][3] - chain.sent_ns)
+    if len(hops) > 1:  # (the trace draws a chain of one channel as the message's arrow)
+        _recent.append(
+            ChainReading(
+                next(_chain_seq),
+                chain.origin_call,
+                tuple((h[0], h[2], h[3], h[7]) for h in hops),
+            )
+        )
     path.messages += 1
     _record_ns(path.hist, total)
     if total > path.max_ns:
@@ -373,18 +426,31 @@ def _fold(chain: _Chain) -> None:
         del slowest[SLOWEST_KEPT:]
 
 
+def _drain() -> None:
+    """Fold the chains that ended into their paths (under ``_cold_lock``)."""
+    while _ended:
+        try:
+            chain = _ended.popleft()
+        except IndexError:
+            break
+        try:
+            _fold(chain)
+        except Exception as err:
+            _session.internal_error("folding a message's lineage", err)
+
+
+def recent(after: int) -> list[ChainReading]:
+    """The messages that went their whole way through two channels or more lately (the last
+    ``RECENT_KEPT``), numbered from 1 as they ended: those numbered past ``after``."""
+    with _cold_lock:
+        _drain()
+        return [c for c in _recent if c.seq > after]
+
+
 def paths() -> list[PathReading]:
     """Fold the chains that ended into their paths; every path's figures, most messages first."""
     with _cold_lock:
-        while _ended:
-            try:
-                chain = _ended.popleft()
-            except IndexError:
-                break
-            try:
-                _fold(chain)
-            except Exception as err:
-                _session.internal_error("folding a message's lineage", err)
+        _drain()
         out = [
             PathReading(
                 origin=key[0],
@@ -431,4 +497,5 @@ def reset() -> None:
         _receivers.clear()
         _ended.clear()
         _paths.clear()
+        _recent.clear()
         _dropped[0] = 0

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 from asyncflow import clock as _clock
 from asyncflow import config as _config
 from asyncflow.instrumentation import _session
+from asyncflow.instrumentation import lineage as _lineage
 from asyncflow.instrumentation._gone import AGGREGATES_KEPT, GONE_KEPT, Fold, GoneHistory, Watch
 from asyncflow.instrumentation.channels import _message_repr
 from asyncflow.instrumentation.futures import _normalize_throw
@@ -186,6 +187,8 @@ def _timed_item(it: _Iteration, item: Any) -> Any:
             st.wait_max = wait
         bucket = SMALL_BUCKET[wait] if 0 <= wait < SMALL_LIMIT else bucket_of(wait)
         st.wait_hist[bucket] += weight
+        if _session.active is not None:
+            _lineage.item(it.record.id, item, now - wait, now)
         text = _message_repr(item) if it.record.log_items else None
         log = st.log
         log.append((n - 1, now, wait, text))

@@ -13,7 +13,10 @@ track per task in it (the outermost tracked call of the task: the task's own cor
 whole-program mode), one track per loop for its blocked-loop episodes, and counter tracks for
 loop lag and queue depth. Every timed message becomes a flow arrow (``s`` then ``f``, keyed by
 channel and ``msg_id``) from the poll that sent it to the poll that received it, when both
-polls are still in the ring. The metadata says how many events the ring dropped.
+polls are still in the ring; and every sampled message followed through its stages (its
+lineage) one arrow chain (``s``, ``t`` at each stage's receive and send, ``f``), category
+``lineage``, through the polls of it still in the ring. The metadata says how many events the
+ring dropped.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from asyncflow._version import __version__
 from asyncflow.instrumentation import _session
 from asyncflow.model import read
 from asyncflow.schema import fit_text
+from asyncflow.views.lineage import recent_chains
 
 if TYPE_CHECKING:
     from asyncflow.model.collector import Collector
@@ -52,6 +56,9 @@ _MESSAGE = "message"
 _EPISODE = "blocked"
 _DEPTH = "depth"
 _LAG = "lag"
+_CHAIN = "lineage"
+#: a lineage chain's flow id: past every message arrow's (channel ids stay below 2**20)
+_CHAIN_IDS = 1 << 52
 
 #: process ids of the file: counters of channels first, then one per thread
 _CHANNELS_PID = 1
@@ -111,6 +118,7 @@ class TraceRecorder:
         self.polls = False
         self._cursors: dict[int, _Cursor] = {}
         self._loops: dict[int, tuple[int, int]] = {}  # loop id -> (last episode id, heartbeats)
+        self._chains = 0  # the number of the last lineage chain read
         self.lost = _Figures()
 
     # -- lifecycle (the profiler's start and stop) ---------------------------------------------
@@ -149,6 +157,10 @@ class TraceRecorder:
         if now is None:
             now = clock.now_ns()
         self._messages(now)
+        for chain in recent_chains(self._chains):
+            self._chains = chain.seq
+            if len(chain.hops) > 1:  # one channel: the message's own arrow says it all
+                self._append(_CHAIN, chain.seq, chain.origin_call, chain.hops)
         self._loop_events(now)
         names = self.names
         if len(names) > self.capacity + _NAMES_SLACK:
@@ -300,6 +312,8 @@ class _Builder:
         self._loops_by_thread: dict[int, read.LoopIdentity] = {}
         self.flows = 0
         self.flows_unbound = 0
+        self.chains = 0
+        self.chains_unbound = 0
 
     def build(self) -> bytes:
         recorder = self.recorder
@@ -320,6 +334,8 @@ class _Builder:
             kind = e[0]
             if kind == _MESSAGE:
                 self._message(e, by_call)
+            elif kind == _CHAIN:
+                self._chain(e, by_call)
             elif kind == _EPISODE:
                 self._episode(e[2], e[3], e[4], e[5], e[6:])
             elif kind == _DEPTH:
@@ -345,6 +361,8 @@ class _Builder:
                 "polls_recorded": recorder.polls,
                 "flows": self.flows,
                 "flows_unbound": self.flows_unbound,
+                "lineage_chains": self.chains,
+                "lineage_chains_unbound": self.chains_unbound,
                 "messages_missed": lost.messages_missed,
                 "sends_forgotten": lost.sends_forgotten,
             }
@@ -528,6 +546,42 @@ class _Builder:
                 "args": {**args, "delay_ns": received_at - sent_at},
             },
         )
+
+    def _chain(self, e: tuple[Any, ...], by_call: dict[int, _Track]) -> None:
+        """One sampled message's way as one arrow chain: its first send, then each stage's
+        receive and send, to its last receive; the points whose polls left the ring are left
+        out (fewer than two: no chain)."""
+        _, _, seq, origin_call, hops = e
+        points: list[tuple[int, int | None]] = []
+        sender = origin_call
+        for _, sent_at, received_at, receiver in hops:
+            points += [(sent_at, sender), (received_at, receiver)]
+            sender = receiver
+        bound = []
+        for at, call in points:
+            track = by_call.get(call) if call is not None else None
+            if track is not None and track.covers(at):
+                bound.append((at, track))
+        if len(bound) < 2:
+            self.chains_unbound += 1
+            return
+        self.chains += 1
+        args = {"channels": len(hops), "sampled_message": seq}
+        for i, (at, track) in enumerate(bound):
+            phase = "s" if i == 0 else "f" if i == len(bound) - 1 else "t"
+            event = {
+                "name": "lineage",
+                "cat": "lineage",
+                "ph": phase,
+                "ts": _us(at - self.origin),
+                "pid": track.pid,
+                "tid": track.tid,
+                "id": _CHAIN_IDS + seq,
+                "args": args,
+            }
+            if phase != "s":
+                event["bp"] = "e"
+            self._event(at - self.origin, event)
 
     def _loop_track(self, thread: int, loop_id: int) -> tuple[int, int]:
         pid = self._pid(thread)

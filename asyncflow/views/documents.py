@@ -533,6 +533,7 @@ def flow(collector: Collector) -> FlowDocument:
             edges.append(_flow_edge(key, future_node(fid), e, counts.get(fid, e.count), qs))
     names = {n.id: n.label for n in nodes.values()}
     chans = {int(k.split(":")[1]): v for k, v in names.items() if k.startswith("channel:")}
+    chans.update((-int(k.split(":")[1]), v) for k, v in names.items() if k.startswith("stream:"))
     paths = lineage_views.lineage_paths(labels, chans, qs)
     return FlowDocument(
         schema=SCHEMA,
@@ -797,7 +798,8 @@ def _warnings(
         unretrieved=_unretrieved(collector),
         paths=lineage_views.lineage_paths(
             _labels(collector),
-            {c.id: c.label for c in channel_registry()},
+            {c.id: c.label for c in channel_registry()}
+            | {-r.id: r.label for r in stream_registry()},
             collector.options.percentiles,
         ),
     )

@@ -6,9 +6,10 @@ from collections.abc import Mapping, Sequence
 
 from asyncflow import stats
 from asyncflow.instrumentation import lineage as _lineage
+from asyncflow.instrumentation.lineage import ChainReading
 from asyncflow.schema import LineageHop, LineageMessage, LineagePath
 
-__all__ = ["dominant_hop", "dropped", "lineage_paths"]
+__all__ = ["ChainReading", "dominant_hop", "dropped", "lineage_paths", "recent_chains"]
 
 #: paths listed at most (the most followed first)
 PATHS_SHOWN = 50
@@ -21,12 +22,14 @@ def lineage_paths(
 
     Args:
         futures: future id -> label (None: code outside any tracked call).
-        channels: channel id -> label.
+        channels: channel id -> label, and minus a stream's id -> the stream's label.
         qs: the percentiles to give.
     """
     out: list[LineagePath] = []
     for p in _lineage.paths()[:PATHS_SHOWN]:
-        names = [futures.get(p.origin, "?")] + [futures.get(f, "?") for f in p.stages]
+        # a negative origin is a stream's (its items begin the way), named like a channel
+        origin = channels.get(p.origin, "?") if p.origin is not None and p.origin < 0 else None
+        names = [origin or futures.get(p.origin, "?")] + [futures.get(f, "?") for f in p.stages]
         chans = [channels.get(c, f"channel {c}") for c in p.channels]
         n = max(1, p.messages)
 
@@ -62,6 +65,12 @@ def lineage_paths(
             )
         )
     return out
+
+
+def recent_chains(after: int) -> list[ChainReading]:
+    """The sampled messages that went their whole way lately, numbered past ``after`` (for the
+    trace's arrow chains)."""
+    return _lineage.recent(after)
 
 
 def dropped() -> int:

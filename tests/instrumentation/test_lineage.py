@@ -153,3 +153,36 @@ async def test_the_tables_stay_bounded(prof: asyncflow.Profiler) -> None:
     snap = prof.snapshot()
     assert lineage.sizes()["paths"] <= lineage.MAX_PATHS
     assert snap.flow is not None and snap.flow.lineage_dropped > 0
+
+
+async def test_a_streams_items_begin_a_way(prof: asyncflow.Profiler) -> None:
+    """An ``asyncflow.stream``'s item, sent on by its consumer: the stream is the path's source,
+    and the time its consumer waited for the item is the first hop."""
+    out = asyncflow.instrument_queue(asyncio.Queue[int](), name="out")
+
+    @asyncflow.stream(name="numbers")
+    async def numbers() -> Any:
+        for i in range(MESSAGES):
+            await asyncio.sleep(0.002)
+            yield i
+
+    @asyncflow.future(name="double")
+    async def double() -> None:
+        async for i in numbers():
+            await out.put(2 * i)
+        await out.put(-1)
+
+    @asyncflow.future(name="sink")
+    async def sink() -> list[int]:
+        got = []
+        while (i := await out.get()) >= 0:
+            got.append(i)
+        return got
+
+    with anyio.fail_after(10):
+        _, got = await asyncio.gather(double(), sink())
+    assert got == [2 * i for i in range(MESSAGES)]
+    path = _paths(prof.snapshot())["numbers → double → sink"]
+    assert path.channels == ["numbers", "out"]
+    assert path.messages >= MESSAGES - 2
+    assert path.slowest[0].hops[0].duration_ns >= 1_000_000  # it waited for the item's sleep

@@ -40,7 +40,7 @@ def check_format(document: dict[str, Any]) -> list[Event]:
     document = orjson.loads(trace.render(document))  # what a viewer reads
     events: list[Event] = document["traceEvents"]
     assert isinstance(events, list) and events
-    known = {"X", "B", "E", "s", "f", "C", "M"}
+    known = {"X", "B", "E", "s", "t", "f", "C", "M"}
     assert {e["ph"] for e in events} <= known
     last: dict[tuple[int, int], float] = {}
     open_slices: dict[tuple[int, int], list[str]] = defaultdict(list)
@@ -84,11 +84,15 @@ def check_format(document: dict[str, Any]) -> list[Event]:
             assert not stack or ends <= stack[-1], f"slices overlap on {track}"
             stack.append(ends)
     for ident, pair in flows.items():
-        assert [e["ph"] for e in pair] in (["s", "f"],), f"flow {ident}: {pair}"
-        start, finish = pair
-        assert (start["cat"], start["name"]) == (finish["cat"], finish["name"])
-        assert start["ts"] <= finish["ts"]
-        assert finish.get("bp") == "e"
+        # a message's arrow: s then f; a lineage chain: s, a t at each stage's receive and
+        # send, then f
+        phases = [e["ph"] for e in pair]
+        assert phases[0] == "s" and phases[-1] == "f", f"flow {ident}: {pair}"
+        assert set(phases[1:-1]) <= {"t"}, f"flow {ident}: {pair}"
+        start = pair[0]
+        assert all((start["cat"], start["name"]) == (e["cat"], e["name"]) for e in pair)
+        assert [e["ts"] for e in pair] == sorted(e["ts"] for e in pair)
+        assert all(e.get("bp") == "e" for e in pair[1:])
         for point in pair:
             spans = slices[(point["pid"], point["tid"])]
             at = round(point["ts"] * 1000)
@@ -99,8 +103,10 @@ def check_format(document: dict[str, Any]) -> list[Event]:
 
 
 def flows_of(events: list[Event]) -> list[tuple[Event, Event]]:
-    starts = {e["id"]: e for e in events if e["ph"] == "s"}
-    return [(starts[e["id"]], e) for e in events if e["ph"] == "f"]
+    """The messages' arrows (not the lineage's chains): (start, finish)."""
+    messages = [e for e in events if e.get("cat") == "message"]
+    starts = {e["id"]: e for e in messages if e["ph"] == "s"}
+    return [(starts[e["id"]], e) for e in messages if e["ph"] == "f"]
 
 
 def track_names(events: list[Event]) -> dict[tuple[int, int], str]:
@@ -575,3 +581,59 @@ def test_polls_are_written_exactly_whatever_their_names(fake_clock: FakeClock) -
         (-2.5, 1.001, "raised"),
         (polls[1]["ts"], 0.001, "returned"),
     ]
+
+
+def test_a_sampled_message_through_two_stages_is_one_arrow_chain(fake_clock: FakeClock) -> None:
+    """src -> raw -> stage -> cooked -> sink: each message's way is one chain of arrows, from
+    src's send through stage's receive and send to sink's receive, on their tracks."""
+    with asyncflow.profile("trace", format="none", port=None, trace=True) as prof:
+
+        async def main() -> None:
+            handle = asyncflow.instrument_tasks()
+            try:
+                raw = asyncflow.instrument_queue(asyncio.Queue[int](), name="raw")
+                cooked = asyncflow.instrument_queue(asyncio.Queue[int](), name="cooked")
+
+                async def src() -> None:
+                    for i in range(3):
+                        fake_clock.advance(1_000)
+                        raw.put_nowait(i)
+                        await asyncio.sleep(0)
+                    raw.put_nowait(-1)
+
+                async def stage() -> None:
+                    while (i := await raw.get()) >= 0:
+                        fake_clock.advance(2_000)
+                        cooked.put_nowait(i)
+                    cooked.put_nowait(-1)
+
+                async def sink() -> None:
+                    while await cooked.get() >= 0:
+                        fake_clock.advance(500)
+
+                await asyncio.gather(
+                    asyncio.create_task(src()),
+                    asyncio.create_task(stage()),
+                    asyncio.create_task(sink()),
+                )
+            finally:
+                handle.undo()
+
+        asyncio.run(main())
+        document = prof.trace()
+    events = check_format(document)
+    chains: dict[int, list[Event]] = defaultdict(list)
+    for e in events:
+        if e.get("cat") == "lineage":
+            chains[e["id"]].append(e)
+    assert len(chains) >= 3  # the three messages (and the -1 that ends them)
+    names = track_names(events)
+    for chain in chains.values():
+        assert [e["ph"] for e in chain] == ["s", "t", "t", "f"]
+        where = [names[(e["pid"], e["tid"])] for e in chain]
+        assert "src" in where[0] and "stage" in where[1] and "stage" in where[2]
+        assert "sink" in where[3]
+        # the stage's receive, then its send 2 µs of its poll later
+        assert chain[2]["ts"] - chain[1]["ts"] == 2.0
+    meta = document["metadata"]["asyncflow"]
+    assert meta["lineage_chains"] == len(chains) and meta["lineage_chains_unbound"] == 0

@@ -68,8 +68,9 @@ def _path(snap: Snapshot) -> LineagePath:
     return paths[0]
 
 
-def _findings(snap: Snapshot) -> list[Finding]:
-    return lints.evaluate(lints.documents_of(snap), Thresholds())
+def _findings(snap: Snapshot, lag_factor: int = 4) -> list[Finding]:
+    """The findings, with the loop-lag factor of the defaults (4) unless told."""
+    return lints.evaluate(lints.documents_of(snap), Thresholds(tail_lag_factor=lag_factor))
 
 
 async def test_the_slow_stage_is_named_as_the_tails_hop(prof: asyncflow.Profiler) -> None:
@@ -89,7 +90,11 @@ async def test_the_slow_stage_is_named_as_the_tails_hop(prof: asyncflow.Profiler
         "enriched",
     ]
     assert sum(h.duration_ns for h in slowest.hops) == slowest.end_to_end_ns
-    (finding,) = [f for f in _findings(snap) if f.kind == "slow-path"]
+    # On real time a loaded machine's loop lag could explain the planted tail away (as it
+    # should in a service): judged here as if the loop were on time
+    found = [f for f in _findings(snap, lag_factor=0) if f.kind == "slow-path"]
+    assert len(found) == 1, (path, found)
+    finding = found[0]
     assert finding.severity == "warning"
     assert finding.subject.label == "src → parse → enrich → sink"
     # the slow message's own stage (hop 3), or the input queue the messages behind it wait in
@@ -113,7 +118,7 @@ async def test_a_healthy_pipeline_has_paths_and_no_slow_path_finding(
     snap = prof.snapshot()
     path = _path(snap)
     assert path.messages >= MESSAGES - 1
-    assert [f for f in _findings(snap) if f.kind == "slow-path"] == []
+    assert [f for f in _findings(snap) if f.kind == "slow-path"] == [], path
 
 
 async def test_a_snapshot_on_file_keeps_the_paths(prof: asyncflow.Profiler) -> None:
