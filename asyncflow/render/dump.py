@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from asyncflow.render.report import counted, stuck_lines
+from asyncflow.render.report import _path, counted, stuck_lines
 from asyncflow.schema import AwaitFrame, GraphDocument, TaskEntry, TasksDocument
 
 __all__ = ["DumpDocument", "render_dump"]
@@ -37,7 +37,8 @@ class DumpDocument:
 
 
 def _at(frame: AwaitFrame | None) -> str:
-    return f" at {frame.file}:{frame.line}" if frame is not None else ""
+    # (the file as the report says it: relative to the working directory, under it)
+    return f" at {_path(frame.file)}:{frame.line}" if frame is not None else ""
 
 
 def _task_line(task: TaskEntry) -> str:
