@@ -43,8 +43,10 @@ if TYPE_CHECKING:
 __all__ = [
     "BIG",
     "COST_SHARE",
+    "FIRST_WALK",
     "IDLE_SHARE",
     "MAGIC",
+    "READ_SHARE",
     "RECORD_INTERVAL_NS",
     "TICK_LOGS",
     "VERSION",
@@ -70,6 +72,13 @@ IDLE_SHARE = 0.01
 BIG = frozenset(
     {"future_logs", "channel_logs", "stream_logs", "resource_logs", "tasks", "graph", "threads"}
 )
+#: the sections a moment may take from the reading of the tasks before it
+_READ = frozenset({"tasks", "graph"})
+#: the tasks are read again for a moment once their last reading took at most this share of
+#: the time since (1%: the endpoint's rule for what a document may cost the program)
+READ_SHARE = 0.01
+#: tasks the first moment's reading walks at most (later ones: ``wait_views.WALK_MOST``)
+FIRST_WALK = 1_000
 #: the newest entries of each log a tick records (the end state records them all)
 TICK_LOGS = 10
 #: the share of the budget kept for the end state
@@ -107,6 +116,15 @@ class Recorder:
         self._failed = False
         #: no more ticks: only the end state's reserve is left
         self.full = False
+        #: the tasks and the wait-for graph as read lately, when (the collector's clock), and
+        #: what reading and building them took (the loops' slices and this thread's CPU)
+        self._tasks_graph: tuple[schema.TasksDocument, schema.GraphDocument] | None = None
+        self._tasks_at_ns = 0
+        self._tasks_cost_ns = 0
+        #: readings of the tasks made (a moment between them reuses the last one), and what
+        #: they took in all (the loops' slices and this thread's CPU; apart from ``spent_ns``)
+        self.readings = 0
+        self.read_ns = 0
 
     def open(self) -> None:
         """Create the file and write its header (in ``start()``: a bad path fails there)."""
@@ -150,16 +168,14 @@ class Recorder:
         if self.spent_ns > allowed:
             return
         share = self._share()
-        from asyncflow.views import documents as views
-
-        began = time.thread_time_ns()
+        began, read_before = time.thread_time_ns(), self.read_ns
         try:
-            snapshot = views.snapshot(self.collector, logs_limit=TICK_LOGS)
+            snapshot, older = self._snapshot(now)
             # Detail before time: the big sections every tick, then every 5th, then never;
             # past half the ticks themselves thin out, and stop where the reserve begins.
             big = share < 0.25 or (share < 0.5 and self.ticks % 5 == 0)
             written = dict(self._last)
-            line = self._line(now, snapshot, big=big, final=False)
+            line = self._line(now, snapshot, big=big, final=False, older=older)
             if share >= 0.5 and not self._fits(line, self.budget * (1 - _RESERVE) - self.used):
                 self._last, self.full = written, True
                 return
@@ -170,10 +186,39 @@ class Recorder:
             self._failed = True  # turned off once; the program never sees it
             _session.internal_error("recording", exc)
             return
-        self.spent_ns += time.thread_time_ns() - began
+        # (the reading of the tasks is held to its own share: READ_SHARE)
+        self.spent_ns += time.thread_time_ns() - began - (self.read_ns - read_before)
         slower = 1 if share < 0.5 else 2 if share < 0.75 else 4
         self.interval_ns = RECORD_INTERVAL_NS * slower
         self._next_ns = now + self.interval_ns
+
+    def _snapshot(self, now: int) -> tuple[schema.Snapshot, bool]:
+        """The documents at this moment, and whether its tasks and graph are older: those
+        read lately serve the moments after them until reading them again fits in
+        ``READ_SHARE`` of the time since (reading 10,000 tasks and building their graph takes
+        some 0.3 s, the GIL held and the program's loop running the walk's slices: read at
+        every moment, a program of many tasks lost a sixth of its loop's turns). The first
+        reading walks at most ``FIRST_WALK`` tasks: what one costs is not known yet."""
+        from asyncflow.views import documents as views
+        from asyncflow.views import wait_views
+
+        held = self._tasks_graph
+        if held is not None and (now - self._tasks_at_ns) * READ_SHARE < self._tasks_cost_ns:
+            snapshot = views.snapshot(self.collector, logs_limit=TICK_LOGS, tasks_graph=held)
+            return snapshot, True
+        began = time.thread_time_ns()
+        responsive = wait_views.responsive_loops(self.collector.monitor, now)
+        most = FIRST_WALK if held is None else wait_views.WALK_MOST
+        reading = wait_views.read_tasks(responsive, most=most)
+        loops_ns = reading.spent_ns - (time.thread_time_ns() - began)  # (its slices)
+        snapshot = views.snapshot(self.collector, logs_limit=TICK_LOGS, reading=reading)
+        self.readings += 1
+        tasks, graph = snapshot.tasks, snapshot.graph
+        self._tasks_graph = (tasks, graph) if tasks is not None and graph is not None else None
+        self._tasks_at_ns = now
+        self._tasks_cost_ns = max(0, loops_ns) + time.thread_time_ns() - began
+        self.read_ns += self._tasks_cost_ns
+        return snapshot, False
 
     def finish(self, final: schema.Snapshot) -> None:
         """Write the end state and close the file (the profiler stops; idempotent)."""
@@ -216,12 +261,18 @@ class Recorder:
         big: bool,
         final: bool,
         only: tuple[str, ...] | str | None = None,
+        older: bool = False,
     ) -> bytes:
         """One line: the sections that changed since they were last written (of ``only``'s,
-        if it is a tuple)."""
+        if it is a tuple); with ``older``, the tasks and the graph are as read before the
+        moment, and named so (thin, as the budget's are)."""
         parts, thin = [], []
         for name in _SECTIONS:
-            if (name in BIG and not big) or (isinstance(only, tuple) and name not in only):
+            if (
+                (name in BIG and not big)
+                or (isinstance(only, tuple) and name not in only)
+                or (older and name in _READ)
+            ):
                 thin.append(b'"%s"' % name.encode())
                 continue
             data = schema.dumps(getattr(snapshot, name))

@@ -726,6 +726,7 @@ def snapshot(
     waiting_thread: int | None = None,
     logs_limit: int | None = None,
     reading: wait_views.TaskReading | None = None,
+    tasks_graph: tuple[TasksDocument, GraphDocument] | None = None,
 ) -> Snapshot:
     """Every document at once, as of now (drain first for an up-to-date picture).
 
@@ -734,6 +735,8 @@ def snapshot(
             of that thread cannot run a callback now, so its tasks are read from here.
         logs_limit: the newest entries kept in each log (a recording's tick); None: all.
         reading: the tasks as read lately (the endpoint's), instead of reading them now.
+        tasks_graph: the tasks and the wait-for graph as built lately (a recording's moment
+            between its rebuilds), instead of building them.
     """
     now = clock.now_ns()
     origin = collector.session.start_ns
@@ -743,7 +746,7 @@ def snapshot(
     loop = loop_document(collector, now)
     executors = wait_views.executors_document(collector.options.percentiles, by_id.values())
     resources = resource_views.resources_document(collector, now)
-    tasks, graph = _tasks_and_graph(
+    tasks, graph = tasks_graph or _tasks_and_graph(
         collector, now, resources, channels, SNAPSHOT_TASKS, waiting_thread, reading=reading
     )
     warnings = _warnings(collector, now, futures, channels, loop, executors, resources, graph)
