@@ -239,6 +239,11 @@ def test_tools_read_a_running_program_by_pid_and_by_url(
         error, text = server.call(tool, source=str(pid))
         assert not error and text, (tool, text)
 
+    error, same = server.call("diff", base=str(pid), new=url)  # its state now, twice
+    assert not error, same
+    assert same.startswith(f"base: {pid} (deadlock, "), same
+    assert f"\nnew: {url} (deadlock, " in same
+
 
 def test_a_bad_source_is_the_tools_error_and_the_server_goes_on(
     server: Session, tmp_path: Path
