@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import concurrent.futures
 import functools
 import logging
 import os
@@ -31,7 +32,7 @@ import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from asyncflow import config, schema
 from asyncflow.errors import AsyncflowError
@@ -40,7 +41,7 @@ from asyncflow.profiler import Profiler, _ProfilerLoop, active_profiler, profile
 from asyncflow.serve import control, registry
 
 if TYPE_CHECKING:
-    from asyncflow.render.dump import DumpDocument
+    from asyncflow.render.dump import DumpDocument, HeldBy
     from asyncflow.serve.registry import Registration
 
 __all__ = ["Parts", "arm", "armed", "disarm"]
@@ -302,7 +303,22 @@ class _Armed:
             waits=reading.waits,
             walked=len(entries),
         )
-        return DumpDocument(schema.SCHEMA, self.pid, self.name, state, url, tasks, graph)
+        held_by = self._held_by()
+        return DumpDocument(schema.SCHEMA, self.pid, self.name, state, url, tasks, graph, held_by)
+
+    def _held_by(self) -> list[HeldBy]:
+        """Who holds the plain locks, semaphores and conditions, loop by loop (on each loop's
+        thread when it answers in time; from outside when it is blocked)."""
+        from asyncflow.model.waits import holders
+        from asyncflow.render.dump import HeldBy
+
+        found: list[HeldBy] = []
+        for loop in self._live_loops():
+            tasks = list(_all_tasks(loop))
+            held = _on_loop(loop, functools.partial(holders, tasks))
+            for target, by in held.items():
+                found += [HeldBy(target, name, where) for name, where in by]
+        return found
 
 
 def _always(record: Any) -> bool:
@@ -322,6 +338,34 @@ def _all_tasks(loop: asyncio.AbstractEventLoop) -> set[asyncio.Task[Any]]:
         except RuntimeError:  # the task set changed size under another thread
             continue
     return set()
+
+
+#: how long a dump waits for a loop to read who holds what on its own thread
+HELD_TIMEOUT = 0.25
+_T = TypeVar("_T")
+
+
+def _on_loop(loop: asyncio.AbstractEventLoop, read: Callable[[], _T]) -> _T:
+    """``read()`` on the loop's thread when it runs and answers within :data:`HELD_TIMEOUT`;
+    else here (a blocked or stopped loop changes nothing meanwhile, or little)."""
+    if not loop.is_running():
+        return read()
+    done: concurrent.futures.Future[_T] = concurrent.futures.Future()
+
+    def run() -> None:
+        if done.set_running_or_notify_cancel():
+            try:
+                done.set_result(read())
+            except BaseException as exc:
+                done.set_exception(exc)
+
+    try:
+        loop.call_soon_threadsafe(run)
+        return done.result(HELD_TIMEOUT)
+    except (concurrent.futures.TimeoutError, RuntimeError):
+        if done.cancel():  # it did not start: read it from here
+            return read()
+        return done.result(HELD_TIMEOUT)
 
 
 def _adopt_on_loop(loop: asyncio.AbstractEventLoop, done: threading.Event) -> None:

@@ -47,6 +47,7 @@ __all__ = [
     "SlicedWalk",
     "TaskWalk",
     "describe_future",
+    "holders",
     "is_asyncflow_file",
     "is_library_file",
     "loop_tasks",
@@ -620,6 +621,43 @@ def walk_task(
     if type(coro) is InstrumentedCoroutine:
         parent_call = getattr(coro._r, "parent_call", 0) or 0
     return TaskWalk(entry, where, key, parent_call)
+
+
+#: the primitives whose holder an ``async with`` block names (a condition holds its lock)
+_HELD_WITH = (asyncio.Lock, asyncio.Semaphore, asyncio.Condition)
+
+
+def holders(tasks: Iterable[asyncio.Task[Any]]) -> dict[str, list[tuple[str, schema.AwaitFrame]]]:
+    """Who holds each asyncio lock, semaphore and condition taken with ``async with`` by a
+    task now suspended inside the block, by the words a wait on it ends with when asyncflow
+    does not instrument it (``Lock at 0x7f…``): [(the task's name, its frame in the block)].
+
+    asyncio does not record a plain lock's holder; the block's bound ``__aexit__``, on the
+    suspended frame's stack, names it (read from the coroutine's references, never its
+    locals). A lock taken by ``await lock.acquire()`` is not found. Read it as
+    :func:`walk_loop` is read: on the loop's thread, or a blocked loop's from outside.
+    """
+    found: dict[str, list[tuple[str, schema.AwaitFrame]]] = {}
+    for task in tasks:
+        if task.done():
+            continue
+        frames, owners, _, _ = _chain(task)
+        # (the block's __aexit__ is on the stack while its __aenter__ waits too: a task that
+        # waits to take a primitive does not hold it)
+        taking = {
+            id(_self_of(owner, frame.f_code))
+            for frame, owner in zip(frames, owners, strict=True)
+            if frame.f_code.co_name in ("acquire", "__aenter__")
+        }
+        for frame, owner in zip(frames, owners, strict=True):
+            for obj in _all_held(owner):
+                held = getattr(obj, "__self__", None)
+                if id(held) in taking:
+                    continue
+                if getattr(obj, "__name__", None) == "__aexit__" and isinstance(held, _HELD_WITH):
+                    words = f"{type(held).__qualname__} at 0x{id(held):x}"
+                    found.setdefault(words, []).append((task.get_name(), _frame_entry(frame)))
+    return found
 
 
 def _created_at(coro: Any) -> schema.AwaitFrame | None:

@@ -8,12 +8,25 @@ thread; the text is one line per task, then the report's stuck-tasks section
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from asyncflow.render.report import _path, counted, stuck_lines
 from asyncflow.schema import AwaitFrame, GraphDocument, TaskEntry, TasksDocument
 
-__all__ = ["DumpDocument", "render_dump"]
+__all__ = ["DumpDocument", "HeldBy", "render_dump"]
+
+
+@dataclass(frozen=True, slots=True)
+class HeldBy:
+    """A task that holds a lock, semaphore or condition asyncflow does not instrument (made
+    before an attach, or while armed): it took it with ``async with`` and waits in the block."""
+
+    #: the primitive, as a wait on it ends: ``Lock at 0x7f…``
+    target: str
+    #: the task that holds it
+    task: str
+    #: its frame inside the ``async with`` block
+    where: AwaitFrame
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +47,9 @@ class DumpDocument:
     tasks: TasksDocument
     #: the wait-for graph of those tasks: who waits on what, who holds it, the deadlocks
     graph: GraphDocument
+    #: who holds the locks, semaphores and conditions asyncflow does not instrument (the
+    #: graph knows only the holders of those it does)
+    held_by: list[HeldBy] = field(default_factory=list)
 
 
 def _at(frame: AwaitFrame | None) -> str:
@@ -41,8 +57,13 @@ def _at(frame: AwaitFrame | None) -> str:
     return f" at {_path(frame.file)}:{frame.line}" if frame is not None else ""
 
 
-def _task_line(task: TaskEntry) -> str:
-    what = f" on {task.waits_on.description}" if task.waits_on is not None else ""
+def _task_line(task: TaskEntry, held_by: dict[str, list[HeldBy]]) -> str:
+    what = ""
+    if task.waits_on is not None:
+        what = f" on {task.waits_on.description}"
+        holders = next((h for t, h in held_by.items() if what.endswith(t)), [])
+        if holders:
+            what += ", held by " + ", ".join(f"{h.task} ({_at(h.where)[1:]})" for h in holders)
     tracked = f", call {task.call_id} of {task.future_label}" if task.call_id is not None else ""
     return f"  {task.name} ({task.coroutine}{tracked}) {task.state}{_at(task.where)}{what}"
 
@@ -59,7 +80,10 @@ def render_dump(document: DumpDocument, limit: int = 0) -> str:
         f"{counted(tasks.total, 'live task')}{of}"
     ]
     shown = tasks.tasks if limit == 0 else tasks.tasks[:limit]
-    lines += [_task_line(t) for t in shown]
+    held_by: dict[str, list[HeldBy]] = {}
+    for h in document.held_by:
+        held_by.setdefault(h.target, []).append(h)
+    lines += [_task_line(t, held_by) for t in shown]
     if len(shown) < len(tasks.tasks):
         lines.append(f"  ... and {len(tasks.tasks) - len(shown):,} more (--limit 0 lists all)")
     if not tasks.consistent:
