@@ -125,6 +125,7 @@ class Recorder:
         #: they took in all (the loops' slices and this thread's CPU; apart from ``spent_ns``)
         self.readings = 0
         self.read_ns = 0
+        self._read_here_ns = 0  # (of which this thread's CPU)
 
     def open(self) -> None:
         """Create the file and write its header (in ``start()``: a bad path fails there)."""
@@ -168,7 +169,7 @@ class Recorder:
         if self.spent_ns > allowed:
             return
         share = self._share()
-        began, read_before = time.thread_time_ns(), self.read_ns
+        began, read_before = time.thread_time_ns(), self._read_here_ns
         try:
             snapshot, older = self._snapshot(now)
             # Detail before time: the big sections every tick, then every 5th, then never;
@@ -187,7 +188,7 @@ class Recorder:
             _session.internal_error("recording", exc)
             return
         # (the reading of the tasks is held to its own share: READ_SHARE)
-        self.spent_ns += time.thread_time_ns() - began - (self.read_ns - read_before)
+        self.spent_ns += time.thread_time_ns() - began - (self._read_here_ns - read_before)
         slower = 1 if share < 0.5 else 2 if share < 0.75 else 4
         self.interval_ns = RECORD_INTERVAL_NS * slower
         self._next_ns = now + self.interval_ns
@@ -216,8 +217,10 @@ class Recorder:
         tasks, graph = snapshot.tasks, snapshot.graph
         self._tasks_graph = (tasks, graph) if tasks is not None and graph is not None else None
         self._tasks_at_ns = now
-        self._tasks_cost_ns = max(0, loops_ns) + time.thread_time_ns() - began
+        mine = time.thread_time_ns() - began
+        self._tasks_cost_ns = max(0, loops_ns) + mine
         self.read_ns += self._tasks_cost_ns
+        self._read_here_ns += mine
         return snapshot, False
 
     def finish(self, final: schema.Snapshot) -> None:
