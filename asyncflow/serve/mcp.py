@@ -20,6 +20,7 @@ import argparse
 import functools
 import logging
 import os
+import re
 import sys
 import threading
 import time
@@ -36,7 +37,7 @@ import orjson
 
 from asyncflow import config, schema
 from asyncflow._version import __version__
-from asyncflow.render import brief
+from asyncflow.render import brief, record
 from asyncflow.render.diff import DiffInputError, read_document, render_diff
 from asyncflow.render.report import format_duration, printable
 from asyncflow.serve import registry
@@ -94,7 +95,8 @@ class _Live:
 _SOURCE = (
     "`source` is a running profiler, by the PID of its process (the profilers tool lists "
     "them) or its endpoint's URL (http://127.0.0.1:6780), or the path of a file saved by "
-    "'asyncflow snapshot', a json exit report or a recording (its end state); empty: the "
+    "'asyncflow snapshot', a json exit report or a recording (its end state; FILE@SECONDS: "
+    "the moment that many seconds into it); empty: the "
     "server's --source, else the one profiler running here."
 )
 _LIMIT = f"`limit` (1 to {MAX_LIMIT}) bounds each list; the answer says how many were left out."
@@ -111,7 +113,9 @@ class Tools:
     def __init__(self, token: str | None = None, default: str | None = None) -> None:
         self.token = token
         self.default = default
-        self._files: OrderedDict[tuple[str, int, int], schema.Snapshot] = OrderedDict()
+        self._files: OrderedDict[tuple[str, int, int], schema.Snapshot | record.Recording] = (
+            OrderedDict()
+        )
         self._files_lock = threading.Lock()
 
     # -- the tools ----------------------------------------------------------------------------
@@ -271,7 +275,7 @@ class Tools:
             url = given.rstrip("/")
             return _Live(url, url)
         path = os.path.expanduser(given)
-        if not os.path.exists(path):
+        if not os.path.exists(_moment(path)[0]):
             raise SourceError(
                 f"{given!r} is no PID, no endpoint URL (http://...) and no file: give the PID "
                 "of a profiled process (the profilers tool lists them), its endpoint's URL, or "
@@ -391,8 +395,24 @@ class Tools:
                 f"{document.__name__}: {exc}"
             ) from None
 
-    def _file(self, path: str) -> schema.Snapshot:
-        """A saved file's snapshot, read once while it does not change."""
+    def _file(self, where: str) -> schema.Snapshot:
+        """A saved file's snapshot (a recording's at the moment ``where`` names after an ``@``,
+        else its end state); each file is read once while it does not change."""
+        path, at = _moment(where)
+        saved = self._read(path)
+        if isinstance(saved, schema.Snapshot):
+            if at is not None:
+                raise SourceError(
+                    f"{where!r}: {path!r} is not a recording, which alone has moments (record "
+                    "one with 'asyncflow run --record FILE')"
+                )
+            return saved
+        try:
+            return saved.snapshot(-1 if at is None else saved.index_at(at))
+        except record.RecordingError as exc:
+            raise SourceError(str(exc)) from None
+
+    def _read(self, path: str) -> schema.Snapshot | record.Recording:
         try:
             st = os.stat(path)
         except OSError as exc:
@@ -405,15 +425,18 @@ class Tools:
                 return kept
         if Path(path).is_dir():
             raise SourceError(f"{path!r} is a directory, not a snapshot, report or recording")
+        saved: schema.Snapshot | record.Recording
         try:
-            snapshot = read_document(path)
-        except DiffInputError as exc:
+            saved = (
+                record.read_recording(path) if record.is_recording(path) else read_document(path)
+            )
+        except (DiffInputError, record.RecordingError) as exc:
             raise SourceError(str(exc)) from None
         with self._files_lock:
-            self._files[key] = snapshot
+            self._files[key] = saved
             while len(self._files) > _FILES_KEPT:
                 self._files.popitem(last=False)
-        return snapshot
+        return saved
 
     def _snapshot(self, source: str) -> schema.Snapshot:
         where = self._source(source)
@@ -446,6 +469,17 @@ class Tools:
         said = " ".join((self.diff.__doc__ or "").split())
         tools.append((self.diff, f"{said} {_LIMIT}"))
         return [(tool, " ".join(text.split())) for tool, text in tools]
+
+
+def _moment(where: str) -> tuple[str, float | None]:
+    """A file source's path, and the moment of a recording it names: ``run.afrec@0.6`` is
+    0.6 s into ``run.afrec`` (a file whose own name ends so is that file)."""
+    if os.path.exists(where):
+        return where, None
+    named = re.fullmatch(r"(.+)@(\d+(?:\.\d*)?)", where)
+    if named is None or not os.path.exists(named[1]):
+        return where, None
+    return named[1], float(named[2])
 
 
 def _endpoint_said(error: urllib.error.HTTPError) -> str:

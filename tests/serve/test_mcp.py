@@ -293,6 +293,16 @@ def test_tools_read_saved_reports_and_recordings(server: Session, tmp_path: Path
         assert first == "2 futures, most busy first:", futures
         assert one.startswith(("transfer: 2 calls (0 returned", "main: 1 call")), futures
         assert more == "(1 more futures left out: call again with a larger limit than 1)"
+    # a recording's moment: FILE@SECONDS (past its end: the end state); only a recording has
+    error, ended = server.call("status", source=str(recording))
+    assert not error and ended.startswith("deadlock: pid "), ended
+    error, started = server.call("status", source=f"{recording}@0")
+    assert not error and started.startswith("deadlock: pid "), started
+    assert started.replace("@0)", ")") != ended  # its uptime then, and what it tracked
+    error, past = server.call("status", source=f"{recording}@1000")
+    assert not error and past.replace("@1000)", ")") == ended, past
+    error, text = server.call("status", source=f"{report}@0.5")
+    assert error and "is not a recording, which alone has moments" in text, text
     error, same = server.call("diff", base=str(report), new=str(report))
     assert not error, same
     assert f"base: {report} (deadlock, " in same
