@@ -1,5 +1,5 @@
 """The ``asyncflow`` command: ``run`` a program profiled (or armed); ``ps``; ``attach``, ``detach``
-and ``dump`` an armed process; ``top``; ``snapshot``; ``report``; ``replay``; ``diff``.
+and ``dump`` an armed process; ``top``; ``snapshot``; ``report``; ``replay``; ``diff``; ``mcp``.
 
 Every mistake a user can make here (a missing program, a bad option, an unreachable endpoint,
 a file that is not a snapshot) ends in one line on standard error and a non-zero exit code,
@@ -300,6 +300,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     dump.set_defaults(handler=_dump)
     add_diff_command(commands)
+    # listed here for 'asyncflow --help'; main() hands 'asyncflow mcp ...' to the server's own
+    # parser before this one parses, so its import (the SDK, aiohttp) is paid only by it
+    commands.add_parser(
+        "mcp",
+        add_help=False,
+        help="serve profilers and saved runs to a coding agent over MCP (stdio)",
+    )
     return parser
 
 
@@ -352,6 +359,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     prog = parser.prog
     try:
         argv = list(sys.argv[1:] if argv is None else argv)
+        if argv[:1] == ["mcp"]:
+            from asyncflow.serve import mcp
+
+            return mcp.main(argv[1:])
         argv, module_args = _split_at_module(parser, argv)
         args, unknown = parser.parse_known_args(argv)
         if module_args is not None:  # everything after "-m MODULE" is the module's own
