@@ -24,7 +24,7 @@ import orjson
 import pytest
 
 from asyncflow.serve import mcp, registry
-from tests.support.commands import ASYNCFLOW, EXAMPLES, asyncflow_cmd
+from tests.support.commands import ASYNCFLOW, EXAMPLES, asyncflow_cmd, console_script
 from tests.test_install_hints import check_hint
 
 pytest.importorskip("mcp.server.mcpserver", reason="the mcp extra (mcp>=2) is not installed")
@@ -329,8 +329,8 @@ def _wired() -> bool:
 
 
 @pytest.mark.skipif("not _wired()", reason="'asyncflow mcp' is not a command of the CLI yet")
-def test_the_asyncflow_mcp_command_serves_the_tools() -> None:
-    session = Session([*ASYNCFLOW, "mcp"])
+def test_the_asyncflow_mcp_command_serves_the_tools(tmp_path: Path) -> None:
+    session = Session([*console_script(tmp_path), "mcp"])  # as pip installs `asyncflow`
     try:
         assert session.start()["serverInfo"]["name"] == "asyncflow"
         listed = session.ask("tools/list")["result"]["tools"]
