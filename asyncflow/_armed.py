@@ -182,6 +182,13 @@ class _Armed:
                 prof = profile(self.name, **{**options, "reporter": self.capture})
             except (ValueError, TypeError) as exc:
                 raise AsyncflowError(str(exc)) from None
+            from asyncflow.serve.server import is_loopback
+
+            if not is_loopback(prof.options.host):  # (ASYNCFLOW_HOST changed since arm())
+                raise AsyncflowError(
+                    f"host {prof.options.host!r}: an attach serves its endpoint on this "
+                    "machine only (127.0.0.1)"
+                )
             prof.hosting = True  # the program's own asyncflow.start() joins it
             prof.start()
             self.profiler = prof

@@ -1189,8 +1189,8 @@ def _attach(args: argparse.Namespace) -> int:
         late = f"; {counted(blocked, 'loop')} blocked, adopted when it next runs" if blocked else ""
         print(
             f"asyncflow: attached to {answer.get('name')!r} (pid {args.pid}): "
-            f"{answer.get('tasks', 0)} live tasks adopted{late}; 'asyncflow detach {args.pid}' "
-            "stops it",
+            f"{counted(int(answer.get('tasks') or 0), 'live task')} adopted{late}; "
+            f"'asyncflow detach {args.pid}' stops it",
             file=sys.stderr,
         )
     print(url or "no endpoint (the armed options say port off)", flush=True)

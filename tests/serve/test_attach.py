@@ -254,6 +254,61 @@ def test_dump_lists_every_task_of_an_armed_program_and_what_it_waits_on(
         assert program.end() == 3
 
 
+#: a loop that parks a task, then blocks in a read of standard input (no callback runs)
+BLOCKED = """
+import asyncio, sys
+
+async def parked(event):
+    await event.wait()
+
+async def main():
+    event = asyncio.Event()
+    task = asyncio.create_task(parked(event), name="parked")
+    await asyncio.sleep(0)
+    print("ready", flush=True)
+    sys.stdin.readline()  # the loop is blocked here
+    event.set()
+    await task
+
+asyncio.run(main())
+"""
+
+
+def test_a_blocked_loop_is_read_from_outside_and_adopted_when_it_runs_again(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    script = write(tmp_path / "blocked.py", BLOCKED)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "asyncflow", "run", "--armed", str(script)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    program = Armed(process)
+    try:
+        assert program.line() == "ready"
+        done = Done(capsys, "dump", str(program.pid))
+        assert done.returncode == 0, done.stderr
+        assert "  parked (parked) waiting at " in done.stdout
+        assert "(a blocked loop was read from outside: its chains may be changing)" in done.stdout
+
+        done = Done(capsys, "attach", str(program.pid))
+        assert done.returncode == 0, done.stderr
+        assert "2 live tasks adopted; 1 loop blocked, adopted when it next runs" in done.stderr
+        tasks = get(done.stdout.strip() + "/tasks")
+        assert tasks["consistent"] is False
+        assert "parked" in by_name(tasks["tasks"])
+        assert program.end() == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(TIMEOUT)
+        for stream in (process.stdin, process.stdout):
+            if stream is not None:
+                stream.close()
+
+
 def test_attach_detach_and_dump_refuse_what_is_not_an_armed_process_of_this_user(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
