@@ -1876,17 +1876,6 @@ class LockInstrumentation:
 _ADAPTER_PROPERTIES = frozenset({"_lock", "_semaphore", "_limiter", "_event"})
 
 
-def _creation_site(obj: Any) -> tuple[tuple[str, int], str] | None:
-    """Where the program created ``obj``, and its label there (``file:line``, with the column
-    when the line creates more than one thing, as queues are labelled); None when asyncio or
-    anyio made it for their own use (a Condition's lock, a Barrier's condition, an anyio
-    Event's asyncio.Event...)."""
-    frame = creation_frame(obj, sys._getframe(2), library_parts=True)
-    if frame is None:
-        return None
-    return (frame.f_code.co_filename, frame.f_lineno), site_label(frame)
-
-
 # A lock or event made per request and used without anyone waiting on it (uvicorn's Event, a
 # lock taken once) cost a record of its own: some 8 µs on the program's thread to make it, as
 # much again on the profiler's to reap and fold it. In whole-program mode a standard
@@ -2029,8 +2018,17 @@ def _materialize_lazy() -> None:
 #: (code, class) of asyncio's and anyio's lines that make a primitive of that class for their own
 #: use (a Condition's lock, anyio's Event's asyncio.Event, twice per anyio.Event()): the walk
 #: out to the creator is skipped when the line makes one again
-_part_makers: dict[tuple[types.CodeType, type[Any]], None] = {}
+_part_makers: dict[tuple[int, type[Any]], types.CodeType] = {}
 _PART_MAKERS_KEPT = 256
+# (keyed by the code's id, the code kept as the value and checked: a code object's hash is worked
+# out from its contents at every lookup)
+
+#: (id(code), instruction offset, class) of a program's call that made a standard asyncio.Lock
+#: or asyncio.Event itself, lazily -> (that code, its _Site): what that call makes next takes the
+#: site at once, without the walk out to it and its label (uvicorn makes an Event a request).
+#: Emptied when whole-program mode ends (the sites' class-level hooks go then).
+_direct_sites: dict[tuple[int, int, type[Any]], tuple[types.CodeType, _Site]] = {}
+_DIRECT_SITES_KEPT = 1024
 
 
 def _makes_parts(caller: types.FrameType, obj: Any) -> bool:
@@ -2052,33 +2050,54 @@ def _init_hook(original: Callable[..., None], describe: Callable[[Any], Any]) ->
         before = getattr(self, "_event", None)  # anyio's Event: made, then __init__ again
         original(self, *args, **kwargs)
         try:
+            caller = sys._getframe(1)
+            code, cls = caller.f_code, type(self)
+            direct = _direct_sites.get((id(code), caller.f_lasti, cls))
+            if direct is not None and direct[0] is code:  # this call made one before
+                attr = _EVENT_RECORD if cls is asyncio.Event else _LOCK_RECORD
+                # (a new one: not one whose __init__ runs again, see resource_of below)
+                if getattr(self, attr, None) is None and getattr(self, _MARK, None) is None:
+                    made_at = direct[1]
+                    object.__setattr__(self, attr, made_at)  # _lazy, written out
+                    made_at.record.folded += 1
+                    _lazy_made.add(self)
+                    return
             site = getattr(before, _EVENT_RECORD, None)
             if type(site) is _Site:  # its new asyncio.Event carries its site (counted once)
                 object.__setattr__(self._event, _EVENT_RECORD, site)
                 _lazy_made.add(self._event)
                 return
-            caller = sys._getframe(1)
-            maker = (caller.f_code, type(self))
-            if maker in _part_makers:
+            maker = (id(code), cls)
+            if _part_makers.get(maker) is code:
                 return
             existing = resource_of(self)
             if existing is not None:
-                if existing.primitive == EVENT and type(self).__module__.startswith("anyio."):
+                if existing.primitive == EVENT and cls.__module__.startswith("anyio."):
                     with _instrument_lock:  # anyio's __init__ ran again: a new asyncio.Event
                         _attach_anyio(self, existing)
                 return
-            created = _creation_site(self)
-            if created is None and _makes_parts(caller, self):
-                if len(_part_makers) >= _PART_MAKERS_KEPT:
-                    _part_makers.clear()
-                _part_makers[maker] = None
+            # Where the program made it, and its label there (``file:line``, with the column when
+            # the line makes more than one thing, as queues are labelled); None when asyncio or
+            # anyio made it for their own use (a Condition's lock, a Barrier's condition, an
+            # anyio Event's asyncio.Event...)
+            frame = creation_frame(self, caller, library_parts=True)
+            if frame is None:
+                if _makes_parts(caller, self):
+                    if len(_part_makers) >= _PART_MAKERS_KEPT:
+                        _part_makers.clear()
+                    _part_makers[maker] = code
+                return
+            at, label = (frame.f_code.co_filename, frame.f_lineno), site_label(frame)
             found = describe(self)
-            if (
-                created is not None
-                and found is not None
-                and not _lazy(self, found, created[0], created[1])
-            ):
-                _instrument(self, found, None, created[0], created[1])
+            if found is None:
+                return
+            if not _lazy(self, found, at, label):
+                _instrument(self, found, None, at, label)
+            elif frame is caller and cls in (asyncio.Event, asyncio.Lock):
+                if len(_direct_sites) >= _DIRECT_SITES_KEPT:
+                    _direct_sites.clear()
+                attr = _EVENT_RECORD if cls is asyncio.Event else _LOCK_RECORD
+                _direct_sites[(id(code), caller.f_lasti, cls)] = (code, getattr(self, attr))
         except Exception as err:
             _broken("instrumenting a new primitive", err)
 
@@ -2134,6 +2153,7 @@ def _hook_primitives() -> dict[type[Any], Any]:
 
 
 def _unhook_primitives(originals: dict[type[Any], Any]) -> None:
+    _direct_sites.clear()
     _materialize_lazy()
     if asyncio.Event.__dict__.get(_EVENT_RECORD, 0) is None:
         _unhook_events()

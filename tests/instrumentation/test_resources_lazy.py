@@ -9,6 +9,7 @@ lazily and then contended knows who held it, and one that deadlocks is seen.
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -16,7 +17,7 @@ import anyio
 import pytest
 
 import asyncflow
-from asyncflow.instrumentation import resources
+from asyncflow.instrumentation import _sites, resources
 
 USES = 50
 
@@ -116,3 +117,37 @@ async def test_an_event_waited_on_before_it_is_set_gets_its_record_at_the_wait()
         record = resources.resource_of(event)
         assert record is not None
         assert (record.stats.sets, record.stats.woken, record.stats.wait_count) == (1, 1, 1)
+
+
+@pytest.mark.parametrize("kind", ["asyncio.Lock", "asyncio.Event"])
+async def test_a_line_making_a_primitive_again_takes_its_site_without_walking_the_stack(
+    kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """uvicorn makes an Event per request at one line: the walk out to the line that made it
+    (past asyncflow's hooks, constructors, asyncio's and anyio's own parts) and its label are
+    worked out for the first one, and the next ones made by that very call take its site."""
+    walks = [0]
+    walk = _sites.creation_frame
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        walks[0] += 1
+        return walk(*args, **kwargs)
+
+    monkeypatch.setattr(resources, "creation_frame", counting)
+    cls = asyncio.Lock if kind == "asyncio.Lock" else asyncio.Event
+    with asyncflow.profile("lazy", format="none", port=None), asyncflow.instrument_locks():
+        here = sys._getframe().f_lineno  # (earlier tests' rows of this file may live on)
+        for _ in range(USES):
+            primitive = cls()
+            if isinstance(primitive, asyncio.Event):
+                primitive.set()
+            else:
+                async with primitive:
+                    pass
+        twice = [cls() for _ in range(2)]  # another line: its own row
+        del primitive, twice
+        rows = sorted((r for r in _rows(kind) if r.line > here), key=lambda r: r.line)
+        assert [r.folded for r in rows] == [USES, 2]
+        used = rows[0].stats.sets if kind == "asyncio.Event" else resources.acquisitions(rows[0])
+        assert used == USES
+    assert walks[0] == 2  # each line's first
