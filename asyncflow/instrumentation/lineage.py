@@ -44,6 +44,7 @@ __all__ = [
     "PathReading",
     "derive",
     "dropped",
+    "fold",
     "paths",
     "recent",
     "reset",
@@ -437,6 +438,14 @@ def _drain() -> None:
             _fold(chain)
         except Exception as err:
             _session.internal_error("folding a message's lineage", err)
+
+
+def fold() -> None:
+    """Fold the chains that ended into their paths: the collector's drain calls it, so that the
+    chains waiting stay few between two documents."""
+    if _ended:
+        with _cold_lock:
+            _drain()
 
 
 def recent(after: int) -> list[ChainReading]:

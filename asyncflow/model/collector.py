@@ -25,6 +25,7 @@ from asyncflow.instrumentation import channels as _channels
 from asyncflow.instrumentation import executors as _executors
 from asyncflow.instrumentation import futures as _futures
 from asyncflow.instrumentation import gathers as _gathers
+from asyncflow.instrumentation import lineage as _lineage
 from asyncflow.instrumentation import recording as _recording
 from asyncflow.instrumentation import resources as _resources
 from asyncflow.instrumentation import streams as _streams
@@ -155,6 +156,7 @@ class Collector:
         _resources.reap(collecting=True)
         _streams.reap(collecting=True)
         _executors.reap(collecting=True)
+        _lineage.fold()  # the messages' ways that ended, into their paths
         return folded
 
     def _fold_finished(self) -> int:
