@@ -408,20 +408,10 @@ def _noting(original: Callable[..., None]) -> Callable[..., None]:
 def _patch_init(cls: type[Any]) -> Callable[[], None]:
     """Wrap ``cls.__init__`` to note each loop made; returns the undo (which leaves alone an
     ``__init__`` replaced since: whole-program mode wraps this one while attached)."""
-    had = "__init__" in vars(cls)
-    before = vars(cls).get("__init__")
-    ours = _noting(cls.__init__)
-    cls.__init__ = ours
+    # (whole-program mode's own patching, which puts back only what is still its own)
+    from asyncflow.instrumentation.every_loop import _patch
 
-    def undo() -> None:
-        if vars(cls).get("__init__") is not ours:
-            return
-        if had:
-            cls.__init__ = before
-        else:
-            del cls.__init__
-
-    return undo
+    return _patch(cls, "__init__", _noting(cls.__init__))
 
 
 def _hook_loops() -> list[Callable[[], None]]:

@@ -102,10 +102,11 @@ class Armed:
 
 
 @contextmanager
-def armed_program(tmp_path: Path, *flags: str) -> Iterator[Armed]:
-    script = write(tmp_path / "app.py", PROGRAM)
+def armed_program(tmp_path: Path, text: str = PROGRAM) -> Iterator[Armed]:
+    """``text`` (a program that prints "ready") run by ``asyncflow run --armed app.py``."""
+    script = write(tmp_path / "app.py", text)
     process = subprocess.Popen(
-        [sys.executable, "-m", "asyncflow", "run", "--armed", *flags, str(script)],
+        [sys.executable, "-m", "asyncflow", "run", "--armed", str(script)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -277,17 +278,7 @@ asyncio.run(main())
 def test_a_blocked_loop_is_read_from_outside_and_adopted_when_it_runs_again(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    script = write(tmp_path / "blocked.py", BLOCKED)
-    process = subprocess.Popen(
-        [sys.executable, "-m", "asyncflow", "run", "--armed", str(script)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    program = Armed(process)
-    try:
-        assert program.line() == "ready"
+    with armed_program(tmp_path, BLOCKED) as program:
         done = Done(capsys, "dump", str(program.pid))
         assert done.returncode == 0, done.stderr
         assert "  parked (parked) waiting at " in done.stdout
@@ -300,13 +291,6 @@ def test_a_blocked_loop_is_read_from_outside_and_adopted_when_it_runs_again(
         assert tasks["consistent"] is False
         assert "parked" in by_name(tasks["tasks"])
         assert program.end() == 0
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait(TIMEOUT)
-        for stream in (process.stdin, process.stdout):
-            if stream is not None:
-                stream.close()
 
 
 def test_attach_detach_and_dump_refuse_what_is_not_an_armed_process_of_this_user(
