@@ -450,8 +450,9 @@ def arm(name: str | None = None, *, _parts: Parts | None = None, **options: Any)
     PID`` list its tasks, without a restart. Until then nothing is recorded: a thread waits
     on a Unix socket that only this user can reach, and each event loop made is noted.
 
-    Arming again does nothing (the first arm's name and options stay). With
-    ``ASYNCFLOW_DISABLE=1`` nothing is armed (said on the ``asyncflow`` logger).
+    Arming again does nothing (the first arm's name and options stay), and so does arming a
+    process a profiler runs in already (``asyncflow run``, the program's own ``profile()``).
+    With ``ASYNCFLOW_DISABLE=1`` nothing is armed (said on the ``asyncflow`` logger).
 
     Args:
         name: the profile's name [the script's name].
@@ -470,6 +471,12 @@ def arm(name: str | None = None, *, _parts: Parts | None = None, **options: Any)
             return
         if config.disabled():
             logger.info("asyncflow is disabled (ASYNCFLOW_DISABLE=1): not armed")
+            return
+        running = active_profiler()
+        if running is not None and running.running:
+            # profiled already (asyncflow run, or its own profiler): its endpoint says more
+            # than an attach could, and its registry file must stay its own
+            logger.info("asyncflow: %r is profiled already: not armed", running.name)
             return
         name = name if name is not None else _default_name()
         resolved = config.resolve_options(name, options)  # refuses a bad option now

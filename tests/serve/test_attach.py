@@ -404,3 +404,10 @@ def test_remote_exec_refuses_before_python_3_14() -> None:
         "asyncflow attach: error: --remote-exec needs Python 3.14 or newer (sys.remote_exec, "
         "PEP 768); this is 3."
     )
+
+
+def test_arming_a_profiled_process_does_nothing() -> None:
+    with asyncflow.profile("profiled", format="none"):
+        asyncflow.arm("late")
+        assert not _armed.armed()
+        assert not control.socket_path(os.getpid()).exists()
