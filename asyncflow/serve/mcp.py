@@ -284,13 +284,22 @@ class Tools:
         return path
 
     def _only_one(self) -> _Live:
-        running = [e for e in registry.entries() if e.url]
+        every = registry.entries()
+        running = [e for e in every if e.url]
         if len(running) == 1:
             return self._live(running[0])
         if not running:
+            armed = [f"pid {e.pid} ({e.name})" for e in every if not e.url]
             raise SourceError(
-                "no source given, and no profiler is running here: give the PID of a "
-                "profiled process, an endpoint's URL, or a saved snapshot, report or recording"
+                "no source given, and no profiler is running here"
+                + (
+                    f" ({', '.join(armed[:3])} {'is' if len(armed) == 1 else 'are'} armed: "
+                    "'asyncflow attach PID' turns one on)"
+                    if armed
+                    else ""
+                )
+                + ": give the PID of a profiled process, an endpoint's URL, or a saved "
+                "snapshot, report or recording"
             )
         listed = ", ".join(f"pid {e.pid} ({e.name})" for e in running[:5])
         more = f" and {len(running) - 5} more" if len(running) > 5 else ""

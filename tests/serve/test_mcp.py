@@ -416,3 +416,33 @@ def test_an_answer_is_bounded() -> None:
     assert mcp.bounded("short\n") == "short\n"
     with pytest.raises(mcp.SourceError, match="no process has pid 0"):
         mcp.Tools().status("0")
+
+
+def test_an_armed_process_is_named_with_how_to_attach_it(tmp_path: Path) -> None:
+    script = tmp_path / "waits.py"
+    script.write_text("import sys\nsys.stdin.readline()\n")
+    program = subprocess.Popen(
+        [*ASYNCFLOW, "run", "--armed", str(script)],
+        stdin=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert program.stderr is not None
+        line = program.stderr.readline()  # "asyncflow: 'waits' runs armed (pid N): ..."
+        assert f"runs armed (pid {program.pid})" in line, line
+        tools = mcp.Tools()
+        assert f"pid {program.pid} waits: armed: no endpoint until" in tools.profilers()
+        with pytest.raises(mcp.SourceError) as by_pid:
+            tools.status(str(program.pid))
+        assert str(by_pid.value) == (
+            f"pid {program.pid} (waits) is armed and serves no endpoint yet: "
+            f"'asyncflow attach {program.pid}' turns its profiler on"
+        )
+        with pytest.raises(mcp.SourceError, match=r"\(pid \d+ \(waits\) is armed: 'asyncflow"):
+            tools.status("")
+    finally:
+        assert program.stdin is not None and program.stderr is not None
+        program.stdin.close()
+        program.wait(TIMEOUT)
+        program.stderr.close()
