@@ -781,11 +781,14 @@ def read_on_loop(
     slice_tasks: int = SLICE_TASKS,
     tasks: list[asyncio.Task[Any]] | None = None,
     keep: Callable[[TaskWalk], Any] | None = None,
+    deadline_ns: int | None = None,
 ) -> tuple[list[Any], bool, int]:
     """:func:`walk_on_loop`, and the time the walk took from the program: its slices on the
     loop, or this thread's CPU when it read them from here (holding the GIL). With ``keep``,
     what it makes of each walk is kept instead, as soon as the walk is made: a reading of
-    thousands of tasks then holds no object per task that outlives its slice."""
+    thousands of tasks then holds no object per task that outlives its slice. With
+    ``deadline_ns`` (the clock's), the slices stop walking when it has passed: the tasks
+    walked by then are the reading."""
     loop = record.loop()
     if loop is None or loop.is_closed():
         return [], True, 0
@@ -798,7 +801,7 @@ def read_on_loop(
     if not responsive:
         walks = [kept(w) for w in walk_loop(record, tasks)] if outside else []
         return walks, False, time.thread_time_ns() - began
-    reading = SlicedWalk(record, loop, slice_tasks, tasks, keep)
+    reading = SlicedWalk(record, loop, slice_tasks, tasks, keep, deadline_ns)
     try:
         loop.call_soon_threadsafe(reading.step)
         return reading.result(timeout), True, reading.spent_ns
@@ -826,8 +829,11 @@ class SlicedWalk:
         size: int = SLICE_TASKS,
         tasks: list[asyncio.Task[Any]] | None = None,
         keep: Callable[[TaskWalk], Any] | None = None,
+        deadline_ns: int | None = None,
     ) -> None:
         self.record = record
+        #: when (the clock's) the slices stop walking, whatever is left: None, never
+        self.deadline_ns = deadline_ns
         self.loop = loop
         self.size = max(1, size)
         self.done: concurrent.futures.Future[list[Any]] = concurrent.futures.Future()
@@ -864,7 +870,11 @@ class SlicedWalk:
                     self.walks.append(keep(walk_task(task, record_id, None, now_ns, loop_time)))
                 except Exception as err:  # a task we cannot read is left out
                     _session.internal_error("reading a task's await chain", err)
-                if clock.now_ns() - began >= SLICE_NS:
+                now = clock.now_ns()
+                if now - began >= SLICE_NS:
+                    break
+                if self.deadline_ns is not None and now >= self.deadline_ns:
+                    self.index = len(tasks)  # its time is up: what was walked is the reading
                     break
             self.slices += 1
             self.spent_ns += clock.now_ns() - began
