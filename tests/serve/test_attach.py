@@ -411,3 +411,35 @@ def test_arming_a_profiled_process_does_nothing() -> None:
         asyncflow.arm("late")
         assert not _armed.armed()
         assert not control.socket_path(os.getpid()).exists()
+
+
+def test_remote_exec_arms_the_process_with_the_script_it_writes_then_attaches(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # No Python 3.14 here: sys.remote_exec is played by running the script in this process,
+    # which is the one named (as the real one runs it in the target's main thread).
+    ran: list[str] = []
+
+    def remote_exec(pid: int, script: str) -> None:
+        assert pid == os.getpid()
+        assert Path(script).parent == registry.directory()
+        assert Path(script).stat().st_mode & 0o077 == 0
+        text = Path(script).read_text()
+        ran.append(text)
+        exec(compile(text, script, "exec"), {})
+
+    monkeypatch.setattr(sys, "remote_exec", remote_exec, raising=False)
+    try:
+        done = Done(capsys, "attach", "--remote-exec", str(os.getpid()), "--port", "0")
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.startswith("http://127.0.0.1:")
+        (text,) = ran
+        assert text.endswith("import asyncflow\nasyncflow.arm()\n")
+        assert [p.name for p in registry.directory().iterdir() if p.suffix == ".py"] == []
+        # armed already: the next attach does not run the script again
+        done = Done(capsys, "attach", "--remote-exec", str(os.getpid()))
+        assert "is attached already" in done.stderr
+        assert len(ran) == 1
+        assert Done(capsys, "detach", str(os.getpid())).returncode == 0
+    finally:
+        _armed.disarm()
