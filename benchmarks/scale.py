@@ -12,7 +12,9 @@ endpoint on port 0, ``instrument_tasks()``). Each prints, as medians over the pa
                cached: the document is built for it)
     stall      the program loop's longest stall (a 1 ms ticker's longest lateness) over a few
                seconds while one client polls ``/tasks`` every 0.5 s (``asyncflow top``'s
-               interval), beside the same program left alone, and the plain program's
+               interval), beside the same program left alone, and the plain program's; and
+               the process's own CPU time during that stall (on a loaded machine most of a
+               stall can be other processes' turn), and the full collections meanwhile
 
 Then ``first``: pairs of a bare ``python -c "import aiohttp.web"`` and a program that starts a
 profiler (port 0) and prints its URL; a client connects at once, and the time from the URL to
@@ -92,12 +94,31 @@ async def _live(n: int, gate: asyncio.Event) -> tuple[list[asyncio.Task[None]], 
 
 async def _longest_stall(seconds: float) -> float:
     """The loop's longest lateness over ``seconds``, from a ticker asking for 1 ms sleeps."""
-    worst = 0.0
-    end = time.perf_counter() + seconds
-    while (now := time.perf_counter()) < end:
-        await asyncio.sleep(0.001)
-        worst = max(worst, time.perf_counter() - now - 0.001)
-    return worst
+    return (await _stalls(seconds))[0]
+
+
+async def _stalls(seconds: float) -> tuple[float, float, int]:
+    """The loop's longest lateness over ``seconds`` (a ticker asking for 1 ms sleeps), the
+    process's CPU time during that stall (what the program and asyncflow did then; the rest
+    is the machine's other work), and the full collections run meanwhile."""
+    worst = worst_cpu = 0.0
+    full = [0]
+
+    def collected(phase: str, info: dict[str, Any]) -> None:
+        full[0] += phase == "stop" and info["generation"] == 2
+
+    gc.callbacks.append(collected)
+    try:
+        end = time.perf_counter() + seconds
+        while (now := time.perf_counter()) < end:
+            cpu = time.process_time()
+            await asyncio.sleep(0.001)
+            late = time.perf_counter() - now - 0.001
+            if late > worst:
+                worst, worst_cpu = late, time.process_time() - cpu
+    finally:
+        gc.callbacks.remove(collected)
+    return worst, worst_cpu, full[0]
 
 
 def _get(url: str, path: str) -> tuple[int, float]:
@@ -158,7 +179,8 @@ async def _tracked(n: int) -> dict[str, Any]:
         stop, seen = threading.Event(), list[int]()
         poller = threading.Thread(target=_poller, args=(prof.url, stop, seen), daemon=True)
         poller.start()
-        figures["polled_stall"] = await _longest_stall(STALL_SECONDS)
+        polled = await _stalls(STALL_SECONDS)
+        figures["polled_stall"], figures["polled_cpu"], figures["polled_full_gcs"] = polled
         stop.set()
         await loop.run_in_executor(None, poller.join)
         figures["polls"] = len(seen)
@@ -272,6 +294,10 @@ def scale(counts: list[int], pairs: int) -> None:
         print(f"    /tasks polled 2/s    {_spread(polled, 1000, 'ms')}, "
               f"{_median(polled) / _median(plain_stall):.1f}x plain's "
               f"({polls} polls, {errors} not 200)")  # fmt: skip
+        own = [float(f["polled_cpu"]) for f in tracked]
+        full = sum(int(f["polled_full_gcs"]) for f in tracked)
+        print(f"      the process's CPU in that stall {_spread(own, 1000, 'ms')}, "
+              f"{full} full collections while polled")  # fmt: skip
         sys.stdout.flush()
 
 
