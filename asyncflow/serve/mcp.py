@@ -39,8 +39,9 @@ from asyncflow import config, schema
 from asyncflow._version import __version__
 from asyncflow.render import brief, record
 from asyncflow.render.diff import DiffInputError, read_document, render_diff
+from asyncflow.render.dump import DumpDocument, render_dump
 from asyncflow.render.report import format_duration, printable
-from asyncflow.serve import registry
+from asyncflow.serve import control, registry
 from asyncflow.serve.server import is_loopback
 from asyncflow.views.diff import diff as compare
 
@@ -191,8 +192,12 @@ class Tools:
         """The live tasks and what each waits on: first the stuck ones (a deadlock's first),
         each with where it waits, on what, and who holds or can release that; then the tasks
         grouped by where they wait and on what; then one line per task (state, age, the line
-        of the program's own code it is suspended at, what it waits on). For a hang."""
+        of the program's own code it is suspended at, what it waits on). For a hang. An armed
+        process (not attached) is read as 'asyncflow dump PID' reads it."""
         limit = _limit(limit)
+        armed = self._armed(source)
+        if armed is not None:
+            return self._dump(armed, limit)
         where = self._source(source)
         if isinstance(where, _Live):
             doc = self._get(where, f"/tasks?limit={limit}", schema.TasksDocument)
@@ -260,6 +265,32 @@ class Tools:
         return text + "".join(line + "\n" for line in more)
 
     # -- sources ------------------------------------------------------------------------------
+
+    def _armed(self, source: str) -> registry.Entry | None:
+        """The registry's entry of the armed process ``source`` names by PID, if it does."""
+        given = source.strip() or self.default or ""
+        if not given.isdecimal():
+            return None
+        pid = int(given)
+        return next((e for e in registry.entries() if e.pid == pid and not e.url), None)
+
+    def _dump(self, entry: registry.Entry, limit: int) -> str:
+        """An armed process's tasks, as 'asyncflow dump PID' reads them: walked in the process
+        on its control thread, which attaches nothing."""
+        try:
+            answer = control.request(entry.pid, "dump", _SNAPSHOT_TIMEOUT)
+            document = schema.load(DumpDocument, answer.get("dump"), ignore_unknown=True)
+        except control.ControlError as exc:
+            raise SourceError(str(exc)) from None
+        except schema.DocumentError as exc:
+            raise SourceError(
+                f"pid {entry.pid} answered something that is not a dump: {exc}"
+            ) from None
+        said = (
+            f"pid {entry.pid} ({entry.name}) is armed: its tasks as 'asyncflow dump "
+            f"{entry.pid}' reads them ('asyncflow attach {entry.pid}' turns on the other tools)"
+        )
+        return said + "\n" + render_dump(document, limit)
 
     def _source(self, source: str) -> _Live | str:
         """A live endpoint, or the path of a saved file."""

@@ -418,19 +418,41 @@ def test_an_answer_is_bounded() -> None:
         mcp.Tools().status("0")
 
 
+#: an asyncio program with a task waiting on an event, until its standard input closes
+ARMED = """
+import asyncio, sys
+
+async def waiter(event):
+    await event.wait()
+
+async def main():
+    event = asyncio.Event()
+    task = asyncio.create_task(waiter(event), name="waiter")
+    await asyncio.sleep(0)  # the waiter waits
+    print("ready", flush=True)
+    await asyncio.to_thread(sys.stdin.readline)
+    event.set()
+    await task
+
+asyncio.run(main())
+"""
+
+
 def test_an_armed_process_is_named_with_how_to_attach_it(tmp_path: Path) -> None:
     script = tmp_path / "waits.py"
-    script.write_text("import sys\nsys.stdin.readline()\n")
+    script.write_text(ARMED)
     program = subprocess.Popen(
         [*ASYNCFLOW, "run", "--armed", str(script)],
         stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
     try:
-        assert program.stderr is not None
+        assert program.stderr is not None and program.stdout is not None
         line = program.stderr.readline()  # "asyncflow: 'waits' runs armed (pid N): ..."
         assert f"runs armed (pid {program.pid})" in line, line
+        assert program.stdout.readline() == "ready\n"  # its tasks are made
         tools = mcp.Tools()
         assert f"pid {program.pid} waits: armed: no endpoint until" in tools.profilers()
         with pytest.raises(mcp.SourceError) as by_pid:
@@ -441,8 +463,19 @@ def test_an_armed_process_is_named_with_how_to_attach_it(tmp_path: Path) -> None
         )
         with pytest.raises(mcp.SourceError, match=r"\(pid \d+ \(waits\) is armed: 'asyncflow"):
             tools.status("")
+        # its tasks, as 'asyncflow dump PID' reads them, attaching nothing
+        dumped = tools.tasks(str(program.pid), 5)
+        assert dumped.startswith(
+            f"pid {program.pid} (waits) is armed: its tasks as 'asyncflow dump {program.pid}' "
+            f"reads them ('asyncflow attach {program.pid}' turns on the other tools)\n"
+            f"asyncflow: pid {program.pid} (waits), armed: 2 live tasks\n"
+        ), dumped
+        assert f"  waiter (waiter) waiting at {script}:5 on wait for event Event at " in dumped
+        assert "pid " in tools.profilers() and "armed: no endpoint" in tools.profilers()
     finally:
         assert program.stdin is not None and program.stderr is not None
+        assert program.stdout is not None
         program.stdin.close()
         program.wait(TIMEOUT)
         program.stderr.close()
+        program.stdout.close()
