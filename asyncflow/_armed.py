@@ -103,8 +103,10 @@ class _Armed:
 
     # -- arming -------------------------------------------------------------------------------
 
-    def start(self) -> None:
-        self._undo_hooks = _hook_loops()
+    def start(self, hooks: list[Callable[[], None]] | None = None) -> None:
+        """Hook the loops (or take ``hooks``, a forked parent's, in place already), listen
+        and register."""
+        self._undo_hooks = _hook_loops() if hooks is None else hooks
         running = asyncio._get_running_loop()
         if running is not None:  # arm() inside the program's loop: that one is known now
             self.loops.add(running)
@@ -389,7 +391,11 @@ def _adopt_on_loop(loop: asyncio.AbstractEventLoop, done: threading.Event) -> No
 
 def _note(loop: Any) -> None:
     armed = _armed
-    if armed is not None and armed.pid == os.getpid() and not isinstance(loop, _ProfilerLoop):
+    if armed is None:
+        if _forked is not None and not isinstance(loop, _ProfilerLoop):
+            _arm_forked_child(loop)
+        return
+    if armed.pid == os.getpid() and not isinstance(loop, _ProfilerLoop):
         try:
             armed.loops.add(loop)
         except Exception as exc:  # observing never breaks the program
@@ -513,15 +519,43 @@ def disarm() -> None:
     armed.stop()
 
 
+#: in a forked child of an armed process, until its first event loop: the parent's arming,
+#: whose hooks the child inherited (see :func:`_after_fork_in_child`)
+_forked: _Armed | None = None
+
+
 def _after_fork_in_child() -> None:
-    """A forked child is not armed: its parent's socket and file stay the parent's."""
-    global _armed
+    """A forked child leaves its parent's socket and registry file alone, and is armed anew,
+    under its own pid, when it makes its first event loop (gunicorn's workers): a child that
+    only runs another program (``fork()`` then ``exec()``) costs nothing, and leaves nothing."""
+    global _armed, _forked
     armed, _armed = _armed, None
+    _forked = None
     if armed is not None:
         try:
             armed.forsake()
+            _forked = armed
         except Exception as exc:  # the child must go on, whatever happens here
             _session.internal_error("disarming a forked child", exc)
+
+
+def _arm_forked_child(loop: Any) -> None:
+    """A forked child makes its first event loop: it is armed as its parent was."""
+    global _armed, _forked
+    with _lock:
+        parent, _forked = _forked, None
+        if parent is None or _armed is not None:
+            return
+        child = _Armed(parent.name, parent.options, parent.parts)
+        child.loops.add(loop)
+        _armed = child
+        try:
+            child.start(hooks=parent._undo_hooks)
+        except Exception as exc:  # the child runs on, not armed
+            _armed = None
+            _session.internal_error("arming a forked child", exc)
+            return
+    atexit.register(disarm)
 
 
 if hasattr(os, "register_at_fork"):

@@ -293,6 +293,53 @@ def test_a_blocked_loop_is_read_from_outside_and_adopted_when_it_runs_again(
         assert program.end() == 0
 
 
+#: a parent that forks a worker (as gunicorn does), which runs an event loop; both end when
+#: standard input closes, the parent with its worker's status
+FORKING = """
+import asyncio, os, sys
+
+async def parked(event):
+    await event.wait()
+
+async def worker():
+    event = asyncio.Event()
+    task = asyncio.create_task(parked(event), name="in-the-worker")
+    await asyncio.sleep(0)
+    print(f"ready {os.getpid()}", flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+    event.set()
+    await task
+
+print("ready", flush=True)  # (before the worker's line, whichever process runs first)
+pid = os.fork()
+if pid == 0:
+    asyncio.run(worker())
+    sys.exit(5)
+sys.exit(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+"""
+
+
+def test_a_forked_worker_is_armed_from_its_first_event_loop(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with armed_program(tmp_path, FORKING) as program:
+        said, worker = program.line().split()  # (the parent said "ready" already)
+        assert said == "ready"
+        child = int(worker)
+        assert child != program.pid
+        done = Done(capsys, "ps", "--json")
+        listed = {e["pid"]: e for e in orjson.loads(done.stdout)}
+        assert listed[program.pid]["armed"] and listed[child]["armed"]
+        done = Done(capsys, "dump", str(child))
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.startswith(f"asyncflow: pid {child} (app), armed: 2 live tasks")
+        assert "  in-the-worker (parked) waiting at " in done.stdout
+        done = Done(capsys, "dump", str(program.pid))  # the parent runs no loop of its own
+        assert done.stdout.startswith(f"asyncflow: pid {program.pid} (app), armed: 0 live tasks")
+        assert program.end() == 5
+    assert list(registry.directory().iterdir()) == []
+
+
 def test_attach_detach_and_dump_refuse_what_is_not_an_armed_process_of_this_user(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
