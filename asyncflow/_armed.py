@@ -527,14 +527,17 @@ _forked: _Armed | None = None
 def _after_fork_in_child() -> None:
     """A forked child leaves its parent's socket and registry file alone, and is armed anew,
     under its own pid, when it makes its first event loop (gunicorn's workers): a child that
-    only runs another program (``fork()`` then ``exec()``) costs nothing, and leaves nothing."""
+    only runs another program (``fork()`` then ``exec()``) costs nothing, and leaves nothing.
+    One forked while its parent was attached is not armed (whole-program mode's hooks, which
+    it inherited, record nothing there, and an attach could not install them again)."""
     global _armed, _forked
     armed, _armed = _armed, None
     _forked = None
     if armed is not None:
         try:
             armed.forsake()
-            _forked = armed
+            if armed.profiler is None:  # forked while attached: its hooks are the profiler's
+                _forked = armed
         except Exception as exc:  # the child must go on, whatever happens here
             _session.internal_error("disarming a forked child", exc)
 
