@@ -33,6 +33,7 @@ import contextlib
 import ipaddress
 import os
 import select
+import shutil
 import signal
 import socket
 import subprocess
@@ -142,6 +143,23 @@ _DETACH = (
     "os.close(null)\n"
     "os.execv(sys.argv[1], sys.argv[1:])\n"
 )
+
+
+#: The same in a shell, where the system has one and setsid(1): run as ``sh -c _DETACH_SH
+#: asyncflow-endpoint SETSID COMMAND...``, it starts the endpoint process in the background (in
+#: the intermediate's process group, which it does not lead, so setsid(1) does not fork again)
+#: and writes its pid. A shell starts in a millisecond or two where a Python took 10-140 ms,
+#: all of it before the endpoint process could begin to start.
+_DETACH_SH = '"$@" >/dev/null & printf %s "$!"'
+_SHELL = "/bin/sh" if os.path.exists("/bin/sh") else None
+_SETSID = shutil.which("setsid") if _SHELL is not None else None
+
+
+def _intermediate(command: list[str]) -> list[str]:
+    """The command that starts ``command`` as the endpoint process, detached (see above)."""
+    if _SHELL is not None and _SETSID is not None:
+        return [_SHELL, "-c", _DETACH_SH, "asyncflow-endpoint", _SETSID, *command]
+    return [sys.executable, "-I", "-S", "-c", _DETACH, *command]
 
 
 class _Detached:
@@ -498,7 +516,7 @@ class Server:
             # Through an intermediate that exits at once, reaped here at once: the endpoint
             # process is no child of the program, whose generic reaping must never meet it.
             intermediate = subprocess.Popen(
-                [sys.executable, "-I", "-S", "-c", _DETACH, *command],
+                _intermediate(command),
                 pass_fds=(theirs.fileno(), *fds),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
@@ -514,7 +532,7 @@ class Server:
                 intermediate.kill()
                 intermediate.wait()
                 raise
-            text = said.decode("ascii", "replace")
+            text = said.decode("ascii", "replace").strip()
             # No pid: it failed, said why on its stderr; the socket pair's end tells the rest.
             process = _Detached(int(text) if text.isdigit() else None)
         except BaseException:
