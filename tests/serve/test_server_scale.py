@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,6 +16,7 @@ from asyncflow.serve._protocol import MAX_PAGE, _Answer, _Pages, _Query, _window
 from asyncflow.views import documents as views
 from asyncflow.views import wait_views
 from tests.support.http import get
+from tests.support.parked import parked_loop
 
 
 @pytest.fixture
@@ -46,31 +46,8 @@ def counted(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 @contextlib.contextmanager
 def running_program() -> Iterator[None]:
     """A program whose loop runs in its own thread, with 30 tasks waiting on an event."""
-    ready = threading.Event()
-    done: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
-
-    @asyncflow.future(name="waiter")
-    async def waiter(go: asyncio.Event) -> None:
-        await go.wait()
-
-    async def main() -> None:
-        go = asyncio.Event()
-        done.append((asyncio.get_running_loop(), go))
-        with asyncflow.instrument_tasks():
-            crew = [asyncio.create_task(waiter(go), name=f"w{i:02}") for i in range(30)]
-        await asyncio.sleep(0)
-        ready.set()
-        await asyncio.gather(*crew)
-
-    thread = threading.Thread(target=asyncio.run, args=(main(),))
-    thread.start()
-    try:
-        assert ready.wait(5)
+    with parked_loop(30, tracked=True, prefix="w"):
         yield
-    finally:
-        loop, go = done[0]
-        loop.call_soon_threadsafe(go.set)
-        thread.join(5)
 
 
 @pytest.fixture
@@ -119,7 +96,7 @@ def test_tasks_graph_and_snapshot_share_one_reading(
         _, whole, _ = get(prof.url, "/tasks")
         names = [t["name"] for t in first["tasks"] + later["tasks"]]
         assert names == [t["name"] for t in whole["tasks"]][:10]  # pages of one list
-        assert {f"w{i:02}" for i in range(30)} <= {t["name"] for t in whole["tasks"]}
+        assert {f"w{i:05}" for i in range(30)} <= {t["name"] for t in whole["tasks"]}
         assert get(prof.url, "/graph")[0] == 200
         assert get(prof.url, "/snapshot")[0] == 200
         assert counted.count("tasks") == 1

@@ -3,48 +3,16 @@ collector to count while it walks them on their loop (issue 28)."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import gc
-import threading
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from asyncflow.instrumentation import loops
-from asyncflow.instrumentation.loops import LoopRecord
 from asyncflow.model import waits
 from asyncflow.views import wait_views
+from tests.support.parked import parked_loop
 
 TASKS = 3_000
-
-
-@contextlib.contextmanager
-def parked_loop(n: int) -> Iterator[LoopRecord]:
-    """A loop running in its own thread with ``n`` tasks waiting on an event (no profiler
-    runs: nothing else allocates meanwhile)."""
-    ready = threading.Event()
-    held: list[tuple[asyncio.AbstractEventLoop, asyncio.Event, LoopRecord]] = []
-
-    async def main() -> None:
-        go = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        held.append((loop, go, loops.see(loop)))
-        crew = [asyncio.create_task(go.wait(), name=f"p{i:05}") for i in range(n)]
-        await asyncio.sleep(0)
-        ready.set()
-        await asyncio.gather(*crew)
-
-    thread = threading.Thread(target=asyncio.run, args=(main(),))
-    thread.start()
-    try:
-        assert ready.wait(30)
-        yield held[0][2]
-    finally:
-        loop, go, _ = held[0]
-        loop.call_soon_threadsafe(go.set)
-        thread.join(30)
 
 
 def test_what_the_slices_keep_of_each_walk_is_nothing_the_collector_tracks(
