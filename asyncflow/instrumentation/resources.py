@@ -529,30 +529,64 @@ def _wait_began(st: ResourceStats) -> None:
 def _waited(
     record: ResourceRecord, since: int, now: int, call: CallRecord | None, outcome: str
 ) -> None:
-    """Count one wait that ended, with its outcome."""
+    """Count one wait that ended, with its outcome.
+
+    A wait that got what it waited for (acquired, woken) is timed as holds are: at the sampling
+    interval, or when it is the longest yet, standing for those since the one timed before in
+    the total, the histogram and the edges (a contended lock, or events passed back and forth,
+    end thousands a second); one given up (cancelled, timed out, broken) is timed on its own.
+    """
     st = record.stats
     st.waiting -= 1
+    st.wait_count = count = st.wait_count + 1
     spent = now - since
-    bucket = SMALL_BUCKET[spent] if 0 <= spent < SMALL_LIMIT else bucket_of(spent)
-    st.wait_count += 1
+    if outcome in (ACQUIRED, WOKEN):
+        if count >= st.next_wait or spent > st.wait_max:
+            weight = count - st.sampled_wait
+            st.sampled_wait = count
+            st.wait_interval = interval = _session.next_interval(
+                st.wait_interval, now - st.last_wait
+            )
+            st.last_wait = now
+            st.next_wait = count + interval
+            _wait_timed(st, since, spent, call, weight, count, outcome)
+        return
+    st.wait_failed += 1
+    st.sampled_wait += 1  # (timed on its own: no sampled wait stands for it)
+    _wait_timed(st, since, spent, call, 1, count, outcome)
+
+
+def _wait_timed(
+    st: ResourceStats,
+    since: int,
+    spent: int,
+    call: CallRecord | None,
+    weight: int,
+    count: int,
+    outcome: str,
+) -> None:
+    """Time the ``count``-th wait, ``spent`` long, standing for ``weight`` waits: into the totals,
+    the histogram, its future's edge and the log."""
     st.wait_timed += 1
-    st.sampled_wait += 1  # (timed on its own: no sampled wake-up stands for it)
-    if outcome not in (ACQUIRED, WOKEN):
-        st.wait_failed += 1
-    st.wait_ns += spent
-    st.wait_hist[bucket] += 1
+    st.wait_ns += spent * weight
+    st.wait_hist[SMALL_BUCKET[spent] if 0 <= spent < SMALL_LIMIT else bucket_of(spent)] += weight
     if spent > st.wait_max:
         st.wait_max = spent
-    edge = _edge(st, call)
-    edge.wait_count += 1
-    edge.wait_ns += spent
+    if call is None:
+        fid = call_id = None
+    else:
+        fid, call_id = call.future.id, call.call_id
+    edge = st.edges.get(fid)
+    if edge is None:
+        edge = st.edges[fid] = ResourceEdge()
+    edge.wait_count += weight
+    edge.wait_ns += spent * weight
     if spent > edge.wait_max:
         edge.wait_max = spent
     log = st.wait_log
     if log is None:
         log = st.wait_log = deque(maxlen=RESOURCE_LOG_SIZE)
-    call_id, fid = (call.call_id, call.future.id) if call is not None else (None, None)
-    log.append((st.wait_count - 1, since, spent, call_id, fid, outcome))
+    log.append((count - 1, since, spent, call_id, fid, outcome))
 
 
 def _signalled(record: ResourceRecord, action: str) -> None:
@@ -1172,36 +1206,15 @@ async def _std_condition_wait(self: asyncio.Condition) -> Literal[True]:
 
 def _wakeup_timed(st: ResourceStats, since: int, count: int) -> None:
     """Time a condition's wake-up that ended now (the ``count``-th wait), standing for the
-    wake-ups since the one timed before: into the totals, the histogram, its future's edge and
-    the log, each weighted (see _std_condition_wait)."""
+    wake-ups since the one timed before (see _std_condition_wait)."""
     now = _clock.now_ns()
-    spent = now - since
     weight = count - st.sampled_wait
     st.sampled_wait = count
-    st.wait_timed += 1
-    st.wait_ns += spent * weight
-    st.wait_hist[SMALL_BUCKET[spent] if 0 <= spent < SMALL_LIMIT else bucket_of(spent)] += weight
-    if spent > st.wait_max:
-        st.wait_max = spent
     st.wait_interval = interval = _session.next_interval(st.wait_interval, now - st.last_wait)
     st.last_wait = now
     st.next_wait = count + interval
-    call = _running_call_here()  # the waiting task's own (see above)
-    if call is None:
-        fid = call_id = None
-    else:
-        fid, call_id = call.future.id, call.call_id
-    edge = st.edges.get(fid)
-    if edge is None:
-        edge = st.edges[fid] = ResourceEdge()
-    edge.wait_count += weight
-    edge.wait_ns += spent * weight
-    if spent > edge.wait_max:
-        edge.wait_max = spent
-    log = st.wait_log
-    if log is None:
-        log = st.wait_log = deque(maxlen=RESOURCE_LOG_SIZE)
-    log.append((count - 1, since, spent, call_id, fid, WOKEN))
+    # (the waiting task's own call: see _std_condition_wait)
+    _wait_timed(st, since, now - since, _running_call_here(), weight, count, WOKEN)
 
 
 def _std_condition_notify(self: asyncio.Condition, n: int = 1) -> None:
