@@ -125,11 +125,13 @@ class _Armed:
             self._undo_hooks.pop()()
 
     def stop(self) -> None:
-        """Disarm: detach if attached, stop listening, take the hooks back."""
+        """Disarm: stop listening, detach if attached, take the hooks back."""
+        # First the listener (outside the lock, which a request under way may wait for: it is
+        # answered, then the thread ends), so that no request comes in while it all goes.
+        self.listener.stop()
         with self.lock:
             if self.profiler is not None:
                 self._detach()
-            self.listener.stop()
             registration, self.registration = self.registration, None
             if registration is not None:
                 registration.remove()
@@ -169,6 +171,8 @@ class _Armed:
             prof = self.profiler
             if prof is not None and prof.running:
                 return {"name": prof.name, "url": prof.url, "already": True, "tasks": 0}
+            if prof is not None:  # it stopped on its own (duration=): take its hooks back
+                self._detach()
             own = active_profiler()
             if own is not None:
                 raise AsyncflowError(
