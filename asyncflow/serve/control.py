@@ -52,6 +52,8 @@ MAX_REQUEST = 64 * 1024
 MAX_ANSWER = 256 * 1024 * 1024
 #: how long the listener waits for a connected client's request, in seconds
 REQUEST_TIMEOUT = 5.0
+#: how long the listener gives a client to read its answer, in seconds
+ANSWER_TIMEOUT = 60.0
 #: the longest path of a Unix socket (``sun_path`` holds 108 bytes on Linux, 104 elsewhere)
 _MAX_PATH = 100
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
@@ -198,7 +200,7 @@ class Listener:
             except Exception as exc:  # the program goes on; the client hears what failed
                 _session.internal_error(f"answering {command!r} on the control socket", exc)
                 answer = {"ok": False, "error": f"{command} failed in the process: {exc!r}"}
-        conn.settimeout(None)
+        conn.settimeout(ANSWER_TIMEOUT)  # a client that stops reading does not keep it
         conn.sendall(orjson.dumps(answer) + b"\n")
 
 

@@ -490,3 +490,28 @@ def test_remote_exec_arms_the_process_with_the_script_it_writes_then_attaches(
         assert Done(capsys, "detach", str(os.getpid())).returncode == 0
     finally:
         _armed.disarm()
+
+
+def test_the_listener_answers_a_bad_request_with_an_error_and_goes_on() -> None:
+    import socket
+
+    asyncflow.arm("listening")
+    try:
+        for sent in (b"not json\n", b'{"command": "rm -rf"}\n', b"[1, 2]\n", b""):
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
+                client.settimeout(TIMEOUT)
+                client.connect(str(control.socket_path(os.getpid())))
+                client.sendall(sent)
+                client.shutdown(socket.SHUT_WR)
+                answer = orjson.loads(client.makefile("rb").readline())
+            assert answer["ok"] is False
+            assert answer["error"].startswith("unknown request ")
+        status = control.request(os.getpid(), "status", TIMEOUT)
+        assert status == {"ok": True, "name": "listening", "state": "armed", "url": None}
+        with pytest.raises(control.ControlError) as caught:
+            control.request(os.getpid(), "detach", TIMEOUT)
+        assert str(caught.value) == (
+            f"process {os.getpid()}: it is armed, not attached: there is nothing to detach"
+        )
+    finally:
+        _armed.disarm()
