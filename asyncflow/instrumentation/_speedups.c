@@ -1023,28 +1023,33 @@ typedef struct {
     long long last_end;    /* when its last poll ended (that suspended); 0: none yet */
     long long created_lasti; /* for a task's call: created_code's instruction offset */
     PyObject *future;
-    PyObject *stats;
-    PyObject *hist;
+    PyObject *stats; /* its poll histogram is the record's ``hist`` (see record_hist) */
     /* set only when they happen (AttributeError until then, as in the Python record) */
     PyObject *state;
     PyObject *task;
     PyObject *outcome;
-    PyObject *exc_type;
-    PyObject *exc_message;
-    PyObject *result;
-    PyObject *cancel_requests;
-    PyObject *cancel_to_end;
-    PyObject *cancel_outcome;
-    PyObject *probe_data; /* the poll probe's own, never touched here */
-    PyObject *key;        /* call_id as an int: the record's key in stats.live */
     PyObject *created_code; /* for a task's call: the code of the frame that made the task */
+    /* The fields few calls ever set (RARE_FIELDS), apart: NULL until the first of them is set.
+     * Every live task has a record, so each pointer here costs a live task 8 bytes (issue 28:
+     * at most 400 B a tracked task more than a plain one). */
+    PyObject **rare;
 } RecordObject;
 
 static PyTypeObject RecordType;
 
-#define RECORD_OBJECTS(X)                                                                      \
-    X(future) X(stats) X(hist) X(state) X(task) X(outcome) X(exc_type) X(exc_message) X(result) \
-    X(cancel_requests) X(cancel_to_end) X(cancel_outcome) X(probe_data) X(key) X(created_code)
+#define RECORD_OBJECTS(X) X(future) X(stats) X(state) X(task) X(outcome) X(created_code)
+
+/* The record's rarely set fields, in ``rare``: a raised call's, a cancelled call's, a logged
+ * result, the poll probe's own (never touched here). */
+#define RARE_FIELDS(X)                                                                         \
+    X(exc_type) X(exc_message) X(result) X(cancel_requests) X(cancel_to_end) X(cancel_outcome) \
+    X(probe_data)
+enum {
+#define RARE_INDEX(name) RARE_##name,
+    RARE_FIELDS(RARE_INDEX)
+#undef RARE_INDEX
+    N_RARE
+};
 
 static int
 record_traverse(RecordObject *self, visitproc visit, void *arg)
@@ -1052,6 +1057,11 @@ record_traverse(RecordObject *self, visitproc visit, void *arg)
 #define VISIT(name) Py_VISIT(self->name);
     RECORD_OBJECTS(VISIT)
 #undef VISIT
+    if (self->rare != NULL) {
+        for (int i = 0; i < N_RARE; i++) {
+            Py_VISIT(self->rare[i]);
+        }
+    }
     return 0;
 }
 
@@ -1061,8 +1071,92 @@ record_clear(RecordObject *self)
 #define CLEAR(name) Py_CLEAR(self->name);
     RECORD_OBJECTS(CLEAR)
 #undef CLEAR
+    PyObject **rare = self->rare;
+    if (rare != NULL) {
+        self->rare = NULL;
+        for (int i = 0; i < N_RARE; i++) {
+            Py_CLEAR(rare[i]);
+        }
+        PyMem_Free(rare);
+    }
     return 0;
 }
+
+/* A rarely set field (``which``: its RARE_ index): AttributeError while unset, as a member. */
+static PyObject *
+record_rare_get(RecordObject *self, void *which)
+{
+    PyObject *value = self->rare != NULL ? self->rare[(Py_ssize_t)which] : NULL;
+    if (value == NULL) {
+        static const char *names[] = {
+#define RARE_NAME(name) #name,
+            RARE_FIELDS(RARE_NAME)
+#undef RARE_NAME
+        };
+        PyErr_Format(PyExc_AttributeError, "%s", names[(Py_ssize_t)which]);
+        return NULL;
+    }
+    return Py_NewRef(value);
+}
+
+static int
+record_rare_set(RecordObject *self, PyObject *value, void *which)
+{
+    Py_ssize_t i = (Py_ssize_t)which;
+    if (value == NULL) { /* del: as a member's, an AttributeError when unset */
+        if (self->rare == NULL || self->rare[i] == NULL) {
+            PyObject *unset = record_rare_get(self, which);
+            Py_XDECREF(unset);
+            return -1;
+        }
+        Py_CLEAR(self->rare[i]);
+        return 0;
+    }
+    if (self->rare == NULL && (self->rare = PyMem_Calloc(N_RARE, sizeof(PyObject *))) == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    Py_XSETREF(self->rare[i], Py_NewRef(value));
+    return 0;
+}
+
+/* record.hist: its stats' poll histogram (as the Python record's, set with its stats), kept
+ * nowhere else: a live task's record is 8 bytes smaller. */
+static PyObject *
+record_hist_get(RecordObject *self, void *Py_UNUSED(closure))
+{
+    if (self->stats == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "hist");
+        return NULL;
+    }
+    return stats_field(self->stats, FS_POLL_HIST);
+}
+
+/* Setting it is allowed, as on the Python record (``call.hist = stats.poll_hist`` where a call
+ * moves to another future), and must be its stats' own. */
+static int
+record_hist_set(RecordObject *self, PyObject *value, void *Py_UNUSED(closure))
+{
+    PyObject *own = record_hist_get(self, NULL);
+    if (own == NULL) {
+        return -1;
+    }
+    Py_DECREF(own);
+    if (value != own) {
+        PyErr_SetString(PyExc_ValueError, "a call record's hist is its stats' poll_hist");
+        return -1;
+    }
+    return 0;
+}
+
+static PyGetSetDef record_getset[] = {
+    {"hist", (getter)record_hist_get, (setter)record_hist_set, "its stats' poll histogram", NULL},
+#define RARE_GETSET(name)                                                                      \
+    {#name, (getter)record_rare_get, (setter)record_rare_set, NULL, (void *)RARE_##name},
+    RARE_FIELDS(RARE_GETSET)
+#undef RARE_GETSET
+    {NULL},
+};
 
 /* Records freed (when a future's log of recent calls lets them go) are kept for the next
  * calls, up to RECORD_FREE_MAX of them (0.9 MB): a record taken from them costs no allocation
@@ -1105,19 +1199,31 @@ record_alloc(void)
     return r;
 }
 
+/* record.hist[bucket_of(ns)] += 1: its stats' poll histogram, read in place where the stats
+ * are the compiled FutureStats (always, on this path). */
+static int
+record_hist_bump(RecordObject *r, long long ns)
+{
+    if (Py_IS_TYPE(r->stats, &StatsType) && ((StatsObject *)r->stats)->poll_hist != NULL) {
+        return hist_bump(((StatsObject *)r->stats)->poll_hist, ns);
+    }
+    PyObject *hist = stats_field(r->stats, FS_POLL_HIST);
+    if (hist == NULL) {
+        return -1;
+    }
+    int rc = hist_bump(hist, ns);
+    Py_DECREF(hist);
+    return rc;
+}
+
 /* What CallRecord.__init__(future, stats, now) does: a new call, registered live. */
 static int
 record_setup(RecordObject *self, PyObject *future, PyObject *stats, long long now)
 {
-    PyObject *hist = stats_field(stats, FS_POLL_HIST);
-    if (hist == NULL) {
-        return -1;
-    }
     Py_INCREF(future);
     Py_XSETREF(self->future, future);
     Py_INCREF(stats);
     Py_XSETREF(self->stats, stats);
-    Py_XSETREF(self->hist, hist);
     PyObject *id = PyIter_Next(call_ids);
     if (id == NULL) {
         if (!PyErr_Occurred()) {
@@ -1139,7 +1245,7 @@ record_setup(RecordObject *self, PyObject *future, PyObject *stats, long long no
              : PyDict_CheckExact(live) ? PyDict_SetItem(live, id, (PyObject *)self)
                                        : PyObject_SetItem(live, id, (PyObject *)self);
     Py_XDECREF(live);
-    Py_XSETREF(self->key, id); /* to find the call again in ``live`` when it ends */
+    Py_DECREF(id); /* (live holds it; unlive() makes it again from call_id) */
     if (rc < 0) {
         return -1;
     }
@@ -1188,18 +1294,9 @@ static PyMemberDef record_members[] = {
      "for a task's call: that frame's instruction offset (f_lasti) when it made the task"},
     {"future", T_OBJECT_EX, offsetof(RecordObject, future), 0, NULL},
     {"stats", T_OBJECT_EX, offsetof(RecordObject, stats), 0, NULL},
-    {"hist", T_OBJECT_EX, offsetof(RecordObject, hist), 0, NULL},
     {"state", T_OBJECT_EX, offsetof(RecordObject, state), 0, NULL},
     {"task", T_OBJECT_EX, offsetof(RecordObject, task), 0, NULL},
     {"outcome", T_OBJECT_EX, offsetof(RecordObject, outcome), 0, NULL},
-    {"exc_type", T_OBJECT_EX, offsetof(RecordObject, exc_type), 0, NULL},
-    {"exc_message", T_OBJECT_EX, offsetof(RecordObject, exc_message), 0, NULL},
-    {"result", T_OBJECT_EX, offsetof(RecordObject, result), 0, NULL},
-    {"cancel_requests", T_OBJECT_EX, offsetof(RecordObject, cancel_requests), 0, NULL},
-    {"cancel_to_end", T_OBJECT_EX, offsetof(RecordObject, cancel_to_end), 0, NULL},
-    {"cancel_outcome", T_OBJECT_EX, offsetof(RecordObject, cancel_outcome), 0, NULL},
-    {"probe_data", T_OBJECT_EX, offsetof(RecordObject, probe_data), 0,
-     "owned by the poll probe, never set or read by asyncflow"},
     {NULL},
 };
 
@@ -1216,6 +1313,7 @@ static PyTypeObject RecordType = {
     .tp_traverse = (traverseproc)record_traverse,
     .tp_clear = (inquiry)record_clear,
     .tp_members = record_members,
+    .tp_getset = record_getset,
 };
 
 /* ---- calling back into futures.py ----------------------------------------------------------- */
@@ -1416,7 +1514,7 @@ end_returned_figures(RecordObject *r, long long t0, PyObject *clock)
     if (dt > r->max) {
         r->max = dt;
     }
-    if (hist_bump(r->hist, dt) < 0) {
+    if (record_hist_bump(r, dt) < 0) {
         return -1;
     }
     Py_INCREF(READY);
@@ -1491,7 +1589,7 @@ unlive(RecordObject *r)
     if (live == NULL) {
         return -1;
     }
-    PyObject *id = r->key != NULL ? Py_NewRef(r->key) : PyLong_FromLongLong(r->call_id);
+    PyObject *id = PyLong_FromLongLong(r->call_id);
     int rc = -1;
     if (id != NULL) {
         rc = PyDict_Check(live) ? PyDict_DelItem(live, id) : PyObject_DelItem(live, id);
@@ -2010,7 +2108,7 @@ poll_inner(WrapperObject *self, PyObject *arg, PyObject **res, PyObject **stop, 
         if (dt > r->max) {
             r->max = dt;
         }
-        if (hist_bump(r->hist, dt) < 0) {
+        if (record_hist_bump(r, dt) < 0) {
             Py_CLEAR(*res);
             status = PYGEN_ERROR;
         }
@@ -2298,7 +2396,7 @@ throw_inner(WrapperObject *self, PyObject *typ, PyObject *val, PyObject *tb, lon
             if (dt > r->max) {
                 r->max = dt;
             }
-            if (hist_bump(r->hist, dt) < 0) {
+            if (record_hist_bump(r, dt) < 0) {
                 Py_CLEAR(res);
             }
         }
