@@ -28,6 +28,8 @@ from asyncflow.schema import (
     ResourceEntry,
     ResourcesDocument,
     StackFrame,
+    StreamEntry,
+    StreamsDocument,
     TasksDocument,
     WaitTarget,
     WarningEntry,
@@ -42,6 +44,7 @@ __all__ = [
     "loop",
     "resources",
     "status",
+    "streams",
     "tasks",
     "warnings",
 ]
@@ -192,6 +195,29 @@ def channels(doc: ChannelsDocument, limit: int) -> str:
         _channel(c) for c in shown
     ]
     return _text([*lines, *left_out(len(shown), doc.total, "channels", limit)])
+
+
+def _stream(x: StreamEntry) -> str:
+    name = x.label + (
+        f" ({x.folded_count:,} gone, summed)" if x.folded_count else "" if x.alive else " (gone)"
+    )
+    runs = ", ".join(f"{n:,} {state}" for state, n in x.instances.items() if n)
+    return (
+        f"{name} ({x.state}; iterations: {runs or 'none'}): {counted(x.items_yielded, 'item')}; "
+        f"the consumer waited for an item p50 {_p(x.wait_ns, 'p50')} p99 {_p(x.wait_ns, 'p99')} "
+        f"max {format_duration(x.max_wait_ns)}, {format_duration(x.total_wait_ns)} in all, and "
+        f"spent {format_duration(x.consumer_ns)} between items [{x.source} at {_at(x.location)}]"
+    )
+
+
+def streams(doc: StreamsDocument, limit: int) -> str:
+    """The async iterators and generators (streams), most items first: iterations and how they
+    ended, items, how long the consumer waited for an item and spent between items."""
+    if not doc.total:
+        return "no streams: no tracked async iterator or generator\n"
+    shown = doc.streams[:limit]
+    lines = [f"{counted(doc.total, 'stream')}, most items first:"] + [_stream(x) for x in shown]
+    return _text([*lines, *left_out(len(shown), doc.total, "streams", limit)])
 
 
 def _target(w: WaitTarget | None) -> str:

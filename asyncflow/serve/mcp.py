@@ -188,6 +188,18 @@ class Tools:
             doc = self._file(where).channels or schema.ChannelsDocument(schema.SCHEMA, 0, 0, 0, [])
         return brief.channels(doc, limit)
 
+    def streams(self, source: str = "", limit: int = DEFAULT_LIMIT) -> str:
+        """The tracked async iterators and async generators (streams), most items first:
+        iterations and how they ended, items yielded, how long the consumer waited for an
+        item (a slow producer) and spent between items (a slow consumer)."""
+        limit = _limit(limit)
+        where = self._source(source)
+        if isinstance(where, _Live):
+            doc = self._get(where, f"/streams?limit={limit}", schema.StreamsDocument)
+        else:
+            doc = self._file(where).streams or schema.StreamsDocument(schema.SCHEMA, 0, 0, 0, [])
+        return brief.streams(doc, limit)
+
     def tasks(self, source: str = "", limit: int = DEFAULT_LIMIT) -> str:
         """The live tasks and what each waits on: first the stuck ones (a deadlock's first),
         each with where it waits, on what, and who holds or can release that; then the tasks
@@ -498,6 +510,7 @@ class Tools:
             self.warnings,
             self.futures,
             self.channels,
+            self.streams,
             self.tasks,
             self.resources,
             self.executors,

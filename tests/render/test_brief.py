@@ -40,13 +40,23 @@ def test_each_document_in_a_few_lines() -> None:
 
     assert s.channels is not None
     work = brief.channels(s.channels, 5).splitlines()[1]
-    assert work.startswith("work (gone) (asyncio.Queue, bounded[2]): 20 sent, 20 received, ")
+    assert work.startswith(("work (asyncio.Queue", "work (gone) (asyncio.Queue")), work
+    assert " (asyncio.Queue, bounded[2]): 20 sent, 20 received, " in work
     assert work.endswith("senders: produce (20); receivers: consume (20)")
+
+    assert s.streams is not None
+    numbers = brief.streams(s.streams, 5).splitlines()
+    assert numbers[0] == "1 stream, most items first:"
+    assert numbers[1].startswith("numbers (exhausted; iterations: 1 exhausted): 5 items; ")
+    assert " [tests.support.workload:numbers at workload.py:" in numbers[1]
 
     assert s.resources is not None
     gate = brief.resources(s.resources, 5).splitlines()
     assert gate[0] == "1 resource, most waited on first:"
-    assert gate[1].startswith("gate (asyncio.Lock at workload.py:"), gate
+    # (gone once collected: when depends on the collector's next drain)
+    assert gate[1].startswith(
+        ("gate (asyncio.Lock at workload.py:", "gate (gone) (asyncio.Lock")
+    ), gate
     assert ": 1 acquired (0 after waiting); waits 0 (0 failed), " in gate[1]
 
     assert s.loop is not None
