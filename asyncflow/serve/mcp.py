@@ -168,12 +168,8 @@ class Tools:
         loop) and idle time (waiting), the percentiles of a poll and of a whole call, the
         exception types raised, and where each is defined."""
         limit = _limit(limit)
-        where = self._source(source)
-        if isinstance(where, _Live):
-            doc = self._get(where, f"/futures?limit={limit}", schema.FuturesDocument)
-        else:
-            doc = self._file(where).futures
-        return brief.futures(doc, limit)
+        doc = self._document(source, "/futures", limit, schema.FuturesDocument, "futures")
+        return brief.futures(doc or schema.FuturesDocument(schema.SCHEMA, 0, 0, 0, []), limit)
 
     def channels(self, source: str = "", limit: int = DEFAULT_LIMIT) -> str:
         """The queues and memory streams (channels), most messages first: messages sent and
@@ -181,24 +177,16 @@ class Tools:
         were blocked on a full one and consumers starved on an empty one, and which futures
         send into and receive from each."""
         limit = _limit(limit)
-        where = self._source(source)
-        if isinstance(where, _Live):
-            doc = self._get(where, f"/channels?limit={limit}", schema.ChannelsDocument)
-        else:
-            doc = self._file(where).channels or schema.ChannelsDocument(schema.SCHEMA, 0, 0, 0, [])
-        return brief.channels(doc, limit)
+        doc = self._document(source, "/channels", limit, schema.ChannelsDocument, "channels")
+        return brief.channels(doc or schema.ChannelsDocument(schema.SCHEMA, 0, 0, 0, []), limit)
 
     def streams(self, source: str = "", limit: int = DEFAULT_LIMIT) -> str:
         """The tracked async iterators and async generators (streams), most items first:
         iterations and how they ended, items yielded, how long the consumer waited for an
         item (a slow producer) and spent between items (a slow consumer)."""
         limit = _limit(limit)
-        where = self._source(source)
-        if isinstance(where, _Live):
-            doc = self._get(where, f"/streams?limit={limit}", schema.StreamsDocument)
-        else:
-            doc = self._file(where).streams or schema.StreamsDocument(schema.SCHEMA, 0, 0, 0, [])
-        return brief.streams(doc, limit)
+        doc = self._document(source, "/streams", limit, schema.StreamsDocument, "streams")
+        return brief.streams(doc or schema.StreamsDocument(schema.SCHEMA, 0, 0, 0, []), limit)
 
     def tasks(self, source: str = "", limit: int = DEFAULT_LIMIT) -> str:
         """The live tasks and what each waits on: first the stuck ones (a deadlock's first),
@@ -226,26 +214,16 @@ class Tools:
         waited on first: acquisitions and how many had to wait, the waits' total, p99 and
         maximum, the holds, the tasks waiting now and who holds each one now, for how long."""
         limit = _limit(limit)
-        where = self._source(source)
-        if isinstance(where, _Live):
-            doc = self._get(where, f"/resources?limit={limit}", schema.ResourcesDocument)
-        else:
-            doc = self._file(where).resources or schema.ResourcesDocument(
-                schema.SCHEMA, 0, 0, 0, []
-            )
-        return brief.resources(doc, limit)
+        doc = self._document(source, "/resources", limit, schema.ResourcesDocument, "resources")
+        return brief.resources(doc or schema.ResourcesDocument(schema.SCHEMA, 0, 0, 0, []), limit)
 
     def executors(self, source: str = "", limit: int = DEFAULT_LIMIT) -> str:
         """The thread and process pools that run_in_executor and to_thread used, busiest
         first: workers, jobs queued and running now, the time jobs waited for a worker
         against the time they ran, and which functions the jobs ran."""
         limit = _limit(limit)
-        where = self._source(source)
-        if isinstance(where, _Live):
-            doc = self._get(where, "/executors", schema.ExecutorsDocument)
-        else:
-            doc = self._file(where).executors or schema.ExecutorsDocument(schema.SCHEMA, [])
-        return brief.executors(doc, limit)
+        doc = self._document(source, "/executors", None, schema.ExecutorsDocument, "executors")
+        return brief.executors(doc or schema.ExecutorsDocument(schema.SCHEMA, []), limit)
 
     def loop(self, source: str = "", limit: int = 5) -> str:
         """Each event loop's health: its lag (how late a callback runs), how often a step
@@ -277,6 +255,18 @@ class Tools:
         return text + "".join(line + "\n" for line in more)
 
     # -- sources ------------------------------------------------------------------------------
+
+    def _document(
+        self, source: str, route: str, limit: int | None, document: type[_D], section: str
+    ) -> _D | None:
+        """A list's document: the endpoint's ``route`` (its first ``limit`` entries), or the
+        saved file's ``section`` of its snapshot (None when the file has none)."""
+        where = self._source(source)
+        if isinstance(where, _Live):
+            query = "" if limit is None else f"?limit={limit}"
+            return self._get(where, route + query, document)
+        found: _D | None = getattr(self._file(where), section)
+        return found
 
     def _armed(self, source: str) -> registry.Entry | None:
         """The registry's entry of the armed process ``source`` names by PID, if it does."""
