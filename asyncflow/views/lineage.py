@@ -8,6 +8,7 @@ from asyncflow import stats
 from asyncflow.instrumentation import lineage as _lineage
 from asyncflow.instrumentation.lineage import ChainReading
 from asyncflow.schema import LineageHop, LineageMessage, LineagePath
+from asyncflow.views.paging import at_most
 
 __all__ = ["ChainReading", "dominant_hop", "dropped", "lineage_paths", "recent_chains"]
 
@@ -58,7 +59,7 @@ def lineage_paths(
                 stages=names,
                 channels=chans,
                 messages=p.messages,
-                end_to_end_ns=_at_most(stats.percentiles(p.end_to_end_hist, qs), p.max_ns),
+                end_to_end_ns=at_most(stats.percentiles(p.end_to_end_hist, qs), p.max_ns),
                 max_end_to_end_ns=p.max_ns,
                 mean_hops=mean,
                 slowest=slowest,
@@ -76,11 +77,6 @@ def recent_chains(after: int) -> list[ChainReading]:
 def dropped() -> int:
     """Sampled messages whose lineage was let go: a bounded table was full."""
     return _lineage.dropped()
-
-
-def _at_most(figures: dict[str, int], top: int) -> dict[str, int]:
-    """A bucket's representative value may pass the largest value seen: cap it there."""
-    return {k: min(v, top) for k, v in figures.items()}
 
 
 def _hop_name(i: int, h: LineageHop, path: LineagePath) -> str:
