@@ -166,7 +166,7 @@ async def test_contended_acquisitions_are_each_counted_and_a_sample_timed(make: 
 
 async def test_events_passed_back_and_forth_are_each_counted_and_a_sample_timed() -> None:
     """Two tasks handing the turn to each other through two events: every wait is counted as a
-    wake-up, and a sample of them timed."""
+    wake-up, and a sample of them timed; every set and clear is counted, and a sample logged."""
     turns = 2000
     with asyncflow.profile("cost", format="none", port=None, sampling=8):
         ping = asyncflow.instrument_lock(asyncio.Event(), name="ping")
@@ -193,3 +193,9 @@ async def test_events_passed_back_and_forth_are_each_counted_and_a_sample_timed(
             assert st.wait_count == st.woken
             assert sum(st.wait_hist.values()) == st.sampled_wait <= st.wait_count
             assert 0 < st.wait_timed < st.wait_count / 4
+            # its sets and clears: each counted, a sample logged and given to the call that made
+            # it, standing for those since the one before
+            assert st.signal_count == 2 * turns
+            assert sum(e.signals for e in st.edges.values()) == st.sampled_signal
+            assert st.signal_count - 8 < st.sampled_signal <= st.signal_count
+            assert len(st.signal_log or ()) < turns / 4
