@@ -77,13 +77,22 @@ class _Chain:
     part are filled when the receiving holder sends on (-1 until then).
     """
 
-    __slots__ = ("hops", "origin", "origin_call", "sent_ns")
+    __slots__ = ("forked", "hops", "origin", "origin_call", "sent_ns")
 
     def __init__(self, origin: int | None, sent_ns: int, origin_call: int | None) -> None:
         self.origin = origin
         self.sent_ns = sent_ns
         self.origin_call = origin_call  # the call that sent it first (for the trace's arrows)
         self.hops: list[list[Any]] = []
+        #: derive() carried it on in a copy: its own end (at its receiver) is not a path's
+        self.forked = False
+
+    def fork(self) -> _Chain:
+        """A copy that derive() carries on (the receiver may end this one meanwhile)."""
+        self.forked = True
+        copy = _Chain(self.origin, self.sent_ns, self.origin_call)
+        copy.hops = [list(h) for h in self.hops]
+        return copy
 
 
 # the hot side's tables; plain dicts (insertion-ordered: the oldest goes first when full), each
@@ -294,10 +303,13 @@ def derive(msg_from: Any, msg_to: Any) -> bool:
         found = _received_items.get(id(msg_from))
         if found is None:
             return False
-        holder, chain = found
+        holder, original = found
         opened = _open.get(holder)
-        if opened is not None and opened[0] is chain:
+        if opened is not None and opened[0] is original:
             _open.pop(holder, None)  # its holder does not send it on as well
+        # A copy goes on: the holder may have ended the original already (it received again),
+        # and the cold side may be folding it now; the original is then folded into no path.
+        chain = original.fork()
         at = _sent_items.pop(id(msg_to), None)
         if at is not None and at in _in_flight:  # already sent: its way begins at chain's
             last = chain.hops[-1]
@@ -389,6 +401,8 @@ _chain_seq = itertools.count(1)
 
 
 def _fold(chain: _Chain) -> None:
+    if chain.forked:
+        return  # it went on in a derived message: that one's way is the path
     hops = chain.hops
     key = (chain.origin, *[(h[0], h[1]) for h in hops])
     path = _paths.get(key)
