@@ -38,6 +38,17 @@ it keeps at the end:
     python benchmarks/memory.py --objects 2000    # smaller
     python benchmarks/memory.py --case queues     # one case, one process, figures as JSON
     python benchmarks/memory.py --growth          # only the four growth cases
+
+``--live-tasks 1000,10000,100000`` instead measures what a live task costs (issue 28: a tracked
+one at most 400 B more than a plain one): N tasks parked on an event, in fresh processes, plain
+and tracked (a profiler, ``instrument_tasks()``), the Python heap each adds (tracemalloc: exact;
+the RSS is left out, as tracing inflates it). Each task's name is read in both, as a tracked
+task's first poll reads it (3.12 made a task's default name lazy: that string is the task's own,
+about 50 B, made for whoever asks); ``unnamed`` is the plain task whose name nobody read. The
+profiler looks at no late loop's stack meanwhile (the source lines it would read once are no
+task's cost); at 100,000 tasks the collector's own lists of them (``all_tasks()``) add ~9 B.
+
+    python benchmarks/memory.py --live-tasks 1000,10000,100000
 """
 
 from __future__ import annotations
@@ -62,7 +73,7 @@ from typing import Any
 import anyio
 
 import asyncflow
-from asyncflow.instrumentation import own_code
+from asyncflow.instrumentation import futures, own_code
 
 CASES = (
     "exec",
@@ -498,6 +509,69 @@ def _growth_table(objects: int | None) -> None:
         print(f"{case:<10} {count:>10,} {' '.join(f'{c:>16}' for c in cells)} {kept:>6}")
 
 
+async def _parked(gate: asyncio.Event) -> None:
+    await gate.wait()
+
+
+async def _live_tasks(n: int, named: bool) -> float:
+    """N tasks parked on an event: the heap (tracemalloc) each adds."""
+    gate = asyncio.Event()
+    warm = [asyncio.ensure_future(_parked(gate)) for _ in range(100)]  # first-use allocations
+    await asyncio.sleep(0)
+    gate.set()
+    await asyncio.gather(*warm)
+    gate.clear()
+    del warm
+    gc.collect()
+    tracemalloc.start()
+    tasks = [asyncio.ensure_future(_parked(gate)) for _ in range(n)]
+    await asyncio.sleep(0)  # each runs to its wait
+    if named:
+        for task in tasks:
+            task.get_name()
+    gc.collect()
+    heap = tracemalloc.get_traced_memory()[0]
+    tracemalloc.stop()
+    gate.set()
+    await asyncio.gather(*tasks)
+    return heap / n
+
+
+async def _live_child(kind: str, n: int) -> float:
+    if kind != "tracked":
+        return await _live_tasks(n, named=kind == "plain")
+    with asyncflow.profile(
+        "live-tasks", port=None, format="none", block_threshold=3600, block_min=3600
+    ):
+        handle = asyncflow.instrument_tasks()
+        try:
+            return await _live_tasks(n, named=True)
+        finally:
+            handle.undo()
+
+
+def _live_table(counts: list[int]) -> None:
+    path = "compiled" if futures.accelerated else "pure-Python"
+    print(
+        f"a live task parked on an event: the Python heap it adds, fresh processes "
+        f"(python {sys.version.split()[0]}, asyncflow {asyncflow.__version__}, {path} path)"
+    )
+    print(f"{'tasks':>8} {'plain':>14} {'unnamed':>14} {'tracked':>14} {'tracked - plain':>18}")
+    for n in counts:
+        got: dict[str, float] = {}
+        for kind in ("plain", "unnamed", "tracked"):
+            done = subprocess.run(
+                [sys.executable, __file__, "--live-child", kind, str(n)],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
+            got[kind] = json.loads(done.stdout.splitlines()[-1])
+        cells = [f"{got[k]:.0f} B" for k in ("plain", "unnamed", "tracked")]
+        more = got["tracked"] - got["plain"]
+        print(f"{n:>8,} {cells[0]:>14} {cells[1]:>14} {cells[2]:>14} {f'+{more:.0f} B':>18}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="asyncflow memory benchmark")
     parser.add_argument("--objects", type=int, help="objects made per case (default 10,000)")
@@ -507,7 +581,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--growth", action="store_true", help="only the growth cases")
     parser.add_argument("--tracemalloc", action="store_true", help="trace the Python heap")
     parser.add_argument("--children-program", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--live-tasks", metavar="COUNTS", help="instead: a live task's memory, e.g. 1000,10000"
+    )
+    parser.add_argument("--live-child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.live_child:
+        kind, n = args.live_child
+        print(json.dumps(asyncio.run(_live_child(kind, int(n)))))
+        return 0
+    if args.live_tasks:
+        _live_table([int(n) for n in args.live_tasks.split(",")])
+        return 0
     if args.children_program:  # (run by the `children` case, under `asyncflow run`)
         _children_program(args.objects or GROWTH_COUNTS["children"], args.tracemalloc)
         return 0
