@@ -4,6 +4,8 @@ words, at most ``limit`` entries and a line saying how many were left out."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import re
 import time
 
 import asyncflow
@@ -31,7 +33,11 @@ def _snapshot() -> schema.Snapshot:
 
 def test_each_document_in_a_few_lines() -> None:
     s = _snapshot()
-    futures = brief.futures(s.futures, 1).splitlines()
+    # the futures of this test's workload: functions decorated by earlier tests' modules stay
+    # registered (with no call) for the whole run
+    own = [f for f in s.futures.futures if f.source.startswith("tests.support.workload:")]
+    only_own = dataclasses.replace(s.futures, futures=own, total=len(own))
+    futures = brief.futures(only_own, 1).splitlines()
     assert futures[0] == "2 futures, most busy first:"
     assert futures[1].startswith(("consume: 1 call (1 returned, 0 raised, 0 cancelled; 0 live), "
                                   "10 polls; busy ", "produce: 1 call (1 returned"))  # fmt: skip
@@ -59,20 +65,21 @@ def test_each_document_in_a_few_lines() -> None:
     ), gate
     assert ": 1 acquired (0 after waiting); waits 0 (0 failed), " in gate[1]
 
+    blocking = f"test_brief.py:{_blocker.__code__.co_firstlineno + 1}"
     assert s.loop is not None
     loop = brief.loop(s.loop, 5)
     assert loop.startswith("blocked means one step ran longer than 100 ms\nloop 1 on MainThread")
     assert "blocked 1x" in loop
-    assert "  line test_brief.py:16 in _blocker `time.sleep(0.15)" in loop
-    assert "  longest: blocked " in loop and " at test_brief.py:16 in _blocker `" in loop
+    assert f"  line {blocking} in _blocker `time.sleep(0.15)" in loop
+    assert "  longest: blocked " in loop and f" at {blocking} in _blocker `" in loop
 
     status = brief.status(s.status, "here").splitlines()
     assert status[0].startswith(f"brief: pid {s.status.pid}, running, up ")
     assert status[0].endswith("(read from here)")
-    assert status[1] == "tracks 2 futures (0 calls live), 2 channels, 1 stream"
+    assert re.fullmatch(r"tracks \d+ futures \(0 calls live\), 2 channels, 1 stream", status[1])
 
     warnings = brief.warnings(s.warnings, 5)
-    assert "WARNING loop-blocked (now) about line `test_brief.py:16`" in warnings
+    assert f"WARNING loop-blocked (now) about line `{blocking}`" in warnings
     assert "\n  hint: " in warnings and "\n  evidence: loop_id=1, blocks=1, total " in warnings
 
 
