@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import concurrent.futures
+import dataclasses
 import functools
 import logging
 import os
@@ -131,7 +132,7 @@ class _Armed:
         self.listener.stop()
         with self.lock:
             if self.profiler is not None:
-                self._detach()
+                self._detach(ending=True)
             registration, self.registration = self.registration, None
             if registration is not None:
                 registration.remove()
@@ -267,8 +268,10 @@ class _Armed:
                 raise AsyncflowError("it is armed, not attached: there is nothing to detach")
             return {"report": self._detach()}
 
-    def _detach(self) -> str:
-        """Undo the attach; the report (in the options' format), or "" if none."""
+    def _detach(self, ending: bool = False) -> str:
+        """Undo the attach; the report (in the options' format), or "" if none. ``ending``:
+        the program ends attached, and the report is written where the options say, as
+        ``asyncflow run`` writes it (a file, or standard error for the table), not returned."""
         prof, self.profiler = self.profiler, None
         while self._undo_parts:
             try:
@@ -277,9 +280,16 @@ class _Armed:
                 _session.internal_error("detaching", exc)
         if prof is None:
             return ""
-        prof.stop()
-        self._register()  # the profiler's file is gone with it: listed as armed again
+        prof.stop()  # (at the interpreter's exit its own atexit hook may have stopped it)
         final = self.capture.snapshot
+        if ending:
+            if final is not None:
+                # the program's own reporter if arm() was given one, else the file or stream
+                reporter = self.options.get("reporter")
+                prof.options = dataclasses.replace(prof.options, reporter=reporter)
+                prof._report(final)
+            return ""
+        self._register()  # the profiler's file is gone with it: listed as armed again
         options = prof.options
         if final is None or options.format == "none":
             return ""

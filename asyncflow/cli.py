@@ -592,11 +592,15 @@ def _armed_run(
             file=sys.stderr,
             flush=True,
         )
+    # SIGTERM while attached: the report first, as under 'asyncflow run' (armed: the socket
+    # and the registry file are taken away, then it dies by SIGTERM as before)
+    undo_sigterm = _report_on_sigterm(_armed.disarm)
     if argv is not None:
         sys.argv = argv
     try:
         code, interrupted = _run_program(run)
     finally:
+        undo_sigterm()
         _armed.disarm()
     if interrupted is not None:
         _exit_as_interrupted(interrupted)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import stat
 import subprocess
 import sys
@@ -102,11 +103,19 @@ class Armed:
 
 
 @contextmanager
-def armed_program(tmp_path: Path, text: str = PROGRAM) -> Iterator[Armed]:
-    """``text`` (a program that prints "ready") run by ``asyncflow run --armed app.py``."""
+def armed_program(
+    tmp_path: Path, text: str = PROGRAM, options: tuple[str, ...] = ()
+) -> Iterator[Armed]:
+    """``text`` (a program that prints "ready") run by ``asyncflow run --armed [options]
+    app.py``; with ``options`` ``("python",)``, by ``python app.py`` (it arms itself)."""
     script = write(tmp_path / "app.py", text)
+    command = (
+        [sys.executable, str(script)]
+        if options == ("python",)
+        else [sys.executable, "-m", "asyncflow", "run", "--armed", *options, str(script)]
+    )
     process = subprocess.Popen(
-        [sys.executable, "-m", "asyncflow", "run", "--armed", str(script)],
+        command,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -515,3 +524,83 @@ def test_the_listener_answers_a_bad_request_with_an_error_and_goes_on() -> None:
         )
     finally:
         _armed.disarm()
+
+
+def test_a_program_that_ends_while_attached_writes_its_report_where_the_options_say(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # as `asyncflow run` does: the report written at the end, the program's own exit status
+    output = tmp_path / "report.json"
+    with armed_program(tmp_path, options=("--output", str(output), "--format", "json")) as program:
+        done = Done(capsys, "attach", str(program.pid))
+        assert done.returncode == 0, done.stderr
+        program.spawn("during")
+        assert program.end() == 3
+    report = orjson.loads(output.read_bytes())
+    assert report["status"]["name"] == "app"
+    assert "parked" in {f["label"] for f in report["futures"]["futures"]}
+    # SIGTERM (docker stop, systemd): the report first, then the end by SIGTERM, as under
+    # `asyncflow run`
+    output.unlink()
+    with armed_program(tmp_path, options=("--output", str(output), "--format", "json")) as program:
+        assert Done(capsys, "attach", str(program.pid)).returncode == 0
+        program.process.send_signal(signal.SIGTERM)
+        assert program.process.wait(TIMEOUT) == -signal.SIGTERM
+    assert orjson.loads(output.read_bytes())["status"]["name"] == "app"
+    # the table, on standard error (standard output is the program's)
+    with armed_program(tmp_path) as program:
+        assert Done(capsys, "attach", str(program.pid)).returncode == 0
+        assert program.end() == 3
+        assert program.process.stderr is not None
+        assert "asyncflow · app · elapsed " in program.process.stderr.read()
+    # detached before the end: the report went to detach, none is written at the end
+    with armed_program(tmp_path) as program:
+        assert Done(capsys, "attach", str(program.pid)).returncode == 0
+        assert Done(capsys, "detach", str(program.pid)).returncode == 0
+        assert program.end() == 3
+        assert program.process.stderr is not None
+        assert "asyncflow · app · elapsed " not in program.process.stderr.read()
+
+
+#: a program that arms itself: its report at the end is written by the interpreter's exit
+#: (after the profiler's own atexit hook, which the attach registered later, stopped it)
+ARMS_ITSELF = """
+import asyncio, sys
+import asyncflow
+
+asyncflow.arm("self-armed", output=sys.argv[1], format="json")
+
+async def main():
+    print("ready", flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+    sys.exit(4)
+
+asyncio.run(main())
+"""
+
+
+def test_a_program_that_arms_itself_and_ends_while_attached_writes_its_report(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    output = tmp_path / "self.json"
+    script = write(tmp_path / "app.py", ARMS_ITSELF)
+    process = subprocess.Popen(
+        [sys.executable, str(script), str(output)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    program = Armed(process)
+    try:
+        assert program.line() == "ready"
+        assert Done(capsys, "attach", str(program.pid)).returncode == 0
+        assert program.end() == 4
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(TIMEOUT)
+        for stream in (process.stdin, process.stdout, process.stderr):
+            if stream is not None:
+                stream.close()
+    assert orjson.loads(output.read_bytes())["status"]["name"] == "self-armed"
