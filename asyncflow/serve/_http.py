@@ -23,7 +23,7 @@ from typing import Any, cast
 import orjson
 from aiohttp import web
 
-from asyncflow import clock, schema
+from asyncflow import clock
 from asyncflow.serve import openapi
 from asyncflow.serve._protocol import (
     _JSON,
@@ -271,6 +271,8 @@ class _Front:
             if route.path == "/openapi.json":  # made once, here
                 if self._openapi is None:
                     token = self.config.token is not None
+                    from asyncflow import schema  # (at first need: see openapi.Route)
+
                     self._openapi = schema.dumps(openapi.document(ROUTES, token))
                 answer = _Answer(200, route.media_type, self._openapi)
             else:

@@ -21,9 +21,6 @@ from typing import Any
 
 import orjson
 
-from asyncflow import (
-    schema,
-)
 from asyncflow.serve.openapi import Param, Route
 
 #: Entries a list returns without ``?limit=``, and the most any ``?limit=`` may ask for.
@@ -78,84 +75,84 @@ def _id(kind: str) -> Param:
 
 
 ROUTES: tuple[Route, ...] = (
-    Route("/profiler_status", "The profiler's own health and counts.", schema.ProfilerStatus),
-    Route("/futures", "Every future, most busy first.", schema.FuturesDocument, _PAGED),
+    Route("/profiler_status", "The profiler's own health and counts.", "ProfilerStatus"),
+    Route("/futures", "Every future, most busy first.", "FuturesDocument", _PAGED),
     Route(
         "/futures/{id}/logs",
         "A future's unfinished calls, then its recent finished calls, newest first.",
-        schema.FutureLogs,
+        "FutureLogs",
         (_id("future"), _LOG_LIMIT),
     ),
-    Route("/channels", "Every channel, most messages first.", schema.ChannelsDocument, _PAGED),
+    Route("/channels", "Every channel, most messages first.", "ChannelsDocument", _PAGED),
     Route(
         "/channels/{id}/logs",
         "A channel's recent sends and receives, newest first.",
-        schema.ChannelLogs,
+        "ChannelLogs",
         (_id("channel"), _LOG_LIMIT),
     ),
-    Route("/streams", "Every stream, most items first.", schema.StreamsDocument, _PAGED),
+    Route("/streams", "Every stream, most items first.", "StreamsDocument", _PAGED),
     Route(
         "/streams/{id}/logs",
         "A stream's recent items, newest first.",
-        schema.StreamLogs,
+        "StreamLogs",
         (_id("stream"), _LOG_LIMIT),
     ),
-    Route("/flow", "The data-flow graph.", schema.FlowDocument),
-    Route("/loop", "Every instrumented event loop's health.", schema.LoopDocument),
+    Route("/flow", "The data-flow graph.", "FlowDocument"),
+    Route("/loop", "Every instrumented event loop's health.", "LoopDocument"),
     Route(
         "/warnings",
         "The diagnoses, those that hold now and most severe first.",
-        schema.WarningsDocument,
+        "WarningsDocument",
     ),
     Route(
         "/tasks",
         "Every live task, tracked calls oldest first: its await chain and what it waits on, "
         "and the waiting tasks counted by future, line and target.",
-        schema.TasksDocument,
+        "TasksDocument",
         _PAGED,
     ),
     Route(
         "/graph",
         "The wait-for graph: every waiting task, what it waits on and the tasks that can "
         "release it (holders, producers, awaited tasks), and the deadlocks (cycles) in it.",
-        schema.GraphDocument,
+        "GraphDocument",
     ),
     Route(
         "/resources",
         "Every lock, semaphore, condition, event, barrier and limiter, most waited on first.",
-        schema.ResourcesDocument,
+        "ResourcesDocument",
         _PAGED,
     ),
     Route(
         "/resources/{id}/logs",
         "A resource's recent waits, timed holds and signals, newest first.",
-        schema.ResourceLogs,
+        "ResourceLogs",
         (_id("resource"), _LOG_LIMIT),
     ),
     Route(
         "/executors",
         "Every executor jobs were submitted to, busiest first.",
-        schema.ExecutorsDocument,
+        "ExecutorsDocument",
     ),
     Route(
         "/threads",
         "Every thread of the process: state, CPU time and CPU share, the busiest first.",
-        schema.ThreadsDocument,
+        "ThreadsDocument",
     ),
     Route(
         "/functions",
         "Every measured function and block (@asyncflow.measure, measure_block), most total "
         "time first.",
-        schema.FunctionsDocument,
+        "FunctionsDocument",
         _PAGED,
     ),
     Route(
         "/user_metrics",
         "The program's own counters, gauges, histograms and value logs, by kind then name.",
-        schema.MetricsDocument,
+        "MetricsDocument",
         _PAGED,
     ),
-    Route("/snapshot", "Every document at once.", schema.Snapshot),
+    Route("/snapshot", "Every document at once.", "Snapshot"),
     Route(
         "/metrics",
         "The figures in the Prometheus text exposition format (version 0.0.4).",
@@ -355,6 +352,8 @@ class _Answer:
 
 
 def _error_body(status: int, message: str) -> bytes:
+    from asyncflow import schema  # (when first needed: see openapi.Route.returns)
+
     return schema.dumps(schema.ErrorDocument(schema.ErrorInfo(status, message)))
 
 
@@ -444,6 +443,8 @@ class _FrontConfig:
     limits: Limits
 
     def wire(self) -> bytes:
+        from asyncflow import schema  # (the program's side: loaded there already)
+
         return schema.dumps(dataclasses.asdict(self))  # allowed_hosts may hold anything
 
     @classmethod
