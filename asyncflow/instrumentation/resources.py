@@ -556,18 +556,24 @@ def _waited(
     spent = now - since
     if outcome in (ACQUIRED, WOKEN):
         if count >= st.next_wait or spent > st.wait_max:
-            weight = count - st.sampled_wait
-            st.sampled_wait = count
-            st.wait_interval = interval = _session.next_interval(
-                st.wait_interval, now - st.last_wait
-            )
-            st.last_wait = now
-            st.next_wait = count + interval
-            _wait_timed(st, since, spent, call, weight, count, outcome)
+            _wait_sampled(st, since, now, call, count, outcome)
         return
     st.wait_failed += 1
     st.sampled_wait += 1  # (timed on its own: no sampled wait stands for it)
     _wait_timed(st, since, spent, call, 1, count, outcome)
+
+
+def _wait_sampled(
+    st: ResourceStats, since: int, now: int, call: CallRecord | None, count: int, outcome: str
+) -> None:
+    """Time the ``count``-th wait, which ended ``now``, standing for the waits since the one timed
+    before, and set when the next one is timed (the sampling interval, as for holds)."""
+    weight = count - st.sampled_wait
+    st.sampled_wait = count
+    st.wait_interval = interval = _session.next_interval(st.wait_interval, now - st.last_wait)
+    st.last_wait = now
+    st.next_wait = count + interval
+    _wait_timed(st, since, now - since, call, weight, count, outcome)
 
 
 def _wait_timed(
@@ -1232,14 +1238,8 @@ async def _std_condition_wait(self: asyncio.Condition) -> Literal[True]:
 def _wakeup_timed(st: ResourceStats, since: int, count: int) -> None:
     """Time a condition's wake-up that ended now (the ``count``-th wait), standing for the
     wake-ups since the one timed before (see _std_condition_wait)."""
-    now = _clock.now_ns()
-    weight = count - st.sampled_wait
-    st.sampled_wait = count
-    st.wait_interval = interval = _session.next_interval(st.wait_interval, now - st.last_wait)
-    st.last_wait = now
-    st.next_wait = count + interval
     # (the waiting task's own call: see _std_condition_wait)
-    _wait_timed(st, since, now - since, _running_call_here(), weight, count, WOKEN)
+    _wait_sampled(st, since, _clock.now_ns(), _running_call_here(), count, WOKEN)
 
 
 def _std_condition_notify(self: asyncio.Condition, n: int = 1) -> None:
