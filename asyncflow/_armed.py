@@ -15,7 +15,14 @@ attach are listed by ``/tasks`` with their await chain and what they wait on (re
 tasks themselves), but their coroutines cannot be wrapped any more: they are no calls of a
 future, and their polls are not counted. ``detach`` takes it all back, stops the profiler and
 answers with its report; the process is armed again. ``dump`` reads every task and the
-wait-for graph they make, attached or not.
+wait-for graph they make, attached or not. A program that ends attached writes its report as
+``asyncflow run`` would.
+
+The processes an armed process starts are armed too, named ``<name>/<role>`` as
+:mod:`asyncflow._children` names ``asyncflow run``'s: a multiprocessing child (its
+``BaseProcess.start`` wrapped once multiprocessing is imported) runs a :class:`_Child` that arms
+a fresh interpreter at once, and a forked one (a multiprocessing fork, gunicorn's workers) is
+armed when it makes its first event loop.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import atexit
 import concurrent.futures
 import dataclasses
 import functools
+import itertools
 import logging
 import os
 import sys
@@ -35,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from asyncflow import config, schema
+from asyncflow import _children, config, schema
 from asyncflow.errors import AsyncflowError
 from asyncflow.instrumentation import _imports, _session, loops
 from asyncflow.profiler import Profiler, _ProfilerLoop, active_profiler, profile
@@ -79,11 +87,21 @@ class _Armed:
     """This process's armed state: its name, the options an attach starts the profiler with,
     the loops it knows, its listener, and the profiler while attached."""
 
-    def __init__(self, name: str, options: dict[str, Any], parts: Parts) -> None:
+    def __init__(
+        self,
+        name: str,
+        options: dict[str, Any],
+        parts: Parts,
+        child_of: tuple[int, str] | None = None,
+    ) -> None:
         self.name = name
         self.options = options
         self.parts = parts
         self.pid = os.getpid()
+        #: a child of an armed process: its parent's pid and its role (``process-1``, ``fork-2``)
+        self.child_of = child_of
+        #: numbers the roles of the processes it starts
+        self.numbers = itertools.count(1)
         #: the event loops the program made (weakly: a loop let go is gone from here)
         self.loops: weakref.WeakSet[asyncio.AbstractEventLoop] = weakref.WeakSet()
         self.listener = control.Listener(
@@ -119,7 +137,7 @@ class _Armed:
         self._register()
 
     def _register(self) -> None:
-        self.registration = registry.register(self.name, "", False, None, armed=True)
+        self.registration = registry.register(self.name, "", False, self.child_of, armed=True)
 
     def _unhook(self) -> None:
         while self._undo_hooks:
@@ -137,6 +155,25 @@ class _Armed:
             if registration is not None:
                 registration.remove()
             self._unhook()
+
+    def child(self, role: str) -> _Child:
+        """The child process with ``role``: armed as this one is, under its own name, its
+        files (report, recording, trace) beside this one's, never on this one's port."""
+        options = {
+            key: value
+            for key, value in self.options.items()
+            if value is None or isinstance(value, (str, int, float, bool, tuple, list))
+        }  # (a reporter object does not cross into another process)
+        resolved = config.resolve_options(self.name, options)
+        if resolved.output not in (None, "-"):
+            options["output"] = _children._beside(resolved.output, role)
+        if resolved.record is not None:
+            options["record"] = _children._beside(resolved.record, role)
+        if resolved.trace:
+            trace = resolved.trace_output
+            options["trace"] = True if trace is None else _children._beside(trace, role)
+        options["port"] = "off" if resolved.port is None else 0
+        return _Child(f"{self.name}/{role}", role, self.pid, options, self.parts)
 
     def forsake(self) -> None:
         """In a forked child: the parent's socket and registry file stay the parent's."""
@@ -197,6 +234,7 @@ class _Armed:
                     "machine only (127.0.0.1)"
                 )
             prof.hosting = True  # the program's own asyncflow.start() joins it
+            prof.child_of = self.child_of  # a child's: listed under its parent, reports aside
             prof.start()
             self.profiler = prof
             try:
@@ -435,7 +473,8 @@ def _patch_init(cls: type[Any]) -> Callable[[], None]:
 
 
 def _hook_loops() -> list[Callable[[], None]]:
-    """Note every event loop made from now on: asyncio's, and uvloop's once imported."""
+    """Note every event loop made from now on: asyncio's, and uvloop's once imported; and
+    arm the processes multiprocessing starts, once it is imported."""
     undo = [_patch_init(asyncio.BaseEventLoop)]
     late: list[Callable[[], None]] = []
 
@@ -443,7 +482,12 @@ def _hook_loops() -> list[Callable[[], None]]:
         if _armed is not None:
             late.append(_patch_init(module.Loop))
 
+    def hook_multiprocessing(module: Any) -> None:
+        if _armed is not None:
+            late.append(_patch_start(module))
+
     undo.append(_imports.after_import("uvloop", hook_uvloop))
+    undo.append(_imports.after_import("multiprocessing.process", hook_multiprocessing))
 
     def undo_late() -> None:
         while late:
@@ -451,6 +495,101 @@ def _hook_loops() -> list[Callable[[], None]]:
 
     undo.append(undo_late)
     return undo
+
+
+# -- the processes it starts -------------------------------------------------------------------
+
+#: in the thread that starts a multiprocessing child: its role, which a fork of it is named by
+_local = threading.local()
+#: whether this process is a fork of an armed one (a spawned child starts afresh)
+_inherited = False
+
+
+@dataclass(frozen=True, slots=True)
+class _Child:
+    """A multiprocessing child's ``run``, for the length of its armed parent's ``start()``
+    (pickled into a spawned child): its process is armed as the parent is, then runs the
+    process's own ``run()`` (its target, or a subclass's)."""
+
+    #: its name: the parent's, a slash and the role (``app/process-1``)
+    name: str
+    #: ``process-N`` (``pool-worker-N``, or the name the program gave it, numbered)
+    role: str
+    #: the parent's pid
+    parent_pid: int
+    #: arm()'s options in it (see :meth:`_Armed.child`)
+    options: dict[str, Any]
+    parts: Parts
+
+    def __call__(self) -> None:
+        import multiprocessing
+
+        process = multiprocessing.current_process()
+        run = functools.partial(type(process).run, process)
+        if not _inherited:  # a fresh interpreter (spawn, forkserver): armed now
+            try:
+                _arm(self.name, self.options, self.parts, (self.parent_pid, self.role))
+            except Exception as exc:  # the work runs on, unarmed
+                print(f"asyncflow: {self.name!r} runs unarmed: {exc}", file=sys.stderr, flush=True)
+        # (a forked one is armed when it makes its first event loop, named by its role)
+        try:
+            run()
+        finally:
+            # multiprocessing ends the process with os._exit: no atexit hook runs. A SIGTERM
+            # (a pool's terminate()) waits while an attached child writes its report.
+            deferral = _children._SigtermDeferral()
+            deferral.begin()
+            try:
+                disarm()
+            finally:
+                deferral.end()
+
+
+def _patch_start(module: Any) -> Callable[[], None]:
+    """Wrap multiprocessing's ``BaseProcess.start`` so that each process an armed process
+    starts is armed too; returns what puts it back (unless replaced since)."""
+    original: Callable[[Any], None] = module.BaseProcess.start
+
+    @functools.wraps(original)
+    def start(self: Any) -> None:
+        armed = _armed
+        if armed is None or armed.pid != os.getpid() or "run" in vars(self):
+            return original(self)  # (a run of the program's own, per instance: left alone)
+        try:
+            child = armed.child(f"{_children._role_base(self)}-{next(armed.numbers)}")
+            vars(self)["run"] = child
+        except Exception as exc:  # the child runs unarmed; its start() is not ours to break
+            _session.internal_error("arming a child process", exc)
+            return original(self)
+        _local.role = child.role  # forked (the fork method): named by it
+        try:
+            original(self)
+        finally:
+            _local.role = None
+            # pickled or forked by now: the program's object is as it was
+            if vars(self).get("run") is child:
+                del vars(self)["run"]
+
+    module.BaseProcess.start = start
+
+    def restore() -> None:
+        if module.BaseProcess.start is start:
+            module.BaseProcess.start = original
+
+    return restore
+
+
+def _before_fork() -> None:
+    """Name the child about to be forked by an armed process: ``fork-N``, or the role of the
+    multiprocessing child being started."""
+    _local.forking = None
+    armed = _armed
+    if armed is None or armed.pid != os.getpid():
+        return
+    try:
+        _local.forking = getattr(_local, "role", None) or f"fork-{next(armed.numbers)}"
+    except Exception as exc:  # the fork goes on
+        _session.internal_error("naming a forked process", exc)
 
 
 # -- the front door -----------------------------------------------------------------------------
@@ -485,6 +624,13 @@ def arm(name: str | None = None, *, _parts: Parts | None = None, **options: Any)
         AsyncflowError: the control socket cannot be made (the runtime directory is not this
             user's alone, or its path is too long).
     """
+    _arm(name, options, _parts or Parts(), None)
+
+
+def _arm(
+    name: str | None, options: dict[str, Any], parts: Parts, child_of: tuple[int, str] | None
+) -> None:
+    """:func:`arm`; ``child_of``: a child of an armed process, its parent's pid and its role."""
     global _armed
     with _lock:
         if _armed is not None and _armed.pid == os.getpid():
@@ -507,7 +653,7 @@ def arm(name: str | None = None, *, _parts: Parts | None = None, **options: Any)
                 f"host={resolved.host!r}: an armed process serves its endpoint on this machine "
                 "only (127.0.0.1)"
             )
-        armed = _Armed(name, dict(options), _parts or Parts())
+        armed = _Armed(name, dict(options), parts, child_of)
         _armed = armed
         try:
             armed.start()
@@ -534,8 +680,9 @@ def disarm() -> None:
 
 
 #: in a forked child of an armed process, until its first event loop: the parent's arming,
-#: whose hooks the child inherited (see :func:`_after_fork_in_child`)
+#: whose hooks the child inherited (see :func:`_after_fork_in_child`), and its role there
 _forked: _Armed | None = None
+_forked_role: str | None = None
 
 
 def _after_fork_in_child() -> None:
@@ -544,10 +691,12 @@ def _after_fork_in_child() -> None:
     only runs another program (``fork()`` then ``exec()``) costs nothing, and leaves nothing.
     One forked while its parent was attached is not armed (whole-program mode's hooks, which
     it inherited, record nothing there, and an attach could not install them again)."""
-    global _armed, _forked
+    global _armed, _forked, _forked_role, _inherited
     armed, _armed = _armed, None
     _forked = None
+    _forked_role, _local.forking = getattr(_local, "forking", None), None
     if armed is not None:
+        _inherited = True
         try:
             armed.forsake()
             if armed.profiler is None:  # forked while attached: its hooks are the profiler's
@@ -563,7 +712,9 @@ def _arm_forked_child(loop: Any) -> None:
         parent, _forked = _forked, None
         if parent is None or _armed is not None:
             return
-        child = _Armed(parent.name, parent.options, parent.parts)
+        role = _forked_role or "fork"
+        named = parent.child(role)
+        child = _Armed(named.name, named.options, parent.parts, (parent.pid, role))
         child.loops.add(loop)
         _armed = child
         try:
@@ -576,4 +727,4 @@ def _arm_forked_child(loop: Any) -> None:
 
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+    os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)

@@ -341,7 +341,8 @@ def test_a_forked_worker_is_armed_from_its_first_event_loop(
         assert listed[program.pid]["armed"] and listed[child]["armed"]
         done = Done(capsys, "dump", str(child))
         assert done.returncode == 0, done.stderr
-        assert done.stdout.startswith(f"asyncflow: pid {child} (app), armed: 2 live tasks")
+        assert done.stdout.startswith(f"asyncflow: pid {child} (app/fork-1), armed: 2 live tasks")
+        assert (listed[child]["name"], listed[child]["parent"]) == ("app/fork-1", program.pid)
         assert "  in-the-worker (parked) waiting at " in done.stdout
         done = Done(capsys, "dump", str(program.pid))  # the parent runs no loop of its own
         assert done.stdout.startswith(f"asyncflow: pid {program.pid} (app), armed: 0 live tasks")
@@ -604,3 +605,78 @@ def test_a_program_that_arms_itself_and_ends_while_attached_writes_its_report(
             if stream is not None:
                 stream.close()
     assert orjson.loads(output.read_bytes())["status"]["name"] == "self-armed"
+
+
+#: a parent that starts a child by each of multiprocessing's methods (uvicorn's --workers
+#: spawn theirs), each parking a task in an event loop; all end when standard input closes
+STARTING = """
+import asyncio, multiprocessing, os, sys
+
+async def parked(event):
+    await event.wait()
+
+async def work(method, done):
+    event = asyncio.Event()
+    task = asyncio.create_task(parked(event), name=f"in-{method}")
+    await asyncio.sleep(0)
+    print(f"ready {method} {os.getpid()}", flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, done.wait)
+    event.set()
+    await task
+
+def worker(method, done):
+    asyncio.run(work(method, done))
+    sys.exit(6)
+
+if __name__ == "__main__":
+    print("ready", flush=True)
+    done = multiprocessing.get_context("spawn").Event()
+    children = []
+    for method in ("spawn", "forkserver", "fork"):
+        context = multiprocessing.get_context(method)
+        children.append(context.Process(target=worker, args=(method, done)))
+        children[-1].start()
+    sys.stdin.readline()
+    done.set()
+    for child in children:
+        child.join()
+    sys.exit(3 if [c.exitcode for c in children] == [6, 6, 6] else 1)
+"""
+
+
+def test_the_processes_an_armed_program_starts_are_armed_by_every_start_method(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with armed_program(tmp_path, STARTING) as program:
+        ready = dict(program.line().split()[1:] for _ in range(3))
+        pids = {method: int(pid) for method, pid in ready.items()}
+        roles = {"spawn": "process-1", "forkserver": "process-2", "fork": "process-3"}
+        listed = {e["pid"]: e for e in orjson.loads(Done(capsys, "ps", "--json").stdout)}
+        for method, pid in pids.items():
+            entry = listed[pid]
+            assert (entry["armed"], entry["parent"], entry["role"], entry["name"]) == (
+                True,
+                program.pid,
+                roles[method],
+                f"app/{roles[method]}",
+            )
+            done = Done(capsys, "dump", str(pid))
+            assert done.returncode == 0, done.stderr
+            assert f"(app/{roles[method]}), armed: " in done.stdout.splitlines()[0]
+            assert f"  in-{method} (parked) waiting at " in done.stdout
+        # a spawned child is attached as any armed process is; its report at its end goes to
+        # standard error under its name (standard output is its parent's)
+        done = Done(capsys, "attach", str(pids["spawn"]))
+        assert done.returncode == 0, done.stderr
+        tasks_within(done.stdout.strip(), {"in-spawn"}, 2.0)
+        listed = {e["pid"]: e for e in orjson.loads(Done(capsys, "ps", "--json").stdout)}
+        assert (listed[pids["spawn"]]["armed"], listed[pids["spawn"]]["parent"]) == (
+            False,
+            program.pid,
+        )
+        assert program.end() == 3
+        assert program.process.stderr is not None
+        said = program.process.stderr.read()
+        assert f"asyncflow: report of 'app/process-1' (pid {pids['spawn']}):" in said
+    # each child took its socket and registry file away (multiprocessing ends it by os._exit)
+    assert list(registry.directory().iterdir()) == []
