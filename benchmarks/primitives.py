@@ -42,9 +42,10 @@ def _waiting(condition: asyncio.Condition) -> int:
     return sum(not w.done() for w in condition._waiters)
 
 
-async def herd() -> None:
-    """HERD tasks wait on one condition; each item is put under its lock with notify_all(), the
-    next one only once every task waits again (ITEMS x HERD wake-ups)."""
+async def herd(waiters: int = HERD, items_put: int = ITEMS) -> None:
+    """``waiters`` tasks wait on one condition; each of ``items_put`` items is put under its lock
+    with notify_all(), the next one only once every task waits again (items x waiters wake-ups,
+    then the waiters leave)."""
     condition = asyncio.Condition()
     items: list[int] = []
 
@@ -55,8 +56,8 @@ async def herd() -> None:
                 if items.pop() < 0:
                     return
 
-    tasks = [asyncio.create_task(consume()) for _ in range(HERD)]
-    for item in [*range(ITEMS), *[-1] * HERD]:
+    tasks = [asyncio.create_task(consume()) for _ in range(waiters)]
+    for item in [*range(items_put), *[-1] * waiters]:
         while items or _waiting(condition) < sum(not t.done() for t in tasks):
             await asyncio.sleep(0)
         async with condition:

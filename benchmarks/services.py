@@ -61,6 +61,7 @@ from typing import Any
 
 import anyio
 import httpx
+from primitives import herd
 
 APPS = Path(__file__).resolve().parent / "services_apps"
 #: requests of a slice: a pair's load goes to the two servers in turn, a slice at a time
@@ -376,36 +377,13 @@ async def _condition_made() -> None:
             condition.notify_all()
 
 
-def _waiting(condition: asyncio.Condition) -> int:
-    """Tasks inside ``condition.wait()``, not notified yet."""
-    return sum(not w.done() for w in condition._waiters)
-
-
 #: waiters of the herd: each notify_all() wakes them all, one finds the item (issue 28)
 HERD = 100
 
 
 async def _condition_herd() -> None:
-    """PRIMITIVE_USES wake-ups: HERD tasks wait on one condition; each item is put under its
-    lock with notify_all(), and the next only once every task waits again."""
-    condition = asyncio.Condition()
-    items: list[int] = []
-
-    async def consume() -> None:
-        while True:
-            async with condition:
-                await condition.wait_for(lambda: bool(items))
-                if items.pop() < 0:
-                    return
-
-    tasks = [asyncio.create_task(consume()) for _ in range(HERD)]
-    for item in [*range(PRIMITIVE_USES // HERD - 1), *[-1] * HERD]:
-        while items or _waiting(condition) < sum(not t.done() for t in tasks):
-            await asyncio.sleep(0)
-        async with condition:
-            items.append(item)
-            condition.notify_all()
-    await asyncio.gather(*tasks)
+    """PRIMITIVE_USES wake-ups of a notify_all() herd of HERD (benchmarks/primitives.py's)."""
+    await herd(HERD, PRIMITIVE_USES // HERD - 1)
 
 
 PRIMITIVES = {
