@@ -16,12 +16,13 @@ uninstrumented anyio primitive then pays one dict lookup).
 
 Whether an ``acquire()`` will wait is read before it starts, from the fields the primitive's
 own fast path reads (``_locked``, ``_value``, ``_waiters``): an acquisition that waits is timed
-from its call to its return, and every wait is counted and timed. One that does not wait reads
-the clock once and keeps the call that holds it, so that "who holds this lock, since when" and
-"whose permits never came back" have answers. Acquisitions and releases are counted exactly;
-hold durations are timed for a sample of holds at their release (every hold while the resource
-is quiet, about a thousand a second when it is busy), each standing for the holds since the
-previous one, as channels time messages. With no profiler running, the hooks only forward.
+from its call to its return. One that does not wait keeps the call that holds it, so that "who
+holds this lock, since when" and "whose permits never came back" have answers. Acquisitions,
+releases, waits and signals are counted exactly; hold durations, the durations of waits that
+got what they waited for (the longest always) and the signals' log are sampled (every one while
+the resource is quiet, about a thousand a second when it is busy), each timed one standing for
+those since the previous one, as channels time messages; a wait given up is timed on its own.
+With no profiler running, the hooks only forward.
 """
 
 from __future__ import annotations
@@ -207,15 +208,15 @@ class ResourceStats:
         self.wait_ns = 0
         self.wait_max = 0
         self.wait_hist = new_histogram()
-        # A condition's wake-ups (a notify_all() herd wakes every waiter) are timed as holds
-        # are: every one while they are few, a sample when they come close together, each
-        # standing for those since the one before in the total, the histogram and the edges;
-        # every other wait, and every wait given up, is timed on its own.
+        # Waits that got what they waited for (a notify_all() herd wakes every waiter) are
+        # timed as holds are: every one while they are few, a sample when they come close
+        # together (and the longest yet), each standing for those since the one before in the
+        # total, the histogram and the edges; a wait given up is timed on its own.
         self.wait_timed = 0  # waits timed on their own (in the histogram, each weighted)
         self.sampled_wait = 0  # the waits ended that the weighted figures stand for
         self.wait_interval = 1
-        self.next_wait = 1  # the wait count at which the next wake-up is timed
-        self.last_wait = 0  # when the last timed wake-up ended
+        self.next_wait = 1  # the wait count at which the next wait is timed
+        self.last_wait = 0  # when the last sampled wait ended
         self.immediate = 0  # event waits that found it set: counted, not timed
         # event, condition (and barrier) waits that returned: each a task woken by a set, a
         # notify (or the last party); a condition's herd reads as woken per notify
