@@ -53,6 +53,7 @@ __all__ = [
     "LineageHop",
     "LineageMessage",
     "LineagePath",
+    "LineageTail",
     "LiveSample",
     "Location",
     "LoopDocument",
@@ -596,6 +597,21 @@ class LineageMessage:
 
 
 @dataclass(frozen=True, slots=True)
+class LineageTail:
+    """The hop where a path's tail (its sampled messages at or past its p99 end to end) spent
+    most of its time: the one the ``slow-path`` finding names."""
+
+    #: its index among the hops (channel, stage, channel, ...)
+    hop: int
+    #: the hop in the finding's words: ``in `enrich`, waiting on something inside it``
+    said: str
+    #: its share of those messages' end-to-end time, in percent
+    share_percent: int
+    #: the mean time those messages spent in it
+    mean_ns: int
+
+
+@dataclass(frozen=True, slots=True)
 class LineagePath:
     """A path through the flow graph (source, channel, stage, channel, ... sink) and the
     end-to-end latency of the sampled messages that went all of it."""
@@ -615,6 +631,11 @@ class LineagePath:
     mean_hops: list[LineageHop]
     #: the slowest messages, slowest first, with their hops
     slowest: list[LineageMessage]
+    #: the flow graph's nodes along the path (source, channel, stage, ... channel, last
+    #: receiver): hop ``i`` is node ``i + 1``
+    node_ids: list[str] = field(default_factory=list)
+    #: the hop that dominates the tail; None while no message went the whole path
+    tail: LineageTail | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 
 from asyncflow import stats
 from asyncflow.instrumentation import lineage as _lineage
 from asyncflow.instrumentation.lineage import ChainReading
-from asyncflow.schema import LineageHop, LineageMessage, LineagePath
+from asyncflow.schema import LineageHop, LineageMessage, LineagePath, LineageTail
 from asyncflow.views.paging import at_most
 
 __all__ = ["ChainReading", "dominant_hop", "dropped", "lineage_paths", "recent_chains"]
@@ -53,19 +54,36 @@ def lineage_paths(
             )
             for m in p.slowest
         ]
-        out.append(
-            LineagePath(
-                label=" → ".join(names),
-                stages=names,
-                channels=chans,
-                messages=p.messages,
-                end_to_end_ns=at_most(stats.percentiles(p.end_to_end_hist, qs), p.max_ns),
-                max_end_to_end_ns=p.max_ns,
-                mean_hops=mean,
-                slowest=slowest,
-            )
+        # the flow graph's nodes along the way (as documents.flow names them)
+        if p.origin is not None and p.origin < 0:
+            nodes = [f"stream:{-p.origin}"]
+        else:
+            nodes = [_future_node(p.origin)]
+        for channel, stage in zip(p.channels, p.stages, strict=True):
+            nodes += [f"channel:{channel}", _future_node(stage)]
+        path = LineagePath(
+            label=" → ".join(names),
+            stages=names,
+            channels=chans,
+            messages=p.messages,
+            end_to_end_ns=at_most(stats.percentiles(p.end_to_end_hist, qs), p.max_ns),
+            max_end_to_end_ns=p.max_ns,
+            mean_hops=mean,
+            slowest=slowest,
+            node_ids=nodes,
         )
+        found = dominant_hop(path, path.end_to_end_ns.get("p99", p.max_ns))
+        if found is not None:
+            index, said, share, spent = found
+            tail = LineageTail(index, said, round(100 * share), spent)
+            path = dataclasses.replace(path, tail=tail)
+        out.append(path)
     return out
+
+
+def _future_node(future_id: int | None) -> str:
+    """A future's node id in the flow graph (code outside tracked calls is one node)."""
+    return f"future:{future_id}" if future_id is not None else "future:untracked"
 
 
 def recent_chains(after: int) -> list[ChainReading]:
