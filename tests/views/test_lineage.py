@@ -19,7 +19,10 @@ from asyncflow.views import lints
 from asyncflow.views.lints import Finding, Thresholds
 
 MESSAGES = 40
-SLOW_S = 0.06
+#: the slow stage's time for one message in ten: well past the slow-path finding's ratio (4)
+#: to the median even on a loaded machine, whose loop lateness takes a 3-hop message's median
+#: from 3 ms to 16 ms (at 60 ms the planted tail fell under 4 times that)
+SLOW_S = 0.1
 
 
 async def _pipeline(slow_s: float) -> list[int]:
@@ -80,7 +83,7 @@ async def test_the_slow_stage_is_named_as_the_tails_hop(prof: asyncflow.Profiler
     assert path.channels == ["raw", "parsed", "enriched"]
     assert path.messages >= MESSAGES - 1  # every message was timed: the channels were quiet
     p50, p99 = path.end_to_end_ns["p50"], path.end_to_end_ns["p99"]
-    assert p99 >= SLOW_S * 1e9 > 4 * p50
+    assert p99 >= SLOW_S * 1e9 and p99 >= 4 * p50, (p50, p99)
     slowest = path.slowest[0]
     assert [h.name for h in slowest.hops] == [
         "raw",
@@ -97,15 +100,19 @@ async def test_the_slow_stage_is_named_as_the_tails_hop(prof: asyncflow.Profiler
     finding = found[0]
     assert finding.severity == "warning"
     assert finding.subject.label == "src → parse → enrich → sink"
-    # the slow message's own stage (hop 3), or the input queue the messages behind it wait in
-    assert finding.evidence["hop"] in (2, 3)
     assert finding.message.startswith(
         "the p99 end-to-end latency of `src → parse → enrich → sink` is "
     )
-    assert (
-        "of it in `enrich`" in finding.message
-        or "of it waiting in `enrich`'s input queue `parsed`" in finding.message
-    )
+    # the slow message's own stage (hop 3), or the input queue the messages behind it wait in;
+    # unless the loop itself stalled for longer than the planted stage (a loaded machine took
+    # the CPU away), which holds whatever hop the message was in longer than that
+    assert snap.loop is not None and snap.loop.loops
+    if max(loop.max_lag_ns for loop in snap.loop.loops) < SLOW_S * 1e9:
+        assert finding.evidence["hop"] in (2, 3), (finding, snap.loop.loops)
+        assert (
+            "of it in `enrich`" in finding.message
+            or "of it waiting in `enrich`'s input queue `parsed`" in finding.message
+        )
     assert finding.evidence["share_percent"] >= 50
     text = render_table(snap, (50.0, 99.0), 10)
     assert "Lineage" in text and "src → parse → enrich → sink" in text
