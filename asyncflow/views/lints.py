@@ -107,7 +107,8 @@ class Thresholds:
     #: most of them (fewer: its tail is judged alone, as for calls awaited alone)
     tail_min_gathers: int = 10
     #: ... and whose tail's excess over its median is more than this many times the loop's
-    #: p99 lag (a late loop wakes each call late at every await: the loop's lag, not a tail)
+    #: p99 lag, plus the time the loop's thread waited for a core in its blocks (a late loop
+    #: wakes each call late at every await: the loop's lag, not a tail; 0: neither counts)
     tail_lag_factor: int = 4
     #: a path (source, channel, stage... sink) of at least two channels and
     #: ``path_min_messages`` sampled messages whose p99 end-to-end latency is at least
@@ -1786,6 +1787,23 @@ def _gathered(f: FutureEntry, th: Thresholds) -> tuple[bool, str]:
     return gathers < th.tail_min_gathers, fact
 
 
+def _lateness_ns(docs: Documents, th: Thresholds) -> int:
+    """How late a loop ran its calls, as far as it explains a tail: its heartbeats' p99 lag at
+    each of ``tail_lag_factor`` awaits, plus the time its thread waited for a core inside the
+    blocks the monitor saw (kind ``cpu``, off the CPU: runnable, the machine short of cores).
+    The heartbeat (one in flight at a time) sees such a stall once, however long it is: on a
+    loaded machine the lag's p99 stays small while a call waits through several stalls."""
+    late = 0
+    for loop in docs.loops if th.tail_lag_factor else ():  # 0: judged as if on time
+        starved = sum(
+            max(0, line.total_ns * (line.cpu_wall_ns - line.cpu_ns) // line.cpu_wall_ns)
+            for line in loop.blocking_lines
+            if line.kind == "cpu" and line.cpu_ns is not None and line.cpu_wall_ns > 0
+        )
+        late = max(late, th.tail_lag_factor * loop.lag_ns.get("p99", 0) + starved)
+    return late
+
+
 def tail_latency(docs: Documents, th: Thresholds) -> Iterator[Finding]:
     """A future whose slowest calls (p99) take many times its median call: whoever waits for
     all of them (a gather, a page of lookups) waits for its tail. Where its calls take part
@@ -1794,12 +1812,12 @@ def tail_latency(docs: Documents, th: Thresholds) -> Iterator[Finding]:
     timeout cut (its p99 is the timeout, which the program chose), nor one that gave up
     waiting on a lock, semaphore or condition: its tail is its own timeout, and what held the
     resource so long is the cause (the resource's finding), not a tail of its own. Nor a
-    tail the loop's own lateness explains (its p99 lag, times ``tail_lag_factor``, reaches
-    the tail's excess over the median): a loop short of CPU wakes every call late, by about
-    its lag at each await, whatever the call does, and the loop's figures say so."""
+    tail the loop's own lateness explains (``_lateness_ns`` reaches the tail's excess over the
+    median): a loop short of CPU wakes every call late, by about its lag at each await,
+    whatever the call does, and the loop's figures say so."""
     gave_up = {w.future_id for r in docs.resources if r.failed_waits for w in r.futures if w.waits}
     own = _own_futures(docs)
-    late_ns = max((loop.lag_ns.get("p99", 0) for loop in docs.loops), default=0)
+    late_ns = _lateness_ns(docs, th)
     for f in docs.futures:
         if f.id in gave_up or _cut_by_timeouts(f):
             continue
@@ -1810,7 +1828,7 @@ def tail_latency(docs: Documents, th: Thresholds) -> Iterator[Finding]:
             continue
         if p99 < th.tail_min_ns or p99 < th.tail_ratio * p50:
             continue
-        if th.tail_lag_factor * late_ns >= p99 - p50:
+        if late_ns >= p99 - p50:
             continue
         waited_for, gathered = _gathered(f, th)
         if not waited_for:
@@ -1839,14 +1857,14 @@ def slow_path(docs: Documents, th: Thresholds) -> Iterator[Finding]:
     median, naming the hop (a channel's wait or a stage) where those messages spent most of
     their time. Unlike the bottleneck (throughput: who keeps a channel full), this is about the
     latency of single messages. Not a tail the loop's lateness explains (as ``tail-latency``)."""
-    late_ns = max((loop.lag_ns.get("p99", 0) for loop in docs.loops), default=0)
+    late_ns = _lateness_ns(docs, th)
     for p in docs.paths:
         if len(p.channels) < 2 or p.messages < th.path_min_messages:
             continue
         p50, p99 = p.end_to_end_ns.get("p50", 0), p.end_to_end_ns.get("p99", 0)
         if p50 <= 0 or p99 < th.path_min_ns or p99 < th.path_ratio * p50:
             continue
-        if th.tail_lag_factor * late_ns >= p99 - p50:
+        if late_ns >= p99 - p50:
             continue
         found = dominant_hop(p, p99)
         if found is None:
