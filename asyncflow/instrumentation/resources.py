@@ -1207,7 +1207,9 @@ async def _std_condition_wait(self: asyncio.Condition) -> Literal[True]:
     one timed before (``sampled_wait``) in the total, the histogram and the edges, and the others
     read the clock once, when they begin (a wait given up is timed on its own, see _waited).
     """
-    record: ResourceRecord | None = getattr(self, _LOCK_RECORD, None)
+    record: Any = getattr(self, _LOCK_RECORD, None)
+    if type(record) is _Site:  # a wait: now it is worth a record
+        record = _materialize(self, record)
     if record is None or _session.active is None:
         return await _CONDITION_WAIT(self)
     try:
@@ -1246,20 +1248,26 @@ def _wakeup_timed(st: ResourceStats, since: int, count: int) -> None:
 def _std_condition_notify(self: asyncio.Condition, n: int = 1) -> None:
     """``notify`` of an ``asyncio.Condition``: counted and logged."""
     _CONDITION_NOTIFY(self, n)
-    record: ResourceRecord | None = getattr(self, _LOCK_RECORD, None)
+    record: Any = getattr(self, _LOCK_RECORD, None)
     if record is not None and _session.active is not None:
-        _count_signal(record, "notify", "notifies")
+        if type(record) is _Site:  # nobody waited on it yet: counted on its creation site
+            record.record.stats.notifies += 1
+        else:
+            _count_signal(record, "notify", "notifies")
 
 
 def _std_condition_notify_all(self: asyncio.Condition) -> None:
     """``notify_all`` of an ``asyncio.Condition``: counted and logged once."""
-    record: ResourceRecord | None = getattr(self, _LOCK_RECORD, None)
+    record: Any = getattr(self, _LOCK_RECORD, None)
     if record is None:
         return _CONDITION_NOTIFY_ALL(self)
     # notify_all's own line (3.11 to 3.13), not through self.notify, which would count it again
     _CONDITION_NOTIFY(self, len(self._waiters))
     if _session.active is not None:
-        _count_signal(record, "notify_all", "notifies")
+        if type(record) is _Site:
+            record.record.stats.notifies += 1
+        else:
+            _count_signal(record, "notify_all", "notifies")
     return None
 
 
@@ -1797,7 +1805,7 @@ def resource_of(obj: Any) -> ResourceRecord | None:
     record = getattr(obj, _MARK, None)
     if isinstance(record, ResourceRecord):
         return record
-    if isinstance(obj, (asyncio.Lock, asyncio.Event)):  # one with only its site: made now
+    if isinstance(obj, (asyncio.Lock, asyncio.Event, asyncio.Condition)):  # only its site: made now
         site = getattr(obj, _EVENT_RECORD if isinstance(obj, asyncio.Event) else _LOCK_RECORD, None)
         if type(site) is _Site:
             return _materialize(obj, site)
@@ -1996,6 +2004,10 @@ def _lazy(
     cls = target = type(obj)
     if cls is asyncio.Lock:
         attr, carrier = _LOCK_RECORD, obj
+    elif cls is asyncio.Condition:
+        if not _condition_lock_free(obj):
+            return False
+        attr, carrier = _LOCK_RECORD, obj
     elif cls is asyncio.Event:
         attr, carrier = _EVENT_RECORD, obj
     elif cls.__module__.startswith("anyio.") and cls is _anyio_classes().get("Event"):
@@ -2018,10 +2030,37 @@ def _lazy(
                 site = _Site(at[0], at[1], label, _kind(obj), found[0])
                 _site_record(site)
                 _lazy_sites[key] = site
+    _carry(carrier, attr, site)
+    return True
+
+
+def _condition_lock_free(condition: Any) -> bool:
+    """Whether a standard Condition's lock is asyncio's own Lock with nothing of asyncflow's on
+    it (the one the Condition made): then it can carry the condition's site (see _carry)."""
+    inner = getattr(condition, "_lock", None)
+    return (
+        type(inner) is asyncio.Lock
+        and getattr(inner, _LOCK_RECORD, None) is None
+        and getattr(inner, _MARK, None) is None
+    )
+
+
+def _carry(carrier: Any, attr: str, site: _Site) -> None:
+    """``carrier`` (made now) carries its creation site instead of a record. A Condition's lock
+    carries it too, so that its holds are counted on the site and its first contended acquire
+    makes the condition's record (a weak reference leads back to the condition)."""
     object.__setattr__(carrier, attr, site)
+    if type(carrier) is asyncio.Condition:
+        inner = carrier._lock  # type: ignore[attr-defined]
+        object.__setattr__(inner, _LOCK_RECORD, site)
+        object.__setattr__(inner, _OWNER, weakref.ref(carrier))
     site.record.folded += 1
     _lazy_made.add(carrier)
-    return True
+
+
+#: the attribute of a lazy Condition's lock that leads back to the condition (a weak reference:
+#: the condition holds its lock)
+_OWNER = "_asyncflow_owner"
 
 
 def _materialize(obj: Any, site: _Site) -> ResourceRecord | None:
@@ -2029,13 +2068,20 @@ def _materialize(obj: Any, site: _Site) -> ResourceRecord | None:
     waits on it (or the mode ends). A lock held now is held by the call its fast path noted."""
     try:
         with _instrument_lock:
+            if site.primitive == CONDITION and type(obj) is asyncio.Lock:  # a condition's lock
+                owner = getattr(obj, _OWNER, None)
+                obj = owner() if owner is not None else None
+                if obj is None:
+                    return None
             existing = getattr(obj, _MARK, None)
             if isinstance(existing, ResourceRecord):
                 return existing
             record = ResourceRecord(
                 site.label, site.kind, site.primitive, site.file, site.line, obj
             )
-            if site.primitive == EVENT:
+            if site.primitive == CONDITION:
+                _materialize_condition(obj, record)
+            elif site.primitive == EVENT:
                 object.__setattr__(obj, _EVENT_RECORD, record)
                 _class_hooked.add(obj)
             else:
@@ -2056,6 +2102,22 @@ def _materialize(obj: Any, site: _Site) -> ResourceRecord | None:
     except Exception as err:  # observing never breaks the program
         _broken("instrumenting a primitive", err)
         return None
+
+
+def _materialize_condition(condition: Any, record: ResourceRecord) -> None:
+    """A lazy Condition's record installed as a new one's is (under _instrument_lock); its lock
+    held now is held by the call its fast path noted."""
+    inner = condition._lock
+    holder = getattr(inner, "_asyncflow_holder", None)
+    for name in ("_asyncflow_holder", _OWNER):
+        if getattr(inner, name, None) is not None:
+            object.__delattr__(inner, name)
+    object.__setattr__(inner, _LOCK_RECORD, record)  # (as _lock_hooks finds it: its own)
+    _instrument_asyncio(condition, record)
+    if inner._locked:  # since when is not known: since the collector's last tick
+        session = _session.active
+        record.slot[1] = holder
+        record.slot[0] = -(session.tick if session is not None else _clock.now_ns())
 
 
 def _materialize_lazy() -> None:
@@ -2109,11 +2171,12 @@ def _init_hook(original: Callable[..., None], describe: Callable[[Any], Any]) ->
             if direct is not None and direct[0] is code:  # this call made one before
                 attr = _EVENT_RECORD if cls is asyncio.Event else _LOCK_RECORD
                 # (a new one: not one whose __init__ runs again, see resource_of below)
-                if getattr(self, attr, None) is None and getattr(self, _MARK, None) is None:
-                    made_at = direct[1]
-                    object.__setattr__(self, attr, made_at)  # _lazy, written out
-                    made_at.record.folded += 1
-                    _lazy_made.add(self)
+                if (
+                    getattr(self, attr, None) is None
+                    and getattr(self, _MARK, None) is None
+                    and (cls is not asyncio.Condition or _condition_lock_free(self))
+                ):
+                    _carry(self, attr, direct[1])  # _lazy, shortened
                     return
             site = getattr(before, _EVENT_RECORD, None)
             if type(site) is _Site:  # its new asyncio.Event carries its site (counted once)
@@ -2146,7 +2209,7 @@ def _init_hook(original: Callable[..., None], describe: Callable[[Any], Any]) ->
                 return
             if not _lazy(self, found, at, label):
                 _instrument(self, found, None, at, label)
-            elif frame is caller and cls in (asyncio.Event, asyncio.Lock):
+            elif frame is caller and cls in (asyncio.Event, asyncio.Lock, asyncio.Condition):
                 if len(_direct_sites) >= _DIRECT_SITES_KEPT:
                     _direct_sites.clear()
                 attr = _EVENT_RECORD if cls is asyncio.Event else _LOCK_RECORD

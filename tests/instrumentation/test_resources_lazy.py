@@ -151,3 +151,80 @@ async def test_a_line_making_a_primitive_again_takes_its_site_without_walking_th
         used = rows[0].stats.sets if kind == "asyncio.Event" else resources.acquisitions(rows[0])
         assert used == USES
     assert walks[0] == 2  # each line's first
+
+
+async def _condition_notified_under_its_lock() -> None:
+    condition = asyncio.Condition()
+    async with condition:
+        condition.notify()
+        condition.notify_all()
+
+
+async def test_a_condition_made_per_use_and_never_waited_on_has_no_record_of_its_own() -> None:
+    """A Condition taken and notified without anyone waiting on it costs its creation site
+    only, as a Lock does: its holds and notifies are counted on the line's row."""
+    with asyncflow.profile("lazy", format="none", port=None), asyncflow.instrument_locks():
+        made = next(resources._resource_ids)
+        for _ in range(USES):
+            await _condition_notified_under_its_lock()
+        assert next(resources._resource_ids) - made <= 2  # the line's counting row only
+        (row,) = _rows("asyncio.Condition")
+        assert not row.alive
+        assert row.folded == USES
+        assert resources.acquisitions(row) == resources.releases(row) == USES
+        assert row.stats.notifies == 2 * USES
+
+
+async def test_a_condition_waited_on_gets_its_record_at_the_wait() -> None:
+    with asyncflow.profile("lazy", format="none", port=None), asyncflow.instrument_locks():
+        condition = asyncio.Condition()
+        assert getattr(condition, resources._MARK, None) is None
+
+        async def waiter() -> None:
+            async with condition:
+                await condition.wait()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(waiter)
+            with anyio.fail_after(5):
+                while not condition._waiters:
+                    await asyncio.sleep(0)
+            record = resources.resource_of(condition)
+            assert isinstance(record, resources.ResourceRecord)
+            assert record.stats.waiting == 1
+            async with condition:
+                condition.notify()
+        assert record is not None
+        assert (record.stats.notifies, record.stats.woken, record.stats.wait_count) == (1, 1, 1)
+        # its lock records into the condition's record from the wait on: the waiter's hold
+        # before it (made by its fast path, seen by the wait), the notifier's, the waiter's after
+        assert resources.acquisitions(record) == resources.releases(record) == 3
+
+
+async def test_a_condition_whose_lock_is_contended_gets_a_record_that_knows_its_holder() -> None:
+    @asyncflow.future(name="holder")
+    async def holder(condition: asyncio.Condition, held: asyncio.Event, go: asyncio.Event) -> None:
+        async with condition:
+            held.set()
+            await go.wait()
+
+    with asyncflow.profile("lazy", format="none", port=None), asyncflow.instrument_locks():
+        condition, held, go = asyncio.Condition(), asyncio.Event(), asyncio.Event()
+        inner: asyncio.Lock = condition._lock  # type: ignore[attr-defined]
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(holder, condition, held, go)
+            await held.wait()
+            assert getattr(condition, resources._MARK, None) is None
+            tg.start_soon(condition.acquire)
+            with anyio.fail_after(5):
+                while not inner._waiters:
+                    await asyncio.sleep(0)
+            record = resources.resource_of(condition)
+            assert record is not None and record.primitive == resources.CONDITION
+            assert resources.resource_of(inner) is record
+            (hold,) = resources.holds_of(record)
+            assert hold.call is not None and hold.call.future.label == "holder"
+            go.set()
+        condition.release()
+        assert record is not None
+        assert (record.stats.contended, record.stats.wait_count) == (1, 1)
