@@ -478,12 +478,13 @@ def _hook_loops() -> list[Callable[[], None]]:
     undo = [_patch_init(asyncio.BaseEventLoop)]
     late: list[Callable[[], None]] = []
 
+    # (imported first in a forked child, before its first loop arms it: _forked is set then)
     def hook_uvloop(module: Any) -> None:
-        if _armed is not None:
+        if _armed is not None or _forked is not None:
             late.append(_patch_init(module.Loop))
 
     def hook_multiprocessing(module: Any) -> None:
-        if _armed is not None:
+        if _armed is not None or _forked is not None:
             late.append(_patch_start(module))
 
     undo.append(_imports.after_import("uvloop", hook_uvloop))
@@ -529,6 +530,8 @@ class _Child:
         if not _inherited:  # a fresh interpreter (spawn, forkserver): armed now
             try:
                 _arm(self.name, self.options, self.parts, (self.parent_pid, self.role))
+                # a SIGTERM (uvicorn's, re-raised once its server shut down) disarms it first
+                _children._report_forked_on_sigterm(disarm)
             except Exception as exc:  # the work runs on, unarmed
                 print(f"asyncflow: {self.name!r} runs unarmed: {exc}", file=sys.stderr, flush=True)
         # (a forked one is armed when it makes its first event loop, named by its role)
@@ -724,6 +727,7 @@ def _arm_forked_child(loop: Any) -> None:
             _session.internal_error("arming a forked child", exc)
             return
     atexit.register(disarm)
+    _children._report_forked_on_sigterm(disarm)
 
 
 if hasattr(os, "register_at_fork"):

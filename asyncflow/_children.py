@@ -41,6 +41,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from asyncflow import config
@@ -49,15 +50,13 @@ from asyncflow.instrumentation import _session
 if TYPE_CHECKING:
     from asyncflow.profiler import Profiler
 
-__all__ = ["Child", "Following", "follow"]
+__all__ = ["Child", "Following", "follow", "report_on_sigterm"]
 
 #: the most children a parent lists when it stops (the others are counted)
 MAX_LISTED = 100
 
 #: ``asyncflow run``'s body (``cli._profiled``): (arguments, name, target, run, argv) -> code
 Setup = Callable[[argparse.Namespace, str, str, Callable[[], object], list[str] | None], int]
-#: ``asyncflow run``'s report on SIGTERM (``cli._report_on_sigterm``): (stop, signal) -> undo
-OnSigterm = Callable[[Callable[[], object], signal.Signals], Callable[[], None]]
 
 #: multiprocessing's own names for a process it numbered (``SpawnProcess-3``, ``Process-1:2``,
 #: a pool's ``ForkPoolWorker-2``)
@@ -231,7 +230,6 @@ def follow(
     args: argparse.Namespace,
     target: str,
     setup: Setup,
-    on_sigterm: OnSigterm,
 ) -> Following:
     """Profile the processes the program of ``asyncflow run`` starts from now on, unless the
     profiler is off (``ASYNCFLOW_DISABLE``) or asked not to (``no_children``).
@@ -241,14 +239,10 @@ def follow(
         args: ``asyncflow run``'s arguments, given again to a spawned child's own setup.
         target: the program (a script's path, a module's name).
         setup: ``asyncflow run``'s body, which a spawned child runs its work in.
-        on_sigterm: what makes SIGTERM write the report first (``asyncflow run``'s), given a
-            stop; returns its undo. A forked child installs it for its own profiler.
 
     Returns:
         The handle whose ``undo()``, after the parent's report, lists the children's reports.
     """
-    global _on_sigterm
-    _on_sigterm = on_sigterm
     following = Following(profiler, args, target, setup)
     if config.disabled() or profiler.options.no_children or not profiler.running:
         return following
@@ -256,12 +250,83 @@ def follow(
     return following
 
 
+#: how long a SIGTERM waits for the exit report before the program dies anyway
+SIGNAL_REPORT_TIMEOUT = 5.0
+#: how long the interrupted main thread waits in the handler before it is let go on
+SIGNAL_HOLD = 1.0
+
+
+def report_on_sigterm(
+    stop: Callable[[], object], watched: signal.Signals = signal.SIGTERM
+) -> Callable[[], None]:
+    """On SIGTERM (docker stop, systemd), write the report, then die by SIGTERM as before.
+
+    (Or on ``watched``: a forked worker whose SIGINT a server set to its default action, as
+    gunicorn's uvicorn workers do, reports on SIGINT as well; see
+    :func:`_report_forked_on_sigterm`.)
+
+    Installed only where SIGTERM would kill the program outright (its handler is SIG_DFL), so
+    a program that handles SIGTERM itself, or ignores it, keeps doing so; one that installs a
+    handler later replaces this one. The program is not unwound (no ``finally`` runs, no
+    ``atexit``), exactly as under the default action. A second SIGTERM ends it at once.
+    Returns the undo.
+
+    The report is written by another thread while the main thread waits in the handler. The
+    main thread may have been interrupted holding a lock the report needs (inside a write to
+    a full stderr pipe, say): after :data:`SIGNAL_HOLD` the handler returns and lets it go on,
+    and SIGTERM is raised again once the report is written, or at the deadline.
+    """
+    try:
+        if signal.getsignal(watched) is not signal.SIG_DFL:
+            return lambda: None
+    except ValueError:  # not the main thread: signals cannot be handled here
+        return lambda: None
+    pid = os.getpid()
+    reported = threading.Event()
+    started = False
+
+    def die(signum: int) -> None:
+        signal.signal(signum, signal.SIG_DFL)
+        signal.raise_signal(signum)  # returns only where SIGTERM is ignored (pid 1 in a container)
+
+    def report() -> None:
+        try:
+            stop()
+        finally:
+            reported.set()
+
+    def wake(signum: int) -> None:
+        reported.wait(SIGNAL_REPORT_TIMEOUT - SIGNAL_HOLD)
+        os.kill(pid, signum)  # the handler, started already, dies
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        nonlocal started
+        if os.getpid() != pid or started:  # a forked child (no profiler thread), or again
+            die(signum)
+            return
+        started = True
+        threading.Thread(target=report, name="asyncflow-sigterm", daemon=True).start()
+        if not reported.wait(SIGNAL_HOLD):
+            threading.Thread(
+                target=wake, args=(signum,), name="asyncflow-sigterm-wake", daemon=True
+            ).start()
+            return
+        die(signum)
+
+    handler.__asyncflow_sigterm__ = True  # type: ignore[attr-defined]  # a fork replaces it
+    signal.signal(watched, handler)
+
+    def undo() -> None:
+        if signal.getsignal(watched) is handler:
+            signal.signal(watched, signal.SIG_DFL)
+
+    return undo
+
+
 # -- in the parent: multiprocessing's start, and forks -------------------------------------------
 
 #: the following of this process (inherited by a forked child until it follows its own)
 _following: Following | None = None
-#: ``asyncflow run``'s report on SIGTERM, for a forked child's own profiler
-_on_sigterm: OnSigterm | None = None
 #: set in the forking thread while multiprocessing starts a process: its fork is no bare fork
 _local = threading.local()
 
@@ -442,28 +507,28 @@ def _start_forked(child: Child, parent: Following) -> tuple[Profiler, Following]
     following = Following(profiler, argparse.Namespace(**child.args), parent.target, parent.setup)
     following.active = True  # its parent followed it: it follows its own
     _following = following  # the start wrapper came along: it reads this
-    _report_on_sigterm(profiler)
+    _report_forked_on_sigterm(profiler.stop)
     return profiler, following
 
 
-def _report_on_sigterm(profiler: Profiler) -> None:
+def _report_forked_on_sigterm(stop: Callable[[], object]) -> None:
     """A forked child's SIGTERM writes its report first, as the parent's does, where SIGTERM
     would end it outright: its default action, or the parent's handler of that kind, which
     came along and would end it without a report (uvicorn's server, gunicorn's workers restore
     the handler they found and raise SIGTERM again once they shut down). The same for SIGINT
     where the child set it to its default action (gunicorn's uvicorn workers do: Ctrl-C at
-    the terminal reaches them too)."""
-    on_sigterm = _on_sigterm
-    if on_sigterm is None or threading.current_thread() is not threading.main_thread():
+    the terminal reaches them too). (An armed child's ``stop`` is its disarming, which
+    writes the report of a child attached.)"""
+    if threading.current_thread() is not threading.main_thread():
         return
     try:
         for signum in (signal.SIGTERM, signal.SIGINT):
             handler = signal.getsignal(signum)
             if getattr(handler, "__asyncflow_sigterm__", False):
                 signal.signal(signum, signal.SIG_DFL)
-            on_sigterm(profiler.stop, signum)  # where the signal would end it outright
+            report_on_sigterm(stop, signum)  # where the signal would end it outright
     except Exception as exc:  # the child runs on, its report written at its exit
-        _session.internal_error("reporting on SIGTERM in a forked process", exc)
+        _session.internal_error("reporting on SIGTERM in a child process", exc)
 
 
 def _start_untracked(profiler: Profiler) -> None:

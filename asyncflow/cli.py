@@ -15,7 +15,6 @@ import functools
 import importlib.util
 import os
 import runpy
-import signal
 import socket
 import sys
 import threading
@@ -24,12 +23,13 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from types import FrameType, TracebackType
+from types import TracebackType
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import orjson
 
 from asyncflow import config, schema
+from asyncflow._children import report_on_sigterm
 from asyncflow._version import __version__
 from asyncflow.errors import AsyncflowError, PortInUseError
 from asyncflow.profiler import DISABLED
@@ -48,10 +48,6 @@ _URL_HELP = (
 #: Exit codes: the program's own when it runs; these when asyncflow cannot get that far.
 USAGE = 2
 FAILED = 1
-#: how long a SIGTERM waits for the exit report before the program dies anyway
-SIGNAL_REPORT_TIMEOUT = 5.0
-#: how long the interrupted main thread waits in the handler before it is let go on
-SIGNAL_HOLD = 1.0
 
 
 class _Usage(Exception):
@@ -522,8 +518,8 @@ def _profiled(
     never_awaited = None if args.no_never_awaited else asyncflow.track_never_awaited()
     locks = None if args.no_locks else asyncflow.instrument_locks()
     own = None if profiler.options.no_own_code else track_own_code(target, args.module)
-    children = _children.follow(profiler, args, target, _profiled, _report_on_sigterm)
-    undo_sigterm = _report_on_sigterm(profiler.stop)
+    children = _children.follow(profiler, args, target, _profiled)
+    undo_sigterm = report_on_sigterm(profiler.stop)
     if argv is not None:
         sys.argv = argv
     try:
@@ -594,7 +590,7 @@ def _armed_run(
         )
     # SIGTERM while attached: the report first, as under 'asyncflow run' (armed: the socket
     # and the registry file are taken away, then it dies by SIGTERM as before)
-    undo_sigterm = _report_on_sigterm(_armed.disarm)
+    undo_sigterm = report_on_sigterm(_armed.disarm)
     if argv is not None:
         sys.argv = argv
     try:
@@ -727,72 +723,6 @@ def _check_host(options: config.Options, source: str) -> None:
 def _reason(exc: BaseException) -> str:
     strerror = exc.strerror if isinstance(exc, OSError) else None
     return str(strerror or exc)
-
-
-def _report_on_sigterm(
-    stop: Callable[[], object], watched: signal.Signals = signal.SIGTERM
-) -> Callable[[], None]:
-    """On SIGTERM (docker stop, systemd), write the report, then die by SIGTERM as before.
-
-    (Or on ``watched``: a forked worker whose SIGINT a server set to its default action, as
-    gunicorn's uvicorn workers do, reports on SIGINT as well; see asyncflow._children.)
-
-    Installed only where SIGTERM would kill the program outright (its handler is SIG_DFL), so
-    a program that handles SIGTERM itself, or ignores it, keeps doing so; one that installs a
-    handler later replaces this one. The program is not unwound (no ``finally`` runs, no
-    ``atexit``), exactly as under the default action. A second SIGTERM ends it at once.
-    Returns the undo.
-
-    The report is written by another thread while the main thread waits in the handler. The
-    main thread may have been interrupted holding a lock the report needs (inside a write to
-    a full stderr pipe, say): after :data:`SIGNAL_HOLD` the handler returns and lets it go on,
-    and SIGTERM is raised again once the report is written, or at the deadline.
-    """
-    try:
-        if signal.getsignal(watched) is not signal.SIG_DFL:
-            return lambda: None
-    except ValueError:  # not the main thread: signals cannot be handled here
-        return lambda: None
-    pid = os.getpid()
-    reported = threading.Event()
-    started = False
-
-    def die(signum: int) -> None:
-        signal.signal(signum, signal.SIG_DFL)
-        signal.raise_signal(signum)  # returns only where SIGTERM is ignored (pid 1 in a container)
-
-    def report() -> None:
-        try:
-            stop()
-        finally:
-            reported.set()
-
-    def wake(signum: int) -> None:
-        reported.wait(SIGNAL_REPORT_TIMEOUT - SIGNAL_HOLD)
-        os.kill(pid, signum)  # the handler, started already, dies
-
-    def handler(signum: int, frame: FrameType | None) -> None:
-        nonlocal started
-        if os.getpid() != pid or started:  # a forked child (no profiler thread), or again
-            die(signum)
-            return
-        started = True
-        threading.Thread(target=report, name="asyncflow-sigterm", daemon=True).start()
-        if not reported.wait(SIGNAL_HOLD):
-            threading.Thread(
-                target=wake, args=(signum,), name="asyncflow-sigterm-wake", daemon=True
-            ).start()
-            return
-        die(signum)
-
-    handler.__asyncflow_sigterm__ = True  # type: ignore[attr-defined]  # a fork replaces it
-    signal.signal(watched, handler)
-
-    def undo() -> None:
-        if signal.getsignal(watched) is handler:
-            signal.signal(watched, signal.SIG_DFL)
-
-    return undo
 
 
 def _exit_as_interrupted(interrupted: BaseException) -> NoReturn:
