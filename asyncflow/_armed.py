@@ -70,6 +70,10 @@ class Parts:
     queues: bool = True
     memory_streams: bool = True
     locks: bool = True
+    never_awaited: bool = True
+    #: the program (its script, or None; the ``-m`` module, or None), whose own code imported
+    #: after an attach is tracked (unless the ``no_own_code`` option); None: ``__main__``'s
+    program: tuple[str | None, str | None] | None = None
 
 
 class _Capture:
@@ -253,10 +257,14 @@ class _Armed:
             }
 
     def _install(self) -> None:
-        """Whole-program mode, as ``asyncflow run`` installs it (own code aside: it is
-        compiled in as modules are imported, too late now)."""
+        """Whole-program mode, as ``asyncflow run`` installs it. Own-code tracking is compiled
+        into the modules as they are imported: it covers those imported from now on (a module
+        imported already keeps its code). Never-awaited counting takes the place of Python's
+        warning, whenever the coroutine was made."""
+        from asyncflow.instrumentation import coroutines
         from asyncflow.instrumentation.every_loop import track_every_loop
         from asyncflow.instrumentation.memory import instrument_memory_streams
+        from asyncflow.instrumentation.own_code import track_own_code
         from asyncflow.instrumentation.queues import instrument_queues
         from asyncflow.instrumentation.resources import instrument_locks
 
@@ -271,6 +279,12 @@ class _Armed:
             self._undo_parts.append(instrument_memory_streams().undo)
         if parts.locks:
             self._undo_parts.append(instrument_locks().undo)
+        if parts.never_awaited:
+            coroutines.reset_for_session()  # counted from the attach on
+            self._undo_parts.append(coroutines.track_never_awaited().undo)
+        if not prof.options.no_own_code:
+            script, module = parts.program or _main_program()
+            self._undo_parts.append(track_own_code(script, module).undo)
 
     def _adopt(self) -> tuple[int, int, int]:
         """Each running loop adopts itself on its own thread; a loop that does not answer in
@@ -380,6 +394,18 @@ class _Armed:
             for target, by in held.items():
                 found += [HeldBy(target, name, where) for name, where in by]
         return found
+
+
+def _main_program() -> tuple[str | None, str | None]:
+    """The program ``arm()`` was called in: ``__main__``'s script, or its ``-m`` module."""
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    module = getattr(spec, "name", None)
+    script = getattr(main, "__file__", None)
+    return (
+        script if isinstance(script, str) else None,
+        module if isinstance(module, str) and module != "__main__" else None,
+    )
 
 
 def _always(record: Any) -> bool:

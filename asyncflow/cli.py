@@ -489,7 +489,7 @@ def _profiled(
         if value is not None:
             options[option.name] = value
     if getattr(args, "armed", False):
-        return _armed_run(args, name, run, argv, options)
+        return _armed_run(args, name, target, run, argv, options)
     try:
         profiler = asyncflow.profile(name, **options)
     except (ValueError, TypeError) as exc:
@@ -561,6 +561,7 @@ def _run_program(run: Callable[[], object]) -> tuple[int, BaseException | None]:
 def _armed_run(
     args: argparse.Namespace,
     name: str,
+    target: str,
     run: Callable[[], object],
     argv: list[str] | None,
     options: dict[str, object],
@@ -574,6 +575,8 @@ def _armed_run(
         queues=not args.no_queues,
         memory_streams=not args.no_memory_streams,
         locks=not args.no_locks,
+        never_awaited=not args.no_never_awaited,
+        program=(target, args.module),  # whose modules imported after an attach are tracked
     )
     try:
         _armed.arm(name, _parts=parts, **options)

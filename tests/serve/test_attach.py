@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 import urllib.request
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -22,6 +23,7 @@ import pytest
 
 import asyncflow
 from asyncflow import _armed, cli
+from asyncflow.instrumentation import own_code
 from asyncflow.render.dump import DumpDocument, render_dump
 from asyncflow.schema import load
 from asyncflow.serve import control, registry
@@ -486,6 +488,7 @@ def test_remote_exec_arms_the_process_with_the_script_it_writes_then_attaches(
         exec(compile(text, script, "exec"), {})
 
     monkeypatch.setattr(sys, "remote_exec", remote_exec, raising=False)
+    plain_warning = warnings._warn_unawaited_coroutine  # type: ignore[attr-defined]
     try:
         done = Done(capsys, "attach", "--remote-exec", str(os.getpid()), "--port", "0")
         assert done.returncode == 0, done.stderr
@@ -497,7 +500,13 @@ def test_remote_exec_arms_the_process_with_the_script_it_writes_then_attaches(
         done = Done(capsys, "attach", "--remote-exec", str(os.getpid()))
         assert "is attached already" in done.stderr
         assert len(ran) == 1
+        # own code imported from now on is tracked, never-awaited coroutines counted...
+        assert own_code._finder in sys.meta_path
+        assert warnings._warn_unawaited_coroutine is not plain_warning  # type: ignore[attr-defined]
         assert Done(capsys, "detach", str(os.getpid())).returncode == 0
+        # ... until the detach takes them back
+        assert own_code._finder not in sys.meta_path
+        assert warnings._warn_unawaited_coroutine is plain_warning  # type: ignore[attr-defined]
     finally:
         _armed.disarm()
 
@@ -680,3 +689,75 @@ def test_the_processes_an_armed_program_starts_are_armed_by_every_start_method(
         assert f"asyncflow: report of 'app/process-1' (pid {pids['spawn']}):" in said
     # each child took its socket and registry file away (multiprocessing ends it by os._exit)
     assert list(registry.directory().iterdir()) == []
+
+
+#: a module of the program's own, imported only when asked for (after an attach)
+LATER = """
+import asyncio
+
+async def inner():
+    await asyncio.sleep(0)
+
+async def outer():
+    await inner()
+"""
+
+#: a program that, line by line on standard input: "before" awaits a coroutine function of
+#: its script's own (imported before any attach), "later" imports later.py and awaits its
+#: outer() (no task of its own: tracked only as the program's own code), and drops a
+#: coroutine of each unawaited; "" ends it
+OWN_CODE = """
+import asyncio, gc, sys
+
+async def early():
+    await asyncio.sleep(0)
+
+async def main():
+    print("ready", flush=True)
+    loop = asyncio.get_running_loop()
+    while True:
+        line = (await loop.run_in_executor(None, sys.stdin.readline)).strip()
+        if not line:
+            break
+        if line == "later":
+            import later
+            await later.outer()
+            later.inner()  # never awaited
+        else:
+            await early()
+            early()  # never awaited
+        gc.collect()
+        print("done", flush=True)
+
+asyncio.run(main())
+"""
+
+
+def test_attach_tracks_own_code_imported_after_it_and_counts_never_awaited_coroutines(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write(tmp_path / "later.py", LATER)
+    with armed_program(tmp_path, OWN_CODE) as program:
+        done = Done(capsys, "attach", str(program.pid))
+        assert done.returncode == 0, done.stderr
+        assert program.process.stdin is not None
+        for line in ("before", "later"):
+            program.process.stdin.write(line + "\n")
+            program.process.stdin.flush()
+            assert program.line() == "done"
+        futures = get(done.stdout.strip() + "/futures")
+        by_label = {f["label"]: f for f in futures["futures"]}
+        # imported after the attach: its coroutine functions are futures, their calls counted
+        # whether a task runs them or not, and one never awaited is an outcome of its future
+        assert by_label["outer"]["call_count"] == 1
+        assert (by_label["inner"]["call_count"], by_label["inner"]["outcomes"]) == (
+            2,
+            {**by_label["inner"]["outcomes"], "returned": 1, "never_awaited": 1},
+        )
+        # defined before it: left as it is (its code cannot be compiled again); coroutines
+        # never awaited are counted by Python's warning, which the attach took over, whenever
+        # their function was defined
+        assert "early" not in by_label
+        never = {e["function"]: e["count"] for e in futures["never_awaited"]}
+        assert never == {"early": 1, "inner": 1}, never
+        assert program.end() == 0
