@@ -166,7 +166,7 @@ class TaskReading:
     task for the garbage collector to count (its full collections, which the objects of a
     reading would bring on, stall a program with 20,000 tasks 0.2-0.6 s)."""
 
-    __slots__ = ("consistent", "entries", "spent_ns", "total", "waits")
+    __slots__ = ("alive", "consistent", "entries", "spent_ns", "total", "waits")
 
     def __init__(
         self,
@@ -175,6 +175,7 @@ class TaskReading:
         total: int,
         consistent: bool,
         spent_ns: int,
+        alive: dict[int, int] | None = None,
     ) -> None:
         #: each walked task's entry (``TaskEntry``) as JSON, in the list's order
         self.entries = entries
@@ -182,6 +183,9 @@ class TaskReading:
         self.waits = waits
         #: live tasks in all (``len(entries)`` of them were walked)
         self.total = total
+        #: live tasks by loop (its record's id), as listed: a document of the same moment
+        #: counts them from here instead of listing them again
+        self.alive = alive or {}
         #: whether every loop was read on its own thread
         self.consistent = consistent
         #: what reading them took: the loops' time in the walks' slices and this thread's CPU
@@ -299,17 +303,21 @@ _UNTRACKED = 1 << 62
 _coro_of = operator.methodcaller("get_coro")
 
 
-def _chosen(records: list[LoopRecord], most: int) -> tuple[int, dict[int, list[Any]]]:
-    """How many live tasks the loops have, and the first ``most`` of them in the list's order,
-    by loop: tracked calls oldest first (by when the call was made), then the others by loop
-    and name. Read without their frames (safe from any thread), and tracked calls without
-    their names, which a task without one of its own is given when first asked: the first
-    reading of 100,000 tasks spent 0.4 s ordering them by tuples of four."""
+def _chosen(
+    records: list[LoopRecord], most: int, alive: dict[int, int]
+) -> tuple[int, dict[int, list[Any]]]:
+    """How many live tasks the loops have (each loop's noted in ``alive``), and the first
+    ``most`` of them in the list's order, by loop: tracked calls oldest first (by when the
+    call was made), then the others by loop and name. Read without their frames (safe from
+    any thread), and tracked calls without their names, which a task without one of its own
+    is given when first asked: the first reading of 100,000 tasks spent 0.4 s ordering them
+    by tuples of four."""
     tasks: list[Any] = []
     loop_of: list[int] = []
     created: list[int] = []
     for record in records:
         listed = loop_tasks(record)
+        alive[record.id] = len(listed)
         tasks += listed
         loop_of += [record.id] * len(listed)
         created += [
@@ -356,7 +364,8 @@ def read_tasks(
     began = time.thread_time_ns()
     deadline = clock.now_ns() + READ_MOST_NS
     records = list(loop_registry() if loops is None else loops)
-    total, by_loop = _chosen(records, most)
+    alive: dict[int, int] = {}
+    total, by_loop = _chosen(records, most, alive)
     spent = time.thread_time_ns() - began
     kept = _Kept()
     consistent = True
@@ -379,7 +388,7 @@ def read_tasks(
     entries = kept.tree(len(by_loop))
     waits = kept.summary()
     spent += time.thread_time_ns() - began
-    return TaskReading(entries, waits, total, consistent, spent)
+    return TaskReading(entries, waits, total, consistent, spent, alive)
 
 
 def task_tree(walks: list[TaskWalk]) -> list[TaskWalk]:
