@@ -617,8 +617,14 @@ def _signalled(record: ResourceRecord, action: str) -> None:
     cleared thousands of times a second)."""
     st = record.stats
     st.signal_count = count = st.signal_count + 1
-    if count < st.next_signal:
-        return
+    if count >= st.next_signal:
+        _signal_sampled(record, action, count)
+
+
+def _signal_sampled(record: ResourceRecord, action: str, count: int) -> None:
+    """Log the ``count``-th signal, standing for those since the one logged before, and set when
+    the next one is logged (see _signalled)."""
+    st = record.stats
     now = _clock.now_ns()
     weight = count - st.sampled_signal
     st.sampled_signal = count
@@ -1366,21 +1372,33 @@ async def _class_event_wait(self: asyncio.Event) -> Literal[True]:
         record = _materialize(self, record)
     if record is None or _session.active is None:
         return await _EVENT_WAIT(self)
-    # _timed_wait, written out: events passed back and forth wait thousands of times a second,
-    # and a coroutine less is a fifth of what a wait adds
+    # _timed_wait, _woken and _waited, written out: events passed back and forth wait thousands
+    # of times a second, and a coroutine less is a fifth of what a wait adds. The waiting call
+    # is asked for only when the wait is timed: it is the one polled on this thread when the
+    # wait ends too (its task is the one that resumes), as for a condition's wake-up.
     try:
         since = _clock.now_ns()
-        call = _call_for(record)
-        _wait_began(record.stats)
+        st = record.stats
+        st.waiting = waiting = st.waiting + 1  # _wait_began
+        if waiting > st.max_waiting:
+            st.max_waiting = waiting
     except Exception as err:
         _broken("recording a wait", err)
         return await _EVENT_WAIT(self)
     try:
         result: Literal[True] = await _EVENT_WAIT(self)
     except BaseException as exc:
-        _wait_raised(record, since, call, exc)
+        _wait_raised(record, since, _call_for(record), exc)
         raise
-    _woken(record, since, call)
+    try:
+        now = _clock.now_ns()
+        st.woken += 1
+        st.waiting -= 1
+        st.wait_count = count = st.wait_count + 1
+        if count >= st.next_wait or now - since > st.wait_max:
+            _wait_sampled(st, since, now, _call_for(record), count, WOKEN)
+    except Exception as err:
+        _broken("recording a wait", err)
     return result
 
 
@@ -1390,18 +1408,34 @@ def _class_event_set(self: asyncio.Event) -> None:
     if record is not None and _session.active is not None:
         if type(record) is _Site:  # nobody waited for it yet: counted on its creation site
             record.record.stats.sets += 1
-        else:
-            _count_signal(record, "set", "sets")
+            return
+        # _count_signal and _signalled, written out: events passed back and forth are set and
+        # cleared thousands of times a second
+        try:
+            st = record.stats
+            st.sets += 1
+            st.signal_count = count = st.signal_count + 1
+            if count >= st.next_signal:
+                _signal_sampled(record, "set", count)
+        except Exception as err:
+            _broken("recording a signal", err)
 
 
 def _class_event_clear(self: asyncio.Event) -> None:
-    _EVENT_CLEAR(self)
+    self._value = False  # type: ignore[attr-defined]  # Event.clear (the class's own: _hook_events)
     record: Any = getattr(self, _EVENT_RECORD, None)
     if record is not None and _session.active is not None:
         if type(record) is _Site:
             record.record.stats.clears += 1
-        else:
-            _count_signal(record, "clear", "clears")
+            return
+        try:  # (as a set's, above)
+            st = record.stats
+            st.clears += 1
+            st.signal_count = count = st.signal_count + 1
+            if count >= st.next_signal:
+                _signal_sampled(record, "clear", count)
+        except Exception as err:
+            _broken("recording a signal", err)
 
 
 _CLASS_EVENT_HOOKS = {
