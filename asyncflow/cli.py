@@ -19,8 +19,6 @@ import socket
 import sys
 import threading
 import traceback
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -34,6 +32,7 @@ from asyncflow._version import __version__
 from asyncflow.errors import AsyncflowError, PortInUseError
 from asyncflow.profiler import DISABLED
 from asyncflow.render.diff import DiffInputError, add_diff_command, read_document
+from asyncflow.serve import client
 
 if TYPE_CHECKING:
     from asyncflow.render.record import Recording
@@ -788,30 +787,14 @@ def _check_url(url: str) -> None:
 def fetch(url: str, path: str, token: str | None, timeout: float = 10.0) -> Any:
     """GET a document from an endpoint; raises AsyncflowError with a one-line reason."""
     _check_url(url)
-    request = urllib.request.Request(url.rstrip("/") + path)
-    if token:
-        request.add_header("Authorization", f"Bearer {token}")
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            return orjson.loads(response.read())
-    except urllib.error.HTTPError as error:
-        with error:
-            try:
-                message = orjson.loads(error.read())["error"]["message"]
-            except Exception:
-                message = error.reason
-        raise AsyncflowError(f"{url}{path} answered {error.code}: {message}") from None
-    except (urllib.error.URLError, OSError) as error:
-        reason = getattr(error, "reason", error)
-        if isinstance(reason, ConnectionRefusedError):
+        return client.get_json(url, path, token, timeout)
+    except client.FetchError as exc:
+        if exc.refused:
             raise _Unanswered(
                 f"nothing answers at {url}: is the profiler running, with its endpoint there?"
             ) from None
-        raise AsyncflowError(f"cannot reach {url}: {reason}") from None
-    except orjson.JSONDecodeError:
-        raise AsyncflowError(
-            f"{url}{path} did not answer JSON: is it an asyncflow endpoint?"
-        ) from None
+        raise
 
 
 class _Unanswered(AsyncflowError):

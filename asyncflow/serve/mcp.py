@@ -33,15 +33,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
-import orjson
-
 from asyncflow import config, schema
 from asyncflow._version import __version__
 from asyncflow.render import brief, record
 from asyncflow.render.diff import DiffInputError, read_document, render_diff
 from asyncflow.render.dump import DumpDocument, render_dump
 from asyncflow.render.report import format_duration, printable
-from asyncflow.serve import control, registry
+from asyncflow.serve import client, control, registry
 from asyncflow.serve.server import is_loopback
 from asyncflow.views.diff import diff as compare
 
@@ -383,49 +381,27 @@ class Tools:
         )
 
     def _fetch(self, where: _Live, path: str, timeout: float) -> Any:
-        request = urllib.request.Request(where.url + path)
         sent = bool(self.token) and self._trusted(where.url)
-        if sent:
-            request.add_header("Authorization", f"Bearer {self.token}")
+        token = self.token if sent else None
         try:
-            with urllib.request.urlopen(request, timeout=timeout) as response:
-                body = response.read(_MAX_BYTES + 1)
-            if len(body) > _MAX_BYTES:
-                raise SourceError(
-                    f"{where.said}: {path} answered more than {_MAX_BYTES >> 20} MiB: is it an "
-                    "asyncflow endpoint?"
-                )
-            return orjson.loads(body)
-        except urllib.error.HTTPError as error:
-            message = _endpoint_said(error)
+            return client.get_json(where.url, path, token, timeout, _MAX_BYTES, where.said)
+        except client.FetchError as error:
             hint = ""
-            if error.code == 401 and sent:
+            if error.refused:
+                hint = ": has the profiler stopped? (the profilers tool lists those running)"
+            elif error.status == 401 and sent:
                 hint = ": the token asyncflow mcp was given is not this endpoint's"
-            elif error.code == 401 and self.token:
+            elif error.status == 401 and self.token:
                 hint = (
                     ": its token is sent only to this machine's endpoints and to the host of "
                     "asyncflow mcp's --source"
                 )
-            elif error.code == 401:
+            elif error.status == 401:
                 hint = (
                     ": its endpoint needs a token (start asyncflow mcp with --token, or with "
                     "ASYNCFLOW_TOKEN set)"
                 )
-            raise SourceError(
-                f"{where.said}: {path} answered {error.code}: {message}{hint}"
-            ) from None
-        except (urllib.error.URLError, OSError) as error:
-            reason = getattr(error, "reason", error)
-            if isinstance(reason, ConnectionRefusedError):
-                raise SourceError(
-                    f"nothing answers at {where.url}: has the profiler stopped? (the profilers "
-                    "tool lists those running)"
-                ) from None
-            raise SourceError(f"cannot reach {where.said}: {reason}") from None
-        except orjson.JSONDecodeError:
-            raise SourceError(
-                f"{where.said}: {path} did not answer JSON: is it an asyncflow endpoint?"
-            ) from None
+            raise SourceError(f"{error}{hint}") from None
 
     def _get(self, where: _Live, path: str, document: type[_D]) -> _D:
         data = self._fetch(where, path, _TIMEOUT)
@@ -523,17 +499,6 @@ def _moment(where: str) -> tuple[str, float | None]:
     if named is None or not os.path.exists(named[1]):
         return where, None
     return named[1], float(named[2])
-
-
-def _endpoint_said(error: urllib.error.HTTPError) -> str:
-    """What an endpoint said of a request it refused: its JSON error's message (read up to
-    64 KiB: an error page of another server can be anything), else the HTTP reason."""
-    with error:
-        body = error.read(64 * 1024)
-    try:
-        return str(orjson.loads(body)["error"]["message"])
-    except (orjson.JSONDecodeError, KeyError, TypeError):
-        return str(error.reason)
 
 
 def bounded(text: str, most: int = MAX_CHARS) -> str:
