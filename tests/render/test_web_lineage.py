@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import selectors
-import subprocess
 from pathlib import Path
 
 import asyncflow
@@ -20,7 +18,7 @@ from tests.render.test_web_page import (
     needs_chromium,
     render,
 )
-from tests.support.commands import ASYNCFLOW
+from tests.render.test_web_recording import replay_web
 from tests.support.recording import profiled
 from tests.views.test_lineage import MESSAGES, SLOW_S, _pipeline
 
@@ -108,22 +106,8 @@ def test_replay_web_shows_the_recorded_lineage(tmp_path: Path) -> None:
     path = tmp_path / "lineage.afrec"
     final = profiled(path, _planted, name="lineage-run", queues=False, warn="tail_lag_factor=1")
     assert final.flow is not None
-    server = subprocess.Popen(
-        [*ASYNCFLOW, "replay", str(path), "--web"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        with selectors.DefaultSelector() as wait:
-            assert server.stdout is not None
-            wait.register(server.stdout, selectors.EVENT_READ)
-            assert wait.select(timeout=60), "replay --web printed no address"
-            url = server.stdout.readline().split()[-1]
+    with replay_web(path) as url:
         (elements,) = render(f"{url}&at=1e9", tmp_path=tmp_path)
-    finally:
-        server.terminate()
-        server.communicate(timeout=60)
     (body,) = [e for e in elements if e.tag == "body"]
     assert body.attrs["data-state"] == "recording", body.content[:500]
     assert "the end state" in by_id(elements, "replay-at").content

@@ -11,6 +11,8 @@ import subprocess
 import urllib.error
 import urllib.request
 import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +65,31 @@ def _backlog_row(elements: list[Element]) -> list[str]:
     return cells
 
 
+@contextmanager
+def replay_web(path: Path) -> Iterator[str]:
+    """``asyncflow replay PATH --web``, the command a user types: it prints the page's address
+    (given here), then serves until stopped (when the block ends)."""
+    server = subprocess.Popen(
+        [*ASYNCFLOW, "replay", str(path), "--web"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        with selectors.DefaultSelector() as wait:
+            assert server.stdout is not None
+            wait.register(server.stdout, selectors.EVENT_READ)
+            assert wait.select(timeout=60), "replay --web printed no address"
+            said = server.stdout.readline()
+        assert said.startswith(f"asyncflow: the recording {path} at http://127.0.0.1:"), said
+        url = said.split()[-1]
+        assert url.endswith("/?recording")
+        yield url
+    finally:
+        server.terminate()
+        server.communicate(timeout=60)
+
+
 def _body(elements: list[Element]) -> Element:
     (body,) = [e for e in elements if e.tag == "body"]
     return body
@@ -82,28 +109,10 @@ def test_replay_web_shows_the_queue_full_at_an_early_moment_and_drained_at_the_e
     full = depths.index(50)
     assert depths[-1] == 0 and rec.frames[-1].final
 
-    # the command a user types: it prints the page's address, then serves until stopped
-    server = subprocess.Popen(
-        [*ASYNCFLOW, "replay", str(path), "--web"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        with selectors.DefaultSelector() as wait:
-            assert server.stdout is not None
-            wait.register(server.stdout, selectors.EVENT_READ)
-            assert wait.select(timeout=60), "replay --web printed no address"
-            said = server.stdout.readline()
-        assert said.startswith(f"asyncflow: the recording {path} at http://127.0.0.1:"), said
-        url = said.split()[-1]
-        assert url.endswith("/?recording")
+    with replay_web(path) as url:
         at_full, at_end = render(
             f"{url}&at={rec.frames[full].t!r}", f"{url}&at=1e9", tmp_path=tmp_path
         )
-    finally:
-        server.terminate()
-        server.communicate(timeout=60)
 
     # the early moment: the backlog full, as recorded
     body = _body(at_full)
