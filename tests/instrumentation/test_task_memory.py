@@ -8,6 +8,7 @@ import gc
 import json
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,57 +18,16 @@ from asyncflow.instrumentation.futures import call_field
 from tests.support.compiled_path import compiled
 
 #: tasks parked per measure (the per-future dict of live calls about as full as on average)
-TASKS = 20_000
+TASKS = 10_000
 #: issue 28's budget for the compiled path, which ``asyncflow run`` uses wherever it is built
 BUDGET = 400
 #: the pure-Python reference's own bound: its figures are Python ints and a slotted object
 PURE_PYTHON_BOUND = 600
 
 
-#: a fresh process per measure: what one measure leaves (asyncio's tables of tasks grown,
-#: free lists filled) would flatter the next
-_PROGRAM = """
-import asyncio, gc, json, sys, tracemalloc
-
-async def parked(gate):
-    await gate.wait()
-
-async def main(n, tracked):
-    gate = asyncio.Event()
-    warm = [asyncio.ensure_future(parked(gate)) for _ in range(100)]  # first-use allocations
-    await asyncio.sleep(0)
-    gate.set()
-    await asyncio.gather(*warm)
-    gate.clear()
-    del warm
-    gc.collect()
-    tracemalloc.start()
-    tasks = [asyncio.ensure_future(parked(gate)) for _ in range(n)]
-    await asyncio.sleep(0)  # each runs to its wait
-    for task in tasks:  # as asyncflow's first poll does: 3.12+ make a default name lazily
-        task.get_name()
-    gc.collect()
-    heap = tracemalloc.get_traced_memory()[0]
-    tracemalloc.stop()
-    gate.set()
-    await asyncio.gather(*tasks)
-    return heap / n
-
-async def measured(n, tracked):
-    if not tracked:
-        return await main(n, False)
-    import asyncflow
-    # (no look at a late loop's stack: the source lines it reads once are no task's cost)
-    options = dict(port=None, format="none", block_threshold=60, block_min=60)
-    with asyncflow.profile("task-memory", **options):
-        handle = asyncflow.instrument_tasks()
-        try:
-            return await main(n, True)
-        finally:
-            handle.undo()
-
-print(json.dumps(asyncio.run(measured(int(sys.argv[1]), sys.argv[2] == "tracked"))))
-"""
+#: the memory benchmark's measure (``--live-tasks``), run in a fresh process per measure: what
+#: one measure leaves (asyncio's tables of tasks grown, free lists filled) would flatter the next
+_BENCHMARK = Path(__file__).resolve().parents[2] / "benchmarks" / "memory.py"
 
 
 def _heap_per_task(kind: str) -> float:
@@ -76,7 +36,7 @@ def _heap_per_task(kind: str) -> float:
     task's name is read in both, as asyncflow reads it at a tracked task's first poll: 3.12
     made a task's default name lazy, and that string is the task's own."""
     done = subprocess.run(
-        [sys.executable, "-c", _PROGRAM, str(TASKS), kind],
+        [sys.executable, str(_BENCHMARK), "--live-child", kind, str(TASKS)],
         capture_output=True,
         text=True,
         timeout=60,
