@@ -1790,12 +1790,13 @@ def _gathered(f: FutureEntry, th: Thresholds) -> tuple[bool, str]:
 def _lateness_ns(docs: Documents, th: Thresholds) -> int:
     """How late a loop ran its calls, as far as it explains a tail: its heartbeats' p99 lag at
     each of ``tail_lag_factor`` awaits, plus the time its thread waited for a core inside the
-    blocks the monitor saw (kind ``cpu``, off the CPU: runnable, the machine short of cores).
-    The heartbeat (one in flight at a time) sees such a stall once, however long it is: on a
-    loaded machine the lag's p99 stays small while a call waits through several stalls."""
+    blocks the monitor saw (kind ``cpu``, off the CPU: runnable, the machine short of cores),
+    and at least the block threshold at each late wake-up (woken in its selector, its thread
+    waited for a core). The heartbeat (one in flight at a time) sees such a stall once, however
+    long: on a loaded machine the lag's p99 stays small while a call waits through several."""
     late = 0
     for loop in docs.loops if th.tail_lag_factor else ():  # 0: judged as if on time
-        starved = sum(
+        starved = loop.late_wakeups * docs.block_threshold_ns + sum(
             max(0, line.total_ns * (line.cpu_wall_ns - line.cpu_ns) // line.cpu_wall_ns)
             for line in loop.blocking_lines
             if line.kind == "cpu" and line.cpu_ns is not None and line.cpu_wall_ns > 0

@@ -74,3 +74,12 @@ def test_the_slow_path_finding_judges_the_loop_alike() -> None:
     assert _kinds(_loop(real), [path]) == ["tail-latency", "slow-path"]
     starved = blocking_line("cpu", 120 * MS, total_ns=1200 * MS)
     assert _kinds(_loop(starved), [path]) == []
+
+
+def test_late_wake_ups_count_as_waiting_for_a_core() -> None:
+    # no code blocked the loop, but its heartbeat was late by more than the block threshold
+    # (100 ms) ten times while the loop waited in its selector: its thread waited for a core
+    # at least a second in all
+    loop = dataclasses.replace(_loop(), late_wakeups=10)
+    assert _kinds(loop) == []
+    assert _kinds(dataclasses.replace(loop, late_wakeups=2)) == ["tail-latency"]
