@@ -841,9 +841,16 @@ async def _std_lock_acquire(self: asyncio.Lock) -> Literal[True]:
         if record is None:
             return await _LOCK_ACQUIRE(self)
         if _session.active is not None and _std_lock_busy(self):
-            # _acquire_may_wait's wait, without it: a coroutine less for every contended acquire
-            waited: Literal[True] = await _contended(record, _LOCK_ACQUIRE, self)
-            return waited
+            # _acquire_may_wait's wait, and _contended's, written out: two coroutines less for
+            # every contended acquire
+            began = _contention_began(record)
+            try:
+                await _LOCK_ACQUIRE(self)
+            except BaseException as exc:
+                _contention_raised(record, began, exc)
+                raise
+            _contention_ended(record, began)
+            return True
         result: Literal[True] = await _acquire_may_wait(
             record, self, _std_lock_busy, _LOCK_ACQUIRE, self
         )
@@ -874,9 +881,16 @@ async def _std_semaphore_acquire(self: asyncio.Semaphore) -> Literal[True]:
         return await _SEMAPHORE_ACQUIRE(self)
     if self._value == 0 or self._waiters:  # it may wait
         if _session.active is not None and _std_semaphore_busy(self):
-            # _acquire_may_wait's wait, without it: a coroutine less for every contended acquire
-            waited: Literal[True] = await _contended(record, _SEMAPHORE_ACQUIRE, self)
-            return waited
+            # _acquire_may_wait's wait, and _contended's, written out: two coroutines less for
+            # every contended acquire
+            began = _contention_began(record)
+            try:
+                await _SEMAPHORE_ACQUIRE(self)
+            except BaseException as exc:
+                _contention_raised(record, began, exc)
+                raise
+            _contention_ended(record, began)
+            return True
         result: Literal[True] = await _acquire_may_wait(
             record, self, _std_semaphore_busy, _SEMAPHORE_ACQUIRE, self
         )
@@ -989,27 +1003,47 @@ def _lock_hooks(
 async def _contended(record: ResourceRecord, acquire: Callable[..., Any], *args: Any) -> Any:
     """An acquisition that waits (``acquire(*args)``): timed from the call to its return (or
     its exception)."""
-    since = _clock.now_ns()
-    task = _task_for(record)
-    call = _call_of(task)
-    st = record.stats
-    _wait_began(st)
+    began = _contention_began(record)
     try:
         result = await acquire(*args)
     except BaseException as exc:
-        try:
-            _waited(record, since, _clock.now_ns(), call, _outcome(exc))
-        except Exception as err:
-            _broken("recording a wait", err)
+        _contention_raised(record, began, exc)
         raise
+    _contention_ended(record, began)
+    return result
+
+
+#: (since, the waiting task's id, its call) of a contended acquisition under way
+_Began = tuple[int, int, "CallRecord | None"]
+
+
+def _contention_began(record: ResourceRecord) -> _Began:
+    """A contended acquisition begins (see _contended; the standard lock's and semaphore's
+    hooks await asyncio's acquire between this and _contention_ended themselves: a coroutine
+    less for every contended acquire)."""
+    since = _clock.now_ns()
+    task = _task_for(record)
+    call = _call_of(task)
+    _wait_began(record.stats)
+    return since, id(task), call
+
+
+def _contention_raised(record: ResourceRecord, began: _Began, exc: BaseException) -> None:
+    try:
+        _waited(record, began[0], _clock.now_ns(), began[2], _outcome(exc))
+    except Exception as err:
+        _broken("recording a wait", err)
+
+
+def _contention_ended(record: ResourceRecord, began: _Began) -> None:
     try:
         now = _clock.now_ns()
-        st.contended += 1
+        since, key, call = began
+        record.stats.contended += 1
         _waited(record, since, now, call, ACQUIRED)
-        _held(record, now, id(task), call)
+        _held(record, now, key, call)
     except Exception as err:
         _broken("recording an acquisition", err)
-    return result
 
 
 async def _timed_wait(
