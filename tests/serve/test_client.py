@@ -23,12 +23,13 @@ ANSWERS = {
 
 class _Handler(http.server.BaseHTTPRequestHandler):
     def do_GET(self) -> None:
+        # (noted before the answer: the client may go on as soon as it has it)
+        self.server.seen.append(self.headers.get("Authorization"))  # type: ignore[attr-defined]
         status, body = ANSWERS[self.path]
         self.send_response(status)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
-        self.server.seen.append(self.headers.get("Authorization"))  # type: ignore[attr-defined]
 
     def log_message(self, *args: object) -> None:
         pass
