@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import stat
@@ -653,12 +654,24 @@ if __name__ == "__main__":
 """
 
 
+@contextmanager
+def _killed_at_the_end(pids: dict[str, int]) -> Iterator[None]:
+    """The children of a test that failed, which would wait for their parent for ever."""
+    try:
+        yield
+    finally:
+        for pid in pids.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
 def test_the_processes_an_armed_program_starts_are_armed_by_every_start_method(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    with armed_program(tmp_path, STARTING) as program:
+    pids: dict[str, int] = {}
+    with armed_program(tmp_path, STARTING) as program, _killed_at_the_end(pids):
         ready = dict(program.line().split()[1:] for _ in range(3))
-        pids = {method: int(pid) for method, pid in ready.items()}
+        pids.update((method, int(pid)) for method, pid in ready.items())
         roles = {"spawn": "process-1", "forkserver": "process-2", "fork": "process-3"}
         listed = {e["pid"]: e for e in orjson.loads(Done(capsys, "ps", "--json").stdout)}
         for method, pid in pids.items():
@@ -683,10 +696,12 @@ def test_the_processes_an_armed_program_starts_are_armed_by_every_start_method(
             False,
             program.pid,
         )
+        spawned = pids["spawn"]
         assert program.end() == 3
+        pids.clear()  # joined by their parent: gone (their pids may be another's soon)
         assert program.process.stderr is not None
         said = program.process.stderr.read()
-        assert f"asyncflow: report of 'app/process-1' (pid {pids['spawn']}):" in said
+        assert f"asyncflow: report of 'app/process-1' (pid {spawned}):" in said
     # each child took its socket and registry file away (multiprocessing ends it by os._exit)
     assert list(registry.directory().iterdir()) == []
 

@@ -67,6 +67,7 @@ def _armed_workers(tmp_path: Path, server: list[str], kind: str) -> None:
             _until("an answer from the attached worker", answered)
         run.send_signal(signal.SIGTERM)
         run.wait(DEADLINE)
+        listed = []  # the server waited for its workers: gone (their pids may be another's)
     finally:
         if run.poll() is None:
             run.kill()
