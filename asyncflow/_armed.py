@@ -35,6 +35,7 @@ import functools
 import itertools
 import logging
 import os
+import pickle
 import sys
 import threading
 import weakref
@@ -163,11 +164,8 @@ class _Armed:
     def child(self, role: str) -> _Child:
         """The child process with ``role``: armed as this one is, under its own name, its
         files (report, recording, trace) beside this one's, never on this one's port."""
-        options = {
-            key: value
-            for key, value in self.options.items()
-            if value is None or isinstance(value, (str, int, float, bool, tuple, list))
-        }  # (a reporter object does not cross into another process)
+        # (a reporter object does not cross into another process)
+        options = {key: value for key, value in self.options.items() if _plain(value)}
         resolved = config.resolve_options(self.name, options)
         if resolved.output not in (None, "-"):
             options["output"] = _children._beside(resolved.output, role)
@@ -396,6 +394,13 @@ class _Armed:
         return found
 
 
+def _plain(value: object) -> bool:
+    """Whether an option's value is plain data (a spawned child gets it pickled)."""
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return True
+    return isinstance(value, (tuple, list)) and all(_plain(each) for each in value)
+
+
 def _main_program() -> tuple[str | None, str | None]:
     """The program ``arm()`` was called in: ``__main__``'s script, or its ``-m`` module."""
     main = sys.modules.get("__main__")
@@ -586,6 +591,7 @@ def _patch_start(module: Any) -> Callable[[], None]:
             return original(self)  # (a run of the program's own, per instance: left alone)
         try:
             child = armed.child(f"{_children._role_base(self)}-{next(armed.numbers)}")
+            pickle.dumps(child)  # (a spawned child gets it pickled: never a start that fails)
             vars(self)["run"] = child
         except Exception as exc:  # the child runs unarmed; its start() is not ours to break
             _session.internal_error("arming a child process", exc)

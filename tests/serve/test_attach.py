@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import pickle
 import signal
 import stat
 import subprocess
@@ -776,3 +777,29 @@ def test_attach_tracks_own_code_imported_after_it_and_counts_never_awaited_corou
         never = {e["function"]: e["count"] for e in futures["never_awaited"]}
         assert never == {"early": 1, "inner": 1}, never
         assert program.end() == 0
+
+
+def test_a_child_gets_the_options_that_cross_into_another_process() -> None:
+    class Ticking:  # a live reporter: no plain data, and this one does not pickle
+        def __init__(self) -> None:
+            self.ticks = lambda: None
+
+        def tick(self, tick: object) -> None:
+            pass
+
+    asyncflow.arm(
+        "parent", output="report.json", port=7001, reporters=[Ticking()], percentiles=(50, 99)
+    )
+    try:
+        armed = _armed._armed
+        assert armed is not None
+        child = armed.child("process-1")
+        assert child.name == "parent/process-1"
+        assert child.options == {
+            "output": "report.process-1.json",
+            "port": 0,
+            "percentiles": (50, 99),
+        }
+        assert pickle.loads(pickle.dumps(child)) == child
+    finally:
+        _armed.disarm()
