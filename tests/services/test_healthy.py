@@ -235,7 +235,12 @@ async def test_a_healthy_fastapi_service_gets_at_most_two_warnings(
     sock = tmp_path / "app.sock"
     report = await _profiled(
         tmp_path,
-        ["-m", "uvicorn", "app:app", "--loop", loop, "--uds", str(sock), "--log-level", "warning"],
+        # (a keep-alive longer than the test: uvicorn's 5 s could close a connection the client
+        # was reusing just as it sent, while a loaded machine stalled the loop)
+        [
+            *("-m", "uvicorn", "app:app", "--loop", loop, "--uds", str(sock)),
+            *("--log-level", "warning", "--timeout-keep-alive", "120"),
+        ],
         sock,
         {"APP_DB": str(tmp_path / "db.sqlite"), "APP_UPSTREAM": str(upstream)},
     )
