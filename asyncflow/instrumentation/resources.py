@@ -920,6 +920,8 @@ def _std_lock_release(self: asyncio.Lock) -> None:
         return
     if type(record) is _Site:  # never waited for: counted on its creation site
         record.record.stats.hold_count += 1
+        if record.primitive == CONDITION:  # and on itself, for its record (_materialize_condition)
+            self._asyncflow_holds = getattr(self, "_asyncflow_holds", 0) + 1  # type: ignore[attr-defined]
         return
     # _note_release(record), written out for a lock: this runs on every `async with`
     try:
@@ -1299,7 +1301,7 @@ def _std_condition_notify(self: asyncio.Condition, n: int = 1) -> None:
     record: Any = getattr(self, _LOCK_RECORD, None)
     if record is not None and _session.active is not None:
         if type(record) is _Site:  # nobody waited on it yet: counted on its creation site
-            record.record.stats.notifies += 1
+            _lazy_notify(self, record)
         else:
             _count_signal(record, "notify", "notifies")
 
@@ -1313,10 +1315,17 @@ def _std_condition_notify_all(self: asyncio.Condition) -> None:
     _CONDITION_NOTIFY(self, len(self._waiters))
     if _session.active is not None:
         if type(record) is _Site:
-            record.record.stats.notifies += 1
+            _lazy_notify(self, record)
         else:
             _count_signal(record, "notify_all", "notifies")
     return None
+
+
+def _lazy_notify(condition: Any, site: _Site) -> None:
+    """Count a notify of a condition without a record on its creation site, and on itself: a
+    record made for it later takes its own (see _materialize_condition)."""
+    site.record.stats.notifies += 1
+    condition._asyncflow_notifies = getattr(condition, "_asyncflow_notifies", 0) + 1
 
 
 _STD_CONDITION: dict[str, Callable[..., Any]] = {
@@ -2185,9 +2194,24 @@ def _materialize_condition(condition: Any, record: ResourceRecord) -> None:
     held now is held by the call its fast path noted."""
     inner = condition._lock
     holder = getattr(inner, "_asyncflow_holder", None)
-    for name in ("_asyncflow_holder", _OWNER):
-        if getattr(inner, name, None) is not None:
-            object.__delattr__(inner, name)
+    # its uses so far move from its creation site's row to its record (a notify_all() before
+    # the first waiter came is one of its signals)
+    site = getattr(condition, _LOCK_RECORD)
+    holds = getattr(inner, "_asyncflow_holds", 0)
+    notifies = getattr(condition, "_asyncflow_notifies", 0)
+    if type(site) is _Site:
+        site.record.stats.hold_count -= holds
+        site.record.stats.notifies -= notifies
+    record.stats.hold_count += holds
+    record.stats.notifies += notifies
+    for obj, name in (
+        (inner, "_asyncflow_holder"),
+        (inner, _OWNER),
+        (inner, "_asyncflow_holds"),
+        (condition, "_asyncflow_notifies"),
+    ):
+        if getattr(obj, name, None) is not None:
+            object.__delattr__(obj, name)
     object.__setattr__(inner, _LOCK_RECORD, record)  # (as _lock_hooks finds it: its own)
     _instrument_asyncio(condition, record)
     if inner._locked:  # since when is not known: since the collector's last tick

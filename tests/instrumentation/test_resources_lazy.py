@@ -178,6 +178,8 @@ async def test_a_condition_made_per_use_and_never_waited_on_has_no_record_of_its
 async def test_a_condition_waited_on_gets_its_record_at_the_wait() -> None:
     with asyncflow.profile("lazy", format="none", port=None), asyncflow.instrument_locks():
         condition = asyncio.Condition()
+        async with condition:  # before anyone waits: counted on the line, then moved to it
+            condition.notify_all()
         assert getattr(condition, resources._MARK, None) is None
 
         async def waiter() -> None:
@@ -195,10 +197,13 @@ async def test_a_condition_waited_on_gets_its_record_at_the_wait() -> None:
             async with condition:
                 condition.notify()
         assert record is not None
-        assert (record.stats.notifies, record.stats.woken, record.stats.wait_count) == (1, 1, 1)
-        # its lock records into the condition's record from the wait on: the waiter's hold
-        # before it (made by its fast path, seen by the wait), the notifier's, the waiter's after
-        assert resources.acquisitions(record) == resources.releases(record) == 3
+        assert (record.stats.notifies, record.stats.woken, record.stats.wait_count) == (2, 1, 1)
+        # its lock records into the condition's record from the wait on: the first notifier's
+        # hold, the waiter's before its wait (made by its fast path, seen by the wait), the
+        # second notifier's, the waiter's after
+        assert resources.acquisitions(record) == resources.releases(record) == 4
+        (row,) = [r for r in resources.resource_registry() if r.label == record.label]
+        assert row is record  # the line's counting row holds nothing
 
 
 async def test_a_condition_whose_lock_is_contended_gets_a_record_that_knows_its_holder() -> None:
