@@ -39,6 +39,9 @@ logger = logging.getLogger("asyncflow")
 _VERSION = 1
 #: the largest registry file read: anything bigger is no file of ours
 _MAX_BYTES = 64 * 1024
+#: this process's pid and when it first registered: the files written again (at attach, at
+#: detach, at a rename) keep that time, or ``asyncflow ps`` would count it up from the last
+_first: tuple[int, float] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +56,8 @@ class Entry:
     argv: tuple[str, ...]
     #: the endpoint's address, e.g. ``http://127.0.0.1:6780``
     url: str
-    #: when the profiler started, in seconds since the epoch
+    #: when this process first registered (armed, or its first profiler started), in
+    #: seconds since the epoch
     started: float
     #: whether every request needs ``Authorization: Bearer <token>``
     token: bool
@@ -178,19 +182,22 @@ def register(
     """Write this process's registry file; None when it cannot be written (said on the
     ``asyncflow`` logger at debug level: profiling goes on without it). ``child_of`` is a
     worker process's parent pid and role; ``armed``, a process armed and not attached (its
-    ``url`` empty)."""
+    ``url`` empty). Written again, the file keeps the time this process first registered."""
+    global _first
     try:
         folder = private_directory(create=True)
         if folder is None:
             return None
         pid = os.getpid()
+        if _first is None or _first[0] != pid:  # a forked child registers anew
+            _first = (pid, time.time())
         document: dict[str, Any] = {
             "version": _VERSION,
             "pid": pid,
             "name": name,
             "argv": list(getattr(sys, "orig_argv", sys.argv)),
             "url": url,
-            "started": time.time(),
+            "started": _first[1],
             "token": token,
             "process_start": process_start(pid),
             "parent": None if child_of is None else child_of[0],

@@ -803,3 +803,22 @@ def test_a_child_gets_the_options_that_cross_into_another_process() -> None:
         assert pickle.loads(pickle.dumps(child)) == child
     finally:
         _armed.disarm()
+
+
+def test_ps_counts_an_armed_process_up_from_its_first_registration_across_attach_and_detach(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The registry file is written again at attach and at detach: it keeps when the process
+    # registered first, or `asyncflow ps` says UP 0s of a process up for minutes.
+    with armed_program(tmp_path) as program:
+        pid = program.pid
+        first = orjson.loads(Done(capsys, "ps", "--json").stdout)[0]["started"]
+        done = Done(capsys, "attach", str(pid))
+        assert done.returncode == 0, done.stderr
+        attached = orjson.loads(Done(capsys, "ps", "--json").stdout)[0]
+        assert (attached["armed"], attached["started"]) == (False, first)
+        done = Done(capsys, "detach", str(pid))
+        assert done.returncode == 0, done.stderr
+        detached = orjson.loads(Done(capsys, "ps", "--json").stdout)[0]
+        assert (detached["armed"], detached["started"]) == (True, first)
+        assert program.end() == 3
