@@ -367,7 +367,7 @@ class _Armed:
             reading = wait_views.read_tasks(_always, records)
             graph = graph_document(reading.task_entries(), [], [], reading.consistent)
             state, url = "armed", None
-        entries = reading.task_entries()
+        entries = _where_running(reading.task_entries(), self._live_loops())
         tasks = schema.TasksDocument(
             schema=schema.SCHEMA,
             total=reading.total,
@@ -392,6 +392,45 @@ class _Armed:
             for target, by in held.items():
                 found += [HeldBy(target, name, where) for name, where in by]
         return found
+
+
+def _where_running(
+    entries: list[schema.TaskEntry], live: list[asyncio.AbstractEventLoop]
+) -> list[schema.TaskEntry]:
+    """``entries`` with each loop's running task at the line its thread runs now: a loop
+    blocked in a plain function a coroutine called (``time.sleep``) has the task's await chain
+    end at the line that called it, a frame or more above the one that blocks."""
+    from asyncflow.model.waits import _frame_entry, _is_library
+
+    now: dict[tuple[int, str], schema.AwaitFrame] = {}
+    stacks = list(sys._current_frames().values())
+    for loop in live:
+        task = asyncio.current_task(loop)
+        coro: Any = task.get_coro() if task is not None else None
+        coro = getattr(coro, "_coro", coro)  # an instrumented coroutine: the program's own
+        outer: Any = getattr(coro, "cr_frame", None)
+        if task is None or outer is None:
+            continue
+        for innermost in stacks:
+            # the thread whose stack holds the task's coroutine (the loop may have moved on)
+            frame: Any = innermost
+            mine: Any = outer
+            while frame is not None and frame is not outer:
+                if mine is outer and not _is_library(frame.f_code):
+                    mine = frame
+                frame = frame.f_back
+            if frame is outer:
+                record = loops.see(loop, on_its_thread=False)
+                now[record.id, task.get_name()] = _frame_entry(mine)
+                break
+    if not now:
+        return entries
+    return [
+        dataclasses.replace(e, where=now.get((e.loop_id, e.name), e.where))
+        if e.state == "running"
+        else e
+        for e in entries
+    ]
 
 
 def _plain(value: object) -> bool:

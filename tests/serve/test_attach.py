@@ -822,3 +822,36 @@ def test_ps_counts_an_armed_process_up_from_its_first_registration_across_attach
         detached = orjson.loads(Done(capsys, "ps", "--json").stdout)[0]
         assert (detached["armed"], detached["started"]) == (True, first)
         assert program.end() == 3
+
+
+#: a loop blocked in a plain function a coroutine called (the task's await chain ends a
+#: frame above it, at the line that called it)
+BLOCKED_IN_A_CALL = """
+import asyncio, sys
+
+def block():
+    sys.stdin.readline()  # the loop is blocked here
+
+async def step():
+    print("ready", flush=True)
+    block()
+
+async def main():
+    await step()
+
+asyncio.run(main())
+"""
+
+
+def test_dump_says_the_line_a_blocked_loop_is_blocked_at_not_its_task_s_last_await(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with armed_program(tmp_path, BLOCKED_IN_A_CALL) as program:
+        done = Done(capsys, "dump", str(program.pid))
+        assert done.returncode == 0, done.stderr
+        assert f"  Task-1 (main) running at {tmp_path / 'app.py'}:5\n" in done.stdout
+        done = Done(capsys, "dump", str(program.pid), "--format", "json")
+        (task,) = load(DumpDocument, orjson.loads(done.stdout)).tasks.tasks
+        assert task.where is not None
+        assert (task.where.line, task.where.function) == (5, "block")
+        assert program.end() == 0
