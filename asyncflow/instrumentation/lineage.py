@@ -73,8 +73,9 @@ class _Chain:
     """One sampled message's way so far: where it began and each channel it went through.
 
     ``hops`` holds per channel (channel id, receiver's future id, sent at, received at, stage
-    busy at the receive, stage time, stage busy, receiver's call id): the stage's time and busy
-    part are filled when the receiving holder sends on (-1 until then).
+    busy at the receive, stage time, stage busy, receiver's call id, the future id that sent it
+    on): the stage's time and busy part are filled when the receiving holder sends on (-1 until
+    then); the last is the receiver's unless derive() handed the message to another task.
     """
 
     __slots__ = ("forked", "hops", "origin", "origin_call", "sent_ns")
@@ -171,6 +172,8 @@ def sent(stats: Any, channel_id: int, msg_id: int, item: Any, now: int, by: Any)
             busy = _busy_now(now)
             last[5] = now - last[3]
             last[6] = busy - last[4] if busy >= 0 and last[4] >= 0 else -1
+            if future_id != last[1]:  # derived, sent on by another task: the hop is theirs
+                last[6], last[8] = -1, future_id  # (whose busy parts do not subtract)
     if chain is None:
         if future_id is not None and future_id in _receivers:
             # a stage whose input was not followed: its sends are the middle of a path
@@ -213,7 +216,9 @@ def received(
         if sender_future is not None and sender_future in _receivers:
             return  # the middle of a path whose beginning was not followed
         chain = _Chain(sender_future, sent_at, sender_call)
-    chain.hops.append([channel_id, future_id, sent_at, now, _busy_now(now), -1, -1, call_id])
+    chain.hops.append(
+        [channel_id, future_id, sent_at, now, _busy_now(now), -1, -1, call_id, future_id]
+    )
     oldest = _put(_open, holder, (chain, stats), MAX_OPEN)
     if oldest is not None:  # a holder that has not sent on for long: its message ends there
         _end(oldest[0])
@@ -235,7 +240,9 @@ def item(stream_id: int, item: Any, began: int, now: int) -> None:
     if previous is not None:
         _end(previous[0])
     chain = _Chain(-stream_id, began, None)  # a stream's id, negative: not a future's
-    chain.hops.append([-stream_id, future_id, began, now, _busy_now(now), -1, -1, call_id])
+    chain.hops.append(
+        [-stream_id, future_id, began, now, _busy_now(now), -1, -1, call_id, future_id]
+    )
     oldest = _put(_open, holder, (chain, None), MAX_OPEN)
     if oldest is not None:
         _end(oldest[0])
@@ -314,6 +321,10 @@ def derive(msg_from: Any, msg_to: Any) -> bool:
         if at is not None and at in _in_flight:  # already sent: its way begins at chain's
             last = chain.hops[-1]
             last[5] = max(0, _in_flight[at].sent_ns - last[3])
+            r = _running_call()  # (the task deriving it is taken for the one that sent it)
+            by = None if r is None else r.future.id
+            if by != last[1]:
+                last[6], last[8] = -1, by
             del _in_flight[at]
             if len(chain.hops) >= MAX_HOPS:
                 _dropped[0] += 1
@@ -356,7 +367,8 @@ class MessageReading:
 
 @dataclass(frozen=True, slots=True)
 class PathReading:
-    """One path's figures: ``origin`` and ``stages`` are future ids (None: untracked code)."""
+    """One path's figures: ``origin``, ``stages`` and ``senders`` are future ids (None:
+    untracked code)."""
 
     origin: int | None
     channels: tuple[int, ...]
@@ -368,6 +380,9 @@ class PathReading:
     hop_sums: tuple[int, ...]
     busy_sums: tuple[int, ...]
     slowest: tuple[MessageReading, ...]
+    #: per stage, the future that sent the message on: the stage's own, unless it handed the
+    #: message to another task that sent a derived one (``derive()``)
+    senders: tuple[int | None, ...] = ()
 
 
 class _Path:
@@ -404,7 +419,7 @@ def _fold(chain: _Chain) -> None:
     if chain.forked:
         return  # it went on in a derived message: that one's way is the path
     hops = chain.hops
-    key = (chain.origin, *[(h[0], h[1]) for h in hops])
+    key = (chain.origin, *[(h[0], h[1], h[8]) for h in hops])
     path = _paths.get(key)
     if path is None:
         if len(_paths) >= MAX_PATHS:
@@ -412,7 +427,7 @@ def _fold(chain: _Chain) -> None:
             return
         path = _paths[key] = _Path(len(hops))
     readings: list[HopReading] = []
-    for i, (channel_id, future_id, sent_at, received_at, _, _, busy_ns, _) in enumerate(hops):
+    for i, (channel_id, future_id, sent_at, received_at, _, _, busy_ns, _, _) in enumerate(hops):
         wait = max(0, received_at - sent_at)
         readings.append(HopReading(channel_id, None, wait))
         path.hop_sums[2 * i] += wait
@@ -485,6 +500,7 @@ def paths() -> list[PathReading]:
                 hop_sums=tuple(p.hop_sums),
                 busy_sums=tuple(p.busy_sums),
                 slowest=tuple(p.slowest),
+                senders=tuple(h[2] for h in key[1:]),
             )
             for key, p in _paths.items()
         ]

@@ -31,7 +31,9 @@ def lineage_paths(
     for p in _lineage.paths()[:PATHS_SHOWN]:
         # a negative origin is a stream's (its items begin the way), named like a channel
         origin = channels.get(p.origin, "?") if p.origin is not None and p.origin < 0 else None
-        names = [origin or futures.get(p.origin, "?")] + [futures.get(f, "?") for f in p.stages]
+        names = [origin or futures.get(p.origin, "?")] + [
+            _stage_name(futures, f, by) for f, by in zip(p.stages, p.senders, strict=True)
+        ]
         chans = [channels.get(c, f"channel {c}") for c in p.channels]
         n = max(1, p.messages)
 
@@ -79,6 +81,14 @@ def lineage_paths(
             path = dataclasses.replace(path, tail=tail)
         out.append(path)
     return out
+
+
+def _stage_name(futures: Mapping[int | None, str], stage: int | None, by: int | None) -> str:
+    """A stage's name: ``dispatch → work`` when ``dispatch`` received the message and handed it
+    to ``work``, a task of its own, that sent a derived one on (the hop's time is mostly
+    ``work``'s, and not only ``dispatch``'s)."""
+    name = futures.get(stage, "?")
+    return name if by == stage else f"{name} → {futures.get(by, '?')}"
 
 
 def _future_node(future_id: int | None) -> str:

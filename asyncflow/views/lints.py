@@ -1871,6 +1871,9 @@ def slow_path(docs: Documents, th: Thresholds) -> Iterator[Finding]:
         if found is None:
             continue
         index, hop, share, spent = found
+        # a stage that handed each message to a task of its own (`dispatch → work`, derive()):
+        # none queue behind the slow one, more workers would not help
+        handed = index % 2 == 1 and " → " in p.stages[index // 2 + 1]
         yield Finding(
             "slow-path",
             "warning",
@@ -1878,7 +1881,11 @@ def slow_path(docs: Documents, th: Thresholds) -> Iterator[Finding]:
             f"the p99 end-to-end latency of `{p.label}` is {_duration(p99)}, "
             f"{round(100 * share)}% of it {hop} (median {_duration(p50)}, over "
             f"{p.messages} sampled messages)",
-            "look at that hop of the slowest messages (`/flow`'s lineage): a stage slow for "
+            "look at that hop of the slowest messages (`/flow`'s lineage): the task each "
+            "message was handed to is slow for some; none wait behind it, so the slow case "
+            "itself is to speed up"
+            if handed
+            else "look at that hop of the slowest messages (`/flow`'s lineage): a stage slow for "
             "some messages holds up those queued behind it; give it more workers or take the "
             "slow case out of line",
             {

@@ -142,3 +142,64 @@ async def test_a_snapshot_on_file_keeps_the_paths(prof: asyncflow.Profiler) -> N
     assert again.flow is not None and snap.flow is not None
     assert again.flow.lineage == snap.flow.lineage
     assert dataclasses.asdict(_path(again)) == dataclasses.asdict(_path(snap))
+
+
+async def _per_message_tasks(slow_s: float) -> None:
+    """src -> inbox -> dispatch, which hands each message to a task of its own (``work``, slow
+    for one message in ten) that sends a derived one on -> outbox -> sink."""
+    inbox = asyncflow.instrument_queue(asyncio.Queue[dict[str, int]](), name="inbox")
+    outbox = asyncflow.instrument_queue(asyncio.Queue[dict[str, int]](), name="outbox")
+
+    @asyncflow.future(name="src")
+    async def src() -> None:
+        for i in range(MESSAGES):
+            await asyncio.sleep(0.02)
+            await inbox.put({"id": i})
+
+    @asyncflow.future(name="work")
+    async def work(msg: dict[str, int]) -> bool:
+        await asyncio.sleep(slow_s if msg["id"] % 10 == 3 else 0.001)
+        out = {"id": msg["id"], "v": 1}
+        linked = asyncflow.derive(msg, out)
+        await outbox.put(out)
+        return linked
+
+    @asyncflow.future(name="dispatch")
+    async def dispatch() -> list[bool]:
+        async with asyncio.TaskGroup() as tg:
+            tasks = [tg.create_task(work(await inbox.get())) for _ in range(MESSAGES)]
+        return [t.result() for t in tasks]
+
+    @asyncflow.future(name="sink")
+    async def sink() -> None:
+        for _ in range(MESSAGES):
+            await outbox.get()
+
+    with anyio.fail_after(20):
+        _, linked, _ = await asyncio.gather(src(), dispatch(), sink())
+    assert all(linked)
+
+
+async def test_a_derived_hand_off_names_the_task_that_sent_it_on(
+    prof: asyncflow.Profiler,
+) -> None:
+    """The time between ``dispatch``'s receive and the derived send is ``work``'s (a task per
+    message): the tail's hop names the hand-off ``dispatch → work``, not ``dispatch`` alone,
+    which only made the tasks."""
+    await _per_message_tasks(SLOW_S)
+    snap = prof.snapshot()
+    assert snap.flow is not None
+    paths = {p.label: p for p in snap.flow.lineage}
+    assert "src → dispatch → sink" not in paths, list(paths)
+    path = paths["src → dispatch → work → sink"]
+    assert path.stages == ["src", "dispatch → work", "sink"]
+    assert path.channels == ["inbox", "outbox"]
+    assert path.messages >= MESSAGES - 1
+    assert [h.name for h in path.slowest[0].hops] == ["inbox", "dispatch → work", "outbox"]
+    assert path.end_to_end_ns["p99"] >= SLOW_S * 1e9
+    found = [f for f in _findings(snap, lag_factor=0) if f.kind == "slow-path"]
+    if 4 * path.end_to_end_ns["p50"] > SLOW_S * 1e9:
+        return  # a machine so loaded that the planted stage is no tail by the finding's ratio
+    assert len(found) == 1, (path, found)
+    assert "of it in `dispatch → work`" in found[0].message, found[0].message
+    assert "more workers" not in found[0].hint, found[0].hint  # none wait behind the slow one
