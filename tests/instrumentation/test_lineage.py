@@ -64,7 +64,8 @@ async def test_a_hand_off_to_another_task_is_followed_once_derived(
         await asyncio.gather(src(), parse(True), sink())
     assert linked and all(linked)
     paths = _paths(prof.snapshot())
-    path = paths["src → parse → sink"]
+    path = paths["src → parse → work → sink"]  # parse received it, work sent it on
+    assert path.stages == ["src", "parse → work", "sink"]
     assert path.channels == ["raw", "parsed"]
     # each message once: the way that parse ended when it received the next one (it did not
     # send it on itself) goes on in the derived message instead, not in both
@@ -86,6 +87,18 @@ async def test_derive_refuses_what_cannot_stand_for_a_message(prof: asyncflow.Pr
 
 def test_derive_without_a_profiler_links_nothing() -> None:
     assert asyncflow.derive(["from"], ["to"]) is False
+
+
+def test_derive_refuses_a_wrong_argument_without_a_profiler_too() -> None:
+    """A wrong argument is the program's error whether or not a profiler runs: found when it
+    is written, not first in production under the profiler."""
+    item = {"a": 1}
+    with pytest.raises(TypeError, match="msg_from is None"):
+        asyncflow.derive(None, item)
+    with pytest.raises(TypeError, match="msg_to is 3"):
+        asyncflow.derive(item, 3)
+    with pytest.raises(ValueError, match="same object"):
+        asyncflow.derive(item, item)
 
 
 async def test_anyio_memory_streams_are_followed(prof: asyncflow.Profiler) -> None:
