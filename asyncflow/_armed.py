@@ -242,6 +242,9 @@ class _Armed:
             try:
                 self._install()
                 adopted, blocked, tasks = self._adopt()
+                collector = prof._collector
+                if collector is not None:  # the report says its figures start at the attach
+                    collector.session.adopted = tasks
             except BaseException:
                 self._detach()
                 raise

@@ -377,6 +377,9 @@ class ProfilerStatus:
     #: tasks that raised forgotten unjudged by never-retrieved, past the 1,000 remembered at
     #: once that nobody had retrieved yet (a task the finding may miss), in this profile
     unretrieved_dropped: int = 0
+    #: attached to a running program (``asyncflow attach``): the live tasks it adopted, made
+    #: before the attach (what they run is not timed); null: started with the program
+    adopted_tasks: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

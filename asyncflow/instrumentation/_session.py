@@ -19,7 +19,16 @@ class Session:
     Recorders hold no reference to the profiler itself; the collector reads this object.
     """
 
-    __slots__ = ("appended", "epoch", "finished", "keep_in_place", "sampling", "start_ns", "tick")
+    __slots__ = (
+        "adopted",
+        "appended",
+        "epoch",
+        "finished",
+        "keep_in_place",
+        "sampling",
+        "start_ns",
+        "tick",
+    )
 
     def __init__(self, epoch: int, start_ns: int, sampling: int = 0) -> None:
         self.epoch = epoch
@@ -37,6 +46,9 @@ class Session:
         #: they finish (futures.fold_call); None while the collector wants each of them in
         #: ``finished`` (a live reporter or a user's recorder is handed every call)
         self.keep_in_place: int | None = None
+        #: attached to a running program (``asyncflow attach``): the live tasks it adopted,
+        #: made before it (what they run is not timed); None: started with the program
+        self.adopted: int | None = None
 
 
 #: With adaptive sampling, channels and streams aim at one timed event per this many ns each.

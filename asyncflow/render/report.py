@@ -283,6 +283,13 @@ def _no_futures(snapshot: Snapshot) -> str:
     """Why no future was tracked, as far as the snapshot tells."""
     if snapshot.status.not_profiled:
         return "(no futures were tracked: what the program ran is not profiled, see above)"
+    adopted = snapshot.status.adopted_tasks
+    if adopted is not None:
+        return (
+            "(no futures were tracked: asyncflow was attached to the running program and "
+            f"adopted {counted(adopted, 'live task')} made before it: what they run is not "
+            "timed (docs/attach.md says what is); only tasks made after the attach are)"
+        )
     loops = snapshot.loop.loops if snapshot.loop is not None else []
     if loops:
         names = ", ".join(sorted({entry.label for entry in loops}))

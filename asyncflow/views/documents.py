@@ -384,6 +384,7 @@ def status(collector: Collector, now: int, running: bool) -> ProfilerStatus:
             NotProfiledEntry(b.kind, b.name, b.reason, b.count) for b in every_loop.not_profiled()
         ],
         unretrieved_dropped=_raised.dropped(collector.session.epoch),
+        adopted_tasks=collector.session.adopted,
     )
 
 

@@ -855,3 +855,22 @@ def test_dump_says_the_line_a_blocked_loop_is_blocked_at_not_its_task_s_last_awa
         assert task.where is not None
         assert (task.where.line, task.where.function) == (5, "block")
         assert program.end() == 0
+
+
+def test_a_report_of_an_attach_that_tracked_nothing_says_everything_predates_the_attach(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Every task was made before the attach: none is a tracked call, and the report says so
+    # (not that no @asyncflow.future was called, nor that --include/--exclude left them out).
+    with armed_program(tmp_path) as program:
+        done = Done(capsys, "attach", str(program.pid))
+        assert done.returncode == 0, done.stderr
+        done = Done(capsys, "detach", str(program.pid))
+        assert done.returncode == 0, done.stderr
+        assert "--include/--exclude" not in done.stdout
+        assert (
+            "(no futures were tracked: asyncflow was attached to the running program and "
+            "adopted 4 live tasks made before it: what they run is not timed (docs/attach.md "
+            "says what is); only tasks made after the attach are)"
+        ) in done.stdout
+        assert program.end() == 3
