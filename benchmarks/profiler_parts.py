@@ -42,7 +42,7 @@ OPTIONS = ("noport", "monitor20", "drain1", "fixedtick")
 def serve(variant: str, path: str) -> None:
     """Run the aiohttp service at ``path`` as ``variant`` says (in the server's process)."""
     sys.path.insert(0, str(services.APPS))
-    import aiohttp_app  # type: ignore[import-not-found]  # (services_apps, on the path now)
+    import aiohttp_app  # (services_apps, on the path now; mypy reads that folder too)
     from aiohttp import web
 
     import asyncflow
