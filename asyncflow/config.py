@@ -132,6 +132,7 @@ WARNING_KINDS = (
     "slow-path",
     "wakeup-storm",
     "deadlock",
+    "lock-held-by-waiter",
 )
 _DISABLE = "ASYNCFLOW_DISABLE"
 _NO_EXTENSIONS = "ASYNCFLOW_NO_EXTENSIONS"

@@ -848,6 +848,10 @@ class TaskEntry:
     #: named, not the program line that called the library), when asyncflow saw it made
     #: (whole-program mode); None: made before asyncflow watched, or untracked
     created_at: AwaitFrame | None = None
+    #: the locks asyncflow does not track (made before an attach) that it holds in an open
+    #: ``async with`` block while it waits, by the words a wait on one ends with
+    #: (``Lock at 0x…``): read from the task's references, as ``asyncflow dump`` reads them
+    holds: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)

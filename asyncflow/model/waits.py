@@ -581,11 +581,13 @@ def walk_task(
             waits_on = _target("future", _short(type(innermost).__qualname__))
     awaits: list[str] = []
     held_at: list[schema.AwaitFrame] = []
+    holds: list[str] = []
     if state == "waiting" and waits_on is not None:
         if waits_on.kind in _AWAITS_TASKS:
             awaits = _awaited(frames, owners, getattr(task, "_fut_waiter", None))
         if waits_on.kind not in _NEVER_STUCK:  # a task that may be stuck: what it holds
             held_at = _held_at(frames)
+            holds = _untracked_locks(frames, owners)
     future_id = future_label = call_id = age = None
     if type(coro) is InstrumentedCoroutine:
         r = coro._r
@@ -611,6 +613,7 @@ def walk_task(
         held_at=held_at,
         awaits=awaits,
         created_at=_created_at(coro),
+        holds=holds,
     )
     key = (
         f"{waits_on.kind}:{waits_on.ref or waits_on.label or waits_on.description}"
@@ -642,22 +645,41 @@ def holders(tasks: Iterable[asyncio.Task[Any]]) -> dict[str, list[tuple[str, sch
         if task.done():
             continue
         frames, owners, _, _ = _chain(task)
-        # (the block's __aexit__ is on the stack while its __aenter__ waits too: a task that
-        # waits to take a primitive does not hold it)
-        taking = {
-            id(_self_of(owner, frame.f_code))
-            for frame, owner in zip(frames, owners, strict=True)
-            if frame.f_code.co_name in ("acquire", "__aenter__")
-        }
-        for frame, owner in zip(frames, owners, strict=True):
-            for obj in _all_held(owner):
-                held = getattr(obj, "__self__", None)
-                if id(held) in taking:
-                    continue
-                if getattr(obj, "__name__", None) == "__aexit__" and isinstance(held, _HELD_WITH):
-                    words = f"{type(held).__qualname__} at 0x{id(held):x}"
-                    found.setdefault(words, []).append((task.get_name(), _frame_entry(frame)))
+        for held, frame in _holding(frames, owners):
+            words = f"{type(held).__qualname__} at 0x{id(held):x}"
+            found.setdefault(words, []).append((task.get_name(), _frame_entry(frame)))
     return found
+
+
+def _holding(frames: list[FrameType], owners: list[Any]) -> list[tuple[Any, FrameType]]:
+    """The locks, semaphores and conditions a suspended chain holds in open ``async with``
+    blocks (each block's bound ``__aexit__`` on its frame's stack), with the frame."""
+    # (the block's __aexit__ is on the stack while its __aenter__ waits too: a task that
+    # waits to take a primitive does not hold it)
+    taking = {
+        id(_self_of(owner, frame.f_code))
+        for frame, owner in zip(frames, owners, strict=True)
+        if frame.f_code.co_name in ("acquire", "__aenter__")
+    }
+    out = []
+    for frame, owner in zip(frames, owners, strict=True):
+        for obj in _all_held(owner):
+            held = getattr(obj, "__self__", None)
+            if id(held) in taking:
+                continue
+            if getattr(obj, "__name__", None) == "__aexit__" and isinstance(held, _HELD_WITH):
+                out.append((held, frame))
+    return out
+
+
+def _untracked_locks(frames: list[FrameType], owners: list[Any]) -> list[str]:
+    """The plain locks asyncflow does not track (made before an attach) that a waiting chain
+    holds, by the words a wait on one ends with: the wait-for graph's holders of them."""
+    return [
+        f"{type(held).__qualname__} at 0x{id(held):x}"
+        for held, _ in _holding(frames, owners)
+        if isinstance(held, asyncio.Lock) and resource_of(held) is None
+    ]
 
 
 def _created_at(coro: Any) -> schema.AwaitFrame | None:

@@ -831,7 +831,7 @@ def _warnings(
     )
     book = warning_book(collector)
     # Without the tasks read (``/warnings``), the deadlocks are the collector's watch's.
-    book.update(docs, keep=frozenset() if graph is not None else frozenset({"deadlock"}))
+    book.update(docs, keep=frozenset() if graph is not None else lints.GRAPH_KINDS)
     return book.document(collector.session.start_ns)
 
 
@@ -1122,11 +1122,13 @@ def wait_for_graph(
 
 
 def _judge_deadlocks(collector: Collector, now: int, graph: GraphDocument) -> None:
-    """The deadlock lint on a graph just read, into the collector's warnings."""
+    """The wait-for graph's lints (deadlocks, locks made before an attach held by a waiting
+    task) on a graph just read, into the collector's warnings."""
     book = warning_book(collector)
-    if not graph.cycles and not book.holds("deadlock"):
+    adopted = any(n.id.startswith("lock:") for n in graph.nodes)
+    if not graph.cycles and not adopted and not any(map(book.holds, lints.GRAPH_KINDS)):
         return
     docs = lints.Documents(
         now_ns=now, elapsed_ns=max(0, now - collector.session.start_ns), graph=graph
     )
-    book.update(docs, (lints.deadlock,), frozenset({"deadlock"}))
+    book.update(docs, lints.GRAPH_LINTS, lints.GRAPH_KINDS)

@@ -136,6 +136,7 @@ def graph_document(
             if holder is not None:
                 holds.setdefault(holder, []).append((h.since_ns, r.id))
     held_ids = {name: [rid for _, rid in sorted(pairs)] for name, pairs in holds.items()}
+    untracked = _untracked_holders(tasks)
 
     g = _Builder()
     for t in tasks:
@@ -176,6 +177,15 @@ def graph_document(
                 _releasers_of_channel(g, c, key, target.kind, by_future, by_name)
             else:  # a join: the consumers' task_done(), whoever they are
                 g.open.add(key)
+        elif target.kind == "lock" and ref is None and target.description in untracked:
+            # a lock made before an attach: its holder read from the tasks' references
+            words = target.description.removeprefix(_ACQUIRE)
+            key = f"lock:{words}"
+            g.node(GraphNode(key, "lock", words))
+            g.edge(GraphEdge(me, key, "waits", t.where))
+            owner = untracked[target.description]
+            g.node(_task_node(owner))
+            g.edge(GraphEdge(key, f"task:{owner.name}", "held_by"))
         else:  # a sleep, a socket, an executor job, an untracked lock or queue: not stuck
             key = f"{target.kind}:{target.ref or target.description}"
             g.node(GraphNode(key, target.kind, target.label or target.description))
@@ -184,6 +194,23 @@ def graph_document(
     stuck = _stuck(g)
     cycles = _cycles(g, stuck)
     return _document(g, stuck, cycles, consistent, limit)
+
+
+#: how a wait on a lock starts (``acquire lock Lock at 0x…``): the rest names the lock
+_ACQUIRE = "acquire lock "
+
+
+def _untracked_holders(tasks: Sequence[TaskEntry]) -> dict[str, TaskEntry]:
+    """The waits on locks asyncflow does not track (made before an attach), by the words the
+    wait says (``acquire lock Lock at 0x…``), to the one task that holds each in an open
+    ``async with`` block (``TaskEntry.holds``, read from the tasks' references). A lock no
+    walked task holds so is left out: taken by ``acquire()`` or outside a task, its holder
+    is unknown and could release it."""
+    found: dict[str, TaskEntry] = {}
+    for t in tasks:
+        for words in t.holds:
+            found[_ACQUIRE + words] = t
+    return found
 
 
 def _releasers_of_resource(

@@ -30,6 +30,7 @@ from asyncflow.schema import (
     ExecutorEntry,
     FutureEntry,
     GraphDocument,
+    GraphEdge,
     LineagePath,
     Location,
     LoopEntry,
@@ -1963,6 +1964,8 @@ def deadlock(docs: Documents, th: Thresholds) -> Iterator[Finding]:
             else "a task must not await a task that awaits it (directly or through others); "
             "/graph shows the cycle"
         )
+        if any(nodes[n].kind == "lock" and n.startswith("lock:") for n in path[1::2]):
+            message += f" ({_ADOPTED})"
         evidence = {"tasks": n, "resources": resources}
         if held:
             evidence["held_ns"] = min(held)
@@ -1978,6 +1981,67 @@ def deadlock(docs: Documents, th: Thresholds) -> Iterator[Finding]:
             message,
             hint,
             evidence,
+        )
+
+
+#: how the wait-for graph knows who holds a lock made before an attach (not instrumented)
+_ADOPTED = (
+    "the holder read from the tasks' references: the lock was made before asyncflow "
+    "attached, and is not timed"
+)
+
+
+def lock_held_by_waiter(docs: Documents, th: Thresholds) -> Iterator[Finding]:
+    """Tasks wait on a lock made before an attach whose holder, found from the tasks'
+    references, itself waits (on an event, a queue, another task...): the stuck tasks that
+    ``/resources`` cannot show, as it does not see the lock. Info: how long it has held is
+    not known; a deadlock through such locks is the ``deadlock`` lint's."""
+    graph = docs.graph
+    if graph is None:
+        return
+    nodes = {n.id: n for n in graph.nodes}
+    in_cycles = {n for c in graph.cycles for n in c.nodes}
+    waiters: dict[str, list[str]] = {}
+    out: dict[str, list[GraphEdge]] = {}
+    for e in graph.edges:
+        out.setdefault(e.source, []).append(e)
+        if e.relation == "waits" and e.source in nodes:
+            waiters.setdefault(e.target, []).append(nodes[e.source].label)
+    for lock in graph.nodes:
+        if lock.kind != "lock" or not lock.id.startswith("lock:") or lock.id in in_cycles:
+            continue
+        held_by = [e.target for e in out.get(lock.id, []) if e.relation == "held_by"]
+        holder = nodes.get(held_by[0]) if held_by else None
+        waits = [e for e in out.get(held_by[0], []) if e.target in nodes] if held_by else []
+        if holder is None or not waits or not waiters.get(lock.id):
+            continue
+        names = sorted(waiters[lock.id])
+        n = len(names)
+        shown = ", ".join(f"`{name}`" for name in names[:3]) + (", ..." if n > 3 else "")
+        who = f"`{holder.label}`" + (f" ({holder.coroutine})" if holder.coroutine else "")
+        first = waits[0]
+        on = nodes[first.target]
+        what = (
+            f"awaits task `{on.label}`"
+            if first.relation == "awaits"
+            else f"waits at {_at(first.where)} ({on.label})"
+        )
+        where = holder.where
+        yield Finding(
+            "lock-held-by-waiter",
+            "info",
+            WarningSubject(
+                "task",
+                None,
+                holder.label,
+                Location(where.file, where.line) if where is not None else None,
+            ),
+            f"{n} task{'s' if n > 1 else ''} ({shown}) wait{'' if n > 1 else 's'} on "
+            f"{lock.label} held by {who}, which {what}; {_ADOPTED}",
+            f"`asyncflow dump {os.getpid()}` or /tasks shows each task, what it waits on and "
+            "who holds it; /graph shows the chain. Whatever the holder waits for must come "
+            "before they can go on",
+            {"tasks": n},
         )
 
 
@@ -2007,7 +2071,13 @@ LINTS: tuple[Lint, ...] = (
     slow_path,
     wakeup_storm,
     deadlock,
+    lock_held_by_waiter,
 )
+
+#: the lints that read only the wait-for graph, and the kinds of warning they make: the
+#: collector's watch evaluates them on the graph it reads (``/warnings`` reads no tasks)
+GRAPH_LINTS: tuple[Lint, ...] = (deadlock, lock_held_by_waiter)
+GRAPH_KINDS = frozenset({"deadlock", "lock-held-by-waiter"})
 
 
 def evaluate(
