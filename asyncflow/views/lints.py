@@ -1965,7 +1965,10 @@ def deadlock(docs: Documents, th: Thresholds) -> Iterator[Finding]:
             "/graph shows the cycle"
         )
         if any(nodes[n].kind == "lock" and n.startswith("lock:") for n in path[1::2]):
-            message += f" ({_ADOPTED})"
+            message += (
+                " (the holders read from the tasks' references: the locks were made before "
+                "asyncflow attached, and are not timed)"
+            )
         evidence = {"tasks": n, "resources": resources}
         if held:
             evidence["held_ns"] = min(held)
