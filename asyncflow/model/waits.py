@@ -587,7 +587,8 @@ def walk_task(
             awaits = _awaited(frames, owners, getattr(task, "_fut_waiter", None))
         if waits_on.kind not in _NEVER_STUCK:  # a task that may be stuck: what it holds
             held_at = _held_at(frames)
-            holds = _untracked_locks(frames, owners)
+            if held_at:  # (an open block in its own code: else it holds none found so)
+                holds = _untracked_locks(frames, owners)
     future_id = future_label = call_id = age = None
     if type(coro) is InstrumentedCoroutine:
         r = coro._r
