@@ -857,6 +857,44 @@ def _by_id(docs: Documents) -> dict[int, FutureEntry]:
     return {f.id: f for f in docs.futures}
 
 
+def _backlog(
+    c: ChannelEntry, docs: Documents, th: Thresholds, futures: dict[int, FutureEntry]
+) -> float | None:
+    """The share of the time an unbounded channel's consumers waited for messages (each
+    consuming call), when it is a backlog: its messages waited ``path_min`` in it at the
+    median, over at least ``path_min_messages``, while its consumers waited for input less
+    than ``blocked_share`` of the time (a stage slower than the rate for every message; no
+    producer is held back to say so); else None."""
+    if c.channel_type != "unbounded" or docs.elapsed_ns <= 0 or _self_fed(c):
+        return None
+    if c.max_queue_size >= th.growth_min_depth:
+        return None  # deep enough for unbounded-growth (and messages-lost, once dropped)
+    if c.received_count < th.path_min_messages or c.delay_ns.get("p50", 0) < th.path_min_ns:
+        return None
+    in_use = _active_ns(c, docs.elapsed_ns)
+    share = c.consumers_starved_ns / _calls_at_once(c.receivers, futures, in_use) / in_use
+    return share if share < th.blocked_share else None
+
+
+def _starved_share(
+    c: ChannelEntry, docs: Documents, th: Thresholds, futures: dict[int, FutureEntry]
+) -> float | None:
+    """The share of the time a channel's consumers waited on it empty (each consuming call),
+    when that is long enough to say its producers set the pace; else None."""
+    if docs.elapsed_ns <= 0 or not c.received_count or c.producers_blocked_ns:
+        return None
+    if c.consumers_starved_ns < th.min_wait_ns or _self_fed(c):
+        return None
+    in_use = _active_ns(c, docs.elapsed_ns)
+    share = c.consumers_starved_ns / _calls_at_once(c.receivers, futures, in_use) / in_use
+    return share if share >= th.starved_share else None
+
+
+def _readers(channels: Iterable[ChannelEntry]) -> set[int]:
+    """The futures that received messages from any of the channels."""
+    return {e.future_id for c in channels for e in c.receivers if e.messages and e.future_id}
+
+
 def bottleneck(docs: Documents, th: Thresholds) -> Iterator[Finding]:
     """A bounded channel full and its producers blocked: the consumers are the slow stage.
 
@@ -880,7 +918,8 @@ def bottleneck(docs: Documents, th: Thresholds) -> Iterator[Finding]:
     dead = _dead_consumers(docs, th)
     for c in docs.channels:
         share = backed_up.get(c.id)
-        if share is None or _library_channel(c, own) or c.id in dead:
+        backlog = _backlog(c, docs, th, futures) if share is None else None
+        if (share is None and backlog is None) or _library_channel(c, own) or c.id in dead:
             continue  # (a dead consumer: dead-consumer says why the producers wait)
         readers = {e.future_id for e in c.receivers if e.messages}
         if readers and readers <= held_up:
@@ -888,6 +927,10 @@ def bottleneck(docs: Documents, th: Thresholds) -> Iterator[Finding]:
         consumers, stages = _named(c.receivers)
         in_use = _active_ns(c, docs.elapsed_ns)
         producers = _calls_at_once(c.senders, futures, in_use)
+        if backlog is not None:  # unbounded: no producer waits, its messages do
+            yield _backlog_finding(c, backlog, in_use, futures)
+            continue
+        assert share is not None
         percent = min(100, round(share * 100))
         yield Finding(
             "bottleneck",
@@ -910,6 +953,33 @@ def bottleneck(docs: Documents, th: Thresholds) -> Iterator[Finding]:
         )
 
 
+def _backlog_finding(
+    c: ChannelEntry, share: float, in_use: int, futures: dict[int, FutureEntry]
+) -> Finding:
+    consumers, stages = _named(c.receivers)
+    n = _calls_at_once(c.receivers, futures, in_use)
+    percent = min(100, round(share * 100))
+    return Finding(
+        "bottleneck",
+        "warning",
+        _channel_subject(c),
+        f"{consumers} {'is' if stages == 1 else 'are'} the bottleneck: its input "
+        f"`{c.label}` (unbounded) built up to {c.max_queue_size} messages, which waited "
+        f"{_duration(c.delay_ns.get('p50', 0))} in it at the median (the longest "
+        f"{_duration(c.max_delay_ns)}), while {_who(n, _names(c.receivers), 'consumer')} "
+        f"waited for messages {percent}% of the {_duration(in_use)} it was in use",
+        "speed up or add consumers of this channel: it takes messages more slowly than they come",
+        {
+            "consumers_starved_ns": c.consumers_starved_ns,
+            "in_use_ns": in_use,
+            "consumers": n,
+            "starved_percent": percent,
+            "p50_delay_ns": c.delay_ns.get("p50", 0),
+            "max_queue_size": c.max_queue_size,
+        },
+    )
+
+
 def starved(docs: Documents, th: Thresholds) -> Iterator[Finding]:
     """Consumers waiting on an empty channel most of the time: the producers set the pace.
 
@@ -920,20 +990,24 @@ def starved(docs: Documents, th: Thresholds) -> Iterator[Finding]:
     futures = _by_id(docs)
     own = _own_futures(docs)
     dead = _dead_producers(docs, th)
+    shares = {c.id: s for c in docs.channels if (s := _starved_share(c, docs, th, futures))}
+    # a stage that waits for its own input passes its producers' pace on, and one whose input
+    # backs up sets the pace after it (the bottleneck): the channels after them are not paced
+    # by their producers
+    upstream = _readers(
+        c for c in docs.channels if c.id in shares or _backlog(c, docs, th, futures) is not None
+    )
     for c in docs.channels:
-        if docs.elapsed_ns <= 0 or not c.received_count or c.producers_blocked_ns:
-            continue
-        if c.id in dead:
+        share = shares.get(c.id)
+        if share is None or c.id in dead:
             continue  # its producers died: dead-producer says why the consumers wait
         if _library_channel(c, own):
             continue  # a framework's own queue (a server waiting for its shutdown signal)
-        if c.consumers_starved_ns < th.min_wait_ns or _self_fed(c):
-            continue
+        writers = {e.future_id for e in c.senders if e.messages}
+        if writers and writers <= upstream:
+            continue  # its producers wait on an earlier stage: the pace is set before them
         in_use = _active_ns(c, docs.elapsed_ns)
         consumers = _calls_at_once(c.receivers, futures, in_use)
-        share = c.consumers_starved_ns / consumers / in_use
-        if share < th.starved_share:
-            continue
         producers, stages = _named(c.senders)
         percent = min(100, round(share * 100))
         yield Finding(
