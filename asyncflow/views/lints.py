@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -488,7 +488,15 @@ def _line_finding(cause: _Cause, futures: dict[int, FutureEntry], top: int | Non
         evidence["max_poll_ns"] = f.max_poll_duration_ns
         if f.id == top:  # what cpu-bound would say, of the same cause
             evidence["busy_ns"] = f.busy_ns
-            message += f"; `{f.label}` held the loop {_duration(f.busy_ns)} in all"
+            if line is not None and 2 * f.busy_ns > 3 * line.total_ns:
+                # the monitor sees a block only if it looks while it lasts: its count is a
+                # lower bound, where the busy time counts every poll
+                message += (
+                    f"; those are the blocks the loop's monitor saw: all of `{f.label}`'s "
+                    f"polls, every one counted, held the loop {_duration(f.busy_ns)}"
+                )
+            else:
+                message += f"; `{f.label}` held the loop {_duration(f.busy_ns)} in all"
     if kind is None and now is None:
         message += ": every other task waited meanwhile"
     total_ns = line.total_ns if line is not None else 0
@@ -1862,13 +1870,30 @@ def _gathered(f: FutureEntry, th: Thresholds) -> tuple[bool, str]:
     return gathers < th.tail_min_gathers, fact
 
 
-def _lateness_ns(docs: Documents, th: Thresholds) -> int:
+def _caused_by(loop: LoopEntry, ids: Collection[int], labels: Collection[str]) -> bool:
+    """Whether the judged code's blocks (of the futures ``ids``, or labelled ``labels``) make
+    up most of the time the loop was blocked: its lag is then that code's own doing, which
+    does not excuse that code's tail."""
+    total = sum(line.total_ns for line in loop.blocking_lines)
+    own = sum(
+        line.total_ns
+        for line in loop.blocking_lines
+        if line.future_id in ids or line.label in labels
+    )
+    return total > 0 and 2 * own >= total
+
+
+def _lateness_ns(
+    docs: Documents, th: Thresholds, ids: Collection[int] = (), labels: Collection[str] = ()
+) -> int:
     """How late a loop ran its calls, as far as it explains a tail: its heartbeats' p99 lag at
     each of ``tail_lag_factor`` awaits, plus the time its thread waited for a core inside the
     blocks the monitor saw (kind ``cpu``, off the CPU: runnable, the machine short of cores),
     and at least the block threshold at each late wake-up (woken in its selector, its thread
     waited for a core). The heartbeat (one in flight at a time) sees such a stall once, however
-    long: on a loaded machine the lag's p99 stays small while a call waits through several."""
+    long: on a loaded machine the lag's p99 stays small while a call waits through several.
+    Not the lag of a loop that the judged code's own blocks held up most: a stage that
+    blocks the loop for its slow messages makes the lag, which is its tail, not an excuse."""
     late = 0
     for loop in docs.loops if th.tail_lag_factor else ():  # 0: judged as if on time
         starved = loop.late_wakeups * docs.block_threshold_ns + sum(
@@ -1876,7 +1901,8 @@ def _lateness_ns(docs: Documents, th: Thresholds) -> int:
             for line in loop.blocking_lines
             if line.kind == "cpu" and line.cpu_ns is not None and line.cpu_wall_ns > 0
         )
-        late = max(late, th.tail_lag_factor * loop.lag_ns.get("p99", 0) + starved)
+        lag = 0 if _caused_by(loop, ids, labels) else loop.lag_ns.get("p99", 0)
+        late = max(late, th.tail_lag_factor * lag + starved)
     return late
 
 
@@ -1893,7 +1919,6 @@ def tail_latency(docs: Documents, th: Thresholds) -> Iterator[Finding]:
     whatever the call does, and the loop's figures say so."""
     gave_up = {w.future_id for r in docs.resources if r.failed_waits for w in r.futures if w.waits}
     own = _own_futures(docs)
-    late_ns = _lateness_ns(docs, th)
     for f in docs.futures:
         if f.id in gave_up or _cut_by_timeouts(f):
             continue
@@ -1904,7 +1929,7 @@ def tail_latency(docs: Documents, th: Thresholds) -> Iterator[Finding]:
             continue
         if p99 < th.tail_min_ns or p99 < th.tail_ratio * p50:
             continue
-        if late_ns >= p99 - p50:
+        if _lateness_ns(docs, th, ids={f.id}) >= p99 - p50:
             continue
         waited_for, gathered = _gathered(f, th)
         if not waited_for:
@@ -1933,15 +1958,15 @@ def slow_path(docs: Documents, th: Thresholds) -> Iterator[Finding]:
     median, naming the hop (a channel's wait or a stage) where those messages spent most of
     their time. Unlike the bottleneck (throughput: who keeps a channel full), this is about the
     latency of single messages. Not a tail the loop's lateness explains (as ``tail-latency``)."""
-    late_ns = _lateness_ns(docs, th)
     for p in docs.paths:
         if len(p.channels) < 2 or p.messages < th.path_min_messages:
             continue
         p50, p99 = p.end_to_end_ns.get("p50", 0), p.end_to_end_ns.get("p99", 0)
         if p50 <= 0 or p99 < th.path_min_ns or p99 < th.path_ratio * p50:
             continue
-        if late_ns >= p99 - p50:
-            continue
+        stages = {name for stage in p.stages for name in stage.split(" → ")}
+        if _lateness_ns(docs, th, labels=stages) >= p99 - p50:
+            continue  # (a lag the path's own stages made is its tail: not excused)
         found = dominant_hop(p, p99)
         if found is None:
             continue
