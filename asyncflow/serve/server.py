@@ -272,8 +272,6 @@ _START_FAILURES = 3
 PROCESS = os.name == "posix" and bool(sys.executable)
 #: the endpoint process's script
 _ENDPOINT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_endpoint.py")
-#: seconds from the endpoint's start to its process's (see ``start``)
-_START_DELAY = 0.01
 _servers: weakref.WeakSet[Server] = weakref.WeakSet()
 
 
@@ -443,10 +441,12 @@ class Server:
         if PROCESS and config.endpoint_process():
             # Started now, not at the first connection: a client that connects at once (a short
             # program's, `asyncflow top`) is answered once the process has imported aiohttp,
-            # instead of after the process start on top. A moment later: the profiler's start()
-            # returns at the loop monitor's first look, which the 10-30 ms the start holds this
-            # loop would delay.
-            loop.call_later(_START_DELAY, self._start_process)
+            # instead of after the process start on top. And before the profiler's start()
+            # returns, while the program waits for it: a program that computes on its loop and
+            # yields every fraction of a millisecond drops and takes the GIL back so often that
+            # this thread, waiting for it after each of the start's system calls, rarely wins
+            # (started a moment after start() returned, it took 7 s and no client was answered).
+            self._start_process()
         else:
             await self._serve_here()
         return self.url

@@ -71,3 +71,47 @@ def test_the_endpoint_process_serves_before_it_imports_the_schema() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout == "False\n"
+
+
+_BUSY = """
+import asyncio, sys, threading
+import asyncflow
+
+async def main():
+    told = threading.Event()  # stdin closed: the test is done (read on a thread, GIL free)
+    threading.Thread(target=lambda: (sys.stdin.read(), told.set()), daemon=True).start()
+    with asyncflow.profile("busy", port=0, format="none") as prof:
+        print(prof.url, flush=True)
+        while not told.is_set():  # at work on its loop, yielding between short computations
+            sum(range(20000))
+            await asyncio.sleep(0)
+        print("busy to the end", flush=True)
+
+asyncio.run(main())
+"""
+
+
+def test_the_endpoint_answers_a_program_that_keeps_its_loop_busy() -> None:
+    # A program computing on its loop and yielding every fraction of a millisecond drops and
+    # takes the GIL back so often that another thread waiting for it rarely wins: started on
+    # the profiler's thread once start() had returned, the endpoint process took 7 s to start
+    # (subprocess's many system calls each waiting for the GIL), and a client got no answer.
+    program = subprocess.Popen(
+        [sys.executable, "-c", _BUSY],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "ASYNCFLOW_ENDPOINT_PROCESS": "1"},
+    )
+    assert program.stdin is not None and program.stdout is not None
+    try:
+        url = program.stdout.readline().strip()
+        assert url.startswith("http://127.0.0.1:"), url
+        status, body, _ = get(url, "/profiler_status", timeout=5)
+        assert status == 200 and body["name"] == "busy"
+    finally:
+        program.stdin.close()
+        said = program.stdout.read()
+        program.stdout.close()
+        program.wait(30)
+    assert said == "busy to the end\n"  # still at work when it answered

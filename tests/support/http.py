@@ -15,13 +15,15 @@ import asyncflow
 Reply = tuple[int, Any, dict[str, str]]
 
 
-def get(url: str, path: str, token: str | None = None, method: str = "GET") -> Reply:
+def get(
+    url: str, path: str, token: str | None = None, method: str = "GET", timeout: float = 10
+) -> Reply:
     """Status, decoded JSON body and headers of one request."""
     request = urllib.request.Request(url + path, method=method)
     if token is not None:
         request.add_header("Authorization", f"Bearer {token}")
     try:
-        with urllib.request.urlopen(request, timeout=10) as response:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
             return (
                 response.status,
                 decoded(response.read(), response.headers),
