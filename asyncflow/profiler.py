@@ -16,6 +16,7 @@ import importlib
 import itertools
 import logging
 import os
+import selectors
 import stat
 import sys
 import threading
@@ -28,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from asyncflow import _forksafe, clock, config
 from asyncflow.config import Options, resolve_options
 from asyncflow.errors import TRACE_OFF, AsyncflowError, PortInUseError
-from asyncflow.instrumentation import _session
+from asyncflow.instrumentation import _session, futures
 from asyncflow.instrumentation.futures import reset_for_session
 
 if TYPE_CHECKING:
@@ -752,6 +753,48 @@ def _task_name() -> str:
     return f"asyncflow-{next(_task_numbers)}"
 
 
+class _HandingEpoll:
+    """The profiler loop's ``select.epoll``, whose ``poll()`` waits in the compiled path
+    (``_speedups.wait_events``) and says on waking, before it waits for the GIL, that the
+    profiler's thread wants it: a tracked call's next poll on the program's threads hands it
+    over. Else a program busy on its loop, yielding every fraction of a millisecond, takes the
+    GIL back each time before this thread can, and an endpoint request waited seconds."""
+
+    def __init__(self, epoll: Any, wait: Callable[..., Any], done: Callable[[], None]) -> None:
+        self._epoll = epoll
+        self._fd = epoll.fileno()
+        self._wait = wait
+        self._done = done
+        self.register = epoll.register
+        self.modify = epoll.modify
+        self.unregister = epoll.unregister
+        self.fileno = epoll.fileno
+
+    def poll(self, timeout: float | None = None, maxevents: int = -1) -> list[tuple[int, int]]:
+        events: list[tuple[int, int]] = self._wait(self._fd, timeout, maxevents)
+        return events
+
+    def close(self) -> None:
+        self._done()  # nobody hands the GIL over to a thread that no longer waits here
+        self._epoll.close()
+
+
+def _events_selector() -> selectors.BaseSelector:
+    """The profiler loop's selector: epoll waited on through the compiled path where it is
+    built (see _HandingEpoll), else the default."""
+    speedups = futures._speedups
+    wait = getattr(speedups, "wait_events", None)
+    if wait is None or not hasattr(selectors, "EpollSelector"):
+        return selectors.DefaultSelector()
+    selector = selectors.EpollSelector()
+    selector._selector = _HandingEpoll(  # type: ignore[attr-defined]
+        selector._selector,  # type: ignore[attr-defined]
+        wait,
+        speedups.wait_events_done,
+    )
+    return selector
+
+
 class _ProfilerLoop(asyncio.SelectorEventLoop):
     """The profiler's event loop, on its thread.
 
@@ -765,7 +808,7 @@ class _ProfilerLoop(asyncio.SelectorEventLoop):
     """
 
     def __init__(self) -> None:
-        super().__init__()
+        super().__init__(_events_selector())
         #: (descriptor, device, inode) of each listening socket
         self.listening: list[tuple[int, int, int]] = []
         #: set when a create_server() failed because its address was taken

@@ -2248,6 +2248,240 @@ probe_exit(ProbeCall *pc, RecordObject *r, PySendResult status)
 }
 
 /* One poll (poll_inner), with the probe's begin before it and its end after it. */
+/* ---- handing the GIL over to the profiler's thread ---------------------------------------------
+ *
+ * A program that computes on its loop and yields every fraction of a millisecond (a loaded
+ * server: a poll, then select(0) with the GIL released for a microsecond, then the next poll)
+ * takes the GIL back before another thread woken to take it can: CPython's GIL asks its holder to
+ * let go only when no switch happened for a whole interval (5 ms), and each of those releases is
+ * a switch. The profiler's thread then waited seconds for every step of its work: an endpoint
+ * request went unanswered for 4 s and more.
+ *
+ * So its loop waits for events here (wait_events, in place of select.epoll.poll), and says on
+ * waking, before it waits for the GIL, that it wants it. The main thread, at its next check for
+ * pending calls (asked with Py_AddPendingCall, which needs no GIL), and a poll of a tracked call
+ * on any other thread then hand the GIL over first: each lets go, and waits until the
+ * profiler's thread is back waiting for events (its work done), for at most HAND_OVER_NS. When
+ * that time runs out (the profiler's thread is computing a large document, or blocked on
+ * something else), nothing is handed over for a while, twice as long each time for the same
+ * wake (up to HAND_OVER_GAP_MAX_NS; its next wake ends it): the program never pays more than a
+ * small share of its time. */
+#if defined(__linux__)
+#define HAND_OVER 1
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <sys/epoll.h>
+
+#define HAND_OVER_NS 2000000LL          /* the longest a poll waits for the profiler's thread */
+#define HAND_OVER_GAP_NS 5000000LL      /* then no hand-over for this long, at first */
+#define HAND_OVER_GAP_MAX_NS 100000000LL /* and never longer than this */
+
+static int gil_wanted;                /* atomic: the waiting thread woke and wants the GIL */
+static unsigned long wanting_thread;  /* which thread waits for events here (never hands over) */
+static unsigned long wakes;           /* atomic: its wakes, each a new batch of work */
+static long long hand_over_after;     /* atomic: no hand-over before this (monotonic ns) */
+static long long hand_over_gap;       /* the gap after the next hand-over that runs out */
+static unsigned long gap_wake;        /* the wake that gap was for */
+static long long handed, handed_ns, handed_out; /* hand-overs, their time, those that ran out */
+static pthread_mutex_t hand_mutex = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t hand_cond;
+
+static inline long long
+mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+/* The profiler's thread is back waiting for events (or gone): nobody needs to hand over. */
+static void
+wanted_no_more(void)
+{
+    if (__atomic_load_n(&gil_wanted, __ATOMIC_RELAXED)) {
+        pthread_mutex_lock(&hand_mutex);
+        __atomic_store_n(&gil_wanted, 0, __ATOMIC_RELEASE);
+        pthread_cond_broadcast(&hand_cond);
+        pthread_mutex_unlock(&hand_mutex);
+    }
+}
+
+static void
+hand_over_slow(void)
+{
+    if (PyThread_get_thread_ident() == wanting_thread) {
+        return;
+    }
+    long long now = mono_ns();
+    unsigned long wake = __atomic_load_n(&wakes, __ATOMIC_RELAXED);
+    if (wake == gap_wake && now < __atomic_load_n(&hand_over_after, __ATOMIC_RELAXED)) {
+        return; /* still the work that ran out a hand-over: its gap */
+    }
+    long long until = now + HAND_OVER_NS;
+    struct timespec deadline = {(time_t)(until / 1000000000LL), (long)(until % 1000000000LL)};
+    int done = 1;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&hand_mutex);
+    while (__atomic_load_n(&gil_wanted, __ATOMIC_ACQUIRE)) {
+        if (pthread_cond_timedwait(&hand_cond, &hand_mutex, &deadline) == ETIMEDOUT) {
+            done = !__atomic_load_n(&gil_wanted, __ATOMIC_ACQUIRE);
+            break;
+        }
+    }
+    pthread_mutex_unlock(&hand_mutex);
+    Py_END_ALLOW_THREADS
+    handed++;
+    handed_ns += mono_ns() - now;
+    handed_out += !done;
+    if (!done) { /* still at that work: leave it the GIL's own turns for a while */
+        long long gap = wake == gap_wake && hand_over_gap > 0 ? hand_over_gap * 2
+                                                              : HAND_OVER_GAP_NS;
+        gap = gap < HAND_OVER_GAP_MAX_NS ? gap : HAND_OVER_GAP_MAX_NS;
+        gap_wake = wake;
+        hand_over_gap = gap;
+        __atomic_store_n(&hand_over_after, mono_ns() + gap, __ATOMIC_RELAXED);
+    }
+}
+
+/* Called by each poll of a tracked call: one load when nobody wants the GIL. */
+static inline void
+hand_over(void)
+{
+    if (__atomic_load_n(&gil_wanted, __ATOMIC_RELAXED)) {
+        hand_over_slow();
+    }
+}
+
+/* The same, asked of the main thread at its next check for pending calls (a loop that runs no
+ * tracked call, or none at this moment, hands over too). */
+static int
+pending_hand_over(void *Py_UNUSED(arg))
+{
+    hand_over();
+    return 0;
+}
+
+static int
+is_finalizing(void)
+{
+#if PY_VERSION_HEX >= 0x030D0000
+    return Py_IsFinalizing();
+#else
+    return _Py_IsFinalizing();
+#endif
+}
+
+static void
+hand_over_forked(void)
+{
+    /* the child has no profiler's thread yet: nothing is wanted, and the lock is free */
+    pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
+    hand_mutex = fresh;
+    gil_wanted = 0;
+    hand_over_after = 0;
+}
+
+static int
+hand_over_init(void)
+{
+    pthread_condattr_t attr;
+    if (pthread_condattr_init(&attr) != 0 ||
+        pthread_condattr_setclock(&attr, CLOCK_MONOTONIC) != 0 ||
+        pthread_cond_init(&hand_cond, &attr) != 0 ||
+        pthread_atfork(NULL, NULL, hand_over_forked) != 0) {
+        PyErr_SetString(PyExc_RuntimeError, "asyncflow: cannot set up the GIL hand-over");
+        return -1;
+    }
+    pthread_condattr_destroy(&attr);
+    return 0;
+}
+
+PyDoc_STRVAR(wait_events_doc,
+             "wait_events(epfd, timeout, maxevents): select.epoll.poll() for the profiler's loop, "
+             "which says on waking that this thread wants the GIL (see hand_over above).");
+
+static PyObject *
+mod_wait_events(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "wait_events(epfd, timeout, maxevents)");
+        return NULL;
+    }
+    int epfd = (int)PyLong_AsLong(args[0]);
+    int maxevents = (int)PyLong_AsLong(args[2]);
+    if (PyErr_Occurred()) {
+        return NULL;
+    }
+    double timeout = -1.0;
+    if (args[1] != Py_None) {
+        timeout = PyFloat_AsDouble(args[1]);
+        if (timeout == -1.0 && PyErr_Occurred()) {
+            return NULL;
+        }
+    }
+    int ms = timeout < 0 ? -1 : timeout * 1000.0 >= INT_MAX ? INT_MAX : (int)ceil(timeout * 1000.0);
+    if (maxevents <= 0 || maxevents > 1024) {
+        maxevents = maxevents <= 0 ? 1024 : maxevents > 1024 ? 1024 : maxevents;
+    }
+    struct epoll_event events[1024];
+    wanting_thread = PyThread_get_thread_ident();
+    wanted_no_more(); /* its work is done: the polls elsewhere go on */
+    int n, err;
+    Py_BEGIN_ALLOW_THREADS
+    n = epoll_wait(epfd, events, maxevents, ms);
+    err = errno;
+    __atomic_add_fetch(&wakes, 1, __ATOMIC_RELAXED);
+    __atomic_store_n(&gil_wanted, 1, __ATOMIC_RELEASE); /* before waiting for the GIL */
+    if (!is_finalizing()) {
+        Py_AddPendingCall(pending_hand_over, NULL); /* (its queue full: the polls still do) */
+    }
+    Py_END_ALLOW_THREADS
+    if (n < 0) {
+        if (err == EINTR) { /* a signal: its handler runs; the loop goes round (as selectors) */
+            if (PyErr_CheckSignals() < 0) {
+                return NULL;
+            }
+            return PyList_New(0);
+        }
+        errno = err;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    PyObject *result = PyList_New(n);
+    if (result == NULL) {
+        return NULL;
+    }
+    for (int i = 0; i < n; i++) {
+        PyObject *item = Py_BuildValue("(iI)", events[i].data.fd, events[i].events);
+        if (item == NULL) {
+            Py_DECREF(result);
+            return NULL;
+        }
+        PyList_SET_ITEM(result, i, item);
+    }
+    return result;
+}
+
+static PyObject *
+mod_hand_overs(PyObject *module, PyObject *Py_UNUSED(ignored))
+{
+    return Py_BuildValue("(LLL)", handed, handed_ns, handed_out);
+}
+
+static PyObject *
+mod_wait_events_done(PyObject *module, PyObject *Py_UNUSED(ignored))
+{
+    wanted_no_more();
+    Py_RETURN_NONE;
+}
+#else
+#define HAND_OVER 0
+static inline void
+hand_over(void)
+{
+}
+#endif
+
 static PySendResult
 poll(WrapperObject *self, PyObject *arg, PyObject **res, PyObject **stop)
 {
@@ -2261,6 +2495,7 @@ poll(WrapperObject *self, PyObject *arg, PyObject **res, PyObject **stop)
     /* Claimed before any Python code runs (a probe's begin, the first poll's helpers), where
      * another thread could send into it meanwhile; the caller's reference keeps self. */
     self->polling = 1;
+    hand_over(); /* the profiler's thread first, if it woke and waits for the GIL */
     if (probe_end == NULL) { /* what the probe seam costs when no probe is set */
         PySendResult status = poll_inner(self, arg, res, stop, &t0);
         self->polling = 0;
@@ -4745,6 +4980,7 @@ mod_wake_hook(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nar
     return PyDescr_NewMethod((PyTypeObject *)args[0], &wake_def);
 }
 
+
 static PyMethodDef module_methods[] = {
     {"setup", (PyCFunction)(void (*)(void))mod_setup, METH_FASTCALL, setup_doc},
     {"wake_hook", (PyCFunction)(void (*)(void))mod_wake_hook, METH_FASTCALL,
@@ -4772,6 +5008,15 @@ static PyMethodDef module_methods[] = {
      "True as a second item once it reads asyncio's holder without a system call."},
     {"now_ns", (PyCFunction)mod_now_ns, METH_NOARGS,
      "now_ns(): asyncflow.clock.now_ns() as the hot path reads it (after setup())."},
+#if HAND_OVER
+    {"wait_events", (PyCFunction)(void (*)(void))mod_wait_events, METH_FASTCALL,
+     wait_events_doc},
+    {"wait_events_done", (PyCFunction)mod_wait_events_done, METH_NOARGS,
+     "wait_events_done(): the thread that waited in wait_events() will not wait there again."},
+    {"hand_overs", (PyCFunction)mod_hand_overs, METH_NOARGS,
+     "hand_overs(): the GIL's hand-overs to the thread in wait_events() so far: how many, their "
+     "time in ns, and how many ran out before it was back waiting."},
+#endif
     {NULL},
 };
 
@@ -4859,6 +5104,11 @@ PyInit__speedups(void)
         (kw_loop_context = Py_BuildValue("(ss)", "loop", "context")) == NULL) {
         return NULL;
     }
+#if HAND_OVER
+    if (hand_over_init() < 0) {
+        return NULL;
+    }
+#endif
 #if FAST_RUNNING_LOOP
     INTERN(s_holder_key, "__asyncio_running_event_loop__");
     if (pthread_atfork(NULL, NULL, forked_child) != 0) {

@@ -4,6 +4,7 @@ costs its first answer as little as it can (issue 28)."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -15,6 +16,8 @@ import pytest
 
 import asyncflow
 from asyncflow.serve import server
+from tests.support.commands import ASYNCFLOW
+from tests.support.compiled_path import compiled
 from tests.support.http import get
 
 pytestmark = pytest.mark.skipif(
@@ -75,43 +78,70 @@ def test_the_endpoint_process_serves_before_it_imports_the_schema() -> None:
 
 _BUSY = """
 import asyncio, sys, threading
-import asyncflow
+
+async def work(told):
+    while not told.is_set():  # at work on its loop, yielding between short computations
+        sum(range(20000))
+        await asyncio.sleep(0)
 
 async def main():
     told = threading.Event()  # stdin closed: the test is done (read on a thread, GIL free)
     threading.Thread(target=lambda: (sys.stdin.read(), told.set()), daemon=True).start()
-    with asyncflow.profile("busy", port=0, format="none") as prof:
-        print(prof.url, flush=True)
-        while not told.is_set():  # at work on its loop, yielding between short computations
-            sum(range(20000))
-            await asyncio.sleep(0)
-        print("busy to the end", flush=True)
+    if sys.argv[1] == "profile":
+        import asyncflow
+        with asyncflow.profile("busy", port=0, format="none") as prof:
+            print(prof.url, flush=True)
+            await work(told)
+    else:  # under `asyncflow run`, which tracks every task
+        await work(told)
+    print("busy to the end", flush=True)
 
 asyncio.run(main())
 """
 
 
-def test_the_endpoint_answers_a_program_that_keeps_its_loop_busy() -> None:
-    # A program computing on its loop and yielding every fraction of a millisecond drops and
-    # takes the GIL back so often that another thread waiting for it rarely wins: started on
-    # the profiler's thread once start() had returned, the endpoint process took 7 s to start
-    # (subprocess's many system calls each waiting for the GIL), and a client got no answer.
+def _busy(how: str, tmp_path: Path) -> tuple[subprocess.Popen[str], str]:
+    script = tmp_path / "busy.py"
+    script.write_text(_BUSY)
+    env = {**os.environ, "ASYNCFLOW_ENDPOINT_PROCESS": "1"}
+    if how == "profile":
+        command = [sys.executable, str(script), how]
+    else:
+        command = [*ASYNCFLOW, "run", "--port", "0", "--format", "none", str(script), how]
     program = subprocess.Popen(
-        [sys.executable, "-c", _BUSY],
+        command,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        env={**os.environ, "ASYNCFLOW_ENDPOINT_PROCESS": "1"},
+        env=env,
     )
     assert program.stdin is not None and program.stdout is not None
+    assert program.stderr is not None
+    said = program.stdout if how == "profile" else program.stderr
+    line = said.readline()
+    url = re.search(r"http://127\.0\.0\.1:\d+", line)
+    assert url is not None, line
+    return program, url.group()
+
+
+@compiled
+@pytest.mark.parametrize("how", ["profile", "run"])
+def test_every_route_answers_a_program_that_keeps_its_loop_busy(how: str, tmp_path: Path) -> None:
+    # A program computing on its loop and yielding every fraction of a millisecond drops and
+    # takes the GIL back so often that another thread waiting for it rarely wins: the
+    # profiler's thread waited for it after every system call. Started on that thread once
+    # start() had returned, the endpoint process took 7 s to start and no client was answered;
+    # under `asyncflow run`, with the process up, /profiler_status and /tasks each went
+    # unanswered for 4 s. The process now starts before start() returns, and the program's
+    # threads hand the GIL over to the profiler's when it woke for work (the compiled path; on
+    # the pure-Python one a program this busy still starves it).
+    program, url = _busy(how, tmp_path)
     try:
-        url = program.stdout.readline().strip()
-        assert url.startswith("http://127.0.0.1:"), url
-        status, body, _ = get(url, "/profiler_status", timeout=5)
-        assert status == 200 and body["name"] == "busy"
+        for path in ("/profiler_status", "/tasks", "/futures", "/loop", "/snapshot", "/tasks"):
+            status, body, _ = get(url, path, timeout=5)
+            assert status == 200, (path, body)
+        assert how == "profile" or len(body["tasks"]) >= 1, body  # run tracks every task
     finally:
-        program.stdin.close()
-        said = program.stdout.read()
-        program.stdout.close()
-        program.wait(30)
+        said, _ = program.communicate(timeout=30)
     assert said == "busy to the end\n"  # still at work when it answered

@@ -1,0 +1,89 @@
+"""The GIL's hand-over to the profiler's thread (``_speedups.wait_events``, ``hand_over`` in
+asyncflow/instrumentation/_speedups.c): the profiler's loop waits for events there, and a tracked
+call's poll on another thread lets the GIL go while that thread, woken, has work to do. What it
+is for, an endpoint that answers a program busy on its loop, is tested end to end in
+tests/serve/test_server_start.py."""
+
+from __future__ import annotations
+
+import asyncio
+import select
+import socket
+import threading
+
+import pytest
+
+import asyncflow
+from asyncflow.instrumentation import futures
+from tests.support.compiled_path import compiled
+
+pytestmark = [
+    compiled,
+    pytest.mark.skipif(not hasattr(select, "epoll"), reason="epoll: Linux only"),
+]
+
+
+def _speedups() -> object:
+    module = futures._speedups
+    if not hasattr(module, "wait_events"):
+        pytest.skip("no hand-over on this platform")
+    return module
+
+
+def test_wait_events_reports_what_epoll_reports() -> None:
+    speedups: object = _speedups()
+    wait = speedups.wait_events  # type: ignore[attr-defined]
+    ours, theirs = socket.socketpair()
+    epoll = select.epoll()
+    try:
+        epoll.register(ours.fileno(), select.EPOLLIN | select.EPOLLOUT)
+        assert wait(epoll.fileno(), 0, -1) == epoll.poll(0) == [(ours.fileno(), select.EPOLLOUT)]
+        theirs.send(b"x")
+        both = [(ours.fileno(), select.EPOLLIN | select.EPOLLOUT)]
+        assert wait(epoll.fileno(), None, 1) == epoll.poll(0) == both  # None: until one is ready
+        epoll.modify(ours.fileno(), 0)
+        assert wait(epoll.fileno(), 0.001, -1) == []  # nothing asked for: the timeout runs out
+        with pytest.raises(OSError):
+            wait(theirs.fileno(), 0, -1)  # not an epoll descriptor
+    finally:
+        epoll.close()
+        ours.close()
+        theirs.close()
+    speedups.wait_events_done()  # type: ignore[attr-defined]
+
+
+def test_polls_back_off_while_the_profilers_thread_is_blocked_elsewhere() -> None:
+    # Woken, the profiler's thread blocks on something else (the GIL let go): a poll waits for
+    # it at most a moment, then polls hand nothing over for a while, longer each time; without
+    # that, every poll of a busy program would wait that moment.
+    speedups: object = _speedups()
+    release = threading.Event()
+
+    @asyncflow.future
+    async def busy() -> int:
+        polls = 0
+        while polls < 2000:
+            sum(range(2000))
+            polls += 1
+            await asyncio.sleep(0)
+        release.set()
+        return polls
+
+    async def main(prof: asyncflow.Profiler) -> tuple[int, int]:
+        assert prof._loop is not None
+        blocked = threading.Event()
+
+        def block() -> None:
+            blocked.set()
+            release.wait(30)
+
+        before = speedups.hand_overs()  # type: ignore[attr-defined]
+        prof._loop.call_soon_threadsafe(block)
+        blocked.wait(30)
+        await busy()
+        after = speedups.hand_overs()  # type: ignore[attr-defined]
+        return after[0] - before[0], after[2] - before[2]
+
+    with asyncflow.profile("blocked", format="none") as prof:
+        handed, ran_out = asyncio.run(main(prof))
+    assert 1 <= ran_out <= 10, (handed, ran_out)
