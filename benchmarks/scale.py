@@ -19,7 +19,8 @@ endpoint on port 0, ``instrument_tasks()``). Each prints, as medians over the pa
 Then ``first``: pairs of a bare ``python -c "import aiohttp.web"`` and a program that starts a
 profiler (port 0) and prints its URL; a client connects at once, and the time from the URL to
 the first answer (``GET /profiler_status``) is set beside the import's, as a ratio, for a program
-idle after ``start()`` and one busy computing on its loop.
+idle after ``start()`` and one busy computing on its loop (yielding between slices of 0.2 ms);
+then the slowest of five more answers, asked one after the other while it is still idle or busy.
 
 On a loaded machine each figure is the median of few pairs (``--pairs``): read the ratios, not
 the milliseconds, and the spread the pairs print.
@@ -191,14 +192,15 @@ async def _tracked(n: int) -> dict[str, Any]:
 
 
 _FIRST = """
-import asyncio, os, sys, time
+import asyncio, os, sys, threading
 import asyncflow
 async def main():
     with asyncflow.profile("first", port=0, format="none") as prof:
         print(prof.url, flush=True)
-        if sys.argv[1] == "busy":  # a program at work on its loop
-            end = time.monotonic() + 3
-            while time.monotonic() < end:
+        if sys.argv[1] == "busy":  # a program at work on its loop until its stdin closes
+            told = threading.Event()
+            threading.Thread(target=lambda: (sys.stdin.read(), told.set()), daemon=True).start()
+            while not told.is_set():
                 sum(range(20000))
                 await asyncio.sleep(0)
         else:
@@ -214,8 +216,14 @@ asyncio.run(main())
 """
 
 
-def _first_answer(mode: str) -> tuple[float, float]:
-    """The wall seconds from the URL to the first answer, and the endpoint process's CPU."""
+#: asked after the first answer, one after the other (each built on the profiler's thread)
+_THEN = ("/futures", "/loop", "/snapshot", "/tasks", "/profiler_status")
+
+
+def _first_answer(mode: str) -> tuple[float, float, float]:
+    """The wall seconds from the URL to the first answer, the slowest of the answers to
+    ``_THEN`` asked after it (the program still idle or busy), and the endpoint process's
+    CPU."""
     program = subprocess.Popen(
         [sys.executable, "-c", _FIRST, mode],
         stdin=subprocess.PIPE,
@@ -227,15 +235,21 @@ def _first_answer(mode: str) -> tuple[float, float]:
     url = program.stdout.readline().strip()
     started = time.perf_counter()
     try:
-        status, _ = _get(url, "/profiler_status")
+        status, seconds = _get(url, "/profiler_status")
+        seconds = time.perf_counter() - started
         if status != 200:
             raise ConnectionError(f"/profiler_status answered {status}")
+        then = 0.0
+        for path in _THEN:
+            status, wall = _get(url, path)
+            if status != 200:
+                raise ConnectionError(f"{path} answered {status}")
+            then = max(then, wall)
     finally:
-        seconds = time.perf_counter() - started
         program.stdin.close()
         said = program.stdout.readline()
         program.wait(30)
-    return seconds, float(said)
+    return seconds, then, float(said)
 
 
 # -- the runs and their figures ----------------------------------------------------------------
@@ -305,6 +319,7 @@ def first(pairs: int) -> None:
     print(f"\nfirst answer after start(), {pairs} pairs (each: bare import, idle, busy)")
     ratios: dict[str, list[float]] = {"idle": [], "busy": []}
     answers: dict[str, list[float]] = {"idle": [], "busy": []}
+    thens: dict[str, list[float]] = {"idle": [], "busy": []}
     bares: list[float] = []
     cpus: dict[str, list[float]] = {"import": [], "idle": [], "busy": []}
     failed = {"idle": 0, "busy": 0}
@@ -320,16 +335,18 @@ def first(pairs: int) -> None:
         shown = [f"import aiohttp.web {bare * 1000:.0f} ms"]
         for mode in ("idle", "busy"):
             try:
-                seconds, endpoint_cpu = _first_answer(mode)
+                seconds, then, endpoint_cpu = _first_answer(mode)
             except (OSError, ValueError) as exc:  # counted, not figured: the run goes on
                 failed[mode] += 1
                 shown.append(f"{mode} no answer ({exc})")
                 continue
             ratios[mode].append(seconds / bare)
             answers[mode].append(seconds)
+            thens[mode].append(then)
             if endpoint_cpu >= 0:
                 cpus[mode].append(endpoint_cpu)
-            shown.append(f"{mode} {seconds * 1000:.0f} ms ({seconds / bare:.2f}x)")
+            shown.append(f"{mode} {seconds * 1000:.0f} ms ({seconds / bare:.2f}x; then "
+                         f"{then * 1000:.0f})")  # fmt: skip
         print("  " + ", ".join(shown), flush=True)
     for mode, values in ratios.items():
         if not values:
@@ -337,7 +354,9 @@ def first(pairs: int) -> None:
             continue
         print(f"  {mode}: median {_median(values):.2f}x the import, worst {max(values):.2f}x, "
               f"best against best {min(answers[mode]) / min(bares):.2f}x, "
-              f"{failed[mode]} without an answer")  # fmt: skip
+              f"{failed[mode]} without an answer; the slowest of {len(_THEN)} answers after "
+              f"it: median {_median(thens[mode]) * 1000:.0f} ms, worst "
+              f"{max(thens[mode]) * 1000:.0f} ms")  # fmt: skip
     print(f"  CPU: the import {_median(cpus['import']) * 1000:.0f} ms, the endpoint process "
           f"{_median(cpus['idle'] + cpus['busy']) * 1000:.0f} ms to its first answer "
           f"(medians; {_median(cpus['idle'] + cpus['busy']) / _median(cpus['import']):.2f}x), "
