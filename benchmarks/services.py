@@ -29,10 +29,15 @@ are work the service does alike either way, and leaving them out makes the ratio
 costs; ``--base-options`` runs the first server under ``asyncflow run`` too, with its own
 options (then "plain" in the output is that server), so that one part's cost is paired
 directly: ``--base-options=--no-locks`` against the default run is what the primitives cost.
+``--base-checkout DIR`` has the first server import the ``asyncflow`` of another checkout (a
+``git worktree`` of an earlier commit, its extension built with ``setup.py build_ext
+--inplace``): with ``--base-options=`` both run under ``asyncflow run``, and the ratio is the
+change's.
 
     python benchmarks/services.py                         # every service, 7 pairs
     python benchmarks/services.py --only aiohttp --pairs 9 --requests 4000
     python benchmarks/services.py --reports /tmp/reports  # keep asyncflow's exit reports
+    python benchmarks/services.py --only aiohttp --base-options= --base-checkout /tmp/before
     python benchmarks/services.py --primitives            # what a per-request primitive costs
 
 ``--primitives`` times instead, in this process, what such a service pays per primitive it makes
@@ -158,6 +163,8 @@ class Server:
     reports: Path | None
     #: options of ``asyncflow run`` (before the program); None: run plainly
     options: tuple[str, ...] | None = None
+    #: a checkout whose ``asyncflow`` this server imports (put first on its PYTHONPATH)
+    checkout: Path | None = None
     process: subprocess.Popen[bytes] = field(init=False)
     sock: str = field(init=False)
 
@@ -178,6 +185,10 @@ class Server:
             SERVICES_UPSTREAM=upstream,
             SERVICES_DB=str(self.workdir / f"{self.service.name}-{kind}.db"),
         )
+        if self.checkout is not None:
+            env["PYTHONPATH"] = os.pathsep.join(
+                p for p in (str(self.checkout), os.environ.get("PYTHONPATH")) if p
+            )
         self.log = open(self.workdir / f"{self.service.name}-{kind}.log", "wb")  # noqa: SIM115
         self.process = subprocess.Popen(
             [sys.executable, *command], env=env, stdout=self.log, stderr=subprocess.STDOUT
@@ -234,10 +245,12 @@ async def measure(
     reports: Path | None,
     options: tuple[str, ...] | None = (),
     base: tuple[str, ...] | None = None,
+    base_checkout: Path | None = None,
 ) -> Figures:
     """``pairs`` paired loads on a plain and a profiled server of ``service`` (the first under
-    ``asyncflow run`` too, with ``base``, unless None)."""
-    plain = Server(service, False, workdir, reports, base)
+    ``asyncflow run`` too, with ``base``, unless None, and with the ``asyncflow`` of
+    ``base_checkout``, if given)."""
+    plain = Server(service, False, workdir, reports, base, base_checkout)
     profiled = Server(service, True, workdir, reports, options)
     figures = Figures()
     try:
@@ -320,6 +333,7 @@ async def run(args: argparse.Namespace) -> None:
                     args.reports,
                     None if args.aa else tuple(args.run_options.split()),
                     None if args.base_options is None else tuple(args.base_options.split()),
+                    args.base_checkout,
                 )
                 report(service, figures, args.pairs, requests, args.clients)
         finally:
@@ -446,6 +460,14 @@ def main(argv: list[str] | None = None) -> int:
         metavar="'OPTIONS'",
         help="run the first server under asyncflow run too, with these options: the ratios "
         "then pair what --run-options adds, e.g. --base-options=--no-locks",
+    )
+    parser.add_argument(
+        "--base-checkout",
+        type=Path,
+        metavar="DIR",
+        help="the first server imports the asyncflow of this checkout (a git worktree of an "
+        "earlier commit, its extension built in place): with --base-options, the ratios pair "
+        "a change against the code before it",
     )
     parser.add_argument(
         "--primitives",
