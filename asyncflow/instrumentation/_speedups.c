@@ -2355,9 +2355,13 @@ hand_over(void)
 
 /* The same, asked of the main thread at its next check for pending calls (a loop that runs no
  * tracked call, or none at this moment, hands over too). */
+static int pending_posted; /* atomic: one pending call of ours at most in the interpreter's queue
+                           * (32 places, shared with the program's extensions) */
+
 static int
 pending_hand_over(void *Py_UNUSED(arg))
 {
+    __atomic_store_n(&pending_posted, 0, __ATOMIC_RELAXED);
     hand_over();
     return 0;
 }
@@ -2379,6 +2383,7 @@ hand_over_forked(void)
     pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
     hand_mutex = fresh;
     gil_wanted = 0;
+    pending_posted = 0;
     hand_over_after = 0;
 }
 
@@ -2433,8 +2438,9 @@ mod_wait_events(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     err = errno;
     __atomic_add_fetch(&wakes, 1, __ATOMIC_RELAXED);
     __atomic_store_n(&gil_wanted, 1, __ATOMIC_RELEASE); /* before waiting for the GIL */
-    if (!is_finalizing()) {
-        Py_AddPendingCall(pending_hand_over, NULL); /* (its queue full: the polls still do) */
+    if (!is_finalizing() && !__atomic_exchange_n(&pending_posted, 1, __ATOMIC_RELAXED) &&
+        Py_AddPendingCall(pending_hand_over, NULL) < 0) {
+        __atomic_store_n(&pending_posted, 0, __ATOMIC_RELAXED); /* full: the polls still do */
     }
     Py_END_ALLOW_THREADS
     if (n < 0) {

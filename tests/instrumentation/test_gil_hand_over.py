@@ -87,3 +87,31 @@ def test_polls_back_off_while_the_profilers_thread_is_blocked_elsewhere() -> Non
     with asyncflow.profile("blocked", format="none") as prof:
         handed, ran_out = asyncio.run(main(prof))
     assert 1 <= ran_out <= 10, (handed, ran_out)
+
+
+def test_the_profilers_wakes_never_fill_the_interpreters_pending_calls() -> None:
+    # Each wake of the profiler's thread asks the main thread to hand over with a pending call
+    # (Py_AddPendingCall); the interpreter's queue has 32 places, shared with the program's
+    # extensions. While the main thread runs no Python (blocked in a C call here), the wakes
+    # must not fill it: one of ours at most is queued.
+    testcapi = pytest.importorskip("_testcapi")
+    _speedups()
+    gate = threading.Lock()
+    gate.acquire()
+    queued: list[object] = []
+
+    def wake_often_then_queue(prof: asyncflow.Profiler) -> None:
+        assert prof._loop is not None
+        for _ in range(40):  # 40 separate wakes: each waits for the one before to have run
+            ran = threading.Event()
+            prof._loop.call_soon_threadsafe(ran.set)
+            ran.wait(30)
+        queued.append(testcapi._pending_threadfunc(lambda: None))
+        gate.release()
+
+    with asyncflow.profile("pending", format="none") as prof:
+        other = threading.Thread(target=wake_often_then_queue, args=(prof,))
+        other.start()
+        gate.acquire(timeout=60)  # the main thread runs no Python meanwhile
+        other.join(30)
+    assert queued and queued[0] not in (False, 0)  # the program's own call found a place
