@@ -1625,9 +1625,29 @@ def _kind(obj: Any) -> str:
 # anyio: its asyncio backend's Lock, Semaphore and CapacityLimiter are its own (slotted, with
 # their own waiter queues); its Event is an asyncio.Event inside, instrumented as such.
 
-#: id(anyio primitive) -> its record; an entry leaves when the primitive is freed
-_anyio: dict[int, ResourceRecord] = {}
+#: id(anyio primitive) -> its record (or, for a Lock made in whole-program mode and never
+#: waited for, its _LazyAnyio); an entry leaves when the primitive is freed
+_anyio: dict[int, ResourceRecord | _LazyAnyio] = {}
 _anyio_patched = False
+
+
+class _LazyAnyio(weakref.ref):  # type: ignore[type-arg]
+    """An anyio Lock that has only its creation site (see _lazy): the one object it costs,
+    which also takes its entry out of _anyio when it is freed, and notes its holder (anyio's
+    primitives are slotted: nothing can be set on them)."""
+
+    __slots__ = ("held", "holder", "key", "site")
+
+    key: int
+    site: _Site
+    #: the call that holds it (noted after its acquire returned: anyio's checkpoint is over)
+    holder: CallRecord | None
+    held: bool
+
+
+def _forget_lazy(ref: _LazyAnyio) -> None:  # runs when the lock is freed, in any thread
+    if _anyio.get(ref.key) is ref:
+        _anyio.pop(ref.key, None)
 
 
 def _bind(obj: Any, record: ResourceRecord) -> None:
@@ -1727,9 +1747,17 @@ def _anyio_acquire(
     original: Callable[..., Any], busy: Callable[[Any, int], bool], borrower: bool
 ) -> Callable[..., Any]:
     async def acquire(self: Any, *args: Any) -> Any:
-        record = _anyio.get(id(self))
+        record: Any = _anyio.get(id(self))
         if record is None or _session.active is None:
             return await original(self, *args)
+        if type(record) is _LazyAnyio:  # an anyio Lock with its creation site only
+            if self._owner_task is None and not self._waiters:  # it will not wait
+                result = await original(self, *args)
+                _lazy_anyio_held(self, record)
+                return result
+            record = _materialize_anyio(self, record)  # contended: now it is worth a record
+            if record is None:
+                return await original(self, *args)
         try:
             key, call = _anyio_key(record, args[0] if borrower else None)
             blocked = busy(self, key)
@@ -1781,8 +1809,11 @@ def _anyio_acquire(
 def _anyio_nowait(original: Callable[..., Any], borrower: bool) -> Callable[..., Any]:
     def acquire_nowait(self: Any, *args: Any) -> Any:
         result = original(self, *args)
-        record = _anyio.get(id(self))
-        if record is not None and _session.active is not None:
+        record: Any = _anyio.get(id(self))
+        if type(record) is _LazyAnyio:
+            if _session.active is not None:
+                _lazy_anyio_held(self, record)
+        elif record is not None and _session.active is not None:
             try:
                 key, call = _anyio_key(record, args[0] if borrower else None)
                 if key not in record.pending:  # the blocking acquire's own first try
@@ -1799,8 +1830,13 @@ def _anyio_nowait(original: Callable[..., Any], borrower: bool) -> Callable[...,
 def _anyio_release(original: Callable[..., Any], borrower: bool) -> Callable[..., Any]:
     def release(self: Any, *args: Any) -> Any:
         result = original(self, *args)
-        record = _anyio.get(id(self))
-        if record is not None and _session.active is not None:
+        record: Any = _anyio.get(id(self))
+        if type(record) is _LazyAnyio:  # never waited for: counted on its creation site
+            if _session.active is not None:
+                record.site.record.stats.hold_count += 1
+                record.held = False
+                record.holder = None
+        elif record is not None and _session.active is not None:
             try:
                 key, call = (id(args[0]), None) if borrower else _anyio_key(record, None)
                 if key not in record.pending:  # an acquire undoing itself (cancelled)
@@ -1814,6 +1850,54 @@ def _anyio_release(original: Callable[..., Any], borrower: bool) -> Callable[...
         return result
 
     return release
+
+
+def _lazy_anyio_held(lock: Any, ref: _LazyAnyio) -> None:
+    """A lazy anyio Lock was acquired without waiting: note who holds it; if a waiter gave it
+    a record meanwhile (during anyio's checkpoint), the hold opens on that record now."""
+    try:
+        now: Any = _anyio.get(id(lock))
+        if now is ref:
+            ref.holder = _running_call_here()
+            ref.held = True
+        elif type(now) is ResourceRecord:
+            key, call = _anyio_key(now, None)
+            now.pending.discard(key)
+            _held(now, _clock.now_ns(), key, call)
+            now.held_polls = call.polls if call is not None else -1
+    except Exception as err:  # observing never breaks the program
+        _broken("recording an acquisition", err)
+
+
+def _materialize_anyio(lock: Any, ref: _LazyAnyio) -> ResourceRecord | None:
+    """The record of a lazy anyio Lock, made now: a task is about to wait for it (or the mode
+    ends, or a view asks). Its holder is the call its uncontended acquire noted; an owner still
+    in anyio's checkpoint after taking it holds it from when that acquire returns."""
+    try:
+        with _instrument_lock:
+            existing: Any = _anyio.get(id(lock))
+            if type(existing) is ResourceRecord:
+                return existing
+            site = ref.site
+            record = ResourceRecord(
+                site.label, site.kind, site.primitive, site.file, site.line, lock
+            )
+            _bind(lock, record)  # (replaces ref, which goes with its last reference)
+            owner = lock._owner_task
+            if owner is not None:
+                if ref.held:  # since when is not known: since the collector's last tick
+                    session = _session.active
+                    record.slot[1] = ref.holder
+                    record.slot[0] = -(session.tick if session is not None else _clock.now_ns())
+                else:  # inside its acquire: as if the hook had seen it begin
+                    record.pending.add(id(owner))
+            if site.record.folded > 0:  # it folds into the site's record again when gone
+                site.record.folded -= 1
+            _register(record)
+        return record
+    except Exception as err:  # observing never breaks the program
+        _broken("instrumenting a primitive", err)
+        return None
 
 
 def _awaited_holding(record: ResourceRecord, call: CallRecord | None) -> bool:
@@ -1832,7 +1916,7 @@ def _adapter_getter(fget: Callable[[Any], Any], internal: str) -> Callable[[Any]
         result = fget(self)
         if before is None and result is not None:
             record = _anyio.get(id(self))
-            if record is not None:
+            if type(record) is ResourceRecord:  # (an adapter is never lazy)
                 try:
                     with _instrument_lock:
                         _attach_anyio(result, record)
@@ -1894,7 +1978,10 @@ def resource_of(obj: Any) -> ResourceRecord | None:
         site = getattr(obj, _EVENT_RECORD if isinstance(obj, asyncio.Event) else _LOCK_RECORD, None)
         if type(site) is _Site:
             return _materialize(obj, site)
-    found = _anyio.get(id(obj))
+    entry = _anyio.get(id(obj))
+    if type(entry) is _LazyAnyio:
+        return _materialize_anyio(obj, entry)
+    found = entry if type(entry) is ResourceRecord else None
     if (  # anyio's Event recorded on its asyncio.Event (never importing anyio here)
         found is None
         and type(obj).__module__.startswith("anyio.")
@@ -2087,7 +2174,9 @@ def _lazy(
     """Give a standard lock or event made in whole-program mode its creation site instead of
     a record; False when it gets a record now (another class, or too many sites)."""
     cls = target = type(obj)
-    if cls is asyncio.Lock:
+    if _anyio_patched and cls is _anyio_classes().get("Lock"):
+        attr, carrier = "", obj  # (its hooks are anyio's classes', for good)
+    elif cls is asyncio.Lock:
         attr, carrier = _LOCK_RECORD, obj
     elif cls is asyncio.Condition:
         if not _condition_lock_free(obj):
@@ -2102,7 +2191,7 @@ def _lazy(
             return False
     else:
         return False
-    if target.__dict__.get(attr, 0) is not None:  # the class's hooks are not on
+    if attr and target.__dict__.get(attr, 0) is not None:  # the class's hooks are not on
         return False
     key = (at[0], at[1], label, cls)
     site = _lazy_sites.get(key)
@@ -2115,7 +2204,13 @@ def _lazy(
                 site = _Site(at[0], at[1], label, _kind(obj), found[0])
                 _site_record(site)
                 _lazy_sites[key] = site
-    _carry(carrier, attr, site)
+    if attr:
+        _carry(carrier, attr, site)
+        return True
+    ref = _LazyAnyio(obj, _forget_lazy)
+    ref.key, ref.site, ref.holder, ref.held = id(obj), site, None, False
+    _anyio[ref.key] = ref
+    site.record.folded += 1
     return True
 
 
@@ -2228,6 +2323,10 @@ def _materialize_lazy() -> None:
         if type(site) is _Site:
             _materialize(obj, site)
     _lazy_made.clear()
+    for ref in [r for r in list(_anyio.values()) if type(r) is _LazyAnyio]:
+        lock = ref()
+        if lock is not None:
+            _materialize_anyio(lock, ref)
 
 
 #: (code, class) of asyncio's and anyio's lines that make a primitive of that class for their own
@@ -2285,6 +2384,8 @@ def _init_hook(original: Callable[..., None], describe: Callable[[Any], Any]) ->
                 return
             maker = (id(code), cls)
             if _part_makers.get(maker) is code:
+                return
+            if type(_anyio.get(id(self))) is _LazyAnyio:  # anyio's Lock: its __init__ again
                 return
             existing = resource_of(self)
             if existing is not None:
