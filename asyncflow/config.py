@@ -138,6 +138,7 @@ _DISABLE = "ASYNCFLOW_DISABLE"
 _NO_EXTENSIONS = "ASYNCFLOW_NO_EXTENSIONS"
 _RUNTIME_DIR = "ASYNCFLOW_RUNTIME_DIR"
 _ENDPOINT_PROCESS = "ASYNCFLOW_ENDPOINT_PROCESS"
+_HAND_OVER = "ASYNCFLOW_GIL_HAND_OVER"
 
 
 class Reporter(Protocol):
@@ -184,6 +185,14 @@ def endpoint_process(environ: Mapping[str, str] | None = None) -> bool:
     profiler's thread (``ASYNCFLOW_ENDPOINT_PROCESS=0``: where starting a process is unwelcome,
     at the cost of slowing the program while clients poll)."""
     value = (os.environ if environ is None else environ).get(_ENDPOINT_PROCESS, "").strip().lower()
+    return value not in ("0", "false", "no", "off")
+
+
+def gil_hand_over(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether the program's threads hand the GIL over to the profiler's thread when it wakes
+    for work (the default, on the compiled path; ``ASYNCFLOW_GIL_HAND_OVER=0`` leaves the GIL's
+    own turns, under which a loop that keeps yielding can starve the endpoint's answers)."""
+    value = (os.environ if environ is None else environ).get(_HAND_OVER, "").strip().lower()
     return value not in ("0", "false", "no", "off")
 
 

@@ -781,10 +781,10 @@ class _HandingEpoll:
 
 def _events_selector() -> selectors.BaseSelector:
     """The profiler loop's selector: epoll waited on through the compiled path where it is
-    built (see _HandingEpoll), else the default."""
+    built (see _HandingEpoll), unless ``ASYNCFLOW_GIL_HAND_OVER=0``; else the default."""
     speedups = futures._speedups
     wait = getattr(speedups, "wait_events", None)
-    if wait is None or not hasattr(selectors, "EpollSelector"):
+    if wait is None or not hasattr(selectors, "EpollSelector") or not config.gil_hand_over():
         return selectors.DefaultSelector()
     selector = selectors.EpollSelector()
     selector._selector = _HandingEpoll(  # type: ignore[attr-defined]

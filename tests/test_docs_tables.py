@@ -46,10 +46,11 @@ def _rows(page: str) -> list[str]:
 def test_the_built_options_table_has_a_row_per_option(built: Path) -> None:
     page = (built / "profiler.html").read_text(encoding="utf-8")
     rows = _rows(page)
-    assert len(rows) == 1 + len(OPTIONS) + 4, "the header, the options, 4 more variables"
+    assert len(rows) == 1 + len(OPTIONS) + 5, "the header, the options, 5 more variables"
     for row, option in zip(rows[1:], OPTIONS, strict=False):
         assert row.split()[0] == option.name
-    assert "ASYNCFLOW_ENDPOINT_PROCESS" in rows[-1]
+    assert "ASYNCFLOW_ENDPOINT_PROCESS" in rows[-2]
+    assert "ASYNCFLOW_GIL_HAND_OVER" in rows[-1]
     assert 'href="endpoint.html#the-endpoint"' in page
 
 

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 import asyncflow
+from asyncflow.instrumentation import futures
 from asyncflow.serve import server
 from tests.support.commands import ASYNCFLOW
 from tests.support.compiled_path import compiled
@@ -145,3 +146,17 @@ def test_every_route_answers_a_program_that_keeps_its_loop_busy(how: str, tmp_pa
     finally:
         said, _ = program.communicate(timeout=30)
     assert said == "busy to the end\n"  # still at work when it answered
+
+
+def test_the_hand_over_can_be_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    # ASYNCFLOW_GIL_HAND_OVER=0: the profiler's loop waits in the standard selector, which
+    # asks nobody for the GIL.
+    monkeypatch.setenv("ASYNCFLOW_GIL_HAND_OVER", "0")
+    with asyncflow.profile("plain-turns", format="none", port=None) as prof:
+        assert prof._loop is not None
+        assert type(prof._loop._selector._selector).__name__ == "epoll"  # type: ignore[attr-defined]
+    monkeypatch.setenv("ASYNCFLOW_GIL_HAND_OVER", "1")
+    with asyncflow.profile("handing", format="none", port=None) as prof:
+        assert prof._loop is not None
+        waits = type(prof._loop._selector._selector).__name__  # type: ignore[attr-defined]
+        assert waits == ("_HandingEpoll" if hasattr(futures._speedups, "wait_events") else "epoll")
