@@ -8,11 +8,11 @@ through the instance. The hooks hold the primitive (through its bound methods), 
 instrumented primitive is freed by the cyclic collector rather than at once; a weak reference
 there would break ``f = lock.acquire; del lock; await f()``. In whole-program mode asyncio's own
 Lock, Condition and Event classes carry the hooks instead, which find an instance's record on
-it: one made per request goes with its last reference, and a Lock or Event (anyio's Event too)
-gets a record only once something waits on it (until then its uses count on its creation
-line's row). anyio's primitives are slotted: their asyncio backend classes' methods are
-wrapped once, for good, and find an instance's record in a table keyed by ``id()`` (an
-uninstrumented anyio primitive then pays one dict lookup).
+it: one made per request goes with its last reference, and a Lock or Event (anyio's Lock and
+Event too) gets a record only once something waits on it (until then its uses count on its
+creation line's row). anyio's primitives are slotted: their asyncio backend classes' methods are
+wrapped once, for good, and find an instance's record (or a lazy Lock's site) in a table keyed
+by ``id()`` (an uninstrumented anyio primitive then pays one dict lookup).
 
 Whether an ``acquire()`` will wait is read before it starts, from the fields the primitive's
 own fast path reads (``_locked``, ``_value``, ``_waiters``): an acquisition that waits is timed
@@ -2207,11 +2207,16 @@ def _lazy(
     if attr:
         _carry(carrier, attr, site)
         return True
-    ref = _LazyAnyio(obj, _forget_lazy)
-    ref.key, ref.site, ref.holder, ref.held = id(obj), site, None, False
+    _lazy_anyio(obj, site)
+    return True
+
+
+def _lazy_anyio(lock: Any, site: _Site) -> None:
+    """An anyio Lock (made now) takes its creation site instead of a record."""
+    ref = _LazyAnyio(lock, _forget_lazy)
+    ref.key, ref.site, ref.holder, ref.held = id(lock), site, None, False
     _anyio[ref.key] = ref
     site.record.folded += 1
-    return True
 
 
 def _condition_lock_free(condition: Any) -> bool:
@@ -2344,6 +2349,60 @@ _PART_MAKERS_KEPT = 256
 _direct_sites: dict[tuple[int, int, type[Any]], tuple[types.CodeType, _Site]] = {}
 _DIRECT_SITES_KEPT = 1024
 
+#: The same for anyio's Lock and Event (lazy), made through anyio's constructor chain: (class,
+#: id() of the codes of the backend's maker, of its caller and of the program's call, and that
+#: call's instruction offset) -> (those codes, its _Site). The chain decides the walk's answer
+#: (creation_frame reads only its frames' codes), so the same chain takes the same site; it
+#: spares an anyio.Lock() or anyio.Event() made per request the walk, its label and its lookups.
+_anyio_sites: dict[tuple[Any, int, int, int, int], tuple[tuple[Any, ...], _Site]] = {}
+#: id() of the codes that make anyio's lazy primitives (the backend's create_lock/create_event)
+_anyio_makers: set[int] = set()
+
+
+def _anyio_direct(self: Any, cls: Any, caller: types.FrameType) -> bool:
+    """Whether ``self`` (an anyio Lock or Event, just made by ``caller``) took its site from
+    _anyio_sites."""
+    f1 = caller.f_back
+    if f1 is None:
+        return False
+    f2 = f1.f_back
+    if f2 is None:
+        return False
+    code = caller.f_code
+    hit = _anyio_sites.get((cls, id(code), id(f1.f_code), id(f2.f_code), f2.f_lasti))
+    if hit is None or hit[0] != (code, f1.f_code, f2.f_code):
+        return False
+    site = hit[1]
+    if site.primitive == EVENT:
+        inner = getattr(self, "_event", None)
+        if type(inner) is not asyncio.Event or getattr(inner, _EVENT_RECORD, None) is not None:
+            return False
+        _carry(inner, _EVENT_RECORD, site)
+        return True
+    if id(self) in _anyio:
+        return False
+    _lazy_anyio(self, site)
+    return True
+
+
+def _remember_anyio_chain(
+    self: Any, cls: Any, caller: types.FrameType, frame: types.FrameType
+) -> None:
+    """``self`` got its site lazily at ``frame``, two calls out from ``caller``: the next one
+    made through the same chain takes it at once (see _anyio_sites)."""
+    f1 = caller.f_back
+    if f1 is None or f1.f_back is not frame:
+        return
+    site: Any = _anyio.get(id(self)) if cls is _anyio_classes().get("Lock") else None
+    site = site.site if type(site) is _LazyAnyio else getattr(self._event, _EVENT_RECORD, None)
+    if type(site) is not _Site:
+        return
+    if len(_anyio_sites) >= _DIRECT_SITES_KEPT:
+        _anyio_sites.clear()
+    codes = (caller.f_code, f1.f_code, frame.f_code)
+    _anyio_sites[(cls, id(codes[0]), id(codes[1]), id(codes[2]), frame.f_lasti)] = (codes, site)
+    _anyio_makers.add(id(caller.f_code))
+
 
 def _makes_parts(caller: types.FrameType, obj: Any) -> bool:
     """Whether ``caller`` alone decides that ``obj`` is a library's part (see creation_frame):
@@ -2366,6 +2425,8 @@ def _init_hook(original: Callable[..., None], describe: Callable[[Any], Any]) ->
         try:
             caller = sys._getframe(1)
             code, cls = caller.f_code, type(self)
+            if id(code) in _anyio_makers and _anyio_direct(self, cls, caller):
+                return
             direct = _direct_sites.get((id(code), caller.f_lasti, cls))
             if direct is not None and direct[0] is code:  # this call made one before
                 attr = _EVENT_RECORD if cls is asyncio.Event else _LOCK_RECORD
@@ -2410,6 +2471,8 @@ def _init_hook(original: Callable[..., None], describe: Callable[[Any], Any]) ->
                 return
             if not _lazy(self, found, at, label):
                 _instrument(self, found, None, at, label)
+            elif frame is not caller and cls.__module__.startswith("anyio."):
+                _remember_anyio_chain(self, cls, caller, frame)
             elif frame is caller and cls in (asyncio.Event, asyncio.Lock, asyncio.Condition):
                 if len(_direct_sites) >= _DIRECT_SITES_KEPT:
                     _direct_sites.clear()
@@ -2471,6 +2534,8 @@ def _hook_primitives() -> dict[type[Any], Any]:
 
 def _unhook_primitives(originals: dict[type[Any], Any]) -> None:
     _direct_sites.clear()
+    _anyio_sites.clear()
+    _anyio_makers.clear()
     _materialize_lazy()
     if asyncio.Event.__dict__.get(_EVENT_RECORD, 0) is None:
         _unhook_events()

@@ -10,11 +10,14 @@ holder, its waits and anyio's checkpoint-after-acquire.
 from __future__ import annotations
 
 import asyncio
+import sys
+from typing import Any
 
 import anyio
+import pytest
 
 import asyncflow
-from asyncflow.instrumentation import resources
+from asyncflow.instrumentation import _sites, resources
 
 USES = 50
 
@@ -95,3 +98,45 @@ async def test_a_lazy_anyio_lock_gets_its_record_when_the_mode_ends() -> None:
         async with lock:  # its hooks (anyio's classes', for good) record into it
             pass
         assert resources.acquisitions(record) == resources.releases(record) == 1
+
+
+@pytest.mark.parametrize("kind", ["anyio.Lock", "anyio.Event"])
+async def test_a_line_making_an_anyio_primitive_again_takes_its_site_without_walking_the_stack(
+    kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """anyio.Lock() and anyio.Event() go through anyio's constructors (Lock.__new__, the
+    backend's create_lock...): the walk out past them to the program's line and its label are
+    worked out for the first one a line makes, and the next ones take that line's site."""
+    walks = [0]
+    walk = _sites.creation_frame
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        walks[0] += 1
+        return walk(*args, **kwargs)
+
+    monkeypatch.setattr(resources, "creation_frame", counting)
+    cls: Any = anyio.Lock if kind == "anyio.Lock" else anyio.Event
+    with asyncflow.profile("lazy", format="none", port=None), asyncflow.instrument_locks():
+        here = sys._getframe().f_lineno  # (earlier tests' rows of this file may live on)
+        for _ in range(USES):
+            primitive = cls()
+            if kind == "anyio.Event":
+                primitive.set()
+            else:
+                async with primitive:
+                    pass
+        twice = [cls() for _ in range(2)]  # another line: its own row
+        del primitive, twice
+        rows = sorted(
+            (
+                r
+                for r in resources.resource_registry()
+                if r.kind == kind and r.label.startswith("test_resources_lazy_anyio.py:")
+                if r.line > here
+            ),
+            key=lambda r: r.line,
+        )
+        assert [r.folded for r in rows] == [USES, 2]
+        used = rows[0].stats.sets if kind == "anyio.Event" else resources.acquisitions(rows[0])
+        assert used == USES
+    assert walks[0] == 2  # each line's first
