@@ -1,9 +1,9 @@
 """A lock or event made per request and never waited on costs no record of its own (issue 26).
 
-In whole-program mode a standard asyncio.Lock or Event (and anyio's Event) gets its record only
-when something waits on it; until then its uses are counted on the row of the line that made
-it, the same row its gone records fold into. What the findings need still comes: a lock made
-lazily and then contended knows who held it, and one that deadlocks is seen.
+In whole-program mode a standard asyncio.Lock or Event (and anyio's Lock and Event) gets its
+record only when something waits on it; until then its uses are counted on the row of the line
+that made it, the same row its gone records fold into. What the findings need still comes: a
+lock made lazily and then contended knows who held it, and one that deadlocks is seen.
 """
 
 from __future__ import annotations
@@ -36,6 +36,11 @@ async def _lock_taken_once() -> None:
         pass
 
 
+async def _anyio_lock_taken_once() -> None:
+    async with anyio.Lock():
+        pass
+
+
 async def _event_set_and_awaited(make: Callable[[], Any]) -> None:
     event = make()
     event.set()
@@ -46,10 +51,11 @@ async def _event_set_and_awaited(make: Callable[[], Any]) -> None:
     ("kind", "use"),
     [
         ("asyncio.Lock", _lock_taken_once),
+        ("anyio.Lock", _anyio_lock_taken_once),
         ("asyncio.Event", lambda: _event_set_and_awaited(asyncio.Event)),
         ("anyio.Event", lambda: _event_set_and_awaited(anyio.Event)),
     ],
-    ids=["asyncio.Lock", "asyncio.Event", "anyio.Event"],
+    ids=["asyncio.Lock", "anyio.Lock", "asyncio.Event", "anyio.Event"],
 )
 async def test_a_primitive_made_per_request_and_never_waited_on_has_no_record_of_its_own(
     kind: str, use: Callable[[], Any]
@@ -62,8 +68,9 @@ async def test_a_primitive_made_per_request_and_never_waited_on_has_no_record_of
         (row,) = _rows(kind)
         assert not row.alive
         assert row.folded == USES
-        if kind == "asyncio.Lock":
+        if kind.endswith("Lock"):
             assert resources.acquisitions(row) == resources.releases(row) == USES
+            assert row.stats.wait_count == row.stats.contended == 0
         else:  # (anyio's wait() reads is_set() itself: its asyncio.Event's wait never runs)
             immediate = USES if kind == "asyncio.Event" else 0
             assert (row.stats.sets, row.stats.immediate, row.stats.wait_count) == (
@@ -73,35 +80,65 @@ async def test_a_primitive_made_per_request_and_never_waited_on_has_no_record_of
             )
 
 
-async def test_a_lock_contended_later_gets_a_record_that_knows_its_holder() -> None:
+def _has_record(lock: Any) -> bool:
+    """Whether ``lock`` has a record of its own (not only its creation site), made nothing."""
+    return isinstance(getattr(lock, resources._MARK, None), resources.ResourceRecord) or (
+        isinstance(resources._anyio.get(id(lock)), resources.ResourceRecord)
+    )
+
+
+@pytest.mark.parametrize("cls", [asyncio.Lock, anyio.Lock], ids=["asyncio.Lock", "anyio.Lock"])
+async def test_a_lock_contended_later_gets_a_record_that_knows_its_holder(cls: Any) -> None:
     @asyncflow.future(name="holder")
-    async def holder(lock: asyncio.Lock, held: asyncio.Event, go: asyncio.Event) -> None:
+    async def holder(lock: Any, held: asyncio.Event, go: asyncio.Event) -> None:
         async with lock:
             held.set()
             await go.wait()
 
+    async def waiter(lock: Any) -> None:
+        async with lock:
+            pass
+
     with asyncflow.profile("lazy", format="none", port=None), asyncflow.instrument_locks():
-        lock, held, go = asyncio.Lock(), asyncio.Event(), asyncio.Event()
+        lock, held, go = cls(), asyncio.Event(), asyncio.Event()
         async with anyio.create_task_group() as tg:
             tg.start_soon(holder, lock, held, go)
             await held.wait()
-            assert getattr(lock, resources._MARK, None) is None  # no record yet: nobody waited
-            tg.start_soon(lock.acquire)
+            assert not _has_record(lock)  # no record yet: nobody waited
+            tg.start_soon(waiter, lock)
             with anyio.fail_after(5):
                 while not lock._waiters:
                     await asyncio.sleep(0)
             record = resources.resource_of(lock)
             assert record is not None
+            assert _has_record(lock)
             (hold,) = resources.holds_of(record)
             assert hold.call is not None and hold.call.future.label == "holder"
             assert record.stats.waiting == 1
             go.set()
-        lock.release()
         assert record is not None
         assert resources.acquisitions(record) == resources.releases(record) == 2
         assert (record.stats.contended, record.stats.wait_count) == (1, 1)
-        (row,) = [r for r in resources.resource_registry() if r.label == record.label]
+        (row,) = [
+            r
+            for r in resources.resource_registry()
+            if (r.label, r.kind) == (record.label, record.kind)
+        ]
         assert row is record  # the live lock's own row; the line's counting row holds nothing
+
+
+async def test_a_lazy_anyio_lock_gets_its_record_when_the_mode_ends() -> None:
+    with asyncflow.profile("lazy", format="none", port=None):
+        with asyncflow.instrument_locks():
+            lock = anyio.Lock()
+            async with lock:
+                pass
+        record = resources.resource_of(lock)
+        assert record is not None and record.alive
+        assert resources.acquisitions(record) == 0  # (its use before counts on its line's row)
+        async with lock:  # its hooks (anyio's classes', for good) record into it
+            pass
+        assert resources.acquisitions(record) == resources.releases(record) == 1
 
 
 async def test_an_event_waited_on_before_it_is_set_gets_its_record_at_the_wait() -> None:
@@ -119,7 +156,13 @@ async def test_an_event_waited_on_before_it_is_set_gets_its_record_at_the_wait()
         assert (record.stats.sets, record.stats.woken, record.stats.wait_count) == (1, 1, 1)
 
 
-@pytest.mark.parametrize("kind", ["asyncio.Lock", "asyncio.Event"])
+#: anyio's go through its constructors (Lock.__new__, the backend's create_lock...): the walk
+#: out past them is spared too
+_MADE: dict[str, Any] = {"asyncio.Lock": asyncio.Lock, "asyncio.Event": asyncio.Event}
+_MADE.update({"anyio.Lock": anyio.Lock, "anyio.Event": anyio.Event})
+
+
+@pytest.mark.parametrize("kind", list(_MADE))
 async def test_a_line_making_a_primitive_again_takes_its_site_without_walking_the_stack(
     kind: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -134,12 +177,12 @@ async def test_a_line_making_a_primitive_again_takes_its_site_without_walking_th
         return walk(*args, **kwargs)
 
     monkeypatch.setattr(resources, "creation_frame", counting)
-    cls = asyncio.Lock if kind == "asyncio.Lock" else asyncio.Event
+    cls: Any = _MADE[kind]
     with asyncflow.profile("lazy", format="none", port=None), asyncflow.instrument_locks():
         here = sys._getframe().f_lineno  # (earlier tests' rows of this file may live on)
         for _ in range(USES):
             primitive = cls()
-            if isinstance(primitive, asyncio.Event):
+            if kind.endswith("Event"):
                 primitive.set()
             else:
                 async with primitive:
@@ -148,7 +191,7 @@ async def test_a_line_making_a_primitive_again_takes_its_site_without_walking_th
         del primitive, twice
         rows = sorted((r for r in _rows(kind) if r.line > here), key=lambda r: r.line)
         assert [r.folded for r in rows] == [USES, 2]
-        used = rows[0].stats.sets if kind == "asyncio.Event" else resources.acquisitions(rows[0])
+        used = rows[0].stats.sets if kind.endswith("Event") else resources.acquisitions(rows[0])
         assert used == USES
     assert walks[0] == 2  # each line's first
 
