@@ -12,13 +12,16 @@ is started in one process per variant, which keeps what its name says and nothin
 and, added to a variant's name with ``-``: ``noport`` (``port=None``), ``monitor20`` (the loop
 monitor at 20 Hz: ``block_threshold`` and ``block_min`` of an hour), ``drain1`` (the collector
 draining every second, not every 50 ms), ``fixedtick`` (the monitor ticking every 10 ms
-whatever it has to do, as before 54cf563). The load is ``services.py``'s: httpx clients over
-the unix socket, a pair's requests in slices of 100 given to each server in turn (ABBA), and
-a server's CPU time over its slices (every thread) per request.
+whatever it has to do, as before 54cf563), ``nowakes`` (tasks' wake-ups not stamped: asyncio's
+own ``call_soon``), ``nomonitor`` (the loop monitor never ticks: no heartbeat, no look). The
+load is ``services.py``'s: httpx clients over the unix socket, a pair's requests in slices of
+100 given to each server in turn (ABBA), and a server's CPU time over its slices (every thread)
+per request.
 
     python benchmarks/profiler_parts.py import start --pairs 5
     python benchmarks/profiler_parts.py start start-monitor20
     python benchmarks/profiler_parts.py tasks-fixedtick tasks
+    python benchmarks/profiler_parts.py tasks tasks-nowakes-nomonitor
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from pathlib import Path
 import services
 
 VARIANTS = ("import", "start", "tasks")
-OPTIONS = ("noport", "monitor20", "drain1", "fixedtick")
+OPTIONS = ("noport", "monitor20", "drain1", "fixedtick", "nowakes", "nomonitor")
 
 
 def serve(variant: str, path: str) -> None:
@@ -56,6 +59,12 @@ def serve(variant: str, path: str) -> None:
         collector.DRAIN_INTERVAL = 1.0
     if "fixedtick" in options:
         monitor.LoopMonitor.pause = lambda self: self.interval  # type: ignore[method-assign]
+    if "nowakes" in options:
+        from asyncflow.instrumentation import futures
+
+        futures.hook_wakes = lambda: None
+    if "nomonitor" in options:
+        monitor.LoopMonitor.tick = lambda self: None  # type: ignore[method-assign]
     loop = asyncio.new_event_loop()
     if base != "import":
         asyncflow.start("parts", **options_kw)
