@@ -413,7 +413,10 @@ def _aiohttp_handle(
         if _session.active is None:
             return coro
         try:
-            if _fresh_task_call() is not None or not _tracked_loop():
+            _, call = futures.running_on_thread(_get_ident())  # (_fresh_task_call, inline)
+            if (
+                call is not None and not call.polls and call.future.tracked_by == "task"
+            ) or not _tracked_loop():
                 return coro  # freeze() moves the task's call; or asyncflow's own endpoint
             # a call of its own, the unmatched one's until freeze() finds its route
             return futures.InstrumentedCoroutine(coro, holder.future(code))
@@ -441,16 +444,17 @@ def _aiohttp_freeze(
                 record = known[1]
             else:
                 record = _aiohttp_future(route, system, holder, code)
-            here = futures.running_call_here()
-            if here is not None and here.polls == 0 and here.future is holder.future(code):
+            # Once a request, so no helper is called where a look-up does (_fresh_task_call
+            # and the holder's future, inline): the innermost call and the outermost here.
+            here, outer = futures.running_on_thread(_get_ident())
+            unmatched = holder.record or holder.future(code)
+            if here is not None and here.polls == 0 and here.future is unmatched:
                 _move(here, record)  # the call _handle() made for the request
-                _, outer = futures.running_on_thread(_get_ident())
                 if outer is not None and outer is not here:
                     _note(outer, here)  # inside a task that served requests before
                 return
-            call = _fresh_task_call()
-            if call is not None:
-                _move(call, record)
+            if outer is not None and not outer.polls and outer.future.tracked_by == "task":
+                _move(outer, record)  # the request's task's own call
         except Exception as err:  # observing never breaks the program
             _session.internal_error("labelling an aiohttp request by its route", err)
 
