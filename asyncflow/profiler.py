@@ -353,8 +353,8 @@ class Profiler:
                 self.url = loop.run_until_complete(self._serve(loop, collector))
             if self._live is not None:
                 self._live.open(loop)  # before ready: start() returns with them open
-            # (the collector ticks the loop monitor: one wake-up of this thread for both)
             tasks.append(loop.create_task(collector.run(), name="asyncflow-collector"))
+            tasks.append(loop.create_task(collector.monitor.run(), name="asyncflow-monitor"))
             if options.duration is not None:
                 loop.call_later(options.duration, self._expire)
         except BaseException as exc:

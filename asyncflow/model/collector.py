@@ -1,8 +1,7 @@
 """The cold path: folds what the recorders leave for it into aggregates, and reaps what is gone.
 
-Runs on the profiler's own event loop, in the profiler's thread, on the loop monitor's ticks
-once ``DRAIN_INTERVAL`` seconds have passed (at most ``DRAIN_SLACK`` later), and before every
-snapshot. Per-poll figures need no folding: the
+Runs as a task on the profiler's own event loop, in the profiler's thread, every
+``DRAIN_INTERVAL`` seconds and before every snapshot. Per-poll figures need no folding: the
 recorders aggregate them in place, so the collector's share per poll is nil; finished calls are
 folded where they finish too, unless a live reporter or a user's recorder is handed every call
 (``fold_where``): then they wait in the session's buffer and each drain folds them. Each drain
@@ -13,11 +12,13 @@ ever existed.
 
 from __future__ import annotations
 
+import asyncio
 from array import array
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
+from asyncflow import clock
 from asyncflow.config import Options
 from asyncflow.instrumentation import _session
 from asyncflow.instrumentation import channels as _channels
@@ -38,19 +39,9 @@ from asyncflow.schema import Location
 if TYPE_CHECKING:
     from asyncflow.instrumentation.cpu import PollFigures
 
-__all__ = [
-    "DRAIN_INTERVAL",
-    "DRAIN_SLACK",
-    "SERIES_INTERVAL_NS",
-    "Collector",
-    "LiveSeries",
-    "live_calls",
-]
+__all__ = ["DRAIN_INTERVAL", "SERIES_INTERVAL_NS", "Collector", "LiveSeries", "live_calls"]
 
 DRAIN_INTERVAL = 0.05
-#: how late a due drain may come, waiting for the loop monitor's next tick (at most 26 ms away
-#: with the default thresholds): the profiler's thread wakes once for both
-DRAIN_SLACK = 0.025
 #: How often each future's live calls are sampled at first; the interval doubles as the
 #: series fills up, so it always spans the whole profile in at most ``LiveSeries.SIZE`` samples
 #: (every 0.25 s for the first 8 s, every 0.5 s up to 16 s, and so on).
@@ -112,8 +103,6 @@ class Collector:
         )
         self.series_interval = SERIES_INTERVAL_NS
         self._next_sample = 0
-        #: when the next drain is due (the first tick drains)
-        self._drain_due = 0
         #: handed every folded call (the live reporters set themselves here); None when none
         self.live: CallSink | None = None
         #: called after each drain with the clock (the live reporters, the trace recorder):
@@ -245,35 +234,23 @@ class Collector:
         return registry()
 
     async def run(self) -> None:
-        """Drain forever, and tick the loop monitor, on the same wake-ups of the profiler's
-        thread (each takes the GIL from the program); cancelled when the profiler stops (the
-        live reporters are open)."""
-        await self.monitor.run(self._collect)
-
-    def _collect(self, now: int) -> float:
-        """On a wake-up of the monitor's: drain and call the tick hooks if a drain is due;
-        returns the seconds to sleep at the most before the next (``DRAIN_SLACK`` after it is
-        due: the monitor's next tick, almost always sooner, drains then)."""
-        if now < self._drain_due:
-            return (self._drain_due - now) / 1e9 + DRAIN_SLACK
-        self._drain_due = now + round(DRAIN_INTERVAL * 1e9)
-        self.session.tick = now
-        try:
-            self.fold_where()
-            self.drain()
-        except Exception as exc:  # counted, and tried again next time: never the end of it
-            _session.internal_error("collecting", exc)
-        try:
+        """Drain forever; cancelled when the profiler stops (the live reporters are open)."""
+        while True:
+            now = clock.now_ns()
+            self.session.tick = now
+            try:
+                self.fold_where()
+                self.drain()
+            except Exception as exc:  # counted, and tried again next time: never the end of it
+                _session.internal_error("collecting", exc)
             self.sample_live(now)
             self.threads.tick(now)
-        except Exception as exc:
-            _session.internal_error("collecting", exc)
-        for what, hook in self._tick_hooks:
-            try:
-                hook(now)
-            except Exception as exc:  # observing never breaks the program
-                _session.internal_error(what, exc)
-        return DRAIN_INTERVAL + DRAIN_SLACK
+            for what, hook in self._tick_hooks:
+                try:
+                    hook(now)
+                except Exception as exc:  # observing never breaks the program
+                    _session.internal_error(what, exc)
+            await asyncio.sleep(DRAIN_INTERVAL)
 
 
 def _to_users_call(r: CallRecord) -> None:

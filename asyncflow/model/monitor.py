@@ -58,7 +58,6 @@ import time
 import traceback
 import types
 from collections import deque
-from collections.abc import Callable
 from types import CodeType, FrameType
 from typing import Any
 
@@ -890,14 +889,8 @@ class LoopMonitor:
         # (a sleep may end a little early: the heartbeat is then due, not a tick later)
         return max(self.interval, pause / 1e9 + 0.001)
 
-    async def run(self, also: Callable[[int], float] | None = None) -> None:
-        """Tick forever; cancelled when the profiler stops.
-
-        ``also(now_ns)`` (the collector's drain) runs after each tick, on the same wake-up of
-        the profiler's thread, and returns how long the thread may sleep at the most for it:
-        each wake-up takes the GIL from the program, and one for each beside the other's cost
-        a busy service a wake-up more 20 times a second. It must not raise.
-        """
+    async def run(self) -> None:
+        """Tick forever; cancelled when the profiler stops."""
         while True:
             pause = self.interval
             try:
@@ -906,8 +899,6 @@ class LoopMonitor:
             except Exception as exc:  # observing never breaks the program, nor the profiler
                 _session.internal_error("watching event loops", exc)
             self.ticking.set()
-            if also is not None:
-                pause = min(pause, also(clock.now_ns()))
             await asyncio.sleep(pause)
 
     def stop(self) -> None:
