@@ -2376,12 +2376,27 @@ is_finalizing(void)
 #endif
 }
 
+static int
+hand_cond_init(void)
+{
+    pthread_condattr_t attr;
+    if (pthread_condattr_init(&attr) != 0) {
+        return -1;
+    }
+    int failed = pthread_condattr_setclock(&attr, CLOCK_MONOTONIC) != 0 ||
+                 pthread_cond_init(&hand_cond, &attr) != 0;
+    pthread_condattr_destroy(&attr);
+    return failed ? -1 : 0;
+}
+
 static void
 hand_over_forked(void)
 {
-    /* the child has no profiler's thread yet: nothing is wanted, and the lock is free */
+    /* the child has no profiler's thread yet: nothing is wanted, the lock is free and nobody
+     * waits on the condition (a thread of the parent's may have been inside either) */
     pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
     hand_mutex = fresh;
+    (void)hand_cond_init();
     gil_wanted = 0;
     pending_posted = 0;
     hand_over_after = 0;
@@ -2390,15 +2405,10 @@ hand_over_forked(void)
 static int
 hand_over_init(void)
 {
-    pthread_condattr_t attr;
-    if (pthread_condattr_init(&attr) != 0 ||
-        pthread_condattr_setclock(&attr, CLOCK_MONOTONIC) != 0 ||
-        pthread_cond_init(&hand_cond, &attr) != 0 ||
-        pthread_atfork(NULL, NULL, hand_over_forked) != 0) {
+    if (hand_cond_init() != 0 || pthread_atfork(NULL, NULL, hand_over_forked) != 0) {
         PyErr_SetString(PyExc_RuntimeError, "asyncflow: cannot set up the GIL hand-over");
         return -1;
     }
-    pthread_condattr_destroy(&attr);
     return 0;
 }
 
