@@ -480,6 +480,10 @@ def main(argv: list[str] | None = None) -> int:
         help="run the second server plainly too: the ratios then show the noise alone",
     )
     args = parser.parse_args(argv)
+    if args.base_checkout is not None and not (args.base_checkout / "asyncflow").is_dir():
+        # else the first server would import the installed asyncflow, and the pairing would
+        # compare the code with itself under a label that says otherwise
+        parser.error(f"--base-checkout {args.base_checkout}: no asyncflow package there")
     if args.primitives:
         primitives(args.pairs)
         return 0
