@@ -761,6 +761,8 @@ class _HandingEpoll:
     GIL back each time before this thread can, and an endpoint request waited seconds."""
 
     def __init__(self, epoll: Any, wait: Callable[..., Any], done: Callable[[], None]) -> None:
+        #: the loop's ``then`` for a wait of so many seconds (see ``_ProfilerLoop.look_later``)
+        self.then: Callable[[float | None], float | None] = lambda timeout: None
         self._epoll = epoll
         self._fd = epoll.fileno()
         self._wait = wait
@@ -771,7 +773,11 @@ class _HandingEpoll:
         self.fileno = epoll.fileno
 
     def poll(self, timeout: float | None = None, maxevents: int = -1) -> list[tuple[int, int]]:
-        events: list[tuple[int, int]] = self._wait(self._fd, timeout, maxevents)
+        then = self.then(timeout)
+        if then is None:
+            events: list[tuple[int, int]] = self._wait(self._fd, timeout, maxevents)
+        else:
+            events = self._wait(self._fd, timeout, maxevents, then)
         return events
 
     def close(self) -> None:
@@ -808,11 +814,73 @@ class _ProfilerLoop(asyncio.SelectorEventLoop):
     """
 
     def __init__(self) -> None:
-        super().__init__(_events_selector())
+        selector = _events_selector()
+        super().__init__(selector)
+        epoll = getattr(selector, "_selector", None)
+        if isinstance(epoll, _HandingEpoll):
+            epoll.then = self._then
+        #: the look planned by ``look_later``: its timer, and the loop's time it may wait to
+        self._look: tuple[asyncio.TimerHandle, float] | None = None
         #: (descriptor, device, inode) of each listening socket
         self.listening: list[tuple[int, int, int]] = []
         #: set when a create_server() failed because its address was taken
         self.address_in_use = False
+        #: naps not over yet: (the loop's time they may end from, their future)
+        self._naps: list[tuple[float, asyncio.Future[None]]] = []
+
+    def nap(self, earliest: float, latest: float) -> asyncio.Future[None]:
+        """A sleep that ends at this loop's first wake ``earliest`` seconds from now or later,
+        and ``latest`` seconds from now if nothing wakes the loop before.
+
+        Each wake of this thread takes the GIL from the program (the hand-over), and a wake of
+        the collector's alone cost a busy aiohttp service about 1.3% of its CPU (``drain1`` in
+        benchmarks/profiler_parts.py). Work that may wait a little rides on the loop monitor's
+        wakes instead."""
+        future: asyncio.Future[None] = self.create_future()
+        now = self.time()
+        self._naps.append((now + earliest, future))
+        timer = self.call_at(now + latest, _end_nap, future)
+        future.add_done_callback(lambda _: timer.cancel())
+        return future
+
+    def look_later(self, delay: float, then: float) -> asyncio.Future[None]:
+        """A sleep of ``delay`` seconds for the loop monitor's look at its heartbeats in flight,
+        which goes on to ``then`` seconds (or this loop's next timer, if earlier) when no
+        heartbeat is in flight any more once ``delay`` is over: the thread then does not wake
+        for a look with nothing to look at (``_speedups.wait_events``, which reads the count
+        without the GIL)."""
+        future: asyncio.Future[None] = self.create_future()
+        now = self.time()
+        timer = self.call_at(now + delay, _end_nap, future)
+        future.add_done_callback(lambda _: timer.cancel())
+        self._look = (timer, now + then)
+        return future
+
+    def _then(self, timeout: float | None) -> float | None:
+        """How long a wait of ``timeout`` seconds may go on, if it ends at the look planned
+        by ``look_later`` (the earliest timer); None if it does not."""
+        look = self._look
+        if look is None or timeout is None or timeout <= 0:
+            return None
+        timer, until = look
+        scheduled = self._scheduled  # type: ignore[attr-defined]
+        if timer.cancelled() or not scheduled or scheduled[0] is not timer:
+            return None
+        for later in scheduled[1:3]:  # (a heap: the next earliest is a child of the first)
+            until = min(until, later.when())
+        then = until - self.time()
+        return then if then > timeout else None
+
+    def _process_events(self, event_list: list[Any]) -> None:
+        super()._process_events(event_list)  # type: ignore[misc]
+        if self._naps:
+            now = self.time()
+            naps, self._naps = self._naps, []
+            for nap in naps:
+                if nap[0] <= now or nap[1].done():
+                    _end_nap(nap[1])  # (its callbacks run in this turn of the loop)
+                else:
+                    self._naps.append(nap)
 
     def create_task(  # type: ignore[override]
         self, coro: Coroutine[Any, Any, Any], *, name: str | None = None, **kwargs: Any
@@ -861,6 +929,11 @@ class _ProfilerLoop(asyncio.SelectorEventLoop):
         finally:
             os.close(null)
         self.listening.clear()
+
+
+def _end_nap(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 _ADDRESS_IN_USE = {errno.EADDRINUSE, 10048}  # 10048: WSAEADDRINUSE, on Windows

@@ -2412,16 +2412,53 @@ hand_over_init(void)
     return 0;
 }
 
+/* The loop monitor's heartbeats in flight: posted to a loop, not run there yet. The monitor
+ * sets the count at each tick (heartbeats_in_flight), and each heartbeat takes one off as it
+ * runs on its loop (heartbeat_landed). A look the monitor planned at a heartbeat still in flight
+ * is needed only if the heartbeat has not run by then: wait_events' "then". */
+static long in_flight;
+
+static PyObject *
+mod_heartbeats_in_flight(PyObject *module, PyObject *arg)
+{
+    long n = PyLong_AsLong(arg);
+    if (n == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    __atomic_store_n(&in_flight, n < 0 ? 0 : n, __ATOMIC_RELEASE);
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+mod_heartbeat_landed(PyObject *module, PyObject *Py_UNUSED(ignored))
+{
+    long n = __atomic_load_n(&in_flight, __ATOMIC_RELAXED);
+    while (n > 0 && !__atomic_compare_exchange_n(&in_flight, &n, n - 1, 0, __ATOMIC_RELEASE,
+                                                 __ATOMIC_RELAXED)) {
+    }
+    Py_RETURN_NONE;
+}
+
 PyDoc_STRVAR(wait_events_doc,
-             "wait_events(epfd, timeout, maxevents): select.epoll.poll() for the profiler's loop, "
-             "which says on waking that this thread wants the GIL (see hand_over above).");
+             "wait_events(epfd, timeout, maxevents, then=None): select.epoll.poll() for the "
+             "profiler's loop, which says on waking that this thread wants the GIL (see "
+             "hand_over above). With then (seconds, more than timeout), a wait that times out "
+             "while no heartbeat is in flight goes on until then: the look it was for has nothing "
+             "to look at, and the thread does not wake.");
 
 static PyObject *
 mod_wait_events(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "wait_events(epfd, timeout, maxevents)");
+    if (nargs != 3 && nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "wait_events(epfd, timeout, maxevents, then=None)");
         return NULL;
+    }
+    double then = -1.0;
+    if (nargs == 4 && args[3] != Py_None) {
+        then = PyFloat_AsDouble(args[3]);
+        if (then == -1.0 && PyErr_Occurred()) {
+            return NULL;
+        }
     }
     int epfd = (int)PyLong_AsLong(args[0]);
     int maxevents = (int)PyLong_AsLong(args[2]);
@@ -2441,11 +2478,30 @@ mod_wait_events(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     }
     struct epoll_event events[1024];
     wanting_thread = PyThread_get_thread_ident();
-    wanted_no_more(); /* its work is done: the polls elsewhere go on */
     int n, err;
+    if (ms == 0) {
+        /* A look with no wait, between two steps of the same batch of work (asyncio's loop
+         * looks so whenever callbacks are ready: after every timer that wakes a task). Letting
+         * the GIL go here ended the hand-over half-way, and the program handed it over again
+         * for the rest: two round trips a wake instead of one. epoll_wait(0) does not block. */
+        n = epoll_wait(epfd, events, maxevents, 0);
+        err = errno;
+        goto collect;
+    }
+    wanted_no_more(); /* its work is done: the polls elsewhere go on */
+    long long then_at = then > timeout && ms > 0 ? mono_ns() + (long long)(then * 1e9) : 0;
     Py_BEGIN_ALLOW_THREADS
     n = epoll_wait(epfd, events, maxevents, ms);
     err = errno;
+    while (n == 0 && then_at && !__atomic_load_n(&in_flight, __ATOMIC_ACQUIRE)) {
+        long long left = then_at - mono_ns();
+        if (left <= 0) {
+            break;
+        }
+        then_at = 0; /* once: a heartbeat posted meanwhile is the monitor's to look at */
+        n = epoll_wait(epfd, events, maxevents, (int)((left + 999999) / 1000000));
+        err = errno;
+    }
     __atomic_add_fetch(&wakes, 1, __ATOMIC_RELAXED);
     __atomic_store_n(&gil_wanted, 1, __ATOMIC_RELEASE); /* before waiting for the GIL */
     if (!is_finalizing() && !__atomic_exchange_n(&pending_posted, 1, __ATOMIC_RELAXED) &&
@@ -2453,6 +2509,7 @@ mod_wait_events(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         __atomic_store_n(&pending_posted, 0, __ATOMIC_RELAXED); /* full: the polls still do */
     }
     Py_END_ALLOW_THREADS
+collect:
     if (n < 0) {
         if (err == EINTR) { /* a signal: its handler runs; the loop goes round (as selectors) */
             if (PyErr_CheckSignals() < 0) {
@@ -2482,6 +2539,12 @@ static PyObject *
 mod_hand_overs(PyObject *module, PyObject *Py_UNUSED(ignored))
 {
     return Py_BuildValue("(LLL)", handed, handed_ns, handed_out);
+}
+
+static PyObject *
+mod_wakes(PyObject *module, PyObject *Py_UNUSED(ignored))
+{
+    return PyLong_FromUnsignedLong(__atomic_load_n(&wakes, __ATOMIC_RELAXED));
 }
 
 static PyObject *
@@ -5029,6 +5092,12 @@ static PyMethodDef module_methods[] = {
      wait_events_doc},
     {"wait_events_done", (PyCFunction)mod_wait_events_done, METH_NOARGS,
      "wait_events_done(): the thread that waited in wait_events() will not wait there again."},
+    {"heartbeats_in_flight", (PyCFunction)mod_heartbeats_in_flight, METH_O,
+     "heartbeats_in_flight(n): the loop monitor's heartbeats posted and not run yet."},
+    {"heartbeat_landed", (PyCFunction)mod_heartbeat_landed, METH_NOARGS,
+     "heartbeat_landed(): a heartbeat ran on its loop (one fewer in flight)."},
+    {"wakes", (PyCFunction)mod_wakes, METH_NOARGS,
+     "wakes(): how often the thread in wait_events() woke from a wait, each a batch of work."},
     {"hand_overs", (PyCFunction)mod_hand_overs, METH_NOARGS,
      "hand_overs(): the GIL's hand-overs to the thread in wait_events() so far: how many, their "
      "time in ns, and how many ran out before it was back waiting."},

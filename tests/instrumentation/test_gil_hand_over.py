@@ -10,6 +10,7 @@ import asyncio
 import select
 import socket
 import threading
+import time
 
 import pytest
 
@@ -115,3 +116,79 @@ def test_the_profilers_wakes_never_fill_the_interpreters_pending_calls() -> None
         gate.acquire(timeout=60)  # the main thread runs no Python meanwhile
         other.join(30)
     assert queued and queued[0] not in (False, 0)  # the program's own call found a place
+
+
+def test_a_look_with_no_wait_is_not_a_wake() -> None:
+    # asyncio's loop looks for events with a timeout of 0 between two steps of one batch of
+    # work (after each timer that wakes a task). That look keeps the GIL and the hand-over: it
+    # is not a wake, and letting the GIL go there let the program take it back half-way.
+    speedups: object = _speedups()
+    wait = speedups.wait_events  # type: ignore[attr-defined]
+    ours, theirs = socket.socketpair()
+    epoll = select.epoll()
+    try:
+        epoll.register(ours.fileno(), select.EPOLLOUT)
+        wakes = speedups.wakes()  # type: ignore[attr-defined]
+        assert wait(epoll.fileno(), 0, -1) == [(ours.fileno(), select.EPOLLOUT)]
+        assert wait(epoll.fileno(), 0.0, -1) == [(ours.fileno(), select.EPOLLOUT)]
+        assert speedups.wakes() == wakes  # type: ignore[attr-defined]
+        assert wait(epoll.fileno(), 0.001, -1) == [(ours.fileno(), select.EPOLLOUT)]
+        assert speedups.wakes() == wakes + 1  # type: ignore[attr-defined]  # a wait: a wake
+    finally:
+        epoll.close()
+        ours.close()
+        theirs.close()
+        speedups.wait_events_done()  # type: ignore[attr-defined]
+
+
+def test_a_look_at_heartbeats_that_all_ran_waits_on_without_waking() -> None:
+    # The loop monitor looks at a heartbeat in flight a while after posting it; when every
+    # heartbeat has run by then, the thread waits on ("then") and does not wake for nothing.
+    speedups: object = _speedups()
+    wait = speedups.wait_events  # type: ignore[attr-defined]
+    in_flight = speedups.heartbeats_in_flight  # type: ignore[attr-defined]
+    epoll = select.epoll()
+    try:
+        in_flight(1)  # a heartbeat still in flight: the look is due
+        wakes = speedups.wakes()  # type: ignore[attr-defined]
+        start = time.perf_counter()
+        assert wait(epoll.fileno(), 0.01, -1, 5.0) == []
+        assert time.perf_counter() - start < 2.5
+        assert speedups.wakes() == wakes + 1  # type: ignore[attr-defined]
+        speedups.heartbeat_landed()  # type: ignore[attr-defined]  # it ran: none in flight
+        start = time.perf_counter()
+        assert wait(epoll.fileno(), 0.01, -1, 0.3) == []
+        assert time.perf_counter() - start >= 0.29  # waited on to "then", in one wake
+        assert speedups.wakes() == wakes + 2  # type: ignore[attr-defined]
+        speedups.heartbeat_landed()  # type: ignore[attr-defined]  # never below none
+        start = time.perf_counter()
+        assert wait(epoll.fileno(), 0.01, -1, None) == []  # no "then": the timeout
+        assert time.perf_counter() - start < 0.29
+    finally:
+        in_flight(0)
+        epoll.close()
+        speedups.wait_events_done()  # type: ignore[attr-defined]
+
+
+def test_an_idle_watched_loop_wakes_the_profilers_thread_about_once_a_heartbeat() -> None:
+    # Each wake of the profiler's thread takes the GIL from the program. The monitor posts a
+    # heartbeat every 25 ms; its look 10 ms later, and the collector's drain, used to wake the
+    # thread on their own (two and a half wakes a heartbeat): now they ride on the posting's.
+    speedups: object = _speedups()
+
+    async def main(prof: asyncflow.Profiler) -> tuple[int, int]:
+        assert prof._collector is not None
+        monitor = prof._collector.monitor
+        with asyncflow.instrument_tasks():
+            here = asyncio.get_running_loop()
+            while not [s for s in monitor.states.values() if s.loop() is here and s.heartbeats]:
+                await asyncio.sleep(0.005)
+            (state,) = [s for s in monitor.states.values() if s.loop() is here]
+            beats, wakes = state.heartbeats, speedups.wakes()  # type: ignore[attr-defined]
+            while state.heartbeats < beats + 20:
+                await asyncio.sleep(0.005)
+            return state.heartbeats - beats, speedups.wakes() - wakes  # type: ignore[attr-defined]
+
+    with asyncflow.profile("wakes", format="none", port=None) as prof:
+        beats, wakes = asyncio.run(main(prof))
+    assert wakes <= 1.5 * beats, (beats, wakes)
