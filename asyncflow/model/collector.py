@@ -204,15 +204,17 @@ class Collector:
             self.session.keep_in_place = None if wants_every_call else self.options.recent_logs
 
     def sample_live(self, now: int) -> None:
-        """Note each future's live calls, once per ``series_interval`` at most."""
+        """Note each future's live calls, once per ``series_interval`` at most (and at each
+        drain until a future is first called: a short program's first calls are followed from
+        the drain after them, not from an interval after the profiler started)."""
         interval = self.series_interval
         if now < self._next_sample:
             return
-        self._next_sample = now + interval
         for record in registry():
             st = record.stats
             if not st.created:
                 continue  # never called: nothing to follow
+            self._next_sample = now + interval
             series = st.series
             if series is None:
                 series = st.series = LiveSeries(now, interval)
