@@ -4417,10 +4417,12 @@ mod_running_calls(PyObject *module, PyObject *arg)
     if (ident == (unsigned long)-1 && PyErr_Occurred()) {
         return NULL;
     }
-    PyInterpreterState *interp = PyInterpreterState_Get();
     WrapperObject *inner = NULL;
-    for (PyThreadState *ts = PyInterpreterState_ThreadHead(interp); ts != NULL;
-         ts = PyThreadState_Next(ts)) {
+    PyThreadState *ts = PyThreadState_Get(); /* this thread's, most often: no walk */
+    if (ts->thread_id != ident) {
+        ts = PyInterpreterState_ThreadHead(PyInterpreterState_Get());
+    }
+    for (; ts != NULL; ts = PyThreadState_Next(ts)) {
         if (ts->thread_id != ident || ts->dict == NULL) {
             continue;
         }
@@ -4434,14 +4436,82 @@ mod_running_calls(PyObject *module, PyObject *arg)
         break;
     }
     if (inner == NULL) {
-        return Py_BuildValue("(OO)", Py_None, Py_None);
+        return PyTuple_Pack(2, Py_None, Py_None);
     }
     WrapperObject *outer = inner;
     for (long i = 0; outer->outer != NULL && i < WALK_LIMIT; i++) {
         outer = outer->outer;
     }
-    return Py_BuildValue("(OO)", inner->r ? (PyObject *)inner->r : Py_None,
-                         outer->r ? (PyObject *)outer->r : Py_None);
+    return PyTuple_Pack(2, inner->r ? (PyObject *)inner->r : Py_None,
+                        outer->r ? (PyObject *)outer->r : Py_None);
+}
+
+PyDoc_STRVAR(move_call_doc,
+             "move_call(call, record): routes._move in C. The running call record ``call`` becomes "
+             "a call of the future ``record`` from now on (a request's task's call, moved to its "
+             "route's future once the framework routed it): in the new future's live calls and "
+             "count, out of the old one's. Nothing when the call is of an earlier session, or "
+             "moved there already.");
+
+static PyObject *
+mod_move_call(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !Py_IS_TYPE(args[0], &RecordType)) {
+        PyErr_SetString(PyExc_TypeError, "move_call(call record, future record)");
+        return NULL;
+    }
+    RecordObject *call = (RecordObject *)args[0];
+    PyObject *record = args[1];
+    if (call->future == NULL || call->stats == NULL) {
+        Py_RETURN_NONE;
+    }
+    PyObject *old = Py_NewRef(call->stats);
+    PyObject *new = field_get(record, FR_STATS);
+    PyObject *current = new == NULL ? NULL : field_get(call->future, FR_STATS);
+    PyObject *key = NULL, *old_live = NULL, *new_live = NULL, *result = NULL;
+    if (current == NULL) {
+        goto done;
+    }
+    if (current != old || old == new) { /* of an earlier session, or moved already */
+        result = Py_NewRef(Py_None);
+        goto done;
+    }
+    key = PyLong_FromLongLong(call->call_id);
+    new_live = key == NULL ? NULL : stats_field(new, FS_LIVE);
+    old_live = new_live == NULL ? NULL : stats_field(old, FS_LIVE);
+    if (old_live == NULL || PyObject_SetItem(new_live, key, (PyObject *)call) < 0 ||
+        field_add(new, FS_CREATED, 1) < 0) {
+        goto done;
+    }
+    Py_SETREF(call->future, Py_NewRef(record)); /* (its hist is its stats' poll histogram) */
+    Py_SETREF(call->stats, Py_NewRef(new));
+    if (field_add(old, FS_CREATED, -1) < 0) {
+        goto done;
+    }
+    if (PyDict_CheckExact(old_live)) {
+        if (PyDict_DelItem(old_live, key) < 0) {
+            if (!PyErr_ExceptionMatches(PyExc_KeyError)) {
+                goto done;
+            }
+            PyErr_Clear();
+        }
+    }
+    else {
+        PyObject *gone = PyObject_CallMethod(old_live, "pop", "OO", key, Py_None);
+        if (gone == NULL) {
+            goto done;
+        }
+        Py_DECREF(gone);
+    }
+    result = Py_NewRef(Py_None);
+done:
+    Py_XDECREF(old);
+    Py_XDECREF(new);
+    Py_XDECREF(current);
+    Py_XDECREF(key);
+    Py_XDECREF(old_live);
+    Py_XDECREF(new_live);
+    return result;
 }
 
 PyDoc_STRVAR(set_poll_probe_doc,
@@ -5067,6 +5137,7 @@ static PyMethodDef module_methods[] = {
      "asyncio's call_soon while scheduled time is measured (futures.hook_wakes)."},
     {"running_call", (PyCFunction)mod_running_call, METH_NOARGS, running_call_doc},
     {"running_calls", (PyCFunction)mod_running_calls, METH_O, running_calls_doc},
+    {"move_call", (PyCFunction)(void (*)(void))mod_move_call, METH_FASTCALL, move_call_doc},
     {"set_poll_probe", (PyCFunction)(void (*)(void))mod_set_poll_probe, METH_FASTCALL,
      set_poll_probe_doc},
     {"setup_streams", (PyCFunction)mod_setup_streams, METH_O, setup_streams_doc},

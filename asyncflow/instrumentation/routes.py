@@ -115,7 +115,7 @@ def _fresh_task_call() -> Any:
     return outer
 
 
-def _move(call: Any, record: futures.FutureRecord) -> None:
+def _move_py(call: Any, record: futures.FutureRecord) -> None:
     """Make the running ``call`` a call of ``record`` from now on (its first poll runs: all its
     figures but that poll's start go there)."""
     old, new = call.stats, record.stats
@@ -126,6 +126,12 @@ def _move(call: Any, record: futures.FutureRecord) -> None:
     call.future, call.stats, call.hist = record, new, new.poll_hist
     old.created -= 1
     old.live.pop(call.call_id, None)
+
+
+#: the same in C where it is built (``_speedups.move_call``): once a request, with no frame
+_move: Callable[[Any, futures.FutureRecord], None] = getattr(
+    futures._speedups, "move_call", _move_py
+)
 
 
 def _route(record: futures.FutureRecord, coro: Any) -> Any:

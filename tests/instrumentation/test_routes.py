@@ -320,3 +320,38 @@ def test_the_servers_root_path_is_no_part_of_a_label(tracked: asyncflow.Profiler
 
     assert asyncio.run(main()) == [200, 200]
     assert _routes(tracked.snapshot()) == {"GET /api/items/{id}": 1, "GET /orders/{order_id}": 1}
+
+
+def _moves() -> list[Any]:
+    from asyncflow.instrumentation import futures, routes
+
+    moves: list[Any] = [routes._move_py]
+    if futures._speedups is not None:
+        moves.append(futures._speedups.move_call)
+    return moves
+
+
+@pytest.mark.parametrize("move", _moves(), ids=lambda m: getattr(m, "__name__", "move"))
+def test_a_moved_call_leaves_its_tasks_future_for_its_routes(move: Any) -> None:
+    # routes._move, in Python and in C (_speedups.move_call, once a request): the request's
+    # task's call becomes a call of its route's future, counted there and no longer in the
+    # task's; moving it again, or a call of an earlier session, changes nothing.
+    from asyncflow.instrumentation import futures
+
+    def future(label: str, by: str) -> futures.FutureRecord:
+        return futures.FutureRecord(label, f"m:{label}", __file__, 1, False, by)
+
+    task, route = future("RequestHandler._handle_request", "task"), future("GET /x", "route")
+    call = futures.CallRecord(task, task.stats, time.perf_counter_ns())
+    task.stats.live[call.call_id] = call
+    created = task.stats.created  # (the record counts itself, where it is the C one)
+    move(call, route)
+    assert (call.future, call.stats, call.hist) == (route, route.stats, route.stats.poll_hist)
+    assert dict(route.stats.live) == {call.call_id: call} and route.stats.created == 1
+    assert not task.stats.live and task.stats.created == created - 1
+    move(call, route)  # moved already
+    assert dict(route.stats.live) == {call.call_id: call} and route.stats.created == 1
+    other = future("GET /y", "route")
+    call.stats = task.stats  # as if of an earlier session: its future's stats are others now
+    move(call, other)
+    assert call.future is route and not other.stats.live and other.stats.created == 0
