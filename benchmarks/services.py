@@ -71,6 +71,8 @@ from primitives import herd
 APPS = Path(__file__).resolve().parent / "services_apps"
 #: requests of a slice: a pair's load goes to the two servers in turn, a slice at a time
 SLICE = 100
+#: also split each server's CPU by thread (``--threads``)
+THREADS = False
 #: how long a server may take to answer its first request (asyncflow's start included)
 START_TIMEOUT = 60.0
 
@@ -125,6 +127,20 @@ def cpu_seconds(pid: int) -> float:
     return time.clock_gettime(((~pid) << 3) | 2)  # CPUCLOCK_SCHED of the whole process
 
 
+def thread_seconds(pid: int) -> dict[str, float]:
+    """CPU seconds of ``pid``'s main thread and of its other threads together, live ones
+    only (``/proc/PID/task/TID/schedstat``, in nanoseconds; Linux)."""
+    spent = {"main": 0.0, "other": 0.0}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                ns = int(f.read().split()[0])
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # gone meanwhile
+        spent["main" if int(tid) == pid else "other"] += ns / 1e9
+    return spent
+
+
 def memory_mib(pid: int) -> tuple[float, float]:
     """Resident memory of ``pid`` now and at its peak (``VmRSS``, ``VmHWM``), in MiB."""
     figures = {}
@@ -167,6 +183,8 @@ class Server:
     checkout: Path | None = None
     process: subprocess.Popen[bytes] = field(init=False)
     sock: str = field(init=False)
+    #: CPU seconds over the measured loads by thread, "main" and "other" (``--threads``)
+    by_thread: dict[str, float] = field(default_factory=dict)
 
     def start(self, upstream: str) -> None:
         kind = "profiled" if self.profiled else "plain"
@@ -211,10 +229,17 @@ class Server:
                 await asyncio.sleep(0.1)
 
     async def load(self, requests: int, clients: int) -> float:
-        """Run the load; returns this server's CPU seconds over it."""
+        """Run the load; returns this server's CPU seconds over it (and, with ``--threads``,
+        adds each thread's to ``by_thread``)."""
+        threads = thread_seconds(self.process.pid) if THREADS else {}
         before = cpu_seconds(self.process.pid)
         await drive(self.sock, self.service.paths, requests, clients)
-        return cpu_seconds(self.process.pid) - before
+        spent = cpu_seconds(self.process.pid) - before
+        for which, seconds in (thread_seconds(self.process.pid) if THREADS else {}).items():
+            self.by_thread[which] = (
+                self.by_thread.get(which, 0.0) + seconds - threads.get(which, 0.0)
+            )
+        return spent
 
     def stop(self) -> None:
         self.process.send_signal(signal.SIGINT)
@@ -233,6 +258,8 @@ class Figures:
     plain_us: list[float] = field(default_factory=list)
     profiled_us: list[float] = field(default_factory=list)
     memory: dict[str, tuple[float, float]] = field(default_factory=dict)
+    #: µs a request over every pair, by server and by thread ("main", "other"): ``--threads``
+    threads: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 async def measure(
@@ -259,6 +286,7 @@ async def measure(
         for server in (plain, profiled):
             await server.ready()
             await server.load(max(200, requests // 5), clients)  # imports, caches, pools
+            server.by_thread.clear()
         for k in range(pairs):
             # A pair's load goes in slices, to each server in turn (ABBA...), so that what the
             # machine's other work does over the pair hits both servers alike.
@@ -283,6 +311,11 @@ async def measure(
             figures.memory["asyncflow" if server.profiled else "plain"] = memory_mib(
                 server.process.pid
             )
+            if THREADS:
+                figures.threads["asyncflow" if server.profiled else "plain"] = {
+                    which: seconds / (requests * pairs) * 1e6
+                    for which, seconds in server.by_thread.items()
+                }
     finally:
         for server in (plain, profiled):
             if hasattr(server, "process"):
@@ -306,6 +339,12 @@ def report(service: Service, figures: Figures, pairs: int, requests: int, client
         f"asyncflow {rss:.1f} MiB ({peak:.1f})",
         flush=True,
     )
+    for name, split in figures.threads.items():
+        print(
+            f"  {name}, µs a request over every pair: main thread {split.get('main', 0):.1f}, "
+            f"other threads {split.get('other', 0):.1f}",
+            flush=True,
+        )
 
 
 async def run(args: argparse.Namespace) -> None:
@@ -441,6 +480,7 @@ def primitives(pairs: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    global SLICE, THREADS  # (set once, from the command line)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pairs", type=int, default=7, help="paired runs (default 7)")
     parser.add_argument(
@@ -475,6 +515,20 @@ def main(argv: list[str] | None = None) -> int:
         help="instead: what a primitive made (or taken) per request costs, in this process",
     )
     parser.add_argument(
+        "--slice",
+        type=int,
+        default=SLICE,
+        metavar="N",
+        help=f"requests given to each server in turn (default {SLICE}): a larger slice is a "
+        "steadier load, and pays less for each server's waking up to it",
+    )
+    parser.add_argument(
+        "--threads",
+        action="store_true",
+        help="also split each server's CPU by thread: the main thread (the loop's), the others "
+        "(asyncflow's; Linux)",
+    )
+    parser.add_argument(
         "--aa",
         action="store_true",
         help="run the second server plainly too: the ratios then show the noise alone",
@@ -484,6 +538,11 @@ def main(argv: list[str] | None = None) -> int:
         # else the first server would import the installed asyncflow, and the pairing would
         # compare the code with itself under a label that says otherwise
         parser.error(f"--base-checkout {args.base_checkout}: no asyncflow package there")
+    if args.slice < 1:
+        parser.error("--slice must be at least 1")
+    if args.threads and not os.path.isdir("/proc/self/task"):
+        parser.error("--threads reads /proc/PID/task: Linux only")
+    SLICE, THREADS = args.slice, args.threads
     if args.primitives:
         primitives(args.pairs)
         return 0
