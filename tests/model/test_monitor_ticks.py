@@ -25,6 +25,11 @@ def test_the_monitor_sleeps_until_a_heartbeat_is_due_unless_one_is_in_flight(
         assert abs(monitor.pause() - 0.021) < 1e-9  # its next heartbeat is due in 20 ms
         state.pending = now  # posted, not run yet: looked at a tick later, while late
         assert monitor.pause() == monitor.interval
+        # ... unless it has run by then: the wait goes on to its next heartbeat, 20 ms
+        pause, then = monitor.plan()
+        assert pause == monitor.interval and then is not None and abs(then - 0.021) < 1e-9
+        state.pending = 0
+        assert monitor.plan()[1] is None  # none in flight: no look, the tick is the posting
         state.pending, state.posted_at = 0, now - 30 * MS  # due already
         assert monitor.pause() == monitor.interval
         # a closed loop is never posted to: it makes no tick sooner
