@@ -2413,20 +2413,35 @@ hand_over_init(void)
 }
 
 /* The loop monitor's heartbeats in flight: posted to a loop, not run there yet. The monitor
- * sets the count at each tick (heartbeats_in_flight), and each heartbeat takes one off as it
- * runs on its loop (heartbeat_landed). A look the monitor planned at a heartbeat still in flight
- * is needed only if the heartbeat has not run by then: wait_events' "then". */
+ * adds one as it posts each (heartbeat_posted, from whichever thread posts it), and takes one
+ * off as each runs on its loop or is given up (heartbeat_landed); heartbeats_in_flight(0) as it
+ * starts. A look the monitor planned at a heartbeat still in flight is needed only if the
+ * heartbeat has not run by then: wait_events' "then". */
 static long in_flight;
 
 static PyObject *
-mod_heartbeats_in_flight(PyObject *module, PyObject *arg)
+mod_heartbeat_posted(PyObject *module, PyObject *Py_UNUSED(ignored))
 {
-    long n = PyLong_AsLong(arg);
-    if (n == -1 && PyErr_Occurred()) {
+    __atomic_add_fetch(&in_flight, 1, __ATOMIC_RELEASE);
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+mod_heartbeats_in_flight(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs > 1) {
+        PyErr_SetString(PyExc_TypeError, "heartbeats_in_flight(n=None)");
         return NULL;
     }
-    __atomic_store_n(&in_flight, n < 0 ? 0 : n, __ATOMIC_RELEASE);
-    Py_RETURN_NONE;
+    long was = __atomic_load_n(&in_flight, __ATOMIC_ACQUIRE);
+    if (nargs == 1 && args[0] != Py_None) {
+        long n = PyLong_AsLong(args[0]);
+        if (n == -1 && PyErr_Occurred()) {
+            return NULL;
+        }
+        __atomic_store_n(&in_flight, n < 0 ? 0 : n, __ATOMIC_RELEASE);
+    }
+    return PyLong_FromLong(was);
 }
 
 static PyObject *
@@ -2489,6 +2504,9 @@ mod_wait_events(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         goto collect;
     }
     wanted_no_more(); /* its work is done: the polls elsewhere go on */
+    if (then > 86400.0) {
+        then = 86400.0; /* (a day: the profiler's own are tens of ms) */
+    }
     long long then_at = then > timeout && ms > 0 ? mono_ns() + (long long)(then * 1e9) : 0;
     Py_BEGIN_ALLOW_THREADS
     n = epoll_wait(epfd, events, maxevents, ms);
@@ -5163,10 +5181,14 @@ static PyMethodDef module_methods[] = {
      wait_events_doc},
     {"wait_events_done", (PyCFunction)mod_wait_events_done, METH_NOARGS,
      "wait_events_done(): the thread that waited in wait_events() will not wait there again."},
-    {"heartbeats_in_flight", (PyCFunction)mod_heartbeats_in_flight, METH_O,
-     "heartbeats_in_flight(n): the loop monitor's heartbeats posted and not run yet."},
+    {"heartbeats_in_flight", (PyCFunction)(void (*)(void))mod_heartbeats_in_flight,
+     METH_FASTCALL,
+     "heartbeats_in_flight(n=None): the count of the loop monitor's heartbeats in flight (as "
+     "it was), set to n if given."},
+    {"heartbeat_posted", (PyCFunction)mod_heartbeat_posted, METH_NOARGS,
+     "heartbeat_posted(): a heartbeat was posted to a loop (one more in flight)."},
     {"heartbeat_landed", (PyCFunction)mod_heartbeat_landed, METH_NOARGS,
-     "heartbeat_landed(): a heartbeat ran on its loop (one fewer in flight)."},
+     "heartbeat_landed(): a heartbeat ran on its loop, or was given up (one fewer in flight)."},
     {"wakes", (PyCFunction)mod_wakes, METH_NOARGS,
      "wakes(): how often the thread in wait_events() woke from a wait, each a batch of work."},
     {"hand_overs", (PyCFunction)mod_hand_overs, METH_NOARGS,

@@ -747,6 +747,7 @@ class LoopMonitor:
         self._lock = _forksafe.lock(self)  # states are added from the threads that register loops
         # Hear of each loop as it is registered: a profiler is starting, and this is its monitor.
         loops.on_register = self._registered
+        _in_flight(0)  # (an earlier monitor's heartbeats were given up as it stopped)
 
     def state_of(self, record: LoopRecord) -> LoopState:
         """The loop's state, made on first sight."""
@@ -782,6 +783,10 @@ class LoopMonitor:
         for state in gone:
             state.closed = True
             with state.lock:
+                if state.pending:  # (its loop is gone: its heartbeat will never run)
+                    state.token += 1
+                    state.pending = 0
+                    _landed()
                 state.end_episode(clock.now_ns())  # (its thread's CPU clock is not read)
         if len(gone) > MAX_GONE:
             with self._lock:
@@ -799,12 +804,14 @@ class LoopMonitor:
             state.token += 1
             state.pending = state.posted_at = now
             token = state.token
+            _posted()  # (before it can run: each one counted in flight is taken off once)
         try:
             loop.call_soon_threadsafe(state.beat, token)
         except RuntimeError:  # closed between the check and the call
             with state.lock:
-                if state.token == token:
+                if state.token == token and state.pending:
                     state.pending = 0
+                    _landed()
 
     def _check(self, state: LoopState) -> None:
         loop = state.loop()
@@ -815,6 +822,7 @@ class LoopMonitor:
                 if state.pending:  # its heartbeat will run whenever the loop runs again: not lag
                     state.token += 1
                     state.pending = 0
+                    _landed()  # (given up: it is no longer in flight)
                 state.end_episode(now)
             return
         state.closed = False
@@ -898,7 +906,6 @@ class LoopMonitor:
             if state.pending:
                 in_flight += 1
             pause = min(pause, state.posted_at + self.post_every_ns - now)
-        _in_flight(in_flight)
         # (a sleep may end a little early: the heartbeat is then due, not a tick later)
         due = max(self.interval, pause / 1e9 + 0.001)
         return (self.interval, due) if in_flight else (due, None)
@@ -931,7 +938,9 @@ class LoopMonitor:
             cpu = _cpu_of(state.native_id)
             with state.lock:
                 state.token += 1
-                state.pending = 0
+                if state.pending:
+                    state.pending = 0
+                    _landed()
                 state.end_episode(now, cpu)
 
 
@@ -940,8 +949,10 @@ def _ignore(*_: object) -> None:
 
 
 #: the compiled path's count of heartbeats in flight, which the profiler thread's wait reads
-#: without the GIL (see ``LoopMonitor.plan``): set at each tick, one off as each runs
+#: without the GIL (see ``LoopMonitor.plan``): none as a monitor starts, one more as each is
+#: posted (by any thread), one off as each runs or is given up
 _in_flight = getattr(futures._speedups, "heartbeats_in_flight", _ignore)
+_posted = getattr(futures._speedups, "heartbeat_posted", _ignore)
 _landed = getattr(futures._speedups, "heartbeat_landed", _ignore)
 
 

@@ -755,3 +755,37 @@ def test_greenlets_switching_mid_poll_leave_the_slot_empty(prof: asyncflow.Profi
     assert gone() is None
     assert futures.running_call_here() is None
     calls[1].close()
+
+
+def test_each_heartbeat_is_in_flight_until_it_runs_or_is_given_up(harness: Harness) -> None:
+    # The profiler's thread skips a look at heartbeats in flight when the count of them (read
+    # in C, without the GIL) is 0: a heartbeat posted by another thread (a loop registering)
+    # must count until it runs, or a blocked loop's look would be skipped.
+    count = getattr(futures._speedups, "heartbeats_in_flight", None)
+    if count is None:
+        pytest.skip("the count is kept in the compiled path only")
+    monitor, now = harness.monitor, harness.clock()
+    assert count() == 1  # a new monitor's count is 0; its first tick posted one
+    other = FakeLoop()  # a loop registered on a thread of its own, posted to at once
+    other_state = monitor.state_of(loops.LoopRecord(other, id(other)))  # type: ignore[arg-type]
+    monitor._post(other_state, other, now, at_once=True)  # type: ignore[arg-type]
+    assert count() == 2
+    harness.beat(1)  # the first runs (and the next is not due yet)
+    assert count() == 1 and not harness.loop.posted
+    (heartbeat,) = other.posted
+    other.posted.clear()
+    heartbeat()
+    assert count() == 0
+    harness.clock.advance(30 * MS)
+    monitor._post(other_state, other, harness.clock(), at_once=True)
+    assert count() == 1
+    other.is_running = lambda: False  # type: ignore[method-assign]
+    monitor._check(other_state)  # stopped: its heartbeat is given up
+    assert count() == 0 and other_state.pending == 0
+    monitor._check(harness.state)  # due again: posted
+    assert count() == 1
+    monitor.stop()  # gives it up
+    assert count() == 0
+    heartbeat = harness.loop.posted[0]
+    heartbeat()  # runs after all: disowned, it takes nothing off again
+    assert count() == 0
