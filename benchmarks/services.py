@@ -127,18 +127,12 @@ def cpu_seconds(pid: int) -> float:
     return time.clock_gettime(((~pid) << 3) | 2)  # CPUCLOCK_SCHED of the whole process
 
 
-def thread_seconds(pid: int) -> dict[str, float]:
-    """CPU seconds of ``pid``'s main thread and of its other threads together, live ones
-    only (``/proc/PID/task/TID/schedstat``, in nanoseconds; Linux)."""
-    spent = {"main": 0.0, "other": 0.0}
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-                ns = int(f.read().split()[0])
-        except (FileNotFoundError, ProcessLookupError):
-            continue  # gone meanwhile
-        spent["main" if int(tid) == pid else "other"] += ns / 1e9
-    return spent
+def main_thread_seconds(pid: int) -> float:
+    """CPU seconds of ``pid``'s main thread (``/proc/PID/task/PID/schedstat``, in nanoseconds;
+    Linux). The other threads' are the process's less these: a thread that ended meanwhile is
+    counted there too."""
+    with open(f"/proc/{pid}/task/{pid}/schedstat") as f:
+        return int(f.read().split()[0]) / 1e9
 
 
 def memory_mib(pid: int) -> tuple[float, float]:
@@ -231,14 +225,14 @@ class Server:
     async def load(self, requests: int, clients: int) -> float:
         """Run the load; returns this server's CPU seconds over it (and, with ``--threads``,
         adds each thread's to ``by_thread``)."""
-        threads = thread_seconds(self.process.pid) if THREADS else {}
+        main = main_thread_seconds(self.process.pid) if THREADS else 0.0
         before = cpu_seconds(self.process.pid)
         await drive(self.sock, self.service.paths, requests, clients)
         spent = cpu_seconds(self.process.pid) - before
-        for which, seconds in (thread_seconds(self.process.pid) if THREADS else {}).items():
-            self.by_thread[which] = (
-                self.by_thread.get(which, 0.0) + seconds - threads.get(which, 0.0)
-            )
+        if THREADS:
+            main = main_thread_seconds(self.process.pid) - main
+            self.by_thread["main"] = self.by_thread.get("main", 0.0) + main
+            self.by_thread["other"] = self.by_thread.get("other", 0.0) + spent - main
         return spent
 
     def stop(self) -> None:
