@@ -777,7 +777,7 @@ def test_each_heartbeat_is_in_flight_until_it_runs_or_is_given_up(harness: Harne
     heartbeat()
     assert count() == 0
     harness.clock.advance(30 * MS)
-    monitor._post(other_state, other, harness.clock(), at_once=True)
+    monitor._post(other_state, other, harness.clock(), at_once=True)  # type: ignore[arg-type]
     assert count() == 1
     other.is_running = lambda: False  # type: ignore[method-assign]
     monitor._check(other_state)  # stopped: its heartbeat is given up
