@@ -202,9 +202,35 @@ class Server:
                 p for p in (str(self.checkout), os.environ.get("PYTHONPATH")) if p
             )
         self.log = open(self.workdir / f"{self.service.name}-{kind}.log", "wb")  # noqa: SIM115
+        # In its work directory: ``python -m`` puts the working directory first on the path,
+        # and started from a checkout's root it would import that checkout's asyncflow ahead
+        # of the PYTHONPATH that names another.
         self.process = subprocess.Popen(
-            [sys.executable, *command], env=env, stdout=self.log, stderr=subprocess.STDOUT
+            [sys.executable, *command],
+            env=env,
+            cwd=self.workdir,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
         )
+
+    def runs_checkout(self) -> None:
+        """Stop with a clear error unless this server runs its checkout's compiled asyncflow
+        (Linux: its extension among the process's mappings; elsewhere nothing is checked)."""
+        if self.checkout is None or not os.path.exists(f"/proc/{self.process.pid}/maps"):
+            return
+        with open(f"/proc/{self.process.pid}/maps") as f:
+            found = {
+                line.split(maxsplit=5)[-1].strip()
+                for line in f
+                if "/asyncflow/instrumentation/_speedups" in line
+            }
+        root = str(self.checkout.resolve()) + os.sep
+        if not any(path.startswith(root) for path in found):
+            runs = ", ".join(sorted(found)) or "no compiled extension"
+            raise RuntimeError(
+                f"--base-checkout {self.checkout}: its server runs {runs}, not that checkout's "
+                "extension; build it there (python setup.py build_ext --inplace)"
+            )
 
     async def ready(self) -> None:
         """Wait until the service answers ``/health`` (bounded)."""
@@ -279,6 +305,7 @@ async def measure(
             server.start(upstream)
         for server in (plain, profiled):
             await server.ready()
+            server.runs_checkout()
             await server.load(max(200, requests // 5), clients)  # imports, caches, pools
             server.by_thread.clear()
         for k in range(pairs):

@@ -1,0 +1,108 @@
+"""``benchmarks/services.py --base-checkout DIR`` pairs a change against the code before it:
+its first server must run DIR's asyncflow, wherever the benchmark is started from. Started
+from the repository's root, ``python -m asyncflow`` put the working directory first on the
+path, ahead of the PYTHONPATH that names DIR: both servers ran the working tree's code, and a
+pairing of two commits read as noise."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from asyncflow import config
+
+REPO = Path(__file__).resolve().parents[1]
+
+pytest.importorskip("httpx", reason="benchmarks/services.py drives its servers with httpx")
+
+
+def _services(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
+    """benchmarks/services.py, as its script imports it (its folder first on the path)."""
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    spec = importlib.util.spec_from_file_location("services", REPO / "benchmarks" / "services.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "services", module)  # (its dataclasses look it up)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _checkout(root: Path, ran: Path) -> Path:
+    """A checkout whose ``python -m asyncflow`` writes where it was imported from, and ends."""
+    package = root / "asyncflow"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "__main__.py").write_text(
+        f"import pathlib, asyncflow\npathlib.Path({str(ran)!r}).write_text(asyncflow.__file__)\n"
+    )
+    return root
+
+
+@pytest.mark.parametrize("folder", ["repository", "elsewhere"])
+def test_a_base_checkouts_server_runs_that_checkouts_asyncflow(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, folder: str
+) -> None:
+    services = _services(monkeypatch)
+    ran = tmp_path / "ran.txt"
+    checkout = _checkout(tmp_path / "before", ran)
+    monkeypatch.chdir(REPO if folder == "repository" else tmp_path)
+    server = services.Server(
+        services.SERVICES["aiohttp"], False, tmp_path, None, (), checkout=checkout
+    )
+    server.start(str(tmp_path / "upstream.sock"))
+    try:
+        assert server.process.wait(timeout=60) == 0  # (the real asyncflow would serve on)
+    finally:
+        if server.process.poll() is None:
+            server.process.kill()
+            server.process.wait()
+        server.log.close()
+    assert Path(ran.read_text()) == checkout / "asyncflow" / "__init__.py"
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads /proc/PID/maps")
+def test_a_base_checkout_whose_extension_its_server_does_not_run_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without its extension built in place, the base server would run the pure-Python path
+    (or another checkout's extension): a pairing of that reads as a change it is not."""
+    services = _services(monkeypatch)
+    checkout = _checkout(tmp_path / "before", tmp_path / "ran.txt")
+    (checkout / "asyncflow" / "__main__.py").write_text("import time\ntime.sleep(60)\n")
+    server = services.Server(
+        services.SERVICES["aiohttp"], False, tmp_path, None, (), checkout=checkout
+    )
+    server.start(str(tmp_path / "upstream.sock"))
+    try:
+        with pytest.raises(RuntimeError, match=r"no compiled extension.*build_ext --inplace"):
+            server.runs_checkout()
+    finally:
+        server.process.kill()
+        server.process.wait()
+        server.log.close()
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads /proc/PID/maps")
+def test_a_base_checkout_whose_extension_its_server_runs_is_taken(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """This checkout as the base, from elsewhere: its server runs its extension."""
+    pytest.importorskip("aiohttp")
+    services = _services(monkeypatch)
+    if config.no_extensions() or not list(
+        (REPO / "asyncflow" / "instrumentation").glob("_speedups*.so")
+    ):
+        pytest.skip("the extension is not built in place here, or not to be used")
+    monkeypatch.chdir(tmp_path)
+    server = services.Server(services.SERVICES["aiohttp"], False, tmp_path, None, (), REPO)
+    server.start(str(tmp_path / "upstream.sock"))
+    try:
+        asyncio.run(server.ready())
+        server.runs_checkout()
+    finally:
+        server.stop()
