@@ -1803,6 +1803,7 @@ def _anyio_acquire(
             _broken("recording an acquisition", err)
         return result
 
+    acquire.__wrapped__ = original  # type: ignore[attr-defined]  # the walk finds its lock by it
     return acquire
 
 
@@ -1824,6 +1825,7 @@ def _anyio_nowait(original: Callable[..., Any], borrower: bool) -> Callable[...,
                 _broken("recording an acquisition", err)
         return result
 
+    acquire_nowait.__wrapped__ = original  # type: ignore[attr-defined]  # the walk finds its lock by it
     return acquire_nowait
 
 
@@ -1849,6 +1851,7 @@ def _anyio_release(original: Callable[..., Any], borrower: bool) -> Callable[...
                 _broken("recording a release", err)
         return result
 
+    release.__wrapped__ = original  # type: ignore[attr-defined]  # the walk finds its lock by it
     return release
 
 

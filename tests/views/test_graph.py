@@ -223,6 +223,32 @@ async def test_the_task_tree_shows_a_task_groups_children(prof: asyncflow.Profil
         await task
 
 
+async def test_an_anyio_lock_order_deadlock_begun_in_an_owners_acquire_is_a_cycle(
+    prof: asyncflow.Profiler,
+) -> None:
+    """Whole-program anyio locks have their creation site only until a task waits behind a
+    holder. ``one`` queues on ``b`` while ``two`` is still in ``b``'s acquire (anyio's
+    checkpoint after taking it): no holder yet, so ``b`` stays without a record. The deadlock
+    is found all the same: the walk of the tasks gives ``b`` its record."""
+    asyncflow.instrument_tasks()
+    with asyncflow.instrument_locks():
+        a, b = anyio.Lock(), anyio.Lock()
+
+    async def take(first: anyio.Lock, then: anyio.Lock) -> None:
+        async with first, then:
+            pass
+
+    one = asyncio.create_task(take(a, b), name="one")
+    two = asyncio.create_task(take(b, a), name="two")
+    await _settle(lambda: len(a._waiters) == 1 and len(b._waiters) == 1)  # type: ignore[attr-defined]
+    try:
+        (finding,) = _deadlocks(prof)
+        assert finding.severity == "error"
+        assert "`one`" in finding.message and "`two`" in finding.message
+    finally:
+        await _cancel(one, two)
+
+
 async def test_the_collector_keeps_a_deadlock_nobody_asked_for(
     prof: asyncflow.Profiler,
 ) -> None:
