@@ -13,10 +13,12 @@ upstream through its ClientSession. The upstream is a process of its own, never 
 
 This process is the load generator: ``--clients`` httpx clients over the service's unix socket,
 each with one keep-alive connection, send a fixed rotation of GETs until ``--requests`` are
-answered (any answer but 200 stops the benchmark). Both servers are warmed up first; then, for
-each of ``--pairs`` pairs, the same load goes to the plain server and to the profiled one in
-slices of 100 requests, to each in turn (ABBA), so that what the machine's other work does over
-a pair hits both alike. A server's CPU time over its slices (user + system, every thread, read
+answered (any answer but 200 stops the benchmark). Each of ``--pairs`` pairs starts a plain
+and a profiled server and warms both up; then the same load goes to each in slices of 100
+requests, in turn (ABBA), so that what the machine's other work does over the pair hits both
+alike. New servers for each pair, because a process's own luck (its hash seed, where its memory
+lies) moves its CPU per request by a few percent for its whole life: two plain servers kept for
+five pairs read 0.967x, 0.980x and 1.034x in three runs (``--same-processes`` keeps them). A server's CPU time over its slices (user + system, every thread, read
 from the process's CPU-time clock) divided by the requests is its CPU per request.
 
 Printed per service: the median over pairs of profiled / plain CPU per request, its spread (the
@@ -73,6 +75,8 @@ APPS = Path(__file__).resolve().parent / "services_apps"
 SLICE = 100
 #: also split each server's CPU by thread (``--threads``)
 THREADS = False
+#: keep the two servers for every pair (``--same-processes``), not two new ones for each
+SAME_PROCESSES = False
 #: how long a server may take to answer its first request (asyncflow's start included)
 START_TIMEOUT = 60.0
 
@@ -183,6 +187,7 @@ class Server:
     def start(self, upstream: str) -> None:
         kind = "profiled" if self.profiled else "plain"
         self.sock = str(self.workdir / f"{self.service.name}-{kind}.sock")
+        Path(self.sock).unlink(missing_ok=True)  # (the socket of this pair's server before)
         command = [a.format(sock=self.sock) for a in self.service.command]
         if self.options is not None:
             report = (
@@ -296,19 +301,26 @@ async def measure(
 ) -> Figures:
     """``pairs`` paired loads on a plain and a profiled server of ``service`` (the first under
     ``asyncflow run`` too, with ``base``, unless None, and with the ``asyncflow`` of
-    ``base_checkout``, if given)."""
-    plain = Server(service, False, workdir, reports, base, base_checkout)
-    profiled = Server(service, True, workdir, reports, options)
+    ``base_checkout``, if given).
+
+    Each pair runs on two servers started for it (unless ``SAME_PROCESSES``): a process's own
+    luck (its hash seed, where its memory lies) moves its CPU per request by a few percent for
+    its whole life, so two servers kept for every pair read the same bias in every pair. Two
+    plain servers kept for 5 pairs read 0.967x, 0.980x and 1.034x in three runs."""
     figures = Figures()
+    threads: dict[bool, dict[str, float]] = {False: {}, True: {}}
+    servers: tuple[Server, Server] | None = None
     try:
-        for server in (plain, profiled):
-            server.start(upstream)
-        for server in (plain, profiled):
-            await server.ready()
-            server.runs_checkout()
-            await server.load(max(200, requests // 5), clients)  # imports, caches, pools
-            server.by_thread.clear()
         for k in range(pairs):
+            if servers is None or not SAME_PROCESSES:
+                if servers is not None:
+                    _stop(servers)
+                servers = (
+                    Server(service, False, workdir, reports, base, base_checkout),
+                    Server(service, True, workdir, reports, options),
+                )
+                await _started(servers, upstream, max(200, requests // 5), clients)
+            plain, profiled = servers
             # A pair's load goes in slices, to each server in turn (ABBA...), so that what the
             # machine's other work does over the pair hits both servers alike.
             spent = {False: 0.0, True: 0.0}
@@ -328,20 +340,42 @@ async def measure(
                 f"{figures.profiled_us[-1]:.0f} µs a request: {figures.ratios[-1]:.3f}x",
                 flush=True,
             )
-        for server in (plain, profiled):
+            for server in servers:
+                for which, seconds in server.by_thread.items():
+                    mine = threads[server.profiled]
+                    mine[which] = mine.get(which, 0.0) + seconds
+                server.by_thread.clear()
+        assert servers is not None
+        for server in servers:
             figures.memory["asyncflow" if server.profiled else "plain"] = memory_mib(
                 server.process.pid
             )
-            if THREADS:
-                figures.threads["asyncflow" if server.profiled else "plain"] = {
-                    which: seconds / (requests * pairs) * 1e6
-                    for which, seconds in server.by_thread.items()
+        if THREADS:
+            for profiled_, parts in threads.items():
+                figures.threads["asyncflow" if profiled_ else "plain"] = {
+                    which: seconds / (requests * pairs) * 1e6 for which, seconds in parts.items()
                 }
     finally:
-        for server in (plain, profiled):
-            if hasattr(server, "process"):
-                server.stop()
+        if servers is not None:
+            _stop(servers)
     return figures
+
+
+async def _started(servers: tuple[Server, Server], upstream: str, warm: int, clients: int) -> None:
+    """Start both servers, and warm each up (imports, caches, pools) with ``warm`` requests."""
+    for server in servers:
+        server.start(upstream)
+    for server in servers:
+        await server.ready()
+        server.runs_checkout()
+        await server.load(warm, clients)
+        server.by_thread.clear()
+
+
+def _stop(servers: tuple[Server, Server]) -> None:
+    for server in servers:
+        if hasattr(server, "process"):
+            server.stop()
 
 
 def report(service: Service, figures: Figures, pairs: int, requests: int, clients: int) -> None:
@@ -501,7 +535,7 @@ def primitives(pairs: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    global SLICE, THREADS  # (set once, from the command line)
+    global SAME_PROCESSES, SLICE, THREADS  # (set once, from the command line)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pairs", type=int, default=7, help="paired runs (default 7)")
     parser.add_argument(
@@ -550,6 +584,12 @@ def main(argv: list[str] | None = None) -> int:
         "(asyncflow's; Linux)",
     )
     parser.add_argument(
+        "--same-processes",
+        action="store_true",
+        help="keep the two servers for every pair, rather than start two for each: quicker, "
+        "but each process's own bias (a few percent) is then in every pair",
+    )
+    parser.add_argument(
         "--aa",
         action="store_true",
         help="run the second server plainly too: the ratios then show the noise alone",
@@ -563,7 +603,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--slice must be at least 1")
     if args.threads and not os.path.isdir("/proc/self/task"):
         parser.error("--threads reads /proc/PID/task: Linux only")
-    SLICE, THREADS = args.slice, args.threads
+    SAME_PROCESSES, SLICE, THREADS = args.same_processes, args.slice, args.threads
     if args.primitives:
         primitives(args.pairs)
         return 0
