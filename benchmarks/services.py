@@ -18,8 +18,11 @@ and a profiled server and warms both up; then the same load goes to each in slic
 requests, in turn (ABBA), so that what the machine's other work does over the pair hits both
 alike. New servers for each pair, because a process's own luck (its hash seed, where its memory
 lies) moves its CPU per request by a few percent for its whole life: two plain servers kept for
-five pairs read 0.967x, 0.980x and 1.034x in three runs (``--same-processes`` keeps them). A server's CPU time over its slices (user + system, every thread, read
-from the process's CPU-time clock) divided by the requests is its CPU per request.
+five pairs read 0.967x, 0.980x and 1.034x in three runs; new ones, 1.002x, 0.993x and 1.004x
+(``--same-processes`` keeps them). Each pair's servers are warmed up for 3 seconds at least,
+past what a profiler does once in its first second. A server's CPU time over its slices (user
++ system, every thread, read from the process's CPU-time clock) divided by the requests is its
+CPU per request.
 
 Printed per service: the median over pairs of profiled / plain CPU per request, its spread (the
 lowest and the highest pair), the median of the slices' ratios, the CPU per request of each, and
@@ -77,6 +80,8 @@ SLICE = 100
 THREADS = False
 #: keep the two servers for every pair (``--same-processes``), not two new ones for each
 SAME_PROCESSES = False
+#: seconds of load that warm up each pair's servers, at the least
+WARM_SECONDS = 3.0
 #: how long a server may take to answer its first request (asyncflow's start included)
 START_TIMEOUT = 60.0
 
@@ -362,13 +367,22 @@ async def measure(
 
 
 async def _started(servers: tuple[Server, Server], upstream: str, warm: int, clients: int) -> None:
-    """Start both servers, and warm each up (imports, caches, pools) with ``warm`` requests."""
+    """Start both servers, and warm each up (imports, caches, pools): ``warm`` requests at a
+    time for ``WARM_SECONDS`` at least, past what a profiler does once in its first second
+    (the first findings' evaluation, the first reading of the tasks), which would otherwise
+    land in every pair's first slices."""
     for server in servers:
         server.start(upstream)
     for server in servers:
         await server.ready()
         server.runs_checkout()
-        await server.load(warm, clients)
+    began = time.monotonic()
+    while True:
+        for server in servers:
+            await server.load(warm, clients)
+        if time.monotonic() - began >= WARM_SECONDS:
+            break
+    for server in servers:
         server.by_thread.clear()
 
 
