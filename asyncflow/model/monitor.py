@@ -1,10 +1,13 @@
 """Event-loop health, watched from the profiler's thread: lag, the running call, blocked loops.
 
-Every quarter of the block threshold (25 ms by default) the monitor posts a heartbeat callback
-to each instrumented loop that is running, unless the last one has not run yet
+Every half of the block threshold (50 ms by default) the monitor posts a heartbeat callback to
+each instrumented loop that is running, unless the last one has not run yet
 (``call_soon_threadsafe``: the only work it adds to a loop), and posts one as soon as a running
 loop is registered, so that a block at the very start of a loop is measured whole. The delay
-between posting and running is the loop's lag. It ticks more often (every half ``block_min``,
+between posting and running is the loop's lag. A loop that blocked for ``block_min`` in the
+last ``WATCHFUL_NS`` gets one every quarter of the threshold (25 ms), so that its short blocks,
+which repeat, are all seen: each posting wakes the profiler's thread, and a wake costs the
+program more than the work it does. It ticks more often (every half ``block_min``,
 10 ms by default) to look at a late loop while it is still late: half ``block_min`` after each
 posting, and every half ``block_min`` while a heartbeat is in flight (see ``LoopMonitor.plan``);
 a look after a posting whose heartbeat has run by then does not wake the profiler's thread.
@@ -105,6 +108,9 @@ MAX_BLOCK_LINES = 32
 CPU_SHARE = 0.5
 #: Looks at a block that read its thread's state (running or asleep): enough to tell.
 MAX_STATE_READS = 8
+#: After a block of ``block_min`` or longer is counted on its line, the loop is posted to every
+#: quarter of the threshold for this long, instead of every half.
+WATCHFUL_NS = 10_000_000_000
 
 
 def _selector_codes() -> frozenset[CodeType]:
@@ -495,6 +501,8 @@ class LoopState:
         #: heartbeats late by the threshold while the loop waited in its selector
         self.late_wakeups = 0
         self.starved = False  # the heartbeat in flight was counted as a late wake-up
+        #: until when heartbeats are posted every quarter of the threshold (see ``WATCHFUL_NS``)
+        self.watchful_until = 0
         self.closed = False
         #: each line's blocks of at least ``block_min_ns``, at most ``MAX_BLOCK_LINES`` lines
         self.lines: dict[LineKey, BlockLine] = {}
@@ -689,6 +697,7 @@ class LoopState:
         length = end - block.since
         if length < self.block_min_ns:
             return
+        self.watchful_until = end + WATCHFUL_NS  # short blocks repeat: see each one from now
         key = block.line()
         lines = self.lines
         line = lines.get(key)
@@ -736,10 +745,15 @@ class LoopMonitor:
         #: look at a block of ``block_min_ns`` before it ends
         finest = min(threshold_ns / 4, self.block_min_ns / 2)
         self.interval = min(0.05, max(0.005, finest / 1e9))
-        #: ... but a heartbeat is posted at most every quarter of the threshold (between 5 and
-        #: 50 ms): one is then always posted during a block of ``block_min`` + that, and looked
-        #: at by a later tick while it lasts, without waking the loop every tick
-        self.post_every_ns = round(min(0.05, max(0.005, threshold_ns / 4e9)) * 1e9)
+        #: ... but a heartbeat is posted at most every half of the threshold (between 5 and 50
+        #: ms): one is then always posted during a block of ``block_min`` + that, and looked at
+        #: by a later tick while it lasts, without waking the loop every tick ...
+        self.post_calm_ns = round(min(0.05, max(0.005, threshold_ns / 2e9)) * 1e9)
+        #: ... and every quarter of it to a loop that blocked lately (``WATCHFUL_NS``): then every
+        #: block of ``block_min`` + that is seen
+        self.post_every_ns = min(
+            self.post_calm_ns, round(min(0.05, max(0.005, threshold_ns / 4e9)) * 1e9)
+        )
         self.states: dict[int, LoopState] = {}
         #: set once the monitor has ticked: from then on a block is looked at while it lasts (a
         #: block before, while the profiler's thread starts, is seen only from the first tick)
@@ -797,9 +811,9 @@ class LoopMonitor:
         self, state: LoopState, loop: asyncio.AbstractEventLoop, now: int, at_once: bool = False
     ) -> None:
         """Post a heartbeat unless one is in flight, or (unless ``at_once``) the last one was
-        posted less than ``post_every_ns`` ago."""
+        posted less than ``every(state)`` ago."""
         with state.lock:
-            if state.pending or (not at_once and now - state.posted_at < self.post_every_ns):
+            if state.pending or (not at_once and now - state.posted_at < self.every(state, now)):
                 return
             state.token += 1
             state.pending = state.posted_at = now
@@ -875,6 +889,10 @@ class LoopMonitor:
                     seen.runnable[0] += 1
                     seen.runnable[1] += runnable
 
+    def every(self, state: LoopState, now: int) -> int:
+        """How long after its last heartbeat the next is posted to ``state``'s loop."""
+        return self.post_every_ns if now < state.watchful_until else self.post_calm_ns
+
     def pause(self) -> float:
         """Seconds to the next tick (see :meth:`plan`)."""
         return self.plan()[0]
@@ -893,10 +911,11 @@ class LoopMonitor:
         busy aiohttp service about 8% less CPU a request (5 pairs), far more than the ticks'
         own work. The looks are as they were: ``interval`` after each posting, and every
         ``interval`` while one is late. An idle program's profiler thread, its loop watched,
-        wakes 38 times a second (107 with a tick every 10 ms; 98 before the looks waited on).
+        wakes 19 times a second with a heartbeat every 50 ms (38 with one every 25 ms, as
+        before ``WATCHFUL_NS``; 107 with a tick every 10 ms; 98 before the looks waited on).
         """
         now = clock.now_ns()
-        pause = self.post_every_ns
+        pause = self.post_calm_ns
         with self._lock:
             states = list(self.states.values())
         in_flight = 0
@@ -905,7 +924,7 @@ class LoopMonitor:
                 continue
             if state.pending:
                 in_flight += 1
-            pause = min(pause, state.posted_at + self.post_every_ns - now)
+            pause = min(pause, state.posted_at + self.every(state, now) - now)
         # (a sleep may end a little early: the heartbeat is then due, not a tick later)
         due = max(self.interval, pause / 1e9 + 0.001)
         return (self.interval, due) if in_flight else (due, None)

@@ -139,7 +139,7 @@ class Harness:
         self.clock = fake_clock
         self.loop = FakeLoop()
         self.monitor = LoopMonitor(THRESHOLD_NS)
-        self.monitor.post_every_ns = 0  # each beat() runs a heartbeat: post the next at once
+        self.monitor.post_every_ns = self.monitor.post_calm_ns = 0  # post the next at once
         record = loops.LoopRecord(self.loop, id(self.loop))  # type: ignore[arg-type]
         self.state = self.monitor.state_of(record)
         self.sample = Sample(None, None, None, False)
@@ -331,3 +331,17 @@ def test_a_sleep_is_blocking_and_arithmetic_is_cpu() -> None:
     assert "asyncio.to_thread" in sleeping.hint
     assert "CPU work on the loop" in computing.message and "executor" in computing.hint
     assert not [w for w in snap.warnings if w.kind == "cpu-bound"]
+
+
+def test_a_counted_block_has_its_loop_posted_to_every_quarter_of_the_threshold(
+    harness: Harness,
+) -> None:
+    # A healthy loop's heartbeat comes every half of the threshold; once a block of block_min
+    # is counted, every quarter for WATCHFUL_NS, so that the blocks after it are all seen
+    # (``LoopMonitor.every``: tests/model/test_monitor_ticks.py).
+    state = harness.state
+    harness.block("handler.py", 10)  # looked at (late by 10 ms), but shorter than block_min
+    assert state.watchful_until == 0 and not lines(state)
+    harness.block("handler.py", 40, tracked=True)
+    assert lines(state) == [("handler.py", 1, 45, 45)]
+    assert state.watchful_until == clock.now_ns() + monitor.WATCHFUL_NS
