@@ -77,7 +77,7 @@ def measure(variant: str, warm: float, seconds: float) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("variants", nargs="*", choices=VARIANTS, default=list(VARIANTS))
+    parser.add_argument("variants", nargs="*", choices=[*VARIANTS, []], help="all by default")
     parser.add_argument("--runs", type=int, default=3, help="runs of each variant (alternating)")
     parser.add_argument("--seconds", type=float, default=4.0, help="seconds measured a run")
     parser.add_argument("--warm", type=float, default=1.5, help="seconds before measuring")
@@ -88,9 +88,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.run:
         print(json.dumps(measure(args.run, args.warm, args.seconds)))
         return 0
-    results: dict[str, list[dict[str, float]]] = {v: [] for v in args.variants}
+    variants: list[str] = args.variants or list(VARIANTS)
+    results: dict[str, list[dict[str, float]]] = {v: [] for v in variants}
     for _ in range(args.runs):
-        for variant in args.variants:
+        for variant in variants:
             child = subprocess.run(
                 [
                     sys.executable,
