@@ -131,6 +131,7 @@ async def compare(first: str, second: str, pairs: int, requests: int, clients: i
             )
         finally:
             for server in servers:
+                await server.close_clients()
                 server.stop()
             upstream.terminate()
             upstream.wait()

@@ -84,6 +84,9 @@ SAME_PROCESSES = False
 WARM_SECONDS = 3.0
 #: how long a server may take to answer its first request (asyncflow's start included)
 START_TIMEOUT = 60.0
+#: each slice's clients open new connections (``--new-connections``), as before 2026-11-29,
+#: instead of keeping one each for the server's life
+NEW_CONNECTIONS = False
 
 
 @dataclass(frozen=True)
@@ -155,21 +158,39 @@ def memory_mib(pid: int) -> tuple[float, float]:
     return figures["VmRSS"], figures["VmHWM"]
 
 
-async def drive(sock: str, paths: tuple[str, ...], requests: int, clients: int) -> None:
+def client(sock: str) -> httpx.AsyncClient:
+    """An httpx client of the service at ``sock``: one keep-alive connection, used in turn."""
+    transport = httpx.AsyncHTTPTransport(uds=sock)
+    return httpx.AsyncClient(transport=transport, base_url="http://service")
+
+
+async def drive(
+    sock: str,
+    paths: tuple[str, ...],
+    requests: int,
+    clients: int,
+    kept: list[httpx.AsyncClient] | None = None,
+) -> None:
     """Send ``requests`` GETs over ``clients`` keep-alive connections to the service at
-    ``sock``, rotating through ``paths``; raises if one is not answered 200."""
+    ``sock``, rotating through ``paths``; raises if one is not answered 200. The clients are
+    ``kept``'s (their connections stay open for the next call) if given, else new ones."""
     numbers = iter(range(requests))
 
-    async def client() -> None:
-        transport = httpx.AsyncHTTPTransport(uds=sock)
-        async with httpx.AsyncClient(transport=transport, base_url="http://service") as http:
-            for n in numbers:
-                path = paths[n % len(paths)].format(n=n)
-                response = await http.get(path)
-                if response.status_code != 200:
-                    raise RuntimeError(f"GET {path}: {response.status_code} {response.text!r}")
+    async def send(http: httpx.AsyncClient) -> None:
+        for n in numbers:
+            path = paths[n % len(paths)].format(n=n)
+            response = await http.get(path)
+            if response.status_code != 200:
+                raise RuntimeError(f"GET {path}: {response.status_code} {response.text!r}")
 
-    await asyncio.gather(*(client() for _ in range(clients)))
+    async def new() -> None:
+        async with client(sock) as http:
+            await send(http)
+
+    if kept is not None:
+        await asyncio.gather(*(send(http) for http in kept[:clients]))
+    else:
+        await asyncio.gather(*(new() for _ in range(clients)))
 
 
 @dataclass
@@ -188,6 +209,9 @@ class Server:
     sock: str = field(init=False)
     #: CPU seconds over the measured loads by thread, "main" and "other" (``--threads``)
     by_thread: dict[str, float] = field(default_factory=dict)
+    #: the load's clients, each with its connection open from one load to the next (unless
+    #: ``NEW_CONNECTIONS``): a client keeps its connection, as a real one's pool does
+    clients: list[httpx.AsyncClient] = field(default_factory=list)
 
     def start(self, upstream: str) -> None:
         kind = "profiled" if self.profiled else "plain"
@@ -261,15 +285,25 @@ class Server:
     async def load(self, requests: int, clients: int) -> float:
         """Run the load; returns this server's CPU seconds over it (and, with ``--threads``,
         adds each thread's to ``by_thread``)."""
+        kept = None
+        if not NEW_CONNECTIONS:
+            while len(self.clients) < clients:
+                self.clients.append(client(self.sock))
+            kept = self.clients
         main = main_thread_seconds(self.process.pid) if THREADS else 0.0
         before = cpu_seconds(self.process.pid)
-        await drive(self.sock, self.service.paths, requests, clients)
+        await drive(self.sock, self.service.paths, requests, clients, kept)
         spent = cpu_seconds(self.process.pid) - before
         if THREADS:
             main = main_thread_seconds(self.process.pid) - main
             self.by_thread["main"] = self.by_thread.get("main", 0.0) + main
             self.by_thread["other"] = self.by_thread.get("other", 0.0) + spent - main
         return spent
+
+    async def close_clients(self) -> None:
+        for http in self.clients:
+            await http.aclose()
+        self.clients.clear()
 
     def stop(self) -> None:
         self.process.send_signal(signal.SIGINT)
@@ -319,7 +353,7 @@ async def measure(
         for k in range(pairs):
             if servers is None or not SAME_PROCESSES:
                 if servers is not None:
-                    _stop(servers)
+                    await _stop(servers)
                 servers = (
                     Server(service, False, workdir, reports, base, base_checkout),
                     Server(service, True, workdir, reports, options),
@@ -362,7 +396,7 @@ async def measure(
                 }
     finally:
         if servers is not None:
-            _stop(servers)
+            await _stop(servers)
     return figures
 
 
@@ -386,8 +420,9 @@ async def _started(servers: tuple[Server, Server], upstream: str, warm: int, cli
         server.by_thread.clear()
 
 
-def _stop(servers: tuple[Server, Server]) -> None:
+async def _stop(servers: tuple[Server, Server]) -> None:
     for server in servers:
+        await server.close_clients()
         if hasattr(server, "process"):
             server.stop()
 
@@ -549,7 +584,7 @@ def primitives(pairs: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    global SAME_PROCESSES, SLICE, THREADS  # (set once, from the command line)
+    global SAME_PROCESSES, SLICE, THREADS, NEW_CONNECTIONS  # (set once, from the command line)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pairs", type=int, default=7, help="paired runs (default 7)")
     parser.add_argument(
@@ -604,6 +639,13 @@ def main(argv: list[str] | None = None) -> int:
         "but each process's own bias (a few percent) is then in every pair",
     )
     parser.add_argument(
+        "--new-connections",
+        action="store_true",
+        help="have each slice's clients open new connections (as before 2026-11-29), rather "
+        "than keep one each for the server's life: more work a request in both servers, and "
+        "fewer requests a second, so the profiler's work a second weighs more on each",
+    )
+    parser.add_argument(
         "--aa",
         action="store_true",
         help="run the second server plainly too: the ratios then show the noise alone",
@@ -618,6 +660,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads and not os.path.isdir("/proc/self/task"):
         parser.error("--threads reads /proc/PID/task: Linux only")
     SAME_PROCESSES, SLICE, THREADS = args.same_processes, args.slice, args.threads
+    NEW_CONNECTIONS = args.new_connections
     if args.primitives:
         primitives(args.pairs)
         return 0

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import os
 import sys
 import types
 from pathlib import Path
@@ -106,3 +107,47 @@ def test_a_base_checkout_whose_extension_its_server_runs_is_taken(
         server.runs_checkout()
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize("new_connections", [False, True])
+def test_a_servers_loads_keep_their_clients_connections(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, new_connections: bool
+) -> None:
+    # Each slice's clients opened new connections: more work a request in both servers, and
+    # fewer requests a second, so that the profiler's work a second weighed more on each. The
+    # clients now keep one connection each for the server's life (--new-connections: as before).
+    services = _services(monkeypatch)
+    monkeypatch.setattr(services, "NEW_CONNECTIONS", new_connections)
+    web = pytest.importorskip("aiohttp.web")
+    sock = str(tmp_path / "service.sock")
+    peers: list[object] = []
+
+    async def answer(request: object) -> object:
+        return web.Response(text="ok")
+
+    class Counting(web.RequestHandler):  # type: ignore[misc,name-defined]
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            peers.append(transport)
+            super().connection_made(transport)
+
+    async def main() -> None:
+        app = web.Application()
+        app.router.add_get("/{tail:.*}", answer)
+        runner = web.AppRunner(app, handler_cancellation=True)
+        await runner.setup()
+        loop = asyncio.get_running_loop()
+        server = await loop.create_unix_server(lambda: Counting(runner.server, loop=loop), sock)
+        load = services.Server(services.SERVICES["aiohttp"], False, tmp_path, None)
+        load.sock = sock
+        load.process = types.SimpleNamespace(pid=os.getpid())
+        try:
+            for _ in range(3):
+                await load.load(20, 2)
+        finally:
+            await load.close_clients()
+            server.close()
+            await server.wait_closed()
+            await runner.cleanup()
+
+    asyncio.run(main())
+    assert len(peers) == (6 if new_connections else 2)
