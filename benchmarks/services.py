@@ -12,8 +12,10 @@ calls an upstream through httpx and queries SQLite through aiosqlite; the aiohtt
 upstream through its ClientSession. The upstream is a process of its own, never profiled.
 
 This process is the load generator: ``--clients`` httpx clients over the service's unix socket,
-each with one keep-alive connection, send a fixed rotation of GETs until ``--requests`` are
-answered (any answer but 200 stops the benchmark). Each of ``--pairs`` pairs starts a plain
+each with one keep-alive connection kept for the server's life, send a fixed rotation of GETs
+until ``--requests`` are answered (any answer but 200 stops the benchmark;
+``--new-connections``: each slice's clients open new connections, as before 2026-11-29, which
+made accepting connections a quarter of the aiohttp server's work a request). Each of ``--pairs`` pairs starts a plain
 and a profiled server and warms both up; then the same load goes to each in slices of 100
 requests, in turn (ABBA), so that what the machine's other work does over the pair hits both
 alike. New servers for each pair, because a process's own luck (its hash seed, where its memory
