@@ -15,16 +15,16 @@ This process is the load generator: ``--clients`` httpx clients over the service
 each with one keep-alive connection kept for the server's life, send a fixed rotation of GETs
 until ``--requests`` are answered (any answer but 200 stops the benchmark;
 ``--new-connections``: each slice's clients open new connections, as before 2026-11-29, which
-made accepting connections a quarter of the aiohttp server's work a request). Each of ``--pairs`` pairs starts a plain
-and a profiled server and warms both up; then the same load goes to each in slices of 100
-requests, in turn (ABBA), so that what the machine's other work does over the pair hits both
-alike. New servers for each pair, because a process's own luck (its hash seed, where its memory
-lies) moves its CPU per request by a few percent for its whole life: two plain servers kept for
-five pairs read 0.967x, 0.980x and 1.034x in three runs; new ones, 1.002x, 0.993x and 1.004x
-(``--same-processes`` keeps them). Each pair's servers are warmed up for 3 seconds at least,
-past what a profiler does once in its first second. A server's CPU time over its slices (user
-+ system, every thread, read from the process's CPU-time clock) divided by the requests is its
-CPU per request.
+made accepting connections a quarter of the aiohttp server's work a request). Each of
+``--pairs`` pairs starts a plain and a profiled server and warms both up; then the same load
+goes to each in slices of 100 requests, in turn (ABBA), so that what the machine's other work
+does over the pair hits both alike. New servers for each pair, because a process's own luck
+(its hash seed, where its memory lies) moves its CPU per request by a few percent for its whole
+life: two plain servers kept for five pairs read 0.967x, 0.980x and 1.034x in three runs; new
+ones, 1.002x, 0.993x and 1.004x (``--same-processes`` keeps them). Each pair's servers are
+warmed up for 3 seconds at least, past what a profiler does once in its first second. A
+server's CPU time over its slices (user + system, every thread, read from the process's
+CPU-time clock) divided by the requests is its CPU per request.
 
 Printed per service: the median over pairs of profiled / plain CPU per request, its spread (the
 lowest and the highest pair), the median of the slices' ratios, the CPU per request of each, and
