@@ -25,7 +25,8 @@ thread's stack every tick (``sys._current_frames()``), *while* the loop is late:
   begins; a shorter change stays part of the episode it interrupts.
 
 An episode ends when the heartbeat finally runs, when the poll it blames is seen to be over, or
-when the loop is seen waiting in its selector again.
+when the loop is seen waiting in its selector again (with callbacks ready, at two looks in a row:
+the first can catch it passing through on its way to the heartbeat).
 
 Blocks that matter are often shorter than an episode: a 40 ms ``time.sleep`` in every request
 never reaches a 100 ms threshold, yet it costs the loop seconds. So the monitor ticks often
@@ -498,6 +499,9 @@ class LoopState:
         self.candidate: Episode | None = None
         #: when the late loop was last looked at (0: not yet, for the heartbeat in flight)
         self.last_seen = 0
+        #: where the ongoing episode ends if the loop, seen in its selector with callbacks
+        #: ready to run, is still there at the next look (0: not seen so)
+        self.idle_from = 0
         #: heartbeats late by the threshold while the loop waited in its selector
         self.late_wakeups = 0
         self.starved = False  # the heartbeat in flight was counted as a late wake-up
@@ -562,6 +566,7 @@ class LoopState:
         ongoing, candidate = self.ongoing, self.candidate
         self.ongoing = self.candidate = None
         self.last_seen = 0
+        self.idle_from = 0
         self.starved = False
         if (
             candidate is not None
@@ -576,13 +581,20 @@ class LoopState:
             self._close(ongoing, now)
 
     def look(
-        self, sample: Sample, fresh: Episode | None, pending: int, now: int, cpu: int | None = None
+        self,
+        sample: Sample,
+        fresh: Episode | None,
+        pending: int,
+        now: int,
+        cpu: int | None = None,
+        ready: bool = False,
     ) -> None:
         """Fold one look at the late loop into its episodes (under lock).
 
         ``fresh`` is a candidate made from ``sample`` (its stack read outside the lock) when the
         sample matches neither the ongoing episode nor the candidate; ``cpu`` the loop thread's
-        CPU clock at this look, if it was read.
+        CPU clock at this look, if it was read; ``ready`` whether the loop, seen in its
+        selector, has callbacks ready to run (the heartbeat among them).
         """
         self.cpu, self.cpu_at = cpu, now
         ongoing, candidate = self.ongoing, self.candidate
@@ -593,10 +605,19 @@ class LoopState:
             if not self.starved and now - pending >= self.threshold_ns:
                 self.starved = True
                 self.late_wakeups += 1
+            if ongoing is not None and ready and not self.idle_from:
+                # ... or it passes through its selector on the way to the callbacks it has
+                # ready, the heartbeat among them, which ends the episode where the block
+                # ended: a block that ends just before a look is not cut short there. Still
+                # here at the next look, its thread waits for a core: ended where last seen.
+                self.idle_from = floor or now
+                return
             if ongoing is not None:
-                self._close(ongoing, floor or now)
+                self._close(ongoing, self.idle_from or floor or now)
             self.ongoing = self.candidate = None
+            self.idle_from = 0
             return
+        self.idle_from = 0
         key = sample.key
         if ongoing is not None:
             ongoing.blocked_ns = max(ongoing.blocked_ns, now - ongoing.since)
@@ -848,6 +869,8 @@ class LoopMonitor:
         # half the threshold on catches a poll that blocks just over it between two ticks.
         thread = _thread_of(state.record, loop)
         sample = sample_loop(thread, loop)
+        # (asyncio's queue of callbacks ready to run; uvloop's and trio's are not readable)
+        ready = sample.idle and bool(getattr(loop, "_ready", None))
         if state.native_of != thread:
             state.native_of, state.native_id = thread, _native_id(thread)
         key = code = None
@@ -883,7 +906,7 @@ class LoopMonitor:
                 return  # the loop answered meanwhile: it was slow, but is not late now
             state.see_block(sample, key, code, pending, now, cpu, runnable)
             if episode:
-                state.look(sample, fresh, pending, now, cpu)
+                state.look(sample, fresh, pending, now, cpu, ready)
                 seen = state.candidate or state.ongoing  # what this look was folded into
                 if runnable is not None and seen is not None:
                     seen.runnable[0] += 1

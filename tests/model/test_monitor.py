@@ -789,3 +789,24 @@ def test_each_heartbeat_is_in_flight_until_it_runs_or_is_given_up(harness: Harne
     heartbeat = harness.loop.posted[0]
     heartbeat()  # runs after all: disowned, it takes nothing off again
     assert count() == 0
+
+
+def test_a_loop_passing_through_its_selector_to_its_heartbeat_ends_the_episode_there(
+    harness: Harness,
+) -> None:
+    # A block that ends just before a look: the look can catch the loop in its selector on
+    # the way to the callbacks it has ready (the heartbeat among them, posted before the block
+    # began). That is not where the block ended: the heartbeat, which runs next, says so. Seen
+    # there at the next look too, the loop waits for a core: the episode ended where last seen.
+    harness.loop._ready = [object()]  # type: ignore[attr-defined]
+    harness.look(150, "a.py")
+    harness.look(10, None)  # 160 ms: a.py returned a moment ago, its heartbeat is next
+    assert harness.state.ongoing is not None
+    harness.beat(1)
+    assert blocks(harness.state) == [("a.py", 0, 161)]
+    harness.look(150, "b.py")
+    harness.look(10, None)
+    harness.look(10, None)  # still in its selector: its thread waits for a core
+    assert harness.state.ongoing is None
+    harness.beat(30)
+    assert blocks(harness.state) == [("a.py", 0, 161), ("b.py", 161, 150)]
