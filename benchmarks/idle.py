@@ -85,6 +85,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not os.path.isdir("/proc/self/task"):
         parser.error("reads /proc/self/task: Linux only")
+    if args.runs < 1:
+        parser.error(f"--runs {args.runs}: expected at least 1")
+    if not args.seconds > 0:
+        parser.error(f"--seconds {args.seconds}: expected a number of seconds > 0")
+    if not args.warm >= 0:
+        parser.error(f"--warm {args.warm}: expected a number of seconds >= 0")
     if args.run:
         print(json.dumps(measure(args.run, args.warm, args.seconds)))
         return 0
