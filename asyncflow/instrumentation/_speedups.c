@@ -664,6 +664,7 @@ enum {
     FS_POLL_HIST,
     FR_STATS,
     FR_LOG_RESULT,
+    FR_TRACKED_BY,
     FF_WRAPPED,
     FF_RECORD,
     TF_ENABLED,
@@ -692,6 +693,7 @@ static Field fields[N_FIELDS] = {
     [FS_POLL_HIST] = {"FutureStats", "poll_hist", 0},
     [FR_STATS] = {"FutureRecord", "stats", 0},
     [FR_LOG_RESULT] = {"FutureRecord", "log_result", 0},
+    [FR_TRACKED_BY] = {"FutureRecord", "tracked_by", 0},
     [FF_WRAPPED] = {"FutureFunction", "__wrapped__", 0},
     [FF_RECORD] = {"FutureFunction", "future_record", 0},
     [TF_ENABLED] = {"_TaskFactory", "enabled", 0},
@@ -4471,6 +4473,17 @@ PyDoc_STRVAR(move_call_doc,
              "count, out of the old one's. Nothing when the call is of an earlier session, or "
              "moved there already.");
 
+/* stats.created += delta: in place in a compiled FutureStats */
+static inline int
+created_add(PyObject *stats, long long delta)
+{
+    if (Py_IS_TYPE(stats, &StatsType)) {
+        ((StatsObject *)stats)->created += delta;
+        return 0;
+    }
+    return field_add(stats, FS_CREATED, delta);
+}
+
 static PyObject *
 mod_move_call(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -4498,12 +4511,12 @@ mod_move_call(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     new_live = key == NULL ? NULL : stats_field(new, FS_LIVE);
     old_live = new_live == NULL ? NULL : stats_field(old, FS_LIVE);
     if (old_live == NULL || PyObject_SetItem(new_live, key, (PyObject *)call) < 0 ||
-        field_add(new, FS_CREATED, 1) < 0) {
+        created_add(new, 1) < 0) {
         goto done;
     }
     Py_SETREF(call->future, Py_NewRef(record)); /* (its hist is its stats' poll histogram) */
     Py_SETREF(call->stats, Py_NewRef(new));
-    if (field_add(old, FS_CREATED, -1) < 0) {
+    if (created_add(old, -1) < 0) {
         goto done;
     }
     if (PyDict_CheckExact(old_live)) {
@@ -4946,13 +4959,19 @@ static PyTypeObject FifoHookType = {
  *
  * futures._call_soon is the reference: while a profiler runs, BaseEventLoop.call_soon is this
  * method, which stamps the moment on the task's own call when the callback is a task's wake-up
- * or first step, then calls asyncio's (wake_original). In C, as a method descriptor of the loop
+ * or first step, then runs asyncio's: inlined out of debug mode, as the reference does (see
+ * wake_inline), else asyncio's own (wake_original). In C, as a method descriptor of the loop
  * class: no frame, no repacking of the arguments, no attribute look-up but the task's _coro. */
 
 static PyObject *wake_original;  /* asyncio's call_soon (a function), while hooked */
 static PyObject *wake_py_stamp;  /* futures._stamp_woken: a Python wrapper's stamp */
 static PyTypeObject *wake_py_type; /* ... and that wrapper's type */
 static PyObject *s_coro_attr, *s_self_attr, *s_task_types;
+/* asyncio's BaseEventLoop._check_closed when wake_original is asyncio's own call_soon, which is
+ * then inlined (see wake_call_soon); NULL otherwise */
+static PyObject *wake_check_closed;
+static PyObject *s_debug_attr, *s_closed_attr, *s_check_closed_attr, *s_call_soon_attr,
+    *s_context_kw;
 
 /* The C task's step wrappers (TaskStepMethWrapper; 3.11's TaskWakeupMethWrapper too), learned
  * at first sight, whose task is read at the offset where their __self__ was found (checked on
@@ -5091,6 +5110,62 @@ wake_stamp(PyObject *cb)
     Py_DECREF(coro);
 }
 
+/* asyncio's call_soon out of debug mode, as asyncio (3.11 to 3.13) runs it: ``_check_closed()``
+ * (read in place when it is asyncio's own), then ``self._call_soon(callback, args, context)``,
+ * through ``self`` so that a loop's override of either still runs. Two Python frames fewer than
+ * calling asyncio's call_soon, on every wake-up. Returns NULL with no exception set when the
+ * call is not one it takes (debug mode, a keyword other than ``context``, a closed loop): the
+ * caller then calls asyncio's own. Py_None (which _call_soon never returns) with an exception
+ * set when a call it made failed. */
+static PyObject *
+wake_inline(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    PyObject *context = Py_None;
+    if (kwnames != NULL && PyTuple_GET_SIZE(kwnames) != 0) {
+        if (PyTuple_GET_SIZE(kwnames) != 1 || PyTuple_GET_ITEM(kwnames, 0) != s_context_kw) {
+            return NULL;
+        }
+        context = args[nargs];
+    }
+    PyObject *debug = PyObject_GetAttr(self, s_debug_attr);
+    if (debug == NULL) {
+        PyErr_Clear(); /* asyncio's own then says what is wrong, as it would */
+        return NULL;
+    }
+    Py_DECREF(debug);
+    if (debug != Py_False) {
+        return NULL; /* debug mode: its checks, and its tracebacks' last frame, are asyncio's */
+    }
+    PyObject *check = _PyType_Lookup(Py_TYPE(self), s_check_closed_attr); /* borrowed */
+    if (check == wake_check_closed) {
+        PyObject *closed = PyObject_GetAttr(self, s_closed_attr);
+        int is = closed == NULL ? -1 : PyObject_IsTrue(closed);
+        Py_XDECREF(closed);
+        if (is != 0) {
+            PyErr_Clear();
+            return NULL; /* closed: asyncio's own raises its error, with its frames */
+        }
+    }
+    else {
+        PyObject *done = PyObject_CallMethodNoArgs(self, s_check_closed_attr);
+        if (done == NULL) {
+            return Py_None;
+        }
+        Py_DECREF(done);
+    }
+    PyObject *rest = PyTuple_New(nargs - 1);
+    if (rest == NULL) {
+        return Py_None;
+    }
+    for (Py_ssize_t i = 1; i < nargs; i++) {
+        PyTuple_SET_ITEM(rest, i - 1, Py_NewRef(args[i]));
+    }
+    PyObject *stack[4] = {self, args[0], rest, context};
+    PyObject *handle = PyObject_VectorcallMethod(s_call_soon_attr, stack, 4, NULL);
+    Py_DECREF(rest);
+    return handle == NULL ? Py_None : handle;
+}
+
 static PyObject *
 wake_call_soon(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
@@ -5100,6 +5175,15 @@ wake_call_soon(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject
     }
     if (nargs >= 1) {
         wake_stamp(args[0]);
+        if (wake_check_closed != NULL) {
+            PyObject *handle = wake_inline(self, args, nargs, kwnames);
+            if (handle == Py_None) { /* (asyncio's _call_soon never returns None) */
+                return NULL;
+            }
+            if (handle != NULL) {
+                return handle;
+            }
+        }
     }
     Py_ssize_t total = nargs + (kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0);
     PyObject *small[8];
@@ -5126,9 +5210,9 @@ static PyMethodDef wake_def = {
 static PyObject *
 mod_wake_hook(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 4 || !PyType_Check(args[0]) || !PyType_Check(args[3])) {
-        PyErr_SetString(PyExc_TypeError,
-                        "wake_hook(loop_class, call_soon, stamp, python_wrapper_type)");
+    if (nargs != 5 || !PyType_Check(args[0]) || !PyType_Check(args[3])) {
+        PyErr_SetString(PyExc_TypeError, "wake_hook(loop_class, call_soon, stamp, "
+                                         "python_wrapper_type, check_closed)");
         return NULL;
     }
     if (futures_dict == NULL) {
@@ -5138,9 +5222,19 @@ mod_wake_hook(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nar
     if ((s_coro_attr == NULL && (s_coro_attr = PyUnicode_InternFromString("_coro")) == NULL) ||
         (s_self_attr == NULL && (s_self_attr = PyUnicode_InternFromString("__self__")) == NULL) ||
         (s_task_types == NULL &&
-         (s_task_types = PyUnicode_InternFromString("_TASK_TYPES")) == NULL)) {
+         (s_task_types = PyUnicode_InternFromString("_TASK_TYPES")) == NULL) ||
+        (s_debug_attr == NULL && (s_debug_attr = PyUnicode_InternFromString("_debug")) == NULL) ||
+        (s_closed_attr == NULL &&
+         (s_closed_attr = PyUnicode_InternFromString("_closed")) == NULL) ||
+        (s_check_closed_attr == NULL &&
+         (s_check_closed_attr = PyUnicode_InternFromString("_check_closed")) == NULL) ||
+        (s_call_soon_attr == NULL &&
+         (s_call_soon_attr = PyUnicode_InternFromString("_call_soon")) == NULL) ||
+        (s_context_kw == NULL &&
+         (s_context_kw = PyUnicode_InternFromString("context")) == NULL)) {
         return NULL;
     }
+    Py_XSETREF(wake_check_closed, args[4] == Py_None ? NULL : Py_NewRef(args[4]));
     Py_XSETREF(wake_original, Py_NewRef(args[1]));
     Py_XSETREF(wake_py_stamp, Py_NewRef(args[2]));
     Py_XSETREF(wake_py_type, (PyTypeObject *)Py_NewRef(args[3]));
@@ -5148,14 +5242,304 @@ mod_wake_hook(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nar
 }
 
 
+/* ---- whole-program mode's routes: a framework's hooked methods --------------------------------
+ *
+ * routes.py's hooks of aiohttp (``Application._handle``, ``UrlMappingMatchInfo.freeze``), run
+ * once a request each. A RouteHook calls the framework's own method, then decides the common
+ * case in C: the request's task was tracked by the task factory and is in its first poll (the
+ * task's call is the outermost running here), and, for ``freeze``, the route's future is known
+ * already. Anything else is the hook's Python rest (``rest``), given the method's arguments and
+ * its result: the reference, with its own handling of errors. It binds like a function (a
+ * method descriptor) and has a ``__dict__``, for functools.wraps. */
+
+enum { ROUTE_HANDLE, ROUTE_FREEZE };
+
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    int kind;
+    PyObject *original; /* the framework's method */
+    PyObject *rest;     /* the Python rest: rest(*args, result) */
+    PyObject *cache;    /* freeze: id(route) -> (a weak reference to it, its future) */
+    PyObject *holder;   /* freeze: the _Unmatched holder (its ``record``, once made) */
+    PyObject *route_attr; /* freeze: the match info's attribute that holds the route */
+    PyObject *dict;
+} RouteHookObject;
+
+static PyObject *s_task_tracked, *s_record_attr;
+
+/* Whether the weak reference ``ref`` is to ``obj`` (alive: the caller holds it). */
+static int
+weak_is(PyObject *ref, PyObject *obj)
+{
+    if (!PyWeakref_Check(ref)) {
+        return 0;
+    }
+#if PY_VERSION_HEX >= 0x030D0000
+    PyObject *target;
+    if (PyWeakref_GetRef(ref, &target) <= 0) {
+        PyErr_Clear();
+        return 0;
+    }
+    Py_DECREF(target);
+    return target == obj;
+#else
+    return PyWeakref_GET_OBJECT(ref) == obj;
+#endif
+}
+
+/* The outermost tracked call running on this thread (borrowed), or NULL. */
+static inline RecordObject *
+outermost_call(void)
+{
+    WrapperObject *outer = tls_slot != NULL ? tls_slot->inner : NULL;
+    for (long i = 0; outer != NULL && outer->outer != NULL && i < WALK_LIMIT; i++) {
+        outer = outer->outer;
+    }
+    return outer != NULL ? outer->r : NULL;
+}
+
+/* 1: ``call`` is a task's call in its first poll (made by the task factory for what runs now);
+ * 0: not; -1: an error. */
+static int
+fresh_task_call(RecordObject *call)
+{
+    if (call == NULL || call->polls != 0 || call->future == NULL) {
+        return 0;
+    }
+    PyObject *by = field_get(call->future, FR_TRACKED_BY);
+    if (by == NULL) {
+        return -1;
+    }
+    int is = by == s_task_tracked ? 1 : PyUnicode_Check(by) ? PyUnicode_Compare(by, s_task_tracked) == 0 : 0;
+    Py_DECREF(by);
+    return is;
+}
+
+/* freeze's common case: 1 decided (the task's call moved, or nothing to do), 0 for the rest,
+ * -1 an error. */
+static int
+route_freeze_fast(RouteHookObject *hook, PyObject *info)
+{
+    PyObject *route = PyObject_GetAttr(info, hook->route_attr);
+    if (route == NULL) {
+        return -1;
+    }
+    PyObject *key = PyLong_FromVoidPtr(route);
+    PyObject *known = key == NULL ? NULL : PyDict_GetItemWithError(hook->cache, key); /* borrowed */
+    Py_XDECREF(key);
+    int decided = 0;
+    if (known != NULL && PyTuple_CheckExact(known) && PyTuple_GET_SIZE(known) == 2 &&
+        weak_is(PyTuple_GET_ITEM(known, 0), route)) {
+        PyObject *record = PyTuple_GET_ITEM(known, 1);
+        WrapperObject *inner = tls_slot != NULL ? tls_slot->inner : NULL;
+        RecordObject *here = inner != NULL ? inner->r : NULL;
+        RecordObject *outer = outermost_call();
+        if (here == NULL) {
+            decided = 1; /* no tracked call runs here: nothing to move */
+        }
+        else if (here == outer) { /* (else: a call _handle made, inside another: the rest) */
+            PyObject *unmatched = PyObject_GetAttr(hook->holder, s_record_attr);
+            if (unmatched == NULL) {
+                decided = -1;
+            }
+            else if (here->polls != 0 || here->future != unmatched) {
+                int fresh = fresh_task_call(outer);
+                if (fresh > 0) {
+                    PyObject *args[2] = {(PyObject *)outer, record};
+                    PyObject *moved = mod_move_call(NULL, args, 2);
+                    decided = moved == NULL ? -1 : 1;
+                    Py_XDECREF(moved);
+                }
+                else {
+                    decided = fresh < 0 ? -1 : 1;
+                }
+            }
+            Py_XDECREF(unmatched);
+        }
+    }
+    else if (PyErr_Occurred()) {
+        decided = -1;
+    }
+    Py_DECREF(route);
+    return decided;
+}
+
+static PyObject *
+route_hook_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    RouteHookObject *hook = (RouteHookObject *)self;
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    PyObject *result = PyObject_Vectorcall(hook->original, args, nargs, kwnames);
+    if (result == NULL || kwnames != NULL || nargs < 1) {
+        return result; /* (a call unlike the framework's own: left as it is) */
+    }
+    PyObject *active = global_get(&active_cache, session_dict, s_active); /* borrowed */
+    if (active == NULL || active == Py_None) {
+        PyErr_Clear();
+        return result;
+    }
+    int decided;
+    if (hook->kind == ROUTE_HANDLE) {
+        decided = fresh_task_call(outermost_call()); /* freeze() moves the task's call */
+    }
+    else {
+        decided = route_freeze_fast(hook, args[0]);
+    }
+    if (decided > 0) {
+        return result;
+    }
+    PyErr_Clear(); /* (the rest meets the same error, in its own handling) */
+    PyObject *small[4];
+    if (nargs + 1 > 4) {
+        return result;
+    }
+    for (Py_ssize_t i = 0; i < nargs; i++) {
+        small[i] = args[i];
+    }
+    small[nargs] = result;
+    PyObject *out = PyObject_Vectorcall(hook->rest, small, nargs + 1, NULL);
+    Py_DECREF(result);
+    return out;
+}
+
+static PyObject *
+route_hook_get(PyObject *self, PyObject *obj, PyObject *type)
+{
+    if (obj == NULL || obj == Py_None) {
+        return Py_NewRef(self);
+    }
+    return PyMethod_New(self, obj);
+}
+
+static int
+route_hook_traverse(RouteHookObject *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->original);
+    Py_VISIT(self->rest);
+    Py_VISIT(self->cache);
+    Py_VISIT(self->holder);
+    Py_VISIT(self->route_attr);
+    Py_VISIT(self->dict);
+    return 0;
+}
+
+static int
+route_hook_clear(RouteHookObject *self)
+{
+    Py_CLEAR(self->original);
+    Py_CLEAR(self->rest);
+    Py_CLEAR(self->cache);
+    Py_CLEAR(self->holder);
+    Py_CLEAR(self->route_attr);
+    Py_CLEAR(self->dict);
+    return 0;
+}
+
+static void
+route_hook_dealloc(RouteHookObject *self)
+{
+    PyObject_GC_UnTrack(self);
+    route_hook_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *
+route_hook_repr(RouteHookObject *self)
+{
+    return PyUnicode_FromFormat("<asyncflow route hook of %R>", self->original);
+}
+
+static PyGetSetDef route_hook_getset[] = {
+    {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict, NULL, NULL},
+    {NULL},
+};
+
+static PyTypeObject RouteHookType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "asyncflow.instrumentation._speedups.RouteHook",
+    .tp_doc = "A framework's method hooked by routes.py: its common case in C, the rest in Python.",
+    .tp_basicsize = sizeof(RouteHookObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL |
+                Py_TPFLAGS_METHOD_DESCRIPTOR,
+    .tp_vectorcall_offset = offsetof(RouteHookObject, vectorcall),
+    .tp_call = PyVectorcall_Call,
+    .tp_descr_get = route_hook_get,
+    .tp_dictoffset = offsetof(RouteHookObject, dict),
+    .tp_getattro = PyObject_GenericGetAttr,
+    .tp_setattro = PyObject_GenericSetAttr,
+    .tp_getset = route_hook_getset,
+    .tp_traverse = (traverseproc)route_hook_traverse,
+    .tp_clear = (inquiry)route_hook_clear,
+    .tp_dealloc = (destructor)route_hook_dealloc,
+    .tp_repr = (reprfunc)route_hook_repr,
+};
+
+PyDoc_STRVAR(route_hook_doc,
+             "route_hook(kind, original, rest, cache=None, holder=None, route_attr=None)\n--\n\n"
+             "A hook of a framework's method (routes.py): kind 'handle' (aiohttp's "
+             "Application._handle) or 'freeze' (its UrlMappingMatchInfo.freeze, which needs "
+             "cache, holder and route_attr). It calls original, decides the common case in C and "
+             "leaves the rest to rest(*args, result).");
+
+static PyObject *
+mod_route_hook(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs < 3 || nargs > 6 || !PyUnicode_Check(args[0]) || !PyCallable_Check(args[1]) ||
+        !PyCallable_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "route_hook(kind, original, rest, cache=None, holder=None, route_attr=None)");
+        return NULL;
+    }
+    int kind;
+    if (PyUnicode_CompareWithASCIIString(args[0], "handle") == 0) {
+        kind = ROUTE_HANDLE;
+    }
+    else if (PyUnicode_CompareWithASCIIString(args[0], "freeze") == 0) {
+        kind = ROUTE_FREEZE;
+        if (nargs != 6 || !PyDict_CheckExact(args[3]) || !PyUnicode_Check(args[5])) {
+            PyErr_SetString(PyExc_TypeError,
+                            "route_hook('freeze', ...) needs a dict cache, a holder and an "
+                            "attribute name");
+            return NULL;
+        }
+    }
+    else {
+        PyErr_SetString(PyExc_ValueError, "route_hook: kind is 'handle' or 'freeze'");
+        return NULL;
+    }
+    if ((s_task_tracked == NULL && (s_task_tracked = PyUnicode_InternFromString("task")) == NULL) ||
+        (s_record_attr == NULL && (s_record_attr = PyUnicode_InternFromString("record")) == NULL)) {
+        return NULL;
+    }
+    RouteHookObject *hook = PyObject_GC_New(RouteHookObject, &RouteHookType);
+    if (hook == NULL) {
+        return NULL;
+    }
+    hook->vectorcall = route_hook_vectorcall;
+    hook->kind = kind;
+    hook->original = Py_NewRef(args[1]);
+    hook->rest = Py_NewRef(args[2]);
+    hook->cache = kind == ROUTE_FREEZE ? Py_NewRef(args[3]) : NULL;
+    hook->holder = kind == ROUTE_FREEZE ? Py_NewRef(args[4]) : NULL;
+    hook->route_attr = kind == ROUTE_FREEZE ? Py_NewRef(args[5]) : NULL;
+    hook->dict = NULL;
+    PyObject_GC_Track(hook);
+    return (PyObject *)hook;
+}
+
+
 static PyMethodDef module_methods[] = {
     {"setup", (PyCFunction)(void (*)(void))mod_setup, METH_FASTCALL, setup_doc},
     {"wake_hook", (PyCFunction)(void (*)(void))mod_wake_hook, METH_FASTCALL,
-     "wake_hook(loop_class, call_soon, stamp, python_wrapper_type): the method that stands for "
-     "asyncio's call_soon while scheduled time is measured (futures.hook_wakes)."},
+     "wake_hook(loop_class, call_soon, stamp, python_wrapper_type, check_closed): the method "
+     "that stands for asyncio's call_soon while scheduled time is measured "
+     "(futures.hook_wakes); check_closed is asyncio's BaseEventLoop._check_closed when "
+     "call_soon is asyncio's own, which is then inlined, else None."},
     {"running_call", (PyCFunction)mod_running_call, METH_NOARGS, running_call_doc},
     {"running_calls", (PyCFunction)mod_running_calls, METH_O, running_calls_doc},
     {"move_call", (PyCFunction)(void (*)(void))mod_move_call, METH_FASTCALL, move_call_doc},
+    {"route_hook", (PyCFunction)(void (*)(void))mod_route_hook, METH_FASTCALL, route_hook_doc},
     {"set_poll_probe", (PyCFunction)(void (*)(void))mod_set_poll_probe, METH_FASTCALL,
      set_poll_probe_doc},
     {"setup_streams", (PyCFunction)mod_setup_streams, METH_O, setup_streams_doc},
@@ -5321,7 +5705,7 @@ PyInit__speedups(void)
         PyType_Ready(&FunctionBaseType) < 0 ||
         PyType_Ready(&AIterType) < 0 || PyType_Ready(&StepType) < 0 ||
         PyType_Ready(&CounterType) < 0 ||
-        PyType_Ready(&FifoHookType) < 0) {
+        PyType_Ready(&FifoHookType) < 0 || PyType_Ready(&RouteHookType) < 0) {
         return NULL;
     }
     FutureCallObject *factory_call = PyObject_New(FutureCallObject, &FutureCallType);

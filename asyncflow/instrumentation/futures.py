@@ -1334,6 +1334,9 @@ _TASK_CLASSES = frozenset(_TASK_TYPES)  # the common case, without isinstance()
 #: asyncio's own call_soon, as imported; _call_soon inlines it (out of debug mode) when the
 #: method it stands in for is this one, not a program's own
 _ASYNCIOS_CALL_SOON = _loop_call_soon
+#: asyncio's own ``_check_closed``, as imported: the compiled hook reads ``_closed`` in its
+#: place where a loop's class has not put its own
+_ASYNCIOS_CHECK_CLOSED: Any = asyncio.BaseEventLoop.__dict__.get("_check_closed")
 _asyncios_own = True
 #: what stands for it while hooked: _call_soon, or its compiled twin; None before the first hook
 _hook: Any = None
@@ -1396,7 +1399,11 @@ def hook_wakes() -> None:
     _hook = _call_soon
     if _speedups is not None:
         _hook = _speedups.wake_hook(
-            asyncio.BaseEventLoop, current, _stamp_woken, InstrumentedCoroutinePy
+            asyncio.BaseEventLoop,
+            current,
+            _stamp_woken,
+            InstrumentedCoroutinePy,
+            _ASYNCIOS_CHECK_CLOSED if _asyncios_own else None,
         )
     setattr(asyncio.BaseEventLoop, "call_soon", _hook)  # noqa: B010 (typed apart)
 

@@ -61,6 +61,9 @@ Patch = tuple[Any, str, Any]
 #: for that method there): checked against the route (an id is reused); never keyed by a
 #: method the client made up
 _cache: dict[tuple[int, str, str], tuple[Any, futures.FutureRecord]] = {}
+#: aiohttp's routes: id of the route -> (a weak reference to it, its future), checked against
+#: the route (an id is reused); bounded as the cache is (the compiled hook reads it too)
+_aiohttp_routes: dict[int, tuple[Any, futures.FutureRecord]] = {}
 #: a request's ``root_path`` under a mount whose path has a parameter -> the mounts' template
 #: (``/users/{uid}``, not ``/users/42``); bounded as the cache is
 _prefixes: dict[str, str] = {}
@@ -404,7 +407,11 @@ def aiohttp_patches(web_app: types.ModuleType) -> list[Patch]:
     holder = _Unmatched(_AiohttpUnmatched, web_app.__name__, handle.__code__)
     return [
         (application, "_handle", _aiohttp_handle(handle, holder)),
-        (match_info, "freeze", _aiohttp_freeze(freeze, holder, system)),
+        (
+            match_info,
+            "freeze",
+            _aiohttp_freeze(freeze, holder, system, _route_attribute(match_info)),
+        ),
     ]
 
 
@@ -413,9 +420,9 @@ def _aiohttp_handle(
 ) -> Callable[..., Any]:
     code = original.__code__
 
-    @functools.wraps(original)
-    def _handle(self: Any, request: Any) -> Any:
-        coro = original(self, request)
+    def rest(self: Any, request: Any, coro: Any) -> Any:
+        """What ``_handle`` does with the framework's coroutine ``coro`` (the compiled hook
+        decides the common case itself: a task made for the request)."""
         if _session.active is None:
             return coro
         try:
@@ -430,22 +437,32 @@ def _aiohttp_handle(
             _session.internal_error("labelling an aiohttp request by its route", err)
             return coro
 
+    compiled = getattr(futures._speedups, "route_hook", None)
+    if compiled is not None:
+        return _coroutine_function(
+            functools.update_wrapper(compiled("handle", original, rest), original)
+        )
+
+    @functools.wraps(original)
+    def _handle(self: Any, request: Any) -> Any:
+        return rest(self, request, original(self, request))
+
     return _coroutine_function(_handle)
 
 
 def _aiohttp_freeze(
-    original: Callable[[Any], None], holder: _Unmatched, system: Any
+    original: Callable[[Any], None], holder: _Unmatched, system: Any, route_attr: str
 ) -> Callable[[Any], None]:
     code = original.__code__
 
-    @functools.wraps(original)
-    def freeze(self: Any) -> None:
-        original(self)
+    def rest(self: Any, result: object) -> object:
+        """What ``freeze`` does once the framework's has run (the compiled hook decides the
+        common case itself: a known route, and a task made for the request)."""
         if _session.active is None:
-            return
+            return result
         try:
-            route = self.route
-            known = _cache.get((id(route), "", ""))
+            route = getattr(self, route_attr)
+            known = _aiohttp_routes.get(id(route))
             if known is not None and known[0]() is route:
                 record = known[1]
             else:
@@ -458,13 +475,40 @@ def _aiohttp_freeze(
                 _move(here, record)  # the call _handle() made for the request
                 if outer is not None and outer is not here:
                     _note(outer, here)  # inside a task that served requests before
-                return
+                return result
             if outer is not None and not outer.polls and outer.future.tracked_by == "task":
                 _move(outer, record)  # the request's task's own call
         except Exception as err:  # observing never breaks the program
             _session.internal_error("labelling an aiohttp request by its route", err)
+        return result
+
+    compiled = getattr(futures._speedups, "route_hook", None)
+    if compiled is not None:
+        hook = compiled("freeze", original, rest, _aiohttp_routes, holder, route_attr)
+        return functools.update_wrapper(hook, original)
+
+    @functools.wraps(original)
+    def freeze(self: Any) -> None:
+        original(self)
+        rest(self, None)
 
     return freeze
+
+
+def _route_attribute(match_info: Any) -> str:
+    """The attribute of aiohttp's match info that its hook reads the route from: the slot
+    ``_route`` where the ``route`` property only returns it (no Python call a request), else
+    ``route``."""
+    prop = vars(match_info).get("route")
+    getter = getattr(prop, "fget", None)
+    names = getattr(getattr(getter, "__code__", None), "co_names", None)
+    if (
+        isinstance(prop, property)
+        and names == ("_route",)
+        and "_route" in getattr(match_info, "__slots__", ())
+    ):
+        return "_route"
+    return "route"
 
 
 def _aiohttp_future(
@@ -478,5 +522,13 @@ def _aiohttp_future(
     method = route.method
     method = method if method in METHODS or method == "*" else "OTHER"
     record = _future(route, method, path, holder.code or code, holder.module)
-    _remember(route, "", record)
+    owner = record.owner
+    ref = owner if owner is not None and owner() is route else weakref.ref(route)
+    if len(_aiohttp_routes) >= CACHED:
+        for key, (known, _) in list(_aiohttp_routes.items()):
+            if known() is None:
+                del _aiohttp_routes[key]
+        if len(_aiohttp_routes) >= CACHED:
+            _aiohttp_routes.clear()
+    _aiohttp_routes[id(route)] = (ref, record)
     return record
