@@ -1780,6 +1780,7 @@ _SPEEDUPS_NAMES = (
     "fold_finished",
     "running_call",
     "running_calls",
+    "route_hook",  # (new with wake_hook's fifth argument: an older build lacks it)
     "set_poll_probe",
     "setup",
     "task_factory_call",
