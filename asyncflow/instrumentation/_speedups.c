@@ -2983,10 +2983,47 @@ static PyTypeObject WrapperType = {
  * (``self.__wrapped__``) with ``args`` and, while a profiler runs, wrap the coroutine it returns.
  * ``nargsf`` may carry PY_VECTORCALL_ARGUMENTS_OFFSET for ``args``. */
 
+/* A subclass of FutureFunction whose two slots every call reads are FutureFunction's own
+ * (own_code.OwnFunction: the program's own coroutine functions), found once: read in place as
+ * on FutureFunction itself, not through the attribute protocol (~370 instructions a call). */
+static PyTypeObject *ff_subclass;
+
+static int
+ff_same_slots(PyTypeObject *type)
+{
+    PyTypeObject *base = fields[FF_WRAPPED].type;
+    if (base == NULL || fields[FF_RECORD].type != base || !fields[FF_WRAPPED].offset ||
+        !fields[FF_RECORD].offset || !PyType_IsSubtype(type, base)) {
+        return 0;
+    }
+    for (int which = FF_WRAPPED; which <= FF_RECORD; which++) {
+        PyObject *name = fields[which].pyname;
+        if (_PyType_Lookup(type, name) != _PyType_Lookup(base, name)) {
+            return 0; /* (PyType_Lookup leaves no exception set) */
+        }
+    }
+    Py_XSETREF(ff_subclass, (PyTypeObject *)Py_NewRef(type));
+    return 1;
+}
+
+/* self.<FF_WRAPPED or FF_RECORD>: a new reference, or NULL with an exception set. */
+static inline PyObject *
+ff_get(PyObject *self, int which)
+{
+    PyTypeObject *type = Py_TYPE(self);
+    if (type != fields[which].type && (type == ff_subclass || ff_same_slots(type))) {
+        PyObject *v = *(PyObject **)((char *)self + fields[which].offset);
+        if (v != NULL) {
+            return Py_NewRef(v);
+        }
+    }
+    return field_get(self, which);
+}
+
 static PyObject *
 future_call(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
-    PyObject *fn = field_get(self, FF_WRAPPED); /* coro = self.__wrapped__(*args, **kw) */
+    PyObject *fn = ff_get(self, FF_WRAPPED); /* coro = self.__wrapped__(*args, **kw) */
     if (fn == NULL) {
         return NULL;
     }
@@ -3003,7 +3040,7 @@ future_call(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwna
         }
         return coro;
     }
-    PyObject *record = field_get(self, FF_RECORD);
+    PyObject *record = ff_get(self, FF_RECORD);
     PyObject *cls =
         record == NULL ? NULL : global_get(&wrapper_cache, futures_dict, s_wrapper_name);
     PyObject *res = NULL;
@@ -3170,6 +3207,20 @@ static PyObject *s_context, *kw_loop, *kw_loop_context; /* "context", ("loop",),
 static PyObject *asyncio_dict; /* asyncio's namespace: Task is read at each call, as Python does */
 static GlobalCache filter_cache, by_code_cache, task_cls_cache;
 
+/* task_record's answers from _by_code, remembered by the code's address (as _by_code keys by
+ * id): each valid while _by_code keeps the version it had, which any entry added or gone
+ * changes. Nothing is held: the record is the dict's while its version holds. */
+#if HAVE_DICT_VERSION
+#define TR_SLOTS 8
+typedef struct {
+    PyObject *code;   /* the key (never dereferenced) */
+    PyObject *dict;   /* _by_code then */
+    uint64_t version; /* its version then */
+    PyObject *record; /* borrowed from the dict */
+} TaskRecordHit;
+static TaskRecordHit tr_hits[TR_SLOTS];
+#endif
+
 /* The record a new task's coroutine is tracked under, or None. New reference; NULL with an
  * exception set. */
 static PyObject *
@@ -3186,12 +3237,25 @@ task_record(PyObject *coro)
                          : NULL;
     if (code != NULL && PyCode_Check(code) &&
         PyUnicode_Compare(((PyCodeObject *)code)->co_qualname, s_anyio_runner) != 0) {
+#if HAVE_DICT_VERSION
+        TaskRecordHit *hit = &tr_hits[((uintptr_t)code >> 4) % TR_SLOTS];
+        uint64_t version = dict_version(by_code);
+        if (hit->code == code && hit->dict == by_code && hit->version == version) {
+            Py_DECREF(code);
+            return Py_NewRef(hit->record);
+        }
+#endif
         /* _by_code.get((id(code), None, "task")) */
         PyObject *id = PyLong_FromVoidPtr(code);
         PyObject *key = id == NULL ? NULL : PyTuple_Pack(3, id, Py_None, s_task_kind);
         Py_XDECREF(id);
         PyObject *record = key == NULL ? NULL : PyDict_GetItemWithError(by_code, key);
         Py_XDECREF(key);
+#if HAVE_DICT_VERSION
+        if (record != NULL) {
+            *hit = (TaskRecordHit){code, by_code, version, record};
+        }
+#endif
         Py_DECREF(code);
         if (record != NULL) {
             return Py_NewRef(record);
@@ -3214,10 +3278,42 @@ task_record(PyObject *coro)
  * outwards): its code and instruction offset, no
  * line computed, no string made, the frame not kept. Leaves no exception set. */
 #define SITE_WALK 8
+static GlobalCache not_creators_cache;
+/* Whether a file is one of _NOT_CREATORS', remembered by the filename object (held, so that
+ * its address is not another's) and the tuple it was decided with (held too). */
+#define NC_SLOTS 8
+static PyObject *nc_skip;
+static PyObject *nc_file[NC_SLOTS];
+static Py_ssize_t nc_in[NC_SLOTS];
+
+static Py_ssize_t
+not_a_creator(PyObject *filename, PyObject *skip)
+{
+    Py_ssize_t slot = (Py_ssize_t)(((uintptr_t)filename >> 4) % NC_SLOTS);
+    if (nc_file[slot] == filename && nc_skip == skip) {
+        return nc_in[slot];
+    }
+    Py_ssize_t in = 0;
+    for (Py_ssize_t k = 0; in == 0 && k < PyTuple_GET_SIZE(skip); k++) {
+        in = PyUnicode_Tailmatch(filename, PyTuple_GET_ITEM(skip, k), 0, PY_SSIZE_T_MAX, -1);
+    }
+    if (in >= 0) {
+        if (nc_skip != skip) { /* decisions made with another tuple: forgotten */
+            for (int i = 0; i < NC_SLOTS; i++) {
+                Py_CLEAR(nc_file[i]);
+            }
+            Py_XSETREF(nc_skip, Py_NewRef(skip));
+        }
+        Py_XSETREF(nc_file[slot], Py_NewRef(filename));
+        nc_in[slot] = in;
+    }
+    return in;
+}
+
 static void
 note_creation(RecordObject *made)
 {
-    PyObject *skip = PyDict_GetItemWithError(futures_dict, s_not_creators); /* borrowed */
+    PyObject *skip = global_get(&not_creators_cache, futures_dict, s_not_creators); /* borrowed */
     if (skip == NULL || !PyTuple_CheckExact(skip)) {
         PyErr_Clear();
         return;
@@ -3226,11 +3322,7 @@ note_creation(RecordObject *made)
     Py_XINCREF(frame);
     for (int i = 0; frame != NULL && i < SITE_WALK; i++) {
         PyCodeObject *code = PyFrame_GetCode(frame);
-        Py_ssize_t in = 0;
-        for (Py_ssize_t k = 0; in == 0 && k < PyTuple_GET_SIZE(skip); k++) {
-            in = PyUnicode_Tailmatch(code->co_filename, PyTuple_GET_ITEM(skip, k), 0,
-                                     PY_SSIZE_T_MAX, -1);
-        }
+        Py_ssize_t in = not_a_creator(code->co_filename, skip);
         if (in == 0) {
             Py_XSETREF(made->created_code, (PyObject *)code);
             made->created_lasti = PyFrame_GetLasti(frame);
@@ -4963,6 +5055,9 @@ static PyTypeObject FifoHookType = {
  * wake_inline), else asyncio's own (wake_original). In C, as a method descriptor of the loop
  * class: no frame, no repacking of the arguments, no attribute look-up but the task's _coro. */
 
+/* the type of the latest call_soon callback's owner that was no task (held): the isinstance()
+ * of its next callbacks is not asked again */
+static PyTypeObject *wake_not_task;
 static PyObject *wake_original;  /* asyncio's call_soon (a function), while hooked */
 static PyObject *wake_py_stamp;  /* futures._stamp_woken: a Python wrapper's stamp */
 static PyTypeObject *wake_py_type; /* ... and that wrapper's type */
@@ -5058,9 +5153,15 @@ wake_stamp(PyObject *cb)
         return;
     }
     if (task_type == NULL || !Py_IS_TYPE(task, task_type)) { /* as futures._TASK_TYPES says */
+        if (Py_IS_TYPE(task, wake_not_task)) {
+            return; /* (a protocol's or a future's method, say: asked before) */
+        }
         PyObject *types = PyDict_GetItemWithError(futures_dict, s_task_types); /* borrowed */
         int is = types == NULL ? -1 : PyObject_IsInstance(task, types);
         if (is <= 0) {
+            if (is == 0) {
+                Py_XSETREF(wake_not_task, (PyTypeObject *)Py_NewRef(Py_TYPE(task)));
+            }
             PyErr_Clear();
             return;
         }

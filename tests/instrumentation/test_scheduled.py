@@ -343,3 +343,41 @@ def test_a_closed_loop_refuses_call_soon_as_asyncios_does() -> None:
     with asyncflow.profile("sched", format="none"), pytest.raises(RuntimeError) as profiled:
         loop.call_soon(print)
     assert str(profiled.value) == str(plain.value) == "Event loop is closed"
+
+
+async def test_a_method_of_another_object_scheduled_first_leaves_tasks_stamped(
+    fake_clock: FakeClock, prof: asyncflow.Profiler
+) -> None:
+    """The compiled stamp remembers the type of the latest callback owner that was no task, to
+    ask no isinstance() of the next; a task of a Task subclass, made by a program's factory,
+    is still a task, whatever was scheduled before it."""
+
+    class Owner:
+        def ping(self) -> None:
+            pass
+
+    class MyTask(asyncio.Task):  # type: ignore[type-arg]
+        pass
+
+    async def sched_sub() -> None:
+        for _ in range(3):
+            await asyncio.sleep(0)
+            fake_clock.advance(1_000)
+
+    loop = asyncio.get_running_loop()
+    loop.set_task_factory(lambda loop, coro, **kw: MyTask(coro, loop=loop, **kw))
+    try:
+        with asyncflow.instrument_tasks():
+            owner = Owner()
+            for _ in range(3):
+                loop.call_soon(owner.ping)  # a method of no task's, asked about once
+            task = asyncio.create_task(sched_sub())
+            assert type(task) is MyTask
+            await task
+    finally:
+        loop.set_task_factory(None)
+    entry = _future(
+        prof.snapshot(),
+        "test_a_method_of_another_object_scheduled_first_leaves_tasks_stamped.<locals>.sched_sub",
+    )
+    assert entry.scheduled_polls == 4  # the first step and each of the three wake-ups

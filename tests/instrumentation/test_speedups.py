@@ -836,7 +836,8 @@ def test_the_task_factory_tracks_alike_on_both_paths(
     assert results == [1, 2, 3, 4, 5, 6]
     assert names == ["named", "direct"] and counted and made == ["?"]
     snap = prof.snapshot()
-    (tasks,) = [f for f in snap.futures.futures if f.label.endswith("leaf")]
+    # (by its own qualified name: another test's ``leaf`` may still be alive, its future too)
+    (tasks,) = [f for f in snap.futures.futures if f.label.endswith("both_paths.<locals>.leaf")]
     assert tasks.call_count == 5  # leaf(1), (2), (3), (4), (6): one future, by the code
     (decorated,) = [f for f in snap.futures.futures if f.label == f"decorated leaf {impl}"]
     assert decorated.call_count == 1
@@ -1035,3 +1036,68 @@ def test_the_compiled_fold_matches_the_reference() -> None:
     with pytest.raises(LookupError):
         futures._speedups.fold_finished(ours, finished, 3, None, fails)
     assert ours.taken == 3 and len(finished) == 3  # the third was taken, the rest wait
+
+
+def test_a_task_of_code_seen_before_follows_each_session_and_filter(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The compiled factory remembers the future it found for a code object, while the table
+    it found it in is unchanged: each profile counts its own calls, and a filter set after
+    the code was seen still leaves its tasks untracked."""
+
+    async def seen(n: int) -> int:
+        await asyncio.sleep(0)
+        return n
+
+    def session(untracked: bool = False) -> int:
+        async def main() -> list[int]:
+            with asyncflow.instrument_tasks():
+                return list(await asyncio.gather(*(asyncio.create_task(seen(i)) for i in range(5))))
+
+        with asyncflow.profile("seen", format="none") as prof:
+            if untracked:  # (set once the profile started, which installs its own patterns)
+                monkeypatch.setattr(futures, "task_filter", lambda coro: False)
+            assert asyncio.run(main()) == [0, 1, 2, 3, 4]
+        calls = [f.call_count for f in prof.snapshot().futures.futures if f.label.endswith(".seen")]
+        return sum(calls)
+
+    assert session() == 5
+    assert session() == 5  # its own five, not ten
+    assert session(untracked=True) == 0
+
+
+@compiled
+def test_a_decorated_functions_subclass_is_read_as_its_class_says() -> None:
+    """The compiled call reads ``__wrapped__`` and ``future_record`` in their slots on
+    FutureFunction and on a subclass that keeps them (own_code.OwnFunction), and through the
+    attribute where a subclass puts its own in their place."""
+
+    async def work() -> int:
+        return 1
+
+    decorated: Any = asyncflow.future(name="slot of its own")(work)
+    other: Any = asyncflow.future(name="the property's")(work)  # (alive: its future is listed)
+    elsewhere = other.future_record
+
+    class Kept(type(decorated)):  # type: ignore[misc]
+        pass
+
+    class Redirected(type(decorated)):  # type: ignore[misc]
+        @property
+        def future_record(self) -> Any:
+            return elsewhere
+
+        @future_record.setter
+        def future_record(self, value: Any) -> None:
+            pass
+
+    kept = Kept(work, decorated.future_record)
+    redirected = Redirected(work, decorated.future_record)
+
+    async def main() -> list[int]:
+        return [await kept(), await redirected(), await kept()]
+
+    with asyncflow.profile("sub", format="none") as prof:
+        assert asyncio.run(main()) == [1, 1, 1]
+    counts = {f.label: f.call_count for f in prof.snapshot().futures.futures}
+    assert counts["slot of its own"] == 2 and counts["the property's"] == 1
