@@ -5513,27 +5513,23 @@ route_hook_get(PyObject *self, PyObject *obj, PyObject *type)
     return PyMethod_New(self, obj);
 }
 
+#define ROUTE_HOOK_OBJECTS(X) X(original) X(rest) X(cache) X(holder) X(route_attr) X(dict)
+
 static int
 route_hook_traverse(RouteHookObject *self, visitproc visit, void *arg)
 {
-    Py_VISIT(self->original);
-    Py_VISIT(self->rest);
-    Py_VISIT(self->cache);
-    Py_VISIT(self->holder);
-    Py_VISIT(self->route_attr);
-    Py_VISIT(self->dict);
+#define VISIT(name) Py_VISIT(self->name);
+    ROUTE_HOOK_OBJECTS(VISIT)
+#undef VISIT
     return 0;
 }
 
 static int
 route_hook_clear(RouteHookObject *self)
 {
-    Py_CLEAR(self->original);
-    Py_CLEAR(self->rest);
-    Py_CLEAR(self->cache);
-    Py_CLEAR(self->holder);
-    Py_CLEAR(self->route_attr);
-    Py_CLEAR(self->dict);
+#define CLEAR(name) Py_CLEAR(self->name);
+    ROUTE_HOOK_OBJECTS(CLEAR)
+#undef CLEAR
     return 0;
 }
 

@@ -100,15 +100,26 @@ def _future(
 
 def _remember(route: object, method: str, record: futures.FutureRecord, prefix: str = "") -> None:
     """Find ``record`` for ``route`` and ``method`` with a dict lookup from now on."""
+    _keep(_cache, (id(route), method, prefix), route, record)
+
+
+def _keep(
+    cache: dict[Any, tuple[Any, futures.FutureRecord]],
+    key: object,
+    route: object,
+    record: futures.FutureRecord,
+) -> None:
+    """``cache[key]``: ``route`` (weakly, checked when found: an id is reused) and its future;
+    past ``CACHED`` entries, those of gone routes go first, then all."""
     owner = record.owner
     ref = owner if owner is not None and owner() is route else weakref.ref(route)
-    if len(_cache) >= CACHED:
-        for key, (known, _) in list(_cache.items()):
+    if len(cache) >= CACHED:
+        for known_key, (known, _) in list(cache.items()):
             if known() is None:
-                del _cache[key]
-        if len(_cache) >= CACHED:
-            _cache.clear()
-    _cache[(id(route), method, prefix)] = (ref, record)
+                del cache[known_key]
+        if len(cache) >= CACHED:
+            cache.clear()
+    cache[key] = (ref, record)
 
 
 def _fresh_task_call() -> Any:
@@ -524,13 +535,5 @@ def _aiohttp_future(
     method = route.method
     method = method if method in METHODS or method == "*" else "OTHER"
     record = _future(route, method, path, holder.code or code, holder.module)
-    owner = record.owner
-    ref = owner if owner is not None and owner() is route else weakref.ref(route)
-    if len(_aiohttp_routes) >= CACHED:
-        for key, (known, _) in list(_aiohttp_routes.items()):
-            if known() is None:
-                del _aiohttp_routes[key]
-        if len(_aiohttp_routes) >= CACHED:
-            _aiohttp_routes.clear()
-    _aiohttp_routes[id(route)] = (ref, record)
+    _keep(_aiohttp_routes, id(route), route, record)
     return record

@@ -20,8 +20,8 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 
 import asyncflow
-from asyncflow.instrumentation.every_loop import track_every_loop
 from asyncflow.schema import Snapshot
+from tests.support.tracking import every_loop_tracked
 
 PLAIN_HANDLE = routing.Route.handle
 
@@ -65,12 +65,8 @@ ROUTED = {
 @pytest.fixture
 def tracked() -> Iterator[asyncflow.Profiler]:
     """A profiler, and every loop made from now on tracked as ``asyncflow run`` does."""
-    with asyncflow.profile("routes", format="none") as prof:
-        tracking = track_every_loop(executors=False)
-        try:
-            yield prof
-        finally:
-            tracking.undo()
+    with every_loop_tracked("routes") as prof:
+        yield prof
     assert routing.Route.handle is PLAIN_HANDLE  # (put back)
 
 
@@ -181,12 +177,8 @@ def _blocking_app() -> Starlette:
 @pytest.fixture
 def blocked() -> Iterator[asyncflow.Profiler]:
     """As ``tracked``, with a block threshold that a short sleep reaches."""
-    with asyncflow.profile("routes", format="none", block_threshold=THRESHOLD) as prof:
-        tracking = track_every_loop(executors=False)
-        try:
-            yield prof
-        finally:
-            tracking.undo()
+    with every_loop_tracked("routes", block_threshold=THRESHOLD) as prof:
+        yield prof
 
 
 #: how the warning of the handler's block begins: the call, and the route it served

@@ -22,6 +22,7 @@ from asyncflow.instrumentation import futures, routes
 from asyncflow.instrumentation.every_loop import track_every_loop
 from asyncflow.schema import Snapshot
 from tests.support.compiled_path import compiled
+from tests.support.tracking import every_loop_tracked
 
 PLAIN_HANDLE = web.Application._handle
 PLAIN_FREEZE = web_urldispatcher.UrlMappingMatchInfo.freeze
@@ -58,12 +59,8 @@ ROUTED = {"GET /orders/{order_id}": 3, "GET /health": 1, "(unmatched)": 1}
 @pytest.fixture
 def tracked() -> Iterator[asyncflow.Profiler]:
     """A profiler, and every loop made from now on tracked as ``asyncflow run`` does."""
-    with asyncflow.profile("routes", format="none") as prof:
-        tracking = track_every_loop(executors=False)
-        try:
-            yield prof
-        finally:
-            tracking.undo()
+    with every_loop_tracked("routes") as prof:
+        yield prof
     assert web.Application._handle is PLAIN_HANDLE  # (put back)
     assert web_urldispatcher.UrlMappingMatchInfo.freeze is PLAIN_FREEZE
 
