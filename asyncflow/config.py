@@ -190,8 +190,9 @@ def endpoint_process(environ: Mapping[str, str] | None = None) -> bool:
 
 def gil_hand_over(environ: Mapping[str, str] | None = None) -> bool:
     """Whether the program's threads hand the GIL over to the profiler's thread when it wakes
-    for work (the default, on the compiled path; ``ASYNCFLOW_GIL_HAND_OVER=0`` leaves the GIL's
-    own turns, under which a loop that keeps yielding can starve the endpoint's answers)."""
+    for work (the default: from any loop on the compiled path, at a tracked call's poll on the
+    pure-Python one; ``ASYNCFLOW_GIL_HAND_OVER=0`` leaves the GIL's own turns, under which a
+    loop that keeps yielding can starve the endpoint's answers)."""
     value = (os.environ if environ is None else environ).get(_HAND_OVER, "").strip().lower()
     return value not in ("0", "false", "no", "off")
 

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from asyncflow import _forksafe, clock, config
 from asyncflow.config import Options, resolve_options
 from asyncflow.errors import TRACE_OFF, AsyncflowError, PortInUseError
-from asyncflow.instrumentation import _session, futures
+from asyncflow.instrumentation import _handing, _session, futures
 from asyncflow.instrumentation.futures import reset_for_session
 
 if TYPE_CHECKING:
@@ -785,12 +785,36 @@ class _HandingEpoll:
         self._epoll.close()
 
 
+class _HandingSelector(selectors.DefaultSelector):
+    """The profiler loop's selector on the pure-Python path: it says how long each wait for
+    events may last and when the thread is back at work, for the program's tracked polls to
+    hand it the GIL (``instrumentation/_handing.py``, the pure-Python _HandingEpoll)."""
+
+    def select(self, timeout: float | None = None) -> list[tuple[Any, int]]:
+        _handing.waiting(timeout)
+        try:
+            ready: list[tuple[Any, int]] = super().select(timeout)
+        finally:
+            if timeout is None or timeout > 0:
+                _handing.woke()
+        return ready
+
+    def close(self) -> None:
+        _handing.forget()  # nobody hands the GIL over to a thread that no longer waits here
+        super().close()
+
+
 def _events_selector() -> selectors.BaseSelector:
     """The profiler loop's selector: epoll waited on through the compiled path where it is
-    built (see _HandingEpoll), unless ``ASYNCFLOW_GIL_HAND_OVER=0``; else the default."""
+    built (see _HandingEpoll), unless ``ASYNCFLOW_GIL_HAND_OVER=0``; on the pure-Python path,
+    one that says when the thread waits (_HandingSelector); else the default."""
     speedups = futures._speedups
+    if not config.gil_hand_over():
+        return selectors.DefaultSelector()
+    if speedups is None:
+        return _HandingSelector()
     wait = getattr(speedups, "wait_events", None)
-    if wait is None or not hasattr(selectors, "EpollSelector") or not config.gil_hand_over():
+    if wait is None or not hasattr(selectors, "EpollSelector"):
         return selectors.DefaultSelector()
     selector = selectors.EpollSelector()
     selector._selector = _HandingEpoll(  # type: ignore[attr-defined]

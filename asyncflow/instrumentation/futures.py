@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 
 from asyncflow import clock as _clock
 from asyncflow import config as _config
-from asyncflow.instrumentation import _imports, _raised, _session, loops
+from asyncflow.instrumentation import _handing, _imports, _raised, _session, loops
 from asyncflow.instrumentation._gone import AGGREGATES_KEPT, GONE_KEPT, Fold, GoneHistory, Watch
 from asyncflow.stats import SMALL_BUCKET, SMALL_LIMIT, bucket_of, new_histogram
 
@@ -923,6 +923,9 @@ def _probed_poll(w: InstrumentedCoroutine[Any], value: Any, thrown: Any) -> Any:
         except Exception as err:
             _probe_failed(probe[0], err)
     t0 = _clock.now_ns()
+    if t0 >= _handing.due:
+        _handing.hand_over()
+        t0 = _clock.now_ns()
     if r.woken:
         _scheduled(r, t0)
     if not r.first:
@@ -988,6 +991,9 @@ class InstrumentedCoroutine(Coroutine[Any, Any, _T]):
                 return _probed_poll(self, value, None)
             r = self._r
             t0 = _clock.now_ns()
+            if t0 >= _handing.due:  # the profiler's thread wants the GIL (_handing)
+                _handing.hand_over()
+                t0 = _clock.now_ns()
             woken = r.woken
             if woken:  # a task's own call, woken by its loop: _scheduled(r, t0), inlined
                 r.woken = 0
@@ -1054,6 +1060,9 @@ class InstrumentedCoroutine(Coroutine[Any, Any, _T]):
                     thrown = None  # see below: no cycle through this frame's locals
             r = self._r
             t0 = _clock.now_ns()
+            if t0 >= _handing.due:
+                _handing.hand_over()
+                t0 = _clock.now_ns()
             if r.woken:
                 _scheduled(r, t0)
             if not r.first:

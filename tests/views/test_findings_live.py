@@ -167,9 +167,9 @@ def _poll(url: str, seen: Callable[[dict[str, Any]], bool], kind: str) -> dict[s
     latest: dict[str, dict[str, Any]] = {}
     pause = threading.Event()
     while time.monotonic() < deadline:
-        # (the whole patience for one answer: on the pure-Python path, which has no GIL
-        # hand-over, a program as busy as the wake-up storm starves the endpoint's answers,
-        # docs/endpoint.md says; one took over 10 s in CI, and 2 to 11 s here)
+        # (the whole patience for one answer: a program as busy as the wake-up storm keeps the
+        # GIL from the profiler's thread but for the hand-over, docs/endpoint.md says; on the
+        # pure-Python path, before it had one, an answer took 2 s to over 30 s)
         latest = _warnings(url, max(10.0, deadline - time.monotonic()))
         if kind in latest and seen(latest[kind]):
             return latest[kind]
