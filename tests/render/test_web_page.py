@@ -139,12 +139,31 @@ class _Dom(HTMLParser):
 
 def render(*urls: str, tmp_path: Path) -> list[list[Element]]:
     """Load each of ``urls`` in a headless Chromium of its own (all at once), let the page's
-    scripts run (and fetch), and parse the DOM each rendered."""
+    scripts run (and fetch), and parse the DOM each rendered.
+
+    A page still ``loading`` when Chromium dumped it is loaded again, twice at most: virtual
+    time waits for fetches and timers, not for work off the page's thread (a recording's
+    ``DecompressionStream``), which a loaded machine can leave unfinished (seen once in a full
+    run: the end state of a replay had no moment yet)."""
+    rendered = _render(urls, tmp_path, "chromium")
+    for attempt in (1, 2):
+        for i, url in enumerate(urls):
+            if _settled(rendered[i]) == "loading":
+                (rendered[i],) = _render((url,), tmp_path, f"again-{attempt}-{i}")
+    return rendered
+
+
+def _settled(elements: list[Element]) -> str | None:
+    """The page's state as its body says it (``loading`` until its first render)."""
+    return next((e.attrs.get("data-state") for e in elements if e.tag == "body"), None)
+
+
+def _render(urls: tuple[str, ...], tmp_path: Path, profiles: str) -> list[list[Element]]:
     browser = chromium()
     assert browser is not None
     runs = [
         subprocess.Popen(
-            command(browser, url, tmp_path / f"chromium-{i}"),
+            command(browser, url, tmp_path / f"{profiles}-{i}"),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
