@@ -50,7 +50,7 @@ from asyncflow.instrumentation import _session
 if TYPE_CHECKING:
     from asyncflow.profiler import Profiler
 
-__all__ = ["Child", "Following", "follow", "report_on_sigterm"]
+__all__ = ["Child", "Following", "follow", "report_on_sigterm", "say"]
 
 #: the most children a parent lists when it stops (the others are counted)
 MAX_LISTED = 100
@@ -254,6 +254,17 @@ def follow(
 SIGNAL_REPORT_TIMEOUT = 5.0
 #: how long the interrupted main thread waits in the handler before it is let go on
 SIGNAL_HOLD = 1.0
+
+
+def say(line: str) -> None:
+    """Write ``line`` to stderr in one write. The processes of one program share their stderr,
+    and ``print()`` writes a line's text and its end apart: with ``PYTHONUNBUFFERED`` set, a
+    worker's line landed between another's text and its end, and two lines read as one."""
+    try:
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+    except (AttributeError, OSError, ValueError):  # no stderr, or closed: nobody to tell
+        pass
 
 
 def report_on_sigterm(
@@ -496,13 +507,11 @@ def _start_forked(child: Child, parent: Following) -> tuple[Profiler, Following]
         profiler.child_of = (child.parent_pid, child.role)
         _start_untracked(profiler)
     except Exception as exc:
-        print(f"asyncflow: {child.name!r} runs unprofiled: {exc}", file=sys.stderr, flush=True)
+        say(f"asyncflow: {child.name!r} runs unprofiled: {exc}")
         return None
-    print(
+    say(
         f"asyncflow: profiling {child.name!r} (pid {os.getpid()}); endpoint: "
-        f"{profiler.url or 'not served'}",
-        file=sys.stderr,
-        flush=True,
+        f"{profiler.url or 'not served'}"
     )
     following = Following(profiler, argparse.Namespace(**child.args), parent.target, parent.setup)
     following.active = True  # its parent followed it: it follows its own
@@ -612,7 +621,7 @@ def _fresh(child: Child, run: Callable[[], None]) -> BaseException | None:
     try:
         child.setup(args, child.name, child.target, program, None)
     except Exception as exc:  # e.g. the endpoint cannot start: the work runs unprofiled
-        print(f"asyncflow: {child.name!r} runs unprofiled: {exc}", file=sys.stderr, flush=True)
+        say(f"asyncflow: {child.name!r} runs unprofiled: {exc}")
     finally:
         deferral.end()
     if not ran:

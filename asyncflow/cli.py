@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import orjson
 
 from asyncflow import config, schema
-from asyncflow._children import report_on_sigterm
+from asyncflow._children import report_on_sigterm, say
 from asyncflow._version import __version__
 from asyncflow.errors import AsyncflowError, PortInUseError
 from asyncflow.profiler import DISABLED
@@ -502,13 +502,9 @@ def _profiled(
     except PortInUseError as exc:
         raise AsyncflowError(exc.said_as("--port" if args.port else exc.source)) from None
     if config.disabled():  # start() started nothing: say so, and run the program as it is
-        print(f"{DISABLED}: {name!r} runs without profiling", file=sys.stderr, flush=True)
+        say(f"{DISABLED}: {name!r} runs without profiling")
     else:
-        print(
-            f"asyncflow: profiling {name!r}; endpoint: {profiler.url or 'not served'}",
-            file=sys.stderr,
-            flush=True,
-        )
+        say(f"asyncflow: profiling {name!r}; endpoint: {profiler.url or 'not served'}")
     every_loop = track_every_loop(
         executors=not args.no_executors, by_route=not profiler.options.no_routes
     )
@@ -582,13 +578,11 @@ def _armed_run(
     except (ValueError, TypeError) as exc:
         raise _Usage(_flagged(str(exc), options)) from None
     if config.disabled():
-        print(f"{DISABLED}: {name!r} runs without profiling", file=sys.stderr, flush=True)
+        say(f"{DISABLED}: {name!r} runs without profiling")
     else:
-        print(
+        say(
             f"asyncflow: {name!r} runs armed (pid {os.getpid()}): 'asyncflow attach "
-            f"{os.getpid()}' profiles it",
-            file=sys.stderr,
-            flush=True,
+            f"{os.getpid()}' profiles it"
         )
     # SIGTERM while attached: the report first, as under 'asyncflow run' (armed: the socket
     # and the registry file are taken away, then it dies by SIGTERM as before)

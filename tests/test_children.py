@@ -19,7 +19,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from asyncflow import cli
+from asyncflow import _children, cli
 from asyncflow.serve import registry
 from tests.support.commands import EXAMPLES, asyncflow_cmd, write
 
@@ -374,3 +374,24 @@ def test_ps_lists_each_worker_after_its_parent_with_the_parents_pid(
         for process in sleeping:
             process.kill()
             process.wait()
+
+
+def test_a_line_to_the_shared_stderr_is_one_write(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The processes of one program share stderr; print() writes a line's text and its end
+    # apart, and under PYTHONUNBUFFERED a worker's "profiling" line landed between another's
+    # text and its end (docs/services.md's workers block read two lines as one, in CI).
+    writes: list[str] = []
+
+    class Recorded:
+        def write(self, text: str) -> int:
+            writes.append(text)
+            return len(text)
+
+        def flush(self) -> None:
+            writes.append("<flush>")
+
+    monkeypatch.setattr(sys, "stderr", Recorded())
+    _children.say("asyncflow: profiling 'workers/process-1'; endpoint: not served")
+    assert writes == ["asyncflow: profiling 'workers/process-1'; endpoint: not served\n", "<flush>"]
+    monkeypatch.setattr(sys, "stderr", None)  # no stderr (pythonw, a closed one): nobody to tell
+    _children.say("asyncflow: profiling 'x'; endpoint: not served")
