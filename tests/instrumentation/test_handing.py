@@ -121,6 +121,9 @@ def test_a_tracked_poll_hands_over_once_the_profilers_thread_is_due(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(_handing, "HAND_OVER_S", 0.0001)
+    # (a gap no loaded machine outlasts between two polls of one run: one hand-over a run)
+    monkeypatch.setattr(_handing, "GAP_NS", 3600 * 10**9)
+    monkeypatch.setattr(_handing, "GAP_MAX_NS", 3600 * 10**9)
     # (a profiler whose own thread hands nothing over: this test plays that thread)
     monkeypatch.setenv("ASYNCFLOW_GIL_HAND_OVER", "0")
 
