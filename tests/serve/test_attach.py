@@ -630,7 +630,10 @@ async def work(method, done):
     event = asyncio.Event()
     task = asyncio.create_task(parked(event), name=f"in-{method}")
     await asyncio.sleep(0)
-    print(f"ready {method} {os.getpid()}", flush=True)
+    # (one write: under PYTHONUNBUFFERED print() writes the line's end apart, and the three
+    # children's lines interleaved)
+    sys.stdout.write(f"ready {method} {os.getpid()}\\n")
+    sys.stdout.flush()
     await asyncio.get_running_loop().run_in_executor(None, done.wait)
     event.set()
     await task
