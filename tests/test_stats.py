@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 import sys
 
@@ -35,6 +36,41 @@ def test_percentiles_by_rank() -> None:
     assert abs(p["p99"] - 99_000) <= 99_000 / 64
     assert abs(p["p100"] - 100_000) <= 100_000 / 64
     assert stats.percentiles(stats.new_histogram(), [50]) == {}
+
+
+def _first_reaching(histogram: dict[int, int] | list[int], q: float) -> int | None:
+    """The percentile as its definition reads: the first filled bucket, in bucket order, whose
+    running count reaches the rank ceil(total * q / 100) (at least 1)."""
+    pairs = sorted(histogram.items()) if isinstance(histogram, dict) else enumerate(histogram)
+    filled = [(b, n) for b, n in pairs if n > 0]
+    total = sum(n for _, n in filled)
+    rank = max(1, math.ceil(total * q / 100))
+    seen = 0
+    for bucket, count in filled:
+        seen += count
+        if seen >= rank:
+            return stats.bucket_value(bucket)
+    return None
+
+
+def test_each_percentile_is_the_first_bucket_whose_running_count_reaches_its_rank() -> None:
+    rng = random.Random(11)
+    qs = [0.1, 1, 33.3, 50, 90, 99, 99.9, 100]
+    for _ in range(500):
+        h = stats.new_histogram()
+        for _ in range(rng.randrange(0, 200)):
+            stats.record(h, rng.randrange(0, 10 ** rng.randrange(2, 12)), rng.randrange(1, 4))
+        if h and rng.random() < 0.3:
+            h[rng.choice(list(h))] = 0  # a bucket emptied (a merge can leave one)
+        dense = [rng.choice([0, 0, 1, 2, 7]) for _ in range(rng.randrange(0, 40))]
+        for histogram in (dict(h), dense):
+            got = stats.percentiles(h if histogram is not dense else dense, qs)
+            expected = {
+                stats.percentile_key(q): v
+                for q in qs
+                if (v := _first_reaching(histogram, q)) is not None
+            }
+            assert got == expected
 
 
 def test_memory_is_bounded_whatever_the_sample_count() -> None:
