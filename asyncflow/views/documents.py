@@ -1085,19 +1085,25 @@ def _ask(
     one long callback: see :class:`~asyncflow.model.waits.SlicedWalk`)."""
     done: concurrent.futures.Future[tuple[list[TaskWalk], int]] = concurrent.futures.Future()
     reading = SlicedWalk(record, loop)
+    # The two callbacks reach the reading through ``held``, which the first of them to end the
+    # reading empties: a future keeps its callbacks, so a callback that held the reading would
+    # make a cycle (the reading, its future, the callback) of every walk it read, freed only
+    # by a collection of the garbage collector, twice a second, in the program's process.
+    held = [reading]
 
     def finished(walked: concurrent.futures.Future[list[TaskWalk]]) -> None:
+        spent = held.pop().spent_ns if held else 0
         if walked.cancelled() or not done.set_running_or_notify_cancel():
             return
         exc = walked.exception()  # taken as a loop not read; never the program's
         if exc is not None:
             done.set_exception(exc)
         else:
-            done.set_result((walked.result(), reading.spent_ns))
+            done.set_result((walked.result(), spent))
 
     def cancel(asked: concurrent.futures.Future[Any]) -> None:
-        if asked.cancelled():
-            reading.done.cancel()  # no more slices
+        if asked.cancelled() and held:
+            held.pop().done.cancel()  # no more slices
 
     reading.done.add_done_callback(finished)
     done.add_done_callback(cancel)

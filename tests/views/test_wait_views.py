@@ -6,6 +6,7 @@ import asyncio
 import concurrent.futures
 import gc
 import warnings
+import weakref
 from typing import Any
 
 import anyio
@@ -149,6 +150,45 @@ async def test_the_deadlock_watch_reads_a_loop_in_slices(
     assert len(set(seen)) == len(seen)  # one task a turn: the loop ran between them
     go.set()
     await asyncio.gather(*crew)
+
+
+@pytest.mark.parametrize("given_up", [False, True])
+async def test_the_deadlock_watchs_reading_is_freed_without_the_garbage_collector(
+    prof: asyncflow.Profiler, monkeypatch: pytest.MonkeyPatch, given_up: bool
+) -> None:
+    # Twice a second the watch reads every task. The callbacks of its futures held the reading,
+    # and a future keeps its callbacks: the reading, its walks and their entries were a cycle,
+    # and the program's process ran a collection of the garbage collector for them.
+    go = asyncio.Event()
+
+    async def waiter() -> None:
+        await go.wait()
+
+    crew = [asyncio.create_task(waiter(), name=f"f{i}") for i in range(3)]
+    loop = asyncio.get_running_loop()
+    record = loops.see(loop)
+    await asyncio.sleep(0)
+    made: list[weakref.ref[waits.SlicedWalk]] = []
+
+    class Watched(waits.SlicedWalk):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            made.append(weakref.ref(self))
+
+    monkeypatch.setattr(documents, "SlicedWalk", Watched)
+    gc.disable()
+    try:
+        asked = documents._ask(loop, record)
+        if given_up:
+            assert asked.cancel()
+        with anyio.fail_after(5):
+            while made[0]() is not None:  # (the loop drops its callback once it ran)
+                await asyncio.sleep(0)
+        assert asked.cancelled() if given_up else asked.result()[0]
+    finally:
+        gc.enable()
+        go.set()
+        await asyncio.gather(*crew)
 
 
 async def forgotten() -> None:
