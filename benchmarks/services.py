@@ -39,7 +39,10 @@ directly: ``--base-options=--no-locks`` against the default run is what the prim
 ``--base-checkout DIR`` has the first server import the ``asyncflow`` of another checkout (a
 ``git worktree`` of an earlier commit, its extension built with ``setup.py build_ext
 --inplace``): with ``--base-options=`` both run under ``asyncflow run``, and the ratio is the
-change's.
+change's. ``--base-env NAME=VALUE`` sets a variable in the first server's environment
+(``--run-env`` in the second's): with ``--base-options=``, the ratio is what the variable
+changes, e.g. the GIL hand-over (``ASYNCFLOW_GIL_HAND_OVER=0``) or the pure-Python path
+(``ASYNCFLOW_NO_EXTENSIONS=1``) against the compiled one.
 
     python benchmarks/services.py                         # every service, 7 pairs
     python benchmarks/services.py --only aiohttp --pairs 9 --requests 4000
@@ -207,6 +210,8 @@ class Server:
     options: tuple[str, ...] | None = None
     #: a checkout whose ``asyncflow`` this server imports (put first on its PYTHONPATH)
     checkout: Path | None = None
+    #: variables set in this server's environment, over this process's (``--base-env``)
+    env: dict[str, str] = field(default_factory=dict)
     process: subprocess.Popen[bytes] = field(init=False)
     sock: str = field(init=False)
     #: CPU seconds over the measured loads by thread, "main" and "other" (``--threads``)
@@ -233,9 +238,10 @@ class Server:
             SERVICES_UPSTREAM=upstream,
             SERVICES_DB=str(self.workdir / f"{self.service.name}-{kind}.db"),
         )
+        env.update(self.env)
         if self.checkout is not None:
             env["PYTHONPATH"] = os.pathsep.join(
-                p for p in (str(self.checkout), os.environ.get("PYTHONPATH")) if p
+                p for p in (str(self.checkout), env.get("PYTHONPATH")) if p
             )
         self.log = open(self.workdir / f"{self.service.name}-{kind}.log", "wb")  # noqa: SIM115
         # In its work directory: ``python -m`` puts the working directory first on the path,
@@ -339,10 +345,12 @@ async def measure(
     options: tuple[str, ...] | None = (),
     base: tuple[str, ...] | None = None,
     base_checkout: Path | None = None,
+    base_env: dict[str, str] | None = None,
+    run_env: dict[str, str] | None = None,
 ) -> Figures:
     """``pairs`` paired loads on a plain and a profiled server of ``service`` (the first under
     ``asyncflow run`` too, with ``base``, unless None, and with the ``asyncflow`` of
-    ``base_checkout``, if given).
+    ``base_checkout``, if given; ``base_env`` and ``run_env`` set in each one's environment).
 
     Each pair runs on two servers started for it (unless ``SAME_PROCESSES``): a process's own
     luck (its hash seed, where its memory lies) moves its CPU per request by a few percent for
@@ -357,8 +365,8 @@ async def measure(
                 if servers is not None:
                     await _stop(servers)
                 servers = (
-                    Server(service, False, workdir, reports, base, base_checkout),
-                    Server(service, True, workdir, reports, options),
+                    Server(service, False, workdir, reports, base, base_checkout, base_env or {}),
+                    Server(service, True, workdir, reports, options, env=run_env or {}),
                 )
                 await _started(servers, upstream, max(200, requests // 5), clients)
             plain, profiled = servers
@@ -479,6 +487,8 @@ async def run(args: argparse.Namespace) -> None:
                     None if args.aa else tuple(args.run_options.split()),
                     None if args.base_options is None else tuple(args.base_options.split()),
                     args.base_checkout,
+                    dict(args.base_env),
+                    dict(args.run_env),
                 )
                 report(service, figures, args.pairs, requests, args.clients)
         finally:
@@ -585,6 +595,14 @@ def primitives(pairs: int) -> None:
             )
 
 
+def _variable(text: str) -> tuple[str, str]:
+    """``NAME=VALUE`` (the value may be empty, or hold ``=``) as (name, value)."""
+    name, equals, value = text.partition("=")
+    if not equals or not name or "\0" in text:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected NAME=VALUE")
+    return name, value
+
+
 def main(argv: list[str] | None = None) -> int:
     global SAME_PROCESSES, SLICE, THREADS, NEW_CONNECTIONS  # (set once, from the command line)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -614,6 +632,24 @@ def main(argv: list[str] | None = None) -> int:
         help="the first server imports the asyncflow of this checkout (a git worktree of an "
         "earlier commit, its extension built in place): with --base-options, the ratios pair "
         "a change against the code before it",
+    )
+    parser.add_argument(
+        "--base-env",
+        type=_variable,
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="set a variable in the first server's environment (repeatable): with "
+        "--base-options=, the ratios pair what the variable changes, e.g. "
+        "--base-env ASYNCFLOW_GIL_HAND_OVER=0",
+    )
+    parser.add_argument(
+        "--run-env",
+        type=_variable,
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="set a variable in the second (profiled) server's environment (repeatable)",
     )
     parser.add_argument(
         "--primitives",

@@ -151,3 +151,58 @@ def test_a_servers_loads_keep_their_clients_connections(
 
     asyncio.run(main())
     assert len(peers) == (6 if new_connections else 2)
+
+
+def test_each_servers_variables_reach_its_environment_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--base-env``/``--run-env``: a variable set for one server is in its environment, over
+    this process's, and not in the other's; with ``--base-checkout``, a PYTHONPATH given
+    that way stays after the checkout."""
+    services = _services(monkeypatch)
+    ran = tmp_path / "ran.txt"
+    checkout = _checkout(tmp_path / "before", ran)
+    (checkout / "asyncflow" / "__main__.py").write_text(
+        "import os, pathlib\n"
+        f"pathlib.Path({str(ran)!r} + os.environ['WHICH']).write_text(\n"
+        "    os.environ.get('PICKED', '-') + ' ' + os.environ['PYTHONPATH'])\n"
+    )
+    monkeypatch.setenv("PICKED", "inherited")
+    monkeypatch.setenv("PYTHONPATH", "")
+    servers = [
+        services.Server(
+            services.SERVICES["aiohttp"],
+            profiled,
+            tmp_path,
+            None,
+            (),
+            checkout,
+            env={"WHICH": str(profiled), **extra},
+        )
+        for profiled, extra in [
+            (False, {"PICKED": "a=b", "PYTHONPATH": str(tmp_path / "extra")}),
+            (True, {}),
+        ]
+    ]
+    for server in servers:
+        server.start(str(tmp_path / "upstream.sock"))
+    for server in servers:
+        assert server.process.wait(timeout=60) == 0
+        server.log.close()
+    assert (tmp_path / "ran.txtFalse").read_text() == (
+        f"a=b {checkout}{os.pathsep}{tmp_path / 'extra'}"
+    )
+    assert (tmp_path / "ran.txtTrue").read_text() == f"inherited {checkout}"
+
+
+@pytest.mark.parametrize("bad", ["NAME", "=value", ""])
+def test_a_variable_that_is_not_name_equals_value_is_refused(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], bad: str
+) -> None:
+    services = _services(monkeypatch)
+    with pytest.raises(SystemExit) as exit_:
+        services.main(["--base-env", bad, "--pairs", "1"])
+    assert exit_.value.code == 2
+    assert f"{bad!r}: expected NAME=VALUE" in capsys.readouterr().err
+    assert services._variable("A=b=c") == ("A", "b=c")
+    assert services._variable("A=") == ("A", "")
