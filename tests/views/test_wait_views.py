@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import gc
 import warnings
 import weakref
+from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
@@ -117,18 +119,28 @@ async def test_a_reading_walks_at_most_its_bound_oldest_tracked_calls_first(
         await asyncio.gather(*crew)
 
 
-async def test_the_deadlock_watch_reads_a_loop_in_slices(
-    prof: asyncflow.Profiler, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@contextlib.asynccontextmanager
+async def _waiting(prefix: str, n: int) -> AsyncIterator[loops.LoopRecord]:
+    """``n`` tasks named ``prefix0``... waiting on an event until the block ends; yields the
+    running loop's record."""
     go = asyncio.Event()
 
     async def waiter() -> None:
         await go.wait()
 
-    crew = [asyncio.create_task(waiter(), name=f"s{i}") for i in range(8)]
-    loop = asyncio.get_running_loop()
-    record = loops.see(loop)
+    crew = [asyncio.create_task(waiter(), name=f"{prefix}{i}") for i in range(n)]
+    record = loops.see(asyncio.get_running_loop())
     await asyncio.sleep(0)
+    try:
+        yield record
+    finally:
+        go.set()
+        await asyncio.gather(*crew)
+
+
+async def test_the_deadlock_watch_reads_a_loop_in_slices(
+    prof: asyncflow.Profiler, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # each slice's clock is up after its first task
     monkeypatch.setattr(waits, "SLICE_NS", 0, raising=False)
     turns = [0]
@@ -139,17 +151,16 @@ async def test_the_deadlock_watch_reads_a_loop_in_slices(
         seen.append(turns[0])
         return real(*args)
 
-    monkeypatch.setattr(waits, "walk_task", counted)
-    asked = documents._ask(loop, record)
-    with anyio.fail_after(5):
-        while not asked.done():  # the counting probe: one turn of the loop each
-            turns[0] += 1
-            await asyncio.sleep(0)
+    async with _waiting("s", 8) as record:
+        monkeypatch.setattr(waits, "walk_task", counted)
+        asked = documents._ask(asyncio.get_running_loop(), record)
+        with anyio.fail_after(5):
+            while not asked.done():  # the counting probe: one turn of the loop each
+                turns[0] += 1
+                await asyncio.sleep(0)
     walks, _ = asked.result()
     assert {f"s{i}" for i in range(8)} <= {w.entry.name for w in walks}
     assert len(set(seen)) == len(seen)  # one task a turn: the loop ran between them
-    go.set()
-    await asyncio.gather(*crew)
 
 
 @pytest.mark.parametrize("given_up", [False, True])
@@ -159,15 +170,6 @@ async def test_the_deadlock_watchs_reading_is_freed_without_the_garbage_collecto
     # Twice a second the watch reads every task. The callbacks of its futures held the reading,
     # and a future keeps its callbacks: the reading, its walks and their entries were a cycle,
     # and the program's process ran a collection of the garbage collector for them.
-    go = asyncio.Event()
-
-    async def waiter() -> None:
-        await go.wait()
-
-    crew = [asyncio.create_task(waiter(), name=f"f{i}") for i in range(3)]
-    loop = asyncio.get_running_loop()
-    record = loops.see(loop)
-    await asyncio.sleep(0)
     made: list[weakref.ref[waits.SlicedWalk]] = []
 
     class Watched(waits.SlicedWalk):
@@ -176,19 +178,18 @@ async def test_the_deadlock_watchs_reading_is_freed_without_the_garbage_collecto
             made.append(weakref.ref(self))
 
     monkeypatch.setattr(documents, "SlicedWalk", Watched)
-    gc.disable()
-    try:
-        asked = documents._ask(loop, record)
-        if given_up:
-            assert asked.cancel()
-        with anyio.fail_after(5):
-            while made[0]() is not None:  # (the loop drops its callback once it ran)
-                await asyncio.sleep(0)
-        assert asked.cancelled() if given_up else asked.result()[0]
-    finally:
-        gc.enable()
-        go.set()
-        await asyncio.gather(*crew)
+    async with _waiting("f", 3) as record:
+        gc.disable()
+        try:
+            asked = documents._ask(asyncio.get_running_loop(), record)
+            if given_up:
+                assert asked.cancel()
+            with anyio.fail_after(5):
+                while made[0]() is not None:  # (the loop drops its callback once it ran)
+                    await asyncio.sleep(0)
+            assert asked.cancelled() if given_up else asked.result()[0]
+        finally:
+            gc.enable()
 
 
 async def forgotten() -> None:
