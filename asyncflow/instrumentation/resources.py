@@ -1888,10 +1888,8 @@ def _materialize_anyio(lock: Any, ref: _LazyAnyio) -> ResourceRecord | None:
             _bind(lock, record)  # (replaces ref, which goes with its last reference)
             owner = lock._owner_task
             if owner is not None:
-                if ref.held:  # since when is not known: since the collector's last tick
-                    session = _session.active
-                    record.slot[1] = ref.holder
-                    record.slot[0] = -(session.tick if session is not None else _clock.now_ns())
+                if ref.held:
+                    _found_held(record, ref.holder)
                 else:  # inside its acquire: as if the hook had seen it begin
                     record.pending.add(id(owner))
             if site.record.folded > 0:  # it folds into the site's record again when gone
@@ -2277,10 +2275,8 @@ def _materialize(obj: Any, site: _Site) -> ResourceRecord | None:
                 holder = getattr(obj, "_asyncflow_holder", None)
                 if holder is not None:
                     object.__delattr__(obj, "_asyncflow_holder")
-                if obj._locked:  # since when is not known: since the collector's last tick
-                    session = _session.active
-                    record.slot[1] = holder
-                    record.slot[0] = -(session.tick if session is not None else _clock.now_ns())
+                if obj._locked:
+                    _found_held(record, holder)
             object.__setattr__(obj, _MARK, record)
             if site.record.folded > 0:  # it folds into the site's record again when gone
                 site.record.folded -= 1
@@ -2317,10 +2313,20 @@ def _materialize_condition(condition: Any, record: ResourceRecord) -> None:
             object.__delattr__(obj, name)
     object.__setattr__(inner, _LOCK_RECORD, record)  # (as _lock_hooks finds it: its own)
     _instrument_asyncio(condition, record)
-    if inner._locked:  # since when is not known: since the collector's last tick
-        session = _session.active
-        record.slot[1] = holder
-        record.slot[0] = -(session.tick if session is not None else _clock.now_ns())
+    record.stats.sampled_hold += holds  # (untimed: the first hold timed stands for itself)
+    if inner._locked:
+        _found_held(record, holder)
+
+
+def _found_held(record: ResourceRecord, holder: CallRecord | None) -> None:
+    """Open the hold of a lock found held as it gets its record: by the call its fast path
+    noted, since now at the latest (when it was taken is not known).
+
+    Timed from now, a hold that outlasts its first contention reads at least as long as it
+    was seen held: the locks of a deadlock read how long they were stuck, not 0 ns.
+    """
+    record.slot[1] = holder
+    record.slot[0] = _clock.now_ns()
 
 
 def _materialize_lazy() -> None:

@@ -17,6 +17,7 @@ import anyio
 import pytest
 
 import asyncflow
+from asyncflow.clock import FakeClock
 from asyncflow.instrumentation import _sites, resources
 
 USES = 50
@@ -125,6 +126,48 @@ async def test_a_lock_contended_later_gets_a_record_that_knows_its_holder(cls: A
             if (r.label, r.kind) == (record.label, record.kind)
         ]
         assert row is record  # the live lock's own row; the line's counting row holds nothing
+
+
+@pytest.mark.parametrize(
+    "cls",
+    [asyncio.Lock, anyio.Lock, asyncio.Condition],
+    ids=["asyncio.Lock", "anyio.Lock", "asyncio.Condition"],
+)
+async def test_a_lock_held_when_it_gets_its_record_times_that_hold_from_then(
+    cls: Any, fake_clock: FakeClock
+) -> None:
+    """A lock taken before it had a record (a deadlock's, typically) is known held only from
+    its first contention on: its row reads at least that long a hold, not 0 ns, and that hold
+    stands for itself alone, not for the untimed ones before it."""
+
+    async def holder(lock: Any, held: asyncio.Event, go: asyncio.Event) -> None:
+        async with lock:
+            held.set()
+            await go.wait()
+
+    async def waiter(lock: Any) -> None:
+        async with lock:
+            pass
+
+    with asyncflow.profile("lazy", format="none", port=None), asyncflow.instrument_locks():
+        lock, held, go = cls(), asyncio.Event(), asyncio.Event()
+        for _ in range(3):  # never waited for: untimed, each
+            async with lock:
+                fake_clock.advance(1_000)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(holder, lock, held, go)
+            await held.wait()
+            tg.start_soon(waiter, lock)
+            with anyio.fail_after(5):
+                while (record := resources.resource_of(lock)) is None or not record.stats.waiting:
+                    await asyncio.sleep(0)
+            fake_clock.advance(2_000_000_000)
+            go.set()
+        st = record.stats
+        assert resources.acquisitions(record) == resources.releases(record) >= 2
+        assert (st.hold_max, st.hold_ns) == (2_000_000_000, 2_000_000_000)  # (no time passed after)
+        first = resources.logs_of(record, "hold")[0]
+        assert first.duration_ns == 2_000_000_000  # the holder's
 
 
 async def test_a_lazy_anyio_lock_gets_its_record_when_the_mode_ends() -> None:

@@ -72,6 +72,10 @@ def test_a_lock_order_deadlock_is_an_error_in_the_exit_report(tmp_path: Path) ->
     assert "deadlock.py:24 #1" in message and "deadlock.py:24 #2" in message
     assert message.count("taken at deadlock.py:28") == 2
     assert warning["evidence"]["tasks"] == 2 and warning["evidence"]["resources"] == 2
+    # each lock was held from before main's 1.5 s wait to the end: its row says so
+    locks = [r for r in _report(report)["resources"]["resources"] if r["label"] == "deadlock.py:24"]
+    assert len(locks) == 2
+    assert all(r["holds"] == 1 and r["max_hold_ns"] >= 1_000_000_000 for r in locks), locks
 
 
 @contextmanager
