@@ -163,6 +163,7 @@ async def test_a_lock_held_when_it_gets_its_record_times_that_hold_from_then(
                     await asyncio.sleep(0)
             fake_clock.advance(2_000_000_000)
             go.set()
+        assert record is not None
         st = record.stats
         assert resources.acquisitions(record) == resources.releases(record) >= 2
         assert (st.hold_max, st.hold_ns) == (2_000_000_000, 2_000_000_000)  # (no time passed after)
