@@ -1562,6 +1562,17 @@ class ResourceEntry:
     #: per notify, as tokio-console's self-wake lint reads wakes per poll (0 for other kinds)
     woken: int = 0
 
+    @property
+    def held_so_far_ns(self) -> int:
+        """The time it was held: the holds that ended (``total_hold_ns``) and those open now,
+        for as long as they have been so far (a deadlock's lock, a permit never given back)."""
+        return self.total_hold_ns + sum(h.held_ns for h in self.holders)
+
+    @property
+    def longest_hold_so_far_ns(self) -> int:
+        """The longest hold, an open one for as long as it has been so far."""
+        return max([self.max_hold_ns, *(h.held_ns for h in self.holders)])
+
 
 @dataclass(frozen=True, slots=True)
 class ResourcesDocument:

@@ -1158,8 +1158,9 @@ VIEWS: tuple[View[Any, Any], ...] = (
             _count("waiting", 1, lambda r: r.waiters_now, "tasks waiting for it now"),
             _dur("waitΣ", 1, lambda r: r.total_wait_ns,
                  "time callers waited for it, summed over waits"),
-            _dur("holdΣ", 2, lambda r: r.total_hold_ns,
-                 "time it was held, summed over holds (a wait far longer: contention)"),
+            _dur("holdΣ", 2, lambda r: r.held_so_far_ns,
+                 "time it was held, summed over holds, those open now so far (a wait far "
+                 "longer: contention)"),
             _count("acq", 2, lambda r: r.acquisitions, "acquisitions so far"),
             _count("waited", 3, lambda r: r.contended_acquisitions,
                    "acquisitions that had to wait"),

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import os
+import re
 from pathlib import Path
 
 import pytest
 
+import asyncflow
+from asyncflow.clock import FakeClock
 from asyncflow.render import report
 from asyncflow.render.report import format_duration, render, render_table
 from asyncflow.schema import (
@@ -283,3 +287,28 @@ def test_the_scheduled_delay_is_a_column_only_where_a_wake_up_was_measured() -> 
     assert lines[4][at].strip() == "-"
     plain = render_table(_snapshot([unmeasured]), (50.0, 99.0), limit=0).splitlines()
     assert "sched" not in plain[2]
+
+
+async def test_the_resource_table_counts_the_holds_open_now_as_held_so_far(
+    fake_clock: FakeClock,
+) -> None:
+    """A lock held when the report is written (a deadlock's at SIGTERM, a permit never given
+    back) reads as held for as long as it has been so far, not 0 ns: its hold total and max
+    hold count it beside the holds that ended."""
+    with asyncflow.profile("open", format="none", port=None, sampling=1) as prof:
+        gate = asyncflow.instrument_lock(asyncio.Lock(), name="gate")
+        async with gate:
+            fake_clock.advance(2_000_000)  # a hold that ended: 2 ms
+        await gate.acquire()
+        fake_clock.advance(3_000_000_000)  # open for 3 s when the report is written
+        try:
+            snapshot = prof.snapshot()
+        finally:
+            gate.release()
+    (entry,) = [r for r in snapshot.resources.resources if r.label == "gate"]  # type: ignore[union-attr]
+    assert (entry.total_hold_ns, entry.max_hold_ns) == (2_000_000, 2_000_000)  # (ended holds)
+    lines = render_table(snapshot, (50.0, 99.0), limit=0).splitlines()
+    header = next(line for line in lines if line.startswith("resource "))
+    row = next(line for line in lines if line.startswith("gate "))
+    cells = dict(zip(re.split(r"  +", header.strip()), re.split(r"  +", row.strip()), strict=True))
+    assert (cells["hold total"], cells["max hold"]) == ("3 s", "3 s")
