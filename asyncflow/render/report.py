@@ -345,7 +345,7 @@ def _channel_row(c: ChannelEntry, live: bool) -> list[str]:
         f"{c.received_count:,}",
         f"{c.queue_size}/{c.max_queue_size}" + (f", {c.lost_count:,} lost" if c.lost_count else ""),
         format_duration(c.delay_ns.get("p50")),
-        format_duration(c.max_delay_ns),
+        format_duration(c.max_delay_ns if c.delay_ns else None),  # none timed yet: "-"
         format_duration(c.producers_blocked_ns),
         format_duration(c.consumers_starved_ns),
     ]

@@ -312,3 +312,18 @@ async def test_the_resource_table_counts_the_holds_open_now_as_held_so_far(
     row = next(line for line in lines if line.startswith("gate "))
     cells = dict(zip(re.split(r"  +", header.strip()), re.split(r"  +", row.strip()), strict=True))
     assert (cells["hold total"], cells["max hold"]) == ("3 s", "3 s")
+
+
+async def test_a_queue_whose_messages_were_never_received_has_no_time_in_queue_yet() -> None:
+    """No message was received, so none has a time in queue: both columns say so ("-"), not
+    "0 ns" beside messages that have sat there all along."""
+    with asyncflow.profile("queues", format="none", port=None, sampling=1) as prof:
+        outbox = asyncflow.instrument_queue(asyncio.Queue[int](), name="outbox")
+        for i in range(3):
+            outbox.put_nowait(i)
+        snapshot = prof.snapshot()
+    assert snapshot.channels is not None
+    (entry,) = [c for c in snapshot.channels.channels if c.label == "outbox"]
+    assert (entry.sent_count, entry.received_count, entry.queue_size) == (3, 0, 3)
+    cells = dict(zip(report._CHANNEL_COLUMNS, report._channel_row(entry, True), strict=True))
+    assert (cells["p50 in queue"], cells["max in queue"]) == ("-", "-")
