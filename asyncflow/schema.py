@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 import orjson
 
 __all__ = [
+    "OWN_CODE",
     "SCHEMA",
     "AwaitFrame",
     "BarrierInfo",
@@ -99,6 +100,11 @@ __all__ = [
 SCHEMA = 1
 
 
+#: ``FutureEntry.tracked_by`` of the program's own coroutine functions, which ``asyncflow run``
+#: tracks without being asked
+OWN_CODE = "own_code"
+
+
 @dataclass(frozen=True, slots=True)
 class Location:
     """Where a future is defined."""
@@ -166,7 +172,8 @@ class FutureEntry:
     #: ``module:qualname``
     source: str
     location: Location
-    #: ``decorator``, ``task`` (whole-program mode) or ``instrument``
+    #: ``decorator``, ``task`` (whole-program mode), ``instrument`` or ``own_code`` (a coroutine
+    #: function of the program's own code, tracked by ``asyncflow run`` unasked: ``OWN_CODE``)
     tracked_by: str
     call_count: int
     calls: CallStates

@@ -238,6 +238,8 @@ def test_the_workers_example_gets_a_report_per_worker(tmp_path: Path) -> None:
         text = (tmp_path / f"report.{role}.txt").read_text()
         assert text.startswith(f"asyncflow · workers/{role} · ")
         assert re.search(r"^handle +20 +20/0/0 ", text, re.M), text
+        # awaited, not a task's: tracked because the script's functions are, in the child too
+        assert re.search(r"^fetch +20 +20/0/0 ", text, re.M), text
         assert f"  workers/{role}  pid " in done.stderr
     # the parent's table report ends with the same list
     assert report.read_text().endswith(

@@ -34,6 +34,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from asyncflow.instrumentation import _session, futures
+from asyncflow.schema import OWN_CODE
 
 __all__ = [
     "OWN_CODE",
@@ -41,12 +42,11 @@ __all__ = [
     "OwnFunction",
     "compile_source",
     "program_roots",
+    "track_loaded",
     "track_own_code",
     "transform",
 ]
 
-#: ``tracked_by`` of the futures made for the program's own coroutine functions
-OWN_CODE = "own_code"
 #: the name the added decorator is looked up by (in builtins: no module's namespace changes)
 DECORATOR = "__asyncflow_own_code__"
 #: the name each of the program's own decorators of such a function is passed through
@@ -460,4 +460,41 @@ def track_own_code(script: str | None = None, module: str | None = None) -> OwnC
                 setattr(builtins, name, function)
         _handles.append(handle)
         _sync()
+    main = sys.modules.get("__mp_main__")
+    if main is not None and _under(_real(getattr(main, "__file__", None) or "/"), handle.roots):
+        track_loaded(main)
     return handle
+
+
+def track_loaded(module: types.ModuleType) -> int:
+    """Track, in place, the coroutine functions a module loaded before the tracking began
+    defines at its top level, and the coroutine methods of its classes: each name is bound
+    to the tracked function. Returns how many functions were tracked.
+
+    A child that multiprocessing spawns runs the parent's script again as ``__mp_main__``
+    before anything of asyncflow's is imported there, compiling it itself (``runpy``): its
+    ``async def``\\ s get no decorator. Calls through the module's names (a target calling
+    ``serve``, which awaits ``fetch``) are tracked from here on; what the module handed
+    elsewhere as it ran (a route table, a callback) keeps the function itself.
+    """
+    tracked = 0
+    try:
+        for name, value in list(vars(module).items()):
+            if getattr(value, "__module__", None) != module.__name__:
+                continue  # imported from elsewhere: that module's
+            if type(value) is types.FunctionType:
+                own = _own(value)
+                if own is not value:
+                    setattr(module, name, own)
+                    # (runpy ran it in a namespace of its own, and gave the module a copy:
+                    # the functions look their names up there)
+                    if value.__globals__.get(name) is value:
+                        value.__globals__[name] = own
+                    tracked += 1
+            elif isinstance(value, type):
+                before = dict(vars(value))
+                _own_class(value)
+                tracked += sum(vars(value).get(k) is not v for k, v in before.items())
+    except Exception as err:  # observing never breaks the program: the rest stays untracked
+        _session.internal_error("tracking the coroutine functions of a module already loaded", err)
+    return tracked

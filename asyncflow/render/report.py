@@ -10,6 +10,7 @@ from functools import partial
 from typing import TypeVar
 
 from asyncflow.schema import (
+    OWN_CODE,
     ChannelEntry,
     ExecutorEntry,
     FlowDocument,
@@ -188,8 +189,12 @@ def render_table(snapshot: Snapshot, percentiles: tuple[float, ...], limit: int)
     live = status.running
     every = snapshot.futures.futures
     futures = [f for f in every if f.call_count]  # one never called is a name, not a row
+    # (the program's own coroutine functions, tracked unasked, are no news when never called:
+    # a parent whose workers ran them, an app whose other routes nobody asked for)
     never = [
-        named(f.label, f.folded_count, live and not f.alive) for f in every if not f.call_count
+        named(f.label, f.folded_count, live and not f.alive)
+        for f in every
+        if not f.call_count and f.tracked_by != OWN_CODE
     ]
     shown = futures if limit == 0 else futures[:limit]
     calls = sum(f.call_count for f in futures)

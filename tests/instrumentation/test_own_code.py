@@ -561,3 +561,48 @@ def test_a_class_that_refuses_new_attributes_keeps_its_methods() -> None:
     finally:
         tracking.undo()
     assert vars(Service)["handle"] is plain
+
+
+LOADED = """\
+import asyncio
+from asyncio import sleep
+
+
+async def fetch(n):
+    await sleep(0)
+    return n
+
+
+async def handle(n):
+    return 2 * await fetch(n)
+
+
+class Service:
+    async def serve(self, n):
+        return await handle(n)
+"""
+
+
+def test_a_module_loaded_before_the_tracking_has_its_functions_tracked_in_place() -> None:
+    """As a spawned child's ``__mp_main__``: run by runpy before asyncflow was there, in a
+    namespace of its own that the module got a copy of. Its functions and its classes'
+    coroutine methods are tracked, in both namespaces; what it imported is left alone."""
+    namespace: dict[str, Any] = {"__name__": "loaded_early"}
+    exec(compile(LOADED, "loaded_early.py", "exec"), namespace)  # (no decorator added)
+    module = type(sys)("loaded_early")
+    module.__dict__.update(namespace)  # runpy's copy
+    tracking = own_code.track_own_code()
+    try:
+        with asyncflow.profile("t", format="none") as prof:
+            assert own_code.track_loaded(module) == 3
+            assert module.sleep is asyncio.sleep and namespace["sleep"] is asyncio.sleep
+            assert module.fetch is namespace["fetch"] and type(module.fetch) is own_code.OwnFunction
+            assert asyncio.run(module.Service().serve(3)) == 6  # through the namespace's names
+            assert own_code.track_loaded(module) == 0  # (tracked once)
+            snap = prof.snapshot()
+    finally:
+        tracking.undo()
+    calls = {
+        f.label: f.call_count for f in snap.futures.futures if f.location.file == "loaded_early.py"
+    }
+    assert calls == {"fetch": 1, "handle": 1, "Service.serve": 1}

@@ -15,6 +15,7 @@ from asyncflow.clock import FakeClock
 from asyncflow.render import report
 from asyncflow.render.report import format_duration, render, render_table
 from asyncflow.schema import (
+    OWN_CODE,
     CallStates,
     FutureEntry,
     FuturesDocument,
@@ -327,3 +328,13 @@ async def test_a_queue_whose_messages_were_never_received_has_no_time_in_queue_y
     assert (entry.sent_count, entry.received_count, entry.queue_size) == (3, 0, 3)
     cells = dict(zip(report._CHANNEL_COLUMNS, report._channel_row(entry, True), strict=True))
     assert (cells["p50 in queue"], cells["max in queue"]) == ("-", "-")
+
+
+def test_the_programs_own_functions_never_called_are_not_named() -> None:
+    """``asyncflow run`` tracks the program's own coroutine functions unasked: one never called
+    here (a parent whose workers ran it, a route nobody asked for) is no news; a decorated
+    one is."""
+    decorated = dataclasses.replace(_entry(2, "asked", 0), call_count=0)
+    own = dataclasses.replace(_entry(3, "handler", 0), call_count=0, tracked_by=OWN_CODE)
+    lines = render_table(_snapshot([_entry(1, "fetch", 5_000), decorated, own]), (50.0,), 0)
+    assert "never called: asked" in lines.splitlines()
