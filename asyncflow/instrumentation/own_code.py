@@ -482,14 +482,15 @@ def track_loaded(module: types.ModuleType) -> int:
         for name, value in list(vars(module).items()):
             if getattr(value, "__module__", None) != module.__name__:
                 continue  # imported from elsewhere: that module's
-            if type(value) is types.FunctionType:
+            if isinstance(value, types.FunctionType):  # (a type none can derive from)
                 own = _own(value)
                 if own is not value:
                     setattr(module, name, own)
                     # (runpy ran it in a namespace of its own, and gave the module a copy:
                     # the functions look their names up there)
-                    if value.__globals__.get(name) is value:
-                        value.__globals__[name] = own
+                    names: dict[str, Any] = value.__globals__
+                    if names.get(name) is value:
+                        names[name] = own
                     tracked += 1
             elif isinstance(value, type):
                 before = dict(vars(value))
