@@ -497,13 +497,14 @@ _WRAP = 100
 
 
 def _held(w: WarningEntry) -> str:
-    """When a warning that no longer holds did: its first and last evaluation that found it."""
+    """When a warning that no longer holds did: its first and last evaluation that found it
+    ("found", not "held": beside a lock's hold, a deadlock's window read as that hold's)."""
     if w.active:
         return ""
     first, last = format_duration(w.first_seen_ns), format_duration(w.last_seen_ns)
     if w.first_seen_ns == w.last_seen_ns:
-        return f" (seen at {first} into the run)"
-    return f" (held from {first} to {last} into the run)"
+        return f" (found at {first} into the run)"
+    return f" (found from {first} to {last} into the run)"
 
 
 def _warnings(warnings: list[WarningEntry]) -> list[str]:

@@ -23,6 +23,8 @@ from asyncflow.schema import (
     Outcomes,
     ProfilerStatus,
     Snapshot,
+    WarningEntry,
+    WarningSubject,
 )
 
 
@@ -338,3 +340,22 @@ def test_the_programs_own_functions_never_called_are_not_named() -> None:
     own = dataclasses.replace(_entry(3, "handler", 0), call_count=0, tracked_by=OWN_CODE)
     lines = render_table(_snapshot([_entry(1, "fetch", 5_000), decorated, own]), (50.0,), 0)
     assert "never called: asked" in lines.splitlines()
+
+
+@pytest.mark.parametrize(
+    ("first", "last", "said"),
+    [
+        (600_000_000, 1_100_000_000, " (found from 600 ms to 1.1 s into the run)"),
+        (2_000_000_000, 2_000_000_000, " (found at 2 s into the run)"),
+    ],
+)
+def test_a_warning_that_no_longer_holds_says_when_it_was_found(
+    first: int, last: int, said: str
+) -> None:
+    """Beside a deadlock's "taken at deadlock.py:28 for 984 ms", a window read "held from
+    603 ms to 1.12 s": the lock's hold, it seemed, contradicting the figure before it. The
+    window is when the evaluations found the warning, and says so."""
+    subject = WarningSubject("resource", 1, "gate", None)
+    earlier = WarningEntry("deadlock", "error", subject, "Deadlock", "fix", {}, first, last, False)
+    assert report._held(earlier) == said
+    assert report._held(dataclasses.replace(earlier, active=True)) == ""
