@@ -509,8 +509,8 @@ class StreamEntry:
     max_wait_ns: int
     #: the timed waits, each weighted by the items it stands for (exact while sampling is 1)
     total_wait_ns: int
-    #: time the consumer spent between receiving an item and asking for the next, weighted
-    #: likewise
+    #: time the consumer spent between receiving an item and asking for the next: the
+    #: iterations' whole time (to now for those active) less ``total_wait_ns``
     consumer_ns: int
     #: items whose wait was measured
     timed_count: int = 0

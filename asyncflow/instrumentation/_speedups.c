@@ -673,7 +673,6 @@ enum {
     SE_APPENDED,
     SE_KEEP_IN_PLACE,
     IT_STATS,
-    IT_YIELDED_AT,
     IT_ARMING,
     SS_ITEMS,
     SS_ARM,
@@ -702,7 +701,6 @@ static Field fields[N_FIELDS] = {
     [SE_APPENDED] = {"Session", "appended", NS_SESSION},
     [SE_KEEP_IN_PLACE] = {"Session", "keep_in_place", NS_SESSION},
     [IT_STATS] = {"_Iteration", "stats", NS_STREAMS},
-    [IT_YIELDED_AT] = {"_Iteration", "yielded_at", NS_STREAMS},
     [IT_ARMING] = {"_Iteration", "arming", NS_STREAMS},
     [SS_ITEMS] = {"StreamStats", "items", NS_STREAMS},
     [SS_ARM] = {"StreamStats", "arm", NS_STREAMS},
@@ -3498,8 +3496,6 @@ typedef struct {
  * returns itself, so a step awaits it as it is. Learned from the first async generator seen. */
 static PyTypeObject *asend_type;
 
-static PyObject *small_zero; /* the int 0: ``yielded_at`` is 0 (this very object) when unset */
-
 /* obj.<field> as a borrowed reference when it is read at its slot's offset; NULL otherwise
  * (also when unset), with no exception set: the caller then takes the slow path. */
 static inline PyObject *
@@ -3542,28 +3538,19 @@ streams_get(PyObject *name)
     return v;
 }
 
-/* it.resumed(), unless there is nothing for it to do (no timed item before, none armed). */
+/* it.resumed(), unless there is nothing for it to do (the next item is not timed). */
 static int
 iteration_resumed(PyObject *iteration)
 {
-    if (field_peek(iteration, IT_YIELDED_AT) == small_zero &&
-        field_peek(iteration, IT_ARMING) == Py_False) {
+    if (field_peek(iteration, IT_ARMING) == Py_False) {
         return 0; /* the common case, read in place */
     }
-    PyObject *at = field_get(iteration, IT_YIELDED_AT);
-    if (at == NULL) {
+    PyObject *arming = field_get(iteration, IT_ARMING);
+    if (arming == NULL) {
         return -1;
     }
-    int busy = PyObject_IsTrue(at);
-    Py_DECREF(at);
-    if (busy == 0) {
-        PyObject *arming = field_get(iteration, IT_ARMING);
-        if (arming == NULL) {
-            return -1;
-        }
-        busy = PyObject_IsTrue(arming);
-        Py_DECREF(arming);
-    }
+    int busy = PyObject_IsTrue(arming);
+    Py_DECREF(arming);
     if (busy < 0) {
         return -1;
     }
@@ -5786,10 +5773,6 @@ PyInit__speedups(void)
         INTERN(fh_pynames[i], fh_names[i]);
     }
     INTERN(s_queue_storage, "_queue");
-    small_zero = PyLong_FromLong(0);
-    if (small_zero == NULL) {
-        return NULL;
-    }
     for (Py_ssize_t i = 0; i < BUCKETS; i++) {
         bucket_ints[i] = PyLong_FromSsize_t(i);
         if (bucket_ints[i] == NULL) {

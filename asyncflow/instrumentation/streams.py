@@ -3,8 +3,8 @@
 A stream record stands for a definition: a decorated async generator function, or the code (or
 type) of the iterables wrapped with the same name. Each iteration of it is an instance with a
 state (``active``, ``exhausted``, ``closed``, ``cancelled``, ``failed``). Per item, asyncflow
-times the wait inside ``__anext__`` (how long the consumer waited for the producer) and the time
-the consumer spent between items, and keeps a bounded log of recent items.
+times the wait inside ``__anext__`` (how long the consumer waited for the producer) and each
+iteration's whole time (the consumer's is the rest), and keeps a bounded log of recent items.
 
 A record watches its code object (or type) weakly. When that is freed, the record leaves the
 registry for the bounded history of gone streams (see ``_gone``): memory follows the
@@ -37,6 +37,7 @@ __all__ = [
     "GONE_KEPT",
     "InstrumentedAsyncIterator",
     "StreamRecord",
+    "consumer_ns",
     "reap",
     "recent_items",
     "stream",
@@ -67,13 +68,14 @@ class StreamStats:
 
     __slots__ = (
         "arm",
-        "between_ns",
         "instances",
         "interval",
         "items",
         "last_ns",
         "log",
+        "running",
         "sampled",
+        "spent_ns",
         "timed",
         "wait_hist",
         "wait_max",
@@ -89,7 +91,13 @@ class StreamStats:
         self.timed = 0
         self.wait_ns = 0
         self.wait_max = 0
-        self.between_ns = 0
+        #: the time of the iterations that ended, start to end; and those active, with the sum
+        #: of their starts (one tuple: a reader on another thread sees both of one moment). The
+        #: consumer's time is what the waits inside ``__anext__`` leave of it, measured whole
+        #: rather than from timed items (its time between items varies too much: one timed
+        #: gap standing for a hundred read it 30 times off)
+        self.spent_ns = 0
+        self.running: tuple[int, int] = (0, 0)
         self.wait_hist = new_histogram()
         self.instances = dict.fromkeys(STATES, 0)
         #: the recent timed items, oldest first: (index, timestamp, wait ns, item repr). A list
@@ -106,35 +114,32 @@ _FOLD = Fold(
     StreamStats,
     maximum=("interval", "wait_max"),
     histogram=("instances", "wait_hist"),  # instances: a count per state
-    left=("arm", "last_ns", "log", "sampled"),  # sampling state; _merge keeps the last items
+    left=("arm", "last_ns", "log", "running", "sampled"),  # sampling state, the iterations
+    # running (none, once gone); _merge keeps the last items
 )
 
 
 class _Iteration:
     """One iteration of a stream: its state, and the times its next timed item needs."""
 
-    __slots__ = ("arming", "record", "resumed_at", "state", "stats", "weight", "yielded_at")
+    __slots__ = ("arming", "began", "record", "resumed_at", "state", "stats")
 
     def __init__(self, record: StreamRecord) -> None:
         self.record = record
         self.stats = st = record.stats
         self.state = ACTIVE
         st.instances[ACTIVE] += 1
-        self.yielded_at = 0  # when the last timed item was handed over
-        self.weight = 0  # the items it stands for
         self.arming = False  # the next item is timed: note when the consumer asks for it
+        self.began = now = _clock.now_ns()
+        active, began = st.running
+        st.running = (active + 1, began + now)
         # the first item is timed from the start when it is due
-        self.resumed_at = _clock.now_ns() if st.items >= st.arm else 0
+        self.resumed_at = now if st.items >= st.arm else 0
 
     def resumed(self) -> None:
-        """The consumer asks for the next item, after a timed item or before one."""
-        now = 0
-        if self.yielded_at:
-            now = _clock.now_ns()
-            self.stats.between_ns += (now - self.yielded_at) * self.weight
-            self.yielded_at = 0
+        """The consumer asks for the item that is timed next."""
         if self.arming:
-            self.resumed_at = now or _clock.now_ns()
+            self.resumed_at = _clock.now_ns()
             self.arming = False
 
     def end(self, exc: BaseException | None) -> None:
@@ -150,7 +155,11 @@ class _Iteration:
         else:
             state = FAILED
         self.state = state
-        instances = self.stats.instances
+        st = self.stats
+        st.spent_ns += _clock.now_ns() - self.began
+        active, began = st.running
+        st.running = (active - 1, began - self.began)
+        instances = st.instances
         # The end counted before the iteration leaves ACTIVE: a reap that sees none active
         # (on the collector's thread) may fold the record at once.
         instances[state] += 1
@@ -179,8 +188,6 @@ def _timed_item(it: _Iteration, item: Any) -> Any:
         st.last_ns = now
         st.arm = n + interval - 1
         it.arming = interval == 1
-        it.yielded_at = now
-        it.weight = weight
         st.timed += 1
         st.wait_ns += wait * weight
         if wait > st.wait_max:
@@ -199,6 +206,14 @@ def _timed_item(it: _Iteration, item: Any) -> Any:
     except Exception as err:  # observing never breaks the program
         _session.internal_error("timing a stream item", err)
     return item
+
+
+def consumer_ns(st: StreamStats, now: int) -> int:
+    """The time the consumers spent outside ``__anext__`` (between items), up to ``now``: the
+    iterations' time, start to end (or to now), less the waits for items (an estimate from
+    the timed items while sampling)."""
+    active, began = st.running
+    return max(0, st.spent_ns + active * now - began - st.wait_ns)
 
 
 def recent_items(st: StreamStats) -> list[tuple[int, int, int, str | None]]:

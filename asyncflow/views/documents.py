@@ -34,7 +34,13 @@ from asyncflow.instrumentation.futures import (
 )
 from asyncflow.instrumentation.loops import LoopRecord, loop_registry
 from asyncflow.instrumentation.resources import resource_registry
-from asyncflow.instrumentation.streams import ACTIVE, StreamRecord, recent_items, stream_registry
+from asyncflow.instrumentation.streams import (
+    ACTIVE,
+    StreamRecord,
+    consumer_ns,
+    recent_items,
+    stream_registry,
+)
 from asyncflow.model.collector import Collector, live_calls
 from asyncflow.model.monitor import BlockLine, Episode, LoopState, running_calls
 from asyncflow.model.threads import FRESH_NS, threads_document
@@ -564,8 +570,8 @@ def _flow_edge(source: str, target: str, e: Edge, messages: int, qs: tuple[float
     )
 
 
-def stream_entry(record: StreamRecord, qs: tuple[float, ...]) -> StreamEntry:
-    """One stream definition's figures over the session."""
+def stream_entry(record: StreamRecord, qs: tuple[float, ...], now: int) -> StreamEntry:
+    """One stream definition's figures over the session, up to ``now``."""
     st = record.stats
     instances = dict(st.instances)
     state = ACTIVE
@@ -583,7 +589,7 @@ def stream_entry(record: StreamRecord, qs: tuple[float, ...]) -> StreamEntry:
         wait_ns=at_most(stats.percentiles(st.wait_hist, qs), st.wait_max),
         max_wait_ns=st.wait_max,
         total_wait_ns=st.wait_ns,
-        consumer_ns=st.between_ns,
+        consumer_ns=consumer_ns(st, now),
         timed_count=st.timed,
         sampling_interval=st.interval,
         alive=record.alive,
@@ -598,7 +604,8 @@ def streams_document(
     qs = collector.options.percentiles
     records = stream_registry()
     chosen = ordered_page(records, lambda r: (-r.stats.items, r.id), offset, limit)
-    page = [stream_entry(r, qs) for r in chosen]
+    now = clock.now_ns()
+    page = [stream_entry(r, qs, now) for r in chosen]
     return StreamsDocument(
         schema=SCHEMA,
         total=len(records),

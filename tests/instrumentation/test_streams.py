@@ -269,7 +269,32 @@ async def test_sampled_items_stand_for_the_items_between_them(fake_clock: FakeCl
     assert entry.timed_count == 5 and {e.wait_ns for e in logs.items} == {30}
     # Weighted totals: each timed item stands for the eight since the previous one.
     assert entry.total_wait_ns == 30 * (1 + 8 * 4)
-    assert entry.consumer_ns == 70 * (1 + 8 * 4)
+    # The consumer's time is the iteration's whole time less those waits (the seven items
+    # after the last timed one are in the whole time, not yet in the waits' estimate).
+    assert entry.consumer_ns == 40 * (30 + 70) - entry.total_wait_ns
+
+
+async def test_the_consumers_time_holds_when_its_time_between_items_varies(
+    fake_clock: FakeClock,
+) -> None:
+    """A consumer that is slow on the items that are not timed (it waits on a full channel
+    now and then): one timed gap standing for eight read its time 30 times off, once. The
+    iteration's whole time, less the waits, reads it within one interval of waits."""
+
+    @asyncflow.stream(name="uneven")
+    async def readings() -> AsyncIterator[int]:
+        for i in range(100):
+            fake_clock.advance(30)  # each item takes 30 ns to make
+            yield i
+
+    with asyncflow.profile("uneven", format="none", sampling=8) as prof:
+        async for i in readings():
+            fake_clock.advance(10_000 if i % 8 == 4 else 10)  # slow between untimed items
+        snap = prof.snapshot()
+    entry, _ = _stream(snap, "uneven")
+    assert entry.sampling_interval == 8
+    spent = sum(10_000 if i % 8 == 4 else 10 for i in range(100))
+    assert abs(entry.consumer_ns - spent) <= 8 * 30, (entry.consumer_ns, spent)
 
 
 async def test_the_log_keeps_the_last_timed_items(fake_clock: FakeClock) -> None:
