@@ -252,18 +252,27 @@ def test_without_source_the_wrapper_still_counts() -> None:
     assert (entry.items_yielded, entry.state) == (4, "exhausted")
 
 
-async def test_sampled_items_stand_for_the_items_between_them(fake_clock: FakeClock) -> None:
-    @asyncflow.stream(name="sampled", log_items=True)
-    async def steady() -> AsyncIterator[int]:
-        for i in range(40):
-            fake_clock.advance(30)  # each item takes 30 ns to make
+async def _sampled(
+    fake_clock: FakeClock, name: str, items: int, use: Callable[[int], int]
+) -> tuple[StreamEntry, StreamLogs]:
+    """A stream of ``items`` items that take 30 ns each to make and ``use(i)`` ns each to use,
+    iterated once with one item in eight timed: its entry and logs."""
+
+    @asyncflow.stream(name=name, log_items=True)
+    async def made() -> AsyncIterator[int]:
+        for i in range(items):
+            fake_clock.advance(30)
             yield i
 
-    with asyncflow.profile("sampled", format="none", sampling=8) as prof:
-        async for _ in steady():
-            fake_clock.advance(70)  # and 70 ns to use
+    with asyncflow.profile(name, format="none", sampling=8) as prof:
+        async for i in made():
+            fake_clock.advance(use(i))
         snap = prof.snapshot()
-    entry, logs = _stream(snap, "sampled")
+    return _stream(snap, name)
+
+
+async def test_sampled_items_stand_for_the_items_between_them(fake_clock: FakeClock) -> None:
+    entry, logs = await _sampled(fake_clock, "sampled", 40, lambda i: 70)
     assert (entry.items_yielded, entry.sampling_interval) == (40, 8)
     assert [e.index for e in reversed(logs.items)] == [0, 8, 16, 24, 32]
     assert entry.timed_count == 5 and {e.wait_ns for e in logs.items} == {30}
@@ -281,19 +290,12 @@ async def test_the_consumers_time_holds_when_its_time_between_items_varies(
     now and then): one timed gap standing for eight read its time 30 times off, once. The
     iteration's whole time, less the waits, reads it within one interval of waits."""
 
-    @asyncflow.stream(name="uneven")
-    async def readings() -> AsyncIterator[int]:
-        for i in range(100):
-            fake_clock.advance(30)  # each item takes 30 ns to make
-            yield i
+    def use(i: int) -> int:
+        return 10_000 if i % 8 == 4 else 10  # slow between untimed items
 
-    with asyncflow.profile("uneven", format="none", sampling=8) as prof:
-        async for i in readings():
-            fake_clock.advance(10_000 if i % 8 == 4 else 10)  # slow between untimed items
-        snap = prof.snapshot()
-    entry, _ = _stream(snap, "uneven")
+    entry, _ = await _sampled(fake_clock, "uneven", 100, use)
     assert entry.sampling_interval == 8
-    spent = sum(10_000 if i % 8 == 4 else 10 for i in range(100))
+    spent = sum(use(i) for i in range(100))
     assert abs(entry.consumer_ns - spent) <= 8 * 30, (entry.consumer_ns, spent)
 
 
