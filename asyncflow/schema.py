@@ -915,6 +915,10 @@ class GraphNode:
     #: a task that cannot go on: what it waits on can only be released by tasks that
     #: cannot go on either (a member of a cycle, or stuck behind one)
     stuck: bool = False
+    #: a task's place in the task tree, as its ``/tasks`` entry says: the task that made it
+    #: and the line it was made on (a snapshot lists 200 tasks; the graph has them all)
+    parent: str | None = None
+    created_at: AwaitFrame | None = None
 
 
 @dataclass(frozen=True, slots=True)

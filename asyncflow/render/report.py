@@ -620,17 +620,20 @@ def _holder(edge: GraphEdge, task: GraphNode) -> str:
     return f"{task.label} (took it {', '.join(took)})" if took else task.label
 
 
-def _tree(task: TaskEntry | None) -> str:
+def _tree(node: GraphNode, task: TaskEntry | None, awaited_by: list[str]) -> str:
     """Where a task sits in the task tree: ``made by Task-1 at app.py:12``, ``awaited by
-    Task-4``; ``made at app.py:12`` when the task that made it is not known."""
-    if task is None:
-        return ""
-    site = task.created_at
+    Task-4``; ``made at app.py:12`` when the task that made it is not known. From its entry in
+    the tasks' document, else (past the tasks a snapshot lists) from its node and the tasks
+    the graph says await it."""
+    parent, site = node.parent, node.created_at
+    awaiting = awaited_by
+    if task is not None:
+        parent, site, awaiting = task.parent, task.created_at, task.awaiters
     at = f" at {_path(site.file)}:{site.line}" if site is not None else ""
-    awaiters = _names(task.awaiters)
-    if task.parent is not None and task.awaiters == [task.parent]:
-        return f"made{at} and awaited by {task.parent}"
-    made = f"made by {task.parent}{at}" if task.parent is not None else f"made{at}" if at else ""
+    awaiters = _names(awaiting)
+    if parent is not None and awaiting == [parent]:
+        return f"made{at} and awaited by {parent}"
+    made = f"made by {parent}{at}" if parent is not None else f"made{at}" if at else ""
     return ", ".join(x for x in (made, f"awaited by {awaiters}" if awaiters else "") if x)
 
 
@@ -646,9 +649,16 @@ def stuck_lines(graph: GraphDocument | None, live: TasksDocument | None, limit: 
         return []
     nodes = {n.id: n for n in graph.nodes}
     out: dict[str, list[GraphEdge]] = {}
+    awaited_by: dict[str, list[str]] = {}
     for e in graph.edges:
         out.setdefault(e.source, []).append(e)
+        if e.relation == "awaits" and e.source in nodes:
+            awaited_by.setdefault(e.target, []).append(nodes[e.source].label)
     tasks = {t.name: t for t in live.tasks} if live is not None else {}
+
+    def place(node: GraphNode) -> str:
+        return _tree(node, tasks.get(node.label), awaited_by.get(node.id, []))
+
     in_cycles = [name for c in graph.cycles for name in c.tasks]
     order = {f"task:{name}": i for i, name in enumerate(dict.fromkeys(in_cycles))}
     stuck = sorted(
@@ -662,7 +672,7 @@ def stuck_lines(graph: GraphDocument | None, live: TasksDocument | None, limit: 
         lines += ["", heading]
         for node in stuck if limit == 0 else stuck[:limit]:
             where, what = _waits_on(node.id, out, nodes)
-            tree = _tree(tasks.get(node.label))
+            tree = place(node)
             who = f"{node.label} ({node.coroutine})" if node.coroutine else node.label
             lines.append(f"  {who} waits{where} {what}" + (f"; {tree}" if tree else ""))
         if limit and len(stuck) > limit:
@@ -675,7 +685,7 @@ def stuck_lines(graph: GraphDocument | None, live: TasksDocument | None, limit: 
         if not waits or all(kind in _ENDED_BY_ITSELF for kind in waits):
             continue
         where, what = _waits_on(node.id, out, nodes)
-        key = (node.coroutine or "", where, what, _tree(tasks.get(node.label)))
+        key = (node.coroutine or "", where, what, place(node))
         groups.setdefault(key, []).append(node.label)
     if groups:
         waiting = sum(map(len, groups.values()))

@@ -15,6 +15,7 @@ never stuck: the graph names a deadlock only when every task that could end it i
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Sequence
 
 from asyncflow.schema import (
@@ -89,6 +90,8 @@ def _task_node(t: TaskEntry) -> GraphNode:
         state=t.state,
         coroutine=t.future_label or t.coroutine,
         where=t.where,
+        parent=t.parent,
+        created_at=t.created_at,
     )
 
 
@@ -386,9 +389,7 @@ def _document(
     for n in order[:limit]:
         node = g.nodes[n]
         if n in stuck and node.kind == "task":
-            node = GraphNode(
-                node.id, node.kind, node.label, node.state, node.coroutine, node.where, True
-            )
+            node = dataclasses.replace(node, stuck=True)
         nodes.append(node)
     edges = [e for e in g.edges if e.source in kept and e.target in kept]
     return GraphDocument(

@@ -138,10 +138,10 @@ def test_a_wait_asyncflow_does_not_track_is_named_by_its_kind_and_description() 
     ]
     graph = GraphDocument(1, True, nodes, edges, snap.graph.cycles)
     text = render_table(Snapshot(1, snap.status, snap.futures, graph=graph), (50.0,), 10)
-    # without the tasks document, no task tree: the rest of each line stands
+    # without the tasks document, the task tree is what the graph says: who awaits them
     assert (
-        "  20 tasks (worker) wait at app.py:15 on event (wait for event): Task-10, Task-11,"
-        " Task-12 and 17 more\n" in text
+        "  20 tasks (worker) wait at app.py:15 on event (wait for event); awaited by Task-4:"
+        " Task-10, Task-11, Task-12 and 17 more\n" in text
     )
 
 
@@ -169,3 +169,27 @@ def test_a_task_says_the_line_it_was_made_on() -> None:
         " awaited by Task-4" in waiting
     )
     assert waiting[-1].endswith("drains; made at app.py:52")  # its parent not known
+
+
+def test_tasks_past_those_a_snapshot_lists_stay_in_their_group() -> None:
+    """A snapshot lists 200 tasks; the graph has them all. The tasks past the list take their
+    place in the task tree from their graph nodes (and the tasks the graph says await them),
+    so that 200 workers made on one line are one group, not 196 with their maker and 4
+    without."""
+    snap = _hang()
+    assert snap.graph is not None and snap.tasks is not None
+    nodes = [
+        dataclasses.replace(n, parent="Task-4") if n.coroutine == "worker" else n
+        for n in snap.graph.nodes
+    ]
+    listed = [t for t in snap.tasks.tasks if t.name not in {f"Task-{i}" for i in range(25, 30)}]
+    snap = dataclasses.replace(
+        snap,
+        graph=dataclasses.replace(snap.graph, nodes=nodes),
+        tasks=dataclasses.replace(snap.tasks, tasks=listed),
+    )
+    waiting = _section(render_table(snap, (50.0,), limit=10), "waiting tasks")
+    assert waiting[1] == (
+        "  20 tasks (worker) wait at app.py:15 on event app.py:40; made and awaited by Task-4:"
+        " Task-10, Task-11, Task-12 and 17 more"
+    )
