@@ -1572,6 +1572,22 @@ class ResourceEntry:
     #: ``woken / signals`` is the wake-ups per signal: a ``notify_all()`` herd reads as many
     #: per notify, as tokio-console's self-wake lint reads wakes per poll (0 for other kinds)
     woken: int = 0
+    #: the waits going on now (``waiters_now`` counts them), summed for as long as each has
+    #: been so far, and the longest of them: a deadlock's at SIGTERM, an event never set
+    #: (``waits``, ``total_wait_ns`` and ``max_wait_ns`` are of the waits that ended)
+    open_wait_ns: int = 0
+    longest_open_wait_ns: int = 0
+
+    @property
+    def waited_so_far_ns(self) -> int:
+        """The time tasks waited for it: the waits that ended (``total_wait_ns``) and those
+        going on now, for as long as they have been so far."""
+        return self.total_wait_ns + self.open_wait_ns
+
+    @property
+    def longest_wait_so_far_ns(self) -> int:
+        """The longest wait, one going on now for as long as it has been so far."""
+        return max(self.max_wait_ns, self.longest_open_wait_ns)
 
     @property
     def held_so_far_ns(self) -> int:

@@ -172,6 +172,7 @@ class ResourceStats:
         "next_signal",
         "next_wait",
         "notifies",
+        "open_waits",
         "passes",
         "resets",
         "sampled_hold",
@@ -223,6 +224,10 @@ class ResourceStats:
         self.woken = 0
         self.waiting = 0  # waiting now
         self.max_waiting = 0
+        # the waits going on now, by when each began (start ns -> how many began then): what
+        # they have waited so far, and the longest, for a report written while they wait (a
+        # deadlock's at SIGTERM, an event never set)
+        self.open_waits: dict[int, int] = {}
         self.hold_count = 0  # holds that ended (released): exact
         # Every hold's start is read (holders now say since when), but only a sample of holds
         # is timed at its end (see _session.next_interval): each timed hold stands for the
@@ -279,6 +284,7 @@ _FOLD = Fold(
         "wait_interval",
         "untracked",
         "waiting",
+        "open_waits",
         # added by _merge
         "edges",
         "hold_log",
@@ -535,10 +541,22 @@ def _sample_hold(st: ResourceStats, since: int, call: CallRecord | None) -> None
         log.append((count - 1, since, spent, call.call_id, call.future.id))
 
 
-def _wait_began(st: ResourceStats) -> None:
+def _wait_began(st: ResourceStats, since: int) -> None:
+    """A wait begins at ``since``: one more waiting (the most at once), and open since then."""
+    opened = st.open_waits
+    opened[since] = opened.get(since, 0) + 1
     st.waiting = waiting = st.waiting + 1
     if waiting > st.max_waiting:
         st.max_waiting = waiting
+
+
+def _wait_over(st: ResourceStats, since: int) -> None:
+    """The wait begun at ``since`` is over (whatever its outcome): one fewer waiting."""
+    st.waiting -= 1
+    opened = st.open_waits
+    left = opened.pop(since, 0) - 1
+    if left > 0:
+        opened[since] = left
 
 
 def _waited(
@@ -552,7 +570,7 @@ def _waited(
     end thousands a second); one given up (cancelled, timed out, broken) is timed on its own.
     """
     st = record.stats
-    st.waiting -= 1
+    _wait_over(st, since)
     st.wait_count = count = st.wait_count + 1
     spent = now - since
     if outcome in (ACQUIRED, WOKEN):
@@ -1026,7 +1044,7 @@ def _contention_began(record: ResourceRecord) -> _Began:
     since = _clock.now_ns()
     task = _task_for(record)
     call = _call_of(task)
-    _wait_began(record.stats)
+    _wait_began(record.stats, since)
     return since, id(task), call
 
 
@@ -1066,7 +1084,7 @@ async def _timed_wait(
             return await wait(*args, **kwargs)
         since = _clock.now_ns()
         call = _call_for(record)
-        _wait_began(st)
+        _wait_began(st, since)
     except Exception as err:
         _broken("recording a wait", err)
         return await wait(*args, **kwargs)
@@ -1265,9 +1283,7 @@ async def _std_condition_wait(self: asyncio.Condition) -> Literal[True]:
     try:
         since = _clock.now_ns()
         st = record.stats
-        st.waiting = waiting = st.waiting + 1  # _wait_began, written out
-        if waiting > st.max_waiting:
-            st.max_waiting = waiting
+        _wait_began(st, since)
     except Exception as err:
         _broken("recording a wait", err)
         return await _CONDITION_WAIT(self)
@@ -1279,7 +1295,7 @@ async def _std_condition_wait(self: asyncio.Condition) -> Literal[True]:
         raise
     try:
         st.woken += 1
-        st.waiting -= 1
+        _wait_over(st, since)
         st.wait_count = count = st.wait_count + 1
         if count >= st.next_wait:
             _wakeup_timed(st, since, count)
@@ -1430,9 +1446,7 @@ async def _class_event_wait(self: asyncio.Event) -> Literal[True]:
     try:
         since = _clock.now_ns()
         st = record.stats
-        st.waiting = waiting = st.waiting + 1  # _wait_began
-        if waiting > st.max_waiting:
-            st.max_waiting = waiting
+        _wait_began(st, since)
     except Exception as err:
         _broken("recording a wait", err)
         return await _EVENT_WAIT(self)
@@ -1444,7 +1458,7 @@ async def _class_event_wait(self: asyncio.Event) -> Literal[True]:
     try:
         now = _clock.now_ns()
         st.woken += 1
-        st.waiting -= 1
+        _wait_over(st, since)
         st.wait_count = count = st.wait_count + 1
         if count >= st.next_wait or now - since > st.wait_max:
             _wait_sampled(st, since, now, _call_for(record), count, WOKEN)
@@ -1769,7 +1783,7 @@ def _anyio_acquire(
             yielded = record.yielded
             since = _clock.now_ns()
             if waits:
-                _wait_began(record.stats)
+                _wait_began(record.stats, since)
             record.pending.add(key)
         except Exception as err:
             _broken("reading an anyio primitive's state", err)
@@ -1792,7 +1806,7 @@ def _anyio_acquire(
                 since_ns, since = since, handoff if since <= handoff <= now else now
                 if not waits and record.yielded != yielded:  # behind a hold that awaited
                     waits = True
-                    _wait_began(record.stats)
+                    _wait_began(record.stats, since_ns)
                 if waits:
                     record.stats.contended += 1
                     _waited(record, since_ns, since, call, ACQUIRED)
@@ -2603,6 +2617,7 @@ def _retire(record: ResourceRecord) -> None:
     record.holds.clear()
     slot[0] = slot[1] = None
     record.stats.waiting = 0
+    record.stats.open_waits.clear()
     record.loop = None
 
 
@@ -2666,9 +2681,10 @@ def reset_for_session() -> None:
 
 def _fresh_stats(record: ResourceRecord) -> None:
     st = record.stats
-    waiting = st.waiting
+    waiting, opened = st.waiting, st.open_waits
     st.__init__()  # type: ignore[misc]
     st.waiting = st.max_waiting = waiting
+    st.open_waits = opened  # (still waiting: since when stays true)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -725,9 +725,9 @@ def _resource_row(r: ResourceEntry, live: bool) -> list[str]:
         acquired,
         # every wait: a contended acquisition, a condition's or event's wait, one given up
         f"{r.waits:,}" + (f" ({r.failed_waits:,} gave up)" if r.failed_waits else ""),
-        format_duration(r.total_wait_ns),
-        format_duration(r.max_wait_ns),
-        # the holds open now too, so far: a deadlock's lock at SIGTERM is not 0 ns
+        # the waits and holds going on now too, so far: a deadlock's at SIGTERM is not 0 ns
+        format_duration(r.waited_so_far_ns),
+        format_duration(r.longest_wait_so_far_ns),
         format_duration(r.held_so_far_ns) if r.event is None else "-",
         format_duration(r.longest_hold_so_far_ns) if r.event is None else "-",
         f"{r.waiters_now}/{r.max_waiters}",

@@ -156,6 +156,9 @@ def resource_entry(
     state = probe(record)
     holders = _holders(record, labels, now, origin)
     primitive = record.primitive
+    # the waits going on now, by when each began (copied whole: the loop's thread may be
+    # adding one); a gone resource has none
+    opened = list(st.open_waits.items()) if state.alive else []
     return ResourceEntry(
         id=record.id,
         label=record.label,
@@ -204,6 +207,8 @@ def resource_entry(
         futures=_futures(record, labels),
         signals=st.notifies if primitive == CONDITION else st.sets if primitive == EVENT else 0,
         woken=st.woken if primitive in (CONDITION, EVENT) else 0,
+        open_wait_ns=sum(max(0, now - since) * n for since, n in opened),
+        longest_open_wait_ns=max((max(0, now - since) for since, _ in opened), default=0),
     )
 
 

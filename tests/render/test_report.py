@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import os
 import re
 from pathlib import Path
+from typing import Any
 
+import anyio
 import pytest
 
 import asyncflow
@@ -359,3 +362,67 @@ def test_a_warning_that_no_longer_holds_says_when_it_was_found(
     earlier = WarningEntry("deadlock", "error", subject, "Deadlock", "fix", {}, first, last, False)
     assert report._held(earlier) == said
     assert report._held(dataclasses.replace(earlier, active=True)) == ""
+
+
+async def _wait_on_lock(make: Any) -> tuple[Any, Any]:
+    """A lock held here, and a task waiting for it."""
+    lock = make()
+    await lock.acquire()
+    return lock, asyncio.get_running_loop().create_task(lock.acquire())
+
+
+async def _wait_on_event(make: Any) -> tuple[Any, Any]:
+    """An event never set, and a task waiting for it."""
+    event = make()
+    return event, asyncio.get_running_loop().create_task(event.wait())
+
+
+async def _wait_on_condition(make: Any) -> tuple[Any, Any]:
+    """A condition never notified, and a task waiting for it."""
+    condition = make()
+
+    async def wait() -> None:
+        async with condition:
+            await condition.wait()
+
+    return condition, asyncio.get_running_loop().create_task(wait())
+
+
+@pytest.mark.parametrize(
+    ("make", "begin"),
+    [
+        (asyncio.Lock, _wait_on_lock),
+        (anyio.Lock, _wait_on_lock),
+        (asyncio.Event, _wait_on_event),
+        (asyncio.Condition, _wait_on_condition),
+    ],
+    ids=["asyncio.Lock", "anyio.Lock", "asyncio.Event", "asyncio.Condition"],
+)
+async def test_the_resource_table_counts_the_waits_going_on_now_as_waited_so_far(
+    make: Any, begin: Any, fake_clock: FakeClock, request: pytest.FixtureRequest
+) -> None:
+    """A task still waiting when the report is written (a deadlock's at SIGTERM, an event
+    never set) reads as waiting for as long as it has been so far: wait total and max wait
+    count it beside the waits that ended, not 0 ns beside "waiting now 1"."""
+    with asyncflow.profile("open", format="none", port=None, sampling=1) as prof:
+        name = "gate-" + request.node.callspec.id  # (one of its own: a failed run's lives on)
+        primitive = asyncflow.instrument_lock(make(), name=name)
+        primitive, waiter = await begin(lambda: primitive)
+        for _ in range(3):  # the waiter runs into its wait
+            await asyncio.sleep(0)
+        fake_clock.advance(3_000_000_000)  # waiting for 3 s when the report is written
+        try:
+            snapshot = prof.snapshot()
+        finally:
+            waiter.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await waiter
+    (entry,) = [r for r in snapshot.resources.resources if r.label == name]  # type: ignore[union-attr]
+    assert (entry.waits, entry.waiters_now) == (0, 1)
+    assert (entry.open_wait_ns, entry.longest_open_wait_ns) == (3_000_000_000, 3_000_000_000)
+    lines = render_table(snapshot, (50.0, 99.0), limit=0).splitlines()
+    header = next(line for line in lines if line.startswith("resource "))
+    row = next(line for line in lines if line.startswith(name + " "))
+    cells = dict(zip(re.split(r"  +", header.strip()), re.split(r"  +", row.strip()), strict=True))
+    assert (cells["wait total"], cells["max wait"]) == ("3 s", "3 s")
+    assert cells["waiting now/max"] == "1/1"
