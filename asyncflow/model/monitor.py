@@ -26,7 +26,8 @@ thread's stack every tick (``sys._current_frames()``), *while* the loop is late:
 
 An episode ends when the heartbeat finally runs, when the poll it blames is seen to be over, or
 when the loop is seen waiting in its selector again (with callbacks ready, at two looks in a row:
-the first can catch it passing through on its way to the heartbeat).
+the first can catch it passing through on its way to the heartbeat). A tracked poll that is over
+ended when the hot path measured it, and its episode ends there, as its line's block does.
 
 Blocks that matter are often shorter than an episode: a 40 ms ``time.sleep`` in every request
 never reaches a 100 ms threshold, yet it costs the loop seconds. So the monitor ticks often
@@ -420,6 +421,7 @@ class Episode:
         "looks",
         "ongoing",
         "poll_start",
+        "polls",
         "route",
         "runnable",
         "since",
@@ -433,8 +435,10 @@ class Episode:
         self.blocked_ns = max(0, now - since)
         self.ongoing = True
         #: the innermost tracked call running, and the start of the poll that was running
-        self.call = sample.inner
+        call = self.call = sample.inner
         self.poll_start = sample.inner_start
+        #: the call's polls that had ended then (its poll then is the next)
+        self.polls = call.polls if call is not None else 0
         self.key = sample.key
         #: looks in a row that saw ``key``
         self.looks = 1
@@ -467,6 +471,19 @@ class Episode:
         """The poll this episode blames has ended (a poll is one uninterrupted step)."""
         call = self.call
         return call is not None and call.start != self.poll_start
+
+    def poll_end(self) -> int | None:
+        """When the poll this episode blames ended, as the hot path measured it (its start
+        and length), if it is over and the call was polled once since (else not known here:
+        a look or the heartbeat bounds it)."""
+        call = self.call
+        if call is None or not self.poll_start or call.start == self.poll_start:
+            return None
+        polls = call.polls
+        length = call.last
+        if polls - self.polls != 1 or call.polls != polls:  # (read while it moves on)
+            return None
+        return self.poll_start + length
 
 
 class LoopState:
@@ -670,6 +687,12 @@ class LoopState:
         self.episodes.appendleft(episode)
 
     def _close(self, episode: Episode, end: int) -> None:
+        """End ``episode`` at ``end``: where its blamed poll ended if that is known (a look
+        before it bounds it from below, the heartbeat or a look after it from above; the
+        line's block reads the same poll's end)."""
+        exact = episode.poll_end()
+        if exact is not None and exact >= episode.since:
+            end = exact
         episode.blocked_ns = max(0, end - episode.since)
         episode.ongoing = False
         if self.cpu is not None and episode.cpu0 is not None and self.cpu_at > episode.cpu_at:

@@ -164,10 +164,13 @@ class Harness:
         callback(*args)
         self.tick()
 
-    def block(self, file: str, ms: int, cpu_ms: int = 0, tracked: bool = False) -> None:
+    def block(
+        self, file: str, ms: int, cpu_ms: int = 0, tracked: bool = False, after_ms: int = 0
+    ) -> None:
         """The loop blocks ``ms`` at ``file``'s line (a tracked call's poll, which began 5 ms
         before the heartbeat, or untracked code), its thread computing ``cpu_ms`` of it; the
-        monitor looks every 10 ms."""
+        monitor looks every 10 ms. Its heartbeat runs ``after_ms`` after the block ended, the
+        thread waiting for a core meanwhile, in its selector (looked at every 10 ms too)."""
         start = clock.now_ns()
         self.runnable = 2 * cpu_ms > ms  # the thread's state at each look
         if tracked:
@@ -184,10 +187,15 @@ class Harness:
             self.clock.advance(10 * MS)
             self.cpu += cpu_ms * MS // (ms // 10)
             self.tick()
+        self.clock.advance(ms % 10 * MS)
         if tracked:  # the poll returns: the hot path measured it
             call.start, call.polls, call.last = 0, 1, ms * MS + 5 * MS
             call.busy = call.last
         self.sample = Sample(None, None, None, True)
+        for _ in range(after_ms // 10):
+            self.clock.advance(10 * MS)
+            self.tick()
+        self.clock.advance(after_ms % 10 * MS)
         self.beat()
 
 
@@ -345,3 +353,17 @@ def test_a_counted_block_has_its_loop_posted_to_every_quarter_of_the_threshold(
     harness.block("handler.py", 40, tracked=True)
     assert lines(state) == [("handler.py", 1, 45, 45)]
     assert state.watchful_until == clock.now_ns() + monitor.WATCHFUL_NS
+
+
+@pytest.mark.parametrize(("ms", "after_ms"), [(200, 0), (200, 7), (195, 0), (195, 25)])
+def test_an_episode_blamed_on_a_tracked_poll_ends_where_that_poll_did(
+    harness: Harness, ms: int, after_ms: int
+) -> None:
+    """A tracked poll's end is known exactly (the hot path measured it): its episode ends
+    there, as its line's block does, wherever the monitor's looks or the heartbeat fall after
+    it. (They read "lost 200 ms" on the line and "blocked 190 ms" on the episode, from the last
+    look before the poll returned, or more from a heartbeat late behind it.)"""
+    harness.block("legacy.py", ms, tracked=True, after_ms=after_ms)
+    assert lines(harness.state) == [("legacy.py", 1, ms + 5, ms + 5)]
+    (episode,) = harness.state.episodes
+    assert episode.blocked_ns == (ms + 5) * MS

@@ -150,8 +150,8 @@ def test_two_calls_blocking_back_to_back_are_two_episodes(profiled: asyncflow.Pr
     for episode in (first, second):
         assert 300 * MS <= episode.blocked_ns < 600 * MS  # each its own, never the sum
         assert not episode.ongoing
-    # The first ended when the second call's poll began.
-    assert first.started_ns + first.blocked_ns == second.started_ns
+    # The first ended where its poll did, as measured, before the second call's poll began.
+    assert first.started_ns + first.blocked_ns <= second.started_ns
 
 
 def legacy_a() -> None:
