@@ -3278,19 +3278,28 @@ task_record(PyObject *coro)
 #define SITE_WALK 8
 static GlobalCache not_creators_cache;
 /* Whether a file is one of _NOT_CREATORS', remembered by the filename object (held, so that
- * its address is not another's) and the tuple it was decided with (held too). */
+ * its address is not another's) and the tuple it was decided with (held too). Every slot is
+ * looked at (a few pointers): the files a task's creation walks past, asyncio's and the
+ * creator's, are the same at each task, and two of them sharing one slot, as a slot chosen by
+ * address let them, missed at every task (three PyUnicode_Tailmatch calls a request on the
+ * aiohttp service). */
 #define NC_SLOTS 8
 static PyObject *nc_skip;
 static PyObject *nc_file[NC_SLOTS];
 static Py_ssize_t nc_in[NC_SLOTS];
+static unsigned nc_next; /* the slot a new file takes: the oldest taken */
 
 static Py_ssize_t
 not_a_creator(PyObject *filename, PyObject *skip)
 {
-    Py_ssize_t slot = (Py_ssize_t)(((uintptr_t)filename >> 4) % NC_SLOTS);
-    if (nc_file[slot] == filename && nc_skip == skip) {
-        return nc_in[slot];
+    if (nc_skip == skip) {
+        for (int i = 0; i < NC_SLOTS; i++) {
+            if (nc_file[i] == filename) {
+                return nc_in[i];
+            }
+        }
     }
+    Py_ssize_t slot = (Py_ssize_t)(nc_next++ % NC_SLOTS);
     Py_ssize_t in = 0;
     for (Py_ssize_t k = 0; in == 0 && k < PyTuple_GET_SIZE(skip); k++) {
         in = PyUnicode_Tailmatch(filename, PyTuple_GET_ITEM(skip, k), 0, PY_SSIZE_T_MAX, -1);
