@@ -437,8 +437,11 @@ class Episode:
         #: the innermost tracked call running, and the start of the poll that was running
         call = self.call = sample.inner
         self.poll_start = sample.inner_start
-        #: the call's polls that had ended then (its poll then is the next)
+        #: the call's polls that had ended then (its poll then is the next); -1: not known
+        #: (that poll was over before they were read)
         self.polls = call.polls if call is not None else 0
+        if call is not None and call.start != self.poll_start:
+            self.polls = -1
         self.key = sample.key
         #: looks in a row that saw ``key``
         self.looks = 1
@@ -481,7 +484,7 @@ class Episode:
             return None
         polls = call.polls
         length = call.last
-        if polls - self.polls != 1 or call.polls != polls:  # (read while it moves on)
+        if self.polls < 0 or polls - self.polls != 1 or call.polls != polls:  # (it moves on)
             return None
         return self.poll_start + length
 
