@@ -1752,10 +1752,18 @@ def unbounded_growth(docs: Documents, th: Thresholds) -> Iterator[Finding]:
         )
 
 
+#: A spinning future's polls outnumber what it waited for (messages, primitives, thread jobs)
+#: by far more than this: a stage of an anyio pipeline yields about three to five times an
+#: item (anyio checkpoints around each receive and each thread job, as ``sleep(0)`` does), and
+#: on trio its thread jobs are not seen at all, yet it waits on something at every item.
+SPIN_POLLS_PER_WAIT = 8
+
+
 def _spinners(docs: Documents, th: Thresholds) -> Iterator[tuple[FutureEntry, int, int, int]]:
     """The program's futures polled thousands of times per call, each poll and each gap
-    between polls sub-millisecond, with no message received or wait to wake them; each with
-    its polls per call, its mean poll and its mean gap."""
+    between polls sub-millisecond, with too few messages, waits or thread jobs to account for
+    their polls (``SPIN_POLLS_PER_WAIT``); each with its polls per call, its mean poll and its
+    mean gap."""
     woken: dict[int, int] = {}
     for c in docs.channels:
         for e in (*c.receivers, *c.senders):
@@ -1765,12 +1773,17 @@ def _spinners(docs: Documents, th: Thresholds) -> Iterator[tuple[FutureEntry, in
         for rf in r.futures:
             if rf.future_id is not None:
                 woken[rf.future_id] = woken.get(rf.future_id, 0) + rf.waits + rf.holds
+    for x in docs.executors:
+        for job in x.futures:  # jobs it awaited on a worker thread (anyio's file I/O...)
+            if job.future_id is not None:
+                woken[job.future_id] = woken.get(job.future_id, 0) + job.jobs
     own = _own_futures(docs)
     for f in docs.futures:
         if f.id not in own or not f.call_count or not f.total_polls:
             continue
         per_call = f.total_polls // f.call_count
-        if per_call < th.busy_wait_polls or 2 * woken.get(f.id, 0) >= f.total_polls:
+        waited = woken.get(f.id, 0)
+        if per_call < th.busy_wait_polls or SPIN_POLLS_PER_WAIT * waited >= f.total_polls:
             continue
         poll_ns, gap_ns = f.busy_ns // f.total_polls, f.idle_ns // f.total_polls
         if poll_ns >= th.busy_wait_gap_ns or gap_ns >= th.busy_wait_gap_ns:
