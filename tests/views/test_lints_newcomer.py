@@ -60,7 +60,7 @@ def test_a_writer_awaiting_a_thread_for_each_item_does_not_busy_wait(backend: st
     with asyncflow.profile("export", format="none", port=None, sampling=1) as prof:
         written = anyio.run(main, backend=backend)
         assert written == sum(len(f"order {i}\n") for i in range(ITEMS))
-        futures = {f.label: f for f in prof.snapshot().futures.futures}  # type: ignore[union-attr]
+        futures = {f.label: f for f in prof.snapshot().futures.futures}
         assert futures["write_out"].total_polls >= 3 * ITEMS  # (it yields many times an item)
         findings = _findings(prof)
     assert [f.message for f in findings if f.kind == "busy-wait"] == []
