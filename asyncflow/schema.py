@@ -1017,6 +1017,8 @@ class ExecutorEntry:
     futures: list[JobGroup]
     #: for an aggregate, how many gone executors of this label (and kind) it sums; 0 else
     folded_count: int = 0
+    #: the most jobs running at once (``max_workers`` of them: every worker was busy)
+    max_running: int = 0
 
 
 @dataclass(frozen=True, slots=True)

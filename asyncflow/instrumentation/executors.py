@@ -101,6 +101,7 @@ class ExecutorStats:
         "completed",
         "max_queued_ns",
         "max_run_ns",
+        "max_running",
         "queued_hist",
         "queued_ns",
         "raised",
@@ -115,6 +116,9 @@ class ExecutorStats:
         self.submitted = 0
         self.started = 0
         self.running = 0
+        #: the most jobs running at once: all its workers busy, or not (a pool never busy at
+        #: once is not saturated, however long a job waited to be handed to a thread)
+        self.max_running = 0
         self.completed = 0
         self.raised = 0
         self.cancelled = 0  # cancelled before a worker picked them up: they never ran
@@ -137,7 +141,7 @@ class ExecutorStats:
 #: how a gone executor's figures add into its aggregate (every other int field is summed)
 _FOLD = Fold(
     ExecutorStats,
-    maximum=("max_queued_ns", "max_run_ns"),
+    maximum=("max_queued_ns", "max_run_ns", "max_running"),
     histogram=("queued_hist", "run_hist"),
     left=("by_future", "by_function", "running"),  # none runs on a gone one; _merge adds jobs
 )
@@ -209,8 +213,11 @@ class ExecutorRecord:
             if job is not None and job.written_off:  # it ran after all: not cancelled
                 job.written_off = False
                 self.stats.cancelled -= 1
-            self.stats.started += 1
-            self.stats.running += 1
+            st = self.stats
+            st.started += 1
+            st.running = running = st.running + 1
+            if running > st.max_running:
+                st.max_running = running
 
     def end(
         self, function: str, future_id: int | None, queued: int, ran: int, raised: bool

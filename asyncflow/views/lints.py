@@ -1207,13 +1207,16 @@ def task_leak(docs: Documents, th: Thresholds) -> Iterator[Finding]:
 
 
 def executor_saturated(docs: Documents, th: Thresholds) -> Iterator[Finding]:
-    """Jobs wait for a worker longer than they run (in one executor: the sum of gone ones, each
-    waiting to start its first worker, is no saturation)."""
+    """Jobs wait for a worker longer than they run, in an executor whose workers were all busy
+    at once (in one executor: the sum of gone ones, each waiting to start its first worker, is
+    no saturation; nor is a pool never busy at once, whose micro-jobs wait longer to be handed
+    to a thread than they run)."""
     for e in docs.executors:
         if (
             e.folded_count
             or e.completed < th.executor_min_jobs
             or e.total_queued_ns <= e.total_run_ns
+            or (e.max_workers is not None and e.max_running < e.max_workers)
         ):
             continue
         workers = (

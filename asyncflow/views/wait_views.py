@@ -100,6 +100,7 @@ def executor_entry(
             submitted=st.submitted,
             queued=st.queued,
             running=st.running,
+            max_running=st.max_running,
             completed=st.completed,
             raised=st.raised,
             cancelled=st.cancelled,

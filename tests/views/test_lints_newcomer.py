@@ -4,6 +4,8 @@ warning it must or must not get."""
 
 from __future__ import annotations
 
+import threading
+
 import anyio
 import pytest
 from anyio.streams.memory import MemoryObjectReceiveStream
@@ -64,3 +66,45 @@ def test_a_writer_awaiting_a_thread_for_each_item_does_not_busy_wait(backend: st
         assert futures["write_out"].total_polls >= 3 * ITEMS  # (it yields many times an item)
         findings = _findings(prof)
     assert [f.message for f in findings if f.kind == "busy-wait"] == []
+
+
+def test_a_pool_never_busy_at_once_is_not_saturated() -> None:
+    """anyio's default worker threads (40) running a few microseconds' job at a time: a job
+    waits longer to be handed to a thread than it runs, and that is all. A pool is saturated
+    only once all its workers were busy at once; the same jobs behind a limiter of one are."""
+
+    def tiny() -> int:
+        return 1
+
+    async def main(limiter: anyio.CapacityLimiter | None) -> int:
+        asyncflow.instrument_executors()
+        total = 0
+        for _ in range(50):
+            total += await anyio.to_thread.run_sync(tiny, limiter=limiter)
+        return total
+
+    async def crowded() -> int:
+        limiter = anyio.CapacityLimiter(1)
+        asyncflow.instrument_executors()
+        results: list[int] = []
+
+        async def one() -> None:
+            results.append(await anyio.to_thread.run_sync(_slow_job, limiter=limiter))
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(8):
+                tg.start_soon(one)
+        return sum(results)
+
+    with asyncflow.profile("pool", format="none", port=None, sampling=1) as prof:
+        assert anyio.run(main, None) == 50
+        idle = [f for f in _findings(prof) if f.kind == "executor-saturated"]
+        assert anyio.run(crowded) == 8
+        busy = [f for f in _findings(prof) if f.kind == "executor-saturated"]
+    assert idle == []
+    assert [f.evidence["max_workers"] for f in busy] == [1]
+
+
+def _slow_job() -> int:
+    threading.Event().wait(0.01)  # a synchronous client's call: its thread waits
+    return 1
