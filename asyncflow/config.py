@@ -76,6 +76,7 @@ _MAX_TOKEN = 4096
 WARN_THRESHOLDS = {
     "long_poll": "seconds",
     "block_total": "seconds",
+    "cpu_poll": "seconds",
     "cpu_share": "share",
     "cpu_wall_share": "share",
     "blocked_share": "share",

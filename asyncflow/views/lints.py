@@ -70,7 +70,10 @@ class Thresholds:
     #: a line whose blocks of the loop (each of at least the monitor's ``block_min``) add up
     #: to this is named, even when none reached the block threshold
     block_total_ns: int = 200_000_000
-    #: a future whose polls take this share of all busy time, and this share of the wall time
+    #: a future whose polls each hold the loop this long on average (every other task waits
+    #: that long at each), that take this share of the busy time of such futures, and this
+    #: share of the wall time
+    cpu_poll_ns: int = 2_000_000
     cpu_share: float = 0.5
     cpu_wall_share: float = 0.2
     #: a bounded channel whose producers waited this share of the elapsed time
@@ -495,7 +498,7 @@ def _line_finding(cause: _Cause, futures: dict[int, FutureEntry], top: int | Non
                     f"; those are the blocks the loop's monitor saw: all of `{f.label}`'s "
                     f"polls, every one counted, held the loop {_duration(f.busy_ns)}"
                 )
-            else:
+            elif line is None or 10 * f.busy_ns > 11 * line.total_ns:  # (more than said)
                 message += f"; `{f.label}` held the loop {_duration(f.busy_ns)} in all"
     if kind is None and now is None:
         message += ": every other task waited meanwhile"
@@ -688,15 +691,41 @@ def off_cpu_poll(docs: Documents, th: Thresholds) -> Iterator[Finding]:
         )
 
 
+def _holds_the_loop(f: FutureEntry, th: Thresholds) -> bool:
+    """Whether ``f``'s polls each hold the loop ``cpu_poll`` or more on average. A future
+    taking short turns (an HTTP client's polls, 75 us each) is where the loop's CPU went, not
+    a loop held: every other task runs between its polls."""
+    return f.total_polls > 0 and f.busy_ns >= th.cpu_poll_ns * f.total_polls
+
+
+def _innermost(held: list[FutureEntry]) -> list[FutureEntry]:
+    """``held`` without the futures whose polls only contain another's: a route's request
+    task polls the handler that hashes a password inside its own polls, so its busy time and
+    its polls are (nearly) the handler's. A future is left out when another one has at least
+    four fifths of its busy time in polls at least four fifths as long."""
+
+    def contains(outer: FutureEntry, inner: FutureEntry) -> bool:
+        return (
+            inner.id != outer.id
+            and 5 * inner.busy_ns >= 4 * outer.busy_ns
+            and 5 * inner.busy_ns * outer.total_polls >= 4 * outer.busy_ns * inner.total_polls
+            and inner.busy_ns <= outer.busy_ns
+        )
+
+    return [f for f in held if not any(contains(f, g) for g in held)]
+
+
 def _cpu_top(docs: Documents, th: Thresholds) -> FutureEntry | None:
-    """The future that holds the loop far more than every other, and a real share of the wall
-    time; None when none does."""
-    total = sum(f.busy_ns for f in docs.futures)
+    """Of the futures whose polls hold the loop, the one that holds it most: at least
+    ``cpu_share`` of their busy time, and ``cpu_wall_share`` of the wall time; None when none
+    does. (Not the future with the most busy time: a client taking short turns can have more
+    than a handler that hashes a password for 15 ms at each poll.)"""
+    held = _innermost([f for f in docs.futures if _holds_the_loop(f, th)])
+    total = sum(f.busy_ns for f in held)
     if total <= 0 or docs.elapsed_ns <= 0 or len(docs.futures) < 2:
         return None
-    top, second = sorted(docs.futures, key=lambda f: -f.busy_ns)[:2]
-    share, wall = top.busy_ns / total, top.busy_ns / docs.elapsed_ns
-    if share < th.cpu_share or wall < th.cpu_wall_share or top.busy_ns < 3 * second.busy_ns:
+    top = max(held, key=lambda f: f.busy_ns)
+    if top.busy_ns / total < th.cpu_share or top.busy_ns / docs.elapsed_ns < th.cpu_wall_share:
         return None
     return top
 
@@ -741,6 +770,7 @@ def cpu_bound(docs: Documents, th: Thresholds) -> Iterator[Finding]:
         _future_subject(top),
         f"`{top.label}`{_where(top.location)} holds the event loop {_percent(top.busy_ns, total)}%"
         f" of all busy time ({_duration(top.busy_ns)} over {top.call_count} calls,"
+        f" {_duration(top.busy_ns // top.total_polls)} a poll on average,"
         f" {_percent(top.busy_ns, docs.elapsed_ns)}% of the wall time): {what}",
         "run its CPU work in an executor (asyncio.to_thread) or yield more often"
         if used
