@@ -452,12 +452,34 @@ def _run(args: argparse.Namespace) -> int:
         argv0 = target
         name = args.name or path.stem
         _program_path(target)
+    _outputs_apart(args, target if args.module is None else spec.origin)
     run: Callable[[], object]
     if args.module is not None:
         run = functools.partial(runpy.run_module, target, run_name="__main__", alter_sys=True)
     else:
         run = functools.partial(_run_script, target)
     return _profiled(args, name, target, run, [argv0, *program])
+
+
+def _outputs_apart(args: argparse.Namespace, program: str | None) -> None:
+    """Refuse, before anything is written, an output file (``--output``, ``--trace``,
+    ``--record``) that is the program itself or another output's: the recording is made as the
+    program starts and would truncate the script, and two outputs would overwrite each other."""
+    taken: dict[str, str] = {}
+    if program is not None and os.path.exists(program):
+        taken[os.path.realpath(program)] = "the program itself"
+    words = ("", "-", "1", "true", "yes", "on", "0", "false", "no", "off")  # no file named
+    for flag, value in (
+        ("--trace", args.trace),
+        ("--output", args.output),
+        ("--record", args.record),
+    ):
+        if not isinstance(value, str) or value.strip().lower() in words:
+            continue
+        real = os.path.realpath(value)
+        if real in taken:
+            raise _Usage(f"{flag} {value!r} is {taken[real]}: give each output a file of its own")
+        taken[real] = f"{flag}'s file"
 
 
 def _profiled(

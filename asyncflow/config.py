@@ -369,6 +369,8 @@ def _output(value: object, source: str) -> str | None:
 
     The directory must exist and be writable, the name must be one the file system takes, and
     an existing file must be writable; the file itself is neither created nor truncated here.
+    A relative path is made absolute now: a program that changes directory (a daemon, a
+    service that ``chdir``s to its data) still gets its report where it was asked for.
     """
     if value is None or value == "":
         return None
@@ -397,7 +399,7 @@ def _output(value: object, source: str) -> str | None:
         raise ValueError(f"{source}={path!r}: is a directory; give a file path")
     if not os.access(parent if not os.path.exists(path) else path, os.W_OK):
         raise ValueError(f"{source}={path!r}: cannot be written (permission denied)")
-    return path
+    return os.path.abspath(path)
 
 
 def _host(value: object, source: str) -> str:

@@ -422,6 +422,11 @@ def test_block_threshold_flag_sets_the_option(tmp_path: Path) -> None:
         (["snapshot", "localhost:6780", "-o", "s.json"], "'localhost:6780' is not an endpoint URL"),
         (["top", "127.0.0.1:6780"], "'127.0.0.1:6780' is not an endpoint URL"),
         (["snapshot"], "the following arguments are required: -o/--output"),
+        # an output that would overwrite the program, or another output (the file is kept)
+        (["run", "--record", "x.py", "x.py"], "--record 'x.py' is the program itself"),
+        (["run", "--output", "./x.py", "x.py"], "--output './x.py' is the program itself"),
+        (["run", "--output", "o", "--record", "o", "x.py"], "--record 'o' is --output's file"),
+        (["run", "--trace", "t", "--output", "t", "x.py"], "--output 't' is --trace's file"),
     ],
 )
 def test_mistakes_get_one_line_and_exit_2(tmp_path: Path, args: list[str], says: str) -> None:
@@ -432,6 +437,32 @@ def test_mistakes_get_one_line_and_exit_2(tmp_path: Path, args: list[str], says:
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in done.stderr
     assert lines[0].startswith("asyncflow") and says in lines[0]
+    assert (tmp_path / "x.py").read_text() == "print('never runs')\n"  # nothing overwritten
+
+
+def test_the_reports_go_where_they_were_asked_for_when_the_program_changes_directory(
+    tmp_path: Path,
+) -> None:
+    """A service that changes directory (to its data, as daemons do) after starting: its report
+    and trace go where `asyncflow run` was asked, not into the directory it moved to, whose
+    file of that name stays as it was."""
+    (tmp_path / "reports").mkdir()
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "out.json").write_text("the service's own file")
+    write(
+        tmp_path / "daemon.py",
+        f"import asyncio, os\nos.chdir({str(tmp_path / 'data')!r})\n"
+        "async def main():\n    await asyncio.sleep(0)\nasyncio.run(main())\n",
+    )
+    done = asyncflow_cmd(
+        "run", "--port", "off", "--format", "json", "--output", "out.json",
+        "--trace", "reports/trace.json", "daemon.py", cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "internal error" not in done.stderr
+    assert orjson.loads((tmp_path / "out.json").read_bytes())["schema"] == schema.SCHEMA
+    assert "traceEvents" in orjson.loads((tmp_path / "reports" / "trace.json").read_bytes())
+    assert (tmp_path / "data" / "out.json").read_text() == "the service's own file"
 
 
 @pytest.mark.parametrize(
