@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import importlib.machinery
 import importlib.util
 import os
 import runpy
@@ -435,12 +436,10 @@ def _run(args: argparse.Namespace) -> int:
     if args.module is not None:
         target, argv0 = args.module, args.module
         _program_path(None)  # before the lookup: python -m finds modules in the current directory
-        try:
-            spec = importlib.util.find_spec(args.module)
-        except (ImportError, ValueError) as exc:
-            raise _Usage(f"cannot import module {args.module!r}: {exc}") from None
-        if spec is None:
-            raise _Usage(f"no module named {args.module!r}")
+        spec = _find_module(args.module)
+        if spec.submodule_search_locations is not None:  # a package: python -m runs its __main__
+            _find_module(f"{args.module}.__main__", package=args.module)
+        program_file = spec.origin
         name = args.name or args.module
     else:
         if not program:
@@ -452,13 +451,29 @@ def _run(args: argparse.Namespace) -> int:
         argv0 = target
         name = args.name or path.stem
         _program_path(target)
-    _outputs_apart(args, target if args.module is None else spec.origin)
+        program_file = target
+    _outputs_apart(args, program_file)
     run: Callable[[], object]
     if args.module is not None:
         run = functools.partial(runpy.run_module, target, run_name="__main__", alter_sys=True)
     else:
         run = functools.partial(_run_script, target)
     return _profiled(args, name, target, run, [argv0, *program])
+
+
+def _find_module(module: str, package: str | None = None) -> importlib.machinery.ModuleSpec:
+    """``module``'s spec, as ``python -m`` looks it up (a package it is in is imported, and may
+    fail: that is the program's error, said in one line). ``package``: the package whose
+    ``__main__`` this is."""
+    try:
+        spec = importlib.util.find_spec(module)
+    except Exception as exc:  # (the package's own __init__ raised)
+        raise _Usage(f"cannot import module {module!r}: {type(exc).__name__}: {exc}") from None
+    if spec is None and package is not None:
+        raise _Usage(f"no module named {module!r}: {package!r} is a package and cannot be run")
+    if spec is None:
+        raise _Usage(f"no module named {module!r}")
+    return spec
 
 
 def _outputs_apart(args: argparse.Namespace, program: str | None) -> None:

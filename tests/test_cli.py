@@ -440,6 +440,27 @@ def test_mistakes_get_one_line_and_exit_2(tmp_path: Path, args: list[str], says:
     assert (tmp_path / "x.py").read_text() == "print('never runs')\n"  # nothing overwritten
 
 
+@pytest.mark.parametrize(
+    ("module", "says"),
+    [
+        ("lib", "no module named 'lib.__main__': 'lib' is a package and cannot be run"),
+        ("broken.sub", "cannot import module 'broken.sub': RuntimeError: no config file"),
+    ],
+)
+def test_a_module_that_cannot_run_is_one_line_and_exit_2(
+    tmp_path: Path, module: str, says: str
+) -> None:
+    """``-m`` a package with no ``__main__``, or a module in a package whose ``__init__``
+    raises: one line, as for a module not found, not a traceback through asyncflow."""
+    write(tmp_path / "lib" / "__init__.py", "")
+    write(tmp_path / "broken" / "__init__.py", "raise RuntimeError('no config file')\n")
+    write(tmp_path / "broken" / "sub.py", "print('never runs')\n")
+    done = asyncflow_cmd("run", "--port", "off", "-m", module, cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines() == [f"asyncflow run: error: {says}"]
+
+
 def test_the_reports_go_where_they_were_asked_for_when_the_program_changes_directory(
     tmp_path: Path,
 ) -> None:
