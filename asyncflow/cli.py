@@ -20,6 +20,7 @@ import socket
 import sys
 import threading
 import traceback
+import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -308,19 +309,19 @@ def _parser() -> argparse.ArgumentParser:
 
 def _pid(text: str) -> int:
     """A process id: a whole number > 0 (argparse says the error)."""
-    if not text.isdigit() or int(text) <= 0:
+    if not config.is_whole_number(text) or int(text) <= 0:
         raise argparse.ArgumentTypeError(f"{text!r} is not a process id (a whole number > 0)")
     return int(text)
 
 
 def _port(text: str) -> int:
-    if not text.isdigit() or int(text) > 65535:
+    if not config.is_whole_number(text) or int(text) > 65535:
         raise argparse.ArgumentTypeError(f"{text!r}: expected a port from 0 to 65535")
     return int(text)
 
 
 def _limit(text: str) -> int:
-    if not text.isdigit():
+    if not config.is_whole_number(text):
         raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number >= 0")
     return int(text)
 
@@ -813,11 +814,22 @@ def _print_program_error(exc: BaseException) -> None:
 def _check_url(url: str) -> None:
     if not url.startswith(("http://", "https://")):
         raise _Usage(f"{url!r} is not an endpoint URL; give one like {DEFAULT_URL}")
+    try:  # a host and port that parse: 'http://[::1' or ':abc' is said here, in one line
+        parts = urllib.parse.urlsplit(url)
+        parts.port  # noqa: B018  (raises for a port that is not one)
+    except ValueError as exc:
+        raise _Usage(
+            f"{url!r} is not an endpoint URL ({exc}); give one like {DEFAULT_URL}"
+        ) from None
+    if not parts.hostname:
+        raise _Usage(f"{url!r} names no host; give one like {DEFAULT_URL}")
 
 
 def fetch(url: str, path: str, token: str | None, timeout: float = 10.0) -> Any:
     """GET a document from an endpoint; raises AsyncflowError with a one-line reason."""
     _check_url(url)
+    if token is not None and any(c in token for c in "\r\n\x00"):
+        raise _Usage("the token holds a line break or a NUL character: no header can carry it")
     try:
         return client.get_json(url, path, token, timeout)
     except client.FetchError as exc:
@@ -1100,7 +1112,7 @@ def _pick_url(args: argparse.Namespace, command: str) -> str:
         answer = input(f"which one? [1-{len(running)}] ").strip()
     except (EOFError, KeyboardInterrupt):
         raise _Usage("no profiler chosen") from None
-    if not answer.isdigit() or not 1 <= int(answer) <= len(running):
+    if not config.is_whole_number(answer) or not 1 <= int(answer) <= len(running):
         raise _Usage(f"{answer!r} is not a number from 1 to {len(running)}")
     return str(running[int(answer) - 1].url)
 

@@ -358,6 +358,12 @@ def _warn(value: object, source: str) -> tuple[tuple[str, float | str], ...]:
     return (*sorted(out.items()), *dict.fromkeys(quiet))
 
 
+def is_whole_number(text: str) -> bool:
+    """Whether ``text`` is a whole number in ASCII digits, as a pid, a port or a file named by
+    a pid is (``str.isdigit`` also takes ``²``, which ``int`` refuses)."""
+    return text.isascii() and text.isdigit()
+
+
 def _format(value: object, source: str) -> str:
     if value not in FORMATS:
         raise ValueError(f"{source}={value!r}: expected one of {', '.join(FORMATS)}")

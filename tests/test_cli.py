@@ -422,6 +422,10 @@ def test_block_threshold_flag_sets_the_option(tmp_path: Path) -> None:
         (["snapshot", "localhost:6780", "-o", "s.json"], "'localhost:6780' is not an endpoint URL"),
         (["top", "127.0.0.1:6780"], "'127.0.0.1:6780' is not an endpoint URL"),
         (["snapshot"], "the following arguments are required: -o/--output"),
+        (["snapshot", "http://[::1", "-o", "s.json"], "is not an endpoint URL (Invalid IPv6"),
+        (["trace", "http://127.0.0.1:abc", "-o", "t.json"], "is not an endpoint URL (Port"),
+        (["snapshot", "http://127.0.0.1:1", "--token", "a\nb", "-o", "s"], "holds a line break"),
+        (["dump", "99999999999999999999"], "99999999999999999999 is not a process id"),
         # an output that would overwrite the program, or another output (the file is kept)
         (["run", "--record", "x.py", "x.py"], "--record 'x.py' is the program itself"),
         (["run", "--output", "./x.py", "x.py"], "--output './x.py' is the program itself"),

@@ -205,7 +205,7 @@ class Listener:
 
 
 def _check_process(pid: int) -> None:
-    if pid <= 0:
+    if not 0 < pid <= 2**31 - 1:
         raise ControlError(f"{pid} is not a process id")
     try:
         os.kill(pid, 0)

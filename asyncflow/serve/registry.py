@@ -128,8 +128,12 @@ def process_start(pid: int) -> int | None:
         return None
 
 
+#: the largest process id any system gives (Linux's pid_max limit is 2**22)
+MAX_PID = 2**31 - 1
+
+
 def _alive(pid: int) -> bool:
-    if pid <= 0:
+    if not 0 < pid <= MAX_PID:  # (a stray file's name: no process has it)
         return False
     if sys.platform == "win32":  # os.kill(pid, 0) would end the process there
         return True
@@ -267,7 +271,8 @@ def _sweep(folder: Path) -> list[Entry]:
     except OSError:
         return live
     for name in names:
-        if name.endswith(".sock") and name[:-5].isdigit() and not _alive(int(name[:-5])):
+        pid = name[:-5]
+        if name.endswith(".sock") and config.is_whole_number(pid) and not _alive(int(pid)):
             with contextlib.suppress(OSError):
                 os.unlink(folder / name)  # an armed process's, gone without removing it
             continue

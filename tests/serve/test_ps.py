@@ -16,6 +16,7 @@ import pytest
 import asyncflow
 from asyncflow import cli
 from asyncflow.serve import registry
+from tests.support.commands import asyncflow_cmd
 
 #: a profiled program that serves until its standard input closes; argv: its name
 CHILD = """
@@ -274,3 +275,17 @@ def test_a_forked_child_never_removes_its_parents_file(tmp_path: Path) -> None:
     )
     assert (done.returncode, done.stderr) == (0, "")
     assert done.stdout == "child 0\nkept ['parent']\nleft []\n"
+
+
+def test_stray_files_named_like_no_process_are_ignored(tmp_path: Path) -> None:
+    """A file in the registry named by a number no process id can be (or by digits that are
+    not ASCII ones) is not anyone's: ``ps`` lists nothing, and says so, instead of failing on
+    it."""
+    folder = tmp_path / "registry"
+    folder.mkdir(mode=0o700)
+    for stray in ("99999999999999999999.sock", "99999999999999999999.json", "²³.sock"):
+        (folder / stray).write_text("")
+    done = asyncflow_cmd("ps", env={"ASYNCFLOW_RUNTIME_DIR": str(folder)})
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr
+    assert "no profiler is running here" in done.stdout + done.stderr
