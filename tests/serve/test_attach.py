@@ -799,7 +799,7 @@ def test_a_child_gets_the_options_that_cross_into_another_process() -> None:
         child = armed.child("process-1")
         assert child.name == "parent/process-1"
         assert child.options == {
-            "output": "report.process-1.json",
+            "output": os.path.abspath("report.process-1.json"),  # (where it was asked for)
             "port": 0,
             "percentiles": (50, 99),
         }
