@@ -1623,9 +1623,17 @@ def dead_consumer(docs: Documents, th: Thresholds) -> Iterator[Finding]:
         c = channels[channel_id]
         left = c.sent_count - c.received_count
         culprit = next(f for f in dead if f.outcomes.raised)
-        who = _and([f"`{f.label}`{_where(f.location)}" for f in dead])
-        only = "The only consumer" if len(dead) == 1 else f"All {len(dead)} consumers"
-        it = "it" if len(dead) == 1 else f"`{culprit.label}`"
+        # each call a consumer task of its own: one function run as two workers is two
+        tasks = sum(max(1, f.call_count) for f in dead)
+        who = _and(
+            [
+                (f"{f.call_count} calls of " if f.call_count > 1 else "")
+                + f"`{f.label}`{_where(f.location)}"
+                for f in dead
+            ]
+        )
+        only = "The only consumer" if tasks == 1 else f"All {tasks} consumers"
+        it = "it" if tasks == 1 else "they" if len(dead) == 1 else f"`{culprit.label}`"
         producers = _calls_at_once(c.senders, futures, _active_ns(c, docs.elapsed_ns))
         blocked = (
             f"; {_who(producers, _names(c.senders), 'producer')} "
@@ -1646,7 +1654,7 @@ def dead_consumer(docs: Documents, th: Thresholds) -> Iterator[Finding]:
                 "left": left,
                 "received": c.received_count,
                 "producers_blocked_ns": c.producers_blocked_ns,
-                "consumers": len(dead),
+                "consumers": tasks,
             },
         )
 

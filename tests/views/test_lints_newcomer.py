@@ -4,6 +4,7 @@ warning it must or must not get."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import threading
 
@@ -147,3 +148,29 @@ def test_the_hashing_handler_is_named_not_the_route_task_that_polls_it() -> None
     docs = Documents(0, 4_390 * MS, futures=(route, handler, health))
     findings = [f for f in lints.evaluate(docs, Thresholds()) if f.kind == "cpu-bound"]
     assert [f.subject.label for f in findings] == ["check_session"]
+
+
+async def test_two_consumer_tasks_of_one_function_that_died_are_counted_as_two(
+    prof: asyncflow.Profiler,
+) -> None:
+    """A webhook relay's two delivery workers, one function run as two tasks, both die on the
+    same bad payload: not "the only consumer died"."""
+    deliveries = asyncflow.instrument_queue(asyncio.Queue[dict[str, str]](), name="deliveries")
+
+    @asyncflow.future(name="delivery_worker")
+    async def delivery_worker() -> None:
+        while True:
+            hook = await deliveries.get()
+            hook["customer_id"]  # (the planted bug: not every payload has one)
+
+    workers = [asyncio.create_task(delivery_worker()) for _ in range(2)]
+    for i in range(30):
+        deliveries.put_nowait({"event": f"order {i}"})
+    done = await asyncio.gather(*workers, return_exceptions=True)
+    assert [type(e) for e in done] == [KeyError, KeyError]
+    (finding,) = [f for f in _findings(prof) if f.kind == "dead-consumer"]
+    assert finding.message.startswith(
+        "All 2 consumers of `deliveries`, 2 calls of `delivery_worker` (test_lints_newcomer.py:"
+    )
+    assert "died: they raised KeyError: 'customer_id' after 2 messages" in finding.message
+    assert finding.evidence["consumers"] == 2
