@@ -1960,6 +1960,27 @@ def _lateness_ns(
     return late
 
 
+def _waits_named_elsewhere(docs: Documents, th: Thresholds) -> set[int | None]:
+    """Futures whose waits another finding names as its cause: the waiters of a lock or
+    semaphore that serialises them or whose permits leaked, the producers of a channel whose
+    consumers died or that a slow stage holds full. Their slow calls are those waits: hedging
+    them (a tail's advice) adds load to the same lock or channel."""
+    resources = {
+        (s.subject.label, s.subject.location)
+        for s in (*contention(docs, th), *permits_leaked(docs, th))
+    }
+    channels = {s.subject.id for s in (*dead_consumer(docs, th), *bottleneck(docs, th))}
+    named = {
+        w.future_id
+        for r in docs.resources
+        if (r.label, r.location) in resources
+        for w in r.futures
+        if w.waits
+    }
+    named |= {e.future_id for c in docs.channels if c.id in channels for e in c.senders}
+    return named
+
+
 def tail_latency(docs: Documents, th: Thresholds) -> Iterator[Finding]:
     """A future whose slowest calls (p99) take many times its median call: whoever waits for
     all of them (a gather, a page of lookups) waits for its tail. Where its calls take part
@@ -1967,14 +1988,16 @@ def tail_latency(docs: Documents, th: Thresholds) -> Iterator[Finding]:
     every gather anyway, its tail costs no one anything. Not a future whose calls a
     timeout cut (its p99 is the timeout, which the program chose), nor one that gave up
     waiting on a lock, semaphore or condition: its tail is its own timeout, and what held the
-    resource so long is the cause (the resource's finding), not a tail of its own. Nor a
+    resource so long is the cause (the resource's finding), not a tail of its own; nor one
+    whose waits another finding names (``_waits_named_elsewhere``). Nor a
     tail the loop's own lateness explains (``_lateness_ns`` reaches the tail's excess over the
     median): a loop short of CPU wakes every call late, by about its lag at each await,
     whatever the call does, and the loop's figures say so."""
     gave_up = {w.future_id for r in docs.resources if r.failed_waits for w in r.futures if w.waits}
+    named = _waits_named_elsewhere(docs, th)
     own = _own_futures(docs)
     for f in docs.futures:
-        if f.id in gave_up or _cut_by_timeouts(f):
+        if f.id in gave_up or f.id in named or _cut_by_timeouts(f):
             continue
         d = f.call_duration_ns
         p50, p99 = d.get("p50", 0), d.get("p99", 0)

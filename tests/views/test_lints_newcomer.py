@@ -13,10 +13,11 @@ import pytest
 from anyio.streams.memory import MemoryObjectReceiveStream
 
 import asyncflow
+from asyncflow.clock import FakeClock
 from asyncflow.views import lints
 from asyncflow.views.lints import Documents, Thresholds
 
-from .test_lints import _findings
+from .test_lints import _findings, _io
 
 # (autouse: this module's tests, too, start without the primitives of earlier tests)
 from .test_lints import _no_primitives_of_earlier_tests as _no_primitives_of_earlier_tests
@@ -174,3 +175,30 @@ async def test_two_consumer_tasks_of_one_function_that_died_are_counted_as_two(
     )
     assert "died: they raised KeyError: 'customer_id' after 2 messages" in finding.message
     assert finding.evidence["consumers"] == 2
+
+
+async def test_the_callers_waiting_on_a_contended_lock_get_no_tail_warning_of_their_own(
+    fake_clock: FakeClock, prof: asyncflow.Profiler
+) -> None:
+    """Most orders are priced from the cache; the few that miss take a lock and hold it across
+    the upstream's answer, so they queue behind each other. The lock's finding names that; the
+    orders' slow tail is those waits, and a second warning telling to hedge them (more load on
+    the same lock) is wrong."""
+    prices = asyncflow.instrument_lock(asyncio.Lock(), name="prices")
+
+    @asyncflow.future(name="create_order")
+    async def create_order(cached: bool) -> None:
+        if cached:
+            await _io(1_000_000)
+            return
+        async with prices:  # the planted bug: an await while holding the lock
+            await _io(50_000_000)
+
+    for _ in range(48):  # the cache's orders, one after another: 1 ms each
+        await create_order(cached=True)
+    await asyncio.gather(*(asyncio.create_task(create_order(cached=False)) for _ in range(12)))
+    futures = prof.snapshot().futures.futures
+    (orders,) = [f for f in futures if f.label == "create_order"]
+    assert orders.call_duration_ns["p99"] >= 100 * orders.call_duration_ns["p50"]  # a tail
+    kinds = sorted({(f.kind, f.subject.label) for f in _findings(prof) if f.severity != "info"})
+    assert kinds == [("lock-contention", "prices")]
