@@ -17,6 +17,7 @@ import orjson
 
 __all__ = [
     "OWN_CODE",
+    "ROUTE",
     "SCHEMA",
     "AwaitFrame",
     "BarrierInfo",
@@ -103,6 +104,8 @@ SCHEMA = 1
 #: ``FutureEntry.tracked_by`` of the program's own coroutine functions, which ``asyncflow run``
 #: tracks without being asked
 OWN_CODE = "own_code"
+#: ``FutureEntry.tracked_by`` of a web framework's route (each request a call of it)
+ROUTE = "route"
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,6 +221,9 @@ class FutureEntry:
     #: calls that raised, by exception type name, over the whole run (not only the log of
     #: recent calls): at most 16 names, the rest counted together under ``(other)``
     errors: dict[str, int] = field(default_factory=dict)
+    #: how long before the document was built its first call of the session was made (a
+    #: service's first request, for a route); None: no call yet, or not known
+    first_call_ago_ns: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

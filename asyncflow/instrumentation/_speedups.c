@@ -823,6 +823,7 @@ typedef struct {
     long long cancel_requested, cancel_swallowed, cancel_raised, max_cancel_to_end;
     long long polls_done, busy_done, idle_done, max_poll_done;
     long long sched_total, max_sched; /* scheduled time (futures._scheduled), live included */
+    long long first_call; /* when its session's first call was made (clock reading); 0: none */
     PyObject *live;      /* unfinished calls, by call id: a dict */
     PyObject *poll_hist; /* bumped in place by every poll */
     PyObject *call_hist; /* bumped as each finished call is folded (futures.fold_call) */
@@ -955,6 +956,7 @@ static PyGetSetDef stats_getset[] = {
     STATS_INT(max_poll_done, NULL)
     STATS_INT(sched_total, "scheduled time: the sum of the waits from a wake-up to its poll")
     STATS_INT(max_sched, "... and the longest")
+    STATS_INT(first_call, "when its first call was made (clock reading); 0: none yet")
     {NULL},
 };
 
@@ -1250,10 +1252,14 @@ record_setup(RecordObject *self, PyObject *future, PyObject *stats, long long no
         return -1;
     }
     if (Py_IS_TYPE(stats, &StatsType)) {
-        ((StatsObject *)stats)->created += 1;
+        StatsObject *st = (StatsObject *)stats;
+        st->created += 1;
+        if (!st->first_call) {
+            st->first_call = now;
+        }
         return 0;
     }
-    return field_add(stats, FS_CREATED, 1);
+    return field_add(stats, FS_CREATED, 1); /* (Python figures: their first call is not noted) */
 }
 
 static int
@@ -4601,6 +4607,9 @@ mod_move_call(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     if (old_live == NULL || PyObject_SetItem(new_live, key, (PyObject *)call) < 0 ||
         created_add(new, 1) < 0) {
         goto done;
+    }
+    if (Py_IS_TYPE(new, &StatsType) && !((StatsObject *)new)->first_call) {
+        ((StatsObject *)new)->first_call = call->created; /* a route's first request */
     }
     Py_SETREF(call->future, Py_NewRef(record)); /* (its hist is its stats' poll histogram) */
     Py_SETREF(call->stats, Py_NewRef(new));

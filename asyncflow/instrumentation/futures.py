@@ -85,6 +85,7 @@ class FutureStats:
         "closed",
         "created",
         "error_types",
+        "first_call",
         "idle_done",
         "live",
         "max_cancel_to_end",
@@ -131,6 +132,9 @@ class FutureStats:
         self.sched_total = 0
         self.max_sched = 0
         self.sched_hist: MutableMapping[int, int] = _new_poll_histogram()
+        #: when the session's first call was made (a clock reading); 0: none yet. A service's
+        #: first request: what blocked its loop before then held no request up
+        self.first_call = 0
         #: exception type name -> calls that raised it, over the run (bounded: _raised)
         self.error_types: dict[str, int] = {}
 
@@ -142,7 +146,7 @@ _FOLD = Fold(
     maximum=("max_cancel_to_end", "max_poll_done", "max_sched"),
     histogram=("call_hist", "poll_hist", "sched_hist"),
     # a gone future has no live call; _merge moves recent and adds error_types (bounded)
-    left=("live", "recent", "series", "error_types"),
+    left=("live", "recent", "series", "error_types", "first_call"),
 )
 
 
@@ -483,6 +487,8 @@ class CallRecord:
         # cancel_outcome. Leaving them unset saves ~100 ns per call.
         stats.live[call_id] = self
         stats.created += 1
+        if not stats.first_call:
+            stats.first_call = now
 
 
 def call_field(r: CallRecord, name: str) -> Any:

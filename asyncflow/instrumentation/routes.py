@@ -36,6 +36,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from asyncflow.instrumentation import _session, futures
+from asyncflow.schema import ROUTE
 
 __all__ = [
     "ROUTE",
@@ -46,8 +47,6 @@ __all__ = [
     "starlette_patches",
 ]
 
-#: ``tracked_by`` of a route's future
-ROUTE = "route"
 #: the label of the requests no route matched
 UNMATCHED = "(unmatched)"
 #: the methods a label may name; any other is ``OTHER`` (a client chooses the method)
@@ -139,6 +138,8 @@ def _move_py(call: Any, record: futures.FutureRecord) -> None:
         return  # a call of an earlier session, or moved already
     new.live[call.call_id] = call
     new.created += 1
+    if not new.first_call:  # a route's first request
+        new.first_call = call.created
     call.future, call.stats, call.hist = record, new, new.poll_hist
     old.created -= 1
     old.live.pop(call.call_id, None)

@@ -210,6 +210,7 @@ def future_entry(
         **_scheduled(st, percentiles),
         **_gathered(record.id),
         errors=dict(st.error_types),
+        first_call_ago_ns=max(0, now - first) if (first := getattr(st, "first_call", 0)) else None,
     )
 
 

@@ -11,6 +11,7 @@ work, not a problem, so starvation is only ``info``.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
@@ -21,6 +22,7 @@ from asyncflow.config import WARNING_KINDS
 from asyncflow.filtering import matches
 from asyncflow.model.waits import is_asyncflow_file, is_library_file
 from asyncflow.schema import (
+    ROUTE,
     SCHEMA,
     AwaitFrame,
     BlockedEpisode,
@@ -564,13 +566,41 @@ def blocked_loop(docs: Documents, th: Thresholds) -> Iterator[Finding]:
     finding)."""
     futures = _by_id(docs)
     top = _cpu_top(docs, th)
+    first = _first_request_ns(docs)
     for cause in _causes(docs, th):
-        yield _line_finding(cause, futures, top.id if top is not None else None)
+        finding = _line_finding(cause, futures, top.id if top is not None else None)
+        line = cause.line
+        if (
+            first is not None
+            and cause.ongoing is None
+            and line is not None
+            and line.count == 1
+            and line.last_ns <= first
+        ):
+            finding = dataclasses.replace(
+                finding,
+                severity="info",
+                message=finding.message
+                + "; at start-up, before the first request began: no request waited",
+            )
+        yield finding
     for loop in docs.loops:
         if not loop.blocking_lines:
             finding = _loop_episodes(loop)
             if finding is not None:
                 yield finding
+
+
+def _first_request_ns(docs: Documents) -> int | None:
+    """When the service's first routed request began, from the profiler's start; None when
+    it routed none (not a web service, or none yet). A block that ended before then (a TLS
+    store loaded in the lifespan, an app imported in a worker's loop) held no request up."""
+    agos = [
+        f.first_call_ago_ns
+        for f in docs.futures
+        if f.tracked_by == ROUTE and f.first_call_ago_ns is not None
+    ]
+    return max(0, docs.elapsed_ns - max(agos)) if agos else None
 
 
 def _frame_of(f: FutureEntry, frame: StackFrame) -> bool:

@@ -150,6 +150,8 @@ def _route_rows(
     assert blocking["busy_ns"] >= REQUESTS * wait_ns  # its handler's sleep is in its polls
     assert slow["idle_ns"] >= REQUESTS * (wait_ns - 1_000_000)  # its handler's wait between
     assert not any("/orders/" in label and "{" not in label for label in rows)  # no raw path
+    # each route knows when its first request came (the requests came one route after another)
+    assert 0 < blocking["first_call_ago_ns"] < slow["first_call_ago_ns"], (slow, blocking)
     # (the /nowhere requests, until it answered)
     assert 1 <= rows[unmatched]["call_count"] < REQUESTS, rows[unmatched]
 

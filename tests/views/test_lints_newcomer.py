@@ -13,6 +13,7 @@ import pytest
 from anyio.streams.memory import MemoryObjectReceiveStream
 
 import asyncflow
+from asyncflow import schema
 from asyncflow.clock import FakeClock
 from asyncflow.views import lints
 from asyncflow.views.lints import Documents, Thresholds
@@ -21,7 +22,7 @@ from .test_lints import _findings, _io
 
 # (autouse: this module's tests, too, start without the primitives of earlier tests)
 from .test_lints import _no_primitives_of_earlier_tests as _no_primitives_of_earlier_tests
-from .test_lints_cause import MS, evaluate, future
+from .test_lints_cause import MS, evaluate, future, loop_with
 
 ITEMS = 600
 
@@ -202,3 +203,52 @@ async def test_the_callers_waiting_on_a_contended_lock_get_no_tail_warning_of_th
     assert orders.call_duration_ns["p99"] >= 100 * orders.call_duration_ns["p50"]  # a tail
     kinds = sorted({(f.kind, f.subject.label) for f in _findings(prof) if f.severity != "info"})
     assert kinds == [("lock-contention", "prices")]
+
+
+def _startup_block(ended_ms: int) -> schema.LoopEntry:
+    """A loop whose one block at the lifespan's line (loading a TLS store, 300 ms) ended
+    ``ended_ms`` into the run."""
+    line = schema.BlockedLine(
+        "/srv/app.py", 79, "lifespan", "transport = httpx.AsyncHTTPTransport()", 1,
+        300 * MS, 300 * MS, ended_ms * MS, 2 * MS, 300 * MS, "blocking", 9, "LifespanOn.main",
+    )  # fmt: skip
+    return dataclasses.replace(loop_with(line, episodes=0), blocked_count=1)
+
+
+def test_a_one_off_block_before_the_first_request_is_info() -> None:
+    """A FastAPI service loads its TLS store in its lifespan, 300 ms on the loop, before it
+    serves: no request waited, and a healthy service gets no warning for it. The same block
+    once requests were coming in held them up, and stays a warning."""
+    route = dataclasses.replace(
+        future(2, "GET /products/{sku}", 50 * MS, 1 * MS),
+        tracked_by=schema.ROUTE,
+        first_call_ago_ns=600 * MS,  # its first request 400 ms into the 1 s run
+    )
+    for ended_ms, severity in ((350, "info"), (450, "warning")):
+        docs = Documents(0, 1_000 * MS, futures=(route,), loops=[_startup_block(ended_ms)])
+        (blocked,) = [f for f in lints.evaluate(docs, Thresholds()) if f.kind == "loop-blocked"]
+        assert blocked.severity == severity, blocked.message
+        if severity == "info":
+            assert blocked.message.endswith(
+                "at start-up, before the first request began: no request waited"
+            )
+
+
+async def test_a_future_says_when_its_first_call_was_made(
+    fake_clock: FakeClock, prof: asyncflow.Profiler
+) -> None:
+    @asyncflow.future(name="lookup")
+    async def lookup() -> None:
+        fake_clock.advance(1_000_000)
+
+    def first_call_ago() -> int | None:
+        futures = prof.snapshot().futures.futures
+        (entry,) = [f for f in futures if f.label == "lookup"]
+        return entry.first_call_ago_ns
+
+    assert first_call_ago() is None  # (defined, never called)
+    fake_clock.advance(5_000_000)
+    await lookup()
+    fake_clock.advance(20_000_000)
+    await lookup()  # (a later call changes nothing)
+    assert first_call_ago() == 22_000_000  # (its own 1 ms, 20 ms, the second call's 1 ms)
