@@ -586,9 +586,9 @@ def blocked_loop(docs: Documents, th: Thresholds) -> Iterator[Finding]:
         yield finding
     for loop in docs.loops:
         if not loop.blocking_lines:
-            finding = _loop_episodes(loop)
-            if finding is not None:
-                yield finding
+            episodes = _loop_episodes(loop)
+            if episodes is not None:
+                yield episodes
 
 
 def _first_request_ns(docs: Documents) -> int | None:
