@@ -549,6 +549,15 @@ _anyio_original: Any = None
 _anyio_pending: Callable[[], None] | None = None
 
 
+def _limited(limiter: Any) -> str:
+    """``anyio worker threads (a limiter of 4)``: the jobs behind a limiter of the program's
+    own (not its repr, an address)."""
+    tokens = getattr(limiter, "total_tokens", None)
+    if isinstance(tokens, int | float) and tokens != float("inf"):
+        return f"anyio worker threads (a limiter of {int(tokens)})"
+    return "anyio worker threads (a limiter)"
+
+
 def _anyio_hook(original: Callable[..., Any]) -> Callable[..., Any]:
     """anyio's ``to_thread.run_sync`` on asyncio: its own worker threads, behind a capacity
     limiter (40 tokens by default). A job is queued while it waits for a token."""
@@ -563,7 +572,7 @@ def _anyio_hook(original: Callable[..., Any]) -> Callable[..., Any]:
             default = limiter is None
             if default:
                 limiter = cls.current_default_thread_limiter()
-            label = "anyio worker threads" if default else f"anyio worker threads ({limiter!r})"
+            label = "anyio worker threads" if default else _limited(limiter)
             record = _record_of(limiter, label)
             record.workers()  # note its size while it exists
             _, future_id = caller()

@@ -110,6 +110,8 @@ def test_a_pool_never_busy_at_once_is_not_saturated() -> None:
         busy = [f for f in _findings(prof) if f.kind == "executor-saturated"]
     assert idle == []
     assert [f.evidence["max_workers"] for f in busy] == [1]
+    # named by its size, not by the limiter's repr (an address)
+    assert [f.subject.label for f in busy] == ["anyio worker threads (a limiter of 1)"]
 
 
 def _slow_job() -> int:
