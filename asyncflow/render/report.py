@@ -304,8 +304,10 @@ def _no_futures(snapshot: Snapshot) -> str:
             "task of the program's own that --include/--exclude kept)"
         )
     return (
-        "(no futures were tracked: no call of an @asyncflow.future coroutine, and no task "
-        "under asyncflow.instrument_tasks() or asyncflow run)"
+        "(no futures were tracked: no event loop ran where asyncflow watched, and no "
+        "@asyncflow.future coroutine was called; asyncflow run watches every loop, "
+        "asyncflow.instrument_tasks() the one it is called on, and a server that runs its "
+        "loops in worker processes has a report from each)"
     )
 
 
