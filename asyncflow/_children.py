@@ -45,6 +45,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from asyncflow import config
+from asyncflow.errors import say
 from asyncflow.instrumentation import _session
 
 if TYPE_CHECKING:
@@ -254,17 +255,6 @@ def follow(
 SIGNAL_REPORT_TIMEOUT = 5.0
 #: how long the interrupted main thread waits in the handler before it is let go on
 SIGNAL_HOLD = 1.0
-
-
-def say(line: str) -> None:
-    """Write ``line`` to stderr in one write. The processes of one program share their stderr,
-    and ``print()`` writes a line's text and its end apart: with ``PYTHONUNBUFFERED`` set, a
-    worker's line landed between another's text and its end, and two lines read as one."""
-    try:
-        sys.stderr.write(line + "\n")
-        sys.stderr.flush()
-    except (AttributeError, OSError, ValueError):  # no stderr, or closed: nobody to tell
-        pass
 
 
 def report_on_sigterm(

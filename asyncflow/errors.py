@@ -1,6 +1,8 @@
 """The exceptions asyncflow raises for misuse of its own API."""
 
-__all__ = ["TRACE_OFF", "AsyncflowError", "PortInUseError"]
+import sys
+
+__all__ = ["TRACE_OFF", "AsyncflowError", "PortInUseError", "say"]
 
 #: why there is no trace to give (the profiler's ``trace()``, the endpoint's ``/trace``)
 TRACE_OFF = (
@@ -40,3 +42,14 @@ class PortInUseError(AsyncflowError):
         else:
             advice = f"pass another {source}= ({source}=0 picks a free one)"
         return f"port {self.port} on {self.host} is already in use; {advice}"
+
+
+def say(line: str) -> None:
+    """Write ``line`` to stderr in one write. The processes of one program share their stderr,
+    and ``print()`` writes a line's text and its end apart: with ``PYTHONUNBUFFERED`` set, a
+    worker's line landed between another's text and its end, and two lines read as one."""
+    try:
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+    except (AttributeError, OSError, ValueError):  # no stderr, or closed: nobody to tell
+        pass

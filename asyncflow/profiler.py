@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from asyncflow import _forksafe, clock, config
 from asyncflow.config import Options, resolve_options
-from asyncflow.errors import TRACE_OFF, AsyncflowError, PortInUseError
+from asyncflow.errors import TRACE_OFF, AsyncflowError, PortInUseError, say
 from asyncflow.instrumentation import _handing, _session, futures
 from asyncflow.instrumentation.futures import reset_for_session
 
@@ -94,6 +94,11 @@ def _import_where_not_interrupted() -> None:
         raise failures[0]
 
 
+#: the loops (with their tasks and servers) of profilers whose file descriptors the program
+#: closed: kept, never freed, since freeing one would close a number the program owns now
+_LOST: list[tuple[Any, ...]] = []
+
+
 def _wait_ready(ready: threading.Event, timeout: float) -> bool:
     """Wait for the profiler's thread to be ready (a seam: tests interrupt start() here)."""
     return ready.wait(timeout)
@@ -123,6 +128,9 @@ class Profiler:
         self._server: Server | None = None
         self._final: Snapshot | None = None
         self._failure: BaseException | None = None
+        #: set when the program closed the profiler's file descriptors (a daemon's
+        #: os.closerange): its thread stopped, and nothing touches its loop any more
+        self._lost: OSError | None = None
         #: set when start() gives up (interrupted, failed, timed out) while the thread starts
         self._abandoned = False
         #: set by the profiler's thread when it goes to work (under _ready_lock), unless
@@ -373,8 +381,27 @@ class Profiler:
             return
         try:
             loop.run_forever()
-        finally:
+        except OSError as exc:
+            if loop.descriptors_kept():
+                self._finish(loop, tasks)
+                raise
+            self._lose(loop, tasks, exc)
+        else:
             self._finish(loop, tasks)
+
+    def _lose(self, loop: _ProfilerLoop, tasks: list[asyncio.Task[None]], exc: OSError) -> None:
+        """The program closed this thread's file descriptors (a daemon's ``os.closerange``):
+        its loop cannot wait any more. Its numbers may be the program's own files now, so
+        nothing of it is closed, written or waited on again: the loop, its tasks and the
+        server are kept as they are, for the life of the process (each object would close
+        its number when freed). The report is still taken at exit, on the stopping thread."""
+        self._lost = exc
+        _LOST.append((loop, tasks, self._server))
+        self._server = None
+        say(
+            "asyncflow: the program closed the profiler's file descriptors: its endpoint and "
+            "loop monitor stopped; the report is still written at exit"
+        )
 
     async def _serve(self, loop: _ProfilerLoop, collector: Collector) -> str:
         """Start the endpoint; returns its URL.
@@ -464,7 +491,7 @@ class Profiler:
             _session.internal_error("taking the final snapshot", exc)
         finally:
             loop, thread = self._loop, self._thread
-            if loop is not None and not loop.is_closed():
+            if loop is not None and not loop.is_closed() and self._lost is None:
                 with contextlib.suppress(RuntimeError):  # closed meanwhile
                     loop.call_soon_threadsafe(loop.stop)
             if thread is not None and thread is not threading.current_thread():
@@ -556,9 +583,15 @@ class Profiler:
     # -- queries -----------------------------------------------------------------------------
 
     def _call(self, fn: Callable[[], Any]) -> Any:
-        """Run ``fn()`` on the profiler's thread (where the collector's state lives)."""
+        """Run ``fn()`` on the profiler's thread (where the collector's state lives), or here
+        once that thread is gone."""
         loop, thread = self._loop, self._thread
-        if thread is threading.current_thread() or loop is None or loop.is_closed():
+        if (
+            thread is threading.current_thread()
+            or loop is None
+            or loop.is_closed()
+            or self._lost is not None
+        ):
             return fn()
         done: Future[Any] = Future()
 
@@ -804,6 +837,12 @@ class _HandingSelector(selectors.DefaultSelector):
         super().close()
 
 
+def _identity(fd: int) -> tuple[int, int, int]:
+    """(descriptor, device, inode): which file a descriptor number stands for now."""
+    st = os.fstat(fd)
+    return fd, st.st_dev, st.st_ino
+
+
 def _events_selector() -> selectors.BaseSelector:
     """The profiler loop's selector: epoll waited on through the compiled path where it is
     built (see _HandingEpoll), unless ``ASYNCFLOW_GIL_HAND_OVER=0``; on the pure-Python path,
@@ -851,6 +890,31 @@ class _ProfilerLoop(asyncio.SelectorEventLoop):
         self.address_in_use = False
         #: naps not over yet: (the loop's time they may end from, their future)
         self._naps: list[tuple[float, asyncio.Future[None]]] = []
+        #: (descriptor, device, inode) of the selector's and the self-pipe's descriptors
+        pipe = (self._ssock, self._csock)  # type: ignore[attr-defined]  # (asyncio's own)
+        fds = [s.fileno() for s in pipe]
+        if hasattr(selector, "fileno"):  # epoll, kqueue, devpoll: a descriptor of its own
+            fds.append(selector.fileno())
+        self._kept = [_identity(fd) for fd in fds]
+
+    def descriptors_kept(self) -> bool:
+        """Whether its descriptors are still its own: a program that closes every descriptor
+        it inherited (a daemon's ``os.closerange``) closes these too, and its next files take
+        their numbers."""
+        for kept in self._kept:  # (a closerange closes these too: they are checked alone)
+            try:
+                if _identity(kept[0]) != kept:
+                    return False
+            except OSError:
+                return False
+        return True
+
+    def _run_once(self) -> None:
+        # Checked before each wait, not after a failure: waiting on a number the program's
+        # own epoll took would take its events (a system call a wait, ~20 a second).
+        if not self.descriptors_kept():
+            raise OSError(errno.EBADF, "the program closed them")
+        super()._run_once()  # type: ignore[misc]
 
     def nap(self, earliest: float, latest: float) -> asyncio.Future[None]:
         """A sleep that ends at this loop's first wake ``earliest`` seconds from now or later,

@@ -732,3 +732,48 @@ def test_the_arguments_after_dash_m_module_are_the_modules_own(
     assert done.stdout.splitlines() == ["['--port', '1', '-k', 'x', '--name', 'y']"]
     endpoint = done.stderr.split("endpoint: ", 1)[1].split()[0]
     assert "profiling 'app'" in done.stderr and not endpoint.endswith(":1"), endpoint
+
+
+def test_a_program_that_closes_every_inherited_descriptor_keeps_its_own_files(
+    tmp_path: Path,
+) -> None:
+    """A daemon closes every descriptor it inherited (``os.closerange``), asyncflow's among
+    them, then opens its own, which take the same numbers. asyncflow's thread stops; it must
+    then touch none of those numbers (closing or writing one would be the program's file), say
+    so in one line, and still write the report at exit."""
+    write(
+        tmp_path / "daemon.py",
+        """\
+import asyncio, os, socket
+os.closerange(3, 4096)  # as a daemon does
+
+async def main():
+    a, b = socket.socketpair()
+    loop = asyncio.get_running_loop()
+    with open("journal.txt", "w") as journal:
+        for i in range(20):
+            await asyncio.sleep(0.02)
+            await loop.sock_sendall(a, b"x")
+            assert await loop.sock_recv(b, 16) == b"x"
+            journal.write(f"entry {i}\\n")
+            journal.flush()
+    return "20 round trips"
+
+print(asyncio.run(main()))
+""",
+    )
+    done = asyncflow_cmd(
+        "run", "--port", "0", "--format", "json", "--output", "report.json", "--record",
+        "run.afrec", "daemon.py", cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "20 round trips\n"
+    assert (tmp_path / "journal.txt").read_text() == "".join(f"entry {i}\n" for i in range(20))
+    assert "Traceback" not in done.stderr, done.stderr
+    said = [line for line in done.stderr.splitlines() if "descriptor" in line]
+    assert said[0].startswith("asyncflow: the program closed the profiler's file descriptors")
+    # (and the recording's, if it had still to write: it ends at its last tick)
+    assert all(line.startswith("asyncflow: the program closed the") for line in said), said
+    assert len(said) <= 2 and "internal error" not in done.stderr, done.stderr
+    report = orjson.loads((tmp_path / "report.json").read_bytes())
+    assert report["schema"] == schema.SCHEMA

@@ -34,7 +34,7 @@ import orjson
 
 from asyncflow import clock, schema
 from asyncflow._version import __version__
-from asyncflow.errors import AsyncflowError
+from asyncflow.errors import AsyncflowError, say
 from asyncflow.instrumentation import _session
 
 if TYPE_CHECKING:
@@ -100,6 +100,9 @@ class Recorder:
         self.path = path
         self.budget = int(budget_mb * 1_000_000)
         self._file: IO[bytes] | None = None
+        #: (device, inode) of the file: a program that closes every descriptor it inherited
+        #: (a daemon's os.closerange) closes this one too, and its next file takes the number
+        self._identity: tuple[int, int] | None = None
         self._zip = zlib.compressobj(6)
         #: each section's JSON as last written
         self._last: dict[str, bytes] = {}
@@ -143,6 +146,8 @@ class Recorder:
         }
         try:
             self._file = open(self.path, "wb")  # noqa: SIM115  # closed by finish()
+            st = os.fstat(self._file.fileno())
+            self._identity = (st.st_dev, st.st_ino)
             self._put(MAGIC + orjson.dumps(header) + b"\n")
         except OSError as exc:
             raise AsyncflowError(
@@ -183,6 +188,9 @@ class Recorder:
             self._put(self._pack(line))
             self.ticks += 1
             self.thinned += not big
+        except _Lost:
+            self._lose()
+            return
         except Exception as exc:
             self._failed = True  # turned off once; the program never sees it
             _session.internal_error("recording", exc)
@@ -241,17 +249,24 @@ class Recorder:
                         break
                 self._put(self._pack(line))
                 self._put(self._zip.flush(zlib.Z_FINISH))
+        except _Lost:
+            self._lose()
+            return
         except Exception as exc:
             _session.internal_error("recording", exc)
         finally:
-            self._file = None
-            try:
-                file.close()
-            except OSError as exc:
-                _session.internal_error("recording", exc)
+            if self._file is not None:
+                self._file = None
+                try:
+                    file.close()
+                except OSError as exc:
+                    _session.internal_error("recording", exc)
 
     def close(self) -> None:
         """Close the file without an end state (``start()`` gave up)."""
+        if not self._kept():
+            self._lose()
+            return
         file, self._file = self._file, None
         if file is not None:
             file.close()
@@ -304,9 +319,42 @@ class Recorder:
 
     def _put(self, data: bytes) -> None:
         assert self._file is not None
+        if not self._kept():
+            raise _Lost(self.path)
         self._file.write(data)
         self._file.flush()
         self.used += len(data)
+
+    def _kept(self) -> bool:
+        """Whether the file's descriptor is still the file's (a system call a write)."""
+        file = self._file
+        try:
+            st = os.fstat(file.fileno()) if file is not None else None
+        except (OSError, ValueError):
+            return False
+        return st is not None and (st.st_dev, st.st_ino) == self._identity
+
+    def _lose(self) -> None:
+        """The program closed the file's descriptor: the recording ends where it is (whole up
+        to its last line). The file object is kept, never closed: its number may be the
+        program's own file now."""
+        file, self._file = self._file, None
+        self._failed = True
+        if file is not None:
+            _LOST.append(file)
+            say(
+                f"asyncflow: the program closed the recording's file descriptor: {self.path} "
+                "ends at its last tick"
+            )
+
+
+class _Lost(Exception):
+    """The recording's descriptor is no longer its file's (the program closed it)."""
+
+
+#: files whose descriptors the program closed: kept, never closed, since closing one would
+#: close the number the program's own file took
+_LOST: list[IO[bytes]] = []
 
 
 @dataclass(frozen=True, slots=True)
