@@ -443,11 +443,15 @@ def _run(args: argparse.Namespace) -> int:
         program_file = spec.origin
         name = args.name or args.module
     else:
+        if program[:1] == ["--"]:  # "run [options] -- script.py": the options end there
+            program = program[1:]
         if not program:
             raise _Usage("give a script to run (asyncflow run script.py [args...]) or -m module")
         target, program = program[0], program[1:]
         path = Path(target)
-        if not path.is_file():
+        if path.is_dir() and not (path / "__main__.py").is_file():
+            raise _Usage(f"{target!r} is a directory with no __main__.py to run")
+        if not path.is_file() and not path.is_dir():
             raise _Usage(f"no such file: {target!r}")
         argv0 = target
         name = args.name or path.stem

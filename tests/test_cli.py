@@ -405,6 +405,8 @@ def test_block_threshold_flag_sets_the_option(tmp_path: Path) -> None:
     ("args", "says"),
     [
         (["run", "missing.py"], "no such file: 'missing.py'"),
+        (["run", "--", "missing.py"], "no such file: 'missing.py'"),
+        (["run", "."], "'.' is a directory with no __main__.py to run"),
         (["run", "-m", "no_such_module_here"], "no module named 'no_such_module_here'"),
         (["run"], "give a script to run"),
         (["run", "--port", "http", "x.py"], "--port 'http': expected a port"),
@@ -463,6 +465,15 @@ def test_a_module_that_cannot_run_is_one_line_and_exit_2(
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr
     assert done.stderr.strip().splitlines() == [f"asyncflow run: error: {says}"]
+
+
+def test_run_a_directory_python_runs_and_a_script_after_dashes(tmp_path: Path) -> None:
+    """``python app/`` runs ``app/__main__.py``; ``--`` ends the options, as elsewhere."""
+    write(tmp_path / "app" / "__main__.py", "import sys\nprint('app runs', sys.argv[1:])\n")
+    for args in (["app", "x"], ["--", "app", "x"]):
+        done = asyncflow_cmd("run", "--port", "off", "--format", "none", *args, cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout == "app runs ['x']\n"
 
 
 def test_the_reports_go_where_they_were_asked_for_when_the_program_changes_directory(
