@@ -1087,7 +1087,14 @@ def _ps(args: argparse.Namespace) -> int:
     elif running:
         sys.stdout.write(_ps_table(running))
     else:
-        print(f"asyncflow: no profiler is running here ({registry.directory()})", file=sys.stderr)
+        folder = registry.directory()
+        why = registry.unusable(folder)
+        if why is not None:  # profilers run, but none registers there
+            raise _Usage(
+                f"the registry {str(folder)!r} {why}: no profiler is listed there; set "
+                "ASYNCFLOW_RUNTIME_DIR to a directory of your own (mode 0700)"
+            )
+        print(f"asyncflow: no profiler is running here ({folder})", file=sys.stderr)
     return 0
 
 

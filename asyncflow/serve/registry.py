@@ -31,8 +31,17 @@ from typing import Any
 import orjson
 
 from asyncflow import config, schema
+from asyncflow.errors import say
 
-__all__ = ["Entry", "Registration", "directory", "entries", "private_directory", "register"]
+__all__ = [
+    "Entry",
+    "Registration",
+    "directory",
+    "entries",
+    "private_directory",
+    "register",
+    "unusable",
+]
 
 logger = logging.getLogger("asyncflow")
 #: the layout of a registry file; a file of another version is ignored (and left alone)
@@ -95,19 +104,29 @@ def private_directory(create: bool) -> Path | None:
         except OSError as exc:
             logger.debug("asyncflow: cannot create the registry %s: %r", path, exc)
             return None
-    try:
-        status = os.lstat(path)
-    except OSError:
-        return None
-    if not stat.S_ISDIR(status.st_mode):
-        logger.debug("asyncflow: the registry %s is not a directory", path)
-        return None
-    if hasattr(os, "getuid") and (
-        status.st_uid != os.getuid() or status.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
-    ):
-        logger.debug("asyncflow: the registry %s is not this user's alone: unused", path)
+    why = unusable(path)
+    if why is not None:
+        logger.debug("asyncflow: the registry %s %s: unused", path, why)
         return None
     return path
+
+
+def unusable(path: Path) -> str | None:
+    """Why ``path`` cannot be the registry (``is not a directory``...), or None when it can be
+    (or does not exist yet: it is made at the first registration)."""
+    try:
+        status = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror or exc})"
+    if not stat.S_ISDIR(status.st_mode):
+        return "is not a directory"
+    if hasattr(os, "getuid") and status.st_uid != os.getuid():
+        return "is another user's"
+    if status.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return "can be written by other users"
+    return None
 
 
 def process_start(pid: int) -> int | None:
@@ -191,6 +210,12 @@ def register(
     try:
         folder = private_directory(create=True)
         if folder is None:
+            why = unusable(directory())
+            if why is not None and config.runtime_dir() is not None:  # asked for: say it
+                say(
+                    f"asyncflow: not listed by 'asyncflow ps': ASYNCFLOW_RUNTIME_DIR "
+                    f"{str(directory())!r} {why}"
+                )
             return None
         pid = os.getpid()
         if _first is None or _first[0] != pid:  # a forked child registers anew

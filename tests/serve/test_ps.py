@@ -289,3 +289,29 @@ def test_stray_files_named_like_no_process_are_ignored(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert "Traceback" not in done.stderr
     assert "no profiler is running here" in done.stdout + done.stderr
+
+
+def test_a_registry_that_cannot_be_used_is_said_by_ps(tmp_path: Path) -> None:
+    """A file, or a directory other users can write, is never used as the registry: profilers
+    then register nowhere, and ``ps`` says why instead of "no profiler is running here"."""
+    (tmp_path / "a-file").write_text("")
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o777)
+    for folder, why in ((tmp_path / "a-file", "is not a directory"), (shared, "other users")):
+        done = asyncflow_cmd("ps", env={"ASYNCFLOW_RUNTIME_DIR": str(folder)})
+        assert done.returncode == 2, done.stderr
+        assert why in done.stderr and "ASYNCFLOW_RUNTIME_DIR" in done.stderr, done.stderr
+        assert "no profiler is running here" not in done.stderr
+    # and a profiler told to register there says, once, that it is not listed
+    (tmp_path / "app.py").write_text("pass\n")
+    done = asyncflow_cmd(
+        "run", "--port", "0", "--format", "none", "app.py",
+        cwd=tmp_path, env={"ASYNCFLOW_RUNTIME_DIR": str(shared)},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    said = [line for line in done.stderr.splitlines() if "not listed" in line]
+    assert said == [
+        f"asyncflow: not listed by 'asyncflow ps': ASYNCFLOW_RUNTIME_DIR {str(shared)!r} can be "
+        "written by other users"
+    ]
