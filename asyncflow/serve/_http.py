@@ -451,6 +451,8 @@ class _Front:
         if isinstance(connection, _Connection):
             connection.af_arm(self.limits.response_timeout)
         try:
+            if request.method not in ("GET", "HEAD"):  # (CONNECT's target is no route's path)
+                raise web.HTTPMethodNotAllowed(request.method, ("GET", "HEAD"))
             self._check_host(request)
             proven = self.config.token is None
             if not proven and request.path != "/":  # the page asks for the token itself

@@ -445,7 +445,7 @@ def test_malformed_requests_get_json_and_print_nothing(
 
 def test_405_says_which_methods_are_allowed(served: asyncflow.Profiler) -> None:
     ip, port = address(served)
-    for method in ("POST", "PUT", "DELETE", "OPTIONS"):
+    for method in ("POST", "PUT", "DELETE", "OPTIONS", "CONNECT", "PATCH"):
         data = f"{method} /futures HTTP/1.1\r\nHost: {ip}:{port}\r\nContent-Length: 0\r\n\r\n"
         status, headers, body = send(served, data.encode())
         assert status == 405 and "use GET" in body["error"]["message"]
