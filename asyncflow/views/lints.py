@@ -1266,17 +1266,29 @@ def task_leak(docs: Documents, th: Thresholds) -> Iterator[Finding]:
             yield finding
 
 
+#: a job that waited this long on average waited for a worker, not for a thread to wake and
+#: take it (a hand-off takes well under a millisecond, a few on a machine short of cores)
+HAND_OFF_NS = 10_000_000
+
+
 def executor_saturated(docs: Documents, th: Thresholds) -> Iterator[Finding]:
     """Jobs wait for a worker longer than they run, in an executor whose workers were all busy
-    at once (in one executor: the sum of gone ones, each waiting to start its first worker, is
-    no saturation; nor is a pool never busy at once, whose micro-jobs wait longer to be handed
-    to a thread than they run)."""
+    at once, or whose jobs waited longer than a thread takes to wake (in one executor: the sum
+    of gone ones, each waiting to start its first worker, is no saturation; nor is a pool never
+    busy at once whose micro-jobs wait longer to be handed to a thread than they run). A pool
+    of short CPU-bound jobs may never be seen busy at once (a job holds the GIL from its start
+    to its end) and still keep its jobs waiting: the wait says so then."""
     for e in docs.executors:
         if (
             e.folded_count
             or e.completed < th.executor_min_jobs
             or e.total_queued_ns <= e.total_run_ns
-            or (e.max_workers is not None and e.max_running < e.max_workers)
+        ):
+            continue
+        if (
+            e.max_workers is not None
+            and e.max_running < e.max_workers
+            and e.total_queued_ns < HAND_OFF_NS * e.completed
         ):
             continue
         workers = (

@@ -254,3 +254,27 @@ async def test_a_future_says_when_its_first_call_was_made(
     fake_clock.advance(20_000_000)
     await lookup()  # (a later call changes nothing)
     assert first_call_ago() == 22_000_000  # (its own 1 ms, 20 ms, the second call's 1 ms)
+
+
+@pytest.mark.parametrize(
+    ("max_running", "queued_ms", "saturated"),
+    [(2, 2, True), (1, 39, True), (1, 2, False)],
+    ids=["all-busy", "gil-bound", "hand-off"],
+)
+def test_a_pool_whose_jobs_waited_long_is_saturated_though_never_seen_all_busy(
+    max_running: int, queued_ms: int, saturated: bool
+) -> None:
+    """Two workers rendering invoices in pure Python: each job holds the GIL from its start to
+    its end, so the two are rarely seen running at once, yet the jobs queue 39 ms each. Micro-
+    jobs that wait 2 ms to be handed to a thread, with a worker never busier than one, are not
+    a saturated pool."""
+    pool = schema.ExecutorEntry(
+        id=1, label="ThreadPoolExecutor pdf", kind="thread", state="alive", max_workers=2,
+        workers=2, submitted=60, queued=0, running=0, completed=60, raised=0, cancelled=0,
+        queued_ns={}, total_queued_ns=60 * queued_ms * MS, max_queued_ns=queued_ms * MS,
+        run_ns={}, total_run_ns=60 * MS, max_run_ns=MS, functions=[], futures=[],
+        max_running=max_running,
+    )  # fmt: skip
+    docs = Documents(0, 1_000 * MS, executors=[pool])
+    kinds = [f.kind for f in lints.evaluate(docs, Thresholds())]
+    assert ("executor-saturated" in kinds) == saturated
