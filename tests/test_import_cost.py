@@ -118,3 +118,21 @@ def test_the_small_bucket_table_is_bucket_of() -> None:
     # built a run at a time at import, it must agree with bucket_of everywhere
     assert len(stats.SMALL_BUCKET) == stats.SMALL_LIMIT
     assert [stats.bucket_of(ns) for ns in range(stats.SMALL_LIMIT)] == stats.SMALL_BUCKET
+
+
+def test_a_program_that_never_uses_anyio_never_loads_it() -> None:
+    """asyncflow knows anyio's files (its frames are a library's) without importing it: a
+    profiled asyncio program that does not use anyio does not load it, as the transparency
+    page says."""
+    code = """
+import asyncio, asyncflow
+
+async def main():
+    with asyncflow.instrument_tasks():
+        await asyncio.gather(asyncio.sleep(0), asyncio.sleep(0))
+    asyncflow.active_profiler().snapshot()  # (every document built: the waits read too)
+
+with asyncflow.profile("plain", format="none", port=None):
+    asyncio.run(main())
+"""
+    assert "anyio" not in _modules_after(code)

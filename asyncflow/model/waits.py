@@ -22,6 +22,7 @@ import contextvars
 import dis
 import functools
 import gc
+import importlib.util
 import os
 import sys
 import sysconfig
@@ -31,8 +32,6 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from types import CodeType, FrameType, MethodType
 from typing import Any, cast
-
-import anyio
 
 from asyncflow import clock, schema
 from asyncflow.instrumentation import _session
@@ -67,6 +66,14 @@ _REPR_LIMIT = 120
 _ASYNCIO_DIR = os.path.dirname(asyncio.__file__) + os.sep
 #: asyncflow's own package (this module is in its ``model`` layer)
 _OURS = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+#: anyio's package, found without importing it (a program that never uses anyio never loads
+#: it because asyncflow watches it)
+_ANYIO_SPEC = importlib.util.find_spec("anyio")
+_ANYIO_DIR = (
+    os.path.dirname(_ANYIO_SPEC.origin) + os.sep
+    if _ANYIO_SPEC is not None and _ANYIO_SPEC.origin
+    else _OURS
+)
 #: Python's own library, installed packages (asyncio, anyio, aiohttp...) and asyncflow itself:
 #: not where a person looks for the line their program waits at.
 _LIBRARY_DIRS = tuple(
@@ -75,7 +82,7 @@ _LIBRARY_DIRS = tuple(
         for key in ("stdlib", "platstdlib", "purelib", "platlib")
         if (path := sysconfig.get_paths().get(key))
     }
-    | {os.path.dirname(anyio.__file__) + os.sep, _OURS}
+    | {_ANYIO_DIR, _OURS}
 )
 
 
