@@ -421,6 +421,7 @@ def test_block_threshold_flag_sets_the_option(tmp_path: Path) -> None:
         (["report", "nothing.json", "--percentiles", "x"], "--percentiles 'x': percentiles are"),
         (["frobnicate"], "invalid choice: 'frobnicate'"),
         (["report", "nothing.json"], "cannot read 'nothing.json'"),
+        (["report", "/dev/zero"], "cannot read '/dev/zero': not a regular file"),
         (["snapshot", "localhost:6780", "-o", "s.json"], "'localhost:6780' is not an endpoint URL"),
         (["top", "127.0.0.1:6780"], "'127.0.0.1:6780' is not an endpoint URL"),
         (["snapshot"], "the following arguments are required: -o/--output"),

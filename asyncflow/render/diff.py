@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import TypeVar
 
 import orjson
@@ -67,7 +66,7 @@ def read_document(path: str, *, ignore_unknown: bool = True) -> schema.Snapshot:
         except record.RecordingError as exc:
             raise DiffInputError(str(exc)) from None
     try:
-        raw = Path(path).read_bytes()
+        raw = record.read_regular(path)
     except OSError as exc:
         raise DiffInputError(f"cannot read {path!r}: {exc.strerror or exc}") from None
     try:

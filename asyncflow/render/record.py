@@ -24,7 +24,9 @@ time, and the end state is always there.
 from __future__ import annotations
 
 import bisect
+import errno
 import os
+import stat
 import time
 import zlib
 from dataclasses import dataclass, field, fields
@@ -445,6 +447,15 @@ def is_recording(path: str) -> bool:
         return False
 
 
+def read_regular(path: str) -> bytes:
+    """A regular file's bytes. Raises OSError for anything else: a device or a FIFO may never
+    end (``/dev/zero``), and would be read into memory until there is none."""
+    with open(path, "rb") as file:
+        if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+        return file.read()
+
+
 def read_recording(path: str) -> Recording:
     """Read a recording; a cut tail (the program was killed mid-write) is left out, with a note.
 
@@ -452,8 +463,7 @@ def read_recording(path: str) -> Recording:
         RecordingError: the file cannot be read, is not a recording, or is of a newer format.
     """
     try:
-        with open(path, "rb") as file:
-            raw = file.read()
+        raw = read_regular(path)
     except OSError as exc:
         raise RecordingError(f"cannot read {path!r}: {exc.strerror or exc}") from None
     head, newline, body = raw.partition(b"\n")
