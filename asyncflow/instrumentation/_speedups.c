@@ -51,7 +51,7 @@ static PyTypeObject *deque_type; /* collections.deque: the session's buffer of f
 static PyObject *deque_append;   /* deque.append, called unbound */
 static PyObject *deque_popleft;  /* deque.popleft, likewise */
 
-static PyObject *s_now_ns, *s_stats, *s_poll_hist, *s_live, *s_created, *s_send, *s_throw,
+static PyObject *s_now_ns, *s_stats, *s_poll_hist, *s_live, *s_created, *s_first_call, *s_send, *s_throw,
     *s_close, *s_first_poll, *s_finish_poll, *s_cancel_requested, *s_scheduled, *s_normalize_throw,
     *s_close_record, *s_session, *s_internal_error, *s_log_result, *s_returned, *s_polls_done,
     *s_busy_done, *s_idle_done, *s_max_poll_done, *s_active, *s_finished, *s_appended,
@@ -1259,7 +1259,19 @@ record_setup(RecordObject *self, PyObject *future, PyObject *stats, long long no
         }
         return 0;
     }
-    return field_add(stats, FS_CREATED, 1); /* (Python figures: their first call is not noted) */
+    if (field_add(stats, FS_CREATED, 1) < 0) { /* Python figures: as the reference counts */
+        return -1;
+    }
+    PyObject *first = PyObject_GetAttr(stats, s_first_call);
+    int none_yet = first == NULL ? -1 : PyObject_Not(first);
+    Py_XDECREF(first);
+    if (none_yet <= 0) {
+        return none_yet;
+    }
+    PyObject *at = PyLong_FromLongLong(now);
+    int set = at == NULL ? -1 : PyObject_SetAttr(stats, s_first_call, at);
+    Py_XDECREF(at);
+    return set;
 }
 
 static int
@@ -5708,6 +5720,7 @@ PyInit__speedups(void)
     INTERN(s_poll_hist, "poll_hist");
     INTERN(s_live, "live");
     INTERN(s_created, "created");
+    INTERN(s_first_call, "first_call");
     INTERN(s_send, "send");
     INTERN(s_throw, "throw");
     INTERN(s_close, "close");

@@ -30,4 +30,5 @@ STATS_COUNTERS = (
     "max_poll_done",
     "sched_total",
     "max_sched",
+    "first_call",
 )
