@@ -382,12 +382,15 @@ class Profiler:
         try:
             loop.run_forever()
         except OSError as exc:
-            if loop.descriptors_kept():
-                self._finish(loop, tasks)
-                raise
-            self._lose(loop, tasks, exc)
-        else:
+            if not loop.descriptors_kept():
+                self._lose(loop, tasks, exc)
+                return
             self._finish(loop, tasks)
+            raise
+        except BaseException:
+            self._finish(loop, tasks)
+            raise
+        self._finish(loop, tasks)
 
     def _lose(self, loop: _ProfilerLoop, tasks: list[asyncio.Task[None]], exc: OSError) -> None:
         """The program closed this thread's file descriptors (a daemon's ``os.closerange``):
