@@ -94,6 +94,9 @@ def _import_where_not_interrupted() -> None:
         raise failures[0]
 
 
+#: how often the profiler's loop checks that its descriptors are still its own (seconds)
+DESCRIPTORS_CHECK_S = 1.0
+
 #: the loops (with their tasks and servers) of profilers whose file descriptors the program
 #: closed: kept, never freed, since freeing one would close a number the program owns now
 _LOST: list[tuple[Any, ...]] = []
@@ -130,7 +133,7 @@ class Profiler:
         self._failure: BaseException | None = None
         #: set when the program closed the profiler's file descriptors (a daemon's
         #: os.closerange): its thread stopped, and nothing touches its loop any more
-        self._lost: OSError | None = None
+        self._lost = False
         #: set when start() gives up (interrupted, failed, timed out) while the thread starts
         self._abandoned = False
         #: set by the profiler's thread when it goes to work (under _ready_lock), unless
@@ -380,25 +383,29 @@ class Profiler:
             self._finish(loop, tasks)
             return
         try:
+            loop.call_later(DESCRIPTORS_CHECK_S, loop.watch_descriptors)
             loop.run_forever()
-        except OSError as exc:
+        except OSError:
             if not loop.descriptors_kept():
-                self._lose(loop, tasks, exc)
+                self._lose(loop, tasks)
                 return
             self._finish(loop, tasks)
             raise
         except BaseException:
             self._finish(loop, tasks)
             raise
+        if loop.lost_descriptors:
+            self._lose(loop, tasks)
+            return
         self._finish(loop, tasks)
 
-    def _lose(self, loop: _ProfilerLoop, tasks: list[asyncio.Task[None]], exc: OSError) -> None:
+    def _lose(self, loop: _ProfilerLoop, tasks: list[asyncio.Task[None]]) -> None:
         """The program closed this thread's file descriptors (a daemon's ``os.closerange``):
         its loop cannot wait any more. Its numbers may be the program's own files now, so
         nothing of it is closed, written or waited on again: the loop, its tasks and the
         server are kept as they are, for the life of the process (each object would close
         its number when freed). The report is still taken at exit, on the stopping thread."""
-        self._lost = exc
+        self._lost = True
         _LOST.append((loop, tasks, self._server))
         self._server = None
         say(
@@ -494,7 +501,7 @@ class Profiler:
             _session.internal_error("taking the final snapshot", exc)
         finally:
             loop, thread = self._loop, self._thread
-            if loop is not None and not loop.is_closed() and self._lost is None:
+            if loop is not None and not loop.is_closed() and not self._lost:
                 with contextlib.suppress(RuntimeError):  # closed meanwhile
                     loop.call_soon_threadsafe(loop.stop)
             if thread is not None and thread is not threading.current_thread():
@@ -589,12 +596,7 @@ class Profiler:
         """Run ``fn()`` on the profiler's thread (where the collector's state lives), or here
         once that thread is gone."""
         loop, thread = self._loop, self._thread
-        if (
-            thread is threading.current_thread()
-            or loop is None
-            or loop.is_closed()
-            or self._lost is not None
-        ):
+        if thread is threading.current_thread() or loop is None or loop.is_closed() or self._lost:
             return fn()
         done: Future[Any] = Future()
 
@@ -899,6 +901,8 @@ class _ProfilerLoop(asyncio.SelectorEventLoop):
         if hasattr(selector, "fileno"):  # epoll, kqueue, devpoll: a descriptor of its own
             fds.append(selector.fileno())
         self._kept = [_identity(fd) for fd in fds]
+        #: set by watch_descriptors: the program closed them (run_forever returned for it)
+        self.lost_descriptors = False
 
     def descriptors_kept(self) -> bool:
         """Whether its descriptors are still its own: a program that closes every descriptor
@@ -912,12 +916,18 @@ class _ProfilerLoop(asyncio.SelectorEventLoop):
                 return False
         return True
 
-    def _run_once(self) -> None:
-        # Checked before each wait, not after a failure: waiting on a number the program's
-        # own epoll took would take its events (a system call a wait, ~20 a second).
+    def watch_descriptors(self) -> None:
+        """Check the descriptors about once a second, on this loop. A closed epoll or
+        self-pipe makes the next wait fail at once (EBADF, or EINVAL once the number is
+        another file); a number the program's own epoll took does not, and is caught here: the
+        loop stops, and the thread finds its descriptors lost. (Not before each wait: the
+        checks let the GIL go, three times a turn of this loop, and the program's polls waited
+        for it.)"""
         if not self.descriptors_kept():
-            raise OSError(errno.EBADF, "the program closed them")
-        super()._run_once()  # type: ignore[misc]
+            self.lost_descriptors = True
+            self.stop()
+            return
+        self.call_later(DESCRIPTORS_CHECK_S, self.watch_descriptors)
 
     def nap(self, earliest: float, latest: float) -> asyncio.Future[None]:
         """A sleep that ends at this loop's first wake ``earliest`` seconds from now or later,
