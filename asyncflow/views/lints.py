@@ -18,7 +18,7 @@ from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, S
 from dataclasses import dataclass, field
 from typing import Any
 
-from asyncflow.config import WARNING_KINDS
+from asyncflow.config import WARN_THRESHOLDS, WARNING_KINDS
 from asyncflow.filtering import matches
 from asyncflow.model.waits import is_asyncflow_file, is_library_file
 from asyncflow.schema import (
@@ -151,15 +151,7 @@ class Thresholds:
                 ignored.append(str(value))
                 continue
             assert isinstance(value, float | int)
-            if name in (
-                "long_poll",
-                "min_wait",
-                "block_total",
-                "growth_min_delay",
-                "busy_wait_gap",
-                "tail_min",
-                "path_min",
-            ):
+            if WARN_THRESHOLDS.get(name) == "seconds":  # (the option's own table says which)
                 values[f"{name}_ns"] = round(value * 1e9)
             elif isinstance(getattr(cls, name, None), int):
                 values[name] = int(value)

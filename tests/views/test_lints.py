@@ -414,6 +414,21 @@ def test_thresholds_are_options(monkeypatch: pytest.MonkeyPatch) -> None:
         asyncflow.profile("t")
 
 
+def test_every_threshold_the_warn_option_takes_sets_its_field() -> None:
+    """Each name of the option's table sets the threshold of that name (seconds become the
+    ``_ns`` field): a name the option takes and the thresholds do not would break every
+    evaluation of the findings (cpu_poll did, once)."""
+    from asyncflow.config import WARN_THRESHOLDS
+
+    defaults = Thresholds()
+    for name, kind in WARN_THRESHOLDS.items():
+        value = 7 if kind == "count" else 0.37
+        set_to = Thresholds.from_options([(name, value)])
+        field = f"{name}_ns" if kind == "seconds" else name
+        expected = 370_000_000 if kind == "seconds" else value
+        assert getattr(set_to, field) == expected != getattr(defaults, field), name
+
+
 async def test_a_lock_that_serialises_its_workers(
     fake_clock: FakeClock, prof: asyncflow.Profiler
 ) -> None:
