@@ -36,7 +36,11 @@ from types import ModuleType
 from typing import Any
 
 from asyncflow.instrumentation import _imports, _session, futures, loops, routes
-from asyncflow.instrumentation.executors import instrument_executors
+from asyncflow.instrumentation.executors import (
+    anyio_trio_patches,
+    instrument_executors,
+    trio_patches,
+)
 from asyncflow.instrumentation.futures import instrument_tasks
 
 __all__ = [
@@ -247,6 +251,9 @@ def track_every_loop(*, executors: bool = True, by_route: bool = True) -> LoopTr
         _imports.after_import("uvloop", _hook_uvloop),
         _imports.after_import("trio", _hook_trio),
     ]
+    if executors:  # trio's worker threads, and anyio's on trio: no loop to hook them on
+        steps.append(_imports.after_import("trio", _patching(trio_patches)))
+        steps.append(_imports.after_import("anyio._backends._trio", _patching(anyio_trio_patches)))
     if by_route:
         steps.append(
             _imports.after_import("starlette.routing", _patching(routes.starlette_patches))

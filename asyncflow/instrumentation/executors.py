@@ -31,6 +31,7 @@ import sys
 import threading
 import weakref
 from collections.abc import Callable, Sized
+from types import ModuleType
 from typing import Any
 
 from asyncflow import _forksafe, stats
@@ -46,10 +47,12 @@ __all__ = [
     "ExecutorInstrumentation",
     "ExecutorRecord",
     "ExecutorStats",
+    "anyio_trio_patches",
     "executor_registry",
     "function_name",
     "instrument_executors",
     "reap",
+    "trio_patches",
 ]
 
 #: Functions counted separately per executor; the rest are counted together. An aggregate of
@@ -393,6 +396,10 @@ class _Job:
         #: counted as cancelled before it started (see ExecutorRecord.never_started)
         self.written_off = False
 
+    @property
+    def __name__(self) -> Any:  # what trio names a worker thread after
+        return getattr(self.fn, "__name__", None)
+
     def __call__(self, *args: Any) -> Any:
         record = self.record
         self.started = t0 = _clock.now_ns()
@@ -549,18 +556,36 @@ _anyio_original: Any = None
 _anyio_pending: Callable[[], None] | None = None
 
 
-def _limited(limiter: Any) -> str:
+def _limited(limiter: Any, threads: str = "anyio worker threads") -> str:
     """``anyio worker threads (a limiter of 4)``: the jobs behind a limiter of the program's
     own (not its repr, an address)."""
     tokens = getattr(limiter, "total_tokens", None)
     if isinstance(tokens, int | float) and tokens != float("inf"):
-        return f"anyio worker threads (a limiter of {int(tokens)})"
-    return "anyio worker threads (a limiter)"
+        return f"{threads} (a limiter of {int(tokens)})"
+    return f"{threads} (a limiter)"
+
+
+def _submitted(limiter: Any, label: str, func: Callable[..., Any]) -> _Job:
+    """A job for ``func``, submitted now to the worker threads behind ``limiter``."""
+    record = _record_of(limiter, label)
+    record.workers()  # note its size while it exists
+    _, future_id = caller()
+    job = _Job(record, func, future_id)
+    with record.lock:
+        record.stats.submitted += 1
+    return job
+
+
+def _limiter_argument(rest: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The ``limiter`` of anyio's ``run_sync_in_worker_thread(func, args, abandon_on_cancel,
+    limiter)``, given by name or in its place."""
+    return kwargs.get("limiter") or (rest[1] if len(rest) > 1 else None)
 
 
 def _anyio_hook(original: Callable[..., Any]) -> Callable[..., Any]:
-    """anyio's ``to_thread.run_sync`` on asyncio: its own worker threads, behind a capacity
-    limiter (40 tokens by default). A job is queued while it waits for a token."""
+    """anyio's ``to_thread.run_sync``, on either backend: its worker threads, behind a capacity
+    limiter (40 tokens by default). A job is queued while it waits for a token. On trio, the
+    job it hands to trio's ``to_thread.run_sync`` is counted here only."""
 
     async def run_sync_in_worker_thread(
         cls: Any, func: Callable[..., Any], args: Any, *rest: Any, **kwargs: Any
@@ -568,27 +593,81 @@ def _anyio_hook(original: Callable[..., Any]) -> Callable[..., Any]:
         if _session.active is None:
             return await original(cls, func, args, *rest, **kwargs)
         try:
-            limiter = kwargs.get("limiter") or (rest[1] if len(rest) > 1 else None)
+            limiter = _limiter_argument(rest, kwargs)
             default = limiter is None
             if default:
                 limiter = cls.current_default_thread_limiter()
             label = "anyio worker threads" if default else _limited(limiter)
-            record = _record_of(limiter, label)
-            record.workers()  # note its size while it exists
-            _, future_id = caller()
-            job = _Job(record, func, future_id)
-            with record.lock:
-                record.stats.submitted += 1
+            job = _submitted(limiter, label, func)
         except Exception as err:  # observing never breaks the program
             _session.internal_error("instrumenting an anyio worker thread job", err)
             return await original(cls, func, args, *rest, **kwargs)
+        handed = _handed_on.set(True)
         try:
             return await original(cls, job, args, *rest, **kwargs)
         finally:
+            _handed_on.reset(handed)
             if not job.started:  # cancelled while it waited for a token: it never ran
                 job.record.never_started(job)
 
     return run_sync_in_worker_thread
+
+
+#: set while anyio's trio backend hands a job it counted on to trio's ``to_thread.run_sync``
+_handed_on: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "asyncflow_job_handed_on", default=False
+)
+
+
+def _trio_hook(original: Callable[..., Any], to_thread: ModuleType) -> Callable[..., Any]:
+    """trio's ``to_thread.run_sync``: trio's worker threads, behind a capacity limiter (trio's
+    default one of 40 tokens unless one is given). A job is queued while it waits for a token
+    and a thread."""
+
+    @functools.wraps(original)
+    async def run_sync(sync_fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        if _session.active is None or _handed_on.get():
+            return await original(sync_fn, *args, **kwargs)
+        try:
+            limiter = kwargs.get("limiter")
+            if limiter is None:
+                label, limiter = "trio worker threads", to_thread.current_default_thread_limiter()
+            else:
+                label = _limited(limiter, "trio worker threads")
+            job = _submitted(limiter, label, sync_fn)
+        except Exception as err:  # observing never breaks the program
+            _session.internal_error("instrumenting a trio worker thread job", err)
+            return await original(sync_fn, *args, **kwargs)
+        try:
+            return await original(job, *args, **kwargs)
+        finally:
+            if not job.started:  # cancelled while it waited for a token: it never ran
+                job.record.never_started(job)
+
+    return run_sync
+
+
+def trio_patches(trio: ModuleType) -> list[tuple[Any, str, Any]]:
+    """What times the jobs of trio's worker threads: ``trio.to_thread.run_sync`` (the program
+    imported trio; anyio's trio backend, imported after, takes it from there too). Returns
+    (owner, name, value) triples to set; none when this trio has another layout."""
+    to_thread = getattr(trio, "to_thread", None)
+    original = getattr(to_thread, "run_sync", None)
+    if to_thread is None or not inspect.iscoroutinefunction(original):
+        return []
+    if not callable(getattr(to_thread, "current_default_thread_limiter", None)):
+        return []
+    return [(to_thread, "run_sync", _trio_hook(original, to_thread))]
+
+
+def anyio_trio_patches(backend: ModuleType) -> list[tuple[Any, str, Any]]:
+    """What times the jobs of anyio's ``to_thread.run_sync`` on its trio backend, by the
+    function the program gave (not the wrapper anyio hands trio) and behind its limiter."""
+    cls = getattr(backend, "TrioBackend", None)
+    original = vars(cls).get("run_sync_in_worker_thread") if cls is not None else None
+    if not isinstance(original, classmethod):
+        return []
+    return [(cls, "run_sync_in_worker_thread", classmethod(_anyio_hook(original.__func__)))]
 
 
 #: anyio's asyncio backend. asyncflow never imports it: an import on the program's running loop

@@ -39,7 +39,7 @@ from typing import Any, Literal, NamedTuple, TypeVar
 
 from asyncflow import clock as _clock
 from asyncflow import config as _config
-from asyncflow.instrumentation import _session
+from asyncflow.instrumentation import _imports, _session
 from asyncflow.instrumentation import futures as _futures_module
 from asyncflow.instrumentation._gone import AGGREGATES_KEPT, GONE_KEPT, Fold, GoneHistory
 from asyncflow.instrumentation._nested import Nested
@@ -1749,6 +1749,74 @@ def _patch_anyio() -> None:
     _anyio_patched = True
 
 
+# anyio's trio backend: its Lock, Semaphore and CapacityLimiter wrap trio's own (slotted, each
+# in a private attribute). trio, like anyio on asyncio, takes ownership and then yields.
+
+_ANYIO_TRIO = "anyio._backends._trio"
+_anyio_trio_patched = False
+
+
+def _anyio_trio_classes() -> dict[str, Any]:
+    """anyio's trio backend classes, once the program has loaded that backend, if this anyio
+    has the known layout; asyncflow never imports it (nor trio)."""
+    module = sys.modules.get(_ANYIO_TRIO)
+    names = ("Lock", "Semaphore", "CapacityLimiter")
+    found = {name: getattr(module, name, None) for name in names}
+    if any(cls is None or not hasattr(cls, f"_{name}__original") for name, cls in found.items()):
+        return {}
+    return found
+
+
+def _trio_key(record: ResourceRecord, borrower: Any) -> tuple[int, CallRecord | None]:
+    """(holder key, tracked call) on trio: the borrower's id, else the running trio task's."""
+    if borrower is None:
+        borrower = sys.modules["trio"].lowlevel.current_task()
+    return id(borrower), _running_call_here()
+
+
+def _patch_anyio_trio() -> bool:
+    """Wrap anyio's trio backend classes' methods once (under _instrument_lock); False while
+    that backend is not loaded (or has another layout)."""
+    global _anyio_trio_patched
+    if _anyio_trio_patched:
+        return True
+    classes = _anyio_trio_classes()
+    if not classes:
+        return False
+    lock, sem, limiter = classes["Lock"], classes["Semaphore"], classes["CapacityLimiter"]
+
+    def lock_busy(obj: Any, key: int) -> bool:
+        inner = obj._Lock__original
+        owner = inner._owner
+        return (owner is not None or bool(inner._lot)) and id(owner) != key
+
+    def sem_busy(obj: Any, key: int) -> bool:
+        inner = obj._Semaphore__original
+        return not (inner._value > 0 and not inner._lot)
+
+    def limiter_busy(obj: Any, key: int) -> bool:
+        inner = obj._CapacityLimiter__original
+        borrowers = inner._borrowers
+        if any(id(b) == key for b in borrowers):
+            return False  # it will raise RuntimeError at once
+        return bool(inner._lot) or len(borrowers) >= inner._total_tokens
+
+    # anyio's trio CapacityLimiter passes acquire() straight to trio's: both ways are hooked
+    by_task = ("acquire", "acquire_nowait", "release")
+    by_borrower = ("acquire_on_behalf_of", "acquire_on_behalf_of_nowait", "release_on_behalf_of")
+    for cls, busy, (acquire, nowait, release), borrower in (
+        (lock, lock_busy, by_task, False),
+        (sem, sem_busy, by_task, False),
+        (limiter, limiter_busy, by_task, False),
+        (limiter, limiter_busy, by_borrower, True),
+    ):
+        setattr(cls, acquire, _anyio_acquire(getattr(cls, acquire), busy, borrower, _trio_key))
+        setattr(cls, nowait, _anyio_nowait(getattr(cls, nowait), borrower, _trio_key))
+        setattr(cls, release, _anyio_release(getattr(cls, release), borrower, _trio_key))
+    _anyio_trio_patched = True
+    return True
+
+
 def _anyio_key(record: ResourceRecord, borrower: Any) -> tuple[int, CallRecord | None]:
     """(holder key, tracked call): the key is the borrower's id, else the running task's."""
     task = _task_for(record)
@@ -1758,8 +1826,13 @@ def _anyio_key(record: ResourceRecord, borrower: Any) -> tuple[int, CallRecord |
 
 
 def _anyio_acquire(
-    original: Callable[..., Any], busy: Callable[[Any, int], bool], borrower: bool
+    original: Callable[..., Any],
+    busy: Callable[[Any, int], bool],
+    borrower: bool,
+    key_of: Callable[[ResourceRecord, Any], tuple[int, CallRecord | None]] | None = None,
 ) -> Callable[..., Any]:
+    key_of = key_of or _anyio_key
+
     async def acquire(self: Any, *args: Any) -> Any:
         record: Any = _anyio.get(id(self))
         if record is None or _session.active is None:
@@ -1773,7 +1846,7 @@ def _anyio_acquire(
             if record is None:
                 return await original(self, *args)
         try:
-            key, call = _anyio_key(record, args[0] if borrower else None)
+            key, call = key_of(record, args[0] if borrower else None)
             blocked = busy(self, key)
             # anyio takes ownership, then yields (a checkpoint): the hold begins now. A task
             # blocked behind a lock whose owner is still in its own acquire (that checkpoint,
@@ -1821,7 +1894,13 @@ def _anyio_acquire(
     return acquire
 
 
-def _anyio_nowait(original: Callable[..., Any], borrower: bool) -> Callable[..., Any]:
+def _anyio_nowait(
+    original: Callable[..., Any],
+    borrower: bool,
+    key_of: Callable[[ResourceRecord, Any], tuple[int, CallRecord | None]] | None = None,
+) -> Callable[..., Any]:
+    key_of = key_of or _anyio_key
+
     def acquire_nowait(self: Any, *args: Any) -> Any:
         result = original(self, *args)
         record: Any = _anyio.get(id(self))
@@ -1830,7 +1909,7 @@ def _anyio_nowait(original: Callable[..., Any], borrower: bool) -> Callable[...,
                 _lazy_anyio_held(self, record)
         elif record is not None and _session.active is not None:
             try:
-                key, call = _anyio_key(record, args[0] if borrower else None)
+                key, call = key_of(record, args[0] if borrower else None)
                 if key not in record.pending:  # the blocking acquire's own first try
                     _held(record, _clock.now_ns(), key, call)
                     if not record.match:
@@ -1843,7 +1922,13 @@ def _anyio_nowait(original: Callable[..., Any], borrower: bool) -> Callable[...,
     return acquire_nowait
 
 
-def _anyio_release(original: Callable[..., Any], borrower: bool) -> Callable[..., Any]:
+def _anyio_release(
+    original: Callable[..., Any],
+    borrower: bool,
+    key_of: Callable[[ResourceRecord, Any], tuple[int, CallRecord | None]] | None = None,
+) -> Callable[..., Any]:
+    key_of = key_of or _anyio_key
+
     def release(self: Any, *args: Any) -> Any:
         result = original(self, *args)
         record: Any = _anyio.get(id(self))
@@ -1854,7 +1939,7 @@ def _anyio_release(original: Callable[..., Any], borrower: bool) -> Callable[...
                 record.holder = None
         elif record is not None and _session.active is not None:
             try:
-                key, call = (id(args[0]), None) if borrower else _anyio_key(record, None)
+                key, call = (id(args[0]), None) if borrower else key_of(record, None)
                 if key not in record.pending:  # an acquire undoing itself (cancelled)
                     if not record.match and _awaited_holding(record, call):
                         record.yielded += 1
@@ -1944,8 +2029,12 @@ def _adapter_getter(fget: Callable[[Any], Any], internal: str) -> Callable[[Any]
 
 def _attach_anyio(obj: Any, record: ResourceRecord) -> None:
     """Make ``obj`` (an anyio backend primitive) record into ``record`` (under the lock)."""
+    if type(obj).__module__ == _ANYIO_TRIO and not _patch_anyio_trio():
+        return  # (its class is not one asyncflow knows how to hook)
     if record.primitive == EVENT:
-        inner = obj._event  # an asyncio.Event
+        inner = getattr(obj, "_event", None)  # an asyncio.Event (none on trio: not followed)
+        if type(inner) is not asyncio.Event:
+            return
         if getattr(inner, _MARK, None) is None:
             _instrument_asyncio(inner, record)
         _bind(obj, record)
@@ -1961,6 +2050,8 @@ def _anyio_primitive(obj: Any) -> tuple[str, float | None, float | None] | None:
     classes = _anyio_classes()
     if not classes:
         return None
+    if mod == _ANYIO_TRIO:
+        classes = {**classes, **{f"{n}Adapter": c for n, c in _anyio_trio_classes().items()}}
     if isinstance(obj, (classes["Lock"], classes["LockAdapter"])):
         return LOCK, None, None
     if isinstance(obj, (classes["Semaphore"], classes["SemaphoreAdapter"])):
@@ -2552,10 +2643,36 @@ def _hook_primitives() -> dict[type[Any], Any]:
         for cls in classes.values():
             originals[cls] = cls.__dict__.get("__init__")
             cls.__init__ = _init_hook(cls.__init__, _anyio_primitive)
+        global _trio_hook_pending
+        _trio_hook_pending = _imports.after_import(_ANYIO_TRIO, _trio_hooks(originals))
     return originals
 
 
+#: cancels the hook waiting for anyio's trio backend, while whole-program mode is on
+_trio_hook_pending: Callable[[], None] | None = None
+
+
+def _trio_hooks(originals: dict[type[Any], Any]) -> Callable[[Any], None]:
+    """What hooks anyio's trio backend classes once the program loads it, in whole-program
+    mode: their primitives are instrumented as they are made, as the asyncio backend's are."""
+
+    def loaded(_: object) -> None:
+        with _instrument_lock:
+            if not _patch_anyio_trio():
+                return
+            for cls in _anyio_trio_classes().values():
+                if cls not in originals:
+                    originals[cls] = cls.__dict__.get("__init__")
+                    cls.__init__ = _init_hook(cls.__init__, _anyio_primitive)
+
+    return loaded
+
+
 def _unhook_primitives(originals: dict[type[Any], Any]) -> None:
+    global _trio_hook_pending
+    if _trio_hook_pending is not None:
+        _trio_hook_pending()
+        _trio_hook_pending = None
     _direct_sites.clear()
     _anyio_sites.clear()
     _anyio_makers.clear()

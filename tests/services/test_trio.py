@@ -521,3 +521,104 @@ def test_a_trio_run_on_another_thread_begun_before_the_profiler_is_named() -> No
     (entry,) = status.not_profiled
     assert (entry.kind, entry.name, entry.count) == ("trio", "trio.run", 1), entry
     assert "another thread" in entry.reason, entry
+
+
+_THREADS = """\
+import anyio
+import trio
+
+CRM = anyio.CapacityLimiter(2)
+
+
+def lookup(i):
+    return i * 2
+
+
+def checksum(values):
+    return sum(values)
+
+
+async def enrich(i, out):
+    out.append(await anyio.to_thread.run_sync(lookup, i, limiter=CRM))
+
+
+async def main():
+    out = []
+    async with anyio.create_task_group() as tg:
+        for i in range(6):
+            tg.start_soon(enrich, i, out)
+    print(await trio.to_thread.run_sync(checksum, out))
+
+
+anyio.run(main, backend="trio")
+"""
+
+
+def test_thread_jobs_and_their_limiter_are_seen_on_trio(tmp_path: Path) -> None:
+    """anyio's ``to_thread.run_sync`` on the trio backend and trio's own
+    ``trio.to_thread.run_sync`` are executors, as anyio's jobs are on asyncio: each job is
+    counted once, by the function the program gave, behind its limiter; and the limiter the
+    jobs queue behind counts its acquisitions."""
+    out, report = _run(tmp_path, _THREADS)
+    assert out == "30\n"
+    executors = {e["label"]: e for e in report["executors"]["executors"]}
+    assert set(executors) == {"anyio worker threads (a limiter of 2)", "trio worker threads"}
+    limited = executors["anyio worker threads (a limiter of 2)"]
+    assert (limited["submitted"], limited["completed"], limited["max_workers"]) == (6, 6, 2)
+    assert [f["name"] for f in limited["functions"]] == ["__main__.lookup"]
+    default = executors["trio worker threads"]
+    assert (default["submitted"], default["completed"]) == (1, 1)
+    assert [f["name"] for f in default["functions"]] == ["__main__.checksum"]
+    (crm,) = [r for r in report["resources"]["resources"] if r["label"] == "prog.py:4"]
+    assert (crm["primitive"], crm["acquisitions"], crm["releases"]) == ("capacity_limiter", 6, 6)
+    # the six tasks ask in one batch of trio's: four find both tokens taken
+    assert crm["contended_acquisitions"] == crm["waits"] == 4, crm
+
+    done = asyncflow_cmd("run", "--no-executors", "--format", "json", "--output",
+                         str(tmp_path / "off.json"), "prog.py", cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert json.loads((tmp_path / "off.json").read_text())["executors"]["executors"] == []
+
+
+_LOCKS = """\
+import sys
+
+import anyio
+
+GUARD = anyio.Lock()
+
+
+async def worker(slots):
+    for _ in range(5):
+        async with GUARD:
+            await anyio.sleep(0)
+        async with slots:
+            await anyio.sleep(0)
+
+
+async def main():
+    slots = anyio.Semaphore(2)
+    async with anyio.create_task_group() as tg:
+        for _ in range(4):
+            tg.start_soon(worker, slots)
+    print("done")
+
+
+anyio.run(main, backend=sys.argv[1])
+"""
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_anyio_locks_count_their_waits_on_either_backend(tmp_path: Path, backend: str) -> None:
+    """anyio's Lock and Semaphore, made before the run (an adapter) or in it, count each
+    acquisition and each wait on trio as on asyncio: a holder that awaits keeps the others
+    waiting."""
+    out, report = _run(tmp_path, _LOCKS, backend)
+    assert out == "done\n"
+    resources = {r["label"]: r for r in report["resources"]["resources"]}
+    guard, slots = resources["prog.py:5"], resources["prog.py:17"]
+    assert (guard["primitive"], guard["acquisitions"], guard["releases"]) == ("lock", 20, 20)
+    assert (slots["primitive"], slots["acquisitions"], slots["releases"]) == ("semaphore", 20, 20)
+    assert guard["contended_acquisitions"] == guard["waits"] > 0, guard
+    assert guard["waiters_now"] == 0 and not guard["locked"]
+
