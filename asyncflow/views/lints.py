@@ -976,6 +976,7 @@ def bottleneck(docs: Documents, th: Thresholds) -> Iterator[Finding]:
         if e.messages and e.future_id is not None
     }
     dead = _dead_consumers(docs, th)
+    pools = _saturated_pools(docs, th)
     for c in docs.channels:
         share = backed_up.get(c.id)
         backlog = _backlog(c, docs, th, futures) if share is None else None
@@ -992,6 +993,13 @@ def bottleneck(docs: Documents, th: Thresholds) -> Iterator[Finding]:
             continue
         assert share is not None
         percent = min(100, round(share * 100))
+        pool = next((pools[f] for f in sorted(readers, key=str) if f in pools), None)
+        advice = (
+            "speed up or add consumers of this channel; the producers can go no faster"
+            if pool is None
+            else f"its consumers queue for `{pool}`, which is saturated: give that pool more "
+            "workers; more consumers would only queue there too"
+        )
         yield Finding(
             "bottleneck",
             "warning",
@@ -1001,7 +1009,7 @@ def bottleneck(docs: Documents, th: Thresholds) -> Iterator[Finding]:
             f"{_who(producers, _names(c.senders), 'producer')} "
             f"{'was' if producers == 1 else 'were'} blocked {percent}% of the "
             f"{_duration(in_use)} it was in use ({_duration(c.producers_blocked_ns)} in all)",
-            "speed up or add consumers of this channel; the producers can go no faster",
+            advice,
             {
                 "producers_blocked_ns": c.producers_blocked_ns,
                 "consumers_starved_ns": c.consumers_starved_ns,
@@ -1263,6 +1271,17 @@ def task_leak(docs: Documents, th: Thresholds) -> Iterator[Finding]:
 HAND_OFF_NS = 10_000_000
 
 
+def _saturated_pools(docs: Documents, th: Thresholds) -> dict[int, str]:
+    """The futures that submitted jobs to a saturated executor: future id -> the pool's label."""
+    by_id = {e.id: e for e in docs.executors}
+    return {
+        g.future_id: by_id[s.subject.id].label
+        for s in executor_saturated(docs, th)
+        for g in by_id[s.subject.id].futures
+        if g.future_id is not None
+    }
+
+
 def executor_saturated(docs: Documents, th: Thresholds) -> Iterator[Finding]:
     """Jobs wait for a worker longer than they run, in an executor whose workers were all busy
     at once, or whose jobs waited longer than a thread takes to wake (in one executor: the sum
@@ -1433,10 +1452,15 @@ def contention(docs: Documents, th: Thresholds) -> Iterator[Finding]:
         for r in docs.resources
         if r.primitive in _ACQUIRED and not (_leaked_holds(r) and r.state != "gone")
     ]  # (leaked permits: permits-leaked says why the waits were long)
+    pools = _saturated_pools(docs, th)
     for site in _by_site(acquired):
         site.judged_for(own)
         if site.contended < th.contention_min_waits or site.wait_ns <= 2 * site.hold_ns:
             continue
+        if site.first.primitive == "capacity_limiter" and site.futures and all(
+            f.future_id in pools for f in site.futures.values()
+        ):
+            continue  # the limiter of a pool whose jobs queue: executor-saturated says so
         name, waiters = site.name(), _waiting(site.futures.values())
         many = site.count > 1
         evidence = {

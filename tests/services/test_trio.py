@@ -622,3 +622,23 @@ def test_anyio_locks_count_their_waits_on_either_backend(tmp_path: Path, backend
     assert guard["contended_acquisitions"] == guard["waits"] > 0, guard
     assert guard["waiters_now"] == 0 and not guard["locked"]
 
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_consumers_queueing_for_a_saturated_pool_are_told_so(
+    tmp_path: Path, backend: str
+) -> None:
+    """examples/anyio_threads.py: eight consumers share a limiter of two threads. The pool is
+    the one finding about it (not its limiter's contention too), and the full channel before
+    the consumers points at the pool: more consumers would only queue there."""
+    done = asyncflow_cmd(
+        "run", "--format", "json", "--output", str(tmp_path / "r.json"),
+        str(EXAMPLES / "anyio_threads.py"), backend,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "enriched 100 orders\n"
+    warnings = json.loads((tmp_path / "r.json").read_text())["warnings"]
+    by_kind = {w["kind"]: w for w in warnings if w["severity"] != "info"}
+    assert set(by_kind) == {"bottleneck", "executor-saturated"}, warnings
+    pool = "anyio worker threads (a limiter of 2)"
+    assert by_kind["executor-saturated"]["subject"]["label"] == pool
+    assert f"its consumers queue for `{pool}`, which is saturated" in by_kind["bottleneck"]["hint"]
