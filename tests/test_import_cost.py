@@ -6,10 +6,12 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from asyncflow import stats
+from tests.support.commands import asyncflow_cmd
 
 #: loaded only when a profiler serves, reports or exports, never by ``import asyncflow``
 HEAVY = (
@@ -136,3 +138,20 @@ with asyncflow.profile("plain", format="none", port=None):
     asyncio.run(main())
 """
     assert "anyio" not in _modules_after(code)
+
+
+def test_a_program_run_whole_that_never_uses_anyio_never_loads_it(tmp_path: Path) -> None:
+    """Under ``asyncflow run`` every primitive is instrumented, anyio's too, and still anyio
+    (or trio) is never imported for it: its classes are hooked when the program loads them."""
+    script = tmp_path / "prog.py"
+    script.write_text(
+        "import asyncio, sys\n"
+        "async def main():\n"
+        "    async with asyncio.Lock():\n"
+        "        await asyncio.sleep(0)\n"
+        "asyncio.run(main())\n"
+        "print(sorted(m for m in ('anyio', 'sniffio', 'trio') if m in sys.modules))\n"
+    )
+    done = asyncflow_cmd("run", "--format", "none", str(script), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "[]\n"

@@ -1677,39 +1677,89 @@ def _bind(obj: Any, record: ResourceRecord) -> None:
     record._refs.append(weakref.ref(obj, forget))
 
 
+#: anyio's modules whose classes are hooked, once the program has loaded them: asyncflow never
+#: imports anyio (an import on the program's running loop blocks it, and a program that does
+#: not use anyio must not find it in sys.modules)
+_ANYIO_SYNC = "anyio._core._synchronization"
+_ANYIO_ASYNCIO = "anyio._backends._asyncio"
+_ANYIO_NAMES = ("Lock", "Semaphore", "CapacityLimiter", "Event")
+
 _anyio_found: dict[str, Any] | None = None
 
 
+def _anyio_module_classes(module_name: str, suffix: str = "") -> dict[str, Any]:
+    """The four classes of one of anyio's modules, if it is loaded and has the known layout."""
+    module = sys.modules.get(module_name)
+    found = {f"{n}{suffix}": getattr(module, f"{n}{suffix}", None) for n in _ANYIO_NAMES}
+    return {} if any(cls is None for cls in found.values()) else found
+
+
+def _anyio_adapter_classes() -> dict[str, Any]:
+    return _anyio_module_classes(_ANYIO_SYNC, "Adapter")
+
+
+def _anyio_asyncio_classes() -> dict[str, Any]:
+    return _anyio_module_classes(_ANYIO_ASYNCIO)
+
+
 def _anyio_classes() -> dict[str, Any]:
-    """anyio's asyncio backend classes and adapters, if this anyio has the known layout."""
+    """anyio's asyncio backend classes and its adapters (``LockAdapter``...), those of them the
+    program has loaded: the adapters come with ``import anyio``, the backend with its first
+    use on asyncio."""
     global _anyio_found
-    if _anyio_found is None:
-        _anyio_found = _find_anyio()
-    return _anyio_found
-
-
-def _find_anyio() -> dict[str, Any]:
-    try:
-        from anyio._backends import _asyncio as backend
-        from anyio._core import _synchronization as sync
-    except Exception:
-        return {}
-    names = ("Lock", "Semaphore", "CapacityLimiter", "Event")
-    found = {name: getattr(backend, name, None) for name in names}
-    found.update({f"{n}Adapter": getattr(sync, f"{n}Adapter", None) for n in names})
-    if any(cls is None for cls in found.values()):
-        return {}
+    if _anyio_found is not None:
+        return _anyio_found
+    found = {
+        **_anyio_asyncio_classes(),
+        **_anyio_adapter_classes(),
+    }
+    if len(found) == 2 * len(_ANYIO_NAMES):
+        _anyio_found = found  # (both loaded: they stay)
     return found
 
 
 def _patch_anyio() -> None:
-    """Wrap the anyio backend classes' methods once (under _instrument_lock)."""
+    """Wrap the methods of the anyio classes loaded now, each class once (under
+    _instrument_lock): the asyncio backend's primitives, and the adapters' getters."""
+    _patch_anyio_asyncio()
+    _patch_anyio_adapters()
+
+
+_anyio_adapters_patched = False
+
+
+def _patch_anyio_adapters() -> bool:
+    """An adapter (made outside any event loop) gives its record to the backend primitive it
+    makes on first use. False while anyio is not loaded."""
+    global _anyio_adapters_patched
+    if _anyio_adapters_patched:
+        return True
+    classes = _anyio_adapter_classes()
+    if not classes:
+        return False
+    for adapter, attr, internal in (
+        ("LockAdapter", "_lock", "_internal_lock"),
+        ("SemaphoreAdapter", "_semaphore", "_internal_semaphore"),
+        ("CapacityLimiterAdapter", "_limiter", "_internal_limiter"),
+        ("EventAdapter", "_event", "_internal_event"),
+    ):
+        cls = classes[adapter]
+        prop = cls.__dict__.get(attr)
+        if isinstance(prop, property) and prop.fget is not None:
+            setattr(cls, attr, property(_adapter_getter(prop.fget, internal)))
+    _anyio_adapters_patched = True
+    return True
+
+
+def _patch_anyio_asyncio() -> bool:
+    """Wrap the asyncio backend's Lock, Semaphore and CapacityLimiter methods once. False
+    while that backend is not loaded."""
     global _anyio_patched
     if _anyio_patched:
-        return
-    classes = _anyio_classes()
+        return True
+    classes = _anyio_asyncio_classes()
     if not classes:
-        raise TypeError("asyncflow cannot instrument this version of anyio's primitives")
+        return False
     lock, sem, limiter = classes["Lock"], classes["Semaphore"], classes["CapacityLimiter"]
 
     def lock_busy(obj: Any, key: int) -> bool:
@@ -1736,17 +1786,8 @@ def _patch_anyio() -> None:
         ("release_on_behalf_of", _anyio_release(limiter.release_on_behalf_of, True)),
     ):
         setattr(limiter, name, hook)
-    for adapter, attr, internal in (
-        ("LockAdapter", "_lock", "_internal_lock"),
-        ("SemaphoreAdapter", "_semaphore", "_internal_semaphore"),
-        ("CapacityLimiterAdapter", "_limiter", "_internal_limiter"),
-        ("EventAdapter", "_event", "_internal_event"),
-    ):
-        cls = classes[adapter]
-        prop = cls.__dict__.get(attr)
-        if isinstance(prop, property) and prop.fget is not None:
-            setattr(cls, attr, property(_adapter_getter(prop.fget, internal)))
     _anyio_patched = True
+    return True
 
 
 # anyio's trio backend: its Lock, Semaphore and CapacityLimiter wrap trio's own (slotted, each
@@ -2029,7 +2070,8 @@ def _adapter_getter(fget: Callable[[Any], Any], internal: str) -> Callable[[Any]
 
 def _attach_anyio(obj: Any, record: ResourceRecord) -> None:
     """Make ``obj`` (an anyio backend primitive) record into ``record`` (under the lock)."""
-    if type(obj).__module__ == _ANYIO_TRIO and not _patch_anyio_trio():
+    patched = _patch_anyio_trio() if type(obj).__module__ == _ANYIO_TRIO else _patch_anyio_asyncio()
+    if not patched:
         return  # (its class is not one asyncflow knows how to hook)
     if record.primitive == EVENT:
         inner = getattr(obj, "_event", None)  # an asyncio.Event (none on trio: not followed)
@@ -2047,20 +2089,32 @@ def _anyio_primitive(obj: Any) -> tuple[str, float | None, float | None] | None:
     mod = type(obj).__module__
     if not mod.startswith("anyio."):
         return None
-    classes = _anyio_classes()
-    if not classes:
-        return None
-    if mod == _ANYIO_TRIO:
-        classes = {**classes, **{f"{n}Adapter": c for n, c in _anyio_trio_classes().items()}}
-    if isinstance(obj, (classes["Lock"], classes["LockAdapter"])):
-        return LOCK, None, None
-    if isinstance(obj, (classes["Semaphore"], classes["SemaphoreAdapter"])):
-        return SEMAPHORE, obj.value, obj.max_value
-    if isinstance(obj, (classes["CapacityLimiter"], classes["CapacityLimiterAdapter"])):
-        return LIMITER, obj.total_tokens, None
-    if isinstance(obj, (classes["Event"], classes["EventAdapter"])):
-        return EVENT, None, None
+    cls = type(obj)
+    for name, family in (
+        ("Lock", LOCK),
+        ("Semaphore", SEMAPHORE),
+        ("CapacityLimiter", LIMITER),
+        ("Event", EVENT),
+    ):
+        if cls is _anyio_class(mod, name) or issubclass(cls, _known_anyio(name)):
+            if family == SEMAPHORE:
+                return family, obj.value, obj.max_value
+            return family, obj.total_tokens if family == LIMITER else None, None
     return None
+
+
+def _anyio_class(module: str, name: str) -> Any:
+    """anyio's class ``name`` in ``module`` (a backend, or the adapters'), if loaded."""
+    if module == _ANYIO_SYNC:
+        name += "Adapter"
+    return getattr(sys.modules.get(module), name, None)
+
+
+def _known_anyio(name: str) -> tuple[type[Any], ...]:
+    """The classes of anyio's primitive ``name`` loaded now: its adapter and its backends'."""
+    found = [_anyio_classes().get(name), _anyio_classes().get(f"{name}Adapter")]
+    found.append(_anyio_trio_classes().get(name))
+    return tuple(cls for cls in found if cls is not None)
 
 
 def _is_adapter(obj: Any) -> bool:
@@ -2634,33 +2688,35 @@ def _hook_primitives() -> dict[type[Any], Any]:
         cls.__init__ = _init_hook(cls.__init__, _asyncio_primitive)  # type: ignore[method-assign]
     _hook_events()
     _hook_locks()
-    classes = _anyio_classes()
-    if classes:
-        try:
-            _patch_anyio()
-        except TypeError:
-            classes = {}
-        for cls in classes.values():
-            originals[cls] = cls.__dict__.get("__init__")
-            cls.__init__ = _init_hook(cls.__init__, _anyio_primitive)
-        global _trio_hook_pending
-        _trio_hook_pending = _imports.after_import(_ANYIO_TRIO, _trio_hooks(originals))
+    global _anyio_pending
+    _anyio_pending = [
+        _imports.after_import(module, _anyio_hooks(originals, patch, classes))
+        for module, patch, classes in (
+            (_ANYIO_SYNC, _patch_anyio_adapters, _anyio_adapter_classes),
+            (_ANYIO_ASYNCIO, _patch_anyio_asyncio, _anyio_asyncio_classes),
+            (_ANYIO_TRIO, _patch_anyio_trio, _anyio_trio_classes),
+        )
+    ]
     return originals
 
 
-#: cancels the hook waiting for anyio's trio backend, while whole-program mode is on
-_trio_hook_pending: Callable[[], None] | None = None
+#: cancel the hooks waiting for anyio's modules, while whole-program mode is on
+_anyio_pending: list[Callable[[], None]] = []
 
 
-def _trio_hooks(originals: dict[type[Any], Any]) -> Callable[[Any], None]:
-    """What hooks anyio's trio backend classes once the program loads it, in whole-program
-    mode: their primitives are instrumented as they are made, as the asyncio backend's are."""
+def _anyio_hooks(
+    originals: dict[type[Any], Any],
+    patch: Callable[[], bool],
+    classes: Callable[[], dict[str, Any]],
+) -> Callable[[Any], None]:
+    """What hooks one of anyio's modules once the program loads it, in whole-program mode:
+    its primitives are instrumented as they are made (asyncflow never imports anyio)."""
 
     def loaded(_: object) -> None:
         with _instrument_lock:
-            if not _patch_anyio_trio():
-                return
-            for cls in _anyio_trio_classes().values():
+            if not patch():
+                return  # another anyio: its primitives are left alone
+            for cls in classes().values():
                 if cls not in originals:
                     originals[cls] = cls.__dict__.get("__init__")
                     cls.__init__ = _init_hook(cls.__init__, _anyio_primitive)
@@ -2669,10 +2725,9 @@ def _trio_hooks(originals: dict[type[Any], Any]) -> Callable[[Any], None]:
 
 
 def _unhook_primitives(originals: dict[type[Any], Any]) -> None:
-    global _trio_hook_pending
-    if _trio_hook_pending is not None:
-        _trio_hook_pending()
-        _trio_hook_pending = None
+    for cancel in _anyio_pending:
+        cancel()
+    _anyio_pending.clear()
     _direct_sites.clear()
     _anyio_sites.clear()
     _anyio_makers.clear()

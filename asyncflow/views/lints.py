@@ -1273,11 +1273,12 @@ HAND_OFF_NS = 10_000_000
 
 def _saturated_pools(docs: Documents, th: Thresholds) -> dict[int, str]:
     """The futures that submitted jobs to a saturated executor: future id -> the pool's label."""
-    by_id = {e.id: e for e in docs.executors}
+    saturated = {s.subject.id for s in executor_saturated(docs, th)}
     return {
-        g.future_id: by_id[s.subject.id].label
-        for s in executor_saturated(docs, th)
-        for g in by_id[s.subject.id].futures
+        g.future_id: e.label
+        for e in docs.executors
+        if e.id in saturated
+        for g in e.futures
         if g.future_id is not None
     }
 
@@ -1457,8 +1458,10 @@ def contention(docs: Documents, th: Thresholds) -> Iterator[Finding]:
         site.judged_for(own)
         if site.contended < th.contention_min_waits or site.wait_ns <= 2 * site.hold_ns:
             continue
-        if site.first.primitive == "capacity_limiter" and site.futures and all(
-            f.future_id in pools for f in site.futures.values()
+        if (
+            site.first.primitive == "capacity_limiter"
+            and site.futures
+            and all(f.future_id in pools for f in site.futures.values())
         ):
             continue  # the limiter of a pool whose jobs queue: executor-saturated says so
         name, waiters = site.name(), _waiting(site.futures.values())
