@@ -790,3 +790,29 @@ print(asyncio.run(main()))
     assert len(said) <= 2 and "internal error" not in done.stderr, done.stderr
     report = orjson.loads((tmp_path / "report.json").read_bytes())
     assert report["schema"] == schema.SCHEMA
+
+
+def test_a_program_that_recurses_to_its_limit_gets_nothing_more_on_stderr(
+    tmp_path: Path,
+) -> None:
+    """A program that catches the RecursionError of an unbounded await chain prints what it
+    prints plainly, and asyncflow adds no line to its standard error: the error its hooks met
+    at the limit is counted, not logged (nor raised from a finaliser)."""
+    script = write(
+        tmp_path / "deep.py",
+        "import asyncio\n"
+        "async def deep(n):\n"
+        "    return await deep(n + 1)\n"
+        "try:\n"
+        "    asyncio.run(deep(0))\n"
+        "except RecursionError:\n"
+        "    print('caught RecursionError')\n",
+    )
+    plain = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120
+    )
+    assert (plain.stdout, plain.stderr) == ("caught RecursionError\n", "")
+    done = asyncflow_cmd("run", "--format", "none", str(script), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == plain.stdout
+    assert [line for line in done.stderr.splitlines() if not line.startswith("asyncflow: ")] == []

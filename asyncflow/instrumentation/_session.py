@@ -105,6 +105,16 @@ def internal_error(where: str, exc: BaseException) -> None:
     the program's output; every error is counted in ``/profiler_status``.
     """
     errors.count += 1
+    try:
+        _note(where, exc)
+    except BaseException:  # (the program is at its recursion limit, or out of memory)
+        errors.last = where
+
+
+def _note(where: str, exc: BaseException) -> None:
+    if isinstance(exc, RecursionError):  # the program recursed to its limit, not asyncflow
+        errors.last = f"{where}: RecursionError (the program was at its recursion limit)"
+        return
     errors.last = f"{where}: {''.join(traceback.format_exception_only(exc)).strip()}"
     if where not in errors.logged and len(errors.logged) < _LOGGED_PLACES:
         errors.logged.add(where)

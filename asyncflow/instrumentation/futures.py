@@ -1172,7 +1172,11 @@ class FutureFunction(*_compiled_base(), Generic[_P, _T]):  # type: ignore[misc]
         coro = self.__wrapped__(*args, **kwargs)
         if _session.active is None:
             return coro  # nobody listens: the call costs one extra function call, no more
-        return InstrumentedCoroutine(coro, self.future_record)
+        try:
+            return InstrumentedCoroutine(coro, self.future_record)
+        except BaseException:  # (at the recursion limit): the call fails, as it would plainly
+            coro.close()  # and its coroutine, never run, must not warn that it was not awaited
+            raise
 
     def __get__(self, obj: object, objtype: type | None = None) -> Any:
         if obj is None:
