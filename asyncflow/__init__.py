@@ -7,6 +7,7 @@ at any time.
 
 from typing import TYPE_CHECKING
 
+from asyncflow import _startup  # noqa: F401  (first: it notes what was loaded before asyncflow)
 from asyncflow._version import __version__ as __version__
 from asyncflow.config import Options as Options
 from asyncflow.config import Reporter as Reporter

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import orjson
 
-from asyncflow import config, schema
+from asyncflow import _startup, config, schema
 from asyncflow._children import report_on_sigterm, say
 from asyncflow._version import __version__
 from asyncflow.errors import AsyncflowError, PortInUseError
@@ -559,6 +559,16 @@ def _profiled(
     undo_sigterm = report_on_sigterm(profiler.stop)
     if argv is not None:
         sys.argv = argv
+    shadowed = _shadowed_by_the_program()
+    if shadowed:
+        files, one = ", ".join(file for _, file in shadowed), len(shadowed) == 1
+        names = ", ".join(name for name, _ in shadowed)
+        say(
+            f"asyncflow: the program's {files} would replace the standard library's {names} "
+            f"run plainly, but asyncflow loaded the standard library's first: `import` gets "
+            f"{'that one' if one else 'those'} here (rename the program's "
+            f"{'module' if one else 'modules'} to run it under asyncflow)"
+        )
     try:
         code, interrupted = _run_program(run)
     finally:
@@ -691,6 +701,36 @@ def _run_script(script: str) -> None:
             sys.modules.pop("__main__", None)
         else:
             sys.modules["__main__"] = saved
+
+
+def _shadowed_by_the_program() -> list[tuple[str, str]]:
+    """The standard library's modules that a module in the program's directory (first on
+    ``sys.path``) would replace when run plainly, but that asyncflow loaded before it ran:
+    ``import http`` gets the standard library's ``http`` then, not the program's ``http.py``."""
+    if sys.flags.safe_path or not sys.path:
+        return []
+    entry = sys.path[0]
+    try:
+        files = os.listdir(entry)
+    except OSError:
+        return []
+    found = []
+    for file in files:
+        name = file.removesuffix(".py")
+        if name == file and not os.path.isfile(os.path.join(entry, file, "__init__.py")):
+            continue
+        if (
+            name in sys.stdlib_module_names
+            and name not in _startup.MODULES_BEFORE
+            and name in sys.modules
+        ):
+            where = getattr(sys.modules[name], "__file__", None) or ""
+            if (
+                os.path.dirname(os.path.dirname(where) if where.endswith("__init__.py") else where)
+                != entry
+            ):
+                found.append((name, file if file.endswith(".py") else f"{file}/"))
+    return sorted(found)
 
 
 def _program_path(script: str | None) -> None:

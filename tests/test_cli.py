@@ -816,3 +816,20 @@ def test_a_program_that_recurses_to_its_limit_gets_nothing_more_on_stderr(
     assert done.returncode == 0, done.stderr
     assert done.stdout == plain.stdout
     assert [line for line in done.stderr.splitlines() if not line.startswith("asyncflow: ")] == []
+
+
+def test_a_program_module_named_like_the_standard_librarys_is_said(tmp_path: Path) -> None:
+    """The program's own ``http.py`` replaces the standard library's ``http`` run plainly;
+    asyncflow loaded that one already, so the program gets it: one line says so before the
+    program runs. ``python -m asyncflow`` run from that directory still imports its own."""
+    write(tmp_path / "http.py", "def get(url):\n    return f'fetched {url}'\n")
+    write(tmp_path / "app.py", "import http\nprint(hasattr(http, 'get'))\n")
+    plain = subprocess.run(
+        [sys.executable, "app.py"], capture_output=True, text=True, timeout=60, cwd=tmp_path
+    )
+    assert plain.stdout == "True\n"
+    done = asyncflow_cmd("run", "--format", "none", "app.py", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "False\n"
+    (line,) = [line for line in done.stderr.splitlines() if "http.py" in line]
+    assert line.startswith("asyncflow: the program's http.py would replace the standard library's")
