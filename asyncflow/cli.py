@@ -32,7 +32,6 @@ from asyncflow import _startup, config, schema
 from asyncflow._children import report_on_sigterm, say
 from asyncflow._version import __version__
 from asyncflow.errors import AsyncflowError, PortInUseError
-from asyncflow.profiler import DISABLED
 from asyncflow.render.diff import DiffInputError, add_diff_command, read_document
 from asyncflow.serve import client
 
@@ -164,7 +163,7 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     snap.add_argument("url", nargs="?", default=argparse.SUPPRESS, help=_URL_HELP)
-    snap.add_argument("-o", "--output", required=True, help="the file to write")
+    snap.add_argument("-o", "--output", required=True, help="the file to write (- for stdout)")
     snap.add_argument("--token", default=None, help="bearer token [$ASYNCFLOW_TOKEN]")
     snap.set_defaults(handler=_snapshot)
 
@@ -177,7 +176,7 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     trace.add_argument("url", nargs="?", default=argparse.SUPPRESS, help=_URL_HELP)
-    trace.add_argument("-o", "--output", required=True, help="the file to write")
+    trace.add_argument("-o", "--output", required=True, help="the file to write (- for stdout)")
     trace.add_argument("--token", default=None, help="bearer token [$ASYNCFLOW_TOKEN]")
     trace.set_defaults(handler=_trace)
 
@@ -485,6 +484,9 @@ def _outputs_apart(args: argparse.Namespace, program: str | None) -> None:
     """Refuse, before anything is written, an output file (``--output``, ``--trace``,
     ``--record``) that is the program itself or another output's: the recording is made as the
     program starts and would truncate the script, and two outputs would overwrite each other."""
+    given = args.output not in (None, "", "-")
+    if given and (args.format or os.environ.get("ASYNCFLOW_FORMAT", "")).lower() == "none":
+        raise _Usage(f"--output {args.output!r} with --format none: nothing would be written")
     taken: dict[str, str] = {}
     if program is not None and os.path.exists(program):
         taken[os.path.realpath(program)] = "the program itself"
@@ -544,7 +546,7 @@ def _profiled(
     except PortInUseError as exc:
         raise AsyncflowError(exc.said_as("--port" if args.port else exc.source)) from None
     if config.disabled():  # start() started nothing: say so, and run the program as it is
-        say(f"{DISABLED}: {name!r} runs without profiling")
+        say(f"{config.disabled_because()}: {name!r} runs without profiling")
     else:
         say(f"asyncflow: profiling {name!r}; endpoint: {profiler.url or 'not served'}")
     every_loop = track_every_loop(
@@ -630,7 +632,7 @@ def _armed_run(
     except (ValueError, TypeError) as exc:
         raise _Usage(_flagged(str(exc), options)) from None
     if config.disabled():
-        say(f"{DISABLED}: {name!r} runs without profiling")
+        say(f"{config.disabled_because()}: {name!r} runs without profiling")
     else:
         say(
             f"asyncflow: {name!r} runs armed (pid {os.getpid()}): 'asyncflow attach "
@@ -921,10 +923,7 @@ def _snapshot(args: argparse.Namespace) -> int:
         raise AsyncflowError(
             f"{args.url} answered something that is not a snapshot: {exc}"
         ) from None
-    try:
-        Path(args.output).write_bytes(orjson.dumps(document))
-    except OSError as exc:
-        raise _Usage(f"cannot write {args.output!r}: {exc.strerror or exc}") from None
+    _write_document(args.output, document)
     from asyncflow.render.report import counted
 
     futures = counted(document["futures"]["total"], "future")
@@ -932,14 +931,25 @@ def _snapshot(args: argparse.Namespace) -> int:
     return 0
 
 
+def _write_document(output: str, document: object) -> None:
+    """Write a fetched document to ``output``, or to standard output for ``-`` (as ``run
+    --output -`` does)."""
+    data = orjson.dumps(document)
+    try:
+        if output == "-":
+            sys.stdout.buffer.write(data + b"\n")
+            sys.stdout.flush()
+        else:
+            Path(output).write_bytes(data)
+    except OSError as exc:
+        raise _Usage(f"cannot write {output!r}: {exc.strerror or exc}") from None
+
+
 def _trace(args: argparse.Namespace) -> int:
     document = _fetch_picked(args, "trace", "/trace", timeout=60.0)
     if not isinstance(document, dict) or not isinstance(document.get("traceEvents"), list):
         raise AsyncflowError(f"{args.url} answered something that is not a trace")
-    try:
-        Path(args.output).write_bytes(orjson.dumps(document))
-    except OSError as exc:
-        raise _Usage(f"cannot write {args.output!r}: {exc.strerror or exc}") from None
+    _write_document(args.output, document)
     meta = document.get("metadata", {}).get("asyncflow", {})
     from asyncflow.render.report import counted
 

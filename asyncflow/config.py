@@ -169,9 +169,19 @@ def check_type(
 
 
 def disabled(environ: Mapping[str, str] | None = None) -> bool:
-    """Whether ``ASYNCFLOW_DISABLE`` asks for instrumentation to be left out entirely."""
+    """Whether ``ASYNCFLOW_DISABLE`` asks for instrumentation to be left out entirely (any
+    value but an empty one, ``0``, ``false``, ``no`` or ``off``: one that is not clear
+    disables, never the other way round)."""
     value = (os.environ if environ is None else environ).get(_DISABLE, "").strip().lower()
     return value not in ("", "0", "false", "no", "off")
+
+
+def disabled_because(environ: Mapping[str, str] | None = None) -> str:
+    """``asyncflow is disabled (ASYNCFLOW_DISABLE=...)``, with the value it was given."""
+    value = (os.environ if environ is None else environ).get(_DISABLE, "").strip()
+    unclear = value.lower() not in ("1", "true", "yes", "on")
+    said = f"{_DISABLE}={value!r}, not 0/false/no/off" if unclear else f"{_DISABLE}={value}"
+    return f"asyncflow is disabled ({said})"
 
 
 def no_extensions(environ: Mapping[str, str] | None = None) -> bool:

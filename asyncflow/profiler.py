@@ -42,11 +42,9 @@ if TYPE_CHECKING:
     from asyncflow.serve.server import Server
     from asyncflow.views.wait_views import TaskReading
 
-__all__ = ["DISABLED", "Profiler", "active_profiler", "profile", "start", "stop"]
+__all__ = ["Profiler", "active_profiler", "profile", "start", "stop"]
 
 #: What asyncflow says when ``ASYNCFLOW_DISABLE`` turned it off.
-DISABLED = "asyncflow is disabled (ASYNCFLOW_DISABLE=1)"
-
 _STARTUP_TIMEOUT = 10.0
 #: how long start() waits for the loop monitor's first look (seconds)
 _FIRST_LOOK_TIMEOUT = 1.0
@@ -199,7 +197,7 @@ class Profiler:
                 # since whoever disabled asyncflow asked for it to keep out of the way.
                 self._state = "disabled"
                 _last = self
-                logger.info("%s: %r is not profiled", DISABLED, self.name)
+                logger.info("%s: %r is not profiled", config.disabled_because(), self.name)
                 return self
             if _active is not None and _active.hosting and self._state == "new":
                 # The program runs under `asyncflow run`: its own profiler joins that one, so
@@ -619,7 +617,9 @@ class Profiler:
         if self._state == "new":
             raise AsyncflowError(f"profiler {self.name!r} has not been started")
         if self._state == "disabled":
-            raise AsyncflowError(f"{DISABLED}: profiler {self.name!r} records nothing")
+            raise AsyncflowError(
+                f"{config.disabled_because()}: profiler {self.name!r} records nothing"
+            )
         if self._final is not None:
             return self._final
         if self._joined is not None:

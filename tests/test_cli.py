@@ -434,6 +434,7 @@ def test_block_threshold_flag_sets_the_option(tmp_path: Path) -> None:
         (["run", "--output", "./x.py", "x.py"], "--output './x.py' is the program itself"),
         (["run", "--output", "o", "--record", "o", "x.py"], "--record 'o' is --output's file"),
         (["run", "--trace", "t", "--output", "t", "x.py"], "--output 't' is --trace's file"),
+        (["run", "--format", "none", "--output", "r.json", "x.py"], "--output 'r.json' with"),
     ],
 )
 def test_mistakes_get_one_line_and_exit_2(tmp_path: Path, args: list[str], says: str) -> None:
@@ -557,6 +558,10 @@ def test_snapshot_then_report_reads_a_production_profile_later(
     with asyncflow.profile("prod", format="none", port=0, token="tok") as prof:
         asyncio.run(workload())
         assert prof.url is not None
+        assert cli.main(["snapshot", prof.url, "-o", "-", "--token", "tok"]) == 0  # stdout
+        printed = capsys.readouterr()
+        assert schema.load(schema.Snapshot, orjson.loads(printed.out)).status.name == "prod"
+        assert not (tmp_path / "-").exists() and not Path("-").exists()
         assert cli.main(["snapshot", prof.url, "-o", str(saved), "--token", "tok"]) == 0
         assert cli.main(["snapshot", prof.url, "-o", str(saved) + ".x"]) == 1  # no token
     err = capsys.readouterr().err

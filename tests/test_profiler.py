@@ -563,6 +563,13 @@ def test_asyncflow_run_when_disabled_runs_the_program_and_says_so(tmp_path: Path
     assert done.stderr == (
         "asyncflow is disabled (ASYNCFLOW_DISABLE=1): 'prog' runs without profiling\n"
     )
+    env["ASYNCFLOW_DISABLE"] = "maybe"  # not a clear no: it disables, and says what it read
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60, env=env)
+    assert (done.returncode, done.stdout) == (3, "ran\n")
+    assert done.stderr == (
+        "asyncflow is disabled (ASYNCFLOW_DISABLE='maybe', not 0/false/no/off): 'prog' runs "
+        "without profiling\n"
+    )
 
 
 # -- stop(): every later stop returns the final snapshot -----------------------------------------
