@@ -10,6 +10,7 @@ error).
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from collections.abc import Callable
 from typing import TypeVar
@@ -176,6 +177,8 @@ def _render_table(d: Diff, base: str = "BASE", new: str = "NEW") -> str:
             f"FAILED: {counted(len(d.failures), 'figure')} got worse by more than {over}: "
             + "; ".join(d.failures)
         )
+    elif not math.isfinite(o.fail_over):
+        lines.append("passed: with --fail-over inf, no figure fails the comparison")
     else:
         lines.append(f"passed: no figure got worse by more than {over}")
     return "\n".join(lines) + "\n"
@@ -218,13 +221,21 @@ def run_diff(
     return FAILED if result.failed else PASSED
 
 
+#: the most milliseconds (a document's nanoseconds are 64-bit) and the largest count an option takes
+_MOST_MS = 9e12
+_MOST_COUNT = 2**63 - 1
+
+
 def _options(args: argparse.Namespace) -> DiffOptions:
     """The command's flags as options; a bad one raises ValueError naming the flag."""
     if not 0 <= args.min_share < 100:
         raise ValueError(f"--min-share {args.min_share:g}: expected a percentage from 0 to 100")
     for flag, value in (("--min-time", args.min_time), ("--min-total", args.min_total)):
-        if not 0 <= value < float("inf"):
-            raise ValueError(f"{flag} {value:g}: expected milliseconds >= 0")
+        if not 0 <= value <= _MOST_MS:
+            raise ValueError(f"{flag} {value:g}: expected milliseconds from 0 to {_MOST_MS:g}")
+    for flag, count in (("--min-count", args.min_count), ("--min-samples", args.min_samples)):
+        if count > _MOST_COUNT:
+            raise ValueError(f"{flag} {count}: expected at most {_MOST_COUNT}")
     try:
         return DiffOptions(
             threshold=args.threshold,

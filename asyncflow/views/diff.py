@@ -90,6 +90,9 @@ class DiffOptions:
     fail_over: float = 2.0
 
     def __post_init__(self) -> None:
+        for name in ("min_time_ns", "min_total_ns", "min_count", "min_samples"):
+            if getattr(self, name) > _MOST:  # (a document's whole numbers are 64-bit)
+                raise ValueError(f"{name}={getattr(self, name)!r}: expected at most {_MOST}")
         if not (math.isfinite(self.threshold) and self.threshold > 1.0):
             raise ValueError(f"threshold={self.threshold!r}: expected a ratio above 1, e.g. 1.25")
         if self.min_time_ns < 0:
@@ -104,6 +107,10 @@ class DiffOptions:
             raise ValueError(f"min_samples={self.min_samples!r}: expected a count >= 1")
         if not self.fail_over >= 1.0:  # also refuses nan
             raise ValueError(f"fail_over={self.fail_over!r}: expected a ratio >= 1, e.g. 1.5")
+
+
+#: the largest whole number an option may be: the comparison's document holds it (64 bits)
+_MOST = 2**63 - 1
 
 
 @dataclass(frozen=True, slots=True)
