@@ -31,7 +31,7 @@ import orjson
 from asyncflow import _startup, config, schema
 from asyncflow._children import report_on_sigterm, say
 from asyncflow._version import __version__
-from asyncflow.errors import AsyncflowError, PortInUseError
+from asyncflow.errors import AsyncflowError, BadInputError, PortInUseError
 from asyncflow.render.diff import DiffInputError, add_diff_command, read_document
 from asyncflow.serve import client
 
@@ -375,7 +375,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (_Usage, AsyncflowError) as exc:
         said_by = exc.prog if isinstance(exc, _Usage) and exc.prog else prog
         print(f"{said_by}: error: {exc}", file=sys.stderr)
-        return USAGE if isinstance(exc, _Usage) else FAILED
+        return USAGE if isinstance(exc, _Usage | BadInputError) else FAILED
 
 
 # -- asyncflow run -----------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 import sys
 
-__all__ = ["TRACE_OFF", "AsyncflowError", "PortInUseError", "say"]
+__all__ = ["TRACE_OFF", "AsyncflowError", "BadInputError", "PortInUseError", "say"]
 
 #: why there is no trace to give (the profiler's ``trace()``, the endpoint's ``/trace``)
 TRACE_OFF = (
@@ -13,6 +13,11 @@ TRACE_OFF = (
 
 class AsyncflowError(RuntimeError):
     """Raised when asyncflow is used in a way it cannot honour (e.g. a second profiler)."""
+
+
+class BadInputError(AsyncflowError):
+    """A file given to asyncflow that it cannot read (a damaged recording, say): a command
+    says why in one line and exits 2, as for any bad input."""
 
 
 class PortInUseError(AsyncflowError):

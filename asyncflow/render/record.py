@@ -36,7 +36,7 @@ import orjson
 
 from asyncflow import clock, schema
 from asyncflow._version import __version__
-from asyncflow.errors import AsyncflowError, say
+from asyncflow.errors import AsyncflowError, BadInputError, say
 from asyncflow.instrumentation import _session
 
 if TYPE_CHECKING:
@@ -90,7 +90,7 @@ _MINIMAL = ("status", "warnings", "channels", "loop")
 _SECTIONS = tuple(f.name for f in fields(schema.Snapshot) if f.name != "schema")
 
 
-class RecordingError(AsyncflowError):
+class RecordingError(BadInputError):
     """A file that is not a recording this asyncflow can read; the message says why."""
 
 
@@ -409,7 +409,7 @@ class Recording:
             seen: dict[tuple[Any, ...], Any] = {}
             stop = index % len(self.frames)
             for each in self.frames[since : stop + 1]:
-                for w in each.sections.get("warnings") or ():
+                for w in self._warnings(each):
                     seen[_finding(w)] = w
             data["warnings"] = list(seen.values())
         try:
@@ -419,12 +419,26 @@ class Recording:
                 f"{self.path!r}: a recorded document does not read: {exc}"
             ) from None
 
+    def _warnings(self, frame: Frame) -> list[Any]:
+        """A moment's findings, as recorded.
+
+        Raises:
+            RecordingError: they are not a list (the file was made or changed by hand).
+        """
+        found = frame.sections.get("warnings") or []
+        if not isinstance(found, list):
+            raise RecordingError(
+                f"{self.path!r}: a recorded document does not read: Snapshot.warnings: "
+                f"expected a list, got {type(found).__name__}"
+            )
+        return found
+
     def findings_start(self) -> list[int]:
         """The frames where a finding begins (it did not hold at the frame before)."""
         starts = []
         held: set[tuple[Any, ...]] = set()
         for i, frame in enumerate(self.frames):
-            now = {_finding(w) for w in frame.sections.get("warnings") or ()}
+            now = {_finding(w) for w in self._warnings(frame)}
             if now - held:
                 starts.append(i)
             held = now
@@ -509,6 +523,8 @@ def read_recording(path: str) -> Recording:
         except (orjson.JSONDecodeError, KeyError, TypeError):
             notes.append("a damaged moment of the recording is left out")
     if not frames:
+        if notes:  # damaged before its first moment could be read
+            raise RecordingError(f"{path!r} is damaged: not one of its moments reads")
         raise RecordingError(f"{path!r} holds no moment yet: the program stopped at its start?")
     if not frames[-1].final:
         notes.append(

@@ -87,7 +87,7 @@ def test_a_newer_format_is_refused_by_number(tmp_path: Path) -> None:
     )
     assert "upgrade asyncflow to read it" in str(caught.value)
     done = asyncflow_cmd("report", str(path))
-    assert done.returncode == 1 and "upgrade asyncflow" in done.stderr, done.stderr
+    assert done.returncode == 2 and "upgrade asyncflow" in done.stderr, done.stderr
     other = write(tmp_path / "other.afrec", "hello\n")
     with pytest.raises(RecordingError, match="is not an asyncflow recording"):
         read_recording(str(other))
@@ -337,3 +337,35 @@ def test_each_child_records_beside_the_parents_recording(tmp_path: Path, how: st
     assert {"child_main", "crunch"} <= labels, labels
     called = {f.label for f in parent.snapshot().futures.futures if f.call_count}
     assert "parent_main" in called and "child_main" not in called  # each its own
+
+
+def test_findings_that_are_not_a_list_are_a_bad_recording(tmp_path: Path) -> None:
+    """A recording made or changed by hand whose moments' findings are not a list is said to
+    be one this asyncflow cannot read, for every command and option that reads findings across
+    moments (not a TypeError), exit 2 as for any bad input."""
+    path = tmp_path / "run.afrec"
+    _profiled(path, _queue_filled_then_drained)
+    head, _, body = path.read_bytes().partition(b"\n")
+    moments = [orjson.loads(line) for line in zlib.decompress(body).split(b"\n") if line]
+    for moment in moments:
+        moment["s"]["warnings"] = 5
+    lines = b"\n".join(orjson.dumps(m) for m in moments) + b"\n"
+    path.write_bytes(head + b"\n" + zlib.compress(lines))
+    with pytest.raises(RecordingError, match=r"Snapshot\.warnings: expected a list, got int"):
+        read_recording(str(path)).findings_start()
+    for args in (["report", str(path)], ["report", str(path), "--between", "0", "1"]):
+        done = asyncflow_cmd(*args)
+        assert done.returncode == 2, done.stderr
+        assert "Traceback" not in done.stderr and "Snapshot.warnings" in done.stderr
+
+
+def test_a_recording_damaged_before_its_first_moment_says_so(tmp_path: Path) -> None:
+    """One flipped byte early in the compressed body: not 'the program stopped at its
+    start?', which would send the user looking at the program."""
+    path = tmp_path / "run.afrec"
+    _profiled(path, _queue_filled_then_drained)
+    data = bytearray(path.read_bytes())
+    data[data.index(b"\n") + 40] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(RecordingError, match="is damaged: not one of its moments reads"):
+        read_recording(str(path))
