@@ -14,6 +14,7 @@ import contextlib
 import functools
 import importlib.machinery
 import importlib.util
+import ipaddress
 import os
 import runpy
 import socket
@@ -766,6 +767,14 @@ def _flagged(message: str, given: Mapping[str, object]) -> str:
     return message
 
 
+def _is_address(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
 def _check_host(options: config.Options, source: str) -> None:
     """Refuse, as a bad option, a host the endpoint cannot serve on, before the program starts.
 
@@ -778,6 +787,8 @@ def _check_host(options: config.Options, source: str) -> None:
     from asyncflow.serve.server import is_loopback
 
     said = f"{source} {options.host}" if source.startswith("--") else f"{source}={options.host}"
+    if options.host.replace(".", "").isdigit() and not _is_address(options.host):
+        raise _Usage(f"{said}: not an IP address (each of its four numbers is at most 255)")
     if options.token is None and not is_loopback(options.host):
         raise _Usage(
             f"{said} serves other machines too: set ASYNCFLOW_TOKEN to a secret every request "
@@ -973,7 +984,11 @@ def read_snapshot(path: str) -> schema.Snapshot:
 def _report(args: argparse.Namespace) -> int:
     from asyncflow.render.report import render
 
-    given = {k: v for k, v in {"limit": args.limit, "percentiles": args.percentiles}.items() if v}
+    given = {
+        k: v
+        for k, v in {"limit": args.limit, "percentiles": args.percentiles}.items()
+        if v is not None
+    }
     try:
         options = config.resolve_options("report", given, {})
     except ValueError as exc:

@@ -418,10 +418,13 @@ def test_block_threshold_flag_sets_the_option(tmp_path: Path) -> None:
         (["run", "--block-threshold", "soon", "x.py"], "--block-threshold 'soon': expected"),
         (["run", "--host", "", "x.py"], "--host '': expected a host name or IP address"),
         (["run", "--host", "0.0.0.0", "x.py"], "--host 0.0.0.0 serves other machines too: set"),
+        (["run", "--host", "999.1.1.1", "x.py"], "--host 999.1.1.1: not an IP address"),
         (["report", "nothing.json", "--percentiles", "x"], "--percentiles 'x': percentiles are"),
+        (["report", "nothing.json", "--percentiles", ""], "--percentiles: give at least one"),
         (["frobnicate"], "invalid choice: 'frobnicate'"),
         (["report", "nothing.json"], "cannot read 'nothing.json'"),
         (["report", "/dev/zero"], "cannot read '/dev/zero': not a regular file"),
+        (["report", "bin.json"], "'bin.json' is not JSON: it is not UTF-8 text (byte 0xff at"),
         (["snapshot", "localhost:6780", "-o", "s.json"], "'localhost:6780' is not an endpoint URL"),
         (["top", "127.0.0.1:6780"], "'127.0.0.1:6780' is not an endpoint URL"),
         (["snapshot"], "the following arguments are required: -o/--output"),
@@ -439,6 +442,7 @@ def test_block_threshold_flag_sets_the_option(tmp_path: Path) -> None:
 )
 def test_mistakes_get_one_line_and_exit_2(tmp_path: Path, args: list[str], says: str) -> None:
     write(tmp_path / "x.py", "print('never runs')\n")
+    (tmp_path / "bin.json").write_bytes(b'{"a": 1, ' + bytes(range(255, 200, -1)))
     done = asyncflow_cmd(*args, cwd=tmp_path)
     assert done.returncode == 2, done.stderr
     assert done.stdout == ""

@@ -73,6 +73,11 @@ def read_document(path: str, *, ignore_unknown: bool = True) -> schema.Snapshot:
     try:
         data = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
+        try:
+            raw.decode()
+        except UnicodeDecodeError as bad:  # (orjson says "str is not valid UTF-8: surrogates")
+            where = f"byte {raw[bad.start]:#04x} at offset {bad.start}"
+            raise DiffInputError(f"{path!r} is not JSON: it is not UTF-8 text ({where})") from None
         raise DiffInputError(f"{path!r} is not JSON: {exc}") from None
     number = data.get("schema") if isinstance(data, dict) else None
     if number is not None and number != schema.SCHEMA:

@@ -624,9 +624,7 @@ def test_anyio_locks_count_their_waits_on_either_backend(tmp_path: Path, backend
 
 
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
-def test_consumers_queueing_for_a_saturated_pool_are_told_so(
-    tmp_path: Path, backend: str
-) -> None:
+def test_consumers_queueing_for_a_saturated_pool_are_told_so(tmp_path: Path, backend: str) -> None:
     """examples/anyio_threads.py: eight consumers share a limiter of two threads. The pool is
     the one finding about it (not its limiter's contention too), and the full channel before
     the consumers points at the pool: more consumers would only queue there."""
