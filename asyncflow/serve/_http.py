@@ -435,7 +435,10 @@ class _Front:
     def _check_token(self, request: web.Request) -> None:
         token = self.config.token
         assert token is not None
-        given = request.headers.get("Authorization", "")
+        sent_all = request.headers.getall("Authorization", [])
+        if len(sent_all) > 1:  # (which one a proxy before us checked is not known)
+            raise _Refused(400, f"a request needs one Authorization header, not {len(sent_all)}")
+        given = sent_all[0] if sent_all else ""
         scheme, _, credential = given.partition(" ")
         # aiohttp decodes header bytes that are not UTF-8 as surrogates: compare the bytes
         sent = credential.strip().encode("utf-8", "surrogateescape")

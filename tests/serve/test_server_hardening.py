@@ -143,6 +143,21 @@ def test_cross_origin_browser_requests_are_refused(served: asyncflow.Profiler) -
     assert request(served, "/flow", headers={"Sec-Fetch-Site": "none"})[0] == 200
 
 
+def test_two_authorization_headers_are_refused_whichever_comes_first() -> None:
+    """A request with two tokens is refused (400), as one with two Host headers is: which of
+    them a proxy in front checked is not known, and the first one used to win."""
+    with asyncflow.profile("guarded", format="none", port=0, token="s3cret") as prof:
+        ip, port = address(prof)
+        for first, second in (("s3cret", "wrong"), ("wrong", "s3cret")):
+            raw = send(
+                prof,
+                f"GET /flow HTTP/1.1\r\nHost: {ip}:{port}\r\nAuthorization: Bearer {first}\r\n"
+                f"Authorization: Bearer {second}\r\nConnection: close\r\n\r\n".encode(),
+            )
+            assert_error(raw, 400, "one Authorization header, not 2")
+        assert request(prof, "/flow", headers={"Authorization": "Bearer s3cret"})[0] == 200
+
+
 def test_the_host_check_comes_before_the_token() -> None:
     with asyncflow.profile("guarded", format="none", port=0, token="s3cret") as prof:
         assert_error(request(prof, "/flow", "evil.example"), 421)
