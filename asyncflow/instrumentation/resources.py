@@ -2026,6 +2026,7 @@ def _materialize_anyio(lock: Any, ref: _LazyAnyio) -> ResourceRecord | None:
                 site.label, site.kind, site.primitive, site.file, site.line, lock
             )
             _bind(lock, record)  # (replaces ref, which goes with its last reference)
+            _figures_move(site, record)
             owner = lock._owner_task
             if owner is not None:
                 if ref.held:
@@ -2286,7 +2287,7 @@ LAZY_SITES_KEPT = 1024
 class _Site:
     """A creation site of standard locks or events that have no record yet (see above)."""
 
-    __slots__ = ("file", "kind", "label", "line", "primitive", "record")
+    __slots__ = ("file", "kind", "label", "line", "made", "primitive", "record")
 
     def __init__(self, file: str, line: int, label: str, kind: str, primitive: str) -> None:
         self.file = file
@@ -2296,6 +2297,22 @@ class _Site:
         self.primitive = primitive
         #: this session's counting record: the aggregate of (label, kind); set by _site_record
         self.record: ResourceRecord
+        #: the primitives ever counted on it (one: all it counted is that one's)
+        self.made = 0
+
+
+def _figures_move(site: _Site, record: ResourceRecord) -> None:
+    """A primitive of ``site`` gets its own ``record`` now. When it is the only one ever
+    counted there, what the site's row counted is its own: the figures move to its record,
+    and the site's row, left empty, is not listed (else one lock alive at exit read as two
+    rows, the site's with its acquisitions and its own with none)."""
+    counting = site.record
+    if site.made == 1 and counting.folded == 1 and counting.id in _site_rows:
+        _merge(record, counting)
+        _fresh_stats(counting)
+        st = record.stats  # (untimed: the first of each timed from now stands for itself)
+        st.sampled_hold, st.sampled_wait = st.hold_count, st.wait_count
+        st.sampled_signal = st.signal_count
 
 
 #: (file, line, label, class) -> its _Site
@@ -2377,6 +2394,7 @@ def _lazy_anyio(lock: Any, site: _Site) -> None:
     ref.key, ref.site, ref.holder, ref.held = id(lock), site, None, False
     _anyio[ref.key] = ref
     site.record.folded += 1
+    site.made += 1
 
 
 def _condition_lock_free(condition: Any) -> bool:
@@ -2400,6 +2418,7 @@ def _carry(carrier: Any, attr: str, site: _Site) -> None:
         object.__setattr__(inner, _LOCK_RECORD, site)
         object.__setattr__(inner, _OWNER, weakref.ref(carrier))
     site.record.folded += 1
+    site.made += 1
     _lazy_made.add(carrier)
 
 
@@ -2437,6 +2456,8 @@ def _materialize(obj: Any, site: _Site) -> ResourceRecord | None:
                 if obj._locked:
                     _found_held(record, holder)
             object.__setattr__(obj, _MARK, record)
+            if site.primitive != CONDITION:  # (a condition's own counts moved already)
+                _figures_move(site, record)
             if site.record.folded > 0:  # it folds into the site's record again when gone
                 site.record.folded -= 1
             _register(record)

@@ -721,6 +721,7 @@ def _resource_row(r: ResourceEntry, live: bool) -> list[str]:
         acquired = f"{r.event.sets} set" if r.event.sets != 1 else "1 set"
     else:
         acquired = f"{r.acquisitions:,}"
+    timed = r.event is None and (r.timed_holds > 0 or r.held_so_far_ns > 0 or not r.holds)
     return [
         named(r.label, r.folded, live and r.state == "gone"),
         r.primitive.replace("capacity_limiter", "limiter"),
@@ -730,8 +731,9 @@ def _resource_row(r: ResourceEntry, live: bool) -> list[str]:
         # the waits and holds going on now too, so far: a deadlock's at SIGTERM is not 0 ns
         format_duration(r.waited_so_far_ns),
         format_duration(r.longest_wait_so_far_ns),
-        format_duration(r.held_so_far_ns) if r.event is None else "-",
-        format_duration(r.longest_hold_so_far_ns) if r.event is None else "-",
+        # (a lock never waited for counts its holds without timing them: "-", not 0 ns)
+        format_duration(r.held_so_far_ns) if timed else "-",
+        format_duration(r.longest_hold_so_far_ns) if timed else "-",
         f"{r.waiters_now}/{r.max_waiters}",
         held_by or "-",
     ]

@@ -173,10 +173,13 @@ async def test_a_lazy_anyio_lock_gets_its_record_when_the_mode_ends() -> None:
                 pass
         record = resources.resource_of(lock)
         assert record is not None and record.alive
-        assert resources.acquisitions(record) == 0  # (its use before counts on its line's row)
+        # the only lock of its line: its use before moved from the line's row to its record
+        assert resources.acquisitions(record) == 1
         async with lock:  # its hooks (anyio's classes', for good) record into it
             pass
-        assert resources.acquisitions(record) == resources.releases(record) == 1
+        assert resources.acquisitions(record) == resources.releases(record) == 2
+        rows = [r for r in resources.resource_registry() if r.label == record.label]
+        assert rows == [record]  # one lock, one row
 
 
 async def test_an_event_waited_on_before_it_is_set_gets_its_record_at_the_wait() -> None:
@@ -315,3 +318,35 @@ async def test_a_condition_whose_lock_is_contended_gets_a_record_that_knows_its_
         condition.release()
         assert record is not None
         assert (record.stats.contended, record.stats.wait_count) == (1, 1)
+
+
+@pytest.mark.parametrize("cls", [asyncio.Lock, anyio.Lock], ids=["asyncio.Lock", "anyio.Lock"])
+async def test_the_only_lock_of_its_line_alive_at_the_end_is_one_row(cls: Any) -> None:
+    """A module-level lock never waited for gets its record when the mode ends: it is one row
+    with every acquisition, not the line's row with them beside its own with none. Two locks
+    of one line keep the line's row (what each counted is not known apart)."""
+    with asyncflow.profile("lazy", format="none", port=None):
+        with asyncflow.instrument_locks():
+            one = cls()
+            pair = [cls() for _ in range(2)]
+            for lock in (one, *pair, *pair):
+                for _ in range(5):
+                    async with lock:
+                        pass
+        (only,) = [r for r in resources.resource_registry() if _at(r) == _made_at(one)]
+        assert only is resources.resource_of(one)
+        assert resources.acquisitions(only) == resources.releases(only) == 5
+        assert only.stats.hold_count == 5
+        rows = [r for r in resources.resource_registry() if _at(r) == _made_at(pair[0])]
+        assert sum(resources.acquisitions(r) for r in rows) == 20  # on the line's row
+
+
+def _at(record: resources.ResourceRecord) -> tuple[str, int, str]:
+    return record.file, record.line, record.kind
+
+
+def _made_at(lock: Any) -> tuple[str, int, str]:
+    """Where a lock of this test was made, from its record."""
+    record = resources.resource_of(lock)
+    assert record is not None
+    return _at(record)
