@@ -40,6 +40,7 @@ FRONT = frozenset(
         "asyncflow.cli",
         "asyncflow._children",
         "asyncflow._armed",
+        "asyncflow._startup",
     }
 )
 #: the subpackages, lowest first: each may import its own layer, the ones before it and the
