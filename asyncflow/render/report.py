@@ -9,6 +9,7 @@ from dataclasses import replace
 from functools import partial
 from typing import TypeVar
 
+from asyncflow.model.waits import is_library_file
 from asyncflow.schema import (
     OWN_CODE,
     ChannelEntry,
@@ -255,7 +256,11 @@ def render_table(snapshot: Snapshot, percentiles: tuple[float, ...], limit: int)
     lines += _lineage_section(snapshot.flow, percentiles, limit)
     resources = snapshot.resources.resources if snapshot.resources is not None else []
     distinct = resource_names(resources)  # locks made on one line: `app.py:9 #1`, `#2`
-    resources = [replace(r, label=distinct[r.id]) for r in resources]
+    # the program's own first: a server's per-request events must not hide its one lock
+    resources = sorted(
+        (replace(r, label=distinct[r.id]) for r in resources),
+        key=lambda r: is_library_file(r.location.file),
+    )
     lines += _section(
         _RESOURCE_COLUMNS, partial(_resource_row, live=live), resources, limit, "resources"
     )

@@ -426,3 +426,32 @@ async def test_the_resource_table_counts_the_waits_going_on_now_as_waited_so_far
     cells = dict(zip(re.split(r"  +", header.strip()), re.split(r"  +", row.strip()), strict=True))
     assert (cells["wait total"], cells["max wait"]) == ("3 s", "3 s")
     assert cells["waiting now/max"] == "1/1"
+
+
+async def test_the_programs_own_resources_come_before_the_libraries() -> None:
+    """A server's per-request events (a library's, each with a row once waited on) are listed
+    after the program's own lock, whatever their order in the document: the default limit
+    must not hide the program's one lock behind them."""
+    with asyncflow.profile("order", format="none", port=None) as prof:
+        locks = [asyncflow.instrument_lock(asyncio.Lock(), name=f"lib-{i}") for i in range(3)]
+        mine = asyncflow.instrument_lock(asyncio.Lock(), name="mine")
+        for lock in (*locks, mine):
+            async with lock:
+                pass
+        snapshot = prof.snapshot()
+    assert snapshot.resources is not None
+    library = os.path.join(os.path.dirname(asyncio.__file__), "streams.py")  # the stdlib's
+    entries = [
+        r
+        if r.label == "mine"
+        else dataclasses.replace(r, location=dataclasses.replace(r.location, file=library))
+        for r in snapshot.resources.resources
+        if r.label == "mine" or r.label.startswith("lib-")
+    ]
+    assert [r.label for r in entries][-1] == "mine"  # made last, listed last in the document
+    shown = dataclasses.replace(
+        snapshot, resources=dataclasses.replace(snapshot.resources, resources=entries)
+    )
+    lines = render_table(shown, (50.0, 99.0), limit=2).splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("resource "))
+    assert lines[start + 1].startswith("mine ")
