@@ -290,9 +290,14 @@ def report_on_sigterm(
         signal.signal(signum, signal.SIG_DFL)
         signal.raise_signal(signum)  # returns only where SIGTERM is ignored (pid 1 in a container)
 
-    def report() -> None:
+    def report(signum: int) -> None:
         try:
-            stop()
+            if stop() is not None:  # (a report was written: say what moment it shows)
+                say(
+                    f"asyncflow: {signal.Signals(signum).name} ended the program: the report "
+                    "is its state then (its loop still running, a call not returned yet "
+                    "counted with no outcome)"
+                )
         finally:
             reported.set()
 
@@ -306,7 +311,9 @@ def report_on_sigterm(
             die(signum)
             return
         started = True
-        threading.Thread(target=report, name="asyncflow-sigterm", daemon=True).start()
+        threading.Thread(
+            target=report, args=(signum,), name="asyncflow-sigterm", daemon=True
+        ).start()
         if not reported.wait(SIGNAL_HOLD):
             threading.Thread(
                 target=wake, args=(signum,), name="asyncflow-sigterm-wake", daemon=True

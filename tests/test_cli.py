@@ -279,6 +279,8 @@ def test_sigterm_reports_then_ends_the_program_as_sigterm_does(tmp_path: Path) -
     assert done.stdout == plain.stdout == "ready\n"
     assert done.stderr.count("asyncflow · served · elapsed") == 1  # the report, once
     assert "\nmain " in done.stderr and "Traceback" not in done.stderr
+    # main's call never returned: the report says it shows the moment SIGTERM ended it
+    assert "asyncflow: SIGTERM ended the program: the report is its state then" in done.stderr
 
 
 def test_sigterm_reports_when_it_interrupts_the_main_thread_holding_a_lock(
