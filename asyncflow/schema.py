@@ -224,6 +224,9 @@ class FutureEntry:
     #: how long before the document was built its first call of the session was made (a
     #: service's first request, for a route); None: no call yet, or not known
     first_call_ago_ns: int | None = None
+    #: the future whose call was running when its first call was made: its caller (for a
+    #: coroutine awaited in that call) or its maker (for a task); None: none, or not known
+    first_caller_id: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -57,7 +57,7 @@ static PyObject *s_now_ns, *s_stats, *s_poll_hist, *s_live, *s_created, *s_first
     *s_busy_done, *s_idle_done, *s_max_poll_done, *s_active, *s_finished, *s_appended,
     *s_append, *s_slot_key, *s_get_running_loop, *s_loops, *s_last_key, *s_see,
     *s_current_tasks, *s_asyncio, *s_current_task, *s_get_name,
-    *s_wrapper_name, *s_probe_failed, *s_new_poll_histogram;
+    *s_wrapper_name, *s_probe_failed, *s_new_poll_histogram, *s_id;
 
 /* ---- small compatibility helpers ------------------------------------------------------------ */
 
@@ -824,6 +824,7 @@ typedef struct {
     long long polls_done, busy_done, idle_done, max_poll_done;
     long long sched_total, max_sched; /* scheduled time (futures._scheduled), live included */
     long long first_call; /* when its session's first call was made (clock reading); 0: none */
+    long long first_caller; /* the future polled when that call was made (its id); 0: none */
     PyObject *live;      /* unfinished calls, by call id: a dict */
     PyObject *poll_hist; /* bumped in place by every poll */
     PyObject *call_hist; /* bumped as each finished call is folded (futures.fold_call) */
@@ -957,6 +958,7 @@ static PyGetSetDef stats_getset[] = {
     STATS_INT(sched_total, "scheduled time: the sum of the waits from a wake-up to its poll")
     STATS_INT(max_sched, "... and the longest")
     STATS_INT(first_call, "when its first call was made (clock reading); 0: none yet")
+    STATS_INT(first_caller, "the future whose call was polled when that call was made: 0, none")
     {NULL},
 };
 
@@ -1218,6 +1220,8 @@ record_hist_bump(RecordObject *r, long long ns)
     return rc;
 }
 
+static long long polled_future_id(void);
+
 /* What CallRecord.__init__(future, stats, now) does: a new call, registered live. */
 static int
 record_setup(RecordObject *self, PyObject *future, PyObject *stats, long long now)
@@ -1256,6 +1260,7 @@ record_setup(RecordObject *self, PyObject *future, PyObject *stats, long long no
         st->created += 1;
         if (!st->first_call) {
             st->first_call = now;
+            st->first_caller = polled_future_id();
         }
         return 0;
     }
@@ -1773,6 +1778,25 @@ static PyTypeObject SlotType = {
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_dealloc = (destructor)slot_dealloc,
 };
+
+/* The id of the future whose call is polled on this thread now (the caller of a call made
+ * now, or the maker of a task); 0: none, or not known. Read once a future, at its first call. */
+static long long
+polled_future_id(void)
+{
+    SlotObject *slot = tls_slot;
+    if (slot == NULL || slot->inner == NULL || slot->inner->r == NULL) {
+        return 0;
+    }
+    PyObject *id = PyObject_GetAttr(slot->inner->r->future, s_id);
+    long long found = id != NULL && PyLong_Check(id) ? PyLong_AsLongLong(id) : 0;
+    Py_XDECREF(id);
+    if (PyErr_Occurred()) { /* (a future record of another shape: not known) */
+        PyErr_Clear();
+        return 0;
+    }
+    return found;
+}
 
 /* This thread's slot; NULL (no error set) if it cannot have one: the poll is then not visible
  * to the monitor, and nothing else changes. */
@@ -5752,6 +5776,7 @@ PyInit__speedups(void)
     INTERN(s_get_name, "get_name");
     INTERN(s_wrapper_name, "InstrumentedCoroutine");
     INTERN(s_slot_key, "asyncflow.running_call");
+    INTERN(s_id, "id");
     INTERN(s_probe_failed, "_probe_failed");
     INTERN(s_dunder_call, "__call__");
     INTERN(s_cr_await, "cr_await");

@@ -86,6 +86,7 @@ class FutureStats:
         "created",
         "error_types",
         "first_call",
+        "first_caller",
         "idle_done",
         "live",
         "max_cancel_to_end",
@@ -135,6 +136,9 @@ class FutureStats:
         #: when the session's first call was made (a clock reading); 0: none yet. A service's
         #: first request: what blocked its loop before then held no request up
         self.first_call = 0
+        #: the id of the future whose call was polled when that first call was made (its
+        #: caller, or its task's maker); 0: none
+        self.first_caller = 0
         #: exception type name -> calls that raised it, over the run (bounded: _raised)
         self.error_types: dict[str, int] = {}
 
@@ -146,7 +150,7 @@ _FOLD = Fold(
     maximum=("max_cancel_to_end", "max_poll_done", "max_sched"),
     histogram=("call_hist", "poll_hist", "sched_hist"),
     # a gone future has no live call; _merge moves recent and adds error_types (bounded)
-    left=("live", "recent", "series", "error_types", "first_call"),
+    left=("live", "recent", "series", "error_types", "first_call", "first_caller"),
 )
 
 
@@ -489,6 +493,7 @@ class CallRecord:
         stats.created += 1
         if not stats.first_call:
             stats.first_call = now
+            stats.first_caller = _polled_future_id()
 
 
 def call_field(r: CallRecord, name: str) -> Any:
@@ -812,6 +817,14 @@ _here = _Here()
 _IDLE: Any = object()  # the ``_outer`` of a wrapper not being polled
 #: thread id -> that thread's slot, for as long as the thread lives (its local holds it)
 _slots: weakref.WeakValueDictionary[int, _PollSlot] = weakref.WeakValueDictionary()
+
+
+def _polled_future_id() -> int:
+    """The id of the future whose call is polled on this thread now (the caller of a call made
+    now, or the maker of a task); 0: none. Read once a future, at its first call."""
+    slot = _here.slot
+    inner = slot.inner if slot is not None else None
+    return inner._r.future.id if inner is not None else 0
 
 
 def _new_slot() -> _PollSlot:

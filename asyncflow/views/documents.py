@@ -211,6 +211,7 @@ def future_entry(
         **_gathered(record.id),
         errors=dict(st.error_types),
         first_call_ago_ns=max(0, now - first) if (first := getattr(st, "first_call", 0)) else None,
+        first_caller_id=getattr(st, "first_caller", 0) or None,
     )
 
 

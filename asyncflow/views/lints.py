@@ -993,7 +993,8 @@ def bottleneck(docs: Documents, th: Thresholds) -> Iterator[Finding]:
             continue
         assert share is not None
         percent = min(100, round(share * 100))
-        pool = next((pools[f] for f in sorted(readers, key=str) if f in pools), None)
+        calling = sorted(readers | _callees(docs, {f for f in readers if f is not None}), key=str)
+        pool = next((pools[f] for f in calling if f in pools), None)
         advice = (
             "speed up or add consumers of this channel; the producers can go no faster"
             if pool is None
@@ -2039,7 +2040,33 @@ def _waits_named_elsewhere(docs: Documents, th: Thresholds) -> set[int | None]:
         if w.waits
     }
     named |= {e.future_id for c in docs.channels if c.id in channels for e in c.senders}
-    return named
+    return named | _callers(docs, named)
+
+
+#: how far up (or down) the calls made in one another the findings follow a wait
+_CALL_DEPTH = 3
+
+
+def _callers(docs: Documents, ids: set[int | None]) -> set[int | None]:
+    """The futures whose calls the futures ``ids`` were first called in (``first_caller_id``),
+    and theirs, a few levels up: ``create_order`` awaiting ``price_for``, which waits on a
+    lock, waits on it too."""
+    found: set[int | None] = set()
+    level = set(ids)
+    for _ in range(_CALL_DEPTH):
+        level = {f.first_caller_id for f in docs.futures if f.id in level} - found - {None}
+        found |= level
+    return found
+
+
+def _callees(docs: Documents, ids: set[int]) -> set[int]:
+    """The futures first called in the calls of the futures ``ids``, a few levels down."""
+    found: set[int] = set()
+    level = set(ids)
+    for _ in range(_CALL_DEPTH):
+        level = {f.id for f in docs.futures if f.first_caller_id in level} - found
+        found |= level
+    return found
 
 
 def tail_latency(docs: Documents, th: Thresholds) -> Iterator[Finding]:

@@ -207,6 +207,37 @@ async def test_the_callers_waiting_on_a_contended_lock_get_no_tail_warning_of_th
     assert kinds == [("lock-contention", "prices")]
 
 
+async def test_the_callers_of_a_call_that_waits_on_the_lock_get_no_tail_warning(
+    fake_clock: FakeClock, prof: asyncflow.Profiler
+) -> None:
+    """As above, but the order awaits ``price_for``, which takes the lock: the lock's waiter
+    is ``price_for``, and ``create_order``'s tail is the same waits, one call out. Neither gets
+    a tail warning; each future says which call it was first called in."""
+    prices = asyncflow.instrument_lock(asyncio.Lock(), name="prices")
+
+    @asyncflow.future(name="price_for")
+    async def price_for(cached: bool) -> None:
+        if cached:
+            await _io(1_000_000)
+            return
+        async with prices:  # the planted bug: an await while holding the lock
+            await _io(50_000_000)
+
+    @asyncflow.future(name="create_order")
+    async def create_order(cached: bool) -> None:
+        await price_for(cached)
+
+    for _ in range(48):
+        await create_order(cached=True)
+    await asyncio.gather(*(asyncio.create_task(create_order(cached=False)) for _ in range(12)))
+    futures = {f.label: f for f in prof.snapshot().futures.futures}
+    orders, price = futures["create_order"], futures["price_for"]
+    assert price.first_caller_id == orders.id
+    assert orders.call_duration_ns["p99"] >= 100 * orders.call_duration_ns["p50"]  # a tail
+    kinds = sorted({(f.kind, f.subject.label) for f in _findings(prof) if f.severity != "info"})
+    assert kinds == [("lock-contention", "prices")]
+
+
 def _startup_block(ended_ms: int) -> schema.LoopEntry:
     """A loop whose one block at the lifespan's line (loading a TLS store, 300 ms) ended
     ``ended_ms`` into the run."""
