@@ -644,6 +644,22 @@ def _long_polls(docs: Documents, th: Thresholds) -> list[FutureEntry]:
     ]
 
 
+def _seen_blocking(f: FutureEntry, docs: Documents) -> bool:
+    """Whether the loop monitor saw ``f`` (a call it made, a call made in it, or its route)
+    block a loop: a long poll it did not see, while its own looks came late, is the process
+    stalled, not the poll's code (the monitor looks at least every heartbeat, and a poll over
+    the block threshold always makes a late heartbeat)."""
+    near = {f.id} | _callees(docs, {f.id}) | {i for i in _callers(docs, {f.id}) if i is not None}
+    for loop in docs.loops:
+        for line in loop.blocking_lines:
+            if line.future_id in near or line.route == f.label:
+                return True
+        for e in (*loop.episodes, *loop.worst_episodes):
+            if e.call is not None and (e.call.future_id in near or e.route == f.label):
+                return True
+    return False
+
+
 def _off_cpu(f: FutureEntry, th: Thresholds) -> bool:
     """Its longest poll off the CPU (measured with ``cpu=True``) held the loop ``long_poll``
     and was mostly not computing."""
@@ -661,6 +677,7 @@ def long_poll(docs: Documents, th: Thresholds) -> Iterator[Finding]:
     loop's busy time (cpu-bound), that is said here; when its poll was off the CPU, in
     off-cpu-poll's finding instead."""
     top = _cpu_top(docs, th)
+    stalled = any(loop.late_wakeups for loop in docs.loops)
     for f in _long_polls(docs, th):
         if _off_cpu(f, th):
             continue
@@ -670,6 +687,18 @@ def long_poll(docs: Documents, th: Thresholds) -> Iterator[Finding]:
             f"yielding to the event loop"
         )
         evidence = {"max_poll_ns": longest, "threshold_ns": th.long_poll_ns, "polls": f.total_polls}
+        if stalled and docs.loops and not _seen_blocking(f, docs):
+            yield Finding(
+                "long-poll",
+                "info",
+                _future_subject(f),
+                message + ", but the loop monitor saw no block of it, and its own look at the "
+                "loop came late too (a late wake-up): the whole process did not run then",
+                "nothing to do in the code if it stays rare; a machine short of CPU (or a "
+                "paused process) stretches a short poll",
+                evidence,
+            )
+            continue
         if top is not None and top.id == f.id:
             total = sum(g.busy_ns for g in docs.futures)
             message += (

@@ -309,3 +309,33 @@ def test_a_pool_whose_jobs_waited_long_is_saturated_though_never_seen_all_busy(
     docs = Documents(0, 1_000 * MS, executors=[pool])
     kinds = [f.kind for f in lints.evaluate(docs, Thresholds())]
     assert ("executor-saturated" in kinds) == saturated
+
+
+def test_a_long_poll_the_monitor_did_not_see_while_its_own_looks_came_late_is_info() -> None:
+    """A health check's poll read 130 ms while the whole process was descheduled: the loop
+    monitor, which sees every poll over the block threshold as a late heartbeat, saw no block
+    of it, and its own look came late too (a late wake-up). The same poll seen blocking by the
+    monitor, or with the monitor's looks on time, stays a warning."""
+    health = future(7, "GET /health", 131 * MS, 130 * MS)
+    stalled = dataclasses.replace(loop_with(episodes=0), late_wakeups=1)
+    line = schema.BlockedLine(
+        "/srv/app.py", 21, "health", "return {'ok': True}", 1, 130 * MS, 130 * MS, 0,
+        120 * MS, 130 * MS, "cpu", 7, "GET /health",
+    )  # fmt: skip
+    seen = dataclasses.replace(loop_with(line, episodes=0), late_wakeups=1)
+    on_time = loop_with(episodes=0)
+    said = []
+    for loop in (stalled, seen, on_time):
+        docs = Documents(0, 4_000 * MS, futures=(health,), loops=[loop])
+        said.append([(f.kind, f.severity) for f in lints.evaluate(docs, Thresholds())])
+    assert said == [
+        [("long-poll", "info")],
+        [("loop-blocked", "warning")],  # (the line's finding says the long poll too)
+        [("long-poll", "warning")],
+    ]
+    docs = Documents(0, 4_000 * MS, futures=(health,), loops=[stalled])
+    (info,) = lints.evaluate(docs, Thresholds())
+    assert info.message.endswith(
+        "and its own look at the loop came late too (a late wake-up): "
+        "the whole process did not run then"
+    )
