@@ -562,7 +562,7 @@ def _profiled(
     undo_sigterm = report_on_sigterm(profiler.stop)
     if argv is not None:
         sys.argv = argv
-    shadowed = _shadowed_by_the_program()
+    shadowed = _shadowed_by_the_program() if argv is not None else []  # (said by the parent)
     if shadowed:
         files, one = ", ".join(file for _, file in shadowed), len(shadowed) == 1
         names = ", ".join(name for name, _ in shadowed)
