@@ -18,10 +18,14 @@ def crm_lookup(customer: int) -> str:
     return "vip" if customer % 7 == 0 else "retail"
 
 
+async def customer_segment(customer: int) -> str:
+    return await anyio.to_thread.run_sync(crm_lookup, customer, limiter=CRM)
+
+
 async def enrich(orders: MemoryObjectReceiveStream[int], out: list[tuple[int, str]]) -> None:
     async with orders:
         async for order in orders:
-            out.append((order, await anyio.to_thread.run_sync(crm_lookup, order, limiter=CRM)))
+            out.append((order, await customer_segment(order)))
 
 
 async def main() -> None:

@@ -180,59 +180,40 @@ async def test_two_consumer_tasks_of_one_function_that_died_are_counted_as_two(
     assert finding.evidence["consumers"] == 2
 
 
+@pytest.mark.parametrize("taker", ["create_order", "price_for"])
 async def test_the_callers_waiting_on_a_contended_lock_get_no_tail_warning_of_their_own(
-    fake_clock: FakeClock, prof: asyncflow.Profiler
+    fake_clock: FakeClock, prof: asyncflow.Profiler, taker: str
 ) -> None:
     """Most orders are priced from the cache; the few that miss take a lock and hold it across
     the upstream's answer, so they queue behind each other. The lock's finding names that; the
     orders' slow tail is those waits, and a second warning telling to hedge them (more load on
-    the same lock) is wrong."""
+    the same lock) is wrong. The same when ``create_order`` awaits ``price_for``, which takes
+    the lock: ``create_order``'s tail is the same waits, one call out (each future says which
+    call it was first called in)."""
     prices = asyncflow.instrument_lock(asyncio.Lock(), name="prices")
 
-    @asyncflow.future(name="create_order")
-    async def create_order(cached: bool) -> None:
+    @asyncflow.future(name=taker)
+    async def priced(cached: bool) -> None:
         if cached:
             await _io(1_000_000)
             return
         async with prices:  # the planted bug: an await while holding the lock
             await _io(50_000_000)
+
+    create_order = priced
+    if taker == "price_for":  # (a future of one label only: the one called)
+
+        @asyncflow.future(name="create_order")
+        async def create_order(cached: bool) -> None:
+            await priced(cached)
 
     for _ in range(48):  # the cache's orders, one after another: 1 ms each
         await create_order(cached=True)
     await asyncio.gather(*(asyncio.create_task(create_order(cached=False)) for _ in range(12)))
-    futures = prof.snapshot().futures.futures
-    (orders,) = [f for f in futures if f.label == "create_order"]
-    assert orders.call_duration_ns["p99"] >= 100 * orders.call_duration_ns["p50"]  # a tail
-    kinds = sorted({(f.kind, f.subject.label) for f in _findings(prof) if f.severity != "info"})
-    assert kinds == [("lock-contention", "prices")]
-
-
-async def test_the_callers_of_a_call_that_waits_on_the_lock_get_no_tail_warning(
-    fake_clock: FakeClock, prof: asyncflow.Profiler
-) -> None:
-    """As above, but the order awaits ``price_for``, which takes the lock: the lock's waiter
-    is ``price_for``, and ``create_order``'s tail is the same waits, one call out. Neither gets
-    a tail warning; each future says which call it was first called in."""
-    prices = asyncflow.instrument_lock(asyncio.Lock(), name="prices")
-
-    @asyncflow.future(name="price_for")
-    async def price_for(cached: bool) -> None:
-        if cached:
-            await _io(1_000_000)
-            return
-        async with prices:  # the planted bug: an await while holding the lock
-            await _io(50_000_000)
-
-    @asyncflow.future(name="create_order")
-    async def create_order(cached: bool) -> None:
-        await price_for(cached)
-
-    for _ in range(48):
-        await create_order(cached=True)
-    await asyncio.gather(*(asyncio.create_task(create_order(cached=False)) for _ in range(12)))
     futures = {f.label: f for f in prof.snapshot().futures.futures}
-    orders, price = futures["create_order"], futures["price_for"]
-    assert price.first_caller_id == orders.id
+    orders = futures["create_order"]
+    if taker == "price_for":
+        assert futures["price_for"].first_caller_id == orders.id
     assert orders.call_duration_ns["p99"] >= 100 * orders.call_duration_ns["p50"]  # a tail
     kinds = sorted({(f.kind, f.subject.label) for f in _findings(prof) if f.severity != "info"})
     assert kinds == [("lock-contention", "prices")]
