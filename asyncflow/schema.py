@@ -1028,6 +1028,9 @@ class ExecutorEntry:
     folded_count: int = 0
     #: the most jobs running at once (``max_workers`` of them: every worker was busy)
     max_running: int = 0
+    #: anyio's or trio's threads behind a capacity limiter: that limiter's resource id, when it
+    #: is instrumented (its waits are this pool's queue); None otherwise
+    limiter_id: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

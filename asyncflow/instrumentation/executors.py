@@ -160,6 +160,7 @@ class ExecutorRecord:
         "id",
         "kind",
         "label",
+        "limiter_id",
         "lock",
         "max_workers",
         "stats",
@@ -178,6 +179,10 @@ class ExecutorRecord:
         self.folded = 0
         #: the most workers it may start, as last seen (kept once the executor is gone)
         self.max_workers: int | None = None
+        #: for anyio's or trio's threads behind a capacity limiter: the limiter's resource id,
+        #: when it has a record (its waits are this pool's queue); 0: it has none; None: not
+        #: looked up yet
+        self.limiter_id: int | None = None
         #: jobs end on worker threads: their figures are folded under this lock (cold enough)
         self.lock = _forksafe.lock(self)
         self.stats = ExecutorStats()
@@ -568,6 +573,11 @@ def _limited(limiter: Any, threads: str = "anyio worker threads") -> str:
 def _submitted(limiter: Any, label: str, func: Callable[..., Any]) -> _Job:
     """A job for ``func``, submitted now to the worker threads behind ``limiter``."""
     record = _record_of(limiter, label)
+    if record.limiter_id is None:  # (its waits are this pool's queue)
+        from asyncflow.instrumentation.resources import resource_of
+
+        found = resource_of(limiter)
+        record.limiter_id = found.id if found is not None else 0  # (0: looked, none)
     record.workers()  # note its size while it exists
     _, future_id = caller()
     job = _Job(record, func, future_id)
@@ -585,7 +595,7 @@ def _limiter_argument(rest: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 def _anyio_hook(original: Callable[..., Any]) -> Callable[..., Any]:
     """anyio's ``to_thread.run_sync``, on either backend: its worker threads, behind a capacity
     limiter (40 tokens by default). A job is queued while it waits for a token. On trio, the
-    job it hands to trio's ``to_thread.run_sync`` is counted here only."""
+    job it hands to trio's ``to_thread.run_sync`` is counted here only (see _counted_already)."""
 
     async def run_sync_in_worker_thread(
         cls: Any, func: Callable[..., Any], args: Any, *rest: Any, **kwargs: Any
@@ -595,28 +605,33 @@ def _anyio_hook(original: Callable[..., Any]) -> Callable[..., Any]:
         try:
             limiter = _limiter_argument(rest, kwargs)
             default = limiter is None
-            if default:
+            if default:  # (on trio, it wraps trio's default: one pool, whoever submits to it)
                 limiter = cls.current_default_thread_limiter()
+                limiter = getattr(limiter, "_CapacityLimiter__original", None) or limiter
             label = "anyio worker threads" if default else _limited(limiter)
             job = _submitted(limiter, label, func)
         except Exception as err:  # observing never breaks the program
             _session.internal_error("instrumenting an anyio worker thread job", err)
             return await original(cls, func, args, *rest, **kwargs)
-        handed = _handed_on.set(True)
         try:
             return await original(cls, job, args, *rest, **kwargs)
         finally:
-            _handed_on.reset(handed)
             if not job.started:  # cancelled while it waited for a token: it never ran
                 job.record.never_started(job)
 
     return run_sync_in_worker_thread
 
 
-#: set while anyio's trio backend hands a job it counted on to trio's ``to_thread.run_sync``
-_handed_on: contextvars.ContextVar[bool] = contextvars.ContextVar(
-    "asyncflow_job_handed_on", default=False
-)
+def _counted_already(fn: Any) -> bool:
+    """Whether ``fn`` is the closure anyio's trio backend hands to trio's ``to_thread.run_sync``
+    around a job that anyio's hook counted (by the function the program gave)."""
+    for cell in getattr(fn, "__closure__", None) or ():
+        try:
+            if type(cell.cell_contents) is _Job:
+                return True
+        except ValueError:  # an empty cell
+            continue
+    return False
 
 
 def _trio_hook(original: Callable[..., Any], to_thread: ModuleType) -> Callable[..., Any]:
@@ -626,7 +641,12 @@ def _trio_hook(original: Callable[..., Any], to_thread: ModuleType) -> Callable[
 
     @functools.wraps(original)
     async def run_sync(sync_fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        if _session.active is None or _handed_on.get():
+        if (
+            _session.active is None
+            or not callable(sync_fn)
+            or _is_async(sync_fn)  # (trio's own error, as ever)
+            or _counted_already(sync_fn)
+        ):
             return await original(sync_fn, *args, **kwargs)
         try:
             limiter = kwargs.get("limiter")
@@ -645,6 +665,13 @@ def _trio_hook(original: Callable[..., Any], to_thread: ModuleType) -> Callable[
                 job.record.never_started(job)
 
     return run_sync
+
+
+def _is_async(fn: Any) -> bool:
+    """A coroutine function (or a partial of one), which trio refuses in a thread."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    return inspect.iscoroutinefunction(fn)
 
 
 def trio_patches(trio: ModuleType) -> list[tuple[Any, str, Any]]:

@@ -1854,6 +1854,16 @@ def _patch_anyio_trio() -> bool:
         setattr(cls, acquire, _anyio_acquire(getattr(cls, acquire), busy, borrower, _trio_key))
         setattr(cls, nowait, _anyio_nowait(getattr(cls, nowait), borrower, _trio_key))
         setattr(cls, release, _anyio_release(getattr(cls, release), borrower, _trio_key))
+
+    # ``async with`` on it passes straight to trio's limiter too: through the hooked methods
+    # instead, as trio's own ``async with`` does (acquire, then release)
+    async def __aenter__(self: Any) -> None:
+        await self.acquire()
+
+    async def __aexit__(self: Any, *exc_info: object) -> None:
+        self.release()
+
+    limiter.__aenter__, limiter.__aexit__ = __aenter__, __aexit__
     _anyio_trio_patched = True
     return True
 

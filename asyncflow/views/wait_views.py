@@ -113,6 +113,7 @@ def executor_entry(
             functions=[_group(name, None, f) for name, f in functions],
             futures=[_group(future_label(fid), fid, f) for fid, f in futures],
             folded_count=record.folded,
+            limiter_id=record.limiter_id or None,
         )
 
 

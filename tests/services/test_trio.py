@@ -586,6 +586,7 @@ import sys
 import anyio
 
 GUARD = anyio.Lock()
+CAP = anyio.CapacityLimiter(1)
 
 
 async def worker(slots):
@@ -593,6 +594,8 @@ async def worker(slots):
         async with GUARD:
             await anyio.sleep(0)
         async with slots:
+            await anyio.sleep(0)
+        async with CAP:  # (anyio's on trio passes this straight to trio's own limiter)
             await anyio.sleep(0)
 
 
@@ -610,15 +613,16 @@ anyio.run(main, backend=sys.argv[1])
 
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
 def test_anyio_locks_count_their_waits_on_either_backend(tmp_path: Path, backend: str) -> None:
-    """anyio's Lock and Semaphore, made before the run (an adapter) or in it, count each
-    acquisition and each wait on trio as on asyncio: a holder that awaits keeps the others
-    waiting."""
+    """anyio's Lock, Semaphore and CapacityLimiter (``async with`` each), made before the run
+    (an adapter) or in it, count each acquisition and each wait on trio as on asyncio: a
+    holder that awaits keeps the others waiting."""
     out, report = _run(tmp_path, _LOCKS, backend)
     assert out == "done\n"
     resources = {r["label"]: r for r in report["resources"]["resources"]}
-    guard, slots = resources["prog.py:5"], resources["prog.py:17"]
+    guard, cap, slots = resources["prog.py:5"], resources["prog.py:6"], resources["prog.py:20"]
     assert (guard["primitive"], guard["acquisitions"], guard["releases"]) == ("lock", 20, 20)
     assert (slots["primitive"], slots["acquisitions"], slots["releases"]) == ("semaphore", 20, 20)
+    assert (cap["primitive"], cap["acquisitions"], cap["releases"]) == ("capacity_limiter", 20, 20)
     assert guard["contended_acquisitions"] == guard["waits"] > 0, guard
     assert guard["waiters_now"] == 0 and not guard["locked"]
 
@@ -644,3 +648,112 @@ def test_consumers_queueing_for_a_saturated_pool_are_told_so(tmp_path: Path, bac
     # (the jobs are submitted one call in: by customer_segment, which enrich awaits)
     futures = {f["label"]: f for f in report["futures"]["futures"]}
     assert futures["customer_segment"]["first_caller_id"] == futures["enrich"]["id"]
+
+
+_NESTED = """\
+import time
+
+import anyio
+import anyio.from_thread
+import trio
+
+
+def inner():
+    return "inner"
+
+
+async def from_a_thread():
+    return await trio.to_thread.run_sync(inner)
+
+
+def outer():
+    return anyio.from_thread.run(from_a_thread)
+
+
+async def main():
+    print(await anyio.to_thread.run_sync(outer))
+
+
+anyio.run(main, backend="trio")
+"""
+
+
+def test_a_trio_job_submitted_from_an_anyio_jobs_thread_is_counted(tmp_path: Path) -> None:
+    """anyio's job ``outer`` runs ``from_a_thread`` back on trio, which runs ``inner`` in a
+    thread of trio's own: two jobs, each counted once, in the one pool they share (anyio's
+    default limiter on trio is trio's)."""
+    out, report = _run(tmp_path, _NESTED)
+    assert out == "inner\n"
+    (pool,) = report["executors"]["executors"]
+    assert pool["label"] == "anyio worker threads"
+    jobs = {f["name"]: f["jobs"] for f in pool["functions"]}
+    assert jobs == {"__main__.outer": 1, "__main__.inner": 1}
+
+
+_TWO_LIMITERS = """\
+import time
+
+import anyio
+import anyio.to_thread
+
+upstream = anyio.CapacityLimiter(1)  # the program's own cap on calls upstream
+workers = anyio.CapacityLimiter(1)  # the threads its blocking jobs run in
+
+
+async def handler():
+    await anyio.to_thread.run_sync(time.sleep, 0.005, limiter=workers)
+    async with upstream:  # contended on its own account
+        await anyio.sleep(0.01)
+
+
+async def main():
+    async with anyio.create_task_group() as tg:
+        for _ in range(20):
+            tg.start_soon(handler)
+
+
+anyio.run(main)
+"""
+
+
+def test_a_limiter_beside_a_saturated_pool_keeps_its_own_finding(tmp_path: Path) -> None:
+    """The callers of a saturated pool's jobs also queue for another limiter of theirs: that
+    one is not the pool's queue, and its contention is its own finding."""
+    _, report = _run(tmp_path, _TWO_LIMITERS)
+    kinds = {(w["kind"], w["subject"]["label"]) for w in report["warnings"]}
+    assert ("lock-contention", "prog.py:6") in kinds, kinds
+    assert ("executor-saturated", "anyio worker threads (a limiter of 1)") in kinds, kinds
+    assert not any(label == "prog.py:7" for kind, label in kinds if kind == "lock-contention")
+
+
+_REFUSED = """\\
+import trio
+
+
+async def not_sync():
+    pass
+
+
+async def main():
+    try:
+        await trio.to_thread.run_sync(not_sync)
+    except TypeError as exc:
+        print(exc)
+
+
+trio.run(main)
+"""
+
+
+def test_trio_refuses_an_async_function_in_a_thread_as_without_asyncflow(tmp_path: Path) -> None:
+    """trio names the function it refuses: the program's, not a job of asyncflow's."""
+    path = write(tmp_path / "prog.py", _REFUSED)
+    plain = subprocess.run(
+        [sys.executable, str(path)], capture_output=True, text=True, timeout=60, cwd=tmp_path
+    )
+    assert (
+        "Trio expected a sync function, but 'not_sync' appears to be asynchronous" in plain.stdout
+    )
+    profiled, report = _run(tmp_path, _REFUSED, env={"ASYNCFLOW_NO_OWN_CODE": "1"})
+    assert profiled == plain.stdout
+    assert report["executors"]["executors"] == []  # (it never ran: no job)
