@@ -687,7 +687,9 @@ def long_poll(docs: Documents, th: Thresholds) -> Iterator[Finding]:
             f"yielding to the event loop"
         )
         evidence = {"max_poll_ns": longest, "threshold_ns": th.long_poll_ns, "polls": f.total_polls}
-        if stalled and docs.loops and not _seen_blocking(f, docs):
+        # (a poll over the block threshold always makes the heartbeat late: seen as a block)
+        seeable = longest >= docs.block_threshold_ns
+        if stalled and seeable and docs.loops and not _seen_blocking(f, docs):
             yield Finding(
                 "long-poll",
                 "info",
@@ -1301,13 +1303,16 @@ def task_leak(docs: Documents, th: Thresholds) -> Iterator[Finding]:
 HAND_OFF_NS = 10_000_000
 
 
+def _saturated(docs: Documents, th: Thresholds) -> list[ExecutorEntry]:
+    saturated = {s.subject.id for s in executor_saturated(docs, th)}
+    return [e for e in docs.executors if e.id in saturated]
+
+
 def _saturated_pools(docs: Documents, th: Thresholds) -> dict[int, str]:
     """The futures that submitted jobs to a saturated executor: future id -> the pool's label."""
-    saturated = {s.subject.id for s in executor_saturated(docs, th)}
     return {
         g.future_id: e.label
-        for e in docs.executors
-        if e.id in saturated
+        for e in _saturated(docs, th)
         for g in e.futures
         if g.future_id is not None
     }
@@ -1402,9 +1407,11 @@ class _Site:
     hold_ns: int = 0
     max_waiters: int = 0
     futures: dict[str, ResourceFutureEntry] = field(default_factory=dict)
+    ids: set[int] = field(default_factory=set)
 
     def add(self, r: ResourceEntry) -> None:
         self.count += 1
+        self.ids.add(r.id)
         self.acquisitions += r.acquisitions
         self.contended += r.contended_acquisitions
         self.failed += r.failed_waits
@@ -1483,17 +1490,13 @@ def contention(docs: Documents, th: Thresholds) -> Iterator[Finding]:
         for r in docs.resources
         if r.primitive in _ACQUIRED and not (_leaked_holds(r) and r.state != "gone")
     ]  # (leaked permits: permits-leaked says why the waits were long)
-    pools = _saturated_pools(docs, th)
+    queues = {e.limiter_id for e in _saturated(docs, th)} - {None}
     for site in _by_site(acquired):
         site.judged_for(own)
         if site.contended < th.contention_min_waits or site.wait_ns <= 2 * site.hold_ns:
             continue
-        if (
-            site.first.primitive == "capacity_limiter"
-            and site.futures
-            and all(f.future_id in pools for f in site.futures.values())
-        ):
-            continue  # the limiter of a pool whose jobs queue: executor-saturated says so
+        if site.ids <= queues:
+            continue  # the limiters of pools whose jobs queue: executor-saturated says so
         name, waiters = site.name(), _waiting(site.futures.values())
         many = site.count > 1
         evidence = {

@@ -31,4 +31,5 @@ STATS_COUNTERS = (
     "sched_total",
     "max_sched",
     "first_call",
+    "first_caller",
 )

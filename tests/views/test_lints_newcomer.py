@@ -314,6 +314,12 @@ def test_a_long_poll_the_monitor_did_not_see_while_its_own_looks_came_late_is_in
         [("loop-blocked", "warning")],  # (the line's finding says the long poll too)
         [("long-poll", "warning")],
     ]
+    # a long poll shorter than the block threshold (long_poll set lower): never seen as a
+    # block, so the monitor's silence says nothing of it
+    short = future(7, "GET /health", 16 * MS, 15 * MS)
+    docs = Documents(0, 4_000 * MS, futures=(short,), loops=[stalled])
+    lower = Thresholds(long_poll_ns=10 * MS)
+    assert [(f.kind, f.severity) for f in lints.evaluate(docs, lower)] == [("long-poll", "warning")]
     docs = Documents(0, 4_000 * MS, futures=(health,), loops=[stalled])
     (info,) = lints.evaluate(docs, Thresholds())
     assert info.message.endswith(
