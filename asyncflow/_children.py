@@ -258,9 +258,12 @@ SIGNAL_HOLD = 1.0
 
 
 def report_on_sigterm(
-    stop: Callable[[], object], watched: signal.Signals = signal.SIGTERM
+    stop: Callable[[], object], watched: signal.Signals = signal.SIGTERM, *, note: bool = False
 ) -> Callable[[], None]:
     """On SIGTERM (docker stop, systemd), write the report, then die by SIGTERM as before.
+
+    With ``note``, one line after the report says that it shows the moment the signal ended
+    the program (its calls in progress have no outcome yet).
 
     (Or on ``watched``: a forked worker whose SIGINT a server set to its default action, as
     gunicorn's uvicorn workers do, reports on SIGINT as well; see
@@ -292,7 +295,12 @@ def report_on_sigterm(
 
     def report(signum: int) -> None:
         try:
-            if stop() is not None:  # (a report was written: say what moment it shows)
+            # a profiler running now whose report goes somewhere writes it in this stop; only
+            # the program's own process says what moment it shows (a worker a pool terminates
+            # writes nothing more than its report)
+            owner: Any = getattr(stop, "__self__", None) if note else None
+            reports = owner is not None and owner.running and owner.options.format != "none"
+            if stop() is not None and reports:
                 say(
                     f"asyncflow: {signal.Signals(signum).name} ended the program: the report "
                     "is its state then (its loop still running, a call not returned yet "

@@ -14,7 +14,6 @@ import contextlib
 import functools
 import importlib.machinery
 import importlib.util
-import ipaddress
 import os
 import runpy
 import socket
@@ -559,7 +558,7 @@ def _profiled(
     locks = None if args.no_locks else asyncflow.instrument_locks()
     own = None if profiler.options.no_own_code else track_own_code(target, args.module)
     children = _children.follow(profiler, args, target, _profiled)
-    undo_sigterm = report_on_sigterm(profiler.stop)
+    undo_sigterm = report_on_sigterm(profiler.stop, note=argv is not None)  # (the parent)
     if argv is not None:
         sys.argv = argv
     shadowed = _shadowed_by_the_program() if argv is not None else []  # (said by the parent)
@@ -768,9 +767,11 @@ def _flagged(message: str, given: Mapping[str, object]) -> str:
 
 
 def _is_address(host: str) -> bool:
+    """Whether ``host``, all digits and dots, is an IPv4 address the system takes (``127.1``
+    is ``127.0.0.1`` to it, as to ``ping``)."""
     try:
-        ipaddress.ip_address(host)
-    except ValueError:
+        socket.inet_aton(host)
+    except OSError:
         return False
     return True
 
@@ -788,7 +789,7 @@ def _check_host(options: config.Options, source: str) -> None:
 
     said = f"{source} {options.host}" if source.startswith("--") else f"{source}={options.host}"
     if options.host.replace(".", "").isdigit() and not _is_address(options.host):
-        raise _Usage(f"{said}: not an IP address (each of its four numbers is at most 255)")
+        raise _Usage(f"{said}: not an IPv4 address (numbers, not a name, and none past 255)")
     if options.token is None and not is_loopback(options.host):
         raise _Usage(
             f"{said} serves other machines too: set ASYNCFLOW_TOKEN to a secret every request "

@@ -281,6 +281,9 @@ def test_sigterm_reports_then_ends_the_program_as_sigterm_does(tmp_path: Path) -
     assert "\nmain " in done.stderr and "Traceback" not in done.stderr
     # main's call never returned: the report says it shows the moment SIGTERM ended it
     assert "asyncflow: SIGTERM ended the program: the report is its state then" in done.stderr
+    quiet = signalled([*ASYNCFLOW, "run", "--format", "none", str(script)], signal.SIGTERM)
+    assert quiet.returncode == -signal.SIGTERM, quiet.stderr
+    assert "SIGTERM ended" not in quiet.stderr  # (no report: nothing to say of it)
 
 
 def test_sigterm_reports_when_it_interrupts_the_main_thread_holding_a_lock(
@@ -420,7 +423,7 @@ def test_block_threshold_flag_sets_the_option(tmp_path: Path) -> None:
         (["run", "--block-threshold", "soon", "x.py"], "--block-threshold 'soon': expected"),
         (["run", "--host", "", "x.py"], "--host '': expected a host name or IP address"),
         (["run", "--host", "0.0.0.0", "x.py"], "--host 0.0.0.0 serves other machines too: set"),
-        (["run", "--host", "999.1.1.1", "x.py"], "--host 999.1.1.1: not an IP address"),
+        (["run", "--host", "999.1.1.1", "x.py"], "--host 999.1.1.1: not an IPv4 address"),
         (["report", "nothing.json", "--percentiles", "x"], "--percentiles 'x': percentiles are"),
         (["report", "nothing.json", "--percentiles", ""], "--percentiles: give at least one"),
         (["frobnicate"], "invalid choice: 'frobnicate'"),
@@ -844,3 +847,8 @@ def test_a_program_module_named_like_the_standard_librarys_is_said(tmp_path: Pat
     assert done.stdout == "False\n"
     (line,) = [line for line in done.stderr.splitlines() if "http.py" in line]
     assert line.startswith("asyncflow: the program's http.py would replace the standard library's")
+    # one that asyncflow's own first imports load (python -m puts this directory first)
+    write(tmp_path / "dataclasses.py", "field = None\n")
+    done = asyncflow_cmd("run", "--format", "none", "app.py", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "the program's dataclasses.py, http.py would replace" in done.stderr

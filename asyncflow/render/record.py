@@ -523,7 +523,7 @@ def read_recording(path: str) -> Recording:
         except (orjson.JSONDecodeError, KeyError, TypeError):
             notes.append("a damaged moment of the recording is left out")
     if not frames:
-        if notes:  # damaged before its first moment could be read
+        if any("damaged" in note for note in notes):  # (not cut mid-write: changed)
             raise RecordingError(f"{path!r} is damaged: not one of its moments reads")
         raise RecordingError(f"{path!r} holds no moment yet: the program stopped at its start?")
     if not frames[-1].final:

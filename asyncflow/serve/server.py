@@ -122,6 +122,10 @@ def is_loopback(host: str) -> bool:
     try:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
+        pass
+    try:  # an IPv4 address in a short form the system takes (127.1 is 127.0.0.1)
+        return ipaddress.ip_address(socket.inet_aton(host)).is_loopback
+    except OSError:
         return False
 
 
