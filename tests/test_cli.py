@@ -19,7 +19,14 @@ import pytest
 
 import asyncflow
 from asyncflow import cli, schema
-from tests.support.commands import ASYNCFLOW, EXAMPLES, asyncflow_cmd, console_script, write
+from tests.support.commands import (
+    ASYNCFLOW,
+    EXAMPLES,
+    asyncflow_cmd,
+    console_script,
+    python_cmd,
+    write,
+)
 from tests.support.workload import workload
 
 
@@ -385,9 +392,7 @@ def test_the_programs_own_excepthook_prints_its_error(tmp_path: Path) -> None:
         "    print('hooked', typ.__name__, value, where, file=sys.stderr)\n"
         "\nsys.excepthook = hook\nraise LookupError('gone')\n",
     )
-    plain = subprocess.run(
-        [sys.executable, str(script)], capture_output=True, text=True, timeout=60
-    )
+    plain = python_cmd(str(script))
     done = asyncflow_cmd("run", str(script))
     assert done.returncode == plain.returncode == 1
     assert plain.stderr == f"hooked LookupError gone {script}\n"
@@ -822,9 +827,7 @@ def test_a_program_that_recurses_to_its_limit_gets_nothing_more_on_stderr(
         "except RecursionError:\n"
         "    print('caught RecursionError')\n",
     )
-    plain = subprocess.run(
-        [sys.executable, str(script)], capture_output=True, text=True, timeout=120
-    )
+    plain = python_cmd(str(script))
     assert (plain.stdout, plain.stderr) == ("caught RecursionError\n", "")
     done = asyncflow_cmd("run", "--format", "none", str(script), cwd=tmp_path)
     assert done.returncode == 0, done.stderr
@@ -838,9 +841,7 @@ def test_a_program_module_named_like_the_standard_librarys_is_said(tmp_path: Pat
     program runs. ``python -m asyncflow`` run from that directory still imports its own."""
     write(tmp_path / "http.py", "def get(url):\n    return f'fetched {url}'\n")
     write(tmp_path / "app.py", "import http\nprint(hasattr(http, 'get'))\n")
-    plain = subprocess.run(
-        [sys.executable, "app.py"], capture_output=True, text=True, timeout=60, cwd=tmp_path
-    )
+    plain = python_cmd("app.py", cwd=tmp_path)
     assert plain.stdout == "True\n"
     done = asyncflow_cmd("run", "--format", "none", "app.py", cwd=tmp_path)
     assert done.returncode == 0, done.stderr

@@ -28,6 +28,13 @@ def asyncflow_cmd(
     )
 
 
+def python_cmd(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """``python ARGS``: the program run plainly, to compare with it run under asyncflow."""
+    return subprocess.run(
+        [sys.executable, *args], capture_output=True, text=True, timeout=120, cwd=cwd
+    )
+
+
 def write(path: Path, text: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
