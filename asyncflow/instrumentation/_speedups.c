@@ -51,7 +51,7 @@ static PyTypeObject *deque_type; /* collections.deque: the session's buffer of f
 static PyObject *deque_append;   /* deque.append, called unbound */
 static PyObject *deque_popleft;  /* deque.popleft, likewise */
 
-static PyObject *s_now_ns, *s_stats, *s_poll_hist, *s_live, *s_created, *s_first_call, *s_send, *s_throw,
+static PyObject *s_now_ns, *s_stats, *s_poll_hist, *s_live, *s_created, *s_first_call, *s_first_caller, *s_send, *s_throw,
     *s_close, *s_first_poll, *s_finish_poll, *s_cancel_requested, *s_scheduled, *s_normalize_throw,
     *s_close_record, *s_session, *s_internal_error, *s_log_result, *s_returned, *s_polls_done,
     *s_busy_done, *s_idle_done, *s_max_poll_done, *s_active, *s_finished, *s_appended,
@@ -1276,6 +1276,12 @@ record_setup(RecordObject *self, PyObject *future, PyObject *stats, long long no
     PyObject *at = PyLong_FromLongLong(now);
     int set = at == NULL ? -1 : PyObject_SetAttr(stats, s_first_call, at);
     Py_XDECREF(at);
+    if (set < 0) {
+        return -1;
+    }
+    PyObject *caller = PyLong_FromLongLong(polled_future_id());
+    set = caller == NULL ? -1 : PyObject_SetAttr(stats, s_first_caller, caller);
+    Py_XDECREF(caller);
     return set;
 }
 
@@ -5745,6 +5751,7 @@ PyInit__speedups(void)
     INTERN(s_live, "live");
     INTERN(s_created, "created");
     INTERN(s_first_call, "first_call");
+    INTERN(s_first_caller, "first_caller");
     INTERN(s_send, "send");
     INTERN(s_throw, "throw");
     INTERN(s_close, "close");

@@ -415,6 +415,37 @@ def test_a_record_made_from_python_registers_as_the_reference_does() -> None:
         r.polls = "many"
 
 
+_FIGURES = [pytest.param(futures.InstrumentedCoroutinePy, futures.FutureStatsPy, id="reference")]
+if futures._speedups is not None:
+    _FIGURES += [
+        pytest.param(futures._speedups.InstrumentedCoroutine, stats_cls, id=f"compiled-{kind}")
+        for stats_cls, kind in [(futures._speedups.FutureStats, "c"), (futures.FutureStatsPy, "py")]
+    ]
+
+
+@pytest.mark.parametrize(("impl", "stats_cls"), _FIGURES)
+def test_a_futures_first_call_names_the_call_it_was_made_in(impl: Any, stats_cls: Any) -> None:
+    """Whichever wrapper makes the first call and whichever kind of figures it counts in, the
+    future notes when that call was made and the future whose call was polled then."""
+    inner = FutureRecord("inner", "m:inner", "m.py", 1, False, "decorator")
+    inner.stats = stats_cls()
+
+    async def leaf() -> int:
+        return 7
+
+    @asyncflow.future
+    async def outer() -> int:
+        return int(await impl(leaf(), inner))
+
+    async def main() -> int:
+        with asyncflow.profile("first caller", format="none"):
+            return await outer()
+
+    assert asyncio.run(main()) == 7
+    assert inner.stats.first_call > 0
+    assert inner.stats.first_caller == outer.future_record.id != 0
+
+
 @types.coroutine
 def _suspend(value: Any) -> Generator[Any, Any, None]:
     """A suspension point that yields ``value`` (the calls below are driven by hand)."""
