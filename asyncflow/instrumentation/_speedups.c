@@ -2982,6 +2982,21 @@ wrapper_repr(WrapperObject *self)
     return PyObject_Repr(self->coro);
 }
 
+/* ``__class__`` is the coroutine type, as unittest.mock's spec makes it: isinstance() (so
+ * inspect.iscoroutine(), which httpx's trace extension and trio's threads ask) says of the call
+ * what it says of the coroutine it wraps. type() is still the wrapper's, and so is every C
+ * check of a type (PyCoro_CheckExact, a method of the coroutine type called unbound). */
+static PyObject *
+wrapper_get_class(PyObject *Py_UNUSED(self), void *Py_UNUSED(closure))
+{
+    return Py_NewRef((PyObject *)&PyCoro_Type);
+}
+
+static PyGetSetDef wrapper_getset[] = {
+    {"__class__", wrapper_get_class, NULL, "the coroutine type, as the wrapped call's", NULL},
+    {NULL},
+};
+
 static PyMethodDef wrapper_methods[] = {
     {"send", (PyCFunction)(void (*)(void))wrapper_send, METH_FASTCALL, "Poll the call: send a value into it."},
     {"throw", (PyCFunction)(void (*)(void))wrapper_throw, METH_FASTCALL,
@@ -3021,6 +3036,7 @@ static PyTypeObject WrapperType = {
     .tp_repr = (reprfunc)wrapper_repr,
     .tp_methods = wrapper_methods,
     .tp_members = wrapper_members,
+    .tp_getset = wrapper_getset,
 };
 
 /* ---- FutureFunction's calls ------------------------------------------------------------------ */

@@ -1130,6 +1130,13 @@ class InstrumentedCoroutine(Coroutine[Any, Any, _T]):
         # cr_frame, cr_code, cr_await, cr_running, __name__, __qualname__... of the real coroutine
         return getattr(self._coro, name)
 
+    @property  # type: ignore[misc]  # (read-only, where object's can be assigned)
+    def __class__(self) -> type:
+        """The coroutine type, as ``unittest.mock``'s spec makes it: ``isinstance()`` (so
+        ``inspect.iscoroutine()``, which httpx's trace extension and trio's threads ask) says of
+        the call what it says of the coroutine it wraps; ``type()`` is still this class."""
+        return types.CoroutineType
+
     def __repr__(self) -> str:
         return repr(self._coro)
 

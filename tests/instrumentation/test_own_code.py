@@ -203,6 +203,83 @@ def test_the_program_sees_what_it_sees_without_asyncflow(tmp_path: Path) -> None
         assert done.stdout == plain, flag
 
 
+_ASKS_INSPECT = """\
+import asyncio
+import inspect
+import types
+
+import httpx
+import trio
+
+seen = []
+
+
+async def log_trace(event, info):
+    seen.append(event)
+
+
+async def serve(reader, writer):
+    await reader.readuntil(b"\\r\\n\\r\\n")
+    writer.write(b"HTTP/1.1 200 OK\\r\\nContent-Length: 2\\r\\n\\r\\nok")
+    await writer.drain()
+    writer.close()
+
+
+async def fetch():
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    async with httpx.AsyncClient() as client:
+        answer = await client.get(f"http://127.0.0.1:{port}/", extensions={"trace": log_trace})
+    server.close()
+    return answer.text
+
+
+async def not_sync():
+    pass
+
+
+async def in_a_thread():
+    try:
+        await trio.to_thread.run_sync(not_sync)
+    except TypeError as exc:
+        print(exc)
+
+
+coro = not_sync()
+print(inspect.iscoroutine(coro), isinstance(coro, types.CoroutineType))
+print(inspect.getcoroutinestate(coro))
+coro.close()
+print(inspect.getcoroutinestate(coro))
+# httpx's trace extension asks inspect whether the program's callback made a coroutine
+print(asyncio.run(fetch()), "connection.connect_tcp.started" in seen)
+trio.run(in_a_thread)  # trio refuses what inspect says is a coroutine, naming the function
+"""
+
+
+def test_libraries_that_ask_inspect_whether_a_call_made_a_coroutine_are_told_yes(
+    tmp_path: Path,
+) -> None:
+    """A tracked call is a wrapper, but ``inspect.iscoroutine`` (what httpx's trace extension
+    and trio's threads ask) says yes of it, as of the coroutine it wraps: under ``asyncflow
+    run`` the program's async trace callback is awaited and trio refuses an async function in
+    a thread, as without asyncflow."""
+    write(tmp_path / "app.py", _ASKS_INSPECT)
+    plain = _python(tmp_path / "app.py", cwd=tmp_path)
+    assert plain == (
+        "True True\nCORO_CREATED\nCORO_CLOSED\nok True\n"
+        "Trio expected a sync function, but 'not_sync' appears to be asynchronous\n"
+    )
+    report = tmp_path / "report.json"
+    done = asyncflow_cmd(
+        "run", "--format", "json", "--output", str(report), "app.py", cwd=tmp_path, env=_env()
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == plain
+    assert "never awaited" not in done.stderr, done.stderr
+    calls = {f["label"]: f for f in orjson.loads(report.read_bytes())["futures"]["futures"]}
+    assert calls["log_trace"]["tracked_by"] == "own_code" and calls["log_trace"]["call_count"] > 2
+
+
 def _python(script: Path, cwd: Path, *args: str) -> str:
     import subprocess
 

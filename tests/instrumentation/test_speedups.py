@@ -14,6 +14,7 @@ import collections
 import contextlib
 import contextvars
 import gc
+import inspect
 import os
 import subprocess
 import sys
@@ -21,7 +22,7 @@ import time
 import types
 import warnings
 from collections.abc import Callable, Coroutine, Generator
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -387,6 +388,7 @@ async def test_the_wrapper_looks_like_the_coroutine_it_wraps(prof: asyncflow.Pro
     assert w._coro is coro and isinstance(w._r, futures._speedups.CallRecord)
     seen_as: object = w
     assert asyncio.iscoroutine(seen_as) and isinstance(seen_as, Coroutine)
+    assert inspect.iscoroutine(seen_as) and seen_as.__class__ is types.CoroutineType
     assert (w.__name__, w.__qualname__, w.cr_code) == (
         coro.__name__,
         coro.__qualname__,
@@ -443,7 +445,7 @@ def test_a_futures_first_call_names_the_call_it_was_made_in(impl: Any, stats_cls
 
     assert asyncio.run(main()) == 7
     assert inner.stats.first_call > 0
-    assert inner.stats.first_caller == outer.future_record.id != 0
+    assert inner.stats.first_caller == cast(Any, outer).future_record.id != 0
 
 
 @types.coroutine
