@@ -127,6 +127,7 @@ WARNING_KINDS = (
     "dead-consumer",
     "dead-producer",
     "never-retrieved",
+    "task-dropped",
     "unbounded-growth",
     "busy-wait",
     "tail-latency",

@@ -138,6 +138,9 @@ class Outcomes:
     closed: int
     #: garbage-collected or closed without ever being polled
     never_awaited: int
+    #: of ``closed``: garbage-collected after it had started, never finished (a task that
+    #: nothing referenced, destroyed while pending: the loop keeps only a weak reference to it)
+    dropped: int = 0
 
 
 @dataclass(frozen=True, slots=True)

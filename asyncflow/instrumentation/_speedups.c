@@ -51,7 +51,7 @@ static PyTypeObject *deque_type; /* collections.deque: the session's buffer of f
 static PyObject *deque_append;   /* deque.append, called unbound */
 static PyObject *deque_popleft;  /* deque.popleft, likewise */
 
-static PyObject *s_now_ns, *s_stats, *s_poll_hist, *s_live, *s_created, *s_first_call, *s_first_caller, *s_send, *s_throw,
+static PyObject *s_now_ns, *s_stats, *s_poll_hist, *s_live, *s_created, *s_first_call, *s_first_caller, *s_dropped, *s_send, *s_throw,
     *s_close, *s_first_poll, *s_finish_poll, *s_cancel_requested, *s_scheduled, *s_normalize_throw,
     *s_close_record, *s_session, *s_internal_error, *s_log_result, *s_returned, *s_polls_done,
     *s_busy_done, *s_idle_done, *s_max_poll_done, *s_active, *s_finished, *s_appended,
@@ -820,6 +820,7 @@ field_add(PyObject *obj, int which, long long delta)
 typedef struct {
     PyObject_HEAD
     long long created, returned, raised, cancelled, closed, never_awaited;
+    long long dropped; /* of closed: garbage-collected after a poll, never finished */
     long long cancel_requested, cancel_swallowed, cancel_raised, max_cancel_to_end;
     long long polls_done, busy_done, idle_done, max_poll_done;
     long long sched_total, max_sched; /* scheduled time (futures._scheduled), live included */
@@ -947,6 +948,7 @@ static PyGetSetDef stats_getset[] = {
     STATS_INT(cancelled, NULL)
     STATS_INT(closed, NULL)
     STATS_INT(never_awaited, NULL)
+    STATS_INT(dropped, "of closed: garbage-collected after a poll, never finished")
     STATS_INT(cancel_requested, "calls that received at least one cancellation request")
     STATS_INT(cancel_swallowed, "... and returned normally while their task was cancelling")
     STATS_INT(cancel_raised, "... and raised something else (TimeoutError, say)")
@@ -2865,7 +2867,8 @@ wrapper_finalize(WrapperObject *self)
         return;
     }
     PyObject *pending = fetch_exc(); /* a finalizer must leave the current exception alone */
-    PyObject *done = close_record(r, r->first ? CLOSED : NEVER_AWAITED);
+    /* polled, then dropped unfinished: a task nothing referenced, destroyed while pending */
+    PyObject *done = close_record(r, r->first ? s_dropped : NEVER_AWAITED);
     if (done == NULL) {
         internal_error("finalizing a call", fetch_exc(), (PyObject *)self);
     }
@@ -5768,6 +5771,7 @@ PyInit__speedups(void)
     INTERN(s_created, "created");
     INTERN(s_first_call, "first_call");
     INTERN(s_first_caller, "first_caller");
+    INTERN(s_dropped, "dropped"); /* futures.DROPPED */
     INTERN(s_send, "send");
     INTERN(s_throw, "throw");
     INTERN(s_close, "close");

@@ -64,6 +64,8 @@ RAISED = "raised"
 OUTCOME_CANCELLED = "cancelled"
 CLOSED = "closed"
 NEVER_AWAITED = "never_awaited"
+#: what a call's finalizer closes it with after it was polled: counted as closed, and as dropped
+DROPPED = "dropped"
 
 _RESULT_REPR_LIMIT = 200
 
@@ -84,6 +86,7 @@ class FutureStats:
         "cancelled",
         "closed",
         "created",
+        "dropped",
         "error_types",
         "first_call",
         "first_caller",
@@ -110,6 +113,9 @@ class FutureStats:
         self.raised = 0
         self.cancelled = 0
         self.closed = 0
+        #: of those closed: garbage-collected after a poll, never finished (a task that nothing
+        #: referenced, destroyed while pending: the loop keeps only a weak reference to a task)
+        self.dropped = 0
         self.never_awaited = 0
         # Cancellation requests (a CancelledError thrown into a call) and what came of them.
         self.cancel_requested = 0  # calls that received at least one
@@ -702,12 +708,15 @@ def _close_record(r: CallRecord, outcome: str) -> None:
     if r.finished:
         return
     r.state = CANCELLED
-    r.outcome = outcome
     r.start = 0
     if outcome == NEVER_AWAITED:
         r.stats.never_awaited += 1
     else:
         r.stats.closed += 1
+        if outcome == DROPPED:  # (its finalizer's: a closed call, counted as dropped too)
+            r.stats.dropped += 1
+            outcome = CLOSED
+    r.outcome = outcome
     _retire(r, _clock.now_ns())
 
 
@@ -1144,7 +1153,7 @@ class InstrumentedCoroutine(Coroutine[Any, Any, _T]):
         try:
             r = self._r
             if not r.finished:
-                _close_record(r, NEVER_AWAITED if not r.first else CLOSED)
+                _close_record(r, NEVER_AWAITED if not r.first else DROPPED)
         except Exception as err:  # never raise from a finalizer; at shutdown globals may be gone
             if _session is not None:
                 _session.internal_error("finalizing a call", err)

@@ -187,6 +187,7 @@ def future_entry(
             cancelled=st.cancelled,
             closed=st.closed,
             never_awaited=st.never_awaited,
+            dropped=st.dropped,
         ),
         total_polls=polls,
         busy_ns=busy,

@@ -1805,6 +1805,33 @@ def dead_producer(docs: Documents, th: Thresholds) -> Iterator[Finding]:
 UNRETRIEVED_AFTER_NS = 1_000_000_000
 
 
+def task_dropped(docs: Documents, th: Thresholds) -> Iterator[Finding]:
+    """Calls garbage-collected after they started, never finished: a task that nothing
+    referenced, destroyed while pending. The loop keeps only a weak reference to a task, so a
+    task started and forgotten (``asyncio.ensure_future(work())``, ``create_task`` with its
+    result dropped) whose awaits lead to nothing else alive is collected mid-way, and its work
+    stops where it was (asyncio says ``Task was destroyed but it is pending!``). A coroutine
+    it awaited is closed by it, not dropped: only the task's own call counts."""
+    for f in docs.futures:
+        n = f.outcomes.dropped
+        if not n:
+            continue
+        calls = "A call" if n == 1 else f"{n} calls"
+        were = "was" if n == 1 else "were"
+        yield Finding(
+            "task-dropped",
+            "error",
+            _future_subject(f),
+            f"{calls} of `{f.label}`{_where(f.location)} {were} destroyed while pending: "
+            "garbage-collected mid-way because nothing referenced their tasks (asyncio logs "
+            "`Task was destroyed but it is pending!`), so their work stopped where it was",
+            "keep a reference to each task until it is done (add it to a set and discard it in "
+            "a done callback, or start it in an asyncio.TaskGroup): the event loop keeps only a "
+            "weak reference to a task",
+            {"dropped": n, "closed": f.outcomes.closed},
+        )
+
+
 def never_retrieved(docs: Documents, th: Thresholds) -> Iterator[Finding]:
     """Tasks whose coroutine raised and whose exception nobody retrieved (awaited, gathered,
     read with ``exception()``) for a while: asyncio says so only when the task is collected,
@@ -2109,7 +2136,8 @@ def tail_latency(docs: Documents, th: Thresholds) -> Iterator[Finding]:
     timeout cut (its p99 is the timeout, which the program chose), nor one that gave up
     waiting on a lock, semaphore or condition: its tail is its own timeout, and what held the
     resource so long is the cause (the resource's finding), not a tail of its own; nor one
-    whose waits another finding names (``_waits_named_elsewhere``). Nor a
+    whose waits another finding names (``_waits_named_elsewhere``), nor one whose calls were
+    dropped (``task-dropped``: their durations end when the collector ran). Nor a
     tail the loop's own lateness explains (``_lateness_ns`` reaches the tail's excess over the
     median): a loop short of CPU wakes every call late, by about its lag at each await,
     whatever the call does, and the loop's figures say so."""
@@ -2117,7 +2145,7 @@ def tail_latency(docs: Documents, th: Thresholds) -> Iterator[Finding]:
     named = _waits_named_elsewhere(docs, th)
     own = _own_futures(docs)
     for f in docs.futures:
-        if f.id in gave_up or f.id in named or _cut_by_timeouts(f):
+        if f.id in gave_up or f.id in named or f.outcomes.dropped or _cut_by_timeouts(f):
             continue
         d = f.call_duration_ns
         p50, p99 = d.get("p50", 0), d.get("p99", 0)
@@ -2364,6 +2392,7 @@ LINTS: tuple[Lint, ...] = (
     dead_consumer,
     dead_producer,
     never_retrieved,
+    task_dropped,
     unbounded_growth,
     busy_wait,
     tail_latency,

@@ -171,6 +171,25 @@ async def closed_and_never_awaited(wrap: Wrap, clock: FakeClock) -> list[Any]:
 
 
 @scenario
+async def dropped_while_suspended(wrap: Wrap, clock: FakeClock) -> list[Any]:
+    """Polled, then let go unfinished: its finalizer closes it, counted as closed and dropped
+    (a task destroyed while pending is this); the call it awaited is closed by it, not dropped."""
+
+    async def inner() -> None:
+        await asyncio.Event().wait()
+
+    async def outer() -> None:
+        await wrap(inner())
+
+    w = wrap(outer())
+    w.send(None)
+    clock.advance(4)
+    del w
+    gc.collect()
+    return []
+
+
+@scenario
 async def driven_by_hand(wrap: Wrap, clock: FakeClock) -> list[Any]:
     async def two_steps() -> tuple[int, int]:
         got = await asyncio.sleep(0, result=5)

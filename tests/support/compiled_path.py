@@ -20,6 +20,7 @@ STATS_COUNTERS = (
     "cancelled",
     "closed",
     "never_awaited",
+    "dropped",
     "cancel_requested",
     "cancel_swallowed",
     "cancel_raised",

@@ -150,3 +150,20 @@ def test_a_task_exception_never_retrieved_is_named_while_the_program_runs(
     assert "TaskGroup" in lost["hint"] and "add_done_callback" in lost["hint"]
     # the three refreshers that run on, cancelled at exit, are not flagged
     assert {w["subject"]["label"] for w in warnings.values()} == {"refresh"}
+
+
+def test_tasks_started_and_forgotten_are_named_when_the_collector_destroys_them(
+    tmp_path: Path,
+) -> None:
+    """``dropped_task.py`` fires a task per order and keeps no reference; the tasks whose
+    acknowledgement is lost wait on a future nothing else holds, and are collected mid-wait.
+    asyncio logs each; asyncflow names the function, and nothing else: their durations, cut
+    by the collector, are no slow tail."""
+    warnings = _exit_warnings(tmp_path, "dropped_task")
+    dropped = warnings["task-dropped"]
+    _held(dropped)
+    assert (dropped["severity"], dropped["subject"]["label"]) == ("error", "notify_warehouse")
+    assert dropped["evidence"]["dropped"] >= 10, dropped
+    assert "destroyed while pending" in dropped["message"]
+    assert "keep a reference to each task" in dropped["hint"]
+    assert set(warnings) == {"task-dropped"}, list(warnings)

@@ -126,6 +126,14 @@ async def _never_retrieved(m: ModuleType, stop: asyncio.Future[None]) -> None:
     await _until(stop, *refreshers)
 
 
+async def _dropped_task(m: ModuleType, stop: asyncio.Future[None]) -> None:
+    order_id = 0
+    while not stop.done():
+        await m.place_order(order_id)
+        order_id += 1
+        await asyncio.sleep(0.002)
+
+
 @dataclass(frozen=True)
 class Case:
     """A planted problem: the example it drives, the finding it must get and its culprit."""
@@ -150,6 +158,7 @@ CASES = [
     Case("stuck/slow_tail", _slow_tail, "tail-latency", "warning", "fetch_price"),
     Case("stuck/wakeup_storm", _wakeup_storm, "wakeup-storm", "warning", "by `dispatch`", True),
     Case("stuck/never_retrieved", _never_retrieved, "never-retrieved", "error", "refresh"),
+    Case("stuck/dropped_task", _dropped_task, "task-dropped", "error", "notify_warehouse"),
     Case("deadlock", _deadlock, "deadlock", "error", "(transfer) waits at deadlock.py:30", True),
 ]
 

@@ -534,3 +534,40 @@ async def test_in_a_chain_of_stages_only_the_slow_one_is_the_bottleneck(
 )
 def test_durations_in_warnings_never_read_as_an_exponent(ns: int, said: str) -> None:
     assert lints._duration(ns) == said
+
+
+async def test_a_task_nothing_referenced_is_named_when_it_is_destroyed_pending(
+    prof: asyncflow.Profiler,
+) -> None:
+    """A task started and forgotten, waiting on a future only it holds, is garbage-collected
+    mid-wait: its call is dropped, and named. A task kept and cancelled, and a coroutine
+    closed by hand, are not: they were ended, not lost."""
+
+    @asyncflow.future(name="notify")
+    async def notify(ack: asyncio.Future[None]) -> None:
+        await ack
+
+    @asyncflow.future(name="kept")
+    async def kept(ack: asyncio.Future[None]) -> None:
+        await ack
+
+    loop = asyncio.get_running_loop()
+    for _ in range(3):
+        asyncio.ensure_future(notify(loop.create_future()))  # the planted bug
+    keep = asyncio.ensure_future(kept(loop.create_future()))
+    closed = kept(loop.create_future())
+    closed.send(None)
+    closed.close()
+    await asyncio.sleep(0)
+    gc.collect()  # (asyncio logs each: Task was destroyed but it is pending!)
+    keep.cancel()
+    await asyncio.gather(keep, return_exceptions=True)
+    by_label = {f.label: f for f in lints.documents_of(prof.snapshot()).futures}
+    assert (by_label["notify"].outcomes.closed, by_label["notify"].outcomes.dropped) == (3, 3)
+    assert (by_label["kept"].outcomes.closed, by_label["kept"].outcomes.dropped) == (1, 0)
+    assert by_label["kept"].outcomes.cancelled == 1
+    found = [f for f in _findings(prof) if f.kind == "task-dropped"]
+    assert [(f.severity, f.subject.label, f.evidence) for f in found] == [
+        ("error", "notify", {"dropped": 3, "closed": 3})
+    ]
+    assert found[0].message.startswith("3 calls of `notify` (test_lints.py:")
