@@ -427,6 +427,16 @@ _TRIO_HINT = (
 )
 
 
+def _on_trio(docs: Documents) -> bool:
+    """Whether every loop seen is a trio run's: advice is then in trio's words."""
+    return bool(docs.loops) and all(loop.label.startswith("trio.") for loop in docs.loops)
+
+
+def _to_thread(docs: Documents) -> str:
+    """How the program runs a call in a thread, in its loop's library's words."""
+    return "trio.to_thread.run_sync" if _on_trio(docs) else "asyncio.to_thread"
+
+
 def _hint(loop: LoopEntry, kind: str | None) -> str:
     """What to do about a block, in the words of the loop's library."""
     if loop.label.startswith("trio."):
@@ -732,7 +742,7 @@ def off_cpu_poll(docs: Documents, th: Thresholds) -> Iterator[Finding]:
             f"A poll of `{f.label}`{_where(f.location)} held the loop "
             f"{_duration(c.worst_poll_busy_ns)} but used {_duration(c.worst_poll_cpu_ns)} of "
             f"CPU: it was blocked in a system call, waiting for the GIL, or not scheduled",
-            "look for blocking I/O or time.sleep in it (run it with asyncio.to_thread), a "
+            f"look for blocking I/O or time.sleep in it (run it with {_to_thread(docs)}), a "
             "thread holding the GIL (GET /threads), or an overloaded machine",
             {
                 "busy_ns": c.worst_poll_busy_ns,
@@ -751,21 +761,24 @@ def _holds_the_loop(f: FutureEntry, th: Thresholds) -> bool:
     return f.total_polls > 0 and f.busy_ns >= th.cpu_poll_ns * f.total_polls
 
 
+def _contains(outer: FutureEntry, inner: FutureEntry) -> bool:
+    """Whether ``outer``'s polls only contain ``inner``'s: ``inner`` has at least four fifths
+    of its busy time (and no more), in polls at least four fifths as long, on average or at the
+    95th percentile (a call that blocks once and then awaits has one long poll and one short
+    one: its average is half its caller's, its long polls are its caller's)."""
+    if inner.id == outer.id or not 4 * outer.busy_ns <= 5 * inner.busy_ns <= 5 * outer.busy_ns:
+        return False
+    if 5 * inner.busy_ns * outer.total_polls >= 4 * outer.busy_ns * inner.total_polls:
+        return True
+    inner_p95 = inner.poll_duration_ns.get("p95", 0)
+    return inner_p95 > 0 and 5 * inner_p95 >= 4 * outer.poll_duration_ns.get("p95", 0)
+
+
 def _innermost(held: list[FutureEntry]) -> list[FutureEntry]:
-    """``held`` without the futures whose polls only contain another's: a route's request
-    task polls the handler that hashes a password inside its own polls, so its busy time and
-    its polls are (nearly) the handler's. A future is left out when another one has at least
-    four fifths of its busy time in polls at least four fifths as long."""
-
-    def contains(outer: FutureEntry, inner: FutureEntry) -> bool:
-        return (
-            inner.id != outer.id
-            and 5 * inner.busy_ns >= 4 * outer.busy_ns
-            and 5 * inner.busy_ns * outer.total_polls >= 4 * outer.busy_ns * inner.total_polls
-            and inner.busy_ns <= outer.busy_ns
-        )
-
-    return [f for f in held if not any(contains(f, g) for g in held)]
+    """``held`` without the futures whose polls only contain another's (``_contains``): a
+    route's request task polls the handler that hashes a password inside its own polls, so its
+    busy time and its polls are (nearly) the handler's."""
+    return [f for f in held if not any(_contains(f, g) for g in held)]
 
 
 def _cpu_top(docs: Documents, th: Thresholds) -> FutureEntry | None:
@@ -815,8 +828,12 @@ def cpu_bound(docs: Documents, th: Thresholds) -> Iterator[Finding]:
     used = _cpu_used(docs, top)
     if used is False:
         return
-    total = sum(f.busy_ns for f in docs.futures)
+    # (the busy time of the calls whose polls only contained its own is its, not more of it)
+    total = sum(f.busy_ns for f in docs.futures if not _contains(f, top))
     what = "CPU work on the loop" if used else "CPU work or blocking calls on the loop"
+    thread = (
+        f"a thread ({_to_thread(docs)})" if _on_trio(docs) else "an executor (asyncio.to_thread)"
+    )
     yield Finding(
         "cpu-bound",
         "warning",
@@ -825,10 +842,10 @@ def cpu_bound(docs: Documents, th: Thresholds) -> Iterator[Finding]:
         f" of all busy time ({_duration(top.busy_ns)} over {top.call_count} calls,"
         f" {_duration(top.busy_ns // top.total_polls)} a poll on average,"
         f" {_percent(top.busy_ns, docs.elapsed_ns)}% of the wall time): {what}",
-        "run its CPU work in an executor (asyncio.to_thread) or yield more often"
+        f"run its CPU work in {thread} or yield more often"
         if used
-        else "run its CPU work in an executor (asyncio.to_thread) or yield more often; if it "
-        "makes blocking calls, await them in a thread (asyncio.to_thread) or use an async API",
+        else f"run its CPU work in {thread} or yield more often; if it makes blocking calls, "
+        f"await them in a thread ({_to_thread(docs)}) or use an async API",
         {
             "busy_ns": top.busy_ns,
             "busy_percent": _percent(top.busy_ns, total),

@@ -757,3 +757,36 @@ def test_trio_refuses_an_async_function_in_a_thread_as_without_asyncflow(tmp_pat
     profiled, report = _run(tmp_path, _REFUSED, env={"ASYNCFLOW_NO_OWN_CODE": "1"})
     assert profiled == plain.stdout
     assert report["executors"]["executors"] == []  # (it never ran: no job)
+
+
+_BLOCKS_PER_RECORD = """\
+import time
+
+import trio
+
+
+async def load(record):
+    time.sleep(0.004)  # a blocking write per record, under the block threshold
+    await trio.sleep(0)
+
+
+async def main():
+    for i in range(300):
+        await load(i)
+    print("loaded")
+
+
+trio.run(main)
+"""
+
+
+def test_a_future_holding_a_trio_loop_is_told_trios_way_to_a_thread(tmp_path: Path) -> None:
+    """Short blocks in every call of ``load``: the function that blocks is named (not ``main``,
+    whose polls only contain its calls', one long poll and one short each), with its whole
+    share of the busy time, and the advice is trio's, not asyncio's."""
+    out, report = _run(tmp_path, _BLOCKS_PER_RECORD)
+    assert out == "loaded\n"
+    (held,) = [w for w in report["warnings"] if w["kind"] == "cpu-bound"]
+    assert held["subject"]["label"] == "load"
+    assert held["evidence"]["busy_percent"] >= 90, held
+    assert "trio.to_thread.run_sync" in held["hint"] and "asyncio" not in held["hint"], held
