@@ -1341,7 +1341,14 @@ def executor_saturated(docs: Documents, th: Thresholds) -> Iterator[Finding]:
     of gone ones, each waiting to start its first worker, is no saturation; nor is a pool never
     busy at once whose micro-jobs wait longer to be handed to a thread than they run). A pool
     of short CPU-bound jobs may never be seen busy at once (a job holds the GIL from its start
-    to its end) and still keep its jobs waiting: the wait says so then."""
+    to its end) and still keep its jobs waiting: the wait says so then, unless the program's
+    loops were blocked for at least half as long as the jobs waited. A blocked loop holds the
+    GIL, and on trio a job asks for its thread through the loop: its jobs waited for the loop,
+    which more workers would not change, and the blocking lines' finding names the cause."""
+    blocked_ns = sum(
+        sum(line.total_ns for line in loop.blocking_lines) + loop.other_blocks_ns
+        for loop in docs.loops
+    )
     for e in docs.executors:
         if (
             e.folded_count
@@ -1352,7 +1359,9 @@ def executor_saturated(docs: Documents, th: Thresholds) -> Iterator[Finding]:
         if (
             e.max_workers is not None
             and e.max_running < e.max_workers
-            and e.total_queued_ns < HAND_OFF_NS * e.completed
+            and (
+                e.total_queued_ns < HAND_OFF_NS * e.completed or 2 * blocked_ns >= e.total_queued_ns
+            )
         ):
             continue
         workers = (

@@ -269,17 +269,26 @@ async def test_a_future_says_when_its_first_call_was_made(
 
 
 @pytest.mark.parametrize(
-    ("max_running", "queued_ms", "saturated"),
-    [(2, 2, True), (1, 39, True), (1, 2, False)],
-    ids=["all-busy", "gil-bound", "hand-off"],
+    ("max_running", "queued_ms", "blocked_ms", "saturated"),
+    [
+        (2, 2, 0, True),
+        (1, 39, 0, True),
+        (1, 2, 0, False),
+        (1, 39, 1_200, False),
+        (2, 2, 1_200, True),
+    ],
+    ids=["all-busy", "gil-bound", "hand-off", "loop-blocked", "all-busy-loop-blocked"],
 )
 def test_a_pool_whose_jobs_waited_long_is_saturated_though_never_seen_all_busy(
-    max_running: int, queued_ms: int, saturated: bool
+    max_running: int, queued_ms: int, blocked_ms: int, saturated: bool
 ) -> None:
     """Two workers rendering invoices in pure Python: each job holds the GIL from its start to
     its end, so the two are rarely seen running at once, yet the jobs queue 39 ms each. Micro-
     jobs that wait 2 ms to be handed to a thread, with a worker never busier than one, are not
-    a saturated pool."""
+    a saturated pool; nor are jobs that waited while the loop was blocked at least half as long
+    (a blocked loop holds the GIL, and on trio a job asks for its thread through the loop):
+    more workers would not change it, and the blocking line is named. A pool seen all busy at
+    once is saturated, whatever the loop did."""
     pool = schema.ExecutorEntry(
         id=1, label="ThreadPoolExecutor pdf", kind="thread", state="alive", max_workers=2,
         workers=2, submitted=60, queued=0, running=0, completed=60, raised=0, cancelled=0,
@@ -287,7 +296,11 @@ def test_a_pool_whose_jobs_waited_long_is_saturated_though_never_seen_all_busy(
         run_ns={}, total_run_ns=60 * MS, max_run_ns=MS, functions=[], futures=[],
         max_running=max_running,
     )  # fmt: skip
-    docs = Documents(0, 1_000 * MS, executors=[pool])
+    line = schema.BlockedLine(
+        "/srv/etl.py", 35, "load", None, 40, blocked_ms * MS, 30 * MS, 0, None, 0, None, None, None
+    )
+    loops = [loop_with(line)] if blocked_ms else []
+    docs = Documents(0, 1_000 * MS, executors=[pool], loops=loops)
     kinds = [f.kind for f in lints.evaluate(docs, Thresholds())]
     assert ("executor-saturated" in kinds) == saturated
 
