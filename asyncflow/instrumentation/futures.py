@@ -217,6 +217,18 @@ def _watch(record: FutureRecord, owner: object, key: tuple[int, str | None, str]
 
 #: asyncio's own coroutines (asyncio.run's shutdown steps...): never tracked as user tasks
 _ASYNCIO_DIR = os.path.dirname(asyncio.__file__) + os.sep
+#: nor asyncflow's own tasks on the program's loop
+_ASYNCFLOW_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+#: asyncflow's stand-ins for asyncio's coroutine methods (the code of ``resources``'s hook of
+#: ``Event.wait``) -> the method's own code: a task running one (``asyncio.wait_for(event.wait(),
+#: 5)`` on 3.11 runs the wait in a task of its own) is the method's future, named and placed as
+#: asyncio's, never as asyncflow's
+_stand_ins: dict[types.CodeType, types.CodeType] = {}
+
+
+def stand_in(hook: Callable[..., Any], original: Callable[..., Any]) -> None:
+    """Say that ``hook`` (asyncflow's) runs in the place of ``original`` (asyncio's)."""
+    _stand_ins[hook.__code__] = original.__code__
 _future_ids = itertools.count(1)
 _call_ids = itertools.count(1)
 _registry_lock = threading.Lock()
@@ -1583,7 +1595,12 @@ def _task_record(coro: types.CoroutineType[Any, Any, Any]) -> FutureRecord | Non
         return None
     code = named.cr_code
     record = _by_code.get((id(code), None, "task"))
-    if record is None and not code.co_filename.startswith(_ASYNCIO_DIR):
+    if record is not None:
+        return record
+    original = _stand_ins.get(code)
+    if original is not None:  # asyncio's method, run by asyncflow's hook: asyncio's future
+        return _future_for_code(original, "asyncio", None, "task")
+    if not code.co_filename.startswith((_ASYNCIO_DIR, _ASYNCFLOW_DIR)):
         frame = named.cr_frame
         module = frame.f_globals.get("__name__", "?") if frame else "?"
         record = _future_for_code(code, str(module), None, "task")

@@ -1511,6 +1511,7 @@ _CLASS_EVENT_HOOKS = {
 for _name, _hook in _CLASS_EVENT_HOOKS.items():  # as asyncio's own, to a traceback or a reader
     _hook.__name__, _hook.__qualname__ = _name, f"Event.{_name}"
     _hook.__doc__ = getattr(asyncio.Event, _name).__doc__
+_futures_module.stand_in(_class_event_wait, _EVENT_WAIT)  # (a task of its own: asyncio's)
 
 
 def _hook_events() -> bool:

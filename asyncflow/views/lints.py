@@ -1627,15 +1627,31 @@ def _waited_whole_lives(
     r: ResourceEntry, futures: dict[int, FutureEntry]
 ) -> list[tuple[ResourceFutureEntry, FutureEntry]]:
     """The futures that waited on ``r`` for (nearly) all of their calls' lives and whose calls
-    ended cancelled: tasks that did nothing but wait for it, until they were given up."""
+    ended cancelled, or waited once each (and gave the wait up: ``asyncio.wait_for(ready.wait(),
+    5)``, its timeout caught): tasks that did nothing but wait for it, until they were given up.
+    (A call that waits on it again and again, working between its timeouts, is not one: a
+    periodic job waiting on a shutdown signal.)"""
     out = []
     for rf in r.futures:
         f = futures.get(rf.future_id) if rf.future_id is not None else None
-        if f is None or not rf.waits or not f.outcomes.cancelled:
+        if f is None or not rf.waits or not (f.outcomes.cancelled or rf.waits <= f.call_count):
             continue
         if rf.total_wait_ns * 10 >= 9 * (f.busy_ns + f.idle_ns) > 0:
             out.append((rf, f))
     return out
+
+
+def _made_by(f: FutureEntry, futures: dict[int, FutureEntry]) -> str:
+    """``f``'s label, and for a library's future (asyncio's ``Event.wait`` in a task of its
+    own, as ``asyncio.wait_for`` runs it on 3.11) the program's call it was first made in."""
+    maker = futures.get(f.first_caller_id) if f.first_caller_id is not None else None
+    if (
+        maker is None
+        or not is_library_file(f.location.file)
+        or is_library_file(maker.location.file)
+    ):
+        return f"`{f.label}`"
+    return f"`{f.label}`, made in `{maker.label}`{_where(maker.location)},"
 
 
 def event_never_set(docs: Documents, th: Thresholds) -> Iterator[Finding]:
@@ -1662,7 +1678,13 @@ def event_never_set(docs: Documents, th: Thresholds) -> Iterator[Finding]:
         if whole:
             calls = sum(rf.waits for rf, _ in whole)
             wait_ns = sum(rf.total_wait_ns for rf, _ in whole)
-            names = _and([f"`{f.label}`" for _, f in whole][:3])
+            names = _and([_made_by(f, futures) for _, f in whole][:3])
+            cancelled = all(f.outcomes.cancelled for _, f in whole)
+            ended = (
+                ("was cancelled" if calls == 1 else "were cancelled")
+                if cancelled
+                else "gave up waiting (a timeout, or a cancellation)"
+            )
             yield Finding(
                 "event-never-set",
                 "warning",
@@ -1670,8 +1692,7 @@ def event_never_set(docs: Documents, th: Thresholds) -> Iterator[Finding]:
                 f"{calls} call{'' if calls == 1 else 's'} of {names} waited on {what} "
                 f"`{r.name or r.label}` {'its' if calls == 1 else 'their'} whole "
                 f"li{'fe' if calls == 1 else 'ves'} ({_duration(wait_ns)} in all, up to "
-                f"{_duration(r.max_wait_ns)} each) and {'was' if calls == 1 else 'were'} "
-                f"cancelled: {never}",
+                f"{_duration(r.max_wait_ns)} each) and {ended}: {never}",
                 f"find who should {'set' if what == 'event' else 'notify'} it: an error or an "
                 "early return on that path skips it (set it in a finally block)",
                 {"waits": calls, "wait_ns": wait_ns, "max_wait_ns": r.max_wait_ns, "signals": 0},

@@ -1,12 +1,15 @@
 """Warnings a newcomer's read of real services found wrong (the review of c959ce6): each is a
 program shaped like the service that misled, with the problem (or its absence) planted, and the
-warning it must or must not get."""
+warning it must or must not get. The later ones are from the read of 055a673: a wait on an
+event in a task of its own, and a trio pool whose jobs waited for a blocked loop."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import threading
+from pathlib import Path
 
 import anyio
 import pytest
@@ -17,6 +20,7 @@ from asyncflow import schema
 from asyncflow.clock import FakeClock
 from asyncflow.views import lints
 from asyncflow.views.lints import Documents, Thresholds
+from tests.support.commands import asyncflow_cmd, python_cmd, write
 
 from .test_lints import _findings, _io
 
@@ -339,3 +343,48 @@ def test_a_long_poll_the_monitor_did_not_see_while_its_own_looks_came_late_is_in
         "and its own look at the loop came late too (a late wake-up): "
         "the whole process did not run then"
     )
+
+
+_WAIT_FOR_READY = """\
+import asyncio
+
+ready = asyncio.Event()  # nobody ever sets it
+
+
+async def wait_ready(i):
+    try:
+        await asyncio.wait_for(ready.wait(), timeout=0.02)
+    except asyncio.TimeoutError:
+        return False
+    return True
+
+
+async def main():
+    for _ in range(4):
+        print(await asyncio.gather(*(wait_ready(i) for i in range(5))))
+
+
+asyncio.run(main())
+"""
+
+
+def test_waits_on_an_event_never_set_name_the_programs_function_never_asyncflows(
+    tmp_path: Path,
+) -> None:
+    """``asyncio.wait_for(ready.wait(), ...)`` runs the wait in a task of its own on 3.11
+    (asyncio's ``Event.wait``, through asyncflow's hook of it): the finding names the program's
+    function that made it, and nothing, row or finding, is named after asyncflow's hook. On
+    3.12 and later the wait is the program's function's own."""
+    plain = python_cmd("prog.py", cwd=write(tmp_path / "prog.py", _WAIT_FOR_READY).parent)
+    report = tmp_path / "report.json"
+    done = asyncflow_cmd(
+        "run", "--port", "off", "--format", "json", "--output", str(report), "prog.py",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0 and done.stdout == plain.stdout, done.stderr
+    document = json.loads(report.read_text())
+    labels = [f["label"] for f in document["futures"]["futures"]]
+    assert not any("class_event" in label for label in labels), labels
+    (never,) = [w for w in document["warnings"] if w["kind"] == "event-never-set"]
+    assert never["severity"] == "warning" and "`wait_ready`" in never["message"], never
+    assert "prog.py:3" in never["message"] and "class_event" not in never["message"]
