@@ -229,6 +229,8 @@ _stand_ins: dict[types.CodeType, types.CodeType] = {}
 def stand_in(hook: Callable[..., Any], original: Callable[..., Any]) -> None:
     """Say that ``hook`` (asyncflow's) runs in the place of ``original`` (asyncio's)."""
     _stand_ins[hook.__code__] = original.__code__
+
+
 _future_ids = itertools.count(1)
 _call_ids = itertools.count(1)
 _registry_lock = threading.Lock()

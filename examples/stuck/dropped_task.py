@@ -37,7 +37,7 @@ async def notify_warehouse(order_id: int) -> None:
 
 async def place_order(order_id: int) -> None:
     await asyncio.sleep(0.001)  # write the order
-    asyncio.ensure_future(notify_warehouse(order_id))  # fire and forget: nothing keeps it
+    asyncio.ensure_future(notify_warehouse(order_id))  # noqa: RUF006  (the planted bug: kept by nothing)
 
 
 async def serve(seconds: float) -> int:

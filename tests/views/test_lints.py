@@ -553,7 +553,7 @@ async def test_a_task_nothing_referenced_is_named_when_it_is_destroyed_pending(
 
     loop = asyncio.get_running_loop()
     for _ in range(3):
-        asyncio.ensure_future(notify(loop.create_future()))  # the planted bug
+        asyncio.ensure_future(notify(loop.create_future()))  # noqa: RUF006  (the planted bug)
     keep = asyncio.ensure_future(kept(loop.create_future()))
     closed = kept(loop.create_future())
     closed.send(None)
