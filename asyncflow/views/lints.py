@@ -621,9 +621,19 @@ def _callers_of_long_polls(docs: Documents, long: Sequence[FutureEntry]) -> dict
     just as long. A blocked loop's stack shows who called whom: the innermost tracked call is
     the culprit, and a long-polling future whose frame encloses it is left out unless its
     longest poll exceeds the callee's by the threshold itself. Returns each such caller's id
-    with its callees' longest poll."""
+    with its callees' longest poll. Where no stack was read (the monitor saw no block of it),
+    the futures a long-polling future was first called in (``first_caller_id``, a few calls
+    out: the route's request task around the handler ``get_db``) are such callers too."""
     by_id = {f.id: f for f in long}
     callers: dict[int, int] = {}
+    first = {f.id: f.first_caller_id for f in docs.futures}
+    for made in long:
+        caller = first.get(made.id)
+        for _ in range(_CALL_DEPTH):
+            around = by_id.get(caller) if caller is not None else None
+            if around is not None and around.id != made.id:
+                callers[around.id] = max(callers.get(around.id, 0), made.max_poll_duration_ns)
+            caller = first.get(caller) if caller is not None else None
     for loop in docs.loops:
         for episode in [*loop.episodes, *loop.worst_episodes]:
             inner = by_id.get(episode.call.future_id) if episode.call is not None else None
@@ -654,20 +664,22 @@ def _long_polls(docs: Documents, th: Thresholds) -> list[FutureEntry]:
     ]
 
 
-def _seen_blocking(f: FutureEntry, docs: Documents) -> bool:
-    """Whether the loop monitor saw ``f`` (a call it made, a call made in it, or its route)
-    block a loop: a long poll it did not see, while its own looks came late, is the process
-    stalled, not the poll's code (the monitor looks at least every heartbeat, and a poll over
-    the block threshold always makes a late heartbeat)."""
+def _seen_blocking(f: FutureEntry, docs: Documents) -> int:
+    """The longest block the loop monitor saw of ``f`` (a call it made, a call made in it, or
+    its route); 0: none. A long poll it did not see, while its own looks came late, is the
+    process stalled, not the poll's code (the monitor looks at least every heartbeat, and a
+    poll over the block threshold always makes a late heartbeat); so is one it saw block for
+    less than half its length: the monitor did not run for the rest of it either."""
     near = {f.id} | _callees(docs, {f.id}) | {i for i in _callers(docs, {f.id}) if i is not None}
+    seen = 0
     for loop in docs.loops:
         for line in loop.blocking_lines:
             if line.future_id in near or line.route == f.label:
-                return True
+                seen = max(seen, line.max_ns)
         for e in (*loop.episodes, *loop.worst_episodes):
             if e.call is not None and (e.call.future_id in near or e.route == f.label):
-                return True
-    return False
+                seen = max(seen, e.blocked_ns)
+    return seen
 
 
 def _off_cpu(f: FutureEntry, th: Thresholds) -> bool:
@@ -699,13 +711,20 @@ def long_poll(docs: Documents, th: Thresholds) -> Iterator[Finding]:
         evidence = {"max_poll_ns": longest, "threshold_ns": th.long_poll_ns, "polls": f.total_polls}
         # (a poll over the block threshold always makes the heartbeat late: seen as a block)
         seeable = longest >= docs.block_threshold_ns
-        if stalled and seeable and docs.loops and not _seen_blocking(f, docs):
+        seen = _seen_blocking(f, docs) if seeable and docs.loops else longest
+        if (stalled or seen) and 2 * seen < longest:
+            saw = (
+                f", but the loop monitor saw it block the loop for {_duration(seen)} of it at "
+                "most, its own looks late for the rest: the whole process did not run then"
+                if seen
+                else ", but the loop monitor saw no block of it, and its own look at the "
+                "loop came late too (a late wake-up): the whole process did not run then"
+            )
             yield Finding(
                 "long-poll",
                 "info",
                 _future_subject(f),
-                message + ", but the loop monitor saw no block of it, and its own look at the "
-                "loop came late too (a late wake-up): the whole process did not run then",
+                message + saw,
                 "nothing to do in the code if it stays rare; a machine short of CPU (or a "
                 "paused process) stretches a short poll",
                 evidence,

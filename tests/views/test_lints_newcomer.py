@@ -388,3 +388,38 @@ def test_waits_on_an_event_never_set_name_the_programs_function_never_asyncflows
     (never,) = [w for w in document["warnings"] if w["kind"] == "event-never-set"]
     assert never["severity"] == "warning" and "`wait_ready`" in never["message"], never
     assert "prog.py:3" in never["message"] and "class_event" not in never["message"]
+
+
+def test_one_long_poll_of_a_handler_is_one_warning_not_its_routes_too() -> None:
+    """A healthy FastAPI app's handler ``get_db`` read one 123 ms poll, and so did the route's
+    request task that polls it: the monitor saw no block (no stack says who called whom), but
+    the handler was first called in the route's call, so only the handler is named."""
+    route = future(1, "GET /db/{item_id}", 140 * MS, 123 * MS)
+    handler = dataclasses.replace(future(2, "get_db", 130 * MS, 123 * MS), first_caller_id=1)
+    docs = Documents(0, 4_000 * MS, futures=(route, handler))
+    found = [(f.kind, f.subject.label) for f in lints.evaluate(docs, Thresholds())]
+    assert found == [("long-poll", "get_db")]
+    # a route whose own poll outlasts the handler's by the threshold is named too
+    slower = dataclasses.replace(route, max_poll_duration_ns=260 * MS, busy_ns=300 * MS)
+    docs = Documents(0, 4_000 * MS, futures=(slower, handler))
+    found = [(f.kind, f.subject.label) for f in lints.evaluate(docs, Thresholds())]
+    assert sorted(found) == [("long-poll", "GET /db/{item_id}"), ("long-poll", "get_db")]
+
+
+@pytest.mark.parametrize(("seen_ms", "severity"), [(20, "info"), (70, "warning")])
+def test_a_long_poll_the_monitor_saw_block_for_a_fraction_of_it_is_info(
+    seen_ms: int, severity: str
+) -> None:
+    """A 123 ms poll of which the monitor saw 20 ms of block: for the rest its own looks did not
+    run either (the process was descheduled), so it is info, whether or not a late wake-up was
+    counted. Seen blocking for most of it, it is the code's: a warning."""
+    handler = future(1, "get_db", 130 * MS, 123 * MS)
+    line = schema.BlockedLine(
+        "/usr/lib/python3.11/_weakrefset.py", 39, "_remove", None, 1, seen_ms * MS, seen_ms * MS,
+        0, None, 0, "blocking", 1, "get_db",
+    )  # fmt: skip
+    docs = Documents(0, 4_000 * MS, futures=(handler,), loops=[loop_with(line, episodes=0)])
+    (poll,) = [f for f in lints.evaluate(docs, Thresholds()) if f.kind == "long-poll"]
+    assert poll.severity == severity
+    if severity == "info":
+        assert "saw it block the loop for 20 ms of it at most" in poll.message
