@@ -743,7 +743,8 @@ class BlockedLine:
     #: another thread's CPU clock cannot be read (not Linux)
     cpu_ns: int | None
     cpu_wall_ns: int
-    #: ``cpu``, ``blocking`` or null, as for an episode
+    #: ``cpu``, ``blocking`` or null, as for an episode; ``import`` when most of its blocks
+    #: were imports (the stack inside the import system: a module imported on first use)
     kind: str | None
     #: the innermost tracked call's future at the latest block (null: untracked code)
     future_id: int | None

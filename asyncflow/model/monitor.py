@@ -56,7 +56,9 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import importlib
 import linecache
+import os
 import selectors
 import sys
 import threading
@@ -197,21 +199,48 @@ def block_kind(cpu_ns: int, wall_ns: int, runnable: int = 0, looks: int = 0) -> 
 LineKey = tuple[str, int, str]
 
 
+#: the import system's frames (a module being found, loaded, compiled or run by an import):
+#: its frozen bootstrap, and the importlib package around it (``importlib.import_module``)
+_IMPORTLIB = ("<frozen importlib.", os.path.dirname(importlib.__file__) + os.sep)
+
+
+def importing(top: FrameType | None) -> bool:
+    """Whether a stack is inside an import: a module loaded (its body run, its code compiled)
+    by an ``import`` statement or ``importlib.import_module``."""
+    frame = top
+    while frame is not None:
+        if frame.f_code.co_filename.startswith(_IMPORTLIB):
+            return True
+        frame = frame.f_back
+    return False
+
+
 def own_line(top: FrameType | None) -> LineKey | None:
     """The program's own line in a stack: the innermost frame outside the standard library,
-    installed packages and asyncflow, else the innermost library frame that is not asyncflow's
-    or a console script's (a library's line is still the best name there is), else the
-    innermost; None for no stack."""
+    installed packages and asyncflow, else the line that made the outermost import on it (a
+    module the program's server imports from the loop: ``importlib.import_module`` in
+    uvicorn's importer, not the import system's own frames), else the innermost library frame
+    that is not asyncflow's or a console script's (a library's line is still the best name
+    there is), else the innermost; None for no stack."""
     frame = top
     library = None  # the innermost library frame that is not asyncflow's or a launcher's
+    importer = None  # the frame that made the outermost import seen so far
     while frame is not None:
         code = frame.f_code
         if not is_library_file(code.co_filename):
             return code.co_filename, frame.f_lineno or 0, code.co_name
+        outer = frame.f_back
+        if (
+            outer is not None
+            and code.co_filename.startswith(_IMPORTLIB)
+            and not outer.f_code.co_filename.startswith(_IMPORTLIB)
+            and not is_asyncflow_file(outer.f_code.co_filename)
+        ):
+            importer = outer
         if library is None and not is_asyncflow_file(code.co_filename):
             library = frame
-        frame = frame.f_back
-    frame = library or top
+        frame = outer
+    frame = importer or library or top
     if frame is None:
         return None
     return frame.f_code.co_filename, frame.f_lineno or 0, frame.f_code.co_name
@@ -256,6 +285,7 @@ class BlockLine:
         "file",
         "function",
         "future_id",
+        "imports",
         "label",
         "last_ns",
         "line",
@@ -279,6 +309,8 @@ class BlockLine:
         #: looks that read the thread's state, and those that saw it runnable
         self.looks = 0
         self.runnable = 0
+        #: its blocks that were imports (most of their looks saw the import system run)
+        self.imports = 0
         #: the innermost tracked call's future at its latest block (None: untracked code)
         self.future_id: int | None = None
         self.label: str | None = None
@@ -289,6 +321,9 @@ class BlockLine:
 
     @property
     def kind(self) -> str | None:
+        """``import`` when most of its blocks were imports, else ``cpu`` or ``blocking``."""
+        if 2 * self.imports > self.count:
+            return "import"
         return block_kind(self.cpu_ns, self.cpu_wall_ns, self.runnable, self.looks)
 
 
@@ -302,6 +337,7 @@ class _Block:
         "codes",
         "cpu0",
         "cpu_at",
+        "imports",
         "label",
         "looks",
         "poll_start",
@@ -333,13 +369,18 @@ class _Block:
         #: looks that read the thread's state, and those that saw it runnable
         self.states = 0
         self.runnable = 0
+        #: looks that saw the import system run
+        self.imports = 0
 
     def same_poll(self, sample: Sample) -> bool:
         """Whether ``sample`` sees the poll (or the untracked code) this block is part of."""
         return self.call is sample.outer and self.poll_start == sample.outer_start
 
-    def saw(self, key: LineKey, code: str | None, runnable: bool | None) -> None:
+    def saw(
+        self, key: LineKey, code: str | None, runnable: bool | None, imports: bool = False
+    ) -> None:
         self.looks[key] = self.looks.get(key, 0) + 1
+        self.imports += imports
         if code is not None:
             self.codes.setdefault(key, code)
         if runnable is not None:
@@ -715,10 +756,12 @@ class LoopState:
         now: int,
         cpu: int | None = None,
         runnable: bool | None = None,
+        imports: bool = False,
     ) -> None:
         """Fold one look at the late loop (by ``block_min_ns / 2`` or more) into its blocks
         (under lock): ``key`` is the program's own line on the stack, ``code`` its source if
-        that line is new here; ``cpu`` and ``runnable`` the thread's CPU clock and state."""
+        that line is new here; ``cpu`` and ``runnable`` the thread's CPU clock and state;
+        ``imports`` whether the stack was inside an import."""
         self.cpu, self.cpu_at = cpu, now
         block = self.block
         if sample.idle or key is None:
@@ -733,7 +776,7 @@ class LoopState:
             tracked = sample.outer is not None and sample.outer_start
             since = sample.outer_start if tracked else max(pending, self.block_end)
             block = self.block = _Block(sample, since, cpu, now)
-        block.saw(key, code, runnable)
+        block.saw(key, code, runnable, imports)
 
     def end_block(self, now: int) -> None:
         """The block seen is over (under lock): add it to its line if it lasted ``block_min_ns``."""
@@ -768,6 +811,7 @@ class LoopState:
         line.route = block.route
         line.looks += block.states
         line.runnable += block.runnable
+        line.imports += 2 * block.imports > sum(block.looks.values())
         cpu = self.cpu
         if cpu is not None and block.cpu0 is not None and self.cpu_at > block.cpu_at:
             line.cpu_ns += max(0, cpu - block.cpu0)
@@ -900,8 +944,10 @@ class LoopMonitor:
         if state.native_of != thread:
             state.native_of, state.native_id = thread, _native_id(thread)
         key = code = None
+        imports = False
         if not sample.idle:
             key = own_line(sample.top)
+            imports = importing(sample.top)
             if key is not None and key not in state.lines:  # its source, read once: no lock
                 code = linecache.getline(key[0], key[1]).strip() or None
         episode = now - pending >= self.threshold_ns // 2
@@ -930,7 +976,7 @@ class LoopMonitor:
         with state.lock:
             if state.pending != pending:
                 return  # the loop answered meanwhile: it was slow, but is not late now
-            state.see_block(sample, key, code, pending, now, cpu, runnable)
+            state.see_block(sample, key, code, pending, now, cpu, runnable, imports)
             if episode:
                 state.look(sample, fresh, pending, now, cpu, ready)
                 seen = state.candidate or state.ongoing  # what this look was folded into

@@ -393,6 +393,8 @@ def _explained(docs: Documents, th: Thresholds) -> set[int]:
 
 
 def _cpu_words(kind: str | None, cpu_ns: int | None, wall_ns: int) -> str:
+    if kind == "import":
+        return ", importing a module (its code loaded, compiled and run) on the loop"
     if kind is None or cpu_ns is None or wall_ns <= 0:
         return ""
     percent = _percent(cpu_ns, wall_ns)
@@ -404,7 +406,13 @@ def _cpu_words(kind: str | None, cpu_ns: int | None, wall_ns: int) -> str:
     )
 
 
+#: (a module imported on first use, inside a request: the same in either library's words)
+_IMPORT_HINT = (
+    "import it at start-up (at the top of the module, or in the app's lifespan) so that no "
+    "request pays for it; an import inside a function runs once per process"
+)
 _HINTS = {
+    "import": _IMPORT_HINT,
     "cpu": "run the CPU work in an executor (await asyncio.to_thread(...), or a process pool "
     "for pure Python) or yield (await asyncio.sleep(0)) more often",
     "blocking": "await asyncio.to_thread(...) for the call, or use an async API (asyncio.sleep, "
@@ -416,6 +424,7 @@ _HINT = (
 )
 #: ... in trio's words, for a trio run's loop (anyio on trio has the same in anyio.to_thread)
 _TRIO_HINTS = {
+    "import": _IMPORT_HINT,
     "cpu": "run the CPU work in a thread (await trio.to_thread.run_sync(...), or a process "
     "pool for pure Python) or yield (await trio.lowlevel.checkpoint()) more often",
     "blocking": "await trio.to_thread.run_sync(...) for the call, or use an async API "
@@ -584,6 +593,16 @@ def blocked_loop(docs: Documents, th: Thresholds) -> Iterator[Finding]:
                 severity="info",
                 message=finding.message
                 + "; at start-up, before the first request began: no request waited",
+            )
+        elif (
+            cause.ongoing is None and line is not None and line.count == 1 and line.kind == "import"
+        ):
+            finding = dataclasses.replace(  # (once a process: the first call that needed it)
+                finding,
+                severity="info",
+                message=finding.message
+                + ": a module imported on first use, which only the first call that needed it "
+                "waited for",
             )
         yield finding
     for loop in docs.loops:

@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import functools
 import gc
+import importlib
 import selectors
 import socket
 import sys
@@ -810,3 +811,27 @@ def test_a_loop_passing_through_its_selector_to_its_heartbeat_ends_the_episode_t
     assert harness.state.ongoing is None
     harness.beat(30)
     assert blocks(harness.state) == [("a.py", 0, 161), ("b.py", 161, 150)]
+
+
+def test_a_block_inside_an_import_from_library_code_is_named_by_the_importing_line(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server (a library) imports the application module from its loop, and nothing of the
+    program's is on the stack yet (its module is being compiled): the line named is the
+    server's that imports, not the import system's frozen frames; and the stack is seen as
+    inside an import."""
+    (tmp_path / "af_server.py").write_text(
+        "import importlib\n\n\ndef load(name):\n    return importlib.import_module(name)\n"
+    )
+    (tmp_path / "af_app.py").write_text("import sys\n\nFRAME = sys._getframe()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(monitor, "is_library_file", lambda path: True)  # all a library's
+    try:
+        server: Any = importlib.import_module("af_server")  # (made a library above)
+        app = server.load("af_app")
+        assert monitor.importing(app.FRAME) and not monitor.importing(sys._getframe())
+        file, line, function = monitor.own_line(app.FRAME) or ("", 0, "")
+        assert (file.endswith("af_server.py"), line, function) == (True, 5, "load")
+    finally:
+        for name in ("af_server", "af_app"):
+            sys.modules.pop(name, None)

@@ -8,6 +8,7 @@ import asyncio
 import dataclasses
 import sys
 import time
+from pathlib import Path
 
 import anyio
 import pytest
@@ -250,3 +251,54 @@ def test_a_tail_that_a_timeout_cut_is_no_slow_tail() -> None:
     )
     docs = Documents(now_ns=1000 * MS, elapsed_ns=1000 * MS, futures=[cut])
     assert list(lints.tail_latency(docs, Thresholds())) == []
+
+
+_HEAVY_MODULE = """\
+import time
+
+time.sleep(0.25)  # a table built when the module is first imported
+TABLE = {"ready": True}
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the thread's CPU clock")
+def test_a_module_imported_on_first_use_is_named_as_an_import(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A handler imports a slow module of the program's the first time it runs: the block is
+    the import (the stack was inside the import system), named by the module's own line that
+    was running, advised to import at start-up, not to move CPU work to an executor; it
+    blocked once, the first call that needed it, so it is info."""
+    (tmp_path / "af_heavy_tables.py").write_text(_HEAVY_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    @asyncflow.future(name="lookup")
+    async def lookup() -> bool:
+        await asyncio.sleep(0)
+        import af_heavy_tables  # (the lazy import planted)
+
+        return bool(af_heavy_tables.TABLE["ready"])
+
+    @asyncflow.future(name="ping")
+    async def ping() -> None:
+        await asyncio.sleep(0)
+
+    async def main() -> None:
+        await ping()  # the loop is watched from its first tracked call
+        with anyio.fail_after(10):  # ... and looked at once the profiler's thread ticks
+            while not [e for e in monitored(prof) if e.heartbeats >= 2]:
+                await asyncio.sleep(0.005)
+        for _ in range(3):
+            assert await lookup()
+
+    with asyncflow.profile("lazy import", format="none", port=None) as prof:
+        asyncio.run(main())
+        loops = monitored(prof)
+        warnings = [w for w in prof.snapshot().warnings if w.kind == "loop-blocked"]
+    sys.modules.pop("af_heavy_tables", None)
+    (line,) = [b for loop in loops for b in loop.blocking_lines if b.label == "lookup"]
+    assert (line.kind, line.count, line.line) == ("import", 1, 3), line
+    assert line.file.endswith("af_heavy_tables.py")
+    (found,) = warnings
+    assert found.severity == "info" and "importing a module" in found.message, found
+    assert "import it at start-up" in found.hint and "executor" not in found.hint
