@@ -388,8 +388,11 @@ class _Block:
             self.runnable += runnable
 
     def line(self) -> LineKey:
-        """The line seen most often (the first seen of those seen as often)."""
-        return max(self.looks, key=self.looks.__getitem__)
+        """The program's own line seen most often, else the line seen most often (the first
+        seen of those seen as often): a handler that computes, then returns to the server that
+        writes its access log in the same poll, is named by its own line, not by the log's."""
+        own = [key for key in self.looks if not is_library_file(key[0])]
+        return max(own or self.looks, key=self.looks.__getitem__)
 
     def end(self, now: int) -> int:
         """When it ended: a tracked poll that is over ended when the hot path measured it

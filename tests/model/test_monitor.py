@@ -11,6 +11,7 @@ import contextlib
 import functools
 import gc
 import importlib
+import logging
 import selectors
 import socket
 import sys
@@ -835,3 +836,19 @@ def test_a_block_inside_an_import_from_library_code_is_named_by_the_importing_li
     finally:
         for name in ("af_server", "af_app"):
             sys.modules.pop(name, None)
+
+
+def test_a_block_is_named_by_the_programs_line_though_a_librarys_was_seen_more() -> None:
+    """One poll: the handler computed at its own line, then the server wrote its access log
+    (a library's line, where the looks happened to land more often): the block is the
+    handler's line; with no line of the program's seen, the library's most seen."""
+    logging_line = (logging.__file__, 1113, "emit")
+    handler = ("/srv/app.py", 75, "crunch")
+    block = monitor._Block(Sample(None, None, None, False), 0, None, 0)
+    for key in (logging_line, handler, logging_line, logging_line):
+        block.saw(key, None, None)
+    assert block.line() == handler
+    library_only = monitor._Block(Sample(None, None, None, False), 0, None, 0)
+    for key in (logging_line, (asyncio.__file__, 3, "run"), logging_line):
+        library_only.saw(key, None, None)
+    assert library_only.line() == logging_line
