@@ -257,9 +257,14 @@ def _duration(ns: int) -> str:
 
 
 def _where(location: Location | None) -> str:
+    """`` (app.py:12)``; a library's file with its package's folder, `` (starlette/routing.py:
+    280)``: several packages have a ``routing.py``."""
     if location is None or not location.file or location.file == "?":
         return ""
-    return f" ({os.path.basename(location.file)}:{location.line})"
+    name = os.path.basename(location.file)
+    if is_library_file(location.file) and not location.file.startswith("<"):
+        name = f"{os.path.basename(os.path.dirname(location.file))}/{name}"
+    return f" ({name}:{location.line})"
 
 
 def _names(edges: Iterable[EdgeEntry], limit: int = 3) -> str:

@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import os
+import sysconfig
 import threading
 from pathlib import Path
 
@@ -399,6 +401,12 @@ def test_one_long_poll_of_a_handler_is_one_warning_not_its_routes_too() -> None:
     docs = Documents(0, 4_000 * MS, futures=(route, handler))
     found = [(f.kind, f.subject.label) for f in lints.evaluate(docs, Thresholds())]
     assert found == [("long-poll", "get_db")]
+    # a library's future is placed with its package's folder: FastAPI has a routing.py too
+    site = sysconfig.get_paths()["purelib"]
+    starlette = schema.Location(os.path.join(site, "starlette", "routing.py"), 280)
+    alone = dataclasses.replace(route, location=starlette)
+    (poll,) = lints.evaluate(Documents(0, 4_000 * MS, futures=(alone,)), Thresholds())
+    assert "`GET /db/{item_id}` (starlette/routing.py:280) ran 123 ms" in poll.message
     # a route whose own poll outlasts the handler's by the threshold is named too
     slower = dataclasses.replace(route, max_poll_duration_ns=260 * MS, busy_ns=300 * MS)
     docs = Documents(0, 4_000 * MS, futures=(slower, handler))
