@@ -746,7 +746,9 @@ trio.run(main)
 
 
 def test_trio_refuses_an_async_function_in_a_thread_as_without_asyncflow(tmp_path: Path) -> None:
-    """trio names the function it refuses: the program's, not a job of asyncflow's."""
+    """trio names the function it refuses: the program's, not a job of asyncflow's; and refuses
+    it though the program's own coroutine functions are tracked (their calls are wrappers, but
+    ``inspect.iscoroutine``, which trio asks of what the function returned, says yes)."""
     path = write(tmp_path / "prog.py", _REFUSED)
     plain = subprocess.run(
         [sys.executable, str(path)], capture_output=True, text=True, timeout=60, cwd=tmp_path
@@ -754,7 +756,7 @@ def test_trio_refuses_an_async_function_in_a_thread_as_without_asyncflow(tmp_pat
     assert (
         "Trio expected a sync function, but 'not_sync' appears to be asynchronous" in plain.stdout
     )
-    profiled, report = _run(tmp_path, _REFUSED, env={"ASYNCFLOW_NO_OWN_CODE": "1"})
+    profiled, report = _run(tmp_path, _REFUSED)
     assert profiled == plain.stdout
     assert report["executors"]["executors"] == []  # (it never ran: no job)
 

@@ -25,6 +25,20 @@ def sleepy_lookup() -> None:
     time.sleep(0.3)  # the planted blocking call
 
 
+@asyncflow.future(name="ping")
+async def ping() -> None:
+    await asyncio.sleep(0)
+
+
+async def until_watched(prof: asyncflow.Profiler) -> None:
+    """The loop is watched from its first tracked call, and looked at once the profiler's
+    thread ticks."""
+    await ping()
+    with anyio.fail_after(10):
+        while not [e for e in monitored(prof) if e.heartbeats >= 2]:
+            await asyncio.sleep(0.005)
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the thread's CPU clock")
 def test_one_blocking_line_is_one_warning_not_four() -> None:
     @asyncflow.future(name="handler")
@@ -32,15 +46,8 @@ def test_one_blocking_line_is_one_warning_not_four() -> None:
         await asyncio.sleep(0)
         sleepy_lookup()
 
-    @asyncflow.future(name="ping")
-    async def ping() -> None:
-        await asyncio.sleep(0)
-
     async def main() -> None:
-        await ping()  # the loop is watched from its first tracked call
-        with anyio.fail_after(10):  # ... and looked at once the profiler's thread ticks
-            while not [e for e in monitored(prof) if e.heartbeats >= 2]:
-                await asyncio.sleep(0.005)
+        await until_watched(prof)
         for _ in range(3):
             await handler()
             await ping()
@@ -275,19 +282,12 @@ def test_a_module_imported_on_first_use_is_named_as_an_import(
     @asyncflow.future(name="lookup")
     async def lookup() -> bool:
         await asyncio.sleep(0)
-        import af_heavy_tables  # (the lazy import planted)
+        import af_heavy_tables  # type: ignore[import-not-found]  # (the lazy import planted)
 
         return bool(af_heavy_tables.TABLE["ready"])
 
-    @asyncflow.future(name="ping")
-    async def ping() -> None:
-        await asyncio.sleep(0)
-
     async def main() -> None:
-        await ping()  # the loop is watched from its first tracked call
-        with anyio.fail_after(10):  # ... and looked at once the profiler's thread ticks
-            while not [e for e in monitored(prof) if e.heartbeats >= 2]:
-                await asyncio.sleep(0.005)
+        await until_watched(prof)
         for _ in range(3):
             assert await lookup()
 
