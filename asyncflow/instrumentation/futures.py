@@ -217,8 +217,6 @@ def _watch(record: FutureRecord, owner: object, key: tuple[int, str | None, str]
 
 #: asyncio's own coroutines (asyncio.run's shutdown steps...): never tracked as user tasks
 _ASYNCIO_DIR = os.path.dirname(asyncio.__file__) + os.sep
-#: nor asyncflow's own tasks on the program's loop
-_ASYNCFLOW_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 #: asyncflow's stand-ins for asyncio's coroutine methods (the code of ``resources``'s hook of
 #: ``Event.wait``) -> the method's own code: a task running one (``asyncio.wait_for(event.wait(),
 #: 5)`` on 3.11 runs the wait in a task of its own) is the method's future, named and placed as
@@ -1602,7 +1600,7 @@ def _task_record(coro: types.CoroutineType[Any, Any, Any]) -> FutureRecord | Non
     original = _stand_ins.get(code)
     if original is not None:  # asyncio's method, run by asyncflow's hook: asyncio's future
         return _future_for_code(original, "asyncio", None, "task")
-    if not code.co_filename.startswith((_ASYNCIO_DIR, _ASYNCFLOW_DIR)):
+    if not code.co_filename.startswith(_ASYNCIO_DIR):
         frame = named.cr_frame
         module = frame.f_globals.get("__name__", "?") if frame else "?"
         record = _future_for_code(code, str(module), None, "task")

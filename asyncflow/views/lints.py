@@ -1913,8 +1913,9 @@ def task_dropped(docs: Documents, th: Thresholds) -> Iterator[Finding]:
             "error",
             _future_subject(f),
             f"{calls} of `{f.label}`{_where(f.location)} {were} destroyed while pending: "
-            "garbage-collected mid-way because nothing referenced their tasks (asyncio logs "
-            "`Task was destroyed but it is pending!`), so their work stopped where it was",
+            "the garbage collector took them midway, as nothing referenced their tasks "
+            "(asyncio logs `Task was destroyed but it is pending!`), so their work stopped "
+            "where it was",
             "keep a reference to each task until it is done (add it to a set and discard it in "
             "a done callback, or start it in an asyncio.TaskGroup): the event loop keeps only a "
             "weak reference to a task",
