@@ -594,10 +594,7 @@ def blocked_loop(docs: Documents, th: Thresholds) -> Iterator[Finding]:
             and line.last_ns <= first
         ):
             finding = dataclasses.replace(
-                finding,
-                severity="info",
-                message=finding.message
-                + "; at start-up, before the first request began: no request waited",
+                finding, severity="info", message=finding.message + AT_START_UP
             )
         elif (
             cause.ongoing is None and line is not None and line.count == 1 and line.kind == "import"
@@ -615,6 +612,12 @@ def blocked_loop(docs: Documents, th: Thresholds) -> Iterator[Finding]:
             episodes = _loop_episodes(loop)
             if episodes is not None:
                 yield episodes
+
+
+#: what a block said before a web service's first request began says of it
+AT_START_UP = "; at start-up, before the first request began: no request waited"
+#: the kinds of finding about the loop's time that a start-up's block makes
+_START_UP_KINDS = frozenset({"loop-blocked", "long-poll"})
 
 
 def _first_request_ns(docs: Documents) -> int | None:
@@ -2667,12 +2670,33 @@ class WarningBook:
         for key, held in self._held.items():
             if key not in seen and (kinds is None or key[0] in kinds) and key[0] not in keep:
                 held.active = False
+        self._judge_start_up(docs)
         self.evaluated_ns = docs.now_ns
         if len(self._held) > self.limit:
             # keep those that hold now, then the most recently seen
             ranked = sorted(self._held.items(), key=lambda kv: (kv[1].active, kv[1].last_seen))
             for key, _ in ranked[: len(self._held) - self.limit]:
                 del self._held[key]
+
+    def _judge_start_up(self, docs: Documents) -> None:
+        """A block found while a web service started (its lifespan importing, an ongoing block
+        then an error), which held no more before its first request began, held no request up:
+        once that request is known, it is info, as the same block judged at the end is."""
+        first = _first_request_ns(docs)
+        if first is None:
+            return
+        began = docs.now_ns - docs.elapsed_ns + first
+        for held in self._held.values():
+            f = held.finding
+            if (
+                not held.active
+                and f.kind in _START_UP_KINDS
+                and f.severity != "info"
+                and held.last_seen <= began
+            ):
+                held.finding = dataclasses.replace(
+                    f, severity="info", message=f.message + AT_START_UP
+                )
 
     def holds(self, kind: str) -> bool:
         """Whether a warning of ``kind`` held at the last evaluation."""

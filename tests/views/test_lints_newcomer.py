@@ -254,6 +254,42 @@ def test_a_one_off_block_before_the_first_request_is_info() -> None:
             )
 
 
+def test_a_block_found_while_the_service_started_is_info_once_its_first_request_is_known() -> None:
+    """A uvicorn worker's lifespan imports for 140 ms: the collector's evaluation during it
+    finds the loop blocked now, an error, before any request was routed. Once the first
+    request is known to have begun after that block, the earlier finding is judged as the same
+    block is at the end: info. One found after the first request began stays as it was."""
+    book = lints.WarningBook()
+    lifespan = future(1, "LifespanOn.main", 1 * MS, 1 * MS)  # (its blocked poll not over yet)
+    ongoing = schema.BlockedEpisode(
+        id=1, started_ns=900 * MS, blocked_ns=140 * MS, ongoing=True, task="Task-2",
+        call=schema.RunningCall(1, "LifespanOn.main", 1, 0, 140 * MS),
+        stack=[schema.StackFrame("/srv/app.py", 9, "<module>", "from fastapi import FastAPI")],
+    )  # fmt: skip
+    blocked_now = dataclasses.replace(
+        loop_with(episodes=0), blocked=True, blocked_count=1, episodes=[ongoing]
+    )
+    book.update(Documents(10_000 * MS, 1_000 * MS, futures=(lifespan,), loops=[blocked_now]))
+    (found,) = book.document(0).warnings
+    assert (found.kind, found.severity, found.active) == ("loop-blocked", "error", True)
+    route = dataclasses.replace(
+        future(2, "GET /items/{id}", 50 * MS, 1 * MS),
+        tracked_by=schema.ROUTE,
+        first_call_ago_ns=1_000 * MS,  # its first request 2 s into the 3 s run
+    )
+    calm = loop_with(episodes=0)
+    book.update(Documents(12_000 * MS, 3_000 * MS, futures=(lifespan, route), loops=[calm]))
+    earlier = [w for w in book.document(0).warnings if not w.active]
+    assert [(w.kind, w.severity) for w in earlier] == [("loop-blocked", "info")]
+    assert earlier[0].message.endswith(lints.AT_START_UP)
+    # a first request before the block: the earlier finding held requests up, as it said
+    book = lints.WarningBook()
+    book.update(Documents(10_000 * MS, 1_000 * MS, futures=(lifespan,), loops=[blocked_now]))
+    early = dataclasses.replace(route, first_call_ago_ns=2_800 * MS)  # 200 ms into the run
+    book.update(Documents(12_000 * MS, 3_000 * MS, futures=(lifespan, early), loops=[calm]))
+    assert [w.severity for w in book.document(0).warnings if not w.active] == ["error"]
+
+
 async def test_a_future_says_when_its_first_call_was_made(
     fake_clock: FakeClock, prof: asyncflow.Profiler
 ) -> None:
