@@ -2159,8 +2159,9 @@ def _lateness_ns(
     each of ``tail_lag_factor`` awaits, plus the time its thread waited for a core inside the
     blocks the monitor saw (kind ``cpu``, off the CPU: runnable, the machine short of cores),
     and at least the block threshold at each late wake-up (woken in its selector, its thread
-    waited for a core). The heartbeat (one in flight at a time) sees such a stall once, however
-    long: on a loaded machine the lag's p99 stays small while a call waits through several.
+    waited for a core), and the imports that held it (kind ``import``, whole: a warm-up). The
+    heartbeat (one in flight at a time) sees such a stall once, however long: on a loaded
+    machine the lag's p99 stays small while a call waits through several.
     Not the lag of a loop that the judged code's own blocks held up most: a stage that
     blocks the loop for its slow messages makes the lag, which is its tail, not an excuse."""
     late = 0
@@ -2170,6 +2171,9 @@ def _lateness_ns(
             for line in loop.blocking_lines
             if line.kind == "cpu" and line.cpu_ns is not None and line.cpu_wall_ns > 0
         )
+        # (and the imports that held it, whole: a module imported on first use makes the
+        # calls in flight wait once, a warm-up's tail that no later call has)
+        starved += sum(line.total_ns for line in loop.blocking_lines if line.kind == "import")
         lag = 0 if _caused_by(loop, ids, labels) else loop.lag_ns.get("p99", 0)
         late = max(late, th.tail_lag_factor * lag + starved)
     return late

@@ -184,3 +184,19 @@ def test_a_tail_the_late_loop_explains_is_the_loops_not_the_calls() -> None:
     # a loop late by far less than the tail leaves it the call's own
     docs = Documents(1000 * MS, 1000 * MS, futures=[f], loops=[_late_loop(2)])
     assert [x.kind for x in lints.tail_latency(docs, Thresholds())] == ["tail-latency"]
+
+
+def test_a_tail_of_the_first_calls_waiting_for_a_lazy_import_is_a_warm_up() -> None:
+    """A service's handler imports a module on its first request (httpx does inside its first
+    request): the calls in flight then all wait for it, once, and make a p99 no later call has.
+    The import's line names it (info, advice to import at start-up); it is no slow tail of the
+    handler's. The same time lost in a CPU-bound line, on the CPU throughout, stays one."""
+    f = tail()
+    for kind, tailed in (("import", False), ("cpu", True)):
+        line = schema.BlockedLine(
+            "/srv/app.py", 37, "item", "price = await http.get('/price')", 1, 320 * MS,
+            320 * MS, 0, 320 * MS, 320 * MS, kind, 1, "fetch_price",
+        )  # fmt: skip
+        docs = Documents(1000 * MS, 1000 * MS, futures=[f], loops=[loop_with(line, episodes=0)])
+        kinds = [x.kind for x in lints.tail_latency(docs, Thresholds())]
+        assert kinds == (["tail-latency"] if tailed else []), kind
