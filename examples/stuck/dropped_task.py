@@ -9,16 +9,17 @@ from __future__ import annotations
 
 import asyncio
 import weakref
+from typing import Any
 
 #: acknowledgements not received yet, by order (weakly: a lost one must not leak)
 PENDING: weakref.WeakValueDictionary[int, asyncio.Future[str]] = weakref.WeakValueDictionary()
 SHIPPED: list[int] = []
 
 
-async def send_to_warehouse(order_id: int) -> None:
+async def send_to_warehouse(order: dict[str, Any]) -> None:
     await asyncio.sleep(0.001)  # the request to the warehouse
-    if order_id % 5:  # one acknowledgement in five is lost on the way back
-        asyncio.get_running_loop().call_later(0.002, acknowledge, order_id)
+    if order["id"] % 5:  # one acknowledgement in five is lost on the way back
+        asyncio.get_running_loop().call_later(0.002, acknowledge, order["id"])
 
 
 def acknowledge(order_id: int) -> None:
@@ -27,17 +28,18 @@ def acknowledge(order_id: int) -> None:
         ack.set_result("ok")
 
 
-async def notify_warehouse(order_id: int) -> None:
+async def notify_warehouse(order: dict[str, Any]) -> None:
     ack: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-    PENDING[order_id] = ack
-    await send_to_warehouse(order_id)
+    PENDING[order["id"]] = ack
+    await send_to_warehouse(order)
     await ack  # (the retry on a lost acknowledgement would go here: it never runs)
-    SHIPPED.append(order_id)
+    SHIPPED.append(order["id"])
 
 
 async def place_order(order_id: int) -> None:
+    order = {"id": order_id, "lines": [{"sku": f"sku-{n}", "qty": 1} for n in range(40)]}
     await asyncio.sleep(0.001)  # write the order
-    asyncio.ensure_future(notify_warehouse(order_id))  # noqa: RUF006  (the planted bug: kept by nothing)
+    asyncio.ensure_future(notify_warehouse(order))  # noqa: RUF006  (the planted bug: kept by nothing)
 
 
 async def serve(seconds: float) -> int:
