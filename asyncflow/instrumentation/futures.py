@@ -1411,7 +1411,8 @@ def _call_soon(
     task = getattr(callback, "__self__", None)
     if task.__class__ in _TASK_CLASSES or isinstance(task, _TASK_TYPES):
         coro: Any = getattr(task, "_coro", None)
-        tracked = coro.__class__ in _TRACKED  # (exact: the wrappers have no subclasses)
+        # (exact: the wrappers have no subclasses; type(), as their __class__ is the coroutine's)
+        tracked = type(coro) in _TRACKED
         if tracked:
             r = coro._r
             if not r.woken and not r.finished:
