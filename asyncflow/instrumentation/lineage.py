@@ -78,7 +78,7 @@ class _Chain:
     then); the last is the receiver's unless derive() handed the message to another task.
     """
 
-    __slots__ = ("forked", "hops", "origin", "origin_call", "sent_ns")
+    __slots__ = ("counted", "forked", "hops", "origin", "origin_call", "parent", "sent_ns")
 
     def __init__(self, origin: int | None, sent_ns: int, origin_call: int | None) -> None:
         self.origin = origin
@@ -87,12 +87,18 @@ class _Chain:
         self.hops: list[list[Any]] = []
         #: derive() carried it on in a copy: its own end (at its receiver) is not a path's
         self.forked = False
+        #: the chain derive() copied this one from, until this one is folded
+        self.parent: _Chain | None = None
+        #: what folding it added to its path (taken out if a copy made later is folded too)
+        self.counted: _Counted | None = None
 
     def fork(self) -> _Chain:
-        """A copy that derive() carries on (the receiver may end this one meanwhile)."""
+        """A copy that derive() carries on. The receiver may end this one meanwhile, and the
+        cold side fold it before it is marked forked: the copy's fold then takes it out."""
         self.forked = True
         copy = _Chain(self.origin, self.sent_ns, self.origin_call)
         copy.hops = [list(h) for h in self.hops]
+        copy.parent = self
         return copy
 
 
@@ -415,7 +421,40 @@ _recent: deque[ChainReading] = deque(maxlen=RECENT_KEPT)
 _chain_seq = itertools.count(1)
 
 
+@dataclass(slots=True)
+class _Counted:
+    """What one chain's fold added to its path."""
+
+    key: tuple[Any, ...]
+    total: int
+    hop_adds: list[int]
+    busy_adds: list[int]
+    message: MessageReading
+
+
+def _uncount(counted: _Counted) -> None:
+    """Take a chain's fold out of its path again: a copy of it went on (derive() after the
+    fold), and the message is counted once, on the way it went on."""
+    path = _paths.get(counted.key)
+    if path is None:
+        return
+    path.messages -= 1
+    _record_ns(path.hist, counted.total, -1)
+    for i, (hop, busy) in enumerate(zip(counted.hop_adds, counted.busy_adds, strict=True)):
+        path.hop_sums[i] -= hop
+        path.busy_sums[i] -= busy
+    path.slowest = [m for m in path.slowest if m is not counted.message]
+    if path.messages <= 0:
+        del _paths[counted.key]
+
+
 def _fold(chain: _Chain) -> None:
+    parent = chain.parent
+    if parent is not None:
+        chain.parent = None
+        counted, parent.counted = parent.counted, None
+        if counted is not None:
+            _uncount(counted)
     if chain.forked:
         return  # it went on in a derived message: that one's way is the path
     hops = chain.hops
@@ -427,15 +466,20 @@ def _fold(chain: _Chain) -> None:
             return
         path = _paths[key] = _Path(len(hops))
     readings: list[HopReading] = []
+    hop_adds = [0] * len(path.hop_sums)
+    busy_adds = [0] * len(path.busy_sums)
     for i, (channel_id, future_id, sent_at, received_at, _, _, busy_ns, _, _) in enumerate(hops):
         wait = max(0, received_at - sent_at)
         readings.append(HopReading(channel_id, None, wait))
-        path.hop_sums[2 * i] += wait
+        hop_adds[2 * i] = wait
         if i + 1 < len(hops):
             stage = max(0, hops[i + 1][2] - received_at)
             readings.append(HopReading(None, future_id, stage, busy_ns))
-            path.hop_sums[2 * i + 1] += stage
-            path.busy_sums[2 * i + 1] += max(0, busy_ns)
+            hop_adds[2 * i + 1] = stage
+            busy_adds[2 * i + 1] = max(0, busy_ns)
+    for i, (hop, busy) in enumerate(zip(hop_adds, busy_adds, strict=True)):
+        path.hop_sums[i] += hop
+        path.busy_sums[i] += busy
     total = max(0, hops[-1][3] - chain.sent_ns)
     if len(hops) > 1:  # (the trace draws a chain of one channel as the message's arrow)
         _recent.append(
@@ -449,11 +493,13 @@ def _fold(chain: _Chain) -> None:
     _record_ns(path.hist, total)
     if total > path.max_ns:
         path.max_ns = total
+    message = MessageReading(total, chain.sent_ns, tuple(readings))
     slowest = path.slowest
     if len(slowest) < SLOWEST_KEPT or total > slowest[-1].end_to_end_ns:
-        slowest.append(MessageReading(total, chain.sent_ns, tuple(readings)))
+        slowest.append(message)
         slowest.sort(key=lambda m: -m.end_to_end_ns)
         del slowest[SLOWEST_KEPT:]
+    chain.counted = _Counted(key, total, hop_adds, busy_adds, message)
 
 
 def _drain() -> None:
