@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -211,11 +212,17 @@ async def test_a_line_making_a_primitive_again_takes_its_site_without_walking_th
     (past asyncflow's hooks, constructors, asyncio's and anyio's own parts) and its label are
     worked out for the first one, and the next ones made by that very call take its site."""
     walks = [0]
+    seen: list[str] = []  # (what each walk found, for the message)
     walk = _sites.creation_frame
+    here_thread = threading.get_ident()
 
     def counting(*args: Any, **kwargs: Any) -> Any:
-        walks[0] += 1
-        return walk(*args, **kwargs)
+        found = walk(*args, **kwargs)
+        if threading.get_ident() == here_thread:
+            walks[0] += 1
+        where = "-" if found is None else f"{found.f_code.co_filename}:{found.f_lineno}"
+        seen.append(f"{threading.current_thread().name} {type(args[0]).__name__} {where}")
+        return found
 
     monkeypatch.setattr(resources, "creation_frame", counting)
     cls: Any = _MADE[kind]
@@ -234,7 +241,7 @@ async def test_a_line_making_a_primitive_again_takes_its_site_without_walking_th
         assert [r.folded for r in rows] == [USES, 2]
         used = rows[0].stats.sets if kind.endswith("Event") else resources.acquisitions(rows[0])
         assert used == USES
-    assert walks[0] == 2  # each line's first
+    assert walks[0] == 2, seen  # each line's first
 
 
 async def _condition_notified_under_its_lock() -> None:
