@@ -18,6 +18,7 @@ TASKS = 3_000
 MOMENTS = 10
 
 
+@pytest.mark.slow  # 3,000 tasks read at each of eleven moments: seconds
 def test_moments_of_many_tasks_reuse_the_tasks_read_lately(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

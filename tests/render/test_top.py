@@ -1,4 +1,6 @@
-"""``asyncflow top`` rendered headlessly by textual's own harness against a live profiler."""
+"""``asyncflow top`` rendered headlessly by textual's own harness against a live profiler.
+
+The tests that drive the app key by key take seconds each: they are marked slow."""
 
 from __future__ import annotations
 
@@ -137,6 +139,7 @@ async def futures_of_every_kind() -> None:
 # -- the views -----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_top_shows_futures_channels_streams_and_loops() -> None:
     with asyncflow.profile("topped", format="none", port=0) as prof:
         await workload()
@@ -170,6 +173,7 @@ async def test_top_shows_futures_channels_streams_and_loops() -> None:
         assert not app.is_running
 
 
+@pytest.mark.slow
 async def test_the_logs_follow_the_selected_future_across_sorts_and_refreshes() -> None:
     with asyncflow.profile("follow", format="none", port=0) as prof, stuck():
         await futures_of_every_kind()
@@ -200,6 +204,7 @@ async def test_the_logs_follow_the_selected_future_across_sorts_and_refreshes() 
                 assert app.selected is None and detail(app) == ""
 
 
+@pytest.mark.slow
 async def test_at_80_columns_the_columns_people_need_most_fit() -> None:
     needed = {
         "futures": {"future", "live", "oldest", "p95", "max", "busyΣ", "calls"},
@@ -295,6 +300,7 @@ def numbers(app: TopApp, column: str) -> list[int]:
     return [int(r[i].replace(",", "")) for r in app.table_text()]
 
 
+@pytest.mark.slow
 async def test_sort_by_a_chosen_column_reverse_it_or_click_its_header() -> None:
     with asyncflow.profile("sorted", format="none", port=0) as prof:
         await futures_of_every_kind()
@@ -325,6 +331,7 @@ async def test_sort_by_a_chosen_column_reverse_it_or_click_its_header() -> None:
             assert numbers(app, "calls") == sorted(numbers(app, "calls"), reverse=True)
 
 
+@pytest.mark.slow
 async def test_the_help_screen_says_what_each_column_means() -> None:
     text = help_text("channels")
     assert text.index("channels (c)") < text.index("keys") < text.index("futures (f)")
@@ -383,6 +390,7 @@ def test_a_rows_name_says_when_it_sums_gone_objects_or_is_gone() -> None:
 # -- what the logs and the columns say ---------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_channel_logs_name_the_futures_and_keep_sends_and_receives_apart() -> None:
     with asyncflow.profile("named", format="none", port=0) as prof:
         await workload()
@@ -407,6 +415,7 @@ async def test_channel_logs_name_the_futures_and_keep_sends_and_receives_apart()
             assert all("by consume (call " in line and " after " in line for line in received)
 
 
+@pytest.mark.slow
 async def test_a_call_waiting_forever_shows_as_live_with_its_age() -> None:
     with asyncflow.profile("stuck", format="none", port=0) as prof, stuck():
         await futures_of_every_kind()
@@ -537,6 +546,7 @@ async def fake_endpoint(
         await runner.cleanup()
 
 
+@pytest.mark.slow
 async def test_a_document_top_cannot_read_is_said_on_the_status_line() -> None:
     """top parses every document with the schema: one that does not parse is named, with the
     field, in the status line (one line, no traceback), and top keeps asking."""
@@ -598,6 +608,7 @@ async def test_a_document_top_cannot_read_is_said_on_the_status_line() -> None:
             assert "fake · pid 7" in status(app) and app.table_text()[0][0] == "fetch"
 
 
+@pytest.mark.slow
 async def test_top_says_what_is_wrong_and_keeps_retrying() -> None:
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
@@ -635,6 +646,7 @@ def test_a_warnings_evidence_reads_in_units() -> None:
     )
 
 
+@pytest.mark.slow
 async def test_at_80_columns_the_footer_shows_help_and_quit_whole() -> None:
     """The footer is not cut: every key it shows is whole, '? Help' and 'q Quit' last; the
     views it leaves out are on the help screen, as every key is."""

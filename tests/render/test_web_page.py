@@ -16,11 +16,12 @@ import time
 import tomllib
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from html.parser import HTMLParser
 from pathlib import Path
+from typing import Any, TypeVar
 
 import pytest
 
@@ -42,10 +43,18 @@ def chromium() -> str | None:
     return None
 
 
-needs_chromium = pytest.mark.skipif(
+_chromium_here = pytest.mark.skipif(
     chromium() is None,
     reason="no Chromium here (apt-get install chromium; .ci/run installs it where it can)",
 )
+_Test = TypeVar("_Test", bound=Callable[..., Any])
+
+
+def needs_chromium(test: _Test) -> _Test:
+    """A test that renders the page in headless Chromium (skipped without one): slow, as a
+    browser takes seconds to start and render."""
+    marked: _Test = pytest.mark.slow(_chromium_here(test))
+    return marked
 
 
 # -- a planted program: a pipeline with a bottleneck, and a lock ---------------------------------
