@@ -15,11 +15,11 @@ per object.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Literal
 
 from asyncflow.render.reporters import Figures
-from asyncflow.schema import Location
+from asyncflow.schema import Location, Outcomes
 
 __all__ = ["METRICS", "Metric", "Pairs", "Point", "Subject", "points_of", "series"]
 
@@ -248,7 +248,8 @@ def _info(s: Any) -> Iterable[Point]:
 
 
 _STATES = ("pending", "running", "suspended")
-_OUTCOMES = ("returned", "raised", "cancelled", "closed", "never_awaited")
+#: how calls finished, each call under one (``dropped`` is a part of ``closed``: its own metric)
+_OUTCOMES = tuple(f.name for f in fields(Outcomes) if f.name != "dropped")
 _COUNTER: Literal["counter"] = "counter"
 _GAUGE: Literal["gauge"] = "gauge"
 _SUMMARY: Literal["summary"] = "summary"
@@ -331,6 +332,17 @@ METRICS: tuple[Metric, ...] = (
         _COUNTER,
         "{call}",
         "Finished calls, by outcome",
+    ),
+    Metric(
+        FUTURES,
+        _number(lambda e: e.outcomes.dropped),
+        "asyncflow_future_calls_dropped_total",
+        _COUNTER,
+        "Calls destroyed while pending, of those closed: nothing referenced their task.",
+        "asyncflow.future.calls.dropped",
+        _COUNTER,
+        "{call}",
+        "Calls destroyed while pending, of those closed: nothing referenced their task",
     ),
     Metric(
         FUTURES,

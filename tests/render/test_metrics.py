@@ -222,6 +222,35 @@ async def test_metrics_parse_and_equal_the_documents(fake_clock: FakeClock) -> N
     assert _value(series, "asyncflow_info", **info) == 1
 
 
+async def test_calls_destroyed_while_pending_are_a_counter_beside_the_outcomes(
+    prof: asyncflow.Profiler,
+) -> None:
+    """A task nothing referenced, collected mid-wait: its call finished ``closed``, and is
+    counted again as dropped, in a family of its own (the outcomes add up to the calls)."""
+
+    @asyncflow.future(name="notify")
+    async def notify(ack: asyncio.Future[None]) -> None:
+        await ack
+
+    loop = asyncio.get_running_loop()
+    for _ in range(2):
+        asyncio.ensure_future(notify(loop.create_future()))  # noqa: RUF006  (dropped on purpose)
+    await asyncio.sleep(0)
+    gc.collect()  # (asyncio logs each: Task was destroyed but it is pending!)
+    _, series = _parse(prometheus.render(figures_of(prof.snapshot())))
+    (entry,) = [key for key in series if key[0] == "asyncflow_future_calls_dropped_total"]
+    lb = dict(entry[1])
+    assert lb["label"] == "notify" and set(lb) == {"label", "location"}
+    assert _value(series, "asyncflow_future_calls_dropped_total", **lb) == 2
+    finished = "asyncflow_future_calls_finished_total"
+    outcomes = {o: _value(series, finished, **lb, outcome=o) for o in ("closed", "cancelled")}
+    assert outcomes == {"closed": 2, "cancelled": 0}
+    assert (
+        "asyncflow_future_calls_finished_total",
+        frozenset({**lb, "outcome": "dropped"}.items()),
+    ) not in series
+
+
 _TWIN = "async def twin():\n    await asyncio.sleep(0)\n"
 
 
