@@ -436,6 +436,13 @@ def _wrap(it: AsyncIterator[_T], record: StreamRecord) -> AsyncIterator[_T]:
 _generators: dict[type, type] = {}
 
 
+def _wrapped_class(wrapper: Any) -> type:
+    """A wrapper's ``__class__``: its iterator's, so that ``isinstance()`` and ``inspect`` say of
+    the wrapper what they say of the iterator (``inspect.isasyncgen()`` is true of an async
+    generator's). ``type()`` still tells the wrapper, as ``unittest.mock``'s ``spec`` does."""
+    return type(wrapper._it)
+
+
 def _shaped(key: tuple[type, bool, bool, bool]) -> type:
     """The class of implementation ``key[0]`` with the generator methods ``key[1:]`` says it
     has (``asend``, ``athrow``, ``aclose``): at most eight per implementation, made once."""
@@ -454,6 +461,7 @@ def _shaped(key: tuple[type, bool, bool, bool]) -> type:
                 "__module__": base.__module__,
                 "__qualname__": base.__qualname__,
                 "__doc__": base.__doc__,
+                "__class__": property(_wrapped_class),
             }
             cls = type(base.__name__, (*mixins, base), namespace)
         cls = _shapes.setdefault(key, cls)
