@@ -792,3 +792,62 @@ def test_a_future_holding_a_trio_loop_is_told_trios_way_to_a_thread(tmp_path: Pa
     assert held["subject"]["label"] == "load"
     assert held["evidence"]["busy_percent"] >= 90, held
     assert "trio.to_thread.run_sync" in held["hint"] and "asyncio" not in held["hint"], held
+
+
+_ETL = """\
+import time
+
+import anyio
+
+
+def parse(n):
+    time.sleep(0.02)  # a synchronous parser, in a thread
+    return n
+
+
+async def extract(send):
+    async with send:
+        for n in range(60):
+            await send.send(n)
+
+
+async def transform(receive, send):
+    async with receive, send:
+        async for n in receive:
+            await send.send(await anyio.to_thread.run_sync(parse, n))
+
+
+async def load(receive):
+    async with receive:
+        async for n in receive:
+            time.sleep(0.03)  # planted: a synchronous database write on the loop
+
+
+async def main():
+    raw_send, raw_receive = anyio.create_memory_object_stream[int](10)
+    out_send, out_receive = anyio.create_memory_object_stream[int](10)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(extract, raw_send)
+        tg.start_soon(transform, raw_receive, out_send)
+        tg.start_soon(load, out_receive)
+    print("loaded")
+
+
+anyio.run(main, backend="trio")
+"""
+
+
+@pytest.mark.slow  # about two seconds of a pipeline whose sink blocks its loop
+def test_a_stage_waiting_for_a_loop_its_sink_blocks_is_no_warning(tmp_path: Path) -> None:
+    """The reviewer's ETL on trio: the sink writes synchronously on the loop, and the parser's
+    thread results come back through that loop. The sink's line is the error; the stage before
+    it, whose input filled while it waited for the loop, is info that says so."""
+    out, report = _run(tmp_path, _ETL)
+    assert out == "loaded\n"
+    by_kind = {w["kind"]: w for w in report["warnings"]}
+    blocked = by_kind["loop-blocked"]
+    assert blocked["severity"] == "error" and "time.sleep(0.03)" in blocked["message"], blocked
+    neck = by_kind["bottleneck"]
+    assert (neck["severity"], neck["message"].split(" is ")[0]) == ("info", "`transform`"), neck
+    assert "other code blocked the loop" in neck["message"]
+    assert [w["kind"] for w in report["warnings"] if w["severity"] != "info"] == ["loop-blocked"]
