@@ -288,6 +288,7 @@ def compute_a_while() -> int:
 
 
 @linux
+@pytest.mark.slow  # (two 0.3 s blocks, watched by a monitor that a loaded machine delays)
 def test_a_sleep_is_blocking_and_arithmetic_is_cpu() -> None:
     @asyncflow.future(name="sleeper")
     async def sleeper() -> None:
@@ -320,12 +321,17 @@ def test_a_sleep_is_blocking_and_arithmetic_is_cpu() -> None:
     # (one line each: a CPU-bound poll's looks are one block, named after one of its lines;
     # the test's own snapshots, taken on the loop, can block it too on a loaded machine)
     kinds.pop("loop_entries", None)
+    lines = [
+        (b.function, b.kind, b.count, b.total_ns, b.cpu_ns, b.cpu_wall_ns)
+        for b in entry.blocking_lines
+    ]
     assert kinds == {
         "sleep_a_while": ("blocking", "sleeper"),
         "compute_a_while": ("cpu", "cruncher"),
-    }
+    }, lines
     episodes = {e.call.label: e.kind for e in entry.episodes if e.call is not None}
-    assert episodes == {"sleeper": "blocking", "cruncher": "cpu"}
+    seen = [(e.call and e.call.label, e.kind, e.blocked_ns, e.stack[:1]) for e in entry.episodes]
+    assert episodes == {"sleeper": "blocking", "cruncher": "cpu"}, seen
     by_line = {w.subject.label: w for w in snap.warnings}
     sleeping = by_line[f"test_blocks.py:{sleep_a_while.__code__.co_firstlineno + 1}"]
     first = compute_a_while.__code__.co_firstlineno
