@@ -1049,30 +1049,13 @@ def _readers(channels: Iterable[ChannelEntry]) -> set[int]:
     return {e.future_id for c in channels for e in c.receivers if e.messages and e.future_id}
 
 
-def _blocked_elsewhere_ns(docs: Documents, readers: set[int | None]) -> int:
-    """How long the loops' blocking lines held the loop outside the calls of ``readers`` (and
-    the calls they made or were made in): a stage that waits for its loop meanwhile is slow
-    because of that code, not its own."""
-    own = {f for f in readers if f is not None}
-    near = readers | _callees(docs, own) | _callers(docs, readers)
-    return sum(
-        line.total_ns
-        for loop in docs.loops
-        for line in loop.blocking_lines
-        if line.future_id is None or line.future_id not in near
-    )
-
-
 def bottleneck(docs: Documents, th: Thresholds) -> Iterator[Finding]:
     """A bounded channel full and its producers blocked: the consumers are the slow stage.
 
     In a chain of stages, a slow last stage backs up every channel before it; a stage that is
     itself held up by a full output is not the slow one, so only the channel whose consumers
     are not blocked producers elsewhere is named. The share is per producing call: four
-    ``parse`` calls blocked the whole second make 100%, not 400%. When other code blocked the
-    loop for a third of the time the input was in use or more, the stage may only have waited
-    for the loop (on trio, a thread's result too comes back through it): the finding is info,
-    and says to fix the blocking line that loop-blocked names first.
+    ``parse`` calls blocked the whole second make 100%, not 400%.
     """
     futures = _by_id(docs)
     own = _own_futures(docs)
@@ -1098,12 +1081,9 @@ def bottleneck(docs: Documents, th: Thresholds) -> Iterator[Finding]:
             continue  # its consumers wait on a full output themselves: the slow stage is later
         consumers, stages = _named(c.receivers)
         in_use = _active_ns(c, docs.elapsed_ns)
-        elsewhere = _blocked_elsewhere_ns(docs, readers) if docs.loops else 0
         producers = _calls_at_once(c.senders, futures, in_use)
         if backlog is not None:  # unbounded: no producer waits, its messages do
-            yield _slowed_by_blocks(
-                _backlog_finding(c, backlog, in_use, futures), elsewhere, in_use
-            )
+            yield _backlog_finding(c, backlog, in_use, futures)
             continue
         assert share is not None
         percent = min(100, round(share * 100))
@@ -1115,7 +1095,7 @@ def bottleneck(docs: Documents, th: Thresholds) -> Iterator[Finding]:
             else f"its consumers queue for `{pool}`, which is saturated: give that pool more "
             "workers; more consumers would only queue there too"
         )
-        finding = Finding(
+        yield Finding(
             "bottleneck",
             "warning",
             _channel_subject(c),
@@ -1134,24 +1114,6 @@ def bottleneck(docs: Documents, th: Thresholds) -> Iterator[Finding]:
                 "max_queue_size": c.max_queue_size,
             },
         )
-        yield _slowed_by_blocks(finding, elsewhere, in_use)
-
-
-def _slowed_by_blocks(finding: Finding, elsewhere_ns: int, in_use_ns: int) -> Finding:
-    """The bottleneck ``finding`` as info, when other code blocked the loop for a third of the
-    ``in_use_ns`` or more (``elsewhere_ns``): its stage may only have waited for the loop."""
-    if 3 * elsewhere_ns < in_use_ns:
-        return finding
-    return dataclasses.replace(
-        finding,
-        severity="info",
-        message=f"{finding.message}; but other code blocked the loop "
-        f"{_percent(elsewhere_ns, in_use_ns)}% of that time, and the stage waited for the loop "
-        "meanwhile",
-        hint="fix what blocks the loop first (the loop-blocked finding names its line), then "
-        "see whether this stage is still the slow one",
-        evidence={**finding.evidence, "blocked_elsewhere_ns": elsewhere_ns},
-    )
 
 
 def _backlog_finding(

@@ -11,7 +11,7 @@ import dataclasses
 from asyncflow import schema
 from asyncflow.views import lints
 from asyncflow.views.lints import Documents, Finding, Thresholds
-from tests.views.test_lints_cause import future, loop_with
+from tests.views.test_lints_cause import future
 
 MS = 1_000_000
 S = 1000 * MS
@@ -93,35 +93,3 @@ def test_a_queue_whose_consumer_mostly_waits_for_input_is_no_bottleneck() -> Non
     assert _necks(_pipeline(geocode_starved_ns=1500 * MS)) == []
     # a queue whose messages pass quickly is no backlog, however busy its consumer
     assert _necks(_pipeline(geocode_p50_ns=2 * MS)) == []
-
-
-def _blocked_by(fid: int | None, total_ms: int) -> schema.LoopEntry:
-    """The loop, blocked at one line ``total_ms`` in all, in a call of future ``fid``."""
-    line = schema.BlockedLine(
-        "/srv/etl.py", 35, "write", None, 60, total_ms * MS, 30 * MS, 0, None, 0, None, fid, None
-    )
-    return loop_with(line)
-
-
-def test_a_stage_that_waited_for_a_loop_another_stage_blocked_is_said_so_as_info() -> None:
-    """The sink writes to its database synchronously, 30 ms a message on the loop: geocode's
-    input built up while geocode waited for the loop, whose blocking line loop-blocked names.
-    Blocked as long in geocode's own calls, or for a short part of the run, geocode is the slow
-    stage, and a warning."""
-
-    def necks(fid: int | None, total_ms: int) -> list[tuple[str, str]]:
-        docs = dataclasses.replace(_pipeline(), loops=[_blocked_by(fid, total_ms)])
-        return [(f.subject.label, f.severity) for f in _necks(docs)]
-
-    assert necks(5, 700) == [("q2", "info")]  # the sink's write: over a third of q2's 1.9 s
-    assert necks(None, 700) == [("q2", "info")]  # untracked code: no call of geocode's ran
-    assert necks(3, 700) == [("q2", "warning")]  # geocode's own calls blocked it
-    assert necks(5, 300) == [("q2", "warning")]  # too little of the time to explain it
-    docs = dataclasses.replace(_pipeline(), loops=[_blocked_by(5, 700)])
-    (neck,) = _necks(docs)
-    assert neck.message.endswith(
-        "; but other code blocked the loop 37% of that time, and the stage waited for the loop "
-        "meanwhile"
-    )
-    assert neck.hint.startswith("fix what blocks the loop first")
-    assert neck.evidence["blocked_elsewhere_ns"] == 700 * MS
