@@ -391,9 +391,11 @@ class Recording:
 
     def index_at(self, seconds: float) -> int:
         """The frame of the moment ``seconds`` after the start: the last one at or before it
-        (the first, before the first tick)."""
+        (the first, before the first tick). A time within a nanosecond of a moment's is that
+        moment's: a replay's tick lands on it by adding the gap to the moment before, and
+        ``a + (b - a)`` may round to just under ``b``."""
         times = [f.t for f in self.frames]
-        return max(0, bisect.bisect_right(times, seconds) - 1)
+        return max(0, bisect.bisect_right(times, seconds + 1e-9) - 1)
 
     def snapshot(self, index: int = -1, since: int | None = None) -> schema.Snapshot:
         """The documents at frame ``index``; with ``since``, the warnings are every one that

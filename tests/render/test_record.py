@@ -17,7 +17,7 @@ import pytest
 import asyncflow
 from asyncflow import cli, schema
 from asyncflow.render import record
-from asyncflow.render.record import MAGIC, RecordingError, read_recording
+from asyncflow.render.record import MAGIC, Frame, Recording, RecordingError, read_recording
 from tests.support.commands import ASYNCFLOW, asyncflow_cmd, write
 from tests.support.recording import moments
 from tests.support.recording import profiled as _profiled
@@ -74,6 +74,16 @@ def test_a_recording_reads_back_its_moments_and_its_end_state(tmp_path: Path) ->
     assert rec.snapshot(rec.index_at(rec.frames[full].t + 0.01)) == rec.snapshot(full)
     assert depths[-1] == 0  # ... and drained at the end
     assert rec.index_at(-1.0) == 0 and rec.index_at(1e9) == len(rec.frames) - 1
+
+
+def test_a_tick_of_the_gap_between_two_moments_lands_on_the_later_one() -> None:
+    """A replay plays a moment on by adding the gap to the moment before: with these times,
+    0.127229305 + (0.397935541 - 0.127229305) rounds to just under 0.397935541."""
+    a, b = 0.127229305, 0.397935541
+    assert a + (b - a) < b  # (the rounding this is about)
+    rec = Recording("r.afrec", {}, [Frame(0.0, {}), Frame(a, {}), Frame(b, {})])
+    assert rec.index_at(a + (b - a)) == 2
+    assert rec.index_at(b - 1e-6) == 1  # a microsecond before it is still the moment before
 
 
 def test_a_newer_format_is_refused_by_number(tmp_path: Path) -> None:
