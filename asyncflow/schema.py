@@ -399,6 +399,11 @@ class ProfilerStatus:
     #: attached to a running program (``asyncflow attach``): the live tasks it adopted, made
     #: before the attach (what they run is not timed); null: started with the program
     adopted_tasks: int | None = None
+    #: the web frameworks whose application a server started on a tracked loop (its lifespan
+    #: or startup ran: ``starlette``, which FastAPI is, or ``aiohttp``): the program serves
+    #: requests, each a call of its route's future, whether or not one came yet; empty: none
+    #: (or a document from an older version)
+    serving: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)

@@ -244,6 +244,7 @@ def track_every_loop(*, executors: bool = True, by_route: bool = True) -> LoopTr
     if executors:
         chosen.append((instrument_executors, "its run_in_executor cannot be wrapped"))
     _instrumenters = tuple(chosen)
+    routes.forget_serving()
     steps = [
         _undo_late,
         _patch(asyncio.BaseEventLoop, "__init__", _hooked_init(asyncio.BaseEventLoop.__init__)),

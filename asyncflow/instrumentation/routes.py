@@ -204,6 +204,39 @@ def _tracked_loop() -> bool:
     return loop is not None and isinstance(loop.get_task_factory(), futures._TaskFactory)
 
 
+#: the web frameworks whose application a server started on a tracked loop since the tracking
+#: began, in that order (kept once it ends: the exit's report is written after)
+_serving: list[str] = []
+
+
+def serving() -> list[str]:
+    """The web frameworks whose application a server started on a tracked loop (its lifespan
+    or startup ran there): the program serves requests, whether or not one came yet."""
+    return list(_serving)
+
+
+def forget_serving() -> None:
+    """A new tracking begins: no application started under it yet."""
+    _serving.clear()
+
+
+def _starts(original: Callable[..., Any], framework: str) -> Callable[..., Any]:
+    """``original`` (an application's start: Starlette's router's ``lifespan``, aiohttp's
+    ``Application.startup``), noting that a server started ``framework``'s application on a
+    tracked loop (not asyncflow's own endpoint, whose loop is not tracked)."""
+
+    @functools.wraps(original)
+    def started(*args: Any, **kwargs: Any) -> Any:
+        try:
+            if framework not in _serving and _tracked_loop():
+                _serving.append(framework)
+        except Exception as err:  # observing never breaks the program
+            _session.internal_error("noting a web application's start", err)
+        return original(*args, **kwargs)
+
+    return _coroutine_function(started)
+
+
 def _coroutine_function(wrapper: Callable[..., Any]) -> Callable[..., Any]:
     """``inspect.iscoroutinefunction`` still says yes, where Python can be told (3.12+)."""
     mark = getattr(inspect, "markcoroutinefunction", None)
@@ -230,6 +263,9 @@ def starlette_patches(routing: types.ModuleType) -> list[Patch]:
     original = vars(mount).get("handle") if mount is not None else None
     if original is not None:
         patches.append((mount, "handle", _mount_handle(original)))
+    lifespan = vars(routing.Router).get("lifespan")
+    if lifespan is not None:
+        patches.append((routing.Router, "lifespan", _starts(lifespan, "starlette")))
     return patches
 
 
@@ -419,7 +455,7 @@ def aiohttp_patches(web_app: types.ModuleType) -> list[Patch]:
         return []  # an aiohttp unlike those known: its requests stay its tasks' calls
     system = getattr(dispatcher, "SystemRoute", None)
     holder = _Unmatched(_AiohttpUnmatched, web_app.__name__, handle.__code__)
-    return [
+    patches: list[Patch] = [
         (application, "_handle", _aiohttp_handle(handle, holder)),
         (
             match_info,
@@ -427,6 +463,10 @@ def aiohttp_patches(web_app: types.ModuleType) -> list[Patch]:
             _aiohttp_freeze(freeze, holder, system, _route_attribute(match_info)),
         ),
     ]
+    startup = vars(application).get("startup")
+    if startup is not None:
+        patches.append((application, "startup", _starts(startup, "aiohttp")))
+    return patches
 
 
 def _aiohttp_handle(

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 from asyncflow import clock, stats
 from asyncflow._version import __version__
-from asyncflow.instrumentation import _raised, _session, every_loop, gathers
+from asyncflow.instrumentation import _raised, _session, every_loop, gathers, routes
 from asyncflow.instrumentation.channels import ChannelRecord, Edge, channel_registry, edge_counts
 from asyncflow.instrumentation.cpu import PollFigures, call_figures
 from asyncflow.instrumentation.executors import executor_registry
@@ -394,6 +394,7 @@ def status(collector: Collector, now: int, running: bool) -> ProfilerStatus:
         ],
         unretrieved_dropped=_raised.dropped(collector.session.epoch),
         adopted_tasks=collector.session.adopted,
+        serving=routes.serving(),
     )
 
 
@@ -828,6 +829,7 @@ def _warnings(
         resources=resources.resources,
         never_awaited=futures.never_awaited,
         block_threshold_ns=loop.block_threshold_ns,
+        serves=bool(routes.serving()),
         recent_ends=_recent_ends(collector),
         graph=graph,
         errors=_errors(collector),

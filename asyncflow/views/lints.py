@@ -174,6 +174,9 @@ class Documents:
     resources: Sequence[ResourceEntry] = ()
     never_awaited: Sequence[NeverAwaitedEntry] = ()
     block_threshold_ns: int = 100_000_000
+    #: the program serves requests: a server started a web framework's application, whose
+    #: requests are calls of their routes' futures (``ProfilerStatus.serving``)
+    serves: bool = False
     #: future id -> (created_ns, finished_ns, outcome) of its recent finished calls, in
     #: nanoseconds since the profile's start, oldest first
     recent_ends: Mapping[int, Sequence[tuple[int, int, str]]] = field(default_factory=dict)
@@ -203,6 +206,7 @@ def documents_of(snapshot: Snapshot, now_ns: int = 0) -> Documents:
         resources=snapshot.resources.resources if snapshot.resources is not None else (),
         never_awaited=snapshot.futures.never_awaited,
         block_threshold_ns=loop.block_threshold_ns if loop is not None else 100_000_000,
+        serves=bool(snapshot.status.serving),
         recent_ends={
             logs.future_id: [
                 (c.created_ns, c.finished_ns, c.outcome or "returned")
@@ -582,7 +586,7 @@ def blocked_loop(docs: Documents, th: Thresholds) -> Iterator[Finding]:
     finding)."""
     futures = _by_id(docs)
     top = _cpu_top(docs, th)
-    first = _first_request_ns(docs)
+    first, note = _no_request_before(docs)
     for cause in _causes(docs, th):
         finding = _line_finding(cause, futures, top.id if top is not None else None)
         line = cause.line
@@ -593,9 +597,7 @@ def blocked_loop(docs: Documents, th: Thresholds) -> Iterator[Finding]:
             and line.count == 1
             and line.last_ns <= first
         ):
-            finding = dataclasses.replace(
-                finding, severity="info", message=finding.message + AT_START_UP
-            )
+            finding = dataclasses.replace(finding, severity="info", message=finding.message + note)
         elif (
             cause.ongoing is None and line is not None and line.count == 1 and line.kind == "import"
         ):
@@ -616,6 +618,8 @@ def blocked_loop(docs: Documents, th: Thresholds) -> Iterator[Finding]:
 
 #: what a block said before a web service's first request began says of it
 AT_START_UP = "; at start-up, before the first request began: no request waited"
+#: what a block said of a web service that no request came to (yet) says of it
+NO_REQUEST_YET = "; the service had no request yet: no request waited"
 #: the kinds of finding about the loop's time that a start-up's block makes
 _START_UP_KINDS = frozenset({"loop-blocked", "long-poll"})
 
@@ -630,6 +634,17 @@ def _first_request_ns(docs: Documents) -> int | None:
         if f.tracked_by == ROUTE and f.first_call_ago_ns is not None
     ]
     return max(0, docs.elapsed_ns - max(agos)) if agos else None
+
+
+def _no_request_before(docs: Documents) -> tuple[int | None, str]:
+    """Until when (from the profiler's start) a web service had no request, and what a
+    one-off block then says of it: its first routed request's start; now, for a service that
+    no request came to (a worker the others' requests went to, a service started and stopped
+    unused); None for a program that serves none (no web framework's application started)."""
+    first = _first_request_ns(docs)
+    if first is not None:
+        return first, AT_START_UP
+    return (docs.elapsed_ns, NO_REQUEST_YET) if docs.serves else (None, AT_START_UP)
 
 
 def _frame_of(f: FutureEntry, frame: StackFrame) -> bool:
@@ -2686,7 +2701,7 @@ class WarningBook:
         """A block found while a web service started (its lifespan importing, an ongoing block
         then an error), which held no more before its first request began, held no request up:
         once that request is known, it is info, as the same block judged at the end is."""
-        first = _first_request_ns(docs)
+        first, note = _no_request_before(docs)
         if first is None:
             return
         began = docs.now_ns - docs.elapsed_ns + first
@@ -2698,9 +2713,7 @@ class WarningBook:
                 and f.severity != "info"
                 and held.last_seen <= began
             ):
-                held.finding = dataclasses.replace(
-                    f, severity="info", message=f.message + AT_START_UP
-                )
+                held.finding = dataclasses.replace(f, severity="info", message=f.message + note)
 
     def holds(self, kind: str) -> bool:
         """Whether a warning of ``kind`` held at the last evaluation."""

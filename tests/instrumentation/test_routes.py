@@ -347,3 +347,36 @@ def test_a_moved_call_leaves_its_tasks_future_for_its_routes(move: Any) -> None:
     call.stats = task.stats  # as if of an earlier session: its future's stats are others now
     move(call, other)
     assert call.future is route and not other.stats.live and other.stats.created == 0
+
+
+async def _lifespan(app: Starlette) -> list[str]:
+    """What an ASGI server does as it starts an application and stops it: the lifespan."""
+    said: list[str] = []
+    messages = iter([{"type": "lifespan.startup"}, {"type": "lifespan.shutdown"}])
+
+    async def receive() -> MutableMapping[str, Any]:
+        return next(messages)
+
+    async def send(message: MutableMapping[str, Any]) -> None:
+        said.append(message["type"])
+
+    await app({"type": "lifespan", "asgi": {"version": "3.0"}, "state": {}}, receive, send)
+    return said
+
+
+def test_an_application_whose_lifespan_a_server_ran_says_the_program_serves(
+    tracked: asyncflow.Profiler,
+) -> None:
+    """Requests through a test client are not a server; a server runs the application's
+    lifespan as it starts it (uvicorn, hypercorn): a web service from then on, one request came
+    or not. The lifespan goes as without asyncflow."""
+    assert asyncio.run(_client_requests()) == REQUESTS
+    assert tracked.snapshot().status.serving == []
+    said = ["lifespan.startup.complete", "lifespan.shutdown.complete"]
+    assert asyncio.run(_lifespan(_app())) == said
+    assert tracked.snapshot().status.serving == ["starlette"]
+
+
+def test_an_applications_lifespan_goes_alike_without_a_profiler() -> None:
+    said = ["lifespan.startup.complete", "lifespan.shutdown.complete"]
+    assert asyncio.run(_lifespan(_app())) == said

@@ -26,6 +26,7 @@ from tests.support.tracking import every_loop_tracked
 
 PLAIN_HANDLE = web.Application._handle
 PLAIN_FREEZE = web_urldispatcher.UrlMappingMatchInfo.freeze
+PLAIN_STARTUP = web.Application.startup
 
 
 async def _order(request: web.Request) -> web.Response:
@@ -140,6 +141,32 @@ def test_the_hooks_pass_for_what_they_wrap(tracked: asyncflow.Profiler) -> None:
     assert inspect.iscoroutinefunction(handle) == (
         hasattr(inspect, "markcoroutinefunction")  # (3.12+: said so; 3.11 cannot be told)
     )
+
+
+def test_an_application_started_on_the_programs_loop_says_the_program_serves(
+    tmp_path: Any,
+) -> None:
+    """An aiohttp application a runner starts on the program's loop is a web service's (its
+    one-off start-up blocks held no request up, one came or not); asyncflow's own endpoint,
+    an aiohttp application on the profiler's loop, is not the program's."""
+
+    async def serve() -> None:
+        runner = web.AppRunner(_app())
+        await runner.setup()  # (its startup signals run here)
+        try:
+            await web.UnixSite(runner, str(tmp_path / "app.sock")).start()
+        finally:
+            await runner.cleanup()
+
+    with every_loop_tracked("serving", port=0) as prof:
+        assert prof.snapshot().status.serving == []  # its endpoint is served, started
+        asyncio.run(_each_in_a_task())  # requests handled, no server started
+        assert prof.snapshot().status.serving == []
+        asyncio.run(serve())
+        assert prof.snapshot().status.serving == ["aiohttp"]
+    assert web.Application.startup is PLAIN_STARTUP  # (put back)
+    with every_loop_tracked("again") as prof:
+        assert prof.snapshot().status.serving == []  # (a tracking of its own)
 
 
 def test_the_route_is_read_from_its_slot_where_the_property_only_returns_it() -> None:

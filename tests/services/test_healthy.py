@@ -154,10 +154,10 @@ async def _load(sock: Path) -> None:
 
 
 async def _profiled(
-    tmp_path: Path, program: list[str], sock: Path, env: dict[str, str]
+    tmp_path: Path, program: list[str], sock: Path, env: dict[str, str], load: bool = True
 ) -> dict[str, Any]:
-    """Run ``program`` under ``asyncflow run``, load it, stop it as a user would (Ctrl-C),
-    and return its JSON exit report."""
+    """Run ``program`` under ``asyncflow run``, load it (unless not ``load``: it listens, no
+    request comes), stop it as a user would (Ctrl-C), and return its JSON exit report."""
     report = tmp_path / "report.json"
     # as a user runs it (the suite's sampling left out), on the hot path the suite runs on
     # (ASYNCFLOW_NO_EXTENSIONS), registered in the test's runtime directory
@@ -170,7 +170,8 @@ async def _profiled(
     )
     try:
         await _wait_for(sock, process)
-        await _load(sock)
+        if load:
+            await _load(sock)
     finally:
         process.send_signal(signal.SIGINT)
         _, stderr = await anyio.to_thread.run_sync(lambda: process.communicate(timeout=60))
@@ -266,3 +267,45 @@ async def test_a_healthy_aiohttp_service_gets_at_most_two_warnings(
     labels = {f["label"] for f in report["futures"]["futures"]}
     assert labels & {"RequestHandler._handle_request", "item"}, labels
     _precise(_warnings(report))
+
+
+#: a service whose lifespan loads a certificate store, 300 ms on its loop, before it listens
+STARTING_APP = """
+import contextlib
+import time
+
+from fastapi import FastAPI
+
+
+@contextlib.asynccontextmanager
+async def lifespan(app):
+    time.sleep(0.3)  # a certificate store, read synchronously at start-up
+    yield
+
+
+app = FastAPI(lifespan=lifespan)
+
+
+@app.get("/health")
+async def health():
+    return {"ok": True}
+"""
+
+
+async def test_a_service_no_request_came_to_says_its_start_up_block_as_info(
+    tmp_path: Path,
+) -> None:
+    """A worker that the other workers' requests all went to, or a service started and
+    stopped unused: its start-up's block held no request up, and says so as info, as it does in
+    a worker that served; the report lists the web framework it serves with."""
+    write(tmp_path / "app.py", STARTING_APP)
+    sock = tmp_path / "app.sock"
+    program = ["-m", "uvicorn", "app:app", "--loop", "uvloop", "--uds", str(sock)]
+    report = await _profiled(tmp_path, [*program, "--log-level", "warning"], sock, {}, load=False)
+    assert report["status"]["serving"] == ["starlette"], report["status"]
+    warnings = _warnings(report)
+    (blocked,) = [w for w in warnings if w["kind"] == "loop-blocked"]
+    assert "app.py:" in blocked["message"], _shown(warnings)
+    assert blocked["severity"] == "info", _shown(warnings)
+    assert blocked["message"].endswith("no request yet: no request waited"), _shown(warnings)
+    assert not [w for w in warnings if w["severity"] != "info"], _shown(warnings)

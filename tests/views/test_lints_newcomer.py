@@ -254,6 +254,57 @@ def test_a_one_off_block_before_the_first_request_is_info() -> None:
             )
 
 
+def test_a_one_off_block_of_a_web_service_no_request_came_to_is_info() -> None:
+    """uvicorn ``--workers 2``: each worker's lifespan loads a TLS store, 300 ms on its loop,
+    and the requests all went to the other worker (or the service was started and stopped
+    unused). No request waited for that block: info, as in the worker that served. A program
+    that serves no requests (no web framework's routing loaded) keeps its warning."""
+    for serves, severity in ((True, "info"), (False, "warning")):
+        docs = Documents(0, 1_000 * MS, loops=[_startup_block(350)], serves=serves)
+        (blocked,) = [f for f in lints.evaluate(docs, Thresholds()) if f.kind == "loop-blocked"]
+        assert blocked.severity == severity, blocked.message
+        assert blocked.message.endswith(lints.NO_REQUEST_YET) == serves, blocked.message
+    # a second block at the same line is not a one-off: a warning, request or none
+    twice = dataclasses.replace(
+        _startup_block(350),
+        blocking_lines=[
+            dataclasses.replace(line, count=2, total_ns=2 * line.total_ns)
+            for line in _startup_block(350).blocking_lines
+        ],
+    )
+    docs = Documents(0, 1_000 * MS, loops=[twice], serves=True)
+    (blocked,) = [f for f in lints.evaluate(docs, Thresholds()) if f.kind == "loop-blocked"]
+    assert blocked.severity == "warning", blocked.message
+
+
+def test_a_block_found_while_a_service_started_is_info_while_no_request_came() -> None:
+    """The collector's evaluation during a worker's start finds its loop blocked now, an
+    error. Once the block is over and no request came, the earlier finding is info, as the
+    block judged at the end is; in a program that serves no requests it stays an error."""
+    lifespan = future(1, "LifespanOn.main", 1 * MS, 1 * MS)
+    ongoing = schema.BlockedEpisode(
+        id=1, started_ns=900 * MS, blocked_ns=140 * MS, ongoing=True, task="Task-2",
+        call=schema.RunningCall(1, "LifespanOn.main", 1, 0, 140 * MS),
+        stack=[schema.StackFrame("/srv/app.py", 9, "<module>", "from fastapi import FastAPI")],
+    )  # fmt: skip
+    blocked_now = dataclasses.replace(
+        loop_with(episodes=0), blocked=True, blocked_count=1, episodes=[ongoing]
+    )
+    calm = loop_with(episodes=0)
+    for serves, severity in ((True, "info"), (False, "error")):
+        book = lints.WarningBook()
+        book.update(
+            Documents(
+                10_000 * MS, 1_000 * MS, futures=(lifespan,), loops=[blocked_now], serves=serves
+            )
+        )
+        book.update(
+            Documents(12_000 * MS, 3_000 * MS, futures=(lifespan,), loops=[calm], serves=serves)
+        )
+        earlier = [w for w in book.document(0).warnings if not w.active]
+        assert [(w.kind, w.severity) for w in earlier] == [("loop-blocked", severity)]
+
+
 def test_a_block_found_while_the_service_started_is_info_once_its_first_request_is_known() -> None:
     """A uvicorn worker's lifespan imports for 140 ms: the collector's evaluation during it
     finds the loop blocked now, an error, before any request was routed. Once the first
