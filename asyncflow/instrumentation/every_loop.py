@@ -100,9 +100,10 @@ def note_not_profiled(kind: str, name: str, reason: str) -> None:
 
 
 def reset_for_session() -> None:
-    """A new profiler starts with nothing named."""
+    """A new profiler starts with nothing named, and no web application started."""
     with _lock:
         _blind.clear()
+    routes.forget_serving()
 
 
 def _label(obj: object) -> str:

@@ -204,8 +204,9 @@ def _tracked_loop() -> bool:
     return loop is not None and isinstance(loop.get_task_factory(), futures._TaskFactory)
 
 
-#: the web frameworks whose application a server started on a tracked loop since the tracking
-#: began, in that order (kept once it ends: the exit's report is written after)
+#: the web frameworks whose application a server started on a tracked loop since the profiler
+#: (or the tracking) began, in that order (kept once the tracking ends: the exit's report is
+#: written after)
 _serving: list[str] = []
 
 
@@ -216,7 +217,7 @@ def serving() -> list[str]:
 
 
 def forget_serving() -> None:
-    """A new tracking begins: no application started under it yet."""
+    """A new profiler or tracking begins: no application started under it yet."""
     _serving.clear()
 
 
