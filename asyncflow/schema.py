@@ -208,7 +208,8 @@ class FutureEntry:
     allocations: PollAllocations | None = None
     #: scheduled time: the sum of the waits from a task's wake-up (handed to its loop) to the
     #: poll it led to (the loop's queueing delay), over the calls that are a task's own
-    #: (whole-program mode, or a tracked call made a task), live ones included; part of idle_ns
+    #: (whole-program mode, or a tracked call made a task) or the first tracked call an
+    #: untracked task awaits (anyio's task group tasks), live ones included; part of idle_ns
     scheduled_ns: int = 0
     #: how many wake-ups were measured so, and the longest wait
     scheduled_polls: int = 0
@@ -339,7 +340,8 @@ class CallEntry:
     #: net small-object blocks its polls left in use (allocated minus freed; can be negative)
     allocated_blocks: int | None = None
     #: its scheduled time: the sum of its task's waits from a wake-up to the poll it led to
-    #: (part of idle_ns); 0 for a call that is not its task's own
+    #: (part of idle_ns); 0 for a call that is not its task's own (or the first tracked call
+    #: its untracked task awaits)
     scheduled_ns: int = 0
 
 

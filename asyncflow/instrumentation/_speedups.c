@@ -5209,6 +5209,16 @@ wake_learn_coro(PyObject *task, PyObject *coro)
     wake_coro_offset = found;
 }
 
+/* Frames of an untracked task's coroutine followed down to a tracked call (futures.WAKE_HOPS) */
+#define WAKE_HOPS 4
+
+/* Whether ``coro`` is a tracked call's wrapper, compiled or Python. */
+static inline int
+wake_tracked(PyObject *coro)
+{
+    return Py_IS_TYPE(coro, &WrapperType) || (wake_py_type != NULL && Py_IS_TYPE(coro, wake_py_type));
+}
+
 /* futures._call_soon's stamp, in C. Leaves no exception set. */
 static void
 wake_stamp(PyObject *cb)
@@ -5248,6 +5258,20 @@ wake_stamp(PyObject *cb)
     }
     if (coro == NULL) {
         return;
+    }
+    if (!wake_tracked(coro)) {
+        /* an untracked task (anyio's TaskHandle._run_coro, a coroutine filtered out): its
+         * wake-up resumes the first tracked call its coroutine awaits, within WAKE_HOPS frames
+         * (futures._awaited_call) */
+        for (int hops = 0; hops < WAKE_HOPS && coro != NULL && !wake_tracked(coro); hops++) {
+            PyObject *next = awaited_by(coro);
+            Py_DECREF(coro);
+            coro = next;
+        }
+        if (coro == NULL || !wake_tracked(coro)) {
+            Py_XDECREF(coro);
+            return;
+        }
     }
     if (Py_IS_TYPE(coro, &WrapperType)) {
         RecordObject *r = ((WrapperObject *)coro)->r;

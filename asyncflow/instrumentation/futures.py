@@ -1413,6 +1413,9 @@ def _call_soon(
         coro: Any = getattr(task, "_coro", None)
         # (exact: the wrappers have no subclasses; type(), as their __class__ is the coroutine's)
         tracked = type(coro) in _TRACKED
+        if not tracked:  # an untracked task: its first tracked call is its own, as known here
+            coro = _awaited_call(coro)
+            tracked = coro is not None
         if tracked:
             r = coro._r
             if not r.woken and not r.finished:
@@ -1436,6 +1439,28 @@ def _call_soon(
 
 # It stands for asyncio's: a misuse's error names asyncio's method, as it would unprofiled.
 _call_soon.__name__, _call_soon.__qualname__ = "call_soon", "BaseEventLoop.call_soon"
+
+
+#: frames of an untracked task's coroutine followed down to a tracked call it awaits
+WAKE_HOPS = 4
+
+
+def _awaited_call(coro: Any) -> Any:
+    """The tracked call an untracked task's suspended coroutine awaits, through at most
+    ``WAKE_HOPS`` untracked coroutines and generators (anyio's ``TaskHandle._run_coro``
+    awaiting the coroutine given to ``start_soon``, a task filtered out awaiting the program's
+    call): the one the task's wake-up resumes. None if there is none that near."""
+    for _ in range(WAKE_HOPS):
+        kind = type(coro)
+        if kind is types.CoroutineType:
+            coro = coro.cr_await
+        elif kind is types.GeneratorType:
+            coro = coro.gi_yieldfrom
+        else:
+            return None
+        if type(coro) in _TRACKED:
+            return coro
+    return None
 
 
 def _stamp_woken(coro: Any) -> None:

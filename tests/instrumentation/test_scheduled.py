@@ -101,7 +101,12 @@ async def test_a_call_awaited_in_its_callers_task_has_none(
     async def inner() -> None:
         await asyncio.sleep(0)
 
-    await inner()
+    @asyncflow.future(name="sched_outer")
+    async def outer() -> None:
+        await inner()
+
+    await outer()
+    assert _future(prof.snapshot(), "sched_outer").scheduled_polls == 1  # (the first one)
     entry = _future(prof.snapshot(), "sched_inner")
     assert (entry.scheduled_ns, entry.scheduled_polls, entry.scheduled_delay_ns) == (0, 0, {})
 
@@ -381,3 +386,57 @@ async def test_a_method_of_another_object_scheduled_first_leaves_tasks_stamped(
         "test_a_method_of_another_object_scheduled_first_leaves_tasks_stamped.<locals>.sched_sub",
     )
     assert entry.scheduled_polls == 4  # the first step and each of the three wake-ups
+
+
+async def test_a_call_an_untracked_task_awaits_is_woken_as_the_tasks_own(
+    fake_clock: FakeClock, prof: asyncflow.Profiler
+) -> None:
+    """A task whose coroutine is not tracked (filtered out, or made before the tracking) and
+    awaits a tracked call through untracked frames: its wake-ups resume that call, the first
+    tracked one of its task, whose scheduled time they are (from its first wake-up: the task's
+    first step runs untracked code first)."""
+    go = asyncio.Event()
+
+    @asyncflow.future(name="sched_awaited")
+    async def awaited() -> None:
+        await go.wait()
+
+    async def middle() -> None:  # (untracked: no decorator, no task factory)
+        await awaited()
+
+    async def outer() -> None:
+        await middle()
+
+    task = asyncio.create_task(outer())
+    await asyncio.sleep(0)
+    go.set()
+    fake_clock.advance(4_000)  # the loop is held 4 us before it runs the wake-up
+    await task
+    entry = _future(prof.snapshot(), "sched_awaited")
+    assert (entry.scheduled_ns, entry.scheduled_polls) == (4_000, 1)
+
+
+async def test_an_anyio_task_group_tasks_call_is_woken_as_the_tasks_own(
+    fake_clock: FakeClock, prof: asyncflow.Profiler
+) -> None:
+    """anyio 4.14 and later run each task group task in ``TaskHandle._run_coro()``, which
+    awaits the coroutine given to ``start_soon``; whole-program mode tracks that call (the
+    task's name), not anyio's wrapper. The stages of an anyio pipeline read their scheduled
+    time as asyncio tasks' own calls do."""
+    import anyio
+
+    started, go = anyio.Event(), anyio.Event()
+
+    @asyncflow.future(name="sched_anyio")
+    async def waiter() -> None:
+        started.set()
+        await go.wait()
+
+    with asyncflow.instrument_tasks():
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(waiter)
+            await started.wait()
+            go.set()
+            fake_clock.advance(6_000)  # the loop is held 6 us before it runs the wake-up
+    entry = _future(prof.snapshot(), "sched_anyio")
+    assert (entry.scheduled_ns, entry.scheduled_polls) == (6_000, 1), entry
