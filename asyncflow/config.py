@@ -80,6 +80,7 @@ WARN_THRESHOLDS = {
     "cpu_share": "share",
     "cpu_wall_share": "share",
     "blocked_share": "share",
+    "loop_wait_share": "share",
     "starved_share": "share",
     "min_wait": "seconds",
     "unread_messages": "count",

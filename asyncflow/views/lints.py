@@ -80,6 +80,9 @@ class Thresholds:
     cpu_wall_share: float = 0.2
     #: a bounded channel whose producers waited this share of the elapsed time
     blocked_share: float = 0.2
+    #: ... is info, not the consumers' fault, when they waited for the loop (woken, their
+    #: next poll not run yet: scheduled time) this share of their time or more
+    loop_wait_share: float = 0.5
     #: consumers waiting this share of the elapsed time on an empty channel
     starved_share: float = 0.5
     #: a channel's producers (for a bottleneck) or consumers (for starvation) waited at least
@@ -1110,15 +1113,26 @@ def bottleneck(docs: Documents, th: Thresholds) -> Iterator[Finding]:
             else f"its consumers queue for `{pool}`, which is saturated: give that pool more "
             "workers; more consumers would only queue there too"
         )
+        severity, said = "warning", ""
+        waited = _loop_wait_share(readers, futures)
+        if waited is not None and waited >= th.loop_wait_share:
+            severity, advice = "info", "unblock the loop first: the consumers wait for it"
+            said = (
+                f"; but {'it' if stages == 1 else 'they'} waited for the loop "
+                f"{min(100, round(waited * 100))}% of {'its' if stages == 1 else 'their'} "
+                "time (woken, its next poll not run yet): what holds up the loop holds "
+                f"{'it' if stages == 1 else 'them'} up"
+            )
         yield Finding(
             "bottleneck",
-            "warning",
+            severity,
             _channel_subject(c),
             f"{consumers} {'is' if stages == 1 else 'are'} the bottleneck: its input "
             f"`{c.label}` ({c.channel_type}) was full, and "
             f"{_who(producers, _names(c.senders), 'producer')} "
             f"{'was' if producers == 1 else 'were'} blocked {percent}% of the "
-            f"{_duration(in_use)} it was in use ({_duration(c.producers_blocked_ns)} in all)",
+            f"{_duration(in_use)} it was in use ({_duration(c.producers_blocked_ns)} in "
+            f"all){said}",
             advice,
             {
                 "producers_blocked_ns": c.producers_blocked_ns,
@@ -1129,6 +1143,17 @@ def bottleneck(docs: Documents, th: Thresholds) -> Iterator[Finding]:
                 "max_queue_size": c.max_queue_size,
             },
         )
+
+
+def _loop_wait_share(readers: set[int | None], futures: dict[int, FutureEntry]) -> float | None:
+    """The share of the consumers' time (their calls' busy and idle time) they waited for the
+    loop: woken, their next poll not run yet (scheduled time). None when none of them had a
+    wake-up measured (under uvloop or trio, say), or no time."""
+    entries = [futures[f] for f in readers if f is not None and f in futures]
+    if not any(e.scheduled_polls for e in entries):
+        return None
+    time = sum(e.busy_ns + e.idle_ns for e in entries)
+    return sum(e.scheduled_ns for e in entries) / time if time > 0 else None
 
 
 def _backlog_finding(

@@ -39,11 +39,20 @@ def _findings(prof: asyncflow.Profiler, **extra: Any) -> list[Finding]:
 
 async def _io(ns: int) -> None:
     """Wait ``ns`` of fake time for simulated I/O: the time passes while the caller is suspended,
-    outside any tracked poll, as it would while a socket has nothing to read."""
+    outside any tracked poll, as it would while a socket has nothing to read; then its data
+    arrives and the caller is woken (its wait for the loop after that, its scheduled time, is
+    the loop's, not the I/O's)."""
     clock = asyncflow_clock()
-    asyncio.get_running_loop().call_soon(clock.advance, ns)
-    await asyncio.sleep(0)
-    await asyncio.sleep(0)
+    loop = asyncio.get_running_loop()
+    arrived = loop.create_future()
+
+    def arrive() -> None:
+        clock.advance(ns)
+        if not arrived.done():  # (the caller cancelled meanwhile)
+            arrived.set_result(None)
+
+    loop.call_soon(arrive)
+    await arrived
 
 
 def asyncflow_clock() -> FakeClock:

@@ -93,3 +93,52 @@ def test_a_queue_whose_consumer_mostly_waits_for_input_is_no_bottleneck() -> Non
     assert _necks(_pipeline(geocode_starved_ns=1500 * MS)) == []
     # a queue whose messages pass quickly is no backlog, however busy its consumer
     assert _necks(_pipeline(geocode_p50_ns=2 * MS)) == []
+
+
+def _etl(transform_scheduled_ns: int) -> Documents:
+    """extract → `rows` (bounded[20], full: extract blocked 800 ms of its 3.9 s) → transform
+    (four calls, 60 ms busy in all, their thread jobs' results handed back through the loop)
+    → sink, whose writes block the loop."""
+    extract, sink = _stage(1, "extract"), _stage(3, "sink")
+    transform = dataclasses.replace(
+        _stage(2, "transform"),
+        call_count=4,
+        busy_ns=60 * MS,
+        idle_ns=4 * 3900 * MS - 60 * MS,
+        scheduled_ns=transform_scheduled_ns,
+        scheduled_polls=760,
+    )
+    rows = dataclasses.replace(
+        _queue(1, extract, transform, 2 * MS),
+        channel_type="bounded[20]", max_queue_size=20, producers_blocked_ns=800 * MS,
+    )  # fmt: skip
+    return Documents(
+        now_ns=3900 * MS, elapsed_ns=3900 * MS, futures=[extract, transform, sink], channels=[rows]
+    )
+
+
+def test_a_stage_that_mostly_waited_for_the_loop_is_no_bottleneck_of_its_own() -> None:
+    """The reviewer's ETL, whose sink writes each record synchronously on the loop: the
+    transform stage's input is full, but the stage did next to nothing itself and, most of its
+    time, was woken and waiting for the loop the sink held. The loop-blocked finding names the
+    cause; the bottleneck is info and says why. A stage that waited for its own I/O (its
+    scheduled time small) stays the bottleneck, a warning."""
+    (neck,) = _necks(_etl(transform_scheduled_ns=11_700 * MS))  # 75% of its calls' time
+    assert (neck.severity, neck.subject.label) == ("info", "q1")
+    assert neck.message.startswith("`transform` is the bottleneck: its input `q1`")
+    assert neck.message.endswith(
+        "but it waited for the loop 75% of its time (woken, its next poll not run yet): what "
+        "holds up the loop holds it up"
+    )
+    assert neck.hint.startswith("unblock the loop")
+    (neck,) = _necks(_etl(transform_scheduled_ns=150 * MS))  # 1%: slow by itself
+    assert neck.severity == "warning" and "waited for the loop" not in neck.message
+    # where no wake-up was measured (uvloop, trio) nothing is known of it: a warning
+    docs = _etl(transform_scheduled_ns=0)
+    unmeasured = dataclasses.replace(
+        docs, futures=[dataclasses.replace(f, scheduled_polls=0) for f in docs.futures]
+    )
+    assert [n.severity for n in _necks(unmeasured)] == ["warning"]
+    # the share is an option of ``warn``
+    strict = lints.evaluate(_etl(11_700 * MS), Thresholds(loop_wait_share=0.8))
+    assert [f.severity for f in strict if f.kind == "bottleneck"] == ["warning"]
