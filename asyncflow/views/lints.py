@@ -1716,26 +1716,40 @@ def _waited_whole_lives(
     ended cancelled, or waited once each (and gave the wait up: ``asyncio.wait_for(ready.wait(),
     5)``, its timeout caught): tasks that did nothing but wait for it, until they were given up.
     (A call that waits on it again and again, working between its timeouts, is not one: a
-    periodic job waiting on a shutdown signal.)"""
+    periodic job waiting on a shutdown signal; nor, on 3.11, are the tasks of asyncio's
+    ``Event.wait`` that such a job's ``wait_for`` makes, more than one a call of the job.)"""
     out = []
     for rf in r.futures:
         f = futures.get(rf.future_id) if rf.future_id is not None else None
         if f is None or not rf.waits or not (f.outcomes.cancelled or rf.waits <= f.call_count):
             continue
+        maker = _library_futures_maker(f, futures)
+        if maker is not None and rf.waits > maker.call_count:
+            continue  # its maker waited again and again: judged as the maker's own waits are
         if rf.total_wait_ns * 10 >= 9 * (f.busy_ns + f.idle_ns) > 0:
             out.append((rf, f))
     return out
 
 
-def _made_by(f: FutureEntry, futures: dict[int, FutureEntry]) -> str:
-    """``f``'s label, and for a library's future (asyncio's ``Event.wait`` in a task of its
-    own, as ``asyncio.wait_for`` runs it on 3.11) the program's call it was first made in."""
+def _library_futures_maker(f: FutureEntry, futures: dict[int, FutureEntry]) -> FutureEntry | None:
+    """The program's future whose call first made library future ``f`` (asyncio's
+    ``Event.wait`` in a task of its own, as ``asyncio.wait_for`` runs it on 3.11); None for
+    the program's own future, or one no program's call made."""
     maker = futures.get(f.first_caller_id) if f.first_caller_id is not None else None
     if (
         maker is None
         or not is_library_file(f.location.file)
         or is_library_file(maker.location.file)
     ):
+        return None
+    return maker
+
+
+def _made_by(f: FutureEntry, futures: dict[int, FutureEntry]) -> str:
+    """``f``'s label, and for a library's future (asyncio's ``Event.wait`` in a task of its
+    own, as ``asyncio.wait_for`` runs it on 3.11) the program's call it was first made in."""
+    maker = _library_futures_maker(f, futures)
+    if maker is None:
         return f"`{f.label}`"
     return f"`{f.label}`, made in `{maker.label}`{_where(maker.location)},"
 

@@ -479,6 +479,49 @@ def test_waits_on_an_event_never_set_name_the_programs_function_never_asyncflows
     assert "prog.py:3" in never["message"] and "class_event" not in never["message"]
 
 
+_PERIODIC_JOB = """\
+import asyncio
+
+stopping = asyncio.Event()  # set at shutdown; this run ends before
+
+
+async def job():
+    done = 0
+    for _ in range(20):
+        try:
+            await asyncio.wait_for(stopping.wait(), timeout=0.005)
+            return done
+        except asyncio.TimeoutError:
+            done += 1  # the periodic work, between two looks at the shutdown signal
+    return done
+
+
+print(asyncio.run(job()))
+"""
+
+
+def test_a_periodic_job_looking_at_a_shutdown_signal_is_no_event_never_set(
+    tmp_path: Path,
+) -> None:
+    """A job that waits on its shutdown event with a timeout, again and again, working between
+    two looks: the event is never set in the run, and each wait is given up, but the job did
+    not wait its whole life for it. On 3.11 each ``wait_for`` runs the wait in a task of its
+    own (asyncio's ``Event.wait``, 20 calls, each cancelled): judged by the call that made
+    them, which waited 20 times, as on 3.12 and later, where the job's own call waits."""
+    write(tmp_path / "prog.py", _PERIODIC_JOB)
+    report = tmp_path / "report.json"
+    done = asyncflow_cmd(
+        "run", "--port", "off", "--format", "json", "--output", str(report), "prog.py",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0 and done.stdout == "20\n", done.stderr
+    document = json.loads(report.read_text())
+    (event,) = [r for r in document["resources"]["resources"] if r["kind"] == "asyncio.Event"]
+    assert (event["waits"], event["failed_waits"]) == (20, 20)  # (seen, and given up)
+    found = [(w["kind"], w["severity"]) for w in document["warnings"]]
+    assert ("event-never-set", "warning") not in found, document["warnings"]
+
+
 def test_one_long_poll_of_a_handler_is_one_warning_not_its_routes_too() -> None:
     """A healthy FastAPI app's handler ``get_db`` read one 123 ms poll, and so did the route's
     request task that polls it: the monitor saw no block (no stack says who called whom), but
