@@ -277,19 +277,25 @@ def test_a_one_off_block_of_a_web_service_no_request_came_to_is_info() -> None:
     assert blocked.severity == "warning", blocked.message
 
 
-def test_a_block_found_while_a_service_started_is_info_while_no_request_came() -> None:
-    """The collector's evaluation during a worker's start finds its loop blocked now, an
-    error. Once the block is over and no request came, the earlier finding is info, as the
-    block judged at the end is; in a program that serves no requests it stays an error."""
-    lifespan = future(1, "LifespanOn.main", 1 * MS, 1 * MS)
+def _lifespan_blocking_now() -> tuple[schema.FutureEntry, schema.LoopEntry]:
+    """A uvicorn worker's lifespan, importing for 140 ms so far, and its loop blocked now."""
+    lifespan = future(1, "LifespanOn.main", 1 * MS, 1 * MS)  # (its blocked poll not over yet)
     ongoing = schema.BlockedEpisode(
         id=1, started_ns=900 * MS, blocked_ns=140 * MS, ongoing=True, task="Task-2",
         call=schema.RunningCall(1, "LifespanOn.main", 1, 0, 140 * MS),
         stack=[schema.StackFrame("/srv/app.py", 9, "<module>", "from fastapi import FastAPI")],
     )  # fmt: skip
-    blocked_now = dataclasses.replace(
+    blocked = dataclasses.replace(
         loop_with(episodes=0), blocked=True, blocked_count=1, episodes=[ongoing]
     )
+    return lifespan, blocked
+
+
+def test_a_block_found_while_a_service_started_is_info_while_no_request_came() -> None:
+    """The collector's evaluation during a worker's start finds its loop blocked now, an
+    error. Once the block is over and no request came, the earlier finding is info, as the
+    block judged at the end is; in a program that serves no requests it stays an error."""
+    lifespan, blocked_now = _lifespan_blocking_now()
     calm = loop_with(episodes=0)
     for serves, severity in ((True, "info"), (False, "error")):
         book = lints.WarningBook()
@@ -311,15 +317,7 @@ def test_a_block_found_while_the_service_started_is_info_once_its_first_request_
     request is known to have begun after that block, the earlier finding is judged as the same
     block is at the end: info. One found after the first request began stays as it was."""
     book = lints.WarningBook()
-    lifespan = future(1, "LifespanOn.main", 1 * MS, 1 * MS)  # (its blocked poll not over yet)
-    ongoing = schema.BlockedEpisode(
-        id=1, started_ns=900 * MS, blocked_ns=140 * MS, ongoing=True, task="Task-2",
-        call=schema.RunningCall(1, "LifespanOn.main", 1, 0, 140 * MS),
-        stack=[schema.StackFrame("/srv/app.py", 9, "<module>", "from fastapi import FastAPI")],
-    )  # fmt: skip
-    blocked_now = dataclasses.replace(
-        loop_with(episodes=0), blocked=True, blocked_count=1, episodes=[ongoing]
-    )
+    lifespan, blocked_now = _lifespan_blocking_now()
     book.update(Documents(10_000 * MS, 1_000 * MS, futures=(lifespan,), loops=[blocked_now]))
     (found,) = book.document(0).warnings
     assert (found.kind, found.severity, found.active) == ("loop-blocked", "error", True)
