@@ -1114,14 +1114,14 @@ def bottleneck(docs: Documents, th: Thresholds) -> Iterator[Finding]:
             "workers; more consumers would only queue there too"
         )
         severity, said = "warning", ""
-        waited = _loop_wait_share(readers, futures)
-        if waited is not None and waited >= th.loop_wait_share:
+        waited = _loop_wait_share(readers, futures, in_use, th)
+        if waited is not None:
             severity, advice = "info", "unblock the loop first: the consumers wait for it"
+            it, its = ("it", "its") if stages == 1 else ("they", "their")
             said = (
-                f"; but {'it' if stages == 1 else 'they'} waited for the loop "
-                f"{min(100, round(waited * 100))}% of {'its' if stages == 1 else 'their'} "
-                "time (woken, its next poll not run yet): what holds up the loop holds "
-                f"{'it' if stages == 1 else 'them'} up"
+                f"; but {it} waited for the loop {min(100, round(waited * 100))}% of {its} "
+                f"time (woken, {its} next poll not run yet) while other code held it: what "
+                f"holds up the loop holds {'it' if stages == 1 else 'them'} up"
             )
         yield Finding(
             "bottleneck",
@@ -1145,15 +1145,24 @@ def bottleneck(docs: Documents, th: Thresholds) -> Iterator[Finding]:
         )
 
 
-def _loop_wait_share(readers: set[int | None], futures: dict[int, FutureEntry]) -> float | None:
+def _loop_wait_share(
+    readers: set[int | None], futures: dict[int, FutureEntry], in_use: int, th: Thresholds
+) -> float | None:
     """The share of the consumers' time (their calls' busy and idle time) they waited for the
-    loop: woken, their next poll not run yet (scheduled time). None when none of them had a
-    wake-up measured (under uvloop or trio, say), or no time."""
+    loop (woken, their next poll not run yet: scheduled time), when it is at least
+    ``loop_wait_share`` and other code held the loop: the consumers' own polls took at most
+    the rest of the channel's time in use (consumers that compute wait for each other, and
+    are the slow stage). None otherwise, or when none of them had a wake-up measured (under
+    uvloop or trio, say)."""
     entries = [futures[f] for f in readers if f is not None and f in futures]
     if not any(e.scheduled_polls for e in entries):
         return None
     time = sum(e.busy_ns + e.idle_ns for e in entries)
-    return sum(e.scheduled_ns for e in entries) / time if time > 0 else None
+    busy = sum(e.busy_ns for e in entries)
+    if time <= 0 or busy > (1 - th.loop_wait_share) * in_use:
+        return None
+    share = sum(e.scheduled_ns for e in entries) / time
+    return share if share >= th.loop_wait_share else None
 
 
 def _backlog_finding(
