@@ -304,8 +304,11 @@ async def test_a_service_no_request_came_to_says_its_start_up_block_as_info(
     report = await _profiled(tmp_path, [*program, "--log-level", "warning"], sock, {}, load=False)
     assert report["status"]["serving"] == ["starlette"], report["status"]
     warnings = _warnings(report)
-    (blocked,) = [w for w in warnings if w["kind"] == "loop-blocked"]
-    assert "app.py:" in blocked["message"], _shown(warnings)
+    # (on a loaded machine uvicorn's import of the app can block the loop long enough to be a
+    # line of its own: an import, info too)
+    (blocked,) = [
+        w for w in warnings if w["kind"] == "loop-blocked" and "`time.sleep(0.3)`" in w["message"]
+    ]
     assert blocked["severity"] == "info", _shown(warnings)
     assert blocked["message"].endswith("no request yet: no request waited"), _shown(warnings)
     assert not [w for w in warnings if w["severity"] != "info"], _shown(warnings)
